@@ -1,0 +1,258 @@
+use serde::{Deserialize, Serialize};
+
+#[cfg(feature = "openapi")]
+use utoipa::ToSchema;
+
+/// Body of every error answer: `{"error": {"code": "...", "message": "..."}}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ErrorDetail {
+    /// Stable machine-readable code, e.g. `validation`, `unauthorized`, `not_found`.
+    pub code: String,
+    pub message: String,
+    /// The request field the error is about, so forms can show it inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Owner,
+    Admin,
+    Member,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Owner => "owner",
+            Role::Admin => "admin",
+            Role::Member => "member",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "owner" => Some(Role::Owner),
+            "admin" => Some(Role::Admin),
+            "member" => Some(Role::Member),
+            _ => None,
+        }
+    }
+
+    /// Owners and admins manage their tenant's members, invitations and quotas.
+    pub fn can_manage(self) -> bool {
+        matches!(self, Role::Owner | Role::Admin)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SignupRequest {
+    pub email: String,
+    pub password: String,
+    /// Name of the new organization; omit when joining through `invitation`.
+    #[serde(default)]
+    pub tenant_name: Option<String>,
+    /// Invitation token from an invitation link.
+    #[serde(default)]
+    pub invitation: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LoginRequest {
+    pub email: String,
+    pub password: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct LoginResponse {
+    /// The session JWT, also set as an HttpOnly cookie; programs send it as a Bearer token.
+    pub token: String,
+    pub user: Me,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PasswordChangeRequest {
+    pub current_password: String,
+    pub new_password: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Me {
+    pub id: String,
+    pub email: String,
+    pub tenant_id: String,
+    pub tenant_name: String,
+    pub role: Role,
+    pub platform_admin: bool,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateApiKeyRequest {
+    pub name: String,
+    /// Days until the key expires; omit for a key that does not expire.
+    #[serde(default)]
+    pub expires_in_days: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ApiKeyInfo {
+    pub id: String,
+    pub name: String,
+    /// First characters of the key, enough to recognise it in a list.
+    pub prefix: String,
+    pub created_at: String,
+    pub last_used_at: Option<String>,
+    pub expires_at: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct CreatedApiKey {
+    /// The whole key. It is shown this once: the server keeps only its hash.
+    pub key: String,
+    pub info: ApiKeyInfo,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct TenantInfo {
+    pub id: String,
+    pub name: String,
+    pub created_at: String,
+    pub members: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Member {
+    pub id: String,
+    pub email: String,
+    pub role: Role,
+    pub disabled: bool,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct UpdateMemberRequest {
+    pub role: Role,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateInvitationRequest {
+    /// Address the invitation is meant for; only that address can accept it.
+    pub email: String,
+    #[serde(default = "default_invite_role")]
+    pub role: Role,
+}
+
+fn default_invite_role() -> Role {
+    Role::Member
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Invitation {
+    pub id: String,
+    pub email: String,
+    pub role: Role,
+    pub created_at: String,
+    pub expires_at: String,
+    pub accepted: bool,
+    /// Present only in the answer that creates it: the secret part of the link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Path of the sign-up page for this invitation (with the token), when `token` is present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct InvitationPreview {
+    pub tenant_name: String,
+    pub email: String,
+    pub role: Role,
+    pub expires_at: String,
+}
+
+/// Caps on a tenant or a user. `None` means "no cap of its own" (a user is still held by the
+/// tenant's cap).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Quota {
+    #[serde(default)]
+    pub max_gpus: Option<u32>,
+    #[serde(default)]
+    pub gpu_hours_per_month: Option<f64>,
+    #[serde(default)]
+    pub max_queued_tasks: Option<u32>,
+    /// GPU types (or families such as "A100") allowed; `None` allows every type.
+    #[serde(default)]
+    pub allowed_gpu_types: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct AdminTenant {
+    pub id: String,
+    pub name: String,
+    pub created_at: String,
+    pub members: u64,
+    pub quota: Quota,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct AdminUser {
+    pub id: String,
+    pub email: String,
+    pub tenant_id: String,
+    pub tenant_name: String,
+    pub role: Role,
+    pub platform_admin: bool,
+    pub disabled: bool,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AdminUpdateUserRequest {
+    #[serde(default)]
+    pub disabled: Option<bool>,
+    #[serde(default)]
+    pub platform_admin: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Health {
+    pub status: String,
+    pub database: String,
+}

@@ -1,0 +1,6 @@
+//! Wire types of the autodl REST API.
+//!
+//! They live in their own crate so the server, the Leptos web app (compiled to wasm) and the
+//! agent agree on one definition: a renamed field breaks the build instead of a user's page.
+
+pub mod api;

@@ -1,0 +1,114 @@
+use autodl_common::api::{AdminTenant, AdminUpdateUserRequest, AdminUser, Quota};
+use leptos::prelude::*;
+
+use super::account::short_date;
+use super::quota::{quota_summary, QuotaEditor};
+use crate::api::{self, ApiErr};
+use crate::app::{general_error, use_session, RequireLogin};
+
+#[component]
+pub fn AdminPage() -> impl IntoView {
+    let session = use_session();
+    view! {
+        <RequireLogin>
+            {move || if session.me().is_some_and(|m| m.platform_admin) {
+                view! { <Tenants/><Users/> }.into_any()
+            } else {
+                view! { <section class="card"><h1>"Administration"</h1><p>"This page is for platform administrators."</p></section> }.into_any()
+            }}
+        </RequireLogin>
+    }
+}
+
+#[component]
+fn Tenants() -> impl IntoView {
+    let tenants = LocalResource::new(|| api::get::<Vec<AdminTenant>>("/api/v1/admin/tenants"));
+    let editing = RwSignal::new(None::<AdminTenant>);
+    view! {
+        <section class="card">
+            <h1>"Organizations"</h1>
+            <table class="table" data-testid="admin-tenants">
+                <thead><tr><th>"Name"</th><th>"Members"</th><th>"Quota"</th><th>"Created"</th><th></th></tr></thead>
+                <tbody>
+                {move || match tenants.get() {
+                    None => view! { <tr><td colspan="5" class="muted">"Loading…"</td></tr> }.into_any(),
+                    Some(Err(e)) => view! { <tr><td colspan="5" class="error">{e.message}</td></tr> }.into_any(),
+                    Some(Ok(list)) => list.into_iter().map(|t| {
+                        let t2 = t.clone();
+                        view! {
+                            <tr>
+                                <td>{t.name}</td><td>{t.members}</td><td>{quota_summary(&t.quota)}</td>
+                                <td>{short_date(&t.created_at)}</td>
+                                <td><button type="button" class="small secondary" on:click=move |_| editing.set(Some(t2.clone()))>"Edit quota"</button></td>
+                            </tr>
+                        }
+                    }).collect_view().into_any(),
+                }}
+                </tbody>
+            </table>
+        </section>
+        {move || editing.get().map(|t| {
+            let path = format!("/api/v1/admin/tenants/{}/quota", t.id);
+            let save = move |q: Quota| {
+                let p = path.clone();
+                async move { api::put::<_, Quota>(&p, &q).await }
+            };
+            view! {
+                <section class="card">
+                    <h2>"Quota for " {t.name.clone()}</h2>
+                    <QuotaEditor initial=t.quota.clone() save on_close=move || { editing.set(None); tenants.refetch(); }/>
+                </section>
+            }
+        })}
+    }
+}
+
+#[component]
+fn Users() -> impl IntoView {
+    let users = LocalResource::new(|| api::get::<Vec<AdminUser>>("/api/v1/admin/users"));
+    let error = RwSignal::new(None::<ApiErr>);
+    let update = Action::new_local(move |(id, req): &(String, AdminUpdateUserRequest)| {
+        let (id, req) = (id.clone(), req.clone());
+        async move { api::patch::<_, AdminUser>(&format!("/api/v1/admin/users/{id}"), &req).await }
+    });
+    Effect::new(move |_| match update.value().get() {
+        Some(Ok(_)) => {
+            error.set(None);
+            users.refetch();
+        }
+        Some(Err(e)) => error.set(Some(e)),
+        None => {}
+    });
+    view! {
+        <section class="card">
+            <h2>"Users"</h2>
+            <p class="banner error" role="alert">{move || general_error(error.get(), &[])}</p>
+            <table class="table" data-testid="admin-users">
+                <thead><tr><th>"Email"</th><th>"Organization"</th><th>"Role"</th><th>"Status"</th><th></th></tr></thead>
+                <tbody>
+                {move || users.get().and_then(|u| u.ok()).unwrap_or_default().into_iter().map(|u| {
+                    let id = u.id.clone();
+                    let id2 = u.id.clone();
+                    let disabled = u.disabled;
+                    let admin = u.platform_admin;
+                    view! {
+                        <tr class:disabled=disabled>
+                            <td>{u.email}</td><td>{u.tenant_name}</td>
+                            <td>{u.role.as_str()}{admin.then_some(" · platform admin")}</td>
+                            <td>{if disabled { "disabled" } else { "active" }}</td>
+                            <td class="row-actions">
+                                <button type="button" class="small secondary" on:click=move |_| {
+                                    update.dispatch((id.clone(), AdminUpdateUserRequest { disabled: Some(!disabled), platform_admin: None }));
+                                }>{if disabled { "Enable" } else { "Disable" }}</button>
+                                <button type="button" class="small secondary" on:click=move |_| {
+                                    update.dispatch((id2.clone(), AdminUpdateUserRequest { disabled: None, platform_admin: Some(!admin) }));
+                                }>{if admin { "Revoke admin" } else { "Make admin" }}</button>
+                            </td>
+                        </tr>
+                    }
+                }).collect_view()}
+                </tbody>
+            </table>
+        </section>
+    }
+}

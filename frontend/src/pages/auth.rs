@@ -1,0 +1,160 @@
+use autodl_common::api::{InvitationPreview, LoginRequest, LoginResponse, SignupRequest};
+use leptos::prelude::*;
+use leptos_router::hooks::{use_navigate, use_query_map};
+
+use crate::api::{self, ApiErr};
+use crate::app::{general_error, use_session, Field};
+
+fn field_err(result: RwSignal<Option<ApiErr>>, field: &'static str) -> Signal<Option<String>> {
+    Signal::derive(move || result.get().and_then(|e| e.for_field(field)))
+}
+
+/// Checks done in the browser before sending, so obvious mistakes show at once.
+fn check_email(email: &str) -> Option<ApiErr> {
+    let e = email.trim();
+    let ok = e.len() <= 254 && e.split_once('@').is_some_and(|(l, d)| !l.is_empty() && d.contains('.'));
+    (!ok).then(|| ApiErr {
+        status: 400,
+        code: "validation".into(),
+        message: "enter a valid email address".into(),
+        field: Some("email".into()),
+    })
+}
+
+#[component]
+pub fn SignupPage() -> impl IntoView {
+    let query = use_query_map();
+    let invitation = move || query.read().get("invitation").filter(|t| !t.is_empty());
+    let preview = LocalResource::new(move || {
+        let token = invitation();
+        async move {
+            match token {
+                Some(t) => Some(api::get::<InvitationPreview>(&format!("/api/v1/invitations/{t}")).await),
+                None => None,
+            }
+        }
+    });
+
+    let email = RwSignal::new(String::new());
+    let password = RwSignal::new(String::new());
+    let tenant_name = RwSignal::new(String::new());
+    let error = RwSignal::new(None::<ApiErr>);
+    let session = use_session();
+    let navigate = use_navigate();
+
+    Effect::new(move |_| {
+        if let Some(Some(Ok(p))) = preview.get() {
+            email.set(p.email.clone());
+        }
+    });
+
+    let submit = Action::new_local(move |req: &SignupRequest| {
+        let req = req.clone();
+        async move { api::post::<_, LoginResponse>("/api/v1/auth/signup", &req).await }
+    });
+    Effect::new(move |_| match submit.value().get() {
+        Some(Ok(_)) => {
+            session.refresh();
+            navigate("/account", Default::default());
+        }
+        Some(Err(e)) => error.set(Some(e)),
+        None => {}
+    });
+
+    let on_submit = move |ev: leptos::ev::SubmitEvent| {
+        ev.prevent_default();
+        if let Some(e) = check_email(&email.get_untracked()) {
+            error.set(Some(e));
+            return;
+        }
+        if password.get_untracked().chars().count() < 10 {
+            error.set(Some(ApiErr {
+                status: 400,
+                code: "validation".into(),
+                message: "password must be at least 10 characters".into(),
+                field: Some("password".into()),
+            }));
+            return;
+        }
+        error.set(None);
+        let inv = invitation();
+        submit.dispatch(SignupRequest {
+            email: email.get_untracked(),
+            password: password.get_untracked(),
+            tenant_name: inv.is_none().then(|| tenant_name.get_untracked()),
+            invitation: inv,
+        });
+    };
+
+    view! {
+        <section class="card narrow">
+            <h1>"Create your account"</h1>
+            {move || match preview.get() {
+                Some(Some(Ok(p))) => view! {
+                    <p class="notice">"You are invited to join " <strong>{p.tenant_name}</strong> " as " {p.role.as_str()} "."</p>
+                }.into_any(),
+                Some(Some(Err(e))) => view! { <p class="banner error">{e.message}</p> }.into_any(),
+                _ => ().into_any(),
+            }}
+            <form method="post" on:submit=on_submit novalidate>
+                <Field label="Email" id="email" kind="email" value=email error=field_err(error, "email") autocomplete="email"/>
+                <Field label="Password" id="password" kind="password" value=password error=field_err(error, "password")
+                    autocomplete="new-password" placeholder="at least 10 characters, letters and digits"/>
+                <Show when=move || invitation().is_none()>
+                    <Field label="Organization" id="tenant_name" value=tenant_name error=field_err(error, "tenant_name")
+                        placeholder="e.g. Vision Lab"/>
+                </Show>
+                <p class="banner error" role="alert">{move || general_error(error.get(), &["email", "password", "tenant_name"])}</p>
+                <button type="submit" disabled=move || submit.pending().get()>
+                    {move || if submit.pending().get() { "Creating…" } else { "Create account" }}
+                </button>
+            </form>
+            <p class="muted">"Already have an account? " <a href="/login">"Sign in"</a></p>
+        </section>
+    }
+}
+
+#[component]
+pub fn LoginPage() -> impl IntoView {
+    let email = RwSignal::new(String::new());
+    let password = RwSignal::new(String::new());
+    let error = RwSignal::new(None::<ApiErr>);
+    let session = use_session();
+    let navigate = use_navigate();
+
+    let submit = Action::new_local(move |req: &LoginRequest| {
+        let req = req.clone();
+        async move { api::post::<_, LoginResponse>("/api/v1/auth/login", &req).await }
+    });
+    Effect::new(move |_| match submit.value().get() {
+        Some(Ok(_)) => {
+            session.refresh();
+            navigate("/account", Default::default());
+        }
+        Some(Err(e)) => error.set(Some(e)),
+        None => {}
+    });
+    let on_submit = move |ev: leptos::ev::SubmitEvent| {
+        ev.prevent_default();
+        if let Some(e) = check_email(&email.get_untracked()) {
+            error.set(Some(e));
+            return;
+        }
+        error.set(None);
+        submit.dispatch(LoginRequest { email: email.get_untracked(), password: password.get_untracked() });
+    };
+
+    view! {
+        <section class="card narrow">
+            <h1>"Sign in"</h1>
+            <form method="post" on:submit=on_submit novalidate>
+                <Field label="Email" id="email" kind="email" value=email error=field_err(error, "email") autocomplete="email"/>
+                <Field label="Password" id="password" kind="password" value=password error=field_err(error, "password")
+                    autocomplete="current-password"/>
+                <p class="banner error" role="alert">{move || general_error(error.get(), &["email", "password"])}</p>
+                <button type="submit" disabled=move || submit.pending().get()>"Sign in"</button>
+            </form>
+            <p class="muted">"New here? " <a href="/signup">"Create an account"</a></p>
+        </section>
+    }
+}

@@ -1,0 +1,211 @@
+use autodl_common::api::{CreateInvitationRequest, Invitation, Member, Quota, Role, TenantInfo, UpdateMemberRequest};
+use leptos::prelude::*;
+
+use super::account::short_date;
+use super::quota::{quota_summary, QuotaEditor};
+use crate::api::{self, ApiErr};
+use crate::app::{general_error, use_session, Field, RequireLogin};
+
+#[component]
+pub fn OrgPage() -> impl IntoView {
+    view! { <RequireLogin><Org/></RequireLogin> }
+}
+
+#[component]
+fn Org() -> impl IntoView {
+    let session = use_session();
+    let manager = move || session.me().is_some_and(|m| m.role.can_manage());
+    let tenant = LocalResource::new(|| api::get::<TenantInfo>("/api/v1/tenant"));
+    let quota = LocalResource::new(|| api::get::<Quota>("/api/v1/tenant/quota"));
+    let members = LocalResource::new(|| api::get::<Vec<Member>>("/api/v1/tenant/members"));
+    let error = RwSignal::new(None::<ApiErr>);
+    let editing = RwSignal::new(None::<(String, String)>);
+
+    let set_role = Action::new_local(move |(id, role): &(String, Role)| {
+        let (id, role) = (id.clone(), *role);
+        async move { api::patch::<_, Member>(&format!("/api/v1/tenant/members/{id}"), &UpdateMemberRequest { role }).await.map(|_| ()) }
+    });
+    let remove = Action::new_local(move |id: &String| {
+        let id = id.clone();
+        async move { api::delete(&format!("/api/v1/tenant/members/{id}")).await }
+    });
+    for result in [set_role.value(), remove.value()] {
+        Effect::new(move |_| match result.get() {
+            Some(Ok(())) => {
+                error.set(None);
+                members.refetch();
+            }
+            Some(Err(e)) => error.set(Some(e)),
+            None => {}
+        });
+    }
+
+    view! {
+        <section class="card">
+            <h1>{move || tenant.get().and_then(|t| t.ok()).map(|t| t.name).unwrap_or_else(|| "Organization".into())}</h1>
+            <p class="muted">"Organization quota: "
+                <span data-testid="tenant-quota">{move || quota.get().and_then(|q| q.ok()).map(|q| quota_summary(&q))}</span>
+            </p>
+            <p class="banner error" role="alert">{move || general_error(error.get(), &[])}</p>
+            <table class="table" data-testid="members">
+                <thead><tr><th>"Member"</th><th>"Role"</th><th>"Joined"</th><th></th></tr></thead>
+                <tbody>
+                {move || match members.get() {
+                    None => view! { <tr><td colspan="4" class="muted">"Loading…"</td></tr> }.into_any(),
+                    Some(Err(e)) => view! { <tr><td colspan="4" class="error">{e.message}</td></tr> }.into_any(),
+                    Some(Ok(list)) => list.into_iter().map(|m| {
+                        let id = m.id.clone();
+                        let id2 = m.id.clone();
+                        let id3 = m.id.clone();
+                        let email = m.email.clone();
+                        let role = m.role;
+                        view! {
+                            <tr class:disabled=m.disabled>
+                                <td>{m.email.clone()}{m.disabled.then_some(" (removed)")}</td>
+                                <td>
+                                    {move || if manager() && !m.disabled {
+                                        let id = id.clone();
+                                        view! {
+                                            <select aria-label="Role" on:change=move |ev| {
+                                                if let Some(r) = Role::parse(&event_target_value(&ev)) {
+                                                    set_role.dispatch((id.clone(), r));
+                                                }
+                                            }>
+                                                {[Role::Owner, Role::Admin, Role::Member].into_iter().map(|r| view! {
+                                                    <option value=r.as_str() selected=r == role>{r.as_str()}</option>
+                                                }).collect_view()}
+                                            </select>
+                                        }.into_any()
+                                    } else {
+                                        view! { <span class="badge">{role.as_str()}</span> }.into_any()
+                                    }}
+                                </td>
+                                <td>{short_date(&m.created_at)}</td>
+                                <td class="row-actions">
+                                    <Show when=manager>
+                                        {
+                                            let (id2, email) = (id2.clone(), email.clone());
+                                            view! { <button type="button" class="small secondary" on:click=move |_| editing.set(Some((id2.clone(), email.clone())))>"Quota"</button> }
+                                        }
+                                        {
+                                            let id3 = id3.clone();
+                                            view! { <button type="button" class="small danger" on:click=move |_| { remove.dispatch(id3.clone()); }>"Remove"</button> }
+                                        }
+                                    </Show>
+                                </td>
+                            </tr>
+                        }
+                    }).collect_view().into_any(),
+                }}
+                </tbody>
+            </table>
+        </section>
+        {move || editing.get().map(|(id, email)| view! { <MemberQuota id email on_close=move || editing.set(None)/> })}
+        <Show when=manager><Invitations/></Show>
+    }
+}
+
+#[component]
+fn MemberQuota(id: String, email: String, on_close: impl Fn() + Clone + Send + Sync + 'static) -> impl IntoView {
+    let path = format!("/api/v1/tenant/members/{id}/quota");
+    let path2 = path.clone();
+    let current = LocalResource::new(move || {
+        let p = path.clone();
+        async move { api::get::<Quota>(&p).await }
+    });
+    let save = move |q: Quota| {
+        let p = path2.clone();
+        async move { api::put::<_, Quota>(&p, &q).await }
+    };
+    view! {
+        <section class="card">
+            <h2>"Quota for " {email}</h2>
+            <p class="muted">"Each cap must stay within the organization's. Empty means no cap of its own."</p>
+            {move || current.get().map(|q| match q {
+                Ok(q) => view! { <QuotaEditor initial=q save=save.clone() on_close=on_close.clone()/> }.into_any(),
+                Err(e) => view! { <p class="error">{e.message}</p> }.into_any(),
+            })}
+        </section>
+    }
+}
+
+#[component]
+fn Invitations() -> impl IntoView {
+    let list = LocalResource::new(|| api::get::<Vec<Invitation>>("/api/v1/tenant/invitations"));
+    let email = RwSignal::new(String::new());
+    let role = RwSignal::new("member".to_string());
+    let error = RwSignal::new(None::<ApiErr>);
+    let created = RwSignal::new(None::<Invitation>);
+    let create = Action::new_local(move |req: &CreateInvitationRequest| {
+        let req = req.clone();
+        async move { api::post::<_, Invitation>("/api/v1/tenant/invitations", &req).await }
+    });
+    Effect::new(move |_| match create.value().get() {
+        Some(Ok(inv)) => {
+            created.set(Some(inv));
+            email.set(String::new());
+            error.set(None);
+            list.refetch();
+        }
+        Some(Err(e)) => error.set(Some(e)),
+        None => {}
+    });
+    let revoke = Action::new_local(move |id: &String| {
+        let id = id.clone();
+        async move { api::delete(&format!("/api/v1/tenant/invitations/{id}")).await }
+    });
+    Effect::new(move |_| {
+        if revoke.value().get().is_some() {
+            list.refetch();
+        }
+    });
+    let on_submit = move |ev: leptos::ev::SubmitEvent| {
+        ev.prevent_default();
+        create.dispatch(CreateInvitationRequest {
+            email: email.get_untracked(),
+            role: Role::parse(&role.get_untracked()).unwrap_or(Role::Member),
+        });
+    };
+    view! {
+        <section class="card">
+            <h2>"Invitations"</h2>
+            {move || created.get().and_then(|i| i.link).map(|link| view! {
+                <div class="notice" data-testid="invite-link">
+                    <p>"Send this link to the invitee; it is shown once:"</p>
+                    <code>{link}</code>
+                </div>
+            })}
+            <form class="inline-form" on:submit=on_submit novalidate>
+                <Field label="Email" id="invite-email" kind="email" value=email
+                    error=Signal::derive(move || error.get().and_then(|e| e.for_field("email")))/>
+                <div class="field">
+                    <label for="invite-role">"Role"</label>
+                    <select id="invite-role" bind:value=role>
+                        <option value="member">"member"</option>
+                        <option value="admin">"admin"</option>
+                        <option value="owner">"owner"</option>
+                    </select>
+                </div>
+                <button type="submit">"Invite"</button>
+            </form>
+            <p class="banner error" role="alert">{move || general_error(error.get(), &["email"])}</p>
+            <table class="table">
+                <thead><tr><th>"Email"</th><th>"Role"</th><th>"Expires"</th><th>"Status"</th><th></th></tr></thead>
+                <tbody>
+                {move || list.get().and_then(|l| l.ok()).unwrap_or_default().into_iter().map(|i| {
+                    let id = i.id.clone();
+                    view! {
+                        <tr>
+                            <td>{i.email}</td><td>{i.role.as_str()}</td><td>{short_date(&i.expires_at)}</td>
+                            <td>{if i.accepted { "accepted" } else { "pending" }}</td>
+                            <td>{(!i.accepted).then(|| view! {
+                                <button type="button" class="small danger" on:click=move |_| { revoke.dispatch(id.clone()); }>"Revoke"</button>
+                            })}</td>
+                        </tr>
+                    }
+                }).collect_view()}
+                </tbody>
+            </table>
+        </section>
+    }
+}

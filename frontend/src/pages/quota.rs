@@ -1,0 +1,106 @@
+use std::future::Future;
+use std::pin::Pin;
+
+use autodl_common::api::Quota;
+use leptos::prelude::*;
+
+use crate::api::{ApiErr, ApiResult};
+use crate::app::{general_error, Field};
+
+pub fn quota_summary(q: &Quota) -> String {
+    let mut parts = Vec::new();
+    parts.push(match q.max_gpus { Some(n) => format!("{n} GPUs at once"), None => "any number of GPUs".into() });
+    if let Some(h) = q.gpu_hours_per_month {
+        parts.push(format!("{h} GPU-hours a month"));
+    }
+    if let Some(n) = q.max_queued_tasks {
+        parts.push(format!("{n} queued tasks"));
+    }
+    if let Some(t) = &q.allowed_gpu_types {
+        parts.push(format!("types: {}", t.join(", ")));
+    }
+    parts.join(" · ")
+}
+
+type SaveFuture = Pin<Box<dyn Future<Output = ApiResult<Quota>>>>;
+
+/// Edits a quota; `save` sends it and answers with what the server stored.
+#[component]
+pub fn QuotaEditor<F, Fut>(
+    initial: Quota,
+    save: F,
+    on_close: impl Fn() + Clone + Send + Sync + 'static,
+) -> impl IntoView
+where
+    F: Fn(Quota) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = ApiResult<Quota>> + 'static,
+{
+    let opt = |v: Option<String>| RwSignal::new(v.unwrap_or_default());
+    let max_gpus = opt(initial.max_gpus.map(|n| n.to_string()));
+    let hours = opt(initial.gpu_hours_per_month.map(|n| n.to_string()));
+    let queued = opt(initial.max_queued_tasks.map(|n| n.to_string()));
+    let types = opt(initial.allowed_gpu_types.map(|t| t.join(", ")));
+    let error = RwSignal::new(None::<ApiErr>);
+    let saved = RwSignal::new(false);
+    let action = Action::new_local(move |q: &Quota| -> SaveFuture { Box::pin(save(q.clone())) });
+    Effect::new(move |_| match action.value().get() {
+        Some(Ok(_)) => {
+            error.set(None);
+            saved.set(true);
+        }
+        Some(Err(e)) => error.set(Some(e)),
+        None => {}
+    });
+    let invalid = |field: &str, what: &str| ApiErr {
+        status: 400,
+        code: "validation".into(),
+        message: format!("{what} must be a number, or empty for no cap"),
+        field: Some(field.into()),
+    };
+    let on_submit = move |ev: leptos::ev::SubmitEvent| {
+        ev.prevent_default();
+        saved.set(false);
+        let int = |s: String, f: &str| -> Result<Option<u32>, ApiErr> {
+            let s = s.trim().to_string();
+            if s.is_empty() { Ok(None) } else { s.parse().map(Some).map_err(|_| invalid(f, f)) }
+        };
+        let q = (|| -> Result<Quota, ApiErr> {
+            let h = hours.get_untracked();
+            Ok(Quota {
+                max_gpus: int(max_gpus.get_untracked(), "max_gpus")?,
+                gpu_hours_per_month: if h.trim().is_empty() {
+                    None
+                } else {
+                    Some(h.trim().parse().map_err(|_| invalid("gpu_hours_per_month", "GPU-hours"))?)
+                },
+                max_queued_tasks: int(queued.get_untracked(), "max_queued_tasks")?,
+                allowed_gpu_types: {
+                    let t = types.get_untracked();
+                    let list: Vec<String> = t.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+                    (!list.is_empty()).then_some(list)
+                },
+            })
+        })();
+        match q {
+            Ok(q) => {
+                action.dispatch(q);
+            }
+            Err(e) => error.set(Some(e)),
+        }
+    };
+    let ferr = move |f: &'static str| Signal::derive(move || error.get().and_then(|e| e.for_field(f)));
+    view! {
+        <form class="quota-form" on:submit=on_submit novalidate>
+            <Field label="GPUs at once" id="max_gpus" kind="number" value=max_gpus error=ferr("max_gpus") placeholder="no cap"/>
+            <Field label="GPU-hours per month" id="gpu_hours_per_month" kind="number" value=hours error=ferr("gpu_hours_per_month") placeholder="no cap"/>
+            <Field label="Queued tasks" id="max_queued_tasks" kind="number" value=queued error=ferr("max_queued_tasks") placeholder="no cap"/>
+            <Field label="Allowed GPU types" id="allowed_gpu_types" value=types error=ferr("allowed_gpu_types") placeholder="all types (e.g. A100, A40)"/>
+            <p class="banner error" role="alert">{move || general_error(error.get(), &["max_gpus", "gpu_hours_per_month", "max_queued_tasks", "allowed_gpu_types"])}</p>
+            {move || saved.get().then(|| view! { <p class="banner ok">"Saved."</p> })}
+            <div class="actions">
+                <button type="submit" disabled=move || action.pending().get()>"Save quota"</button>
+                <button type="button" class="secondary" on:click=move |_| on_close()>"Close"</button>
+            </div>
+        </form>
+    }
+}

@@ -1,0 +1,75 @@
+# Shared helpers for the project's scripts: tool installation and the web bundle build.
+# shellcheck shell=bash
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# One build cache outside the clone, so a fresh clone (CI) reuses earlier compilations.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${AUTODL_CACHE_DIR:-$HOME/.cache/autodl}/target}"
+export AUTODL_SITE_ROOT="${AUTODL_SITE_ROOT:-$CARGO_TARGET_DIR/site}"
+WASM_BINDGEN_VERSION="$(grep -A1 '^name = "wasm-bindgen"$' "$ROOT/Cargo.lock" | sed -n 's/^version = "\(.*\)"/\1/p')"
+
+log() { printf '\033[1;34m==>\033[0m %s\n' "$*" >&2; }
+
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing ${missing[*]}"
+  local sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+ensure_web_toolchain() {
+  if ! rustup target list --installed 2>/dev/null | grep -q wasm32-unknown-unknown; then
+    log "adding the wasm32 target"
+    rustup target add wasm32-unknown-unknown
+  fi
+  if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$WASM_BINDGEN_VERSION" ]; then
+    log "installing wasm-bindgen-cli $WASM_BINDGEN_VERSION (about 2 minutes, once)"
+    cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
+  fi
+}
+
+# Builds the browser bundle (wasm + JS glue + CSS) into $AUTODL_SITE_ROOT/pkg.
+# The wasm must come from the same profile as the server, or hydration fails.
+build_web() {
+  ensure_web_toolchain
+  log "building the web app (wasm)"
+  (cd "$ROOT" && cargo build --locked -p autodl-frontend --lib --target wasm32-unknown-unknown --features hydrate)
+  mkdir -p "$AUTODL_SITE_ROOT/pkg"
+  wasm-bindgen --target web --no-typescript --out-dir "$AUTODL_SITE_ROOT/pkg" --out-name autodl \
+    "$CARGO_TARGET_DIR/wasm32-unknown-unknown/debug/autodl_frontend.wasm"
+  cp "$ROOT/style/main.css" "$AUTODL_SITE_ROOT/pkg/autodl.css"
+}
+
+build_server() {
+  log "building the server"
+  (cd "$ROOT" && cargo build --locked -p autodl-server)
+}
+
+# Starts a throwaway PostgreSQL cluster and exports AUTODL_TEST_PG_URL; stopped on exit.
+start_postgres() {
+  local bin
+  bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
+  if [ -z "$bin" ]; then
+    apt_install postgresql
+    bin="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
+  fi
+  PG_DIR="$(mktemp -d /tmp/autodl-pg.XXXXXX)"
+  chmod 755 "$PG_DIR"
+  local port=$(( 20000 + RANDOM % 20000 ))
+  local as_pg=()
+  if [ "$(id -u)" -eq 0 ]; then chown postgres "$PG_DIR"; as_pg=(runuser -u postgres --); fi
+  "${as_pg[@]}" "$bin/initdb" -D "$PG_DIR/data" --auth=trust -U postgres >/dev/null
+  "${as_pg[@]}" "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w \
+    -o "-p $port -k $PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" start >/dev/null
+  export AUTODL_TEST_PG_URL="postgres://postgres@127.0.0.1:$port"
+  PG_STOP=("${as_pg[@]}" "$bin/pg_ctl" -D "$PG_DIR/data" -m immediate stop)
+  log "PostgreSQL test cluster on port $port"
+}
+
+stop_postgres() {
+  if [ -n "${PG_DIR:-}" ]; then
+    "${PG_STOP[@]}" >/dev/null 2>&1 || true
+    rm -rf "$PG_DIR"
+  fi
+}

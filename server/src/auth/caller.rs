@@ -1,0 +1,184 @@
+//! The `Caller` extractor: resolves a session cookie, a Bearer session token or an API key to
+//! a user acting inside their tenant, and refuses everything else.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use actix_web::http::Method;
+use actix_web::{web, FromRequest, HttpMessage, HttpRequest};
+use autodl_common::api::Role;
+
+use super::secrets::{digest, API_KEY_PREFIX};
+use super::session::{Claims, CSRF_HEADER, SESSION_COOKIE};
+use crate::error::ApiError;
+use crate::state::{now_ms, AppState};
+use crate::store::UserRecord;
+
+#[derive(Debug, Clone)]
+pub enum CallerVia {
+    /// `from_cookie`: the browser sent it by itself, so CSRF checks apply.
+    Session { sid: String, from_cookie: bool },
+    ApiKey { id: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub user: UserRecord,
+    pub role: Role,
+    pub via: CallerVia,
+}
+
+/// A refreshed session token for the response, left by the extractor for the renewal
+/// middleware (extractors cannot set response cookies themselves).
+#[derive(Debug, Clone)]
+pub struct RenewedSession {
+    pub token: String,
+    pub csrf: String,
+}
+
+/// API keys record their last use at most this often, so a busy program does not turn every
+/// read into a write.
+const TOUCH_INTERVAL_MS: i64 = 60_000;
+
+impl Caller {
+    pub fn tenant_id(&self) -> &str {
+        &self.user.tenant_id
+    }
+
+    pub fn require_manager(&self) -> Result<(), ApiError> {
+        if self.role.can_manage() || self.user.platform_admin {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden("this needs the owner or admin role in your organization".into()))
+        }
+    }
+
+    pub fn require_platform_admin(&self) -> Result<(), ApiError> {
+        if self.user.platform_admin {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden("this needs a platform administrator".into()))
+        }
+    }
+
+    pub fn session_id(&self) -> Option<&str> {
+        match &self.via {
+            CallerVia::Session { sid, .. } => Some(sid),
+            CallerVia::ApiKey { .. } => None,
+        }
+    }
+}
+
+impl FromRequest for Caller {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Caller, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        let req = req.clone();
+        Box::pin(async move { authenticate(&req).await })
+    }
+}
+
+async fn authenticate(req: &HttpRequest) -> Result<Caller, ApiError> {
+    let state = req
+        .app_data::<web::Data<AppState>>()
+        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("app state missing")))?;
+    let now = now_ms();
+
+    if let Some(value) = req.headers().get(actix_web::http::header::AUTHORIZATION) {
+        let value = value
+            .to_str()
+            .map_err(|_| ApiError::Unauthorized("malformed Authorization header".into()))?;
+        let token = value
+            .strip_prefix("Bearer ")
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| ApiError::Unauthorized("expected `Authorization: Bearer <token>`".into()))?;
+        if token.starts_with(API_KEY_PREFIX) {
+            return from_api_key(state, token, now).await;
+        }
+        let claims = state
+            .sessions
+            .verify(token)
+            .ok_or_else(|| ApiError::Unauthorized("invalid or expired token".into()))?;
+        return from_session(state, claims, false, now).await;
+    }
+
+    let cookie = req
+        .cookie(SESSION_COOKIE)
+        .ok_or_else(|| ApiError::Unauthorized("sign in, or send an API key as a Bearer token".into()))?;
+    let claims = state
+        .sessions
+        .verify(cookie.value())
+        .ok_or_else(|| ApiError::Unauthorized("your session has expired; sign in again".into()))?;
+    if !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+        let sent = req.headers().get(CSRF_HEADER).and_then(|v| v.to_str().ok());
+        if sent != Some(claims.csrf.as_str()) {
+            return Err(ApiError::Forbidden("missing or wrong CSRF token".into()));
+        }
+    }
+    let renew = claims.exp * 1000 - now < state.sessions.ttl_secs * 1000 / 2;
+    let caller = from_session(state, claims.clone(), true, now).await?;
+    if renew {
+        let exp = now / 1000 + state.sessions.ttl_secs;
+        let fresh = Claims { iat: now / 1000, exp, ..claims };
+        let token = state.sessions.issue(&fresh)?;
+        state.store.extend_session(&fresh.sid, exp * 1000).await?;
+        req.extensions_mut().insert(RenewedSession { token, csrf: fresh.csrf });
+    }
+    Ok(caller)
+}
+
+async fn from_session(state: &AppState, claims: Claims, from_cookie: bool, now: i64) -> Result<Caller, ApiError> {
+    let session = state
+        .store
+        .session(&claims.sid)
+        .await?
+        .filter(|s| !s.revoked && s.expires_at > now && s.user_id == claims.sub)
+        .ok_or_else(|| ApiError::Unauthorized("this session has ended; sign in again".into()))?;
+    let user = active_user(state, &session.user_id).await?;
+    Ok(Caller {
+        role: parse_role(&user.role)?,
+        user,
+        via: CallerVia::Session { sid: session.id, from_cookie },
+    })
+}
+
+async fn from_api_key(state: &AppState, token: &str, now: i64) -> Result<Caller, ApiError> {
+    let key = state
+        .store
+        .api_key_by_hash(&digest(token))
+        .await?
+        .ok_or_else(|| ApiError::Unauthorized("unknown API key".into()))?;
+    if key.revoked {
+        return Err(ApiError::Unauthorized("this API key has been revoked".into()));
+    }
+    if key.expires_at.is_some_and(|e| e <= now) {
+        return Err(ApiError::Unauthorized("this API key has expired".into()));
+    }
+    let user = active_user(state, &key.user_id).await?;
+    if key.last_used_at.is_none_or(|t| now - t > TOUCH_INTERVAL_MS) {
+        state.store.touch_api_key(&key.id, now).await?;
+    }
+    Ok(Caller {
+        role: parse_role(&user.role)?,
+        user,
+        via: CallerVia::ApiKey { id: key.id },
+    })
+}
+
+async fn active_user(state: &AppState, id: &str) -> Result<UserRecord, ApiError> {
+    let user = state
+        .store
+        .user(id)
+        .await?
+        .ok_or_else(|| ApiError::Unauthorized("account not found".into()))?;
+    if user.disabled {
+        return Err(ApiError::Unauthorized("this account is disabled".into()));
+    }
+    Ok(user)
+}
+
+pub fn parse_role(s: &str) -> Result<Role, ApiError> {
+    Role::parse(s).ok_or_else(|| ApiError::Internal(anyhow::anyhow!("stored role {s:?} is unknown")))
+}

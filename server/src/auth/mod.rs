@@ -1,0 +1,9 @@
+//! Who is calling: passwords, session tokens, API keys, CSRF and login throttling.
+
+pub mod caller;
+pub mod password;
+pub mod rate_limit;
+pub mod secrets;
+pub mod session;
+
+pub use caller::{Caller, CallerVia};

@@ -1,0 +1,58 @@
+//! Layered configuration: built-in defaults, then an optional TOML file, then `AUTODL_*`
+//! environment variables, so one binary serves a laptop demo and a production cluster.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Settings {
+    /// Address to listen on; port 0 picks a free port (tests).
+    pub listen: SocketAddr,
+    pub database_url: String,
+    /// Signing secret of session JWTs. Empty means "make one at start" (sessions then end
+    /// with the process), which suits a demo but not a cluster of replicas.
+    pub jwt_secret: String,
+    pub session_ttl_secs: u64,
+    /// Set when the server is reached over TLS, so session cookies are marked Secure.
+    pub secure_cookies: bool,
+    /// Folder with the compiled web app (`pkg/autodl.js`, `pkg/autodl_bg.wasm`, `pkg/autodl.css`).
+    pub site_root: PathBuf,
+    pub login_attempts_per_minute_per_account: u32,
+    pub login_attempts_per_minute_per_address: u32,
+    pub invitation_ttl_days: u32,
+    pub db_max_connections: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            listen: "127.0.0.1:8080".parse().expect("valid default address"),
+            database_url: "sqlite://data/autodl.db".into(),
+            jwt_secret: String::new(),
+            session_ttl_secs: 12 * 3600,
+            secure_cookies: false,
+            site_root: PathBuf::from("target/site"),
+            login_attempts_per_minute_per_account: 10,
+            login_attempts_per_minute_per_address: 60,
+            invitation_ttl_days: 7,
+            db_max_connections: 16,
+        }
+    }
+}
+
+impl Settings {
+    /// Reads defaults, then `file` (or `AUTODL_CONFIG`) if it exists, then `AUTODL_*` variables.
+    pub fn load(file: Option<PathBuf>) -> Result<Settings, figment::Error> {
+        let file = file.or_else(|| std::env::var_os("AUTODL_CONFIG").map(PathBuf::from));
+        let mut fig = Figment::from(Serialized::defaults(Settings::default()));
+        if let Some(file) = file {
+            fig = fig.merge(Toml::file(file));
+        }
+        fig.merge(Env::prefixed("AUTODL_").ignore(&["config"]))
+            .extract()
+    }
+}

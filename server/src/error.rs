@@ -1,0 +1,139 @@
+//! One error type for every handler, mapped to a status and the JSON error body.
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+use autodl_common::api::{ErrorBody, ErrorDetail};
+
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    Validation {
+        field: Option<&'static str>,
+        message: String,
+    },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("too many attempts; try again in {retry_after_secs} s")]
+    RateLimited { retry_after_secs: u64 },
+    #[error("internal error")]
+    Internal(#[from] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+        ApiError::Validation {
+            field: Some(field),
+            message: message.into(),
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            ApiError::Validation { .. } => "validation",
+            ApiError::BadRequest(_) => "bad_request",
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Conflict(_) => "conflict",
+            ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::RateLimited { .. } => "rate_limited",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound => ApiError::NotFound("not found".into()),
+            StoreError::Conflict(what) => ApiError::Conflict(what),
+            other => ApiError::Internal(other.into()),
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::Validation { .. } | ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        if let ApiError::Internal(e) = self {
+            // The cause goes to the log, never to the caller.
+            tracing::error!(error = ?e, "internal error");
+        }
+        let field = match self {
+            ApiError::Validation { field, .. } => field.map(str::to_owned),
+            _ => None,
+        };
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code().to_owned(),
+                message: self.to_string(),
+                field,
+            },
+        };
+        let mut res = HttpResponse::build(self.status_code());
+        if let ApiError::RateLimited { retry_after_secs } = self {
+            res.insert_header((header::RETRY_AFTER, retry_after_secs.to_string()));
+        }
+        if let ApiError::Unauthorized(_) = self {
+            res.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+        }
+        res.json(body)
+    }
+}
+
+/// Turns actix's extractor failures (bad JSON, bad path) into our JSON errors.
+pub fn json_error_handler(
+    err: actix_web::error::JsonPayloadError,
+    _req: &actix_web::HttpRequest,
+) -> actix_web::Error {
+    use actix_web::error::JsonPayloadError as E;
+    let api = match &err {
+        E::OverflowKnownLength { .. } | E::Overflow { .. } => {
+            ApiError::PayloadTooLarge("request body is too large".into())
+        }
+        E::ContentType => {
+            ApiError::BadRequest("expected a JSON body (Content-Type: application/json)".into())
+        }
+        E::Deserialize(e) => ApiError::BadRequest(format!("invalid JSON body: {e}")),
+        other => ApiError::BadRequest(format!("invalid request body: {other}")),
+    };
+    api.into()
+}
+
+pub fn path_error_handler(
+    err: actix_web::error::PathError,
+    _req: &actix_web::HttpRequest,
+) -> actix_web::Error {
+    ApiError::BadRequest(format!("invalid path: {err}")).into()
+}
+
+pub fn query_error_handler(
+    err: actix_web::error::QueryPayloadError,
+    _req: &actix_web::HttpRequest,
+) -> actix_web::Error {
+    ApiError::BadRequest(format!("invalid query: {err}")).into()
+}

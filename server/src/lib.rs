@@ -1,0 +1,12 @@
+//! autodl server: REST API, web app host and (in later parts) the scheduler runner.
+
+pub mod auth;
+pub mod config;
+pub mod domain;
+pub mod error;
+pub mod routes;
+pub mod startup;
+pub mod state;
+pub mod store;
+pub mod telemetry;
+pub mod web_app;

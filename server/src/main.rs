@@ -1,0 +1,118 @@
+//! `autodl-server serve` runs the platform; `autodl-server admin ...` manages accounts from the
+//! shell (the first platform administrator, forgotten passwords).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use autodl_server::auth::{password, secrets::new_id};
+use autodl_server::config::Settings;
+use autodl_server::domain::{parse_name, Email, Password};
+use autodl_server::startup::Application;
+use autodl_server::state::now_ms;
+use autodl_server::store::{self, TenantRecord, UserRecord};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "autodl-server", version, about = "autodl GPU training platform server")]
+struct Cli {
+    /// TOML configuration file (also AUTODL_CONFIG); AUTODL_* variables override it.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the API and the web app.
+    Serve,
+    /// Account administration from the shell.
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    /// Create a platform administrator (and their organization if it does not exist yet).
+    CreateAdmin {
+        #[arg(long)]
+        email: String,
+        /// Password; read from AUTODL_ADMIN_PASSWORD when not given.
+        #[arg(long, env = "AUTODL_ADMIN_PASSWORD", hide_env_values = true)]
+        password: String,
+        #[arg(long, default_value = "Operators")]
+        tenant: String,
+    },
+    /// Set a new password for an account and end its sessions.
+    ResetPassword {
+        #[arg(long)]
+        email: String,
+        #[arg(long, env = "AUTODL_NEW_PASSWORD", hide_env_values = true)]
+        password: String,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    autodl_server::telemetry::init();
+    let cli = Cli::parse();
+    let settings = Settings::load(cli.config).context("reading configuration")?;
+    match cli.command {
+        Command::Serve => {
+            let app = Application::build(settings.clone()).await?;
+            tracing::info!(
+                "autodl listening on http://{}:{} (store: {})",
+                settings.listen.ip(),
+                app.port(),
+                app.state.store.backend()
+            );
+            app.run_until_stopped().await?;
+        }
+        Command::Admin { command } => admin(settings, command).await?,
+    }
+    Ok(())
+}
+
+async fn admin(settings: Settings, command: AdminCommand) -> anyhow::Result<()> {
+    let store = store::open(&settings.database_url, 2).await?;
+    let now = now_ms();
+    match command {
+        AdminCommand::CreateAdmin { email, password: pw, tenant } => {
+            let email = Email::parse(&email).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let pw = Password::parse(&pw, Some(&email)).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let tenant_name = parse_name("tenant", &tenant, 64).map_err(|e| anyhow::anyhow!("{e}"))?;
+            if let Some(user) = store.user_by_email(email.as_str()).await? {
+                store.set_user_flags(&user.id, Some(false), Some(true)).await?;
+                println!("{} already exists; it is now a platform administrator", email.as_str());
+                return Ok(());
+            }
+            let tenant = TenantRecord { id: new_id(), name: tenant_name, created_at: now };
+            let user = UserRecord {
+                id: new_id(),
+                email: email.as_str().to_owned(),
+                password_hash: password::hash(pw.into_inner()).await?,
+                tenant_id: tenant.id.clone(),
+                role: "owner".into(),
+                platform_admin: true,
+                disabled: false,
+                created_at: now,
+            };
+            store.create_tenant_with_owner(&tenant, &user).await?;
+            println!("created platform administrator {} in organization {:?}", user.email, tenant.name);
+        }
+        AdminCommand::ResetPassword { email, password: pw } => {
+            let email = Email::parse(&email).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let user = store
+                .user_by_email(email.as_str())
+                .await?
+                .with_context(|| format!("no account with email {}", email.as_str()))?;
+            let pw = Password::parse(&pw, Some(&email)).map_err(|e| anyhow::anyhow!("{e}"))?;
+            store.set_password(&user.id, &password::hash(pw.into_inner()).await?).await?;
+            store.revoke_user_sessions(&user.id, None).await?;
+            println!("password of {} reset; its sessions were ended", email.as_str());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! Platform operators' view across tenants.
+
+use actix_web::{get, patch, put, web};
+use autodl_common::api::{AdminTenant, AdminUpdateUserRequest, AdminUser, ErrorBody, Quota};
+
+use crate::auth::caller::parse_role;
+use crate::auth::Caller;
+use crate::domain::{parse_quota, quota_to_api};
+use crate::error::ApiError;
+use crate::state::{now_ms, rfc3339, AppState};
+use crate::store::{QuotaScope, UserRecord};
+
+#[utoipa::path(responses((status = 200, body = [AdminTenant]), (status = 403, body = ErrorBody)))]
+#[get("/admin/tenants")]
+pub async fn tenants(state: web::Data<AppState>, caller: Caller) -> Result<web::Json<Vec<AdminTenant>>, ApiError> {
+    caller.require_platform_admin()?;
+    let mut out = Vec::new();
+    for t in state.store.list_tenants().await? {
+        let quota = quota_to_api(&state.store.quota(QuotaScope::Tenant, &t.id).await?);
+        out.push(AdminTenant {
+            id: t.id,
+            name: t.name,
+            created_at: rfc3339(t.created_at),
+            members: t.members as u64,
+            quota,
+        });
+    }
+    Ok(web::Json(out))
+}
+
+#[utoipa::path(
+    params(("id" = String, Path, description = "tenant id")),
+    request_body = Quota,
+    responses((status = 200, body = Quota), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody))
+)]
+#[put("/admin/tenants/{id}/quota")]
+#[tracing::instrument(skip_all, fields(admin = %caller.user.id, tenant = %id))]
+pub async fn set_tenant_quota(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+    body: web::Json<Quota>,
+) -> Result<web::Json<Quota>, ApiError> {
+    caller.require_platform_admin()?;
+    let rec = parse_quota(&body)?;
+    state
+        .store
+        .tenant(&id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("no such tenant".into()))?;
+    state.store.set_quota(QuotaScope::Tenant, &id, &rec, now_ms()).await?;
+    Ok(web::Json(quota_to_api(&rec)))
+}
+
+#[utoipa::path(responses((status = 200, body = [AdminUser]), (status = 403, body = ErrorBody)))]
+#[get("/admin/users")]
+pub async fn users(state: web::Data<AppState>, caller: Caller) -> Result<web::Json<Vec<AdminUser>>, ApiError> {
+    caller.require_platform_admin()?;
+    let users = state.store.list_users().await?;
+    let out = users
+        .into_iter()
+        .map(|u| admin_user(u.user, u.tenant_name))
+        .collect::<Result<_, _>>()?;
+    Ok(web::Json(out))
+}
+
+/// Disables or enables an account, or grants or withdraws platform administration.
+#[utoipa::path(
+    params(("id" = String, Path, description = "user id")),
+    request_body = AdminUpdateUserRequest,
+    responses((status = 200, body = AdminUser), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody))
+)]
+#[patch("/admin/users/{id}")]
+#[tracing::instrument(skip_all, fields(admin = %caller.user.id, user = %id))]
+pub async fn update_user(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+    body: web::Json<AdminUpdateUserRequest>,
+) -> Result<web::Json<AdminUser>, ApiError> {
+    caller.require_platform_admin()?;
+    if *id == caller.user.id && (body.disabled == Some(true) || body.platform_admin == Some(false)) {
+        return Err(ApiError::invalid("id", "you cannot disable yourself or drop your own admin rights"));
+    }
+    if !state.store.set_user_flags(&id, body.disabled, body.platform_admin).await? {
+        return Err(ApiError::NotFound("no such user".into()));
+    }
+    if body.disabled == Some(true) {
+        state.store.revoke_user_sessions(&id, None).await?;
+    }
+    let u = state.store.user(&id).await?.ok_or(ApiError::NotFound("no such user".into()))?;
+    let t = state.store.tenant(&u.tenant_id).await?.ok_or_else(|| anyhow::anyhow!("tenant missing"))?;
+    Ok(web::Json(admin_user(u, t.name)?))
+}
+
+fn admin_user(u: UserRecord, tenant_name: String) -> Result<AdminUser, ApiError> {
+    Ok(AdminUser {
+        role: parse_role(&u.role)?,
+        id: u.id,
+        email: u.email,
+        tenant_id: u.tenant_id,
+        tenant_name,
+        platform_admin: u.platform_admin,
+        disabled: u.disabled,
+        created_at: rfc3339(u.created_at),
+    })
+}

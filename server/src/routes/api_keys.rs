@@ -1,0 +1,88 @@
+use actix_web::{delete, get, post, web, HttpResponse};
+use autodl_common::api::{ApiKeyInfo, CreateApiKeyRequest, CreatedApiKey, ErrorBody};
+
+use crate::auth::secrets::{digest, new_api_key, new_id, SHOWN_PREFIX_LEN};
+use crate::auth::Caller;
+use crate::domain::parse_name;
+use crate::error::ApiError;
+use crate::state::{now_ms, rfc3339, AppState};
+use crate::store::ApiKeyRecord;
+
+const MAX_KEYS_PER_USER: usize = 100;
+
+fn info(k: &ApiKeyRecord) -> ApiKeyInfo {
+    ApiKeyInfo {
+        id: k.id.clone(),
+        name: k.name.clone(),
+        prefix: k.prefix.clone(),
+        created_at: rfc3339(k.created_at),
+        last_used_at: k.last_used_at.map(rfc3339),
+        expires_at: k.expires_at.map(rfc3339),
+    }
+}
+
+/// The caller's own active keys (never the secret).
+#[utoipa::path(responses((status = 200, body = [ApiKeyInfo]), (status = 401, body = ErrorBody)))]
+#[get("/api-keys")]
+pub async fn list(state: web::Data<AppState>, caller: Caller) -> Result<web::Json<Vec<ApiKeyInfo>>, ApiError> {
+    let keys = state.store.list_api_keys(&caller.user.id).await?;
+    Ok(web::Json(keys.iter().map(info).collect()))
+}
+
+/// Creates a key acting as the caller in the caller's tenant. The answer holds the key once.
+#[utoipa::path(
+    request_body = CreateApiKeyRequest,
+    responses((status = 201, body = CreatedApiKey), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody))
+)]
+#[post("/api-keys")]
+#[tracing::instrument(skip_all, fields(user = %caller.user.id))]
+pub async fn create(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<CreateApiKeyRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let name = parse_name("name", &body.name, 64)?;
+    if let Some(days) = body.expires_in_days {
+        if !(1..=3650).contains(&days) {
+            return Err(ApiError::invalid("expires_in_days", "expires_in_days must be between 1 and 3650"));
+        }
+    }
+    if state.store.list_api_keys(&caller.user.id).await?.len() >= MAX_KEYS_PER_USER {
+        return Err(ApiError::Conflict(format!(
+            "you already have {MAX_KEYS_PER_USER} keys; revoke one first"
+        )));
+    }
+    let now = now_ms();
+    let key = new_api_key();
+    let rec = ApiKeyRecord {
+        id: new_id(),
+        user_id: caller.user.id.clone(),
+        name,
+        prefix: key[..SHOWN_PREFIX_LEN].to_owned(),
+        key_hash: digest(&key),
+        created_at: now,
+        last_used_at: None,
+        expires_at: body.expires_in_days.map(|d| now + i64::from(d) * 86_400_000),
+        revoked: false,
+    };
+    state.store.create_api_key(&rec).await?;
+    Ok(HttpResponse::Created().json(CreatedApiKey { key, info: info(&rec) }))
+}
+
+#[utoipa::path(
+    params(("id" = String, Path, description = "API key id")),
+    responses((status = 204), (status = 404, body = ErrorBody))
+)]
+#[delete("/api-keys/{id}")]
+#[tracing::instrument(skip_all, fields(user = %caller.user.id))]
+pub async fn revoke(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    if state.store.revoke_api_key(&caller.user.id, &id).await? {
+        Ok(HttpResponse::NoContent().finish())
+    } else {
+        Err(ApiError::NotFound("no such API key".into()))
+    }
+}

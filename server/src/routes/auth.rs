@@ -1,0 +1,196 @@
+use actix_web::{get, post, web, HttpRequest, HttpResponse};
+use autodl_common::api::{ErrorBody, LoginRequest, LoginResponse, Me, PasswordChangeRequest, SignupRequest};
+
+use crate::auth::secrets::{digest, new_id, random_hex};
+use crate::auth::session::Claims;
+use crate::auth::{password, Caller};
+use crate::domain::{parse_name, Email, Password};
+use crate::error::ApiError;
+use crate::state::{now_ms, AppState};
+use crate::store::{SessionRecord, TenantRecord, UserRecord};
+
+/// Creates an account: a new organization owned by the user, or membership of an existing one
+/// through an invitation token.
+#[utoipa::path(
+    request_body = SignupRequest,
+    responses((status = 201, body = LoginResponse), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody))
+)]
+#[post("/auth/signup")]
+#[tracing::instrument(skip_all)]
+pub async fn signup(
+    state: web::Data<AppState>,
+    body: web::Json<SignupRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let req = body.into_inner();
+    let email = Email::parse(&req.email)?;
+    let pw = Password::parse(&req.password, Some(&email))?;
+    let now = now_ms();
+
+    let (user, tenant) = if let Some(token) = req.invitation.as_deref().filter(|t| !t.is_empty()) {
+        let inv = state
+            .store
+            .invitation_by_token_hash(&digest(token))
+            .await?
+            .filter(|i| !i.revoked && i.accepted_at.is_none() && i.expires_at > now)
+            .ok_or_else(|| ApiError::invalid("invitation", "this invitation link is invalid or has expired"))?;
+        if inv.email != email.as_str() {
+            return Err(ApiError::invalid("email", "this invitation is for a different email address"));
+        }
+        let tenant = state
+            .store
+            .tenant(&inv.tenant_id)
+            .await?
+            .ok_or_else(|| ApiError::invalid("invitation", "the inviting organization no longer exists"))?;
+        let user = new_user(&email, password::hash(pw.into_inner()).await?, &tenant.id, &inv.role, now);
+        state.store.accept_invitation(&inv.id, &user, now).await?;
+        (user, tenant)
+    } else {
+        let name = parse_name(
+            "tenant_name",
+            req.tenant_name.as_deref().unwrap_or_default(),
+            64,
+        )?;
+        if state.store.user_by_email(email.as_str()).await?.is_some() {
+            return Err(ApiError::Conflict("an account with this email already exists".into()));
+        }
+        let tenant = TenantRecord { id: new_id(), name, created_at: now };
+        let user = new_user(&email, password::hash(pw.into_inner()).await?, &tenant.id, "owner", now);
+        state.store.create_tenant_with_owner(&tenant, &user).await?;
+        (user, tenant)
+    };
+    tracing::info!(user = %user.id, tenant = %tenant.id, "signed up");
+    start_session(&state, &user, &tenant, now, true).await
+}
+
+fn new_user(email: &Email, hash: String, tenant_id: &str, role: &str, now: i64) -> UserRecord {
+    UserRecord {
+        id: new_id(),
+        email: email.as_str().to_owned(),
+        password_hash: hash,
+        tenant_id: tenant_id.to_owned(),
+        role: role.to_owned(),
+        platform_admin: false,
+        disabled: false,
+        created_at: now,
+    }
+}
+
+async fn start_session(
+    state: &AppState,
+    user: &UserRecord,
+    tenant: &TenantRecord,
+    now: i64,
+    created: bool,
+) -> Result<HttpResponse, ApiError> {
+    let ttl = state.sessions.ttl_secs;
+    let session = SessionRecord {
+        id: new_id(),
+        user_id: user.id.clone(),
+        created_at: now,
+        expires_at: now + ttl * 1000,
+        revoked: false,
+    };
+    state.store.create_session(&session).await?;
+    let claims = Claims {
+        sub: user.id.clone(),
+        sid: session.id,
+        csrf: random_hex(16),
+        iat: now / 1000,
+        exp: now / 1000 + ttl,
+    };
+    let token = state.sessions.issue(&claims)?;
+    let mut res = if created { HttpResponse::Created() } else { HttpResponse::Ok() };
+    for c in state.sessions.cookies(&token, &claims.csrf) {
+        res.cookie(c);
+    }
+    Ok(res.json(LoginResponse { token, user: super::me(user, tenant)? }))
+}
+
+#[utoipa::path(
+    request_body = LoginRequest,
+    responses((status = 200, body = LoginResponse), (status = 401, body = ErrorBody), (status = 429, body = ErrorBody))
+)]
+#[post("/auth/login")]
+#[tracing::instrument(skip_all)]
+pub async fn login(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Json<LoginRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let email = Email::parse(&body.email)?;
+    state
+        .login_limiter
+        .check(email.as_str(), req.peer_addr().map(|a| a.ip()))?;
+    let user = state.store.user_by_email(email.as_str()).await?;
+    let stored = user
+        .as_ref()
+        .map(|u| u.password_hash.clone())
+        .unwrap_or_else(|| state.dummy_hash.clone());
+    let ok = password::verify(body.password.clone(), stored).await?;
+    let user = match user {
+        Some(u) if ok => u,
+        _ => return Err(ApiError::Unauthorized("wrong email or password".into())),
+    };
+    if user.disabled {
+        return Err(ApiError::Unauthorized("this account is disabled".into()));
+    }
+    let tenant = state
+        .store
+        .tenant(&user.tenant_id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("user {} has no tenant", user.id))?;
+    start_session(&state, &user, &tenant, now_ms(), false).await
+}
+
+/// Ends the session (if any) and clears the cookies; always succeeds.
+#[utoipa::path(responses((status = 204)))]
+#[post("/auth/logout")]
+pub async fn logout(state: web::Data<AppState>, caller: Result<Caller, ApiError>) -> Result<HttpResponse, ApiError> {
+    if let Ok(caller) = caller {
+        if let Some(sid) = caller.session_id() {
+            state.store.revoke_session(sid).await?;
+        }
+    }
+    let mut res = HttpResponse::NoContent();
+    for c in state.sessions.removal_cookies() {
+        res.cookie(c);
+    }
+    Ok(res.finish())
+}
+
+/// Changes the password and ends every other session of the account.
+#[utoipa::path(
+    request_body = PasswordChangeRequest,
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody))
+)]
+#[post("/auth/password")]
+#[tracing::instrument(skip_all, fields(user = %caller.user.id))]
+pub async fn change_password(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<PasswordChangeRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let email = Email::parse(&caller.user.email)?;
+    if !password::verify(body.current_password.clone(), caller.user.password_hash.clone()).await? {
+        return Err(ApiError::invalid("current_password", "the current password is wrong"));
+    }
+    let new_pw = Password::parse(&body.new_password, Some(&email)).map_err(|e| match e {
+        ApiError::Validation { message, .. } => ApiError::invalid("new_password", message),
+        other => other,
+    })?;
+    let hash = password::hash(new_pw.into_inner()).await?;
+    state.store.set_password(&caller.user.id, &hash).await?;
+    state.store.revoke_user_sessions(&caller.user.id, caller.session_id()).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+#[utoipa::path(responses((status = 200, body = Me), (status = 401, body = ErrorBody)))]
+#[get("/me")]
+pub async fn me(state: web::Data<AppState>, caller: Caller) -> Result<web::Json<Me>, ApiError> {
+    let tenant = state
+        .store
+        .tenant(caller.tenant_id())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("tenant missing"))?;
+    Ok(web::Json(super::me(&caller.user, &tenant)?))
+}

@@ -1,0 +1,61 @@
+//! HTTP handlers, one module per resource. Each parses input into domain types, calls the
+//! store and maps errors; none holds policy of its own beyond the caller's rights.
+
+pub mod admin;
+pub mod api_keys;
+pub mod auth;
+pub mod health;
+pub mod openapi;
+pub mod tenant;
+
+use actix_web::web;
+
+use crate::error::ApiError;
+use crate::state::rfc3339;
+use crate::store::{TenantRecord, UserRecord};
+use autodl_common::api::Me;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(health::healthz).service(
+        web::scope("/api/v1")
+            .service(openapi::document)
+            .service(auth::signup)
+            .service(auth::login)
+            .service(auth::logout)
+            .service(auth::change_password)
+            .service(auth::me)
+            .service(api_keys::list)
+            .service(api_keys::create)
+            .service(api_keys::revoke)
+            .service(tenant::show)
+            .service(tenant::members)
+            .service(tenant::update_member)
+            .service(tenant::remove_member)
+            .service(tenant::invitations)
+            .service(tenant::invite)
+            .service(tenant::revoke_invitation)
+            .service(tenant::preview_invitation)
+            .service(tenant::tenant_quota)
+            .service(tenant::member_quota)
+            .service(tenant::set_member_quota)
+            .service(admin::tenants)
+            .service(admin::set_tenant_quota)
+            .service(admin::users)
+            .service(admin::update_user)
+            .default_service(web::to(|| async {
+                Err::<actix_web::HttpResponse, _>(ApiError::NotFound("no such API endpoint".into()))
+            })),
+    );
+}
+
+pub(crate) fn me(user: &UserRecord, tenant: &TenantRecord) -> Result<Me, ApiError> {
+    Ok(Me {
+        id: user.id.clone(),
+        email: user.email.clone(),
+        tenant_id: tenant.id.clone(),
+        tenant_name: tenant.name.clone(),
+        role: crate::auth::caller::parse_role(&user.role)?,
+        platform_admin: user.platform_admin,
+        created_at: rfc3339(user.created_at),
+    })
+}

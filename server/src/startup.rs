@@ -1,0 +1,117 @@
+//! Builds the application: store, shared state, HTTP server. Binding happens in `build` so
+//! tests can ask for port 0 and read the real port before serving.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::dev::Server;
+use actix_web::middleware::{from_fn, Compress, Next};
+use actix_web::{body::MessageBody, dev::ServiceRequest, dev::ServiceResponse, web, App, HttpMessage, HttpServer};
+use tracing_actix_web::TracingLogger;
+
+use crate::auth::caller::RenewedSession;
+use crate::auth::password;
+use crate::auth::rate_limit::LoginLimiter;
+use crate::auth::session::SessionKeys;
+use crate::config::Settings;
+use crate::error::{json_error_handler, path_error_handler, query_error_handler};
+use crate::state::AppState;
+use crate::store::{self, Store};
+
+/// Largest JSON body any endpoint accepts.
+const MAX_JSON_BYTES: usize = 256 * 1024;
+
+pub struct Application {
+    port: u16,
+    server: Server,
+    pub state: web::Data<AppState>,
+}
+
+impl Application {
+    pub async fn build(settings: Settings) -> anyhow::Result<Application> {
+        let store = store::open(&settings.database_url, settings.db_max_connections).await?;
+        Self::build_with_store(settings, store).await
+    }
+
+    pub async fn build_with_store(settings: Settings, store: Arc<dyn Store>) -> anyhow::Result<Application> {
+        let secret = if settings.jwt_secret.is_empty() {
+            tracing::warn!("AUTODL_JWT_SECRET is not set: sessions end when the server restarts");
+            crate::auth::secrets::random_hex(32)
+        } else {
+            settings.jwt_secret.clone()
+        };
+        let state = web::Data::new(AppState {
+            store,
+            sessions: SessionKeys::new(secret.as_bytes(), settings.session_ttl_secs, settings.secure_cookies),
+            login_limiter: LoginLimiter::new(
+                settings.login_attempts_per_minute_per_account,
+                settings.login_attempts_per_minute_per_address,
+            ),
+            dummy_hash: password::dummy_hash().await?,
+            settings: settings.clone(),
+        });
+
+        let listener = TcpListener::bind(settings.listen)?;
+        let port = listener.local_addr()?.port();
+        let leptos = crate::web_app::WebApp::new(&settings, port);
+
+        let server_state = state.clone();
+        let server = HttpServer::new(move || {
+            App::new()
+                .wrap(from_fn(renew_session))
+                .wrap(Compress::default())
+                .wrap(TracingLogger::default())
+                .app_data(server_state.clone())
+                .app_data(
+                    web::JsonConfig::default()
+                        .limit(MAX_JSON_BYTES)
+                        .error_handler(json_error_handler),
+                )
+                .app_data(web::PathConfig::default().error_handler(path_error_handler))
+                .app_data(web::QueryConfig::default().error_handler(query_error_handler))
+                .configure(crate::routes::configure)
+                .configure(|cfg| leptos.configure(cfg))
+        })
+        .shutdown_timeout(10)
+        .listen(listener)?
+        .run();
+
+        let limiter_state = state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                limiter_state.login_limiter.shrink();
+            }
+        });
+
+        Ok(Application { port, server, state })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Serves until SIGINT/SIGTERM (actix handles both and drains open requests).
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await
+    }
+}
+
+/// Sets a renewed session cookie when the `Caller` extractor refreshed the session.
+async fn renew_session(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let mut res = next.call(req).await?;
+    let renewed = res.request().extensions().get::<RenewedSession>().cloned();
+    if let Some(r) = renewed {
+        if let Some(state) = res.request().app_data::<web::Data<AppState>>().cloned() {
+            for c in state.sessions.cookies(&r.token, &r.csrf) {
+                res.response_mut().add_cookie(&c)?;
+            }
+        }
+    }
+    Ok(res)
+}

@@ -1,0 +1,29 @@
+use std::sync::Arc;
+
+use crate::auth::rate_limit::LoginLimiter;
+use crate::auth::session::SessionKeys;
+use crate::config::Settings;
+use crate::store::Store;
+
+/// What every handler shares; built once in `Application::build`.
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub sessions: SessionKeys,
+    pub login_limiter: LoginLimiter,
+    pub settings: Settings,
+    /// See `auth::password::dummy_hash`.
+    pub dummy_hash: String,
+}
+
+pub fn now_ms() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp_nanos() as i64 / 1_000_000
+}
+
+/// RFC 3339 text of a millisecond timestamp, as every API answer shows times.
+pub fn rfc3339(ms: i64) -> String {
+    use time::format_description::well_known::Rfc3339;
+    time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_default()
+}

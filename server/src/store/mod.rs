@@ -1,0 +1,89 @@
+//! Persistence behind one trait, with a SQLite backend (the embedded default) and a
+//! PostgreSQL backend (production), chosen by the database URL.
+
+mod records;
+mod sql;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+pub use records::*;
+pub use sql::{PostgresStore, SqliteStore};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    #[error("{0}")]
+    Conflict(String),
+    #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://...")]
+    UnsupportedUrl(String),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Everything the server keeps. Methods that take a `tenant_id` only ever touch rows of that
+/// tenant, so a handler cannot reach another tenant's data by passing a foreign id.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    fn backend(&self) -> &'static str;
+    async fn ping(&self) -> StoreResult<()>;
+
+    // Tenants and users.
+    async fn create_tenant_with_owner(&self, tenant: &TenantRecord, owner: &UserRecord) -> StoreResult<()>;
+    /// Creates the user and marks the invitation accepted, or neither.
+    async fn accept_invitation(&self, invitation_id: &str, user: &UserRecord, now: i64) -> StoreResult<()>;
+    async fn tenant(&self, id: &str) -> StoreResult<Option<TenantRecord>>;
+    async fn user(&self, id: &str) -> StoreResult<Option<UserRecord>>;
+    async fn user_by_email(&self, email: &str) -> StoreResult<Option<UserRecord>>;
+    async fn set_password(&self, user_id: &str, hash: &str) -> StoreResult<()>;
+    async fn list_members(&self, tenant_id: &str) -> StoreResult<Vec<UserRecord>>;
+    async fn set_member_role(&self, tenant_id: &str, user_id: &str, role: &str) -> StoreResult<bool>;
+    async fn set_user_flags(&self, user_id: &str, disabled: Option<bool>, platform_admin: Option<bool>) -> StoreResult<bool>;
+    async fn list_tenants(&self) -> StoreResult<Vec<TenantSummary>>;
+    async fn list_users(&self) -> StoreResult<Vec<UserWithTenant>>;
+    async fn count_owners(&self, tenant_id: &str) -> StoreResult<i64>;
+
+    // Sessions.
+    async fn create_session(&self, session: &SessionRecord) -> StoreResult<()>;
+    async fn session(&self, id: &str) -> StoreResult<Option<SessionRecord>>;
+    async fn extend_session(&self, id: &str, expires_at: i64) -> StoreResult<()>;
+    async fn revoke_session(&self, id: &str) -> StoreResult<()>;
+    /// Ends every session of the user except `keep` (the one that changed the password).
+    async fn revoke_user_sessions(&self, user_id: &str, keep: Option<&str>) -> StoreResult<()>;
+
+    // API keys.
+    async fn create_api_key(&self, key: &ApiKeyRecord) -> StoreResult<()>;
+    async fn list_api_keys(&self, user_id: &str) -> StoreResult<Vec<ApiKeyRecord>>;
+    async fn api_key_by_hash(&self, hash: &str) -> StoreResult<Option<ApiKeyRecord>>;
+    async fn touch_api_key(&self, id: &str, now: i64) -> StoreResult<()>;
+    async fn revoke_api_key(&self, user_id: &str, id: &str) -> StoreResult<bool>;
+    async fn revoke_user_api_keys(&self, user_id: &str) -> StoreResult<()>;
+
+    // Invitations.
+    async fn create_invitation(&self, inv: &InvitationRecord) -> StoreResult<()>;
+    async fn list_invitations(&self, tenant_id: &str) -> StoreResult<Vec<InvitationRecord>>;
+    async fn invitation_by_token_hash(&self, hash: &str) -> StoreResult<Option<InvitationRecord>>;
+    async fn revoke_invitation(&self, tenant_id: &str, id: &str) -> StoreResult<bool>;
+
+    // Quotas.
+    async fn quota(&self, scope: QuotaScope, subject_id: &str) -> StoreResult<QuotaRecord>;
+    async fn set_quota(&self, scope: QuotaScope, subject_id: &str, quota: &QuotaRecord, now: i64) -> StoreResult<()>;
+}
+
+/// Opens (and migrates) the store named by `url`: `sqlite://PATH` (created if missing) or
+/// `postgres://...`.
+pub async fn open(url: &str, max_connections: u32) -> StoreResult<Arc<dyn Store>> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::open(url, max_connections).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PostgresStore::open(url, max_connections).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(url.to_owned()))
+    }
+}

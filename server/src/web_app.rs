@@ -1,0 +1,39 @@
+//! Hosts the Leptos web app: server-side rendering of its routes and the compiled browser
+//! bundle under `/pkg`.
+
+use actix_web::web;
+use leptos::prelude::*;
+use leptos_actix::{generate_route_list, LeptosRoutes};
+
+use autodl_frontend::app::{shell, App};
+
+use crate::config::Settings;
+
+#[derive(Clone)]
+pub struct WebApp {
+    options: LeptosOptions,
+    routes: Vec<leptos_actix::ActixRouteListing>,
+}
+
+impl WebApp {
+    pub fn new(settings: &Settings, port: u16) -> WebApp {
+        let mut addr = settings.listen;
+        addr.set_port(port);
+        let options = LeptosOptions::builder()
+            .output_name("autodl")
+            .site_root(settings.site_root.to_string_lossy().to_string())
+            .site_pkg_dir("pkg")
+            .site_addr(addr)
+            .build();
+        let routes = generate_route_list(App);
+        WebApp { options, routes }
+    }
+
+    pub fn configure(&self, cfg: &mut web::ServiceConfig) {
+        let pkg = self.options.site_root.to_string();
+        let options = self.options.clone();
+        cfg.app_data(web::Data::new(self.options.clone()))
+            .service(actix_files::Files::new("/pkg", format!("{pkg}/pkg")))
+            .leptos_routes(self.routes.clone(), move || shell(options.clone()));
+    }
+}

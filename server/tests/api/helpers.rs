@@ -1,0 +1,196 @@
+//! `spawn_app()`: a real server on a random port with a fresh database per test, on SQLite or
+//! on PostgreSQL (a new database in the cluster named by `AUTODL_TEST_PG_URL`).
+
+use std::sync::Arc;
+
+use autodl_server::config::Settings;
+use autodl_server::startup::Application;
+use autodl_server::state::AppState;
+use autodl_server::store;
+use reqwest::{Client, Method, RequestBuilder, Response, StatusCode};
+use serde_json::{json, Value};
+
+#[derive(Debug, Clone, Copy)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+pub struct TestApp {
+    pub address: String,
+    pub state: actix_web::web::Data<AppState>,
+    _dir: tempfile::TempDir,
+}
+
+pub const PASSWORD: &str = "Tr41n-all-the-things";
+
+pub async fn database_url(backend: Backend, dir: &std::path::Path) -> String {
+    match backend {
+        Backend::Sqlite => format!("sqlite://{}/autodl.db", dir.display()),
+        Backend::Postgres => {
+            let base = std::env::var("AUTODL_TEST_PG_URL").expect(
+                "AUTODL_TEST_PG_URL is not set: run the suite with scripts/test.sh, which starts a throwaway PostgreSQL",
+            );
+            let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+            let admin = sqlx::PgPool::connect(&format!("{base}/postgres")).await.expect("connect to test PostgreSQL");
+            sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.expect("create test database");
+            admin.close().await;
+            format!("{base}/{name}")
+        }
+    }
+}
+
+pub async fn spawn_app(backend: Backend) -> TestApp {
+    spawn_app_with(backend, |_| {}).await
+}
+
+pub async fn spawn_app_with(backend: Backend, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+    autodl_server::telemetry::init();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        database_url: database_url(backend, dir.path()).await,
+        jwt_secret: "test-secret-test-secret-test-secret".into(),
+        site_root: dir.path().join("site"),
+        db_max_connections: 4,
+        ..Settings::default()
+    };
+    tweak(&mut settings);
+    let store = store::open(&settings.database_url, settings.db_max_connections).await.expect("open store");
+    let app = Application::build_with_store(settings, Arc::clone(&store)).await.expect("build app");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let state = app.state.clone();
+    tokio::spawn(app.run_until_stopped());
+    TestApp { address, state, _dir: dir }
+}
+
+/// A logged-in browser-like client: cookie jar plus the CSRF token it must echo.
+pub struct Session {
+    pub client: Client,
+    pub csrf: String,
+    pub token: String,
+    pub user: Value,
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.address, path)
+    }
+
+    pub fn client() -> Client {
+        Client::builder().cookie_store(true).build().unwrap()
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Response {
+        Client::new().post(self.url(path)).json(body).send().await.unwrap()
+    }
+
+    /// Signs up a new organization owner and returns their session.
+    pub async fn signup(&self, email: &str, tenant: &str) -> Session {
+        let client = Self::client();
+        let res = client
+            .post(self.url("/api/v1/auth/signup"))
+            .json(&json!({"email": email, "password": PASSWORD, "tenant_name": tenant}))
+            .send()
+            .await
+            .unwrap();
+        Self::session_from(client, res).await
+    }
+
+    pub async fn login(&self, email: &str, password: &str) -> Session {
+        let client = Self::client();
+        let res = client
+            .post(self.url("/api/v1/auth/login"))
+            .json(&json!({"email": email, "password": password}))
+            .send()
+            .await
+            .unwrap();
+        Self::session_from(client, res).await
+    }
+
+    pub async fn session_from(client: Client, res: Response) -> Session {
+        assert!(res.status().is_success(), "expected success, got {}", res.status());
+        let csrf = res
+            .cookies()
+            .find(|c| c.name() == "autodl_csrf")
+            .map(|c| c.value().to_owned())
+            .expect("csrf cookie");
+        let body: Value = res.json().await.unwrap();
+        Session { client, csrf, token: body["token"].as_str().unwrap().to_owned(), user: body["user"].clone() }
+    }
+
+    /// Invites `email` into `owner`'s organization with `role` and signs them up.
+    pub async fn invite_and_join(&self, owner: &Session, email: &str, role: &str) -> Session {
+        let inv: Value = owner
+            .send(self, Method::POST, "/api/v1/tenant/invitations", Some(json!({"email": email, "role": role})))
+            .await
+            .json()
+            .await
+            .unwrap();
+        let client = Self::client();
+        let res = client
+            .post(self.url("/api/v1/auth/signup"))
+            .json(&json!({"email": email, "password": PASSWORD, "invitation": inv["token"]}))
+            .send()
+            .await
+            .unwrap();
+        Self::session_from(client, res).await
+    }
+
+    pub async fn make_platform_admin(&self, user_id: &str) {
+        assert!(self.state.store.set_user_flags(user_id, None, Some(true)).await.unwrap());
+    }
+}
+
+impl Session {
+    pub fn id(&self) -> String {
+        self.user["id"].as_str().unwrap().to_owned()
+    }
+
+    /// A cookie-authenticated request with the CSRF header, as the web app sends it.
+    pub fn request(&self, app: &TestApp, method: Method, path: &str) -> RequestBuilder {
+        self.client.request(method, app.url(path)).header("X-CSRF-Token", &self.csrf)
+    }
+
+    pub async fn send(&self, app: &TestApp, method: Method, path: &str, body: Option<Value>) -> Response {
+        let mut req = self.request(app, method, path);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        req.send().await.unwrap()
+    }
+
+    pub async fn get(&self, app: &TestApp, path: &str) -> Value {
+        let res = self.send(app, Method::GET, path, None).await;
+        assert_eq!(res.status(), StatusCode::OK, "GET {path}");
+        res.json().await.unwrap()
+    }
+}
+
+/// Asserts an error answer: status, the JSON error shape, and its code.
+pub async fn assert_error(res: Response, status: StatusCode, code: &str) -> Value {
+    assert_eq!(res.status(), status, "unexpected status");
+    let body: Value = res.json().await.expect("error body is JSON");
+    assert_eq!(body["error"]["code"], code, "body: {body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "body: {body}");
+    body
+}
+
+/// Writes one test function per backend for each named async test body.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test]
+                async fn sqlite() {
+                    super::$name($crate::helpers::Backend::Sqlite).await
+                }
+                #[tokio::test]
+                async fn postgres() {
+                    super::$name($crate::helpers::Backend::Postgres).await
+                }
+            }
+        )*
+    };
+}
