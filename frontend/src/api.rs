@@ -15,7 +15,12 @@ pub struct ApiErr {
 
 impl ApiErr {
     fn network(e: impl std::fmt::Display) -> Self {
-        ApiErr { status: 0, code: "network".into(), message: format!("could not reach the server: {e}"), field: None }
+        ApiErr {
+            status: 0,
+            code: "network".into(),
+            message: format!("could not reach the server: {e}"),
+            field: None,
+        }
     }
 
     pub fn is_unauthorized(&self) -> bool {
@@ -48,7 +53,9 @@ pub async fn patch<B: Serialize, T: DeserializeOwned>(path: &str, body: &B) -> A
 
 /// For endpoints that answer 204 No Content.
 pub async fn delete(path: &str) -> ApiResult<()> {
-    send::<(), NoContent>("DELETE", path, None).await.map(|_| ())
+    send::<(), NoContent>("DELETE", path, None)
+        .await
+        .map(|_| ())
 }
 
 pub async fn post_empty(path: &str) -> ApiResult<()> {
@@ -65,13 +72,19 @@ impl<'de> serde::Deserialize<'de> for NoContent {
 }
 
 #[cfg(feature = "hydrate")]
-async fn send<B: Serialize, T: DeserializeOwned>(method: &str, path: &str, body: Option<&B>) -> ApiResult<T> {
+async fn send<B: Serialize, T: DeserializeOwned>(
+    method: &str,
+    path: &str,
+    body: Option<&B>,
+) -> ApiResult<T> {
     use autodl_common::api::ErrorBody;
     use gloo_net::http::{Method, RequestBuilder};
     use std::str::FromStr;
 
     let method = Method::from_str(method).map_err(ApiErr::network)?;
-    let mut req = RequestBuilder::new(path).method(method).header("Accept", "application/json");
+    let mut req = RequestBuilder::new(path)
+        .method(method)
+        .header("Accept", "application/json");
     if let Some(token) = csrf_token() {
         req = req.header("X-CSRF-Token", &token);
     }
@@ -83,7 +96,11 @@ async fn send<B: Serialize, T: DeserializeOwned>(method: &str, path: &str, body:
     let status = resp.status();
     let text = resp.text().await.map_err(ApiErr::network)?;
     if (200..300).contains(&status) {
-        let text = if text.trim().is_empty() { "null" } else { text.as_str() };
+        let text = if text.trim().is_empty() {
+            "null"
+        } else {
+            text.as_str()
+        };
         serde_json::from_str(text).map_err(|e| ApiErr {
             status,
             code: "decode".into(),
@@ -92,22 +109,39 @@ async fn send<B: Serialize, T: DeserializeOwned>(method: &str, path: &str, body:
         })
     } else {
         Err(match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(b) => ApiErr { status, code: b.error.code, message: b.error.message, field: b.error.field },
-            Err(_) => ApiErr { status, code: "http".into(), message: format!("the server answered {status}"), field: None },
+            Ok(b) => ApiErr {
+                status,
+                code: b.error.code,
+                message: b.error.message,
+                field: b.error.field,
+            },
+            Err(_) => ApiErr {
+                status,
+                code: "http".into(),
+                message: format!("the server answered {status}"),
+                field: None,
+            },
         })
     }
 }
 
 /// On the server, pages render without data and fetch it once hydrated; nothing calls this.
 #[cfg(not(feature = "hydrate"))]
-async fn send<B: Serialize, T: DeserializeOwned>(_method: &str, path: &str, _body: Option<&B>) -> ApiResult<T> {
+async fn send<B: Serialize, T: DeserializeOwned>(
+    _method: &str,
+    path: &str,
+    _body: Option<&B>,
+) -> ApiResult<T> {
     Err(ApiErr::network(format!("{path} is fetched in the browser")))
 }
 
 #[cfg(feature = "hydrate")]
 fn csrf_token() -> Option<String> {
     use wasm_bindgen::JsCast;
-    let doc = web_sys::window()?.document()?.dyn_into::<web_sys::HtmlDocument>().ok()?;
+    let doc = web_sys::window()?
+        .document()?
+        .dyn_into::<web_sys::HtmlDocument>()
+        .ok()?;
     let cookies = doc.cookie().ok()?;
     cookies
         .split(';')

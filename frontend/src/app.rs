@@ -5,7 +5,10 @@ use leptos_router::components::{Route, Router, Routes, A};
 use leptos_router::path;
 
 use crate::api;
-use crate::pages::{account::AccountPage, admin::AdminPage, auth::LoginPage, auth::SignupPage, home::HomePage, org::OrgPage};
+use crate::pages::{
+    account::AccountPage, admin::AdminPage, auth::LoginPage, auth::SignupPage, home::HomePage,
+    org::OrgPage,
+};
 
 /// The HTML document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -49,7 +52,9 @@ pub fn use_session() -> Session {
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
-    let session = Session(LocalResource::new(|| async { api::get::<Me>("/api/v1/me").await.ok() }));
+    let session = Session(LocalResource::new(|| async {
+        api::get::<Me>("/api/v1/me").await.ok()
+    }));
     provide_context(session);
 
     view! {
@@ -163,5 +168,6 @@ pub fn RequireLogin(children: ChildrenFn) -> impl IntoView {
 
 /// The error of the last attempt that is not about a form field, for a banner.
 pub fn general_error(err: Option<api::ApiErr>, fields: &[&str]) -> Option<String> {
-    err.filter(|e| e.field.as_deref().is_none_or(|f| !fields.contains(&f))).map(|e| e.message)
+    err.filter(|e| e.field.as_deref().is_none_or(|f| !fields.contains(&f)))
+        .map(|e| e.message)
 }

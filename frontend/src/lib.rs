@@ -12,4 +12,11 @@ mod pages;
 pub fn hydrate() {
     console_error_panic_hook::set_once();
     leptos::mount::hydrate_body(app::App);
+    // Lets browser tests (and curious users) tell a hydrated page from a static one.
+    if let Some(body) = web_sys::window()
+        .and_then(|w| w.document())
+        .and_then(|d| d.body())
+    {
+        let _ = body.set_attribute("data-hydrated", "true");
+    }
 }

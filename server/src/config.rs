@@ -46,7 +46,7 @@ impl Default for Settings {
 
 impl Settings {
     /// Reads defaults, then `file` (or `AUTODL_CONFIG`) if it exists, then `AUTODL_*` variables.
-    pub fn load(file: Option<PathBuf>) -> Result<Settings, figment::Error> {
+    pub fn load(file: Option<PathBuf>) -> Result<Settings, Box<figment::Error>> {
         let file = file.or_else(|| std::env::var_os("AUTODL_CONFIG").map(PathBuf::from));
         let mut fig = Figment::from(Serialized::defaults(Settings::default()));
         if let Some(file) = file {
@@ -54,5 +54,6 @@ impl Settings {
         }
         fig.merge(Env::prefixed("AUTODL_").ignore(&["config"]))
             .extract()
+            .map_err(Box::new)
     }
 }

@@ -17,14 +17,23 @@ impl Email {
             return Err(ApiError::invalid("email", "email is required"));
         }
         if s.len() > 254 {
-            return Err(ApiError::invalid("email", "email is longer than 254 characters"));
+            return Err(ApiError::invalid(
+                "email",
+                "email is longer than 254 characters",
+            ));
         }
         if !email_address::EmailAddress::is_valid(&s) || !s.contains('@') || s.contains(' ') {
-            return Err(ApiError::invalid("email", format!("{s:?} is not a valid email address")));
+            return Err(ApiError::invalid(
+                "email",
+                format!("{s:?} is not a valid email address"),
+            ));
         }
         let domain = s.rsplit('@').next().unwrap_or_default();
         if !domain.contains('.') && domain != "localhost" {
-            return Err(ApiError::invalid("email", format!("{s:?} is not a valid email address")));
+            return Err(ApiError::invalid(
+                "email",
+                format!("{s:?} is not a valid email address"),
+            ));
         }
         Ok(Email(s))
     }
@@ -78,7 +87,10 @@ impl Password {
         if let Some(email) = email {
             let local = email.as_str().split('@').next().unwrap_or_default();
             if local.len() >= 4 && raw.to_lowercase().contains(local) {
-                return Err(ApiError::invalid("password", "password must not contain your email name"));
+                return Err(ApiError::invalid(
+                    "password",
+                    "password must not contain your email name",
+                ));
             }
         }
         Ok(Password(raw.to_owned()))
@@ -96,10 +108,16 @@ pub fn parse_name(field: &'static str, raw: &str, max: usize) -> Result<String, 
         return Err(ApiError::invalid(field, format!("{field} is required")));
     }
     if s.chars().count() > max {
-        return Err(ApiError::invalid(field, format!("{field} must be at most {max} characters")));
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} must be at most {max} characters"),
+        ));
     }
     if s.chars().any(char::is_control) {
-        return Err(ApiError::invalid(field, format!("{field} must not contain control characters")));
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} must not contain control characters"),
+        ));
     }
     Ok(s.to_owned())
 }
@@ -107,10 +125,13 @@ pub fn parse_name(field: &'static str, raw: &str, max: usize) -> Result<String, 
 /// Checks a quota's values and turns it into the stored form.
 pub fn parse_quota(q: &Quota) -> Result<QuotaRecord, ApiError> {
     if q.max_gpus.is_some_and(|n| n > 1_000_000) {
-        return Err(ApiError::invalid("max_gpus", "max_gpus is unreasonably large"));
+        return Err(ApiError::invalid(
+            "max_gpus",
+            "max_gpus is unreasonably large",
+        ));
     }
     if let Some(h) = q.gpu_hours_per_month {
-        if !h.is_finite() || h < 0.0 || h > 1e9 {
+        if !h.is_finite() || !(0.0..=1e9).contains(&h) {
             return Err(ApiError::invalid(
                 "gpu_hours_per_month",
                 "gpu_hours_per_month must be a number between 0 and 1e9",
@@ -118,22 +139,33 @@ pub fn parse_quota(q: &Quota) -> Result<QuotaRecord, ApiError> {
         }
     }
     if q.max_queued_tasks.is_some_and(|n| n > 10_000_000) {
-        return Err(ApiError::invalid("max_queued_tasks", "max_queued_tasks is unreasonably large"));
+        return Err(ApiError::invalid(
+            "max_queued_tasks",
+            "max_queued_tasks is unreasonably large",
+        ));
     }
     let types = match &q.allowed_gpu_types {
         None => None,
         Some(list) => {
             if list.len() > 64 {
-                return Err(ApiError::invalid("allowed_gpu_types", "at most 64 GPU types"));
+                return Err(ApiError::invalid(
+                    "allowed_gpu_types",
+                    "at most 64 GPU types",
+                ));
             }
             let mut clean = Vec::with_capacity(list.len());
             for t in list {
                 let t = t.trim();
                 if t.is_empty()
                     || t.len() > 64
-                    || !t.chars().all(|c| c.is_ascii_alphanumeric() || "-_. ".contains(c))
+                    || !t
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_. ".contains(c))
                 {
-                    return Err(ApiError::invalid("allowed_gpu_types", format!("{t:?} is not a GPU type name")));
+                    return Err(ApiError::invalid(
+                        "allowed_gpu_types",
+                        format!("{t:?} is not a GPU type name"),
+                    ));
                 }
                 if !clean.iter().any(|c: &String| c.eq_ignore_ascii_case(t)) {
                     clean.push(t.to_owned());
@@ -155,7 +187,10 @@ pub fn quota_to_api(r: &QuotaRecord) -> Quota {
         max_gpus: r.max_gpus.map(|n| n as u32),
         gpu_hours_per_month: r.gpu_hours_per_month,
         max_queued_tasks: r.max_queued_tasks.map(|n| n as u32),
-        allowed_gpu_types: r.allowed_gpu_types.as_deref().and_then(|s| serde_json::from_str(s).ok()),
+        allowed_gpu_types: r
+            .allowed_gpu_types
+            .as_deref()
+            .and_then(|s| serde_json::from_str(s).ok()),
     }
 }
 
@@ -179,7 +214,10 @@ pub fn check_within(user: &QuotaRecord, tenant: &QuotaRecord) -> Result<(), ApiE
         }
     }
     if over(user.max_gpus, tenant.max_gpus) {
-        return Err(ApiError::invalid("max_gpus", "max_gpus exceeds the organization's cap"));
+        return Err(ApiError::invalid(
+            "max_gpus",
+            "max_gpus exceeds the organization's cap",
+        ));
     }
     if over(user.gpu_hours_per_month, tenant.gpu_hours_per_month) {
         return Err(ApiError::invalid(
@@ -188,14 +226,22 @@ pub fn check_within(user: &QuotaRecord, tenant: &QuotaRecord) -> Result<(), ApiE
         ));
     }
     if over(user.max_queued_tasks, tenant.max_queued_tasks) {
-        return Err(ApiError::invalid("max_queued_tasks", "max_queued_tasks exceeds the organization's cap"));
+        return Err(ApiError::invalid(
+            "max_queued_tasks",
+            "max_queued_tasks exceeds the organization's cap",
+        ));
     }
-    let list = |s: &Option<String>| -> Option<Vec<String>> { s.as_deref().and_then(|s| serde_json::from_str(s).ok()) };
+    let list = |s: &Option<String>| -> Option<Vec<String>> {
+        s.as_deref().and_then(|s| serde_json::from_str(s).ok())
+    };
     if let Some(tenant_types) = list(&tenant.allowed_gpu_types) {
         match list(&user.allowed_gpu_types) {
             None => {}
             Some(user_types) => {
-                if let Some(bad) = user_types.iter().find(|t| !gpu_type_covered(&tenant_types, t)) {
+                if let Some(bad) = user_types
+                    .iter()
+                    .find(|t| !gpu_type_covered(&tenant_types, t))
+                {
                     return Err(ApiError::invalid(
                         "allowed_gpu_types",
                         format!("GPU type {bad:?} is not allowed for the organization"),
@@ -213,8 +259,18 @@ mod tests {
 
     #[test]
     fn emails() {
-        assert_eq!(Email::parse(" Ada@Example.COM ").unwrap().as_str(), "ada@example.com");
-        for bad in ["", "ada", "ada@", "@example.com", "a b@example.com", "ada@example"] {
+        assert_eq!(
+            Email::parse(" Ada@Example.COM ").unwrap().as_str(),
+            "ada@example.com"
+        );
+        for bad in [
+            "",
+            "ada",
+            "ada@",
+            "@example.com",
+            "a b@example.com",
+            "ada@example",
+        ] {
             assert!(Email::parse(bad).is_err(), "{bad:?} accepted");
         }
     }
@@ -244,9 +300,17 @@ mod tests {
         })
         .unwrap();
         assert!(check_within(&ok, &tenant).is_ok());
-        let too_many = parse_quota(&Quota { max_gpus: Some(9), ..Default::default() }).unwrap();
+        let too_many = parse_quota(&Quota {
+            max_gpus: Some(9),
+            ..Default::default()
+        })
+        .unwrap();
         assert!(check_within(&too_many, &tenant).is_err());
-        let wrong_type = parse_quota(&Quota { allowed_gpu_types: Some(vec!["A40".into()]), ..Default::default() }).unwrap();
+        let wrong_type = parse_quota(&Quota {
+            allowed_gpu_types: Some(vec!["A40".into()]),
+            ..Default::default()
+        })
+        .unwrap();
         assert!(check_within(&wrong_type, &tenant).is_err());
     }
 }

@@ -13,7 +13,11 @@ use autodl_server::store::{self, TenantRecord, UserRecord};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "autodl-server", version, about = "autodl GPU training platform server")]
+#[command(
+    name = "autodl-server",
+    version,
+    about = "autodl GPU training platform server"
+)]
 struct Cli {
     /// TOML configuration file (also AUTODL_CONFIG); AUTODL_* variables override it.
     #[arg(long, global = true)]
@@ -79,16 +83,30 @@ async fn admin(settings: Settings, command: AdminCommand) -> anyhow::Result<()> 
     let store = store::open(&settings.database_url, 2).await?;
     let now = now_ms();
     match command {
-        AdminCommand::CreateAdmin { email, password: pw, tenant } => {
+        AdminCommand::CreateAdmin {
+            email,
+            password: pw,
+            tenant,
+        } => {
             let email = Email::parse(&email).map_err(|e| anyhow::anyhow!("{e}"))?;
             let pw = Password::parse(&pw, Some(&email)).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let tenant_name = parse_name("tenant", &tenant, 64).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let tenant_name =
+                parse_name("tenant", &tenant, 64).map_err(|e| anyhow::anyhow!("{e}"))?;
             if let Some(user) = store.user_by_email(email.as_str()).await? {
-                store.set_user_flags(&user.id, Some(false), Some(true)).await?;
-                println!("{} already exists; it is now a platform administrator", email.as_str());
+                store
+                    .set_user_flags(&user.id, Some(false), Some(true))
+                    .await?;
+                println!(
+                    "{} already exists; it is now a platform administrator",
+                    email.as_str()
+                );
                 return Ok(());
             }
-            let tenant = TenantRecord { id: new_id(), name: tenant_name, created_at: now };
+            let tenant = TenantRecord {
+                id: new_id(),
+                name: tenant_name,
+                created_at: now,
+            };
             let user = UserRecord {
                 id: new_id(),
                 email: email.as_str().to_owned(),
@@ -100,18 +118,29 @@ async fn admin(settings: Settings, command: AdminCommand) -> anyhow::Result<()> 
                 created_at: now,
             };
             store.create_tenant_with_owner(&tenant, &user).await?;
-            println!("created platform administrator {} in organization {:?}", user.email, tenant.name);
+            println!(
+                "created platform administrator {} in organization {:?}",
+                user.email, tenant.name
+            );
         }
-        AdminCommand::ResetPassword { email, password: pw } => {
+        AdminCommand::ResetPassword {
+            email,
+            password: pw,
+        } => {
             let email = Email::parse(&email).map_err(|e| anyhow::anyhow!("{e}"))?;
             let user = store
                 .user_by_email(email.as_str())
                 .await?
                 .with_context(|| format!("no account with email {}", email.as_str()))?;
             let pw = Password::parse(&pw, Some(&email)).map_err(|e| anyhow::anyhow!("{e}"))?;
-            store.set_password(&user.id, &password::hash(pw.into_inner()).await?).await?;
+            store
+                .set_password(&user.id, &password::hash(pw.into_inner()).await?)
+                .await?;
             store.revoke_user_sessions(&user.id, None).await?;
-            println!("password of {} reset; its sessions were ended", email.as_str());
+            println!(
+                "password of {} reset; its sessions were ended",
+                email.as_str()
+            );
         }
     }
     Ok(())

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use actix_web::dev::Server;
 use actix_web::middleware::{from_fn, Compress, Next};
-use actix_web::{body::MessageBody, dev::ServiceRequest, dev::ServiceResponse, web, App, HttpMessage, HttpServer};
+use actix_web::{
+    body::MessageBody, dev::ServiceRequest, dev::ServiceResponse, web, App, HttpMessage, HttpServer,
+};
 use tracing_actix_web::TracingLogger;
 
 use crate::auth::caller::RenewedSession;
@@ -34,7 +36,10 @@ impl Application {
         Self::build_with_store(settings, store).await
     }
 
-    pub async fn build_with_store(settings: Settings, store: Arc<dyn Store>) -> anyhow::Result<Application> {
+    pub async fn build_with_store(
+        settings: Settings,
+        store: Arc<dyn Store>,
+    ) -> anyhow::Result<Application> {
         let secret = if settings.jwt_secret.is_empty() {
             tracing::warn!("AUTODL_JWT_SECRET is not set: sessions end when the server restarts");
             crate::auth::secrets::random_hex(32)
@@ -43,7 +48,11 @@ impl Application {
         };
         let state = web::Data::new(AppState {
             store,
-            sessions: SessionKeys::new(secret.as_bytes(), settings.session_ttl_secs, settings.secure_cookies),
+            sessions: SessionKeys::new(
+                secret.as_bytes(),
+                settings.session_ttl_secs,
+                settings.secure_cookies,
+            ),
             login_limiter: LoginLimiter::new(
                 settings.login_attempts_per_minute_per_account,
                 settings.login_attempts_per_minute_per_address,
@@ -86,7 +95,11 @@ impl Application {
             }
         });
 
-        Ok(Application { port, server, state })
+        Ok(Application {
+            port,
+            server,
+            state,
+        })
     }
 
     pub fn port(&self) -> u16 {

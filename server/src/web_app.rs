@@ -32,8 +32,14 @@ impl WebApp {
     pub fn configure(&self, cfg: &mut web::ServiceConfig) {
         let pkg = self.options.site_root.to_string();
         let options = self.options.clone();
+        let fallback_options = self.options.clone();
         cfg.app_data(web::Data::new(self.options.clone()))
             .service(actix_files::Files::new("/pkg", format!("{pkg}/pkg")))
-            .leptos_routes(self.routes.clone(), move || shell(options.clone()));
+            .leptos_routes(self.routes.clone(), move || shell(options.clone()))
+            // Unknown paths get the app's own "page not found", inside the usual layout.
+            .default_service(leptos_actix::render_app_to_stream(
+                move || shell(fallback_options.clone()),
+                leptos_router::Method::Get,
+            ));
     }
 }

@@ -84,7 +84,10 @@ fn ApiKeys() -> impl IntoView {
                 }
             }
         };
-        create.dispatch(CreateApiKeyRequest { name: name.get_untracked(), expires_in_days });
+        create.dispatch(CreateApiKeyRequest {
+            name: name.get_untracked(),
+            expires_in_days,
+        });
     };
 
     view! {
@@ -153,7 +156,11 @@ fn ChangePassword() -> impl IntoView {
     let done = RwSignal::new(false);
     let change = Action::new_local(move |req: &PasswordChangeRequest| {
         let req = req.clone();
-        async move { api::post::<_, api::NoContent>("/api/v1/auth/password", &req).await.map(|_| ()) }
+        async move {
+            api::post::<_, api::NoContent>("/api/v1/auth/password", &req)
+                .await
+                .map(|_| ())
+        }
     });
     Effect::new(move |_| match change.value().get() {
         Some(Ok(())) => {

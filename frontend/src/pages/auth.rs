@@ -12,7 +12,9 @@ fn field_err(result: RwSignal<Option<ApiErr>>, field: &'static str) -> Signal<Op
 /// Checks done in the browser before sending, so obvious mistakes show at once.
 fn check_email(email: &str) -> Option<ApiErr> {
     let e = email.trim();
-    let ok = e.len() <= 254 && e.split_once('@').is_some_and(|(l, d)| !l.is_empty() && d.contains('.'));
+    let ok = e.len() <= 254
+        && e.split_once('@')
+            .is_some_and(|(l, d)| !l.is_empty() && d.contains('.'));
     (!ok).then(|| ApiErr {
         status: 400,
         code: "validation".into(),
@@ -29,7 +31,9 @@ pub fn SignupPage() -> impl IntoView {
         let token = invitation();
         async move {
             match token {
-                Some(t) => Some(api::get::<InvitationPreview>(&format!("/api/v1/invitations/{t}")).await),
+                Some(t) => {
+                    Some(api::get::<InvitationPreview>(&format!("/api/v1/invitations/{t}")).await)
+                }
                 None => None,
             }
         }
@@ -141,7 +145,10 @@ pub fn LoginPage() -> impl IntoView {
             return;
         }
         error.set(None);
-        submit.dispatch(LoginRequest { email: email.get_untracked(), password: password.get_untracked() });
+        submit.dispatch(LoginRequest {
+            email: email.get_untracked(),
+            password: password.get_untracked(),
+        });
     };
 
     view! {

@@ -1,4 +1,6 @@
-use autodl_common::api::{CreateInvitationRequest, Invitation, Member, Quota, Role, TenantInfo, UpdateMemberRequest};
+use autodl_common::api::{
+    CreateInvitationRequest, Invitation, Member, Quota, Role, TenantInfo, UpdateMemberRequest,
+};
 use leptos::prelude::*;
 
 use super::account::short_date;
@@ -23,7 +25,14 @@ fn Org() -> impl IntoView {
 
     let set_role = Action::new_local(move |(id, role): &(String, Role)| {
         let (id, role) = (id.clone(), *role);
-        async move { api::patch::<_, Member>(&format!("/api/v1/tenant/members/{id}"), &UpdateMemberRequest { role }).await.map(|_| ()) }
+        async move {
+            api::patch::<_, Member>(
+                &format!("/api/v1/tenant/members/{id}"),
+                &UpdateMemberRequest { role },
+            )
+            .await
+            .map(|_| ())
+        }
     });
     let remove = Action::new_local(move |id: &String| {
         let id = id.clone();
@@ -106,7 +115,11 @@ fn Org() -> impl IntoView {
 }
 
 #[component]
-fn MemberQuota(id: String, email: String, on_close: impl Fn() + Clone + Send + Sync + 'static) -> impl IntoView {
+fn MemberQuota(
+    id: String,
+    email: String,
+    on_close: impl Fn() + Clone + Send + Sync + 'static,
+) -> impl IntoView {
     let path = format!("/api/v1/tenant/members/{id}/quota");
     let path2 = path.clone();
     let current = LocalResource::new(move || {

@@ -9,7 +9,10 @@ use crate::app::{general_error, Field};
 
 pub fn quota_summary(q: &Quota) -> String {
     let mut parts = Vec::new();
-    parts.push(match q.max_gpus { Some(n) => format!("{n} GPUs at once"), None => "any number of GPUs".into() });
+    parts.push(match q.max_gpus {
+        Some(n) => format!("{n} GPUs at once"),
+        None => "any number of GPUs".into(),
+    });
     if let Some(h) = q.gpu_hours_per_month {
         parts.push(format!("{h} GPU-hours a month"));
     }
@@ -62,7 +65,11 @@ where
         saved.set(false);
         let int = |s: String, f: &str| -> Result<Option<u32>, ApiErr> {
             let s = s.trim().to_string();
-            if s.is_empty() { Ok(None) } else { s.parse().map(Some).map_err(|_| invalid(f, f)) }
+            if s.is_empty() {
+                Ok(None)
+            } else {
+                s.parse().map(Some).map_err(|_| invalid(f, f))
+            }
         };
         let q = (|| -> Result<Quota, ApiErr> {
             let h = hours.get_untracked();
@@ -71,12 +78,20 @@ where
                 gpu_hours_per_month: if h.trim().is_empty() {
                     None
                 } else {
-                    Some(h.trim().parse().map_err(|_| invalid("gpu_hours_per_month", "GPU-hours"))?)
+                    Some(
+                        h.trim()
+                            .parse()
+                            .map_err(|_| invalid("gpu_hours_per_month", "GPU-hours"))?,
+                    )
                 },
                 max_queued_tasks: int(queued.get_untracked(), "max_queued_tasks")?,
                 allowed_gpu_types: {
                     let t = types.get_untracked();
-                    let list: Vec<String> = t.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+                    let list: Vec<String> = t
+                        .split(',')
+                        .map(|s| s.trim().to_string())
+                        .filter(|s| !s.is_empty())
+                        .collect();
                     (!list.is_empty()).then_some(list)
                 },
             })
@@ -88,7 +103,8 @@ where
             Err(e) => error.set(Some(e)),
         }
     };
-    let ferr = move |f: &'static str| Signal::derive(move || error.get().and_then(|e| e.for_field(f)));
+    let ferr =
+        move |f: &'static str| Signal::derive(move || error.get().and_then(|e| e.for_field(f)));
     view! {
         <form class="quota-form" on:submit=on_submit novalidate>
             <Field label="GPUs at once" id="max_gpus" kind="number" value=max_gpus error=ferr("max_gpus") placeholder="no cap"/>

@@ -17,8 +17,13 @@ use crate::store::UserRecord;
 #[derive(Debug, Clone)]
 pub enum CallerVia {
     /// `from_cookie`: the browser sent it by itself, so CSRF checks apply.
-    Session { sid: String, from_cookie: bool },
-    ApiKey { id: String },
+    Session {
+        sid: String,
+        from_cookie: bool,
+    },
+    ApiKey {
+        id: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -49,7 +54,9 @@ impl Caller {
         if self.role.can_manage() || self.user.platform_admin {
             Ok(())
         } else {
-            Err(ApiError::Forbidden("this needs the owner or admin role in your organization".into()))
+            Err(ApiError::Forbidden(
+                "this needs the owner or admin role in your organization".into(),
+            ))
         }
     }
 
@@ -57,7 +64,9 @@ impl Caller {
         if self.user.platform_admin {
             Ok(())
         } else {
-            Err(ApiError::Forbidden("this needs a platform administrator".into()))
+            Err(ApiError::Forbidden(
+                "this needs a platform administrator".into(),
+            ))
         }
     }
 
@@ -93,7 +102,9 @@ async fn authenticate(req: &HttpRequest) -> Result<Caller, ApiError> {
             .strip_prefix("Bearer ")
             .map(str::trim)
             .filter(|t| !t.is_empty())
-            .ok_or_else(|| ApiError::Unauthorized("expected `Authorization: Bearer <token>`".into()))?;
+            .ok_or_else(|| {
+                ApiError::Unauthorized("expected `Authorization: Bearer <token>`".into())
+            })?;
         if token.starts_with(API_KEY_PREFIX) {
             return from_api_key(state, token, now).await;
         }
@@ -104,9 +115,9 @@ async fn authenticate(req: &HttpRequest) -> Result<Caller, ApiError> {
         return from_session(state, claims, false, now).await;
     }
 
-    let cookie = req
-        .cookie(SESSION_COOKIE)
-        .ok_or_else(|| ApiError::Unauthorized("sign in, or send an API key as a Bearer token".into()))?;
+    let cookie = req.cookie(SESSION_COOKIE).ok_or_else(|| {
+        ApiError::Unauthorized("sign in, or send an API key as a Bearer token".into())
+    })?;
     let claims = state
         .sessions
         .verify(cookie.value())
@@ -121,15 +132,27 @@ async fn authenticate(req: &HttpRequest) -> Result<Caller, ApiError> {
     let caller = from_session(state, claims.clone(), true, now).await?;
     if renew {
         let exp = now / 1000 + state.sessions.ttl_secs;
-        let fresh = Claims { iat: now / 1000, exp, ..claims };
+        let fresh = Claims {
+            iat: now / 1000,
+            exp,
+            ..claims
+        };
         let token = state.sessions.issue(&fresh)?;
         state.store.extend_session(&fresh.sid, exp * 1000).await?;
-        req.extensions_mut().insert(RenewedSession { token, csrf: fresh.csrf });
+        req.extensions_mut().insert(RenewedSession {
+            token,
+            csrf: fresh.csrf,
+        });
     }
     Ok(caller)
 }
 
-async fn from_session(state: &AppState, claims: Claims, from_cookie: bool, now: i64) -> Result<Caller, ApiError> {
+async fn from_session(
+    state: &AppState,
+    claims: Claims,
+    from_cookie: bool,
+    now: i64,
+) -> Result<Caller, ApiError> {
     let session = state
         .store
         .session(&claims.sid)
@@ -140,7 +163,10 @@ async fn from_session(state: &AppState, claims: Claims, from_cookie: bool, now: 
     Ok(Caller {
         role: parse_role(&user.role)?,
         user,
-        via: CallerVia::Session { sid: session.id, from_cookie },
+        via: CallerVia::Session {
+            sid: session.id,
+            from_cookie,
+        },
     })
 }
 
@@ -151,7 +177,9 @@ async fn from_api_key(state: &AppState, token: &str, now: i64) -> Result<Caller,
         .await?
         .ok_or_else(|| ApiError::Unauthorized("unknown API key".into()))?;
     if key.revoked {
-        return Err(ApiError::Unauthorized("this API key has been revoked".into()));
+        return Err(ApiError::Unauthorized(
+            "this API key has been revoked".into(),
+        ));
     }
     if key.expires_at.is_some_and(|e| e <= now) {
         return Err(ApiError::Unauthorized("this API key has expired".into()));
@@ -180,5 +208,6 @@ async fn active_user(state: &AppState, id: &str) -> Result<UserRecord, ApiError>
 }
 
 pub fn parse_role(s: &str) -> Result<Role, ApiError> {
-    Role::parse(s).ok_or_else(|| ApiError::Internal(anyhow::anyhow!("stored role {s:?} is unknown")))
+    Role::parse(s)
+        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("stored role {s:?} is unknown")))
 }

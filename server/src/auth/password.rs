@@ -1,7 +1,9 @@
 //! Argon2id hashing. Hashing is deliberately slow, so it runs on the blocking pool rather than
 //! stalling the async workers that serve other requests.
 
-use argon2::password_hash::{rand_core::OsRng, PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::password_hash::{
+    rand_core::OsRng, PasswordHash, PasswordHasher, PasswordVerifier, SaltString,
+};
 use argon2::Argon2;
 
 use crate::error::ApiError;
@@ -25,7 +27,9 @@ pub async fn verify(password: String, stored: String) -> Result<bool, ApiError> 
         let Ok(parsed) = PasswordHash::new(&stored) else {
             return false;
         };
-        Argon2::default().verify_password(password.as_bytes(), &parsed).is_ok()
+        Argon2::default()
+            .verify_password(password.as_bytes(), &parsed)
+            .is_ok()
     })
     .await
     .map_err(|e| ApiError::Internal(anyhow::anyhow!(e)))

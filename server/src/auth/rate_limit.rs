@@ -31,7 +31,9 @@ impl LoginLimiter {
         if let Some(addr) = address {
             self.per_address.check_key(&addr).map_err(refuse)?;
         }
-        self.per_account.check_key(&account.to_owned()).map_err(refuse)?;
+        self.per_account
+            .check_key(&account.to_owned())
+            .map_err(refuse)?;
         Ok(())
     }
 

@@ -40,7 +40,11 @@ impl SessionKeys {
     }
 
     pub fn issue(&self, claims: &Claims) -> anyhow::Result<String> {
-        Ok(encode(&Header::new(Algorithm::HS256), claims, &self.encoding)?)
+        Ok(encode(
+            &Header::new(Algorithm::HS256),
+            claims,
+            &self.encoding,
+        )?)
     }
 
     /// Checks signature, algorithm and expiry (no leeway: an expired session is expired).
@@ -48,7 +52,9 @@ impl SessionKeys {
         let mut v = Validation::new(Algorithm::HS256);
         v.leeway = 0;
         v.set_required_spec_claims(&["exp", "sub"]);
-        decode::<Claims>(token, &self.decoding, &v).ok().map(|d| d.claims)
+        decode::<Claims>(token, &self.decoding, &v)
+            .ok()
+            .map(|d| d.claims)
     }
 
     pub fn cookies(&self, token: &str, csrf: &str) -> [Cookie<'static>; 2] {
@@ -71,7 +77,10 @@ impl SessionKeys {
     }
 
     pub fn removal_cookies(&self) -> [Cookie<'static>; 2] {
-        let mut a = Cookie::build(SESSION_COOKIE, "").path("/").http_only(true).finish();
+        let mut a = Cookie::build(SESSION_COOKIE, "")
+            .path("/")
+            .http_only(true)
+            .finish();
         a.make_removal();
         let mut b = Cookie::build(CSRF_COOKIE, "").path("/").finish();
         b.make_removal();

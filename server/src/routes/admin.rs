@@ -12,7 +12,10 @@ use crate::store::{QuotaScope, UserRecord};
 
 #[utoipa::path(responses((status = 200, body = [AdminTenant]), (status = 403, body = ErrorBody)))]
 #[get("/admin/tenants")]
-pub async fn tenants(state: web::Data<AppState>, caller: Caller) -> Result<web::Json<Vec<AdminTenant>>, ApiError> {
+pub async fn tenants(
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<web::Json<Vec<AdminTenant>>, ApiError> {
     caller.require_platform_admin()?;
     let mut out = Vec::new();
     for t in state.store.list_tenants().await? {
@@ -48,13 +51,19 @@ pub async fn set_tenant_quota(
         .tenant(&id)
         .await?
         .ok_or_else(|| ApiError::NotFound("no such tenant".into()))?;
-    state.store.set_quota(QuotaScope::Tenant, &id, &rec, now_ms()).await?;
+    state
+        .store
+        .set_quota(QuotaScope::Tenant, &id, &rec, now_ms())
+        .await?;
     Ok(web::Json(quota_to_api(&rec)))
 }
 
 #[utoipa::path(responses((status = 200, body = [AdminUser]), (status = 403, body = ErrorBody)))]
 #[get("/admin/users")]
-pub async fn users(state: web::Data<AppState>, caller: Caller) -> Result<web::Json<Vec<AdminUser>>, ApiError> {
+pub async fn users(
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<web::Json<Vec<AdminUser>>, ApiError> {
     caller.require_platform_admin()?;
     let users = state.store.list_users().await?;
     let out = users
@@ -79,17 +88,33 @@ pub async fn update_user(
     body: web::Json<AdminUpdateUserRequest>,
 ) -> Result<web::Json<AdminUser>, ApiError> {
     caller.require_platform_admin()?;
-    if *id == caller.user.id && (body.disabled == Some(true) || body.platform_admin == Some(false)) {
-        return Err(ApiError::invalid("id", "you cannot disable yourself or drop your own admin rights"));
+    if *id == caller.user.id && (body.disabled == Some(true) || body.platform_admin == Some(false))
+    {
+        return Err(ApiError::invalid(
+            "id",
+            "you cannot disable yourself or drop your own admin rights",
+        ));
     }
-    if !state.store.set_user_flags(&id, body.disabled, body.platform_admin).await? {
+    if !state
+        .store
+        .set_user_flags(&id, body.disabled, body.platform_admin)
+        .await?
+    {
         return Err(ApiError::NotFound("no such user".into()));
     }
     if body.disabled == Some(true) {
         state.store.revoke_user_sessions(&id, None).await?;
     }
-    let u = state.store.user(&id).await?.ok_or(ApiError::NotFound("no such user".into()))?;
-    let t = state.store.tenant(&u.tenant_id).await?.ok_or_else(|| anyhow::anyhow!("tenant missing"))?;
+    let u = state
+        .store
+        .user(&id)
+        .await?
+        .ok_or(ApiError::NotFound("no such user".into()))?;
+    let t = state
+        .store
+        .tenant(&u.tenant_id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("tenant missing"))?;
     Ok(web::Json(admin_user(u, t.name)?))
 }
 

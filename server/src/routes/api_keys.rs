@@ -24,7 +24,10 @@ fn info(k: &ApiKeyRecord) -> ApiKeyInfo {
 /// The caller's own active keys (never the secret).
 #[utoipa::path(responses((status = 200, body = [ApiKeyInfo]), (status = 401, body = ErrorBody)))]
 #[get("/api-keys")]
-pub async fn list(state: web::Data<AppState>, caller: Caller) -> Result<web::Json<Vec<ApiKeyInfo>>, ApiError> {
+pub async fn list(
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<web::Json<Vec<ApiKeyInfo>>, ApiError> {
     let keys = state.store.list_api_keys(&caller.user.id).await?;
     Ok(web::Json(keys.iter().map(info).collect()))
 }
@@ -44,7 +47,10 @@ pub async fn create(
     let name = parse_name("name", &body.name, 64)?;
     if let Some(days) = body.expires_in_days {
         if !(1..=3650).contains(&days) {
-            return Err(ApiError::invalid("expires_in_days", "expires_in_days must be between 1 and 3650"));
+            return Err(ApiError::invalid(
+                "expires_in_days",
+                "expires_in_days must be between 1 and 3650",
+            ));
         }
     }
     if state.store.list_api_keys(&caller.user.id).await?.len() >= MAX_KEYS_PER_USER {
@@ -62,11 +68,16 @@ pub async fn create(
         key_hash: digest(&key),
         created_at: now,
         last_used_at: None,
-        expires_at: body.expires_in_days.map(|d| now + i64::from(d) * 86_400_000),
+        expires_at: body
+            .expires_in_days
+            .map(|d| now + i64::from(d) * 86_400_000),
         revoked: false,
     };
     state.store.create_api_key(&rec).await?;
-    Ok(HttpResponse::Created().json(CreatedApiKey { key, info: info(&rec) }))
+    Ok(HttpResponse::Created().json(CreatedApiKey {
+        key,
+        info: info(&rec),
+    }))
 }
 
 #[utoipa::path(

@@ -1,5 +1,7 @@
 use actix_web::{get, post, web, HttpRequest, HttpResponse};
-use autodl_common::api::{ErrorBody, LoginRequest, LoginResponse, Me, PasswordChangeRequest, SignupRequest};
+use autodl_common::api::{
+    ErrorBody, LoginRequest, LoginResponse, Me, PasswordChangeRequest, SignupRequest,
+};
 
 use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::session::Claims;
@@ -32,16 +34,28 @@ pub async fn signup(
             .invitation_by_token_hash(&digest(token))
             .await?
             .filter(|i| !i.revoked && i.accepted_at.is_none() && i.expires_at > now)
-            .ok_or_else(|| ApiError::invalid("invitation", "this invitation link is invalid or has expired"))?;
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "invitation",
+                    "this invitation link is invalid or has expired",
+                )
+            })?;
         if inv.email != email.as_str() {
-            return Err(ApiError::invalid("email", "this invitation is for a different email address"));
+            return Err(ApiError::invalid(
+                "email",
+                "this invitation is for a different email address",
+            ));
         }
-        let tenant = state
-            .store
-            .tenant(&inv.tenant_id)
-            .await?
-            .ok_or_else(|| ApiError::invalid("invitation", "the inviting organization no longer exists"))?;
-        let user = new_user(&email, password::hash(pw.into_inner()).await?, &tenant.id, &inv.role, now);
+        let tenant = state.store.tenant(&inv.tenant_id).await?.ok_or_else(|| {
+            ApiError::invalid("invitation", "the inviting organization no longer exists")
+        })?;
+        let user = new_user(
+            &email,
+            password::hash(pw.into_inner()).await?,
+            &tenant.id,
+            &inv.role,
+            now,
+        );
         state.store.accept_invitation(&inv.id, &user, now).await?;
         (user, tenant)
     } else {
@@ -51,10 +65,22 @@ pub async fn signup(
             64,
         )?;
         if state.store.user_by_email(email.as_str()).await?.is_some() {
-            return Err(ApiError::Conflict("an account with this email already exists".into()));
+            return Err(ApiError::Conflict(
+                "an account with this email already exists".into(),
+            ));
         }
-        let tenant = TenantRecord { id: new_id(), name, created_at: now };
-        let user = new_user(&email, password::hash(pw.into_inner()).await?, &tenant.id, "owner", now);
+        let tenant = TenantRecord {
+            id: new_id(),
+            name,
+            created_at: now,
+        };
+        let user = new_user(
+            &email,
+            password::hash(pw.into_inner()).await?,
+            &tenant.id,
+            "owner",
+            now,
+        );
         state.store.create_tenant_with_owner(&tenant, &user).await?;
         (user, tenant)
     };
@@ -99,11 +125,18 @@ async fn start_session(
         exp: now / 1000 + ttl,
     };
     let token = state.sessions.issue(&claims)?;
-    let mut res = if created { HttpResponse::Created() } else { HttpResponse::Ok() };
+    let mut res = if created {
+        HttpResponse::Created()
+    } else {
+        HttpResponse::Ok()
+    };
     for c in state.sessions.cookies(&token, &claims.csrf) {
         res.cookie(c);
     }
-    Ok(res.json(LoginResponse { token, user: super::me(user, tenant)? }))
+    Ok(res.json(LoginResponse {
+        token,
+        user: super::me(user, tenant)?,
+    }))
 }
 
 #[utoipa::path(
@@ -145,7 +178,10 @@ pub async fn login(
 /// Ends the session (if any) and clears the cookies; always succeeds.
 #[utoipa::path(responses((status = 204)))]
 #[post("/auth/logout")]
-pub async fn logout(state: web::Data<AppState>, caller: Result<Caller, ApiError>) -> Result<HttpResponse, ApiError> {
+pub async fn logout(
+    state: web::Data<AppState>,
+    caller: Result<Caller, ApiError>,
+) -> Result<HttpResponse, ApiError> {
     if let Ok(caller) = caller {
         if let Some(sid) = caller.session_id() {
             state.store.revoke_session(sid).await?;
@@ -171,8 +207,16 @@ pub async fn change_password(
     body: web::Json<PasswordChangeRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let email = Email::parse(&caller.user.email)?;
-    if !password::verify(body.current_password.clone(), caller.user.password_hash.clone()).await? {
-        return Err(ApiError::invalid("current_password", "the current password is wrong"));
+    if !password::verify(
+        body.current_password.clone(),
+        caller.user.password_hash.clone(),
+    )
+    .await?
+    {
+        return Err(ApiError::invalid(
+            "current_password",
+            "the current password is wrong",
+        ));
     }
     let new_pw = Password::parse(&body.new_password, Some(&email)).map_err(|e| match e {
         ApiError::Validation { message, .. } => ApiError::invalid("new_password", message),
@@ -180,7 +224,10 @@ pub async fn change_password(
     })?;
     let hash = password::hash(new_pw.into_inner()).await?;
     state.store.set_password(&caller.user.id, &hash).await?;
-    state.store.revoke_user_sessions(&caller.user.id, caller.session_id()).await?;
+    state
+        .store
+        .revoke_user_sessions(&caller.user.id, caller.session_id())
+        .await?;
     Ok(HttpResponse::NoContent().finish())
 }
 

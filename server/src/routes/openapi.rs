@@ -53,7 +53,11 @@ pub async fn document() -> web::Json<utoipa::openapi::OpenApi> {
     // Paths are declared relative to the /api/v1 scope, except the health check.
     let paths = std::mem::take(&mut doc.paths.paths);
     for (path, item) in paths {
-        let full = if path == "/healthz" { path } else { format!("/api/v1{path}") };
+        let full = if path == "/healthz" {
+            path
+        } else {
+            format!("/api/v1{path}")
+        };
         doc.paths.paths.insert(full, item);
     }
     web::Json(doc)

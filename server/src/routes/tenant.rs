@@ -3,8 +3,8 @@
 
 use actix_web::{delete, get, patch, post, put, web, HttpResponse};
 use autodl_common::api::{
-    CreateInvitationRequest, ErrorBody, Invitation, InvitationPreview, Member, Quota, Role, TenantInfo,
-    UpdateMemberRequest,
+    CreateInvitationRequest, ErrorBody, Invitation, InvitationPreview, Member, Quota, Role,
+    TenantInfo, UpdateMemberRequest,
 };
 
 use crate::auth::caller::parse_role;
@@ -39,7 +39,11 @@ fn invitation(i: &InvitationRecord, token: Option<String>) -> Result<Invitation,
 }
 
 /// A member of the caller's tenant, or 404 (also for users of other tenants).
-async fn member_of_tenant(state: &AppState, caller: &Caller, user_id: &str) -> Result<UserRecord, ApiError> {
+async fn member_of_tenant(
+    state: &AppState,
+    caller: &Caller,
+    user_id: &str,
+) -> Result<UserRecord, ApiError> {
     state
         .store
         .user(user_id)
@@ -50,21 +54,34 @@ async fn member_of_tenant(state: &AppState, caller: &Caller, user_id: &str) -> R
 
 #[utoipa::path(responses((status = 200, body = TenantInfo), (status = 401, body = ErrorBody)))]
 #[get("/tenant")]
-pub async fn show(state: web::Data<AppState>, caller: Caller) -> Result<web::Json<TenantInfo>, ApiError> {
+pub async fn show(
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<web::Json<TenantInfo>, ApiError> {
     let t = state
         .store
         .tenant(caller.tenant_id())
         .await?
         .ok_or_else(|| anyhow::anyhow!("tenant missing"))?;
     let count = state.store.list_members(&t.id).await?.len() as u64;
-    Ok(web::Json(TenantInfo { id: t.id, name: t.name, created_at: rfc3339(t.created_at), members: count }))
+    Ok(web::Json(TenantInfo {
+        id: t.id,
+        name: t.name,
+        created_at: rfc3339(t.created_at),
+        members: count,
+    }))
 }
 
 #[utoipa::path(responses((status = 200, body = [Member]), (status = 401, body = ErrorBody)))]
 #[get("/tenant/members")]
-pub async fn members(state: web::Data<AppState>, caller: Caller) -> Result<web::Json<Vec<Member>>, ApiError> {
+pub async fn members(
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<web::Json<Vec<Member>>, ApiError> {
     let list = state.store.list_members(caller.tenant_id()).await?;
-    Ok(web::Json(list.iter().map(member).collect::<Result<_, _>>()?))
+    Ok(web::Json(
+        list.iter().map(member).collect::<Result<_, _>>()?,
+    ))
 }
 
 /// Changes a member's role. Only owners grant or withdraw ownership, and the last owner stays.
@@ -86,10 +103,17 @@ pub async fn update_member(
     let current = parse_role(&target.role)?;
     let touches_owner = current == Role::Owner || body.role == Role::Owner;
     if touches_owner && caller.role != Role::Owner {
-        return Err(ApiError::Forbidden("only an owner can grant or withdraw the owner role".into()));
+        return Err(ApiError::Forbidden(
+            "only an owner can grant or withdraw the owner role".into(),
+        ));
     }
-    if current == Role::Owner && body.role != Role::Owner && state.store.count_owners(caller.tenant_id()).await? <= 1 {
-        return Err(ApiError::Conflict("an organization needs at least one owner".into()));
+    if current == Role::Owner
+        && body.role != Role::Owner
+        && state.store.count_owners(caller.tenant_id()).await? <= 1
+    {
+        return Err(ApiError::Conflict(
+            "an organization needs at least one owner".into(),
+        ));
     }
     state
         .store
@@ -117,9 +141,14 @@ pub async fn remove_member(
         return Err(ApiError::invalid("id", "you cannot remove yourself"));
     }
     if parse_role(&target.role)? == Role::Owner && caller.role != Role::Owner {
-        return Err(ApiError::Forbidden("only an owner can remove an owner".into()));
+        return Err(ApiError::Forbidden(
+            "only an owner can remove an owner".into(),
+        ));
     }
-    state.store.set_user_flags(&target.id, Some(true), None).await?;
+    state
+        .store
+        .set_user_flags(&target.id, Some(true), None)
+        .await?;
     state.store.revoke_user_sessions(&target.id, None).await?;
     state.store.revoke_user_api_keys(&target.id).await?;
     Ok(HttpResponse::NoContent().finish())
@@ -127,10 +156,17 @@ pub async fn remove_member(
 
 #[utoipa::path(responses((status = 200, body = [Invitation]), (status = 403, body = ErrorBody)))]
 #[get("/tenant/invitations")]
-pub async fn invitations(state: web::Data<AppState>, caller: Caller) -> Result<web::Json<Vec<Invitation>>, ApiError> {
+pub async fn invitations(
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<web::Json<Vec<Invitation>>, ApiError> {
     caller.require_manager()?;
     let list = state.store.list_invitations(caller.tenant_id()).await?;
-    Ok(web::Json(list.iter().map(|i| invitation(i, None)).collect::<Result<_, _>>()?))
+    Ok(web::Json(
+        list.iter()
+            .map(|i| invitation(i, None))
+            .collect::<Result<_, _>>()?,
+    ))
 }
 
 /// Makes an invitation link for one email address. The answer holds the link's token once.
@@ -148,10 +184,14 @@ pub async fn invite(
     caller.require_manager()?;
     let email = Email::parse(&body.email)?;
     if body.role == Role::Owner && caller.role != Role::Owner {
-        return Err(ApiError::Forbidden("only an owner can invite another owner".into()));
+        return Err(ApiError::Forbidden(
+            "only an owner can invite another owner".into(),
+        ));
     }
     if state.store.user_by_email(email.as_str()).await?.is_some() {
-        return Err(ApiError::Conflict("an account with this email already exists".into()));
+        return Err(ApiError::Conflict(
+            "an account with this email already exists".into(),
+        ));
     }
     let now = now_ms();
     let token = random_hex(24);
@@ -182,7 +222,11 @@ pub async fn revoke_invitation(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     caller.require_manager()?;
-    if state.store.revoke_invitation(caller.tenant_id(), &id).await? {
+    if state
+        .store
+        .revoke_invitation(caller.tenant_id(), &id)
+        .await?
+    {
         Ok(HttpResponse::NoContent().finish())
     } else {
         Err(ApiError::NotFound("no such invitation".into()))
@@ -218,8 +262,14 @@ pub async fn preview_invitation(
 /// The organization's caps, set by platform administrators.
 #[utoipa::path(responses((status = 200, body = Quota), (status = 401, body = ErrorBody)))]
 #[get("/tenant/quota")]
-pub async fn tenant_quota(state: web::Data<AppState>, caller: Caller) -> Result<web::Json<Quota>, ApiError> {
-    let q = state.store.quota(QuotaScope::Tenant, caller.tenant_id()).await?;
+pub async fn tenant_quota(
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<web::Json<Quota>, ApiError> {
+    let q = state
+        .store
+        .quota(QuotaScope::Tenant, caller.tenant_id())
+        .await?;
     Ok(web::Json(quota_to_api(&q)))
 }
 
@@ -258,8 +308,14 @@ pub async fn set_member_quota(
     caller.require_manager()?;
     let rec = parse_quota(&body)?;
     let target = member_of_tenant(&state, &caller, &id).await?;
-    let tenant_q = state.store.quota(QuotaScope::Tenant, caller.tenant_id()).await?;
+    let tenant_q = state
+        .store
+        .quota(QuotaScope::Tenant, caller.tenant_id())
+        .await?;
     check_within(&rec, &tenant_q)?;
-    state.store.set_quota(QuotaScope::User, &target.id, &rec, now_ms()).await?;
+    state
+        .store
+        .set_quota(QuotaScope::User, &target.id, &rec, now_ms())
+        .await?;
     Ok(web::Json(quota_to_api(&rec)))
 }

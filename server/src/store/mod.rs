@@ -35,16 +35,35 @@ pub trait Store: Send + Sync + 'static {
     async fn ping(&self) -> StoreResult<()>;
 
     // Tenants and users.
-    async fn create_tenant_with_owner(&self, tenant: &TenantRecord, owner: &UserRecord) -> StoreResult<()>;
+    async fn create_tenant_with_owner(
+        &self,
+        tenant: &TenantRecord,
+        owner: &UserRecord,
+    ) -> StoreResult<()>;
     /// Creates the user and marks the invitation accepted, or neither.
-    async fn accept_invitation(&self, invitation_id: &str, user: &UserRecord, now: i64) -> StoreResult<()>;
+    async fn accept_invitation(
+        &self,
+        invitation_id: &str,
+        user: &UserRecord,
+        now: i64,
+    ) -> StoreResult<()>;
     async fn tenant(&self, id: &str) -> StoreResult<Option<TenantRecord>>;
     async fn user(&self, id: &str) -> StoreResult<Option<UserRecord>>;
     async fn user_by_email(&self, email: &str) -> StoreResult<Option<UserRecord>>;
     async fn set_password(&self, user_id: &str, hash: &str) -> StoreResult<()>;
     async fn list_members(&self, tenant_id: &str) -> StoreResult<Vec<UserRecord>>;
-    async fn set_member_role(&self, tenant_id: &str, user_id: &str, role: &str) -> StoreResult<bool>;
-    async fn set_user_flags(&self, user_id: &str, disabled: Option<bool>, platform_admin: Option<bool>) -> StoreResult<bool>;
+    async fn set_member_role(
+        &self,
+        tenant_id: &str,
+        user_id: &str,
+        role: &str,
+    ) -> StoreResult<bool>;
+    async fn set_user_flags(
+        &self,
+        user_id: &str,
+        disabled: Option<bool>,
+        platform_admin: Option<bool>,
+    ) -> StoreResult<bool>;
     async fn list_tenants(&self) -> StoreResult<Vec<TenantSummary>>;
     async fn list_users(&self) -> StoreResult<Vec<UserWithTenant>>;
     async fn count_owners(&self, tenant_id: &str) -> StoreResult<i64>;
@@ -73,7 +92,13 @@ pub trait Store: Send + Sync + 'static {
 
     // Quotas.
     async fn quota(&self, scope: QuotaScope, subject_id: &str) -> StoreResult<QuotaRecord>;
-    async fn set_quota(&self, scope: QuotaScope, subject_id: &str, quota: &QuotaRecord, now: i64) -> StoreResult<()>;
+    async fn set_quota(
+        &self,
+        scope: QuotaScope,
+        subject_id: &str,
+        quota: &QuotaRecord,
+        now: i64,
+    ) -> StoreResult<()>;
 }
 
 /// Opens (and migrates) the store named by `url`: `sqlite://PATH` (created if missing) or

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 
 use super::*;
 
@@ -29,7 +31,8 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(10));
         if let Some(parent) = std::path::Path::new(opts.get_filename()).parent() {
             if !parent.as_os_str().is_empty() {
-                std::fs::create_dir_all(parent).map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
             }
         }
         let pool = SqlitePoolOptions::new()
@@ -56,7 +59,9 @@ impl PostgresStore {
 /// Maps a unique-constraint failure to a conflict the caller can show.
 fn conflict(what: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
     move |e| match e {
-        sqlx::Error::Database(ref db) if db.is_unique_violation() => StoreError::Conflict(what.to_owned()),
+        sqlx::Error::Database(ref db) if db.is_unique_violation() => {
+            StoreError::Conflict(what.to_owned())
+        }
         other => StoreError::Database(other),
     }
 }

@@ -23,14 +23,41 @@ crate::on_both_backends!(
 
 async fn health_and_openapi(b: Backend) {
     let app = spawn_app(b).await;
-    let health: Value = Client::new().get(app.url("/healthz")).send().await.unwrap().json().await.unwrap();
+    let health: Value = Client::new()
+        .get(app.url("/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(health["status"], "ok");
-    let doc: Value = Client::new().get(app.url("/api/v1/openapi.json")).send().await.unwrap().json().await.unwrap();
-    for path in ["/api/v1/auth/signup", "/api/v1/auth/login", "/api/v1/api-keys", "/api/v1/api-keys/{id}", "/api/v1/me"] {
-        assert!(doc["paths"][path].is_object(), "{path} missing from the OpenAPI document");
+    let doc: Value = Client::new()
+        .get(app.url("/api/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for path in [
+        "/api/v1/auth/signup",
+        "/api/v1/auth/login",
+        "/api/v1/api-keys",
+        "/api/v1/api-keys/{id}",
+        "/api/v1/me",
+    ] {
+        assert!(
+            doc["paths"][path].is_object(),
+            "{path} missing from the OpenAPI document"
+        );
     }
     assert!(doc["components"]["schemas"]["SignupRequest"].is_object());
-    let res = Client::new().get(app.url("/api/v1/no-such-thing")).send().await.unwrap();
+    let res = Client::new()
+        .get(app.url("/api/v1/no-such-thing"))
+        .send()
+        .await
+        .unwrap();
     assert_error(res, StatusCode::NOT_FOUND, "not_found").await;
 }
 
@@ -52,17 +79,72 @@ async fn signup_rejects_bad_input_and_changes_nothing(b: Backend) {
     let app = spawn_app(b).await;
     app.signup("taken@example.com", "Taken Org").await;
     let cases = [
-        (json!({"email": "not-an-email", "password": PASSWORD, "tenant_name": "X"}), StatusCode::BAD_REQUEST, "validation", Some("email")),
-        (json!({"email": "", "password": PASSWORD, "tenant_name": "X"}), StatusCode::BAD_REQUEST, "validation", Some("email")),
-        (json!({"email": "a@example.com", "password": "short1", "tenant_name": "X"}), StatusCode::BAD_REQUEST, "validation", Some("password")),
-        (json!({"email": "a@example.com", "password": "aaaaaaaaaaaaaaa", "tenant_name": "X"}), StatusCode::BAD_REQUEST, "validation", Some("password")),
-        (json!({"email": "a@example.com", "password": PASSWORD}), StatusCode::BAD_REQUEST, "validation", Some("tenant_name")),
-        (json!({"email": "a@example.com", "password": PASSWORD, "tenant_name": "x".repeat(65)}), StatusCode::BAD_REQUEST, "validation", Some("tenant_name")),
-        (json!({"email": "a@example.com", "password": PASSWORD, "tenant_name": "X", "admin": true}), StatusCode::BAD_REQUEST, "bad_request", None),
-        (json!({"password": PASSWORD, "tenant_name": "X"}), StatusCode::BAD_REQUEST, "bad_request", None),
-        (json!({"email": "a@example.com", "password": PASSWORD, "tenant_name": "X", "invitation": "bogus"}), StatusCode::BAD_REQUEST, "validation", Some("invitation")),
-        (json!({"email": "TAKEN@example.com", "password": PASSWORD, "tenant_name": "Other"}), StatusCode::CONFLICT, "conflict", None),
-        (json!({"email": "b@example.com", "password": PASSWORD, "tenant_name": "taken org"}), StatusCode::CONFLICT, "conflict", None),
+        (
+            json!({"email": "not-an-email", "password": PASSWORD, "tenant_name": "X"}),
+            StatusCode::BAD_REQUEST,
+            "validation",
+            Some("email"),
+        ),
+        (
+            json!({"email": "", "password": PASSWORD, "tenant_name": "X"}),
+            StatusCode::BAD_REQUEST,
+            "validation",
+            Some("email"),
+        ),
+        (
+            json!({"email": "a@example.com", "password": "short1", "tenant_name": "X"}),
+            StatusCode::BAD_REQUEST,
+            "validation",
+            Some("password"),
+        ),
+        (
+            json!({"email": "a@example.com", "password": "aaaaaaaaaaaaaaa", "tenant_name": "X"}),
+            StatusCode::BAD_REQUEST,
+            "validation",
+            Some("password"),
+        ),
+        (
+            json!({"email": "a@example.com", "password": PASSWORD}),
+            StatusCode::BAD_REQUEST,
+            "validation",
+            Some("tenant_name"),
+        ),
+        (
+            json!({"email": "a@example.com", "password": PASSWORD, "tenant_name": "x".repeat(65)}),
+            StatusCode::BAD_REQUEST,
+            "validation",
+            Some("tenant_name"),
+        ),
+        (
+            json!({"email": "a@example.com", "password": PASSWORD, "tenant_name": "X", "admin": true}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            None,
+        ),
+        (
+            json!({"password": PASSWORD, "tenant_name": "X"}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            None,
+        ),
+        (
+            json!({"email": "a@example.com", "password": PASSWORD, "tenant_name": "X", "invitation": "bogus"}),
+            StatusCode::BAD_REQUEST,
+            "validation",
+            Some("invitation"),
+        ),
+        (
+            json!({"email": "TAKEN@example.com", "password": PASSWORD, "tenant_name": "Other"}),
+            StatusCode::CONFLICT,
+            "conflict",
+            None,
+        ),
+        (
+            json!({"email": "b@example.com", "password": PASSWORD, "tenant_name": "taken org"}),
+            StatusCode::CONFLICT,
+            "conflict",
+            None,
+        ),
     ];
     for (body, status, code, field) in cases {
         let res = app.post_json("/api/v1/auth/signup", &body).await;
@@ -73,12 +155,34 @@ async fn signup_rejects_bad_input_and_changes_nothing(b: Backend) {
     }
     // Malformed JSON, wrong content type and an oversize body.
     let raw = |body: &'static str, ct: &'static str| {
-        Client::new().post(app.url("/api/v1/auth/signup")).header("content-type", ct).body(body).send()
+        Client::new()
+            .post(app.url("/api/v1/auth/signup"))
+            .header("content-type", ct)
+            .body(body)
+            .send()
     };
-    assert_error(raw("{\"email\": ", "application/json").await.unwrap(), StatusCode::BAD_REQUEST, "bad_request").await;
-    assert_error(raw("email=a", "application/x-www-form-urlencoded").await.unwrap(), StatusCode::BAD_REQUEST, "bad_request").await;
-    let huge = json!({"email": "c@example.com", "password": PASSWORD, "tenant_name": "y".repeat(400_000)});
-    assert_error(app.post_json("/api/v1/auth/signup", &huge).await, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large").await;
+    assert_error(
+        raw("{\"email\": ", "application/json").await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+    )
+    .await;
+    assert_error(
+        raw("email=a", "application/x-www-form-urlencoded")
+            .await
+            .unwrap(),
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+    )
+    .await;
+    let huge =
+        json!({"email": "c@example.com", "password": PASSWORD, "tenant_name": "y".repeat(400_000)});
+    assert_error(
+        app.post_json("/api/v1/auth/signup", &huge).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+    )
+    .await;
 
     // Nothing was created by any of them, and the existing account still works.
     assert_eq!(app.state.store.list_users().await.unwrap().len(), 1);
@@ -93,14 +197,25 @@ async fn login_checks_password_and_is_rate_limited(b: Backend) {
     let res = app.post_json("/api/v1/auth/login", &bad).await;
     assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
     let unknown = json!({"email": "nobody@example.com", "password": PASSWORD});
-    let body = assert_error(app.post_json("/api/v1/auth/login", &unknown).await, StatusCode::UNAUTHORIZED, "unauthorized").await;
-    assert_eq!(body["error"]["message"], "wrong email or password", "unknown and wrong answer alike");
+    let body = assert_error(
+        app.post_json("/api/v1/auth/login", &unknown).await,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    )
+    .await;
+    assert_eq!(
+        body["error"]["message"], "wrong email or password",
+        "unknown and wrong answer alike"
+    );
     let s = app.login("grace@example.com", PASSWORD).await;
     assert_eq!(s.user["email"], "grace@example.com");
     // Five attempts a minute for this account: two so far, three more, then refusal even
     // with the right password.
     for _ in 0..3 {
-        assert_eq!(app.post_json("/api/v1/auth/login", &bad).await.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            app.post_json("/api/v1/auth/login", &bad).await.status(),
+            StatusCode::UNAUTHORIZED
+        );
     }
     let good = json!({"email": "grace@example.com", "password": PASSWORD});
     let res = app.post_json("/api/v1/auth/login", &good).await;
@@ -124,9 +239,18 @@ async fn bearer_token_and_cookie_sessions(b: Backend) {
         .unwrap();
     assert_eq!(res.status(), StatusCode::CREATED);
     // No credentials at all.
-    let res = Client::new().get(app.url("/api/v1/me")).send().await.unwrap();
+    let res = Client::new()
+        .get(app.url("/api/v1/me"))
+        .send()
+        .await
+        .unwrap();
     assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
-    let res = Client::new().get(app.url("/api/v1/me")).header("authorization", "Basic abc").send().await.unwrap();
+    let res = Client::new()
+        .get(app.url("/api/v1/me"))
+        .header("authorization", "Basic abc")
+        .send()
+        .await
+        .unwrap();
     assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
 }
 
@@ -136,8 +260,17 @@ async fn tampered_and_expired_tokens_are_refused(b: Backend) {
     let mut parts: Vec<String> = s.token.split('.').map(str::to_owned).collect();
     parts[2] = parts[2].chars().rev().collect();
     let tampered = parts.join(".");
-    for token in [tampered.as_str(), "not.a.jwt", "eyJhbGciOiJub25lIn0.eyJzdWIiOiJ4In0."] {
-        let res = Client::new().get(app.url("/api/v1/me")).bearer_auth(token).send().await.unwrap();
+    for token in [
+        tampered.as_str(),
+        "not.a.jwt",
+        "eyJhbGciOiJub25lIn0.eyJzdWIiOiJ4In0.",
+    ] {
+        let res = Client::new()
+            .get(app.url("/api/v1/me"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
         assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
     }
     // A correctly signed token that has expired.
@@ -146,26 +279,55 @@ async fn tampered_and_expired_tokens_are_refused(b: Backend) {
     let expired = app
         .state
         .sessions
-        .issue(&Claims { sub: user_id, sid: "x".into(), csrf: "y".into(), iat: now - 100, exp: now - 10 })
+        .issue(&Claims {
+            sub: user_id,
+            sid: "x".into(),
+            csrf: "y".into(),
+            iat: now - 100,
+            exp: now - 10,
+        })
         .unwrap();
-    let res = Client::new().get(app.url("/api/v1/me")).bearer_auth(expired).send().await.unwrap();
+    let res = Client::new()
+        .get(app.url("/api/v1/me"))
+        .bearer_auth(expired)
+        .send()
+        .await
+        .unwrap();
     assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
     // A token signed with another secret.
     let other = autodl_server::auth::session::SessionKeys::new(b"another-secret", 3600, false);
     let forged = other
-        .issue(&Claims { sub: s.id(), sid: "x".into(), csrf: "y".into(), iat: now, exp: now + 3600 })
+        .issue(&Claims {
+            sub: s.id(),
+            sid: "x".into(),
+            csrf: "y".into(),
+            iat: now,
+            exp: now + 3600,
+        })
         .unwrap();
-    let res = Client::new().get(app.url("/api/v1/me")).bearer_auth(forged).send().await.unwrap();
+    let res = Client::new()
+        .get(app.url("/api/v1/me"))
+        .bearer_auth(forged)
+        .send()
+        .await
+        .unwrap();
     assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
 }
 
 async fn logout_ends_the_session(b: Backend) {
     let app = spawn_app(b).await;
     let s = app.signup("out@example.com", "Out Org").await;
-    let res = s.send(&app, Method::POST, "/api/v1/auth/logout", None).await;
+    let res = s
+        .send(&app, Method::POST, "/api/v1/auth/logout", None)
+        .await;
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     // The old token is dead even if someone kept a copy.
-    let res = Client::new().get(app.url("/api/v1/me")).bearer_auth(&s.token).send().await.unwrap();
+    let res = Client::new()
+        .get(app.url("/api/v1/me"))
+        .bearer_auth(&s.token)
+        .send()
+        .await
+        .unwrap();
     assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
     let res = s.send(&app, Method::GET, "/api/v1/me", None).await;
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
@@ -174,7 +336,13 @@ async fn logout_ends_the_session(b: Backend) {
 async fn csrf_is_required_for_cookie_writes(b: Backend) {
     let app = spawn_app(b).await;
     let s = app.signup("csrf@example.com", "Csrf Org").await;
-    let res = s.client.post(app.url("/api/v1/api-keys")).json(&json!({"name": "k"})).send().await.unwrap();
+    let res = s
+        .client
+        .post(app.url("/api/v1/api-keys"))
+        .json(&json!({"name": "k"}))
+        .send()
+        .await
+        .unwrap();
     assert_error(res, StatusCode::FORBIDDEN, "forbidden").await;
     let res = s
         .client
@@ -185,8 +353,22 @@ async fn csrf_is_required_for_cookie_writes(b: Backend) {
         .await
         .unwrap();
     assert_error(res, StatusCode::FORBIDDEN, "forbidden").await;
-    assert!(s.get(&app, "/api/v1/api-keys").await.as_array().unwrap().is_empty(), "nothing was created");
-    let res = s.send(&app, Method::POST, "/api/v1/api-keys", Some(json!({"name": "k"}))).await;
+    assert!(
+        s.get(&app, "/api/v1/api-keys")
+            .await
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "nothing was created"
+    );
+    let res = s
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/api-keys",
+            Some(json!({"name": "k"})),
+        )
+        .await;
     assert_eq!(res.status(), StatusCode::CREATED);
 }
 
@@ -194,19 +376,51 @@ async fn password_change_ends_other_sessions(b: Backend) {
     let app = spawn_app(b).await;
     let s1 = app.signup("pw@example.com", "Pw Org").await;
     let s2 = app.login("pw@example.com", PASSWORD).await;
-    let change = |current: &str, new: &str| json!({"current_password": current, "new_password": new});
-    let res = s1.send(&app, Method::POST, "/api/v1/auth/password", Some(change("Wrong-pass-123", "Brand-new-pass-9"))).await;
+    let change =
+        |current: &str, new: &str| json!({"current_password": current, "new_password": new});
+    let res = s1
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/auth/password",
+            Some(change("Wrong-pass-123", "Brand-new-pass-9")),
+        )
+        .await;
     let e = assert_error(res, StatusCode::BAD_REQUEST, "validation").await;
     assert_eq!(e["error"]["field"], "current_password");
-    let res = s1.send(&app, Method::POST, "/api/v1/auth/password", Some(change(PASSWORD, "weak"))).await;
+    let res = s1
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/auth/password",
+            Some(change(PASSWORD, "weak")),
+        )
+        .await;
     let e = assert_error(res, StatusCode::BAD_REQUEST, "validation").await;
     assert_eq!(e["error"]["field"], "new_password");
-    let res = s1.send(&app, Method::POST, "/api/v1/auth/password", Some(change(PASSWORD, "Brand-new-pass-9"))).await;
+    let res = s1
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/auth/password",
+            Some(change(PASSWORD, "Brand-new-pass-9")),
+        )
+        .await;
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     // The session that changed it lives on; the other one ended.
     s1.get(&app, "/api/v1/me").await;
-    assert_eq!(s2.send(&app, Method::GET, "/api/v1/me", None).await.status(), StatusCode::UNAUTHORIZED);
-    let res = app.post_json("/api/v1/auth/login", &json!({"email": "pw@example.com", "password": PASSWORD})).await;
+    assert_eq!(
+        s2.send(&app, Method::GET, "/api/v1/me", None)
+            .await
+            .status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let res = app
+        .post_json(
+            "/api/v1/auth/login",
+            &json!({"email": "pw@example.com", "password": PASSWORD}),
+        )
+        .await;
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
     app.login("pw@example.com", "Brand-new-pass-9").await;
 }
@@ -217,13 +431,28 @@ async fn sessions_are_renewed_before_expiry(b: Backend) {
     tokio::time::sleep(Duration::from_millis(2300)).await;
     let res = s.send(&app, Method::GET, "/api/v1/me", None).await;
     assert_eq!(res.status(), StatusCode::OK);
-    let renewed = res.cookies().find(|c| c.name() == "autodl_session").expect("renewed session cookie");
+    let renewed = res
+        .cookies()
+        .find(|c| c.name() == "autodl_session")
+        .expect("renewed session cookie");
     assert_ne!(renewed.value(), s.token);
     // Past the first token's expiry, the renewed cookie (now in the jar) still works.
     tokio::time::sleep(Duration::from_millis(2200)).await;
-    assert_eq!(s.send(&app, Method::GET, "/api/v1/me", None).await.status(), StatusCode::OK);
+    assert_eq!(
+        s.send(&app, Method::GET, "/api/v1/me", None).await.status(),
+        StatusCode::OK
+    );
     // JWT expiry has one-second granularity: wait until the first token is surely past it.
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let res = Client::new().get(app.url("/api/v1/me")).bearer_auth(&s.token).send().await.unwrap();
-    assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "the original token expired");
+    let res = Client::new()
+        .get(app.url("/api/v1/me"))
+        .bearer_auth(&s.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::UNAUTHORIZED,
+        "the original token expired"
+    );
 }

@@ -21,9 +21,33 @@ fn cli(url: &str, args: &[&str]) -> std::process::Output {
 async fn create_admin_and_reset_password(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let url = database_url(b, dir.path()).await;
-    let out = cli(&url, &["admin", "create-admin", "--email", "root@example.com", "--password", "Operat0r-secret!"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = cli(&url, &["admin", "create-admin", "--email", "bad", "--password", "Operat0r-secret!"]);
+    let out = cli(
+        &url,
+        &[
+            "admin",
+            "create-admin",
+            "--email",
+            "root@example.com",
+            "--password",
+            "Operat0r-secret!",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cli(
+        &url,
+        &[
+            "admin",
+            "create-admin",
+            "--email",
+            "bad",
+            "--password",
+            "Operat0r-secret!",
+        ],
+    );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a valid email"));
 
@@ -33,12 +57,46 @@ async fn create_admin_and_reset_password(b: Backend) {
     assert_eq!(s.user["tenant_name"], "Operators");
     s.get(&app, "/api/v1/admin/tenants").await;
 
-    let out = cli(&url, &["admin", "reset-password", "--email", "root@example.com", "--password", "N3w-operator-pass"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(s.send(&app, reqwest::Method::GET, "/api/v1/me", None).await.status(), StatusCode::UNAUTHORIZED);
-    let res = app.post_json("/api/v1/auth/login", &json!({"email": "root@example.com", "password": "Operat0r-secret!"})).await;
+    let out = cli(
+        &url,
+        &[
+            "admin",
+            "reset-password",
+            "--email",
+            "root@example.com",
+            "--password",
+            "N3w-operator-pass",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        s.send(&app, reqwest::Method::GET, "/api/v1/me", None)
+            .await
+            .status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let res = app
+        .post_json(
+            "/api/v1/auth/login",
+            &json!({"email": "root@example.com", "password": "Operat0r-secret!"}),
+        )
+        .await;
     assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
     app.login("root@example.com", "N3w-operator-pass").await;
-    let out = cli(&url, &["admin", "reset-password", "--email", "ghost@example.com", "--password", "N3w-operator-pass"]);
+    let out = cli(
+        &url,
+        &[
+            "admin",
+            "reset-password",
+            "--email",
+            "ghost@example.com",
+            "--password",
+            "N3w-operator-pass",
+        ],
+    );
     assert!(!out.status.success());
 }

@@ -32,8 +32,13 @@ pub async fn database_url(backend: Backend, dir: &std::path::Path) -> String {
                 "AUTODL_TEST_PG_URL is not set: run the suite with scripts/test.sh, which starts a throwaway PostgreSQL",
             );
             let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-            let admin = sqlx::PgPool::connect(&format!("{base}/postgres")).await.expect("connect to test PostgreSQL");
-            sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.expect("create test database");
+            let admin = sqlx::PgPool::connect(&format!("{base}/postgres"))
+                .await
+                .expect("connect to test PostgreSQL");
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&admin)
+                .await
+                .expect("create test database");
             admin.close().await;
             format!("{base}/{name}")
         }
@@ -56,12 +61,20 @@ pub async fn spawn_app_with(backend: Backend, tweak: impl FnOnce(&mut Settings))
         ..Settings::default()
     };
     tweak(&mut settings);
-    let store = store::open(&settings.database_url, settings.db_max_connections).await.expect("open store");
-    let app = Application::build_with_store(settings, Arc::clone(&store)).await.expect("build app");
+    let store = store::open(&settings.database_url, settings.db_max_connections)
+        .await
+        .expect("open store");
+    let app = Application::build_with_store(settings, Arc::clone(&store))
+        .await
+        .expect("build app");
     let address = format!("http://127.0.0.1:{}", app.port());
     let state = app.state.clone();
     tokio::spawn(app.run_until_stopped());
-    TestApp { address, state, _dir: dir }
+    TestApp {
+        address,
+        state,
+        _dir: dir,
+    }
 }
 
 /// A logged-in browser-like client: cookie jar plus the CSRF token it must echo.
@@ -82,7 +95,12 @@ impl TestApp {
     }
 
     pub async fn post_json(&self, path: &str, body: &Value) -> Response {
-        Client::new().post(self.url(path)).json(body).send().await.unwrap()
+        Client::new()
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .unwrap()
     }
 
     /// Signs up a new organization owner and returns their session.
@@ -109,20 +127,34 @@ impl TestApp {
     }
 
     pub async fn session_from(client: Client, res: Response) -> Session {
-        assert!(res.status().is_success(), "expected success, got {}", res.status());
+        assert!(
+            res.status().is_success(),
+            "expected success, got {}",
+            res.status()
+        );
         let csrf = res
             .cookies()
             .find(|c| c.name() == "autodl_csrf")
             .map(|c| c.value().to_owned())
             .expect("csrf cookie");
         let body: Value = res.json().await.unwrap();
-        Session { client, csrf, token: body["token"].as_str().unwrap().to_owned(), user: body["user"].clone() }
+        Session {
+            client,
+            csrf,
+            token: body["token"].as_str().unwrap().to_owned(),
+            user: body["user"].clone(),
+        }
     }
 
     /// Invites `email` into `owner`'s organization with `role` and signs them up.
     pub async fn invite_and_join(&self, owner: &Session, email: &str, role: &str) -> Session {
         let inv: Value = owner
-            .send(self, Method::POST, "/api/v1/tenant/invitations", Some(json!({"email": email, "role": role})))
+            .send(
+                self,
+                Method::POST,
+                "/api/v1/tenant/invitations",
+                Some(json!({"email": email, "role": role})),
+            )
             .await
             .json()
             .await
@@ -138,7 +170,12 @@ impl TestApp {
     }
 
     pub async fn make_platform_admin(&self, user_id: &str) {
-        assert!(self.state.store.set_user_flags(user_id, None, Some(true)).await.unwrap());
+        assert!(self
+            .state
+            .store
+            .set_user_flags(user_id, None, Some(true))
+            .await
+            .unwrap());
     }
 }
 
@@ -149,10 +186,18 @@ impl Session {
 
     /// A cookie-authenticated request with the CSRF header, as the web app sends it.
     pub fn request(&self, app: &TestApp, method: Method, path: &str) -> RequestBuilder {
-        self.client.request(method, app.url(path)).header("X-CSRF-Token", &self.csrf)
+        self.client
+            .request(method, app.url(path))
+            .header("X-CSRF-Token", &self.csrf)
     }
 
-    pub async fn send(&self, app: &TestApp, method: Method, path: &str, body: Option<Value>) -> Response {
+    pub async fn send(
+        &self,
+        app: &TestApp,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Response {
         let mut req = self.request(app, method, path);
         if let Some(b) = body {
             req = req.json(&b);
@@ -172,7 +217,12 @@ pub async fn assert_error(res: Response, status: StatusCode, code: &str) -> Valu
     assert_eq!(res.status(), status, "unexpected status");
     let body: Value = res.json().await.expect("error body is JSON");
     assert_eq!(body["error"]["code"], code, "body: {body}");
-    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "body: {body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "body: {body}"
+    );
     body
 }
 

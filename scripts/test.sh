@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: formatting and lints, unit and API tests on SQLite and on a
+# throwaway PostgreSQL, and browser tests in headless Chromium. Installs what is missing.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$ROOT"
+started=$(date +%s)
+
+command -v chromium >/dev/null || apt_install chromium
+command -v node >/dev/null && command -v npm >/dev/null || apt_install nodejs npm
+ensure_web_toolchain
+
+log "cargo fmt --check"
+cargo fmt --all -- --check
+
+build_web
+log "cargo clippy"
+cargo clippy --locked --workspace --all-targets -- -D warnings
+cargo clippy --locked -p autodl-frontend --lib --target wasm32-unknown-unknown --features hydrate -- -D warnings
+
+start_postgres
+trap stop_postgres EXIT
+
+log "unit and API tests (SQLite and PostgreSQL)"
+cargo test --locked --workspace
+
+log "browser tests (headless Chromium)"
+build_server
+export AUTODL_SERVER_BIN="$CARGO_TARGET_DIR/debug/autodl-server"
+export AUTODL_ARTIFACTS="${AUTODL_ARTIFACTS:-$ROOT/artifacts/screenshots}"
+(cd tests/browser && npm ci --no-audit --no-fund --silent && node --test --test-concurrency=1)
+
+log "all tests passed in $(( $(date +%s) - started )) s (screenshots in $AUTODL_ARTIFACTS)"

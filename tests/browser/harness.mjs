@@ -1,0 +1,72 @@
+// Starts a real autodl server (fresh SQLite) and a headless Chromium for one test file.
+import { spawn } from "node:child_process";
+import { mkdtempSync, mkdirSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+const serverBin = process.env.AUTODL_SERVER_BIN;
+const siteRoot = process.env.AUTODL_SITE_ROOT;
+export const artifacts = process.env.AUTODL_ARTIFACTS || join(process.cwd(), "artifacts");
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+export async function startServer(extraEnv = {}) {
+  if (!serverBin || !siteRoot) throw new Error("AUTODL_SERVER_BIN and AUTODL_SITE_ROOT must be set (scripts/test.sh sets them)");
+  const dir = mkdtempSync(join(tmpdir(), "autodl-browser-"));
+  const port = await freePort();
+  const child = spawn(serverBin, ["serve"], {
+    env: {
+      ...process.env,
+      AUTODL_LISTEN: `127.0.0.1:${port}`,
+      AUTODL_DATABASE_URL: `sqlite://${dir}/autodl.db`,
+      AUTODL_SITE_ROOT: siteRoot,
+      RUST_LOG: "warn",
+      ...extraEnv,
+    },
+    stdio: ["ignore", "inherit", "inherit"],
+  });
+  const base = `http://127.0.0.1:${port}`;
+  for (let i = 0; i < 100; i++) {
+    try {
+      const r = await fetch(`${base}/healthz`);
+      if (r.ok) return { base, dir, stop: () => child.kill("SIGTERM") };
+    } catch {}
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  child.kill("SIGKILL");
+  throw new Error("server did not start");
+}
+
+export async function startBrowser() {
+  const userDataDir = mkdtempSync(join(tmpdir(), "autodl-chromium-"));
+  mkdirSync(artifacts, { recursive: true });
+  const browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: [
+      "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+      "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+    ],
+  });
+  return { browser, userDataDir };
+}
+
+/// Waits until the Leptos app has hydrated the page.
+export async function hydrated(page) {
+  await page.waitForSelector("body[data-hydrated=true]", { timeout: 30000 });
+}
+
+export async function shot(page, name) {
+  await page.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true });
+}
