@@ -4,3 +4,4 @@
 //! agent agree on one definition: a renamed field breaks the build instead of a user's page.
 
 pub mod api;
+pub mod tasks;

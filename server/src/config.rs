@@ -25,6 +25,10 @@ pub struct Settings {
     pub login_attempts_per_minute_per_address: u32,
     pub invitation_ttl_days: u32,
     pub db_max_connections: u32,
+    /// Milliseconds between scheduling cycles when nothing wakes the scheduler earlier.
+    pub schedule_interval_ms: u64,
+    /// Run the scheduler in this process (tests that drive cycles by hand turn it off).
+    pub run_scheduler: bool,
 }
 
 impl Default for Settings {
@@ -40,6 +44,8 @@ impl Default for Settings {
             login_attempts_per_minute_per_address: 60,
             invitation_ttl_days: 7,
             db_max_connections: 16,
+            schedule_interval_ms: 2000,
+            run_scheduler: true,
         }
     }
 }

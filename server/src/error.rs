@@ -25,6 +25,14 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// The request can never run on this cluster (admission check).
+    #[error("{0}")]
+    Unschedulable(String),
+    /// Over a quota that is checked at submission (GPU types, queued tasks).
+    #[error("{0}")]
+    Quota(String),
+    #[error("{0}")]
+    NoResults(String),
     #[error("too many attempts; try again in {retry_after_secs} s")]
     RateLimited { retry_after_secs: u64 },
     #[error("internal error")]
@@ -48,6 +56,9 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::Conflict(_) => "conflict",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::Unschedulable(_) => "unschedulable",
+            ApiError::Quota(_) => "quota",
+            ApiError::NoResults(_) => "no_results",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Internal(_) => "internal",
         }
@@ -67,7 +78,9 @@ impl From<StoreError> for ApiError {
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
-            ApiError::Validation { .. } | ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Validation { .. } | ApiError::BadRequest(_) | ApiError::Unschedulable(_) => StatusCode::BAD_REQUEST,
+            ApiError::Quota(_) => StatusCode::FORBIDDEN,
+            ApiError::NoResults(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,

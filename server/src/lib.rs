@@ -8,5 +8,6 @@ pub mod routes;
 pub mod startup;
 pub mod state;
 pub mod store;
+pub mod tasks;
 pub mod telemetry;
 pub mod web_app;

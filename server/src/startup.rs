@@ -20,6 +20,8 @@ use crate::config::Settings;
 use crate::error::{json_error_handler, path_error_handler, query_error_handler};
 use crate::state::AppState;
 use crate::store::{self, Store};
+use crate::tasks::runner::{Runner, SchedulerHandle};
+use autodl_scheduler::PolicyConfig;
 
 /// Largest JSON body any endpoint accepts.
 const MAX_JSON_BYTES: usize = 256 * 1024;
@@ -58,8 +60,17 @@ impl Application {
                 settings.login_attempts_per_minute_per_address,
             ),
             dummy_hash: password::dummy_hash().await?,
+            scheduler: SchedulerHandle::new(PolicyConfig::default()),
             settings: settings.clone(),
         });
+        if settings.run_scheduler {
+            let runner = Runner::new(
+                state.store.clone(),
+                state.scheduler.clone(),
+                Duration::from_millis(settings.schedule_interval_ms.max(50)),
+            );
+            tokio::spawn(runner.run());
+        }
 
         let listener = TcpListener::bind(settings.listen)?;
         let port = listener.local_addr()?.port();

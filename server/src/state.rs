@@ -4,6 +4,7 @@ use crate::auth::rate_limit::LoginLimiter;
 use crate::auth::session::SessionKeys;
 use crate::config::Settings;
 use crate::store::Store;
+use crate::tasks::runner::SchedulerHandle;
 
 /// What every handler shares; built once in `Application::build`.
 pub struct AppState {
@@ -13,6 +14,7 @@ pub struct AppState {
     pub settings: Settings,
     /// See `auth::password::dummy_hash`.
     pub dummy_hash: String,
+    pub scheduler: Arc<SchedulerHandle>,
 }
 
 pub fn now_ms() -> i64 {

@@ -5,7 +5,9 @@ pub mod admin;
 pub mod api_keys;
 pub mod auth;
 pub mod health;
+pub mod nodes;
 pub mod openapi;
+pub mod tasks;
 pub mod tenant;
 
 use actix_web::web;
@@ -42,6 +44,20 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(admin::set_tenant_quota)
             .service(admin::users)
             .service(admin::update_user)
+            .service(tasks::submit)
+            .service(tasks::list)
+            .service(tasks::show)
+            .service(tasks::cancel)
+            .service(tasks::events)
+            .service(tasks::attempts)
+            .service(tasks::logs)
+            .service(tasks::log_stream)
+            .service(tasks::metrics)
+            .service(tasks::report_metrics)
+            .service(tasks::results)
+            .service(nodes::list)
+            .service(nodes::register)
+            .service(nodes::remove)
             .default_service(web::to(|| async {
                 Err::<actix_web::HttpResponse, _>(ApiError::NotFound("no such API endpoint".into()))
             })),

@@ -4,7 +4,7 @@ use actix_web::{get, web};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{admin, api_keys, auth, health, tenant};
+use super::{admin, api_keys, auth, health, nodes, tasks, tenant};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -17,6 +17,9 @@ use super::{admin, api_keys, auth, health, tenant};
         tenant::invitations, tenant::invite, tenant::revoke_invitation, tenant::preview_invitation,
         tenant::tenant_quota, tenant::member_quota, tenant::set_member_quota,
         admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user,
+        tasks::submit, tasks::list, tasks::show, tasks::cancel, tasks::events, tasks::attempts,
+        tasks::logs, tasks::log_stream, tasks::metrics, tasks::report_metrics, tasks::results,
+        nodes::list, nodes::register, nodes::remove,
     ),
     modifiers(&Security),
     security(("bearer" = []), ("session" = []))

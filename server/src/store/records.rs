@@ -93,3 +93,143 @@ pub struct QuotaRecord {
     /// JSON array of GPU type names; NULL allows every type.
     pub allowed_gpu_types: Option<String>,
 }
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct NodeRecord {
+    pub id: String,
+    pub zone: String,
+    /// JSON object of labels.
+    pub labels: String,
+    pub cpu_millis: i64,
+    pub mem_bytes: i64,
+    /// JSON array of `autodl_scheduler::Gpu`.
+    pub gpus: String,
+    pub schedulable: bool,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TaskRecord {
+    pub id: String,
+    pub tenant_id: String,
+    pub user_id: String,
+    pub name: String,
+    pub state: String,
+    /// JSON of the normalised `TaskSpec`.
+    pub spec: String,
+    pub gpus_total: i64,
+    pub idempotency_key: Option<String>,
+    pub attempts: i64,
+    pub batch_size: Option<i64>,
+    /// JSON array of worker placements while scheduled or running.
+    pub placement: Option<String>,
+    pub attained_gpu_seconds: f64,
+    pub last_checkpoint_at: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TaskWithUser {
+    #[sqlx(flatten)]
+    pub task: TaskRecord,
+    pub user_email: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct TaskFilter {
+    pub tenant_id: String,
+    pub state: Option<String>,
+    pub user_id: Option<String>,
+    pub label: Option<(String, String)>,
+    /// Keyset cursor: only tasks strictly older than (created_at, id).
+    pub before: Option<(i64, String)>,
+    pub limit: i64,
+}
+
+pub enum TaskCreated {
+    Created,
+    /// The idempotency key was used before; this is the task it created.
+    Existing(Box<TaskWithUser>),
+}
+
+pub enum CancelOutcome {
+    Cancelled,
+    NotFound,
+    AlreadyFinished(String),
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EventRecord {
+    pub at: i64,
+    pub kind: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AttemptRecord {
+    pub task_id: String,
+    pub number: i64,
+    pub node: Option<String>,
+    pub placement: String,
+    pub gpus: i64,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+    pub exit_code: Option<i64>,
+    pub reason: Option<String>,
+    pub batch_size: Option<i64>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct LogRecord {
+    pub id: i64,
+    pub at: i64,
+    pub stream: String,
+    pub line: String,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct MetricRecord {
+    pub at: i64,
+    /// JSON object of the sample's values.
+    pub sample: String,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct UsageRecord {
+    pub scope: String,
+    pub subject_id: String,
+    pub decayed_gpu_seconds: f64,
+    pub updated_at: i64,
+    pub window_alloc_gpu_seconds: f64,
+    pub window_busy_gpu_seconds: f64,
+    /// "YYYY-MM" of `month_gpu_seconds`.
+    pub month: String,
+    pub month_gpu_seconds: f64,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct QuotaRow {
+    pub scope: String,
+    pub subject_id: String,
+    #[sqlx(flatten)]
+    pub quota: QuotaRecord,
+}
+
+/// How an attempt ended, and what the task does next.
+#[derive(Debug, Clone)]
+pub struct AttemptEnd {
+    pub exit_code: Option<i64>,
+    /// "oom", "error", "preempted", "node_lost", "cancelled", or None for success.
+    pub reason: Option<String>,
+    /// The task's next state: "completed", "failed" or "pending" (a retry).
+    pub next_state: String,
+    pub next_batch_size: Option<i64>,
+    pub message: String,
+}
+
+/// Held while this server is the scheduler leader; dropping it gives leadership up.
+pub struct LeaderGuard(#[allow(dead_code)] pub Box<dyn std::any::Any + Send + Sync>);

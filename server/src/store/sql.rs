@@ -44,7 +44,32 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// SQLite serves one server process, which is therefore always the leader.
+    async fn try_lead_impl(&self) -> StoreResult<Option<LeaderGuard>> {
+        Ok(Some(LeaderGuard(Box::new(()))))
+    }
+}
+
+/// Key of the PostgreSQL advisory lock that elects the scheduler leader among replicas.
+const LEADER_LOCK_KEY: i64 = 0x6175_746f_646c;
+
 impl PostgresStore {
+    /// Takes the advisory lock on a connection of its own, kept out of the pool: the lock lives
+    /// as long as that connection, so a crashed leader's lock goes with its connection.
+    async fn try_lead_impl(&self) -> StoreResult<Option<LeaderGuard>> {
+        let mut conn = self.pool.acquire().await?;
+        let (ok,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_lock($1)")
+            .bind(LEADER_LOCK_KEY)
+            .fetch_one(&mut *conn)
+            .await?;
+        if ok {
+            Ok(Some(LeaderGuard(Box::new(conn.detach()))))
+        } else {
+            Ok(None)
+        }
+    }
+
     pub async fn open(url: &str, max_connections: u32) -> StoreResult<Self> {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
@@ -66,11 +91,18 @@ fn conflict(what: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
     }
 }
 
+const TASK_COLS: &str = "t.id, t.tenant_id, t.user_id, t.name, t.state, t.spec, t.gpus_total, t.idempotency_key, \
+     t.attempts, t.batch_size, t.placement, t.attained_gpu_seconds, t.last_checkpoint_at, t.created_at, \
+     t.updated_at, t.started_at, t.finished_at";
+
+/// States the scheduler still acts on.
+const ACTIVE: &str = "('pending', 'scheduled', 'running')";
+
 const USER_COLS: &str =
     "u.id, u.email, u.password_hash, u.tenant_id, u.role, u.platform_admin, u.disabled, u.created_at";
 
 macro_rules! impl_store {
-    ($store:ty, $backend:literal) => {
+    ($store:ty, $backend:literal, $db:ty) => {
         #[async_trait]
         impl Store for $store {
             fn backend(&self) -> &'static str {
@@ -410,7 +442,433 @@ macro_rules! impl_store {
                 .await?;
                 Ok(())
             }
+
+            async fn all_quotas(&self) -> StoreResult<Vec<QuotaRow>> {
+                Ok(sqlx::query_as(
+                    "SELECT scope, subject_id, max_gpus, gpu_hours_per_month, max_queued_tasks, allowed_gpu_types FROM quotas",
+                )
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn upsert_node(&self, n: &NodeRecord) -> StoreResult<()> {
+                sqlx::query(
+                    "INSERT INTO nodes (id, zone, labels, cpu_millis, mem_bytes, gpus, schedulable, created_at, updated_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                     ON CONFLICT (id) DO UPDATE SET zone = excluded.zone, labels = excluded.labels,
+                        cpu_millis = excluded.cpu_millis, mem_bytes = excluded.mem_bytes, gpus = excluded.gpus,
+                        schedulable = excluded.schedulable, updated_at = excluded.updated_at",
+                )
+                .bind(&n.id)
+                .bind(&n.zone)
+                .bind(&n.labels)
+                .bind(n.cpu_millis)
+                .bind(n.mem_bytes)
+                .bind(&n.gpus)
+                .bind(n.schedulable)
+                .bind(n.created_at)
+                .bind(n.updated_at)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn list_nodes(&self) -> StoreResult<Vec<NodeRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT id, zone, labels, cpu_millis, mem_bytes, gpus, schedulable, created_at, updated_at FROM nodes ORDER BY id",
+                )
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn delete_node(&self, id: &str) -> StoreResult<bool> {
+                let r = sqlx::query("DELETE FROM nodes WHERE id = $1").bind(id).execute(&self.pool).await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn create_task(&self, t: &TaskRecord, labels: &[(String, String)]) -> StoreResult<TaskCreated> {
+                let mut tx = self.pool.begin().await?;
+                let inserted = sqlx::query(
+                    "INSERT INTO tasks (id, tenant_id, user_id, name, state, spec, gpus_total, idempotency_key, attempts,
+                        batch_size, placement, attained_gpu_seconds, last_checkpoint_at, created_at, updated_at, started_at, finished_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+                )
+                .bind(&t.id)
+                .bind(&t.tenant_id)
+                .bind(&t.user_id)
+                .bind(&t.name)
+                .bind(&t.state)
+                .bind(&t.spec)
+                .bind(t.gpus_total)
+                .bind(&t.idempotency_key)
+                .bind(t.attempts)
+                .bind(t.batch_size)
+                .bind(&t.placement)
+                .bind(t.attained_gpu_seconds)
+                .bind(t.last_checkpoint_at)
+                .bind(t.created_at)
+                .bind(t.updated_at)
+                .bind(t.started_at)
+                .bind(t.finished_at)
+                .execute(&mut *tx)
+                .await;
+                match inserted {
+                    Ok(_) => {}
+                    Err(sqlx::Error::Database(ref e)) if e.is_unique_violation() && t.idempotency_key.is_some() => {
+                        drop(tx);
+                        let existing: Option<TaskWithUser> = sqlx::query_as(&format!(
+                            "SELECT {TASK_COLS}, u.email AS user_email FROM tasks t JOIN users u ON u.id = t.user_id
+                             WHERE t.user_id = $1 AND t.idempotency_key = $2"
+                        ))
+                        .bind(&t.user_id)
+                        .bind(&t.idempotency_key)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                        return existing
+                            .map(|e| TaskCreated::Existing(Box::new(e)))
+                            .ok_or_else(|| StoreError::Conflict("idempotency key clash; retry".into()));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+                for (k, v) in labels {
+                    sqlx::query("INSERT INTO task_labels (task_id, key, value) VALUES ($1, $2, $3)")
+                        .bind(&t.id)
+                        .bind(k)
+                        .bind(v)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                insert_event!(&mut *tx, &t.id, t.created_at, "submitted", "task submitted");
+                tx.commit().await?;
+                Ok(TaskCreated::Created)
+            }
+
+            async fn task(&self, tenant_id: Option<&str>, id: &str) -> StoreResult<Option<TaskWithUser>> {
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {TASK_COLS}, u.email AS user_email FROM tasks t JOIN users u ON u.id = t.user_id
+                     WHERE t.id = $1 AND ($2 IS NULL OR t.tenant_id = $2)"
+                ))
+                .bind(id)
+                .bind(tenant_id)
+                .fetch_optional(&self.pool)
+                .await?)
+            }
+
+            async fn list_tasks(&self, f: &TaskFilter) -> StoreResult<Vec<TaskWithUser>> {
+                let mut q = sqlx::QueryBuilder::<$db>::new(format!(
+                    "SELECT {TASK_COLS}, u.email AS user_email FROM tasks t JOIN users u ON u.id = t.user_id WHERE t.tenant_id = "
+                ));
+                q.push_bind(&f.tenant_id);
+                if let Some(state) = &f.state {
+                    q.push(" AND t.state = ").push_bind(state);
+                }
+                if let Some(user) = &f.user_id {
+                    q.push(" AND t.user_id = ").push_bind(user);
+                }
+                if let Some((k, v)) = &f.label {
+                    q.push(" AND EXISTS (SELECT 1 FROM task_labels l WHERE l.task_id = t.id AND l.key = ")
+                        .push_bind(k)
+                        .push(" AND l.value = ")
+                        .push_bind(v)
+                        .push(")");
+                }
+                if let Some((at, id)) = &f.before {
+                    q.push(" AND (t.created_at < ")
+                        .push_bind(*at)
+                        .push(" OR (t.created_at = ")
+                        .push_bind(*at)
+                        .push(" AND t.id < ")
+                        .push_bind(id)
+                        .push("))");
+                }
+                q.push(" ORDER BY t.created_at DESC, t.id DESC LIMIT ").push_bind(f.limit);
+                Ok(q.build_query_as().fetch_all(&self.pool).await?)
+            }
+
+            async fn count_pending(&self, user_id: &str, tenant_id: &str) -> StoreResult<(i64, i64)> {
+                let (u, t): (i64, i64) = sqlx::query_as(
+                    "SELECT COALESCE(SUM(CASE WHEN user_id = $1 THEN 1 ELSE 0 END), 0), COUNT(*)
+                     FROM tasks WHERE tenant_id = $2 AND state = 'pending'",
+                )
+                .bind(user_id)
+                .bind(tenant_id)
+                .fetch_one(&self.pool)
+                .await?;
+                Ok((u, t))
+            }
+
+            async fn active_tasks(&self) -> StoreResult<Vec<TaskRecord>> {
+                Ok(sqlx::query_as(&format!("SELECT {TASK_COLS} FROM tasks t WHERE t.state IN {ACTIVE} ORDER BY t.created_at, t.id"))
+                    .fetch_all(&self.pool)
+                    .await?)
+            }
+
+            async fn cancel_task(&self, tenant_id: &str, id: &str, now: i64) -> StoreResult<CancelOutcome> {
+                let mut tx = self.pool.begin().await?;
+                let r = sqlx::query(&format!(
+                    "UPDATE tasks SET state = 'cancelled', placement = NULL, updated_at = $1, finished_at = $1
+                     WHERE id = $2 AND tenant_id = $3 AND state IN {ACTIVE}"
+                ))
+                .bind(now)
+                .bind(id)
+                .bind(tenant_id)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() == 0 {
+                    let state: Option<(String,)> = sqlx::query_as("SELECT state FROM tasks WHERE id = $1 AND tenant_id = $2")
+                        .bind(id)
+                        .bind(tenant_id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    return Ok(match state {
+                        None => CancelOutcome::NotFound,
+                        Some((s,)) => CancelOutcome::AlreadyFinished(s),
+                    });
+                }
+                sqlx::query("UPDATE attempts SET ended_at = $1, reason = 'cancelled' WHERE task_id = $2 AND ended_at IS NULL")
+                    .bind(now)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                insert_event!(&mut *tx, id, now, "cancelled", "cancelled by the user");
+                tx.commit().await?;
+                Ok(CancelOutcome::Cancelled)
+            }
+
+            async fn place_task(&self, id: &str, placement: &str, node: &str, gpus: i64, now: i64) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                let r = sqlx::query(
+                    "UPDATE tasks SET state = 'scheduled', placement = $1, attempts = attempts + 1, updated_at = $2
+                     WHERE id = $3 AND state = 'pending'",
+                )
+                .bind(placement)
+                .bind(now)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() != 1 {
+                    return Ok(false);
+                }
+                sqlx::query(
+                    "INSERT INTO attempts (task_id, number, node, placement, gpus, started_at, batch_size)
+                     SELECT id, attempts, $1, $2, $3, $4, batch_size FROM tasks WHERE id = $5",
+                )
+                .bind(node)
+                .bind(placement)
+                .bind(gpus)
+                .bind(now)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+                insert_event!(&mut *tx, id, now, "scheduled", &format!("placed on {node}"));
+                tx.commit().await?;
+                Ok(true)
+            }
+
+            async fn requeue_task(&self, id: &str, reason: &str, message: &str, now: i64) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                let r = sqlx::query(
+                    "UPDATE tasks SET state = 'pending', placement = NULL, updated_at = $1
+                     WHERE id = $2 AND state IN ('scheduled', 'running')",
+                )
+                .bind(now)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() != 1 {
+                    return Ok(false);
+                }
+                sqlx::query("UPDATE attempts SET ended_at = $1, reason = $2 WHERE task_id = $3 AND ended_at IS NULL")
+                    .bind(now)
+                    .bind(reason)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                insert_event!(&mut *tx, id, now, reason, message);
+                tx.commit().await?;
+                Ok(true)
+            }
+
+            async fn mark_running(&self, id: &str, attempt: i64, now: i64) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                let r = sqlx::query(
+                    "UPDATE tasks SET state = 'running', started_at = COALESCE(started_at, $1), updated_at = $1
+                     WHERE id = $2 AND state = 'scheduled' AND attempts = $3",
+                )
+                .bind(now)
+                .bind(id)
+                .bind(attempt)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() != 1 {
+                    return Ok(false);
+                }
+                insert_event!(&mut *tx, id, now, "running", &format!("attempt {attempt} started"));
+                tx.commit().await?;
+                Ok(true)
+            }
+
+            async fn finish_attempt(&self, id: &str, attempt: i64, end: &AttemptEnd, now: i64) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                let finished = if end.next_state == "pending" { None } else { Some(now) };
+                let r = sqlx::query(
+                    "UPDATE tasks SET state = $1, placement = NULL, batch_size = $2, updated_at = $3, finished_at = $4
+                     WHERE id = $5 AND attempts = $6 AND state IN ('scheduled', 'running')",
+                )
+                .bind(&end.next_state)
+                .bind(end.next_batch_size)
+                .bind(now)
+                .bind(finished)
+                .bind(id)
+                .bind(attempt)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() != 1 {
+                    return Ok(false);
+                }
+                sqlx::query("UPDATE attempts SET ended_at = $1, exit_code = $2, reason = $3 WHERE task_id = $4 AND number = $5")
+                    .bind(now)
+                    .bind(end.exit_code)
+                    .bind(&end.reason)
+                    .bind(id)
+                    .bind(attempt)
+                    .execute(&mut *tx)
+                    .await?;
+                let kind = if end.next_state == "pending" { "retrying" } else { end.next_state.as_str() };
+                insert_event!(&mut *tx, id, now, kind, &end.message);
+                tx.commit().await?;
+                Ok(true)
+            }
+
+            async fn add_attained(&self, charges: &[(String, f64)]) -> StoreResult<()> {
+                let mut tx = self.pool.begin().await?;
+                for (id, gpu_s) in charges {
+                    sqlx::query("UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + $1 WHERE id = $2")
+                        .bind(gpu_s)
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn task_events(&self, id: &str) -> StoreResult<Vec<EventRecord>> {
+                Ok(sqlx::query_as("SELECT at, kind, message FROM task_events WHERE task_id = $1 ORDER BY id")
+                    .bind(id)
+                    .fetch_all(&self.pool)
+                    .await?)
+            }
+
+            async fn task_attempts(&self, id: &str) -> StoreResult<Vec<AttemptRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT task_id, number, node, placement, gpus, started_at, ended_at, exit_code, reason, batch_size
+                     FROM attempts WHERE task_id = $1 ORDER BY number",
+                )
+                .bind(id)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn append_logs(&self, id: &str, attempt: i64, lines: &[(i64, String, String)]) -> StoreResult<()> {
+                if lines.is_empty() {
+                    return Ok(());
+                }
+                let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_logs (task_id, attempt, at, stream, line) ");
+                q.push_values(lines, |mut b, (at, stream, line)| {
+                    b.push_bind(id).push_bind(attempt).push_bind(*at).push_bind(stream).push_bind(line);
+                });
+                q.build().execute(&self.pool).await?;
+                Ok(())
+            }
+
+            async fn task_logs(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT id, at, stream, line FROM task_logs WHERE task_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+                )
+                .bind(id)
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn add_metrics(&self, id: &str, samples: &[(i64, String)]) -> StoreResult<()> {
+                if samples.is_empty() {
+                    return Ok(());
+                }
+                let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_metrics (task_id, at, sample) ");
+                q.push_values(samples, |mut b, (at, sample)| {
+                    b.push_bind(id).push_bind(*at).push_bind(sample);
+                });
+                q.build().execute(&self.pool).await?;
+                Ok(())
+            }
+
+            async fn task_metrics(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<MetricRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT at, sample FROM (SELECT id, at, sample FROM task_metrics WHERE task_id = $1 AND at > $2
+                     ORDER BY at DESC, id DESC LIMIT $3) AS recent ORDER BY at, id",
+                )
+                .bind(id)
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn load_usage(&self) -> StoreResult<Vec<UsageRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT scope, subject_id, decayed_gpu_seconds, updated_at, window_alloc_gpu_seconds,
+                            window_busy_gpu_seconds, month, month_gpu_seconds FROM usage",
+                )
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn save_usage(&self, rows: &[UsageRecord]) -> StoreResult<()> {
+                let mut tx = self.pool.begin().await?;
+                for r in rows {
+                    sqlx::query(
+                        "INSERT INTO usage (scope, subject_id, decayed_gpu_seconds, updated_at, window_alloc_gpu_seconds,
+                            window_busy_gpu_seconds, month, month_gpu_seconds)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                         ON CONFLICT (scope, subject_id) DO UPDATE SET decayed_gpu_seconds = excluded.decayed_gpu_seconds,
+                            updated_at = excluded.updated_at, window_alloc_gpu_seconds = excluded.window_alloc_gpu_seconds,
+                            window_busy_gpu_seconds = excluded.window_busy_gpu_seconds, month = excluded.month,
+                            month_gpu_seconds = excluded.month_gpu_seconds",
+                    )
+                    .bind(&r.scope)
+                    .bind(&r.subject_id)
+                    .bind(r.decayed_gpu_seconds)
+                    .bind(r.updated_at)
+                    .bind(r.window_alloc_gpu_seconds)
+                    .bind(r.window_busy_gpu_seconds)
+                    .bind(&r.month)
+                    .bind(r.month_gpu_seconds)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn try_lead(&self) -> StoreResult<Option<LeaderGuard>> {
+                self.try_lead_impl().await
+            }
         }
+    };
+}
+
+macro_rules! insert_event {
+    ($conn:expr, $task:expr, $at:expr, $kind:expr, $msg:expr) => {
+        sqlx::query("INSERT INTO task_events (task_id, at, kind, message) VALUES ($1, $2, $3, $4)")
+            .bind($task)
+            .bind($at)
+            .bind($kind)
+            .bind($msg)
+            .execute($conn)
+            .await?
     };
 }
 
@@ -435,5 +893,5 @@ macro_rules! insert_user {
 }
 
 // `insert_user!` must be defined before use inside the expanded impls.
-impl_store!(SqliteStore, "sqlite");
-impl_store!(PostgresStore, "postgres");
+impl_store!(SqliteStore, "sqlite", sqlx::Sqlite);
+impl_store!(PostgresStore, "postgres", sqlx::Postgres);

@@ -58,6 +58,7 @@ pub async fn spawn_app_with(backend: Backend, tweak: impl FnOnce(&mut Settings))
         jwt_secret: "test-secret-test-secret-test-secret".into(),
         site_root: dir.path().join("site"),
         db_max_connections: 4,
+        schedule_interval_ms: 200,
         ..Settings::default()
     };
     tweak(&mut settings);
@@ -167,6 +168,21 @@ impl TestApp {
             .await
             .unwrap();
         Self::session_from(client, res).await
+    }
+
+    /// A platform admin session that registered two nodes: `node-a` with 4 x A100-40G in zone
+    /// z1 and `node-b` with 4 x A40 (48 GiB) in zone z2.
+    pub async fn operator_with_nodes(&self) -> Session {
+        let op = self.signup("ops@example.com", "Operators").await;
+        self.make_platform_admin(&op.id()).await;
+        for body in [
+            json!({"id": "node-a", "zone": "z1", "cpu": 64, "memory": "512GiB", "gpus": {"type": "A100-40G", "count": 4, "memory": "40GiB"}}),
+            json!({"id": "node-b", "zone": "z2", "cpu": 64, "memory": "512GiB", "gpus": [{"type": "A40", "memory": "48GiB"}, {"type": "A40", "memory": "48GiB"}, {"type": "A40", "memory": "48GiB"}, {"type": "A40", "memory": "48GiB"}]}),
+        ] {
+            let res = op.send(self, Method::POST, "/api/v1/admin/nodes", Some(body)).await;
+            assert_eq!(res.status(), StatusCode::CREATED);
+        }
+        op
     }
 
     pub async fn make_platform_admin(&self, user_id: &str) {

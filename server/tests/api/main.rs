@@ -5,4 +5,5 @@ mod helpers;
 mod accounts;
 mod admin_cli;
 mod api_keys;
+mod tasks;
 mod tenancy;

@@ -1,0 +1,391 @@
+//! Wire types of tasks and nodes (see docs/tasks-api.md).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[cfg(feature = "openapi")]
+use utoipa::ToSchema;
+
+/// A number of bytes, or a size with a unit such as "20GiB", "512MiB", "16GB".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(untagged)]
+pub enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+/// One value or a list of them (a GPU type, or several acceptable ones).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(untagged)]
+pub enum Command {
+    Shell(String),
+    Argv(Vec<String>),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct GpuRequest {
+    #[serde(default, rename = "type")]
+    pub gpu_type: Option<OneOrMany>,
+    #[serde(default)]
+    pub count: Option<u32>,
+    /// GPU memory per GPU; less than a card lets the task share it.
+    #[serde(default)]
+    pub memory: Option<Size>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    #[serde(default)]
+    pub gpu: Option<GpuRequest>,
+    /// CPU cores per worker.
+    #[serde(default)]
+    pub cpu: Option<f64>,
+    /// RAM per worker.
+    #[serde(default)]
+    pub memory: Option<Size>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Seconds between checkpoints.
+    #[serde(default)]
+    pub interval: Option<u64>,
+    #[serde(default)]
+    pub save_to: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RetryPolicy {
+    #[serde(default)]
+    pub max_retries: u32,
+    /// Retry an out-of-memory attempt with the batch size halved.
+    #[serde(default)]
+    pub oom_recovery: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Affinity {
+    /// "same" keeps all workers in one zone; "any" (default) does not care.
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// "high" or "normal".
+    #[serde(default)]
+    pub bandwidth: Option<String>,
+}
+
+/// What a user submits.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpecInput {
+    pub name: String,
+    pub image: String,
+    #[serde(default)]
+    pub command: Option<Command>,
+    #[serde(default)]
+    pub entry_point: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub resources: Resources,
+    #[serde(default)]
+    pub num_workers: Option<u32>,
+    #[serde(default)]
+    pub gpu_per_worker: Option<u32>,
+    #[serde(default)]
+    pub priority: Option<f64>,
+    /// ISO 8601; without an offset it is UTC.
+    #[serde(default)]
+    pub deadline: Option<String>,
+    /// Seconds the task is expected to run.
+    #[serde(default)]
+    pub estimated_runtime: Option<u64>,
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointSpec>,
+    #[serde(default)]
+    pub retry_policy: Option<RetryPolicy>,
+    #[serde(default)]
+    pub affinity: Option<Affinity>,
+    #[serde(default)]
+    pub data_path: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub batch_size: Option<u32>,
+    #[serde(default)]
+    pub preemptible: Option<bool>,
+}
+
+/// The spec as the server keeps it: validated, with defaults filled in and sizes in bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct TaskSpec {
+    pub name: String,
+    pub image: String,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// Acceptable GPU types; empty accepts any.
+    pub gpu_types: Vec<String>,
+    pub gpus_per_worker: u32,
+    /// Per GPU; `None` takes whole cards.
+    pub gpu_memory: Option<u64>,
+    pub cpu: f64,
+    pub memory: u64,
+    pub num_workers: u32,
+    pub priority: f64,
+    pub deadline: Option<String>,
+    pub estimated_runtime: Option<u64>,
+    pub checkpoint: Option<CheckpointSpec>,
+    pub retry_policy: RetryPolicy,
+    pub zone_affinity: bool,
+    pub bandwidth: String,
+    pub data_path: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub batch_size: Option<u32>,
+    pub preemptible: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    Pending,
+    Scheduled,
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl TaskState {
+    pub const ALL: [TaskState; 6] = [
+        TaskState::Pending,
+        TaskState::Scheduled,
+        TaskState::Running,
+        TaskState::Completed,
+        TaskState::Failed,
+        TaskState::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Pending => "pending",
+            TaskState::Scheduled => "scheduled",
+            TaskState::Running => "running",
+            TaskState::Completed => "completed",
+            TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TaskState> {
+        TaskState::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    pub fn is_finished(self) -> bool {
+        matches!(self, TaskState::Completed | TaskState::Failed | TaskState::Cancelled)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct WorkerPlacement {
+    pub node: String,
+    pub gpu_indices: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct PriorityFactors {
+    pub fair_share: f64,
+    pub utilization: f64,
+    pub deadline: f64,
+    pub declared: f64,
+    pub age: f64,
+    pub gpu_fit: f64,
+    pub total: f64,
+}
+
+/// Why a pending task waits, as the scheduler explained it in its last cycle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Waiting {
+    /// "quota", "resources", "priority", "preemption" or "admission"; null before the first cycle.
+    pub reason: Option<String>,
+    pub message: String,
+    /// Rank in the queue, 0 first.
+    pub position: Option<usize>,
+    pub priority: Option<PriorityFactors>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Task {
+    pub id: String,
+    pub name: String,
+    pub state: TaskState,
+    pub user_id: String,
+    pub user_email: String,
+    pub tenant_id: String,
+    pub spec: TaskSpec,
+    pub created_at: String,
+    pub updated_at: String,
+    pub attempts: u32,
+    pub batch_size: Option<u32>,
+    pub placement: Option<Vec<WorkerPlacement>>,
+    pub waiting: Option<Waiting>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct TaskPage {
+    pub items: Vec<Task>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct TaskEvent {
+    pub at: String,
+    pub kind: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Attempt {
+    pub number: u32,
+    pub node: Option<String>,
+    pub placement: Vec<WorkerPlacement>,
+    pub started_at: String,
+    pub ended_at: Option<String>,
+    pub exit_code: Option<i32>,
+    /// "oom", "error", "preempted", "node_lost", "cancelled"; null while running or on success.
+    pub reason: Option<String>,
+    pub batch_size: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct LogLine {
+    pub seq: i64,
+    pub at: String,
+    pub stream: String,
+    pub line: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct LogPage {
+    pub lines: Vec<LogLine>,
+    pub next_after: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct MetricSample {
+    pub at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_util: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_used: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_total: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Every other number the task reported (step, accuracy, ...).
+    #[serde(default)]
+    pub values: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct MetricSeries {
+    pub samples: Vec<MetricSample>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(untagged)]
+pub enum GpuInventoryInput {
+    /// `{"type": "A100-40G", "count": 4, "memory": "40GiB"}`
+    Uniform {
+        #[serde(rename = "type")]
+        gpu_type: String,
+        count: u32,
+        memory: Size,
+    },
+    /// One entry per GPU.
+    List(Vec<GpuInput>),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct GpuInput {
+    #[serde(rename = "type")]
+    pub gpu_type: String,
+    pub memory: Size,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NodeInput {
+    pub id: String,
+    #[serde(default)]
+    pub zone: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// CPU cores.
+    pub cpu: f64,
+    pub memory: Size,
+    pub gpus: GpuInventoryInput,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct NodeGpu {
+    pub index: u32,
+    #[serde(rename = "type")]
+    pub gpu_type: String,
+    pub memory: u64,
+    /// GPU memory held by tasks placed on this GPU (whole cards count fully).
+    pub allocated_memory: u64,
+    pub tasks: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct NodeInfo {
+    pub id: String,
+    pub zone: String,
+    pub labels: BTreeMap<String, String>,
+    pub cpu: f64,
+    pub memory: u64,
+    pub schedulable: bool,
+    pub gpus: Vec<NodeGpu>,
+}

@@ -1,0 +1,136 @@
+//! Cluster inventory. Until agents register themselves, platform admins register nodes here.
+
+use std::collections::{BTreeMap, HashMap};
+
+use actix_web::{delete, get, post, web, HttpResponse};
+use autodl_common::api::ErrorBody;
+use autodl_common::tasks::{GpuInventoryInput, NodeGpu, NodeInfo, NodeInput};
+use autodl_scheduler::Gpu;
+
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::state::{now_ms, AppState};
+use crate::store::NodeRecord;
+use crate::tasks::runner::to_node;
+use crate::tasks::{placement_of, spec::parse_size, spec_of};
+
+#[utoipa::path(responses((status = 200, body = [NodeInfo]), (status = 401, body = ErrorBody)))]
+#[get("/nodes")]
+pub async fn list(state: web::Data<AppState>, _caller: Caller) -> Result<web::Json<Vec<NodeInfo>>, ApiError> {
+    let nodes = state.store.list_nodes().await?;
+    // Which tasks hold which GPU, from the placements of scheduled and running tasks.
+    let mut held: HashMap<(String, u32), (u64, Vec<String>)> = HashMap::new();
+    for t in state.store.active_tasks().await? {
+        let (Some(placement), Ok(spec)) = (placement_of(&t), spec_of(&t)) else { continue };
+        for p in placement {
+            for i in p.gpu_indices {
+                let e = held.entry((p.node.clone(), i)).or_default();
+                e.0 = e.0.saturating_add(spec.gpu_memory.unwrap_or(u64::MAX));
+                e.1.push(t.id.clone());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for r in &nodes {
+        let n = to_node(r)?;
+        out.push(NodeInfo {
+            gpus: n
+                .gpus
+                .iter()
+                .map(|g| {
+                    let (mem, tasks) = held.remove(&(n.id.clone(), g.index)).unwrap_or_default();
+                    NodeGpu { index: g.index, gpu_type: g.gpu_type.clone(), memory: g.mem_bytes, allocated_memory: mem.min(g.mem_bytes), tasks }
+                })
+                .collect(),
+            id: n.id,
+            zone: n.zone,
+            labels: n.labels,
+            cpu: n.cpu_millis as f64 / 1000.0,
+            memory: n.mem_bytes,
+            schedulable: n.schedulable,
+        });
+    }
+    Ok(web::Json(out))
+}
+
+fn node_id_ok(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 128 && id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// Registers (or updates) a node and its GPUs.
+#[utoipa::path(request_body = NodeInput, responses((status = 201, body = NodeInfo), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
+#[post("/admin/nodes")]
+#[tracing::instrument(skip_all, fields(admin = %caller.user.id))]
+pub async fn register(state: web::Data<AppState>, caller: Caller, body: web::Json<NodeInput>) -> Result<HttpResponse, ApiError> {
+    caller.require_platform_admin()?;
+    let input = body.into_inner();
+    if !node_id_ok(&input.id) {
+        return Err(ApiError::invalid("id", "node id is 1..128 letters, digits, '-', '_' or '.'"));
+    }
+    if !input.cpu.is_finite() || input.cpu <= 0.0 || input.cpu > 100_000.0 {
+        return Err(ApiError::invalid("cpu", "cpu must be a positive number of cores"));
+    }
+    let memory = parse_size("memory", &input.memory)?;
+    let gpu_list: Vec<(String, u64)> = match &input.gpus {
+        GpuInventoryInput::Uniform { gpu_type, count, memory } => {
+            let m = parse_size("gpus.memory", memory)?;
+            (0..*count).map(|_| (gpu_type.clone(), m)).collect()
+        }
+        GpuInventoryInput::List(each) => {
+            each.iter().map(|g| Ok((g.gpu_type.clone(), parse_size("gpus.memory", &g.memory)?))).collect::<Result<_, ApiError>>()?
+        }
+    };
+    if gpu_list.len() > 64 {
+        return Err(ApiError::invalid("gpus", "at most 64 GPUs per node"));
+    }
+    if let Some((t, _)) = gpu_list.iter().find(|(t, _)| t.is_empty() || t.len() > 64 || !t.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))) {
+        return Err(ApiError::invalid("gpus", format!("{t:?} is not a GPU type name")));
+    }
+    if input.labels.len() > 64 || input.zone.len() > 128 {
+        return Err(ApiError::invalid("labels", "too many labels or zone name too long"));
+    }
+    let gpus: Vec<Gpu> = gpu_list
+        .into_iter()
+        .enumerate()
+        .map(|(i, (gpu_type, mem_bytes))| Gpu { index: i as u32, gpu_type, mem_bytes, util: 0.0 })
+        .collect();
+    let now = now_ms();
+    let rec = NodeRecord {
+        id: input.id.clone(),
+        zone: input.zone.clone(),
+        labels: serde_json::to_string(&input.labels).map_err(anyhow::Error::from)?,
+        cpu_millis: (input.cpu * 1000.0).round() as i64,
+        mem_bytes: memory as i64,
+        gpus: serde_json::to_string(&gpus).map_err(anyhow::Error::from)?,
+        schedulable: true,
+        created_at: now,
+        updated_at: now,
+    };
+    state.store.upsert_node(&rec).await?;
+    state.scheduler.invalidate_nodes();
+    state.scheduler.wake();
+    let info = NodeInfo {
+        id: rec.id,
+        zone: rec.zone,
+        labels: input.labels.into_iter().collect::<BTreeMap<_, _>>(),
+        cpu: input.cpu,
+        memory,
+        schedulable: true,
+        gpus: gpus
+            .into_iter()
+            .map(|g| NodeGpu { index: g.index, gpu_type: g.gpu_type, memory: g.mem_bytes, allocated_memory: 0, tasks: vec![] })
+            .collect(),
+    };
+    Ok(HttpResponse::Created().json(info))
+}
+
+#[utoipa::path(params(("id" = String, Path)), responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+#[delete("/admin/nodes/{id}")]
+pub async fn remove(state: web::Data<AppState>, caller: Caller, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    caller.require_platform_admin()?;
+    if !state.store.delete_node(&id).await? {
+        return Err(ApiError::NotFound("no such node".into()));
+    }
+    state.scheduler.invalidate_nodes();
+    Ok(HttpResponse::NoContent().finish())
+}

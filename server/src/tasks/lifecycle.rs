@@ -1,0 +1,109 @@
+//! What happens to a task when an attempt ends: the retry policy, and OOM recovery that halves
+//! the batch size. Pure rules, so they are tested without a store.
+
+use autodl_common::tasks::TaskSpec;
+
+use crate::store::AttemptEnd;
+
+/// Why an attempt ended, as the agent reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitKind {
+    Success,
+    Oom,
+    Error,
+}
+
+impl ExitKind {
+    pub fn reason(self) -> Option<&'static str> {
+        match self {
+            ExitKind::Success => None,
+            ExitKind::Oom => Some("oom"),
+            ExitKind::Error => Some("error"),
+        }
+    }
+}
+
+/// `attempt` is the number of the attempt that ended (1 for the first run); `batch_size` the
+/// one it ran with.
+pub fn after_attempt(spec: &TaskSpec, attempt: u32, batch_size: Option<u32>, exit_code: Option<i64>, kind: ExitKind) -> AttemptEnd {
+    let code = exit_code.map(|c| format!(" (exit code {c})")).unwrap_or_default();
+    if kind == ExitKind::Success {
+        return AttemptEnd {
+            exit_code,
+            reason: None,
+            next_state: "completed".into(),
+            next_batch_size: batch_size.map(i64::from),
+            message: format!("attempt {attempt} completed{code}"),
+        };
+    }
+    let what = if kind == ExitKind::Oom { "ran out of GPU memory" } else { "failed" };
+    let retries_used = attempt.saturating_sub(1);
+    if retries_used >= spec.retry_policy.max_retries {
+        return AttemptEnd {
+            exit_code,
+            reason: kind.reason().map(str::to_owned),
+            next_state: "failed".into(),
+            next_batch_size: batch_size.map(i64::from),
+            message: format!("attempt {attempt} {what}{code}; no retries left"),
+        };
+    }
+    let (next_batch, note) = match (kind, spec.retry_policy.oom_recovery, batch_size) {
+        (ExitKind::Oom, true, Some(b)) if b > 1 => (Some(b / 2), format!("; retrying with batch size {}", b / 2)),
+        (ExitKind::Oom, true, Some(_)) => (Some(1), "; batch size is already 1, retrying as is".to_owned()),
+        _ => (batch_size, "; retrying".to_owned()),
+    };
+    AttemptEnd {
+        exit_code,
+        reason: kind.reason().map(str::to_owned),
+        next_state: "pending".into(),
+        next_batch_size: next_batch.map(i64::from),
+        message: format!("attempt {attempt} {what}{code}{note}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use autodl_common::tasks::{Command, RetryPolicy, TaskSpecInput};
+
+    fn spec(max_retries: u32, oom_recovery: bool) -> TaskSpec {
+        let mut s = crate::tasks::spec::normalise(TaskSpecInput {
+            name: "t".into(),
+            image: "i".into(),
+            command: Some(Command::Shell("true".into())),
+            ..Default::default()
+        })
+        .unwrap();
+        s.retry_policy = RetryPolicy { max_retries, oom_recovery };
+        s
+    }
+
+    #[test]
+    fn success_completes() {
+        let e = after_attempt(&spec(3, true), 1, Some(64), Some(0), ExitKind::Success);
+        assert_eq!(e.next_state, "completed");
+        assert_eq!(e.reason, None);
+    }
+
+    #[test]
+    fn failures_retry_until_the_budget_is_spent() {
+        let s = spec(2, false);
+        assert_eq!(after_attempt(&s, 1, None, Some(1), ExitKind::Error).next_state, "pending");
+        assert_eq!(after_attempt(&s, 2, None, Some(1), ExitKind::Error).next_state, "pending");
+        let last = after_attempt(&s, 3, None, Some(1), ExitKind::Error);
+        assert_eq!(last.next_state, "failed");
+        assert_eq!(last.reason.as_deref(), Some("error"));
+        assert_eq!(after_attempt(&spec(0, false), 1, None, Some(1), ExitKind::Error).next_state, "failed");
+    }
+
+    #[test]
+    fn oom_recovery_halves_the_batch() {
+        let e = after_attempt(&spec(3, true), 1, Some(64), Some(137), ExitKind::Oom);
+        assert_eq!(e.next_state, "pending");
+        assert_eq!(e.next_batch_size, Some(32));
+        assert_eq!(e.reason.as_deref(), Some("oom"));
+        assert_eq!(after_attempt(&spec(3, true), 2, Some(1), None, ExitKind::Oom).next_batch_size, Some(1));
+        // Without oom_recovery the batch stays.
+        assert_eq!(after_attempt(&spec(3, false), 1, Some(64), None, ExitKind::Oom).next_batch_size, Some(64));
+    }
+}

@@ -1,0 +1,76 @@
+//! Tasks: spec validation, the lifecycle rules, and the runner that applies the scheduler's
+//! decisions to the store.
+
+pub mod lifecycle;
+pub mod runner;
+pub mod spec;
+
+use autodl_common::tasks::{Task, TaskSpec, TaskState, Waiting, WorkerPlacement};
+use autodl_scheduler::TaskRequest;
+
+use crate::error::ApiError;
+use crate::state::rfc3339;
+use crate::store::{TaskRecord, TaskWithUser};
+
+pub fn spec_of(rec: &TaskRecord) -> Result<TaskSpec, ApiError> {
+    serde_json::from_str(&rec.spec).map_err(|e| ApiError::Internal(anyhow::anyhow!("task {} has a bad spec: {e}", rec.id)))
+}
+
+pub fn placement_of(rec: &TaskRecord) -> Option<Vec<WorkerPlacement>> {
+    rec.placement.as_deref().and_then(|p| serde_json::from_str(p).ok())
+}
+
+/// The scheduler's view of a task. Times are Unix seconds.
+pub fn to_request(rec: &TaskRecord, spec: &TaskSpec) -> TaskRequest {
+    TaskRequest {
+        id: rec.id.clone(),
+        user: rec.user_id.clone(),
+        tenant: rec.tenant_id.clone(),
+        gpu_types: spec.gpu_types.clone(),
+        gpus_per_worker: spec.gpus_per_worker,
+        workers: spec.num_workers,
+        gpu_mem_bytes: spec.gpu_memory,
+        cpu_millis: (spec.cpu * 1000.0).round() as u64,
+        mem_bytes: spec.memory,
+        priority: spec.priority,
+        deadline: spec
+            .deadline
+            .as_deref()
+            .and_then(|d| spec::parse_deadline(d).ok())
+            .map(|s| s.max(0) as u64),
+        submitted_at: (rec.created_at / 1000).max(0) as u64,
+        estimated_runtime: spec.estimated_runtime,
+        preemptible: spec.preemptible,
+        zone_affinity: spec.zone_affinity,
+        attained_gpu_seconds: rec.attained_gpu_seconds,
+    }
+}
+
+pub fn to_api(t: TaskWithUser, waiting: Option<Waiting>) -> Result<Task, ApiError> {
+    let spec = spec_of(&t.task)?;
+    let state = TaskState::parse(&t.task.state)
+        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("task {} has unknown state {}", t.task.id, t.task.state)))?;
+    let waiting = (state == TaskState::Pending).then(|| {
+        waiting.unwrap_or(Waiting {
+            reason: None,
+            message: "waiting for the scheduler's next cycle".into(),
+            position: None,
+            priority: None,
+        })
+    });
+    Ok(Task {
+        placement: placement_of(&t.task),
+        id: t.task.id,
+        name: t.task.name,
+        state,
+        user_id: t.task.user_id,
+        user_email: t.user_email,
+        tenant_id: t.task.tenant_id,
+        spec,
+        created_at: rfc3339(t.task.created_at),
+        updated_at: rfc3339(t.task.updated_at),
+        attempts: t.task.attempts as u32,
+        batch_size: t.task.batch_size.map(|b| b as u32),
+        waiting,
+    })
+}

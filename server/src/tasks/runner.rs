@@ -1,0 +1,377 @@
+//! The live scheduler: loads the cluster from the store, asks the pure policy for decisions at
+//! `now`, and applies them. Each decision is applied by a conditional update, so a task that
+//! changed meanwhile (cancelled, placed by another cycle) is left alone: none is placed twice
+//! and none is lost. Runs only on the leader (PostgreSQL advisory lock; SQLite has one server).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use autodl_common::tasks::{PriorityFactors, Waiting, WorkerPlacement as ApiPlacement};
+use autodl_scheduler::{
+    ClusterState, Decision, Gpu, Node, PendingReason, PendingTask, PolicyConfig, Quota, QuotaCap, Quotas, RunningTask,
+    Scheduler, UsageLedger, UserUsage, WorkerPlacement,
+};
+use tokio::sync::Notify;
+
+use super::{placement_of, spec_of, to_request};
+use crate::state::now_ms;
+use crate::store::{LeaderGuard, NodeRecord, QuotaRecord, Store, UsageRecord};
+
+/// Shared between handlers and the runner: wake-ups, the last explanations, cached nodes.
+pub struct SchedulerHandle {
+    notify: Notify,
+    waiting: RwLock<HashMap<String, Waiting>>,
+    nodes: RwLock<(Option<Instant>, Arc<Vec<Node>>)>,
+    pub config: PolicyConfig,
+}
+
+/// Nodes are re-read at most this often for admission checks.
+const NODE_CACHE_TTL: Duration = Duration::from_secs(2);
+
+impl SchedulerHandle {
+    pub fn new(config: PolicyConfig) -> Arc<Self> {
+        Arc::new(SchedulerHandle {
+            notify: Notify::new(),
+            waiting: RwLock::new(HashMap::new()),
+            nodes: RwLock::new((None, Arc::new(Vec::new()))),
+            config,
+        })
+    }
+
+    /// Asks for a cycle soon; many wake-ups before it runs make one cycle.
+    pub fn wake(&self) {
+        self.notify.notify_one();
+    }
+
+    pub fn waiting(&self, task: &str) -> Option<Waiting> {
+        self.waiting.read().ok()?.get(task).cloned()
+    }
+
+    pub fn invalidate_nodes(&self) {
+        if let Ok(mut n) = self.nodes.write() {
+            n.0 = None;
+        }
+    }
+
+    pub async fn nodes(&self, store: &dyn Store) -> anyhow::Result<Arc<Vec<Node>>> {
+        if let Ok(n) = self.nodes.read() {
+            if n.0.is_some_and(|t| t.elapsed() < NODE_CACHE_TTL) {
+                return Ok(n.1.clone());
+            }
+        }
+        let nodes = Arc::new(store.list_nodes().await?.iter().map(to_node).collect::<anyhow::Result<Vec<_>>>()?);
+        if let Ok(mut n) = self.nodes.write() {
+            *n = (Some(Instant::now()), nodes.clone());
+        }
+        Ok(nodes)
+    }
+}
+
+pub fn to_node(r: &NodeRecord) -> anyhow::Result<Node> {
+    Ok(Node {
+        id: r.id.clone(),
+        zone: r.zone.clone(),
+        labels: serde_json::from_str(&r.labels)?,
+        cpu_millis: r.cpu_millis.max(0) as u64,
+        mem_bytes: r.mem_bytes.max(0) as u64,
+        gpus: serde_json::from_str::<Vec<Gpu>>(&r.gpus)?,
+        schedulable: r.schedulable,
+    })
+}
+
+pub fn to_quota(q: &QuotaRecord) -> Quota {
+    Quota {
+        max_gpus: q.max_gpus.map(|n| n.clamp(0, u32::MAX as i64) as u32),
+        max_gpu_hours_per_month: q.gpu_hours_per_month,
+        allowed_gpu_types: q
+            .allowed_gpu_types
+            .as_deref()
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or_default(),
+        share: None,
+    }
+}
+
+pub async fn load_quotas(store: &dyn Store) -> anyhow::Result<Quotas> {
+    let mut quotas = Quotas::default();
+    for row in store.all_quotas().await? {
+        let q = to_quota(&row.quota);
+        match row.scope.as_str() {
+            "tenant" => quotas.tenants.insert(row.subject_id, q),
+            _ => quotas.users.insert(row.subject_id, q),
+        };
+    }
+    Ok(quotas)
+}
+
+fn month_of(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(ms / 1000)
+        .map(|t| format!("{:04}-{:02}", t.year(), u8::from(t.month())))
+        .unwrap_or_default()
+}
+
+pub struct Runner {
+    store: Arc<dyn Store>,
+    handle: Arc<SchedulerHandle>,
+    scheduler: Scheduler,
+    ledger: UsageLedger,
+    month: String,
+    last_cycle_s: Option<u64>,
+    interval: Duration,
+}
+
+impl Runner {
+    pub fn new(store: Arc<dyn Store>, handle: Arc<SchedulerHandle>, interval: Duration) -> Runner {
+        let scheduler = Scheduler::new(handle.config.clone());
+        Runner { store, handle, scheduler, ledger: UsageLedger::default(), month: String::new(), last_cycle_s: None, interval }
+    }
+
+    /// Runs forever: waits for leadership, then cycles on every wake-up and on the timer.
+    pub async fn run(mut self) {
+        let mut guard: Option<LeaderGuard> = None;
+        loop {
+            if guard.is_none() {
+                match self.store.try_lead().await {
+                    Ok(Some(g)) => {
+                        tracing::info!("this server is now the scheduler leader");
+                        guard = Some(g);
+                        if let Err(e) = self.load_ledger().await {
+                            tracing::error!(error = ?e, "could not load the usage ledger");
+                        }
+                    }
+                    Ok(None) => {
+                        tokio::time::sleep(self.interval * 5).await;
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = ?e, "leader election failed");
+                        tokio::time::sleep(self.interval * 5).await;
+                        continue;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = self.handle.notify.notified() => {}
+                _ = tokio::time::sleep(self.interval) => {}
+            }
+            let started = Instant::now();
+            match self.cycle(now_ms()).await {
+                Ok(placed) => {
+                    tracing::debug!(placed, elapsed_ms = started.elapsed().as_millis() as u64, "scheduling cycle");
+                    if placed > 0 {
+                        // Freed or newly placed resources may let more tasks in.
+                        self.handle.wake();
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = ?e, "scheduling cycle failed");
+                    // A broken connection may have taken the advisory lock with it.
+                    guard = None;
+                }
+            }
+        }
+    }
+
+    async fn load_ledger(&mut self) -> anyhow::Result<()> {
+        self.month = month_of(now_ms());
+        let mut ledger = UsageLedger::default();
+        for r in self.store.load_usage().await? {
+            let u = UserUsage {
+                decayed_gpu_seconds: r.decayed_gpu_seconds,
+                updated_at: (r.updated_at / 1000).max(0) as u64,
+                window_alloc_gpu_seconds: r.window_alloc_gpu_seconds,
+                window_busy_gpu_seconds: r.window_busy_gpu_seconds,
+                month_gpu_seconds: if r.month == self.month { r.month_gpu_seconds } else { 0.0 },
+            };
+            match r.scope.as_str() {
+                "tenant" => ledger.tenants.insert(r.subject_id, u),
+                _ => ledger.users.insert(r.subject_id, u),
+            };
+        }
+        self.ledger = ledger;
+        Ok(())
+    }
+
+    /// One cycle at `now_ms`; returns how many tasks it placed. Public for tests, which drive
+    /// cycles directly instead of waiting for the timer.
+    pub async fn cycle(&mut self, now_ms: i64) -> anyhow::Result<usize> {
+        let now = (now_ms / 1000).max(0) as u64;
+        let nodes = self.handle.nodes(self.store.as_ref()).await?;
+        let quotas = load_quotas(self.store.as_ref()).await?;
+        let tasks = self.store.active_tasks().await?;
+
+        let mut state = ClusterState { nodes: nodes.as_ref().clone(), quotas, ..Default::default() };
+        let gpu_mem: HashMap<(&str, u32), u64> =
+            nodes.iter().flat_map(|n| n.gpus.iter().map(move |g| ((n.id.as_str(), g.index), g.mem_bytes))).collect();
+        let dt = self.last_cycle_s.map(|t| now.saturating_sub(t) as f64).unwrap_or(0.0);
+        let month = month_of(now_ms);
+        if month != self.month {
+            for u in self.ledger.users.values_mut().chain(self.ledger.tenants.values_mut()) {
+                u.month_gpu_seconds = 0.0;
+            }
+            self.month = month;
+        }
+        // Exponential window for utilisation: old allocation fades over the configured window.
+        let fade = if dt > 0.0 { (-dt / self.handle.config.util_window_s.max(1) as f64).exp() } else { 1.0 };
+        for u in self.ledger.users.values_mut().chain(self.ledger.tenants.values_mut()) {
+            u.window_alloc_gpu_seconds *= fade;
+            u.window_busy_gpu_seconds *= fade;
+        }
+        let mut attained = Vec::new();
+        for rec in &tasks {
+            let spec = match spec_of(rec) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(task = %rec.id, error = %e, "skipping a task with an unreadable spec");
+                    continue;
+                }
+            };
+            let request = to_request(rec, &spec);
+            if rec.state == "pending" {
+                state.pending.push(request);
+                continue;
+            }
+            let placements: Vec<WorkerPlacement> = placement_of(rec)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| WorkerPlacement { node: p.node, gpu_indices: p.gpu_indices })
+                .collect();
+            // GPU-seconds held since the last cycle; a shared GPU counts by its memory share.
+            let held: f64 = placements
+                .iter()
+                .flat_map(|p| p.gpu_indices.iter().map(move |i| (p.node.as_str(), *i)))
+                .map(|key| match (spec.gpu_memory, gpu_mem.get(&key)) {
+                    (Some(m), Some(card)) if *card > 0 => (m as f64 / *card as f64).min(1.0),
+                    _ => 1.0,
+                })
+                .sum();
+            if dt > 0.0 && held > 0.0 {
+                let gpu_s = held * dt;
+                self.ledger.charge(&rec.user_id, &rec.tenant_id, gpu_s, 1.0, now, self.handle.config.usage_half_life_s);
+                attained.push((rec.id.clone(), gpu_s));
+            }
+            let started_at = rec.started_at.unwrap_or(rec.updated_at);
+            state.running.push(RunningTask {
+                request,
+                placements,
+                started_at: (started_at / 1000).max(0) as u64,
+                last_checkpoint_at: rec.last_checkpoint_at.map(|t| (t / 1000).max(0) as u64),
+                preempting: false,
+            });
+        }
+        state.usage = self.ledger.clone();
+        self.last_cycle_s = Some(now);
+
+        let decisions = self.scheduler.schedule(&state, now);
+        let mut placed = 0;
+        for d in decisions.decisions {
+            match d {
+                Decision::Place { task, placements, .. } => {
+                    let api: Vec<ApiPlacement> = placements
+                        .iter()
+                        .map(|p| ApiPlacement { node: p.node.clone(), gpu_indices: p.gpu_indices.clone() })
+                        .collect();
+                    let gpus: usize = placements.iter().map(|p| p.gpu_indices.len()).sum();
+                    let node = placements.first().map(|p| p.node.clone()).unwrap_or_default();
+                    if self.store.place_task(&task, &serde_json::to_string(&api)?, &node, gpus as i64, now_ms).await? {
+                        placed += 1;
+                    }
+                }
+                // Until agents run tasks (and can checkpoint on SIGTERM), stopping a task means
+                // putting it back in the queue; the agent dispatch replaces this with a signal.
+                Decision::Preempt { task, reason, .. } => {
+                    let msg = format!("preempted for task {} (priority {:.2} over {:.2})", reason.for_task, reason.preemptor_priority, reason.victim_priority);
+                    self.store.requeue_task(&task, "preempted", &msg, now_ms).await?;
+                }
+                Decision::Migrate { task, for_task, .. } => {
+                    let msg = format!("moved to make room for task {for_task}");
+                    self.store.requeue_task(&task, "migrated", &msg, now_ms).await?;
+                }
+            }
+        }
+        let waiting: HashMap<String, Waiting> =
+            decisions.pending.into_iter().map(|p| (p.task.clone(), explain(p))).collect();
+        if let Ok(mut w) = self.handle.waiting.write() {
+            *w = waiting;
+        }
+        if !attained.is_empty() {
+            self.store.add_attained(&attained).await?;
+            self.store.save_usage(&self.usage_rows(now_ms)).await?;
+        }
+        Ok(placed)
+    }
+
+    fn usage_rows(&self, now_ms: i64) -> Vec<UsageRecord> {
+        let rows = |scope: &str, map: &BTreeMap<String, UserUsage>| -> Vec<UsageRecord> {
+            map.iter()
+                .map(|(id, u)| UsageRecord {
+                    scope: scope.to_owned(),
+                    subject_id: id.clone(),
+                    decayed_gpu_seconds: u.decayed_gpu_seconds,
+                    updated_at: (u.updated_at as i64) * 1000,
+                    window_alloc_gpu_seconds: u.window_alloc_gpu_seconds,
+                    window_busy_gpu_seconds: u.window_busy_gpu_seconds,
+                    month: month_of(now_ms),
+                    month_gpu_seconds: u.month_gpu_seconds,
+                })
+                .collect()
+        };
+        let mut out = rows("user", &self.ledger.users);
+        out.extend(rows("tenant", &self.ledger.tenants));
+        out
+    }
+}
+
+/// Puts the policy's reason into words a researcher can act on.
+pub fn explain(p: PendingTask) -> Waiting {
+    let (reason, message) = match &p.reason {
+        PendingReason::Quota { scope, cap, .. } => {
+            let whose = match scope {
+                autodl_scheduler::QuotaScope::Tenant => "your organization's",
+                autodl_scheduler::QuotaScope::User => "your",
+            };
+            let msg = match cap {
+                QuotaCap::Gpus { limit, in_use, requested } => {
+                    format!("over {whose} GPU quota: {in_use} of {limit} GPUs in use, this task needs {requested}")
+                }
+                QuotaCap::GpuHoursPerMonth { limit, used } => {
+                    format!("{whose} monthly GPU-hours are spent: {used:.1} of {limit:.1} used")
+                }
+                QuotaCap::GpuTypes { allowed } => {
+                    format!("{whose} quota allows only these GPU types: {}", allowed.join(", "))
+                }
+            };
+            ("quota", msg)
+        }
+        PendingReason::NoFit { waiting_for } => ("resources", format!("waiting for free resources: {waiting_for}")),
+        PendingReason::Reserved { waiting_for, nodes } => (
+            "resources",
+            format!("next in line: {} reserved while they drain, for {waiting_for}", nodes.join(", ")),
+        ),
+        PendingReason::WaitingForPreemption { victims } => {
+            ("preemption", format!("lower-priority tasks are being preempted to make room ({})", victims.len()))
+        }
+        PendingReason::WaitingForMigration { tasks } => {
+            ("preemption", format!("shared tasks are being moved to make room ({})", tasks.len()))
+        }
+        PendingReason::BehindHigherPriority { position, .. } => {
+            ("priority", format!("behind higher-priority tasks (position {} in the queue)", position + 1))
+        }
+    };
+    let b = &p.priority;
+    Waiting {
+        reason: Some(reason.to_owned()),
+        message,
+        position: Some(p.position),
+        priority: Some(PriorityFactors {
+            fair_share: b.fair_share,
+            utilization: b.utilization,
+            deadline: b.deadline,
+            declared: b.declared,
+            age: b.age,
+            gpu_fit: b.gpu_fit,
+            total: b.total,
+        }),
+    }
+}

@@ -1,0 +1,282 @@
+//! Turns a submitted `TaskSpecInput` into the normalised `TaskSpec`, or says precisely which
+//! field is wrong.
+
+use std::str::FromStr;
+
+use autodl_common::tasks::{Command, OneOrMany, RetryPolicy, Size, TaskSpec, TaskSpecInput};
+use time::format_description::well_known::Rfc3339;
+use time::{OffsetDateTime, PrimitiveDateTime};
+
+use crate::error::ApiError;
+
+const MAX_GPUS_PER_WORKER: u32 = 64;
+const MAX_WORKERS: u32 = 64;
+const DEFAULT_MEMORY: u64 = 4 << 30;
+
+pub fn parse_size(field: &'static str, s: &Size) -> Result<u64, ApiError> {
+    let n = match s {
+        Size::Bytes(n) => *n,
+        Size::Text(t) => bytesize::ByteSize::from_str(t.trim())
+            .map_err(|_| ApiError::invalid(field, format!("{t:?} is not a size (use e.g. \"20GiB\", \"512MiB\" or bytes)")))?
+            .as_u64(),
+    };
+    if n == 0 {
+        return Err(ApiError::invalid(field, format!("{field} must be more than zero")));
+    }
+    Ok(n)
+}
+
+/// ISO 8601 date-time; without an offset it is taken as UTC. Returns Unix seconds.
+pub fn parse_deadline(s: &str) -> Result<i64, ApiError> {
+    let s = s.trim();
+    if let Ok(t) = OffsetDateTime::parse(s, &Rfc3339) {
+        return Ok(t.unix_timestamp());
+    }
+    let formats = [
+        time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]"),
+        time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]"),
+        time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second]"),
+        time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]"),
+    ];
+    for f in formats {
+        if let Ok(t) = PrimitiveDateTime::parse(s, &f) {
+            return Ok(t.assume_utc().unix_timestamp());
+        }
+    }
+    Err(ApiError::invalid("deadline", format!("{s:?} is not an ISO 8601 date and time (e.g. 2024-03-20T18:00)")))
+}
+
+fn text(field: &'static str, s: &str, max: usize) -> Result<String, ApiError> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(ApiError::invalid(field, format!("{field} is required")));
+    }
+    if t.chars().count() > max {
+        return Err(ApiError::invalid(field, format!("{field} must be at most {max} characters")));
+    }
+    if t.chars().any(|c| c.is_control()) {
+        return Err(ApiError::invalid(field, format!("{field} must not contain control characters")));
+    }
+    Ok(t.to_owned())
+}
+
+fn env_name_ok(k: &str) -> bool {
+    let mut chars = k.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+pub fn normalise(input: TaskSpecInput) -> Result<TaskSpec, ApiError> {
+    let name = text("name", &input.name, 128)?;
+    let image = text("image", &input.image, 512)?;
+    let command = match (&input.command, &input.entry_point) {
+        (Some(_), Some(_)) => return Err(ApiError::invalid("command", "give either command or entry_point, not both")),
+        (Some(Command::Shell(s)), None) => vec!["/bin/sh".into(), "-c".into(), text("command", s, 16_384)?],
+        (Some(Command::Argv(v)), None) => {
+            if v.is_empty() || v[0].trim().is_empty() {
+                return Err(ApiError::invalid("command", "command must not be empty"));
+            }
+            if v.len() > 1024 || v.iter().map(String::len).sum::<usize>() > 65_536 {
+                return Err(ApiError::invalid("command", "command is too long"));
+            }
+            v.clone()
+        }
+        (None, Some(e)) => vec!["python".into(), text("entry_point", e, 1024)?],
+        (None, None) => return Err(ApiError::invalid("command", "command or entry_point is required")),
+    };
+    if input.env.len() > 256 {
+        return Err(ApiError::invalid("env", "at most 256 environment variables"));
+    }
+    for (k, v) in &input.env {
+        if !env_name_ok(k) || k.len() > 256 {
+            return Err(ApiError::invalid("env", format!("{k:?} is not a valid environment variable name")));
+        }
+        if k.starts_with("AUTODL_") {
+            return Err(ApiError::invalid("env", format!("{k} is set by the platform; AUTODL_ names are reserved")));
+        }
+        if v.len() > 32_768 {
+            return Err(ApiError::invalid("env", format!("the value of {k} is too long")));
+        }
+    }
+
+    let gpu = input.resources.gpu.clone().unwrap_or_default();
+    let gpu_types: Vec<String> = match gpu.gpu_type {
+        None => vec![],
+        Some(OneOrMany::One(t)) => vec![t],
+        Some(OneOrMany::Many(v)) => v,
+    };
+    for t in &gpu_types {
+        if t.trim().is_empty() || t.len() > 64 || !t.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            return Err(ApiError::invalid("resources.gpu.type", format!("{t:?} is not a GPU type name")));
+        }
+    }
+    let gpus_per_worker = input.gpu_per_worker.or(gpu.count).unwrap_or(1);
+    if gpus_per_worker > MAX_GPUS_PER_WORKER {
+        return Err(ApiError::invalid("gpu_per_worker", format!("at most {MAX_GPUS_PER_WORKER} GPUs per worker")));
+    }
+    let gpu_memory = gpu.memory.as_ref().map(|m| parse_size("resources.gpu.memory", m)).transpose()?;
+    if gpu_memory.is_some() && gpus_per_worker == 0 {
+        return Err(ApiError::invalid("resources.gpu.memory", "GPU memory given for a task without GPUs"));
+    }
+    let cpu = input.resources.cpu.unwrap_or(1.0);
+    if !cpu.is_finite() || cpu <= 0.0 || cpu > 1024.0 {
+        return Err(ApiError::invalid("resources.cpu", "cpu must be a number of cores between 0 and 1024"));
+    }
+    let memory = match &input.resources.memory {
+        Some(m) => parse_size("resources.memory", m)?,
+        None => DEFAULT_MEMORY,
+    };
+    let num_workers = input.num_workers.unwrap_or(1);
+    if !(1..=MAX_WORKERS).contains(&num_workers) {
+        return Err(ApiError::invalid("num_workers", format!("num_workers must be between 1 and {MAX_WORKERS}")));
+    }
+    let priority = input.priority.unwrap_or(0.5);
+    if !priority.is_finite() || !(0.0..=1.0).contains(&priority) {
+        return Err(ApiError::invalid("priority", "priority must be between 0 and 1"));
+    }
+    let deadline = match &input.deadline {
+        Some(d) => {
+            let secs = parse_deadline(d)?;
+            Some(crate::state::rfc3339(secs * 1000))
+        }
+        None => None,
+    };
+    if input.estimated_runtime == Some(0) {
+        return Err(ApiError::invalid("estimated_runtime", "estimated_runtime must be more than zero seconds"));
+    }
+    if let Some(c) = &input.checkpoint {
+        if c.interval.is_some_and(|i| !(10..=7 * 86_400).contains(&i)) {
+            return Err(ApiError::invalid("checkpoint.interval", "checkpoint.interval must be between 10 s and 7 days"));
+        }
+        if let Some(to) = &c.save_to {
+            text("checkpoint.save_to", to, 1024)?;
+            if to.split('/').any(|p| p == "..") {
+                return Err(ApiError::invalid("checkpoint.save_to", "checkpoint.save_to must not contain '..'"));
+            }
+        }
+    }
+    let retry_policy: RetryPolicy = input.retry_policy.clone().unwrap_or_default();
+    if retry_policy.max_retries > 20 {
+        return Err(ApiError::invalid("retry_policy.max_retries", "max_retries must be at most 20"));
+    }
+    let affinity = input.affinity.clone().unwrap_or_default();
+    let zone_affinity = match affinity.zone.as_deref() {
+        None | Some("any") => false,
+        Some("same") => true,
+        Some(other) => return Err(ApiError::invalid("affinity.zone", format!("affinity.zone is \"same\" or \"any\", not {other:?}"))),
+    };
+    let bandwidth = match affinity.bandwidth.as_deref() {
+        None | Some("normal") => "normal",
+        Some("high") => "high",
+        Some(other) => {
+            return Err(ApiError::invalid("affinity.bandwidth", format!("affinity.bandwidth is \"high\" or \"normal\", not {other:?}")))
+        }
+    };
+    if let Some(p) = &input.data_path {
+        text("data_path", p, 1024)?;
+        if p.split('/').any(|s| s == "..") {
+            return Err(ApiError::invalid("data_path", "data_path must not contain '..'"));
+        }
+    }
+    if input.labels.len() > 32 {
+        return Err(ApiError::invalid("labels", "at most 32 labels"));
+    }
+    for (k, v) in &input.labels {
+        if k.is_empty() || k.len() > 63 || !k.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c)) {
+            return Err(ApiError::invalid("labels", format!("{k:?} is not a valid label name")));
+        }
+        if v.len() > 256 || v.chars().any(char::is_control) {
+            return Err(ApiError::invalid("labels", format!("the value of label {k} is too long or has control characters")));
+        }
+    }
+    if input.batch_size == Some(0) {
+        return Err(ApiError::invalid("batch_size", "batch_size must be at least 1"));
+    }
+    Ok(TaskSpec {
+        name,
+        image,
+        command,
+        env: input.env,
+        gpu_types,
+        gpus_per_worker,
+        gpu_memory,
+        cpu,
+        memory,
+        num_workers,
+        priority,
+        deadline,
+        estimated_runtime: input.estimated_runtime,
+        checkpoint: input.checkpoint,
+        retry_policy,
+        zone_affinity,
+        bandwidth: bandwidth.to_owned(),
+        data_path: input.data_path,
+        labels: input.labels,
+        batch_size: input.batch_size,
+        preemptible: input.preemptible.unwrap_or(true),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use autodl_common::tasks::{GpuRequest, Resources};
+
+    fn base() -> TaskSpecInput {
+        TaskSpecInput {
+            name: "train".into(),
+            image: "pytorch:2".into(),
+            command: Some(Command::Shell("python train.py".into())),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sizes_and_defaults() {
+        let mut i = base();
+        i.resources = Resources {
+            gpu: Some(GpuRequest { gpu_type: Some(OneOrMany::One("A100".into())), count: Some(2), memory: Some(Size::Text("20GiB".into())) }),
+            cpu: Some(8.0),
+            memory: Some(Size::Text("32GiB".into())),
+        };
+        let s = normalise(i).unwrap();
+        assert_eq!(s.gpu_memory, Some(20 << 30));
+        assert_eq!(s.memory, 32 << 30);
+        assert_eq!(s.gpus_per_worker, 2);
+        assert_eq!(s.priority, 0.5);
+        assert_eq!(s.command, vec!["/bin/sh", "-c", "python train.py"]);
+    }
+
+    #[test]
+    fn deadlines() {
+        assert_eq!(parse_deadline("2024-03-20T18:00").unwrap(), 1710957600);
+        assert_eq!(parse_deadline("2024-03-20T18:00:00Z").unwrap(), 1710957600);
+        assert_eq!(parse_deadline("2024-03-20T19:00:00+01:00").unwrap(), 1710957600);
+        assert!(parse_deadline("tomorrow").is_err());
+    }
+
+    #[test]
+    fn rejects_bad_fields() {
+        let cases: Vec<(fn(&mut TaskSpecInput), &str)> = vec![
+            (|i| i.name = " ".into(), "name"),
+            (|i| i.priority = Some(1.5), "priority"),
+            (|i| i.num_workers = Some(0), "num_workers"),
+            (|i| i.command = None, "command"),
+            (|i| { i.env.insert("AUTODL_TASK_ID".into(), "x".into()); }, "env"),
+            (|i| { i.env.insert("1BAD".into(), "x".into()); }, "env"),
+            (|i| i.deadline = Some("soon".into()), "deadline"),
+            (|i| i.resources.memory = Some(Size::Text("lots".into())), "resources.memory"),
+            (|i| i.affinity = Some(autodl_common::tasks::Affinity { zone: Some("near".into()), bandwidth: None }), "affinity.zone"),
+            (|i| i.data_path = Some("s3://b/../other".into()), "data_path"),
+            (|i| i.batch_size = Some(0), "batch_size"),
+        ];
+        for (mutate, field) in cases {
+            let mut i = base();
+            mutate(&mut i);
+            match normalise(i) {
+                Err(ApiError::Validation { field: Some(f), .. }) => assert_eq!(f, field),
+                other => panic!("expected a validation error on {field}, got {other:?}"),
+            }
+        }
+    }
+}
