@@ -204,7 +204,10 @@ impl TaskState {
     }
 
     pub fn is_finished(self) -> bool {
-        matches!(self, TaskState::Completed | TaskState::Failed | TaskState::Cancelled)
+        matches!(
+            self,
+            TaskState::Completed | TaskState::Failed | TaskState::Cancelled
+        )
     }
 }
 

@@ -195,13 +195,11 @@ pub fn quota_to_api(r: &QuotaRecord) -> Quota {
 }
 
 /// A GPU type is covered by an allowed entry when equal to it or of its family
-/// ("A100" covers "A100-40G").
+/// ("A100" covers "A100-40G"), by the same rule the scheduler matches requests with.
 pub fn gpu_type_covered(allowed: &[String], t: &str) -> bool {
-    allowed.iter().any(|a| {
-        let a = a.to_ascii_lowercase();
-        let t = t.to_ascii_lowercase();
-        t == a || t.starts_with(&format!("{a}-"))
-    })
+    allowed
+        .iter()
+        .any(|a| autodl_scheduler::gpu_type_matches(a, t))
 }
 
 /// A user's quota may only narrow the tenant's: every cap the tenant sets bounds the user's.

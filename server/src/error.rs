@@ -78,7 +78,9 @@ impl From<StoreError> for ApiError {
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
-            ApiError::Validation { .. } | ApiError::BadRequest(_) | ApiError::Unschedulable(_) => StatusCode::BAD_REQUEST,
+            ApiError::Validation { .. } | ApiError::BadRequest(_) | ApiError::Unschedulable(_) => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::Quota(_) => StatusCode::FORBIDDEN,
             ApiError::NoResults(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,

@@ -16,12 +16,17 @@ use crate::tasks::{placement_of, spec::parse_size, spec_of};
 
 #[utoipa::path(responses((status = 200, body = [NodeInfo]), (status = 401, body = ErrorBody)))]
 #[get("/nodes")]
-pub async fn list(state: web::Data<AppState>, _caller: Caller) -> Result<web::Json<Vec<NodeInfo>>, ApiError> {
+pub async fn list(
+    state: web::Data<AppState>,
+    _caller: Caller,
+) -> Result<web::Json<Vec<NodeInfo>>, ApiError> {
     let nodes = state.store.list_nodes().await?;
     // Which tasks hold which GPU, from the placements of scheduled and running tasks.
     let mut held: HashMap<(String, u32), (u64, Vec<String>)> = HashMap::new();
     for t in state.store.active_tasks().await? {
-        let (Some(placement), Ok(spec)) = (placement_of(&t), spec_of(&t)) else { continue };
+        let (Some(placement), Ok(spec)) = (placement_of(&t), spec_of(&t)) else {
+            continue;
+        };
         for p in placement {
             for i in p.gpu_indices {
                 let e = held.entry((p.node.clone(), i)).or_default();
@@ -39,7 +44,13 @@ pub async fn list(state: web::Data<AppState>, _caller: Caller) -> Result<web::Js
                 .iter()
                 .map(|g| {
                     let (mem, tasks) = held.remove(&(n.id.clone(), g.index)).unwrap_or_default();
-                    NodeGpu { index: g.index, gpu_type: g.gpu_type.clone(), memory: g.mem_bytes, allocated_memory: mem.min(g.mem_bytes), tasks }
+                    NodeGpu {
+                        index: g.index,
+                        gpu_type: g.gpu_type.clone(),
+                        memory: g.mem_bytes,
+                        allocated_memory: mem.min(g.mem_bytes),
+                        tasks,
+                    }
                 })
                 .collect(),
             id: n.id,
@@ -54,45 +65,81 @@ pub async fn list(state: web::Data<AppState>, _caller: Caller) -> Result<web::Js
 }
 
 fn node_id_ok(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 128 && id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
 /// Registers (or updates) a node and its GPUs.
 #[utoipa::path(request_body = NodeInput, responses((status = 201, body = NodeInfo), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
 #[post("/admin/nodes")]
 #[tracing::instrument(skip_all, fields(admin = %caller.user.id))]
-pub async fn register(state: web::Data<AppState>, caller: Caller, body: web::Json<NodeInput>) -> Result<HttpResponse, ApiError> {
+pub async fn register(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<NodeInput>,
+) -> Result<HttpResponse, ApiError> {
     caller.require_platform_admin()?;
     let input = body.into_inner();
     if !node_id_ok(&input.id) {
-        return Err(ApiError::invalid("id", "node id is 1..128 letters, digits, '-', '_' or '.'"));
+        return Err(ApiError::invalid(
+            "id",
+            "node id is 1..128 letters, digits, '-', '_' or '.'",
+        ));
     }
     if !input.cpu.is_finite() || input.cpu <= 0.0 || input.cpu > 100_000.0 {
-        return Err(ApiError::invalid("cpu", "cpu must be a positive number of cores"));
+        return Err(ApiError::invalid(
+            "cpu",
+            "cpu must be a positive number of cores",
+        ));
     }
     let memory = parse_size("memory", &input.memory)?;
     let gpu_list: Vec<(String, u64)> = match &input.gpus {
-        GpuInventoryInput::Uniform { gpu_type, count, memory } => {
+        GpuInventoryInput::Uniform {
+            gpu_type,
+            count,
+            memory,
+        } => {
             let m = parse_size("gpus.memory", memory)?;
             (0..*count).map(|_| (gpu_type.clone(), m)).collect()
         }
-        GpuInventoryInput::List(each) => {
-            each.iter().map(|g| Ok((g.gpu_type.clone(), parse_size("gpus.memory", &g.memory)?))).collect::<Result<_, ApiError>>()?
-        }
+        GpuInventoryInput::List(each) => each
+            .iter()
+            .map(|g| Ok((g.gpu_type.clone(), parse_size("gpus.memory", &g.memory)?)))
+            .collect::<Result<_, ApiError>>()?,
     };
     if gpu_list.len() > 64 {
         return Err(ApiError::invalid("gpus", "at most 64 GPUs per node"));
     }
-    if let Some((t, _)) = gpu_list.iter().find(|(t, _)| t.is_empty() || t.len() > 64 || !t.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))) {
-        return Err(ApiError::invalid("gpus", format!("{t:?} is not a GPU type name")));
+    if let Some((t, _)) = gpu_list.iter().find(|(t, _)| {
+        t.is_empty()
+            || t.len() > 64
+            || !t
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    }) {
+        return Err(ApiError::invalid(
+            "gpus",
+            format!("{t:?} is not a GPU type name"),
+        ));
     }
     if input.labels.len() > 64 || input.zone.len() > 128 {
-        return Err(ApiError::invalid("labels", "too many labels or zone name too long"));
+        return Err(ApiError::invalid(
+            "labels",
+            "too many labels or zone name too long",
+        ));
     }
     let gpus: Vec<Gpu> = gpu_list
         .into_iter()
         .enumerate()
-        .map(|(i, (gpu_type, mem_bytes))| Gpu { index: i as u32, gpu_type, mem_bytes, util: 0.0 })
+        .map(|(i, (gpu_type, mem_bytes))| Gpu {
+            index: i as u32,
+            gpu_type,
+            mem_bytes,
+            util: 0.0,
+        })
         .collect();
     let now = now_ms();
     let rec = NodeRecord {
@@ -118,7 +165,13 @@ pub async fn register(state: web::Data<AppState>, caller: Caller, body: web::Jso
         schedulable: true,
         gpus: gpus
             .into_iter()
-            .map(|g| NodeGpu { index: g.index, gpu_type: g.gpu_type, memory: g.mem_bytes, allocated_memory: 0, tasks: vec![] })
+            .map(|g| NodeGpu {
+                index: g.index,
+                gpu_type: g.gpu_type,
+                memory: g.mem_bytes,
+                allocated_memory: 0,
+                tasks: vec![],
+            })
             .collect(),
     };
     Ok(HttpResponse::Created().json(info))
@@ -126,7 +179,11 @@ pub async fn register(state: web::Data<AppState>, caller: Caller, body: web::Jso
 
 #[utoipa::path(params(("id" = String, Path)), responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
 #[delete("/admin/nodes/{id}")]
-pub async fn remove(state: web::Data<AppState>, caller: Caller, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub async fn remove(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
     caller.require_platform_admin()?;
     if !state.store.delete_node(&id).await? {
         return Err(ApiError::NotFound("no such node".into()));

@@ -8,15 +8,14 @@ use actix_web::web::Bytes;
 use actix_web::{get, post, web, HttpRequest, HttpResponse};
 use autodl_common::api::ErrorBody;
 use autodl_common::tasks::{
-    Attempt, LogLine, LogPage, MetricSample, MetricSeries, Task, TaskEvent, TaskPage, TaskSpecInput, TaskState,
-    WorkerPlacement,
+    Attempt, LogLine, LogPage, MetricSample, MetricSeries, Task, TaskEvent, TaskPage,
+    TaskSpecInput, TaskState, WorkerPlacement,
 };
-use autodl_scheduler::{admission_check, ClusterView, Quotas};
+use autodl_scheduler::{admission_check, gpu_type_matches, ClusterView, Quotas};
 use serde::Deserialize;
 
 use crate::auth::secrets::new_id;
 use crate::auth::Caller;
-use crate::domain::gpu_type_covered;
 use crate::error::ApiError;
 use crate::state::{now_ms, rfc3339, AppState};
 use crate::store::{CancelOutcome, QuotaScope, TaskCreated, TaskFilter, TaskRecord, TaskWithUser};
@@ -24,6 +23,15 @@ use crate::tasks::runner::to_quota;
 use crate::tasks::{spec, to_api, to_request};
 
 const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+
+/// A requested type is permitted when an allowed entry covers it ("A100" allows "A100-40G"),
+/// or when it is a family holding an allowed type (asking for "A100" with only "A100-40G"
+/// allowed: the scheduler then places it on the allowed variant only).
+fn type_permitted(allowed: &[String], requested: &str) -> bool {
+    allowed
+        .iter()
+        .any(|a| gpu_type_matches(a, requested) || gpu_type_matches(requested, a))
+}
 
 async fn find(state: &AppState, caller: &Caller, id: &str) -> Result<TaskWithUser, ApiError> {
     state
@@ -59,9 +67,16 @@ pub async fn submit(
     let idempotency_key = match req.headers().get(IDEMPOTENCY_HEADER) {
         None => None,
         Some(v) => {
-            let k = v.to_str().map_err(|_| ApiError::BadRequest("Idempotency-Key must be printable ASCII".into()))?.trim();
+            let k = v
+                .to_str()
+                .map_err(|_| {
+                    ApiError::BadRequest("Idempotency-Key must be printable ASCII".into())
+                })?
+                .trim();
             if k.is_empty() || k.len() > 128 {
-                return Err(ApiError::BadRequest("Idempotency-Key must be 1 to 128 characters".into()));
+                return Err(ApiError::BadRequest(
+                    "Idempotency-Key must be 1 to 128 characters".into(),
+                ));
             }
             Some(k.to_owned())
         }
@@ -73,19 +88,32 @@ pub async fn submit(
 
     // Caps that hold at submission; GPUs at once and GPU-hours keep a task pending instead.
     for (whose, q) in [("your organization's", &tenant_q), ("your", &user_q)] {
-        if let Some(allowed) = q.allowed_gpu_types.as_deref().and_then(|s| serde_json::from_str::<Vec<String>>(s).ok()) {
-            if let Some(bad) = spec.gpu_types.iter().find(|t| !gpu_type_covered(&allowed, t) && !allowed.iter().any(|a| gpu_type_covered(std::slice::from_ref(*t), a))) {
-                return Err(ApiError::Quota(format!("GPU type {bad} is not allowed by {whose} quota (allowed: {})", allowed.join(", "))));
+        if let Some(allowed) = q
+            .allowed_gpu_types
+            .as_deref()
+            .and_then(|s| serde_json::from_str::<Vec<String>>(s).ok())
+        {
+            if let Some(bad) = spec.gpu_types.iter().find(|t| !type_permitted(&allowed, t)) {
+                return Err(ApiError::Quota(format!(
+                    "GPU type {bad} is not allowed by {whose} quota (allowed: {})",
+                    allowed.join(", ")
+                )));
             }
         }
     }
     if tenant_q.max_queued_tasks.is_some() || user_q.max_queued_tasks.is_some() {
-        let (mine, tenant) = store.count_pending(&caller.user.id, caller.tenant_id()).await?;
+        let (mine, tenant) = store
+            .count_pending(&caller.user.id, caller.tenant_id())
+            .await?;
         if let Some(cap) = user_q.max_queued_tasks.filter(|cap| mine >= *cap) {
-            return Err(ApiError::Quota(format!("you already have {mine} queued tasks (your cap is {cap})")));
+            return Err(ApiError::Quota(format!(
+                "you already have {mine} queued tasks (your cap is {cap})"
+            )));
         }
         if let Some(cap) = tenant_q.max_queued_tasks.filter(|cap| tenant >= *cap) {
-            return Err(ApiError::Quota(format!("your organization already has {tenant} queued tasks (cap {cap})")));
+            return Err(ApiError::Quota(format!(
+                "your organization already has {tenant} queued tasks (cap {cap})"
+            )));
         }
     }
 
@@ -115,17 +143,33 @@ pub async fn submit(
     let nodes = state.scheduler.nodes(store).await?;
     if !nodes.is_empty() {
         let mut quotas = Quotas::default();
-        quotas.tenants.insert(caller.tenant_id().to_owned(), to_quota(&tenant_q));
-        quotas.users.insert(caller.user.id.clone(), to_quota(&user_q));
-        let view = ClusterView { nodes: &nodes, quotas: &quotas, config: &state.scheduler.config };
-        admission_check(&view, &to_request(&rec, &spec)).map_err(|e| ApiError::Unschedulable(e.to_string()))?;
+        quotas
+            .tenants
+            .insert(caller.tenant_id().to_owned(), to_quota(&tenant_q));
+        quotas
+            .users
+            .insert(caller.user.id.clone(), to_quota(&user_q));
+        let view = ClusterView {
+            nodes: &nodes,
+            quotas: &quotas,
+            config: &state.scheduler.config,
+        };
+        admission_check(&view, &to_request(&rec, &spec))
+            .map_err(|e| ApiError::Unschedulable(e.to_string()))?;
     }
 
-    let labels: Vec<(String, String)> = spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let labels: Vec<(String, String)> = spec
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     match store.create_task(&rec, &labels).await? {
         TaskCreated::Created => {
             state.scheduler.wake();
-            let t = TaskWithUser { task: rec, user_email: caller.user.email.clone() };
+            let t = TaskWithUser {
+                task: rec,
+                user_email: caller.user.email.clone(),
+            };
             Ok(HttpResponse::Created().json(task_json(&state, t)?))
         }
         TaskCreated::Existing(t) => Ok(HttpResponse::Ok().json(task_json(&state, *t)?)),
@@ -149,19 +193,29 @@ pub struct ListQuery {
 
 #[utoipa::path(params(ListQuery), responses((status = 200, body = TaskPage), (status = 400, body = ErrorBody)))]
 #[get("/tasks")]
-pub async fn list(state: web::Data<AppState>, caller: Caller, q: web::Query<ListQuery>) -> Result<web::Json<TaskPage>, ApiError> {
+pub async fn list(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<ListQuery>,
+) -> Result<web::Json<TaskPage>, ApiError> {
     let q = q.into_inner();
     if let Some(s) = &q.state {
-        TaskState::parse(s).ok_or_else(|| ApiError::invalid("state", format!("unknown state {s:?}")))?;
+        TaskState::parse(s)
+            .ok_or_else(|| ApiError::invalid("state", format!("unknown state {s:?}")))?;
     }
     let limit = q.limit.unwrap_or(50);
     if !(1..=200).contains(&limit) {
-        return Err(ApiError::invalid("limit", "limit must be between 1 and 200"));
+        return Err(ApiError::invalid(
+            "limit",
+            "limit must be between 1 and 200",
+        ));
     }
     let label = match q.label.as_deref() {
         None => None,
         Some(l) => {
-            let (k, v) = l.split_once('=').ok_or_else(|| ApiError::invalid("label", "label filter is key=value"))?;
+            let (k, v) = l
+                .split_once('=')
+                .ok_or_else(|| ApiError::invalid("label", "label filter is key=value"))?;
             Some((k.to_owned(), v.to_owned()))
         }
     };
@@ -171,7 +225,9 @@ pub async fn list(state: web::Data<AppState>, caller: Caller, q: web::Query<List
             let (at, id) = c
                 .split_once('_')
                 .and_then(|(a, id)| a.parse::<i64>().ok().map(|a| (a, id.to_owned())))
-                .ok_or_else(|| ApiError::invalid("cursor", "cursor is not one this server gave out"))?;
+                .ok_or_else(|| {
+                    ApiError::invalid("cursor", "cursor is not one this server gave out")
+                })?;
             Some((at, id))
         }
     };
@@ -179,21 +235,36 @@ pub async fn list(state: web::Data<AppState>, caller: Caller, q: web::Query<List
         Some("me") => Some(caller.user.id.clone()),
         other => other.map(str::to_owned),
     };
-    let filter = TaskFilter { tenant_id: caller.tenant_id().to_owned(), state: q.state, user_id, label, before, limit: limit + 1 };
+    let filter = TaskFilter {
+        tenant_id: caller.tenant_id().to_owned(),
+        state: q.state,
+        user_id,
+        label,
+        before,
+        limit: limit + 1,
+    };
     let mut rows = state.store.list_tasks(&filter).await?;
     let next_cursor = if rows.len() as i64 > limit {
         rows.truncate(limit as usize);
-        rows.last().map(|t| format!("{}_{}", t.task.created_at, t.task.id))
+        rows.last()
+            .map(|t| format!("{}_{}", t.task.created_at, t.task.id))
     } else {
         None
     };
-    let items = rows.into_iter().map(|t| task_json(&state, t)).collect::<Result<_, _>>()?;
+    let items = rows
+        .into_iter()
+        .map(|t| task_json(&state, t))
+        .collect::<Result<_, _>>()?;
     Ok(web::Json(TaskPage { items, next_cursor }))
 }
 
 #[utoipa::path(params(("id" = String, Path)), responses((status = 200, body = Task), (status = 404, body = ErrorBody)))]
 #[get("/tasks/{id}")]
-pub async fn show(state: web::Data<AppState>, caller: Caller, id: web::Path<String>) -> Result<web::Json<Task>, ApiError> {
+pub async fn show(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+) -> Result<web::Json<Task>, ApiError> {
     let t = find(&state, &caller, &id).await?;
     Ok(web::Json(task_json(&state, t)?))
 }
@@ -202,11 +273,21 @@ pub async fn show(state: web::Data<AppState>, caller: Caller, id: web::Path<Stri
 #[utoipa::path(params(("id" = String, Path)), responses((status = 200, body = Task), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 #[post("/tasks/{id}/cancel")]
 #[tracing::instrument(skip_all, fields(user = %caller.user.id, task = %id))]
-pub async fn cancel(state: web::Data<AppState>, caller: Caller, id: web::Path<String>) -> Result<web::Json<Task>, ApiError> {
-    match state.store.cancel_task(caller.tenant_id(), &id, now_ms()).await? {
+pub async fn cancel(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+) -> Result<web::Json<Task>, ApiError> {
+    match state
+        .store
+        .cancel_task(caller.tenant_id(), &id, now_ms())
+        .await?
+    {
         CancelOutcome::Cancelled => state.scheduler.wake(),
         CancelOutcome::NotFound => return Err(ApiError::NotFound("no such task".into())),
-        CancelOutcome::AlreadyFinished(s) => return Err(ApiError::Conflict(format!("the task is already {s}"))),
+        CancelOutcome::AlreadyFinished(s) => {
+            return Err(ApiError::Conflict(format!("the task is already {s}")))
+        }
     }
     let t = find(&state, &caller, &id).await?;
     Ok(web::Json(task_json(&state, t)?))
@@ -214,17 +295,32 @@ pub async fn cancel(state: web::Data<AppState>, caller: Caller, id: web::Path<St
 
 #[utoipa::path(params(("id" = String, Path)), responses((status = 200, body = [TaskEvent]), (status = 404, body = ErrorBody)))]
 #[get("/tasks/{id}/events")]
-pub async fn events(state: web::Data<AppState>, caller: Caller, id: web::Path<String>) -> Result<web::Json<Vec<TaskEvent>>, ApiError> {
+pub async fn events(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+) -> Result<web::Json<Vec<TaskEvent>>, ApiError> {
     let t = find(&state, &caller, &id).await?;
     let events = state.store.task_events(&t.task.id).await?;
     Ok(web::Json(
-        events.into_iter().map(|e| TaskEvent { at: rfc3339(e.at), kind: e.kind, message: e.message }).collect(),
+        events
+            .into_iter()
+            .map(|e| TaskEvent {
+                at: rfc3339(e.at),
+                kind: e.kind,
+                message: e.message,
+            })
+            .collect(),
     ))
 }
 
 #[utoipa::path(params(("id" = String, Path)), responses((status = 200, body = [Attempt]), (status = 404, body = ErrorBody)))]
 #[get("/tasks/{id}/attempts")]
-pub async fn attempts(state: web::Data<AppState>, caller: Caller, id: web::Path<String>) -> Result<web::Json<Vec<Attempt>>, ApiError> {
+pub async fn attempts(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+) -> Result<web::Json<Vec<Attempt>>, ApiError> {
     let t = find(&state, &caller, &id).await?;
     let rows = state.store.task_attempts(&t.task.id).await?;
     Ok(web::Json(
@@ -232,7 +328,8 @@ pub async fn attempts(state: web::Data<AppState>, caller: Caller, id: web::Path<
             .map(|a| Attempt {
                 number: a.number as u32,
                 node: a.node,
-                placement: serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement).unwrap_or_default(),
+                placement: serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement)
+                    .unwrap_or_default(),
                 started_at: rfc3339(a.started_at),
                 ended_at: a.ended_at.map(rfc3339),
                 exit_code: a.exit_code.map(|c| c as i32),
@@ -253,17 +350,32 @@ pub struct LogQuery {
 }
 
 fn log_lines(rows: Vec<crate::store::LogRecord>) -> Vec<LogLine> {
-    rows.into_iter().map(|l| LogLine { seq: l.id, at: rfc3339(l.at), stream: l.stream, line: l.line }).collect()
+    rows.into_iter()
+        .map(|l| LogLine {
+            seq: l.id,
+            at: rfc3339(l.at),
+            stream: l.stream,
+            line: l.line,
+        })
+        .collect()
 }
 
 #[utoipa::path(params(("id" = String, Path), LogQuery), responses((status = 200, body = LogPage), (status = 404, body = ErrorBody)))]
 #[get("/tasks/{id}/logs")]
-pub async fn logs(state: web::Data<AppState>, caller: Caller, id: web::Path<String>, q: web::Query<LogQuery>) -> Result<web::Json<LogPage>, ApiError> {
+pub async fn logs(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+    q: web::Query<LogQuery>,
+) -> Result<web::Json<LogPage>, ApiError> {
     let t = find(&state, &caller, &id).await?;
     let after = q.after.unwrap_or(0);
     let limit = q.limit.unwrap_or(1000);
     if !(1..=5000).contains(&limit) {
-        return Err(ApiError::invalid("limit", "limit must be between 1 and 5000"));
+        return Err(ApiError::invalid(
+            "limit",
+            "limit must be between 1 and 5000",
+        ));
     }
     let lines = log_lines(state.store.task_logs(&t.task.id, after, limit).await?);
     let next_after = lines.last().map_or(after, |l| l.seq);
@@ -274,7 +386,12 @@ pub async fn logs(state: web::Data<AppState>, caller: Caller, id: web::Path<Stri
 /// line was sent.
 #[utoipa::path(params(("id" = String, Path), LogQuery), responses((status = 200, description = "text/event-stream of LogLine"), (status = 404, body = ErrorBody)))]
 #[get("/tasks/{id}/logs/stream")]
-pub async fn log_stream(state: web::Data<AppState>, caller: Caller, id: web::Path<String>, q: web::Query<LogQuery>) -> Result<HttpResponse, ApiError> {
+pub async fn log_stream(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+    q: web::Query<LogQuery>,
+) -> Result<HttpResponse, ApiError> {
     let t = find(&state, &caller, &id).await?;
     let task_id = t.task.id;
     let start = q.after.unwrap_or(0);
@@ -288,7 +405,12 @@ pub async fn log_stream(state: web::Data<AppState>, caller: Caller, id: web::Pat
             loop {
                 let rows = match state.store.task_logs(&task_id, after, 500).await {
                     Ok(r) => r,
-                    Err(e) => return Some((Err(actix_web::error::ErrorInternalServerError(e)), (after, true))),
+                    Err(e) => {
+                        return Some((
+                            Err(actix_web::error::ErrorInternalServerError(e)),
+                            (after, true),
+                        ))
+                    }
                 };
                 if !rows.is_empty() {
                     let lines = log_lines(rows);
@@ -302,11 +424,16 @@ pub async fn log_stream(state: web::Data<AppState>, caller: Caller, id: web::Pat
                     return Some((Ok(Bytes::from(out)), (next, false)));
                 }
                 let finished = match state.store.task(None, &task_id).await {
-                    Ok(Some(t)) => TaskState::parse(&t.task.state).is_none_or(TaskState::is_finished),
+                    Ok(Some(t)) => {
+                        TaskState::parse(&t.task.state).is_none_or(TaskState::is_finished)
+                    }
                     _ => true,
                 };
                 if finished {
-                    return Some((Ok(Bytes::from_static(b"event: end\ndata: {}\n\n")), (after, true)));
+                    return Some((
+                        Ok(Bytes::from_static(b"event: end\ndata: {}\n\n")),
+                        (after, true),
+                    ));
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
@@ -330,21 +457,34 @@ pub struct MetricQuery {
 
 #[utoipa::path(params(("id" = String, Path), MetricQuery), responses((status = 200, body = MetricSeries), (status = 404, body = ErrorBody)))]
 #[get("/tasks/{id}/metrics")]
-pub async fn metrics(state: web::Data<AppState>, caller: Caller, id: web::Path<String>, q: web::Query<MetricQuery>) -> Result<web::Json<MetricSeries>, ApiError> {
+pub async fn metrics(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+    q: web::Query<MetricQuery>,
+) -> Result<web::Json<MetricSeries>, ApiError> {
     let t = find(&state, &caller, &id).await?;
     let after = match q.after.as_deref() {
         None => 0,
-        Some(a) => spec::parse_deadline(a).map_err(|_| ApiError::invalid("after", "after must be an RFC 3339 time"))? * 1000,
+        Some(a) => {
+            spec::parse_deadline(a)
+                .map_err(|_| ApiError::invalid("after", "after must be an RFC 3339 time"))?
+                * 1000
+        }
     };
     let limit = q.limit.unwrap_or(1000);
     if !(1..=10_000).contains(&limit) {
-        return Err(ApiError::invalid("limit", "limit must be between 1 and 10000"));
+        return Err(ApiError::invalid(
+            "limit",
+            "limit must be between 1 and 10000",
+        ));
     }
     let rows = state.store.task_metrics(&t.task.id, after, limit).await?;
     let samples = rows
         .into_iter()
         .map(|r| {
-            let mut values: BTreeMap<String, f64> = serde_json::from_str(&r.sample).unwrap_or_default();
+            let mut values: BTreeMap<String, f64> =
+                serde_json::from_str(&r.sample).unwrap_or_default();
             MetricSample {
                 at: rfc3339(r.at),
                 gpu_util: values.remove("gpu_util"),
@@ -374,28 +514,55 @@ pub async fn report_metrics(
 ) -> Result<HttpResponse, ApiError> {
     let t = find(&state, &caller, &id).await?;
     if body.is_empty() || body.len() > 64 {
-        return Err(ApiError::invalid("metrics", "report between 1 and 64 numbers"));
+        return Err(ApiError::invalid(
+            "metrics",
+            "report between 1 and 64 numbers",
+        ));
     }
     let mut values = BTreeMap::new();
     for (k, v) in body.iter() {
-        if k.is_empty() || k.len() > 64 || !k.chars().all(|c| c.is_ascii_alphanumeric() || "_-./".contains(c)) {
-            return Err(ApiError::invalid("metrics", format!("{k:?} is not a metric name")));
+        if k.is_empty()
+            || k.len() > 64
+            || !k
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-./".contains(c))
+        {
+            return Err(ApiError::invalid(
+                "metrics",
+                format!("{k:?} is not a metric name"),
+            ));
         }
         if ["gpu_util", "mem_used", "mem_total"].contains(&k.as_str()) {
-            return Err(ApiError::invalid("metrics", format!("{k} is measured by the platform")));
+            return Err(ApiError::invalid(
+                "metrics",
+                format!("{k} is measured by the platform"),
+            ));
         }
-        let n = v.as_f64().filter(|n| n.is_finite()).ok_or_else(|| ApiError::invalid("metrics", format!("{k} must be a finite number")))?;
+        let n = v
+            .as_f64()
+            .filter(|n| n.is_finite())
+            .ok_or_else(|| ApiError::invalid("metrics", format!("{k} must be a finite number")))?;
         values.insert(k.clone(), n);
     }
     let sample = serde_json::to_string(&values).map_err(anyhow::Error::from)?;
-    state.store.add_metrics(&t.task.id, &[(now_ms(), sample)]).await?;
+    state
+        .store
+        .add_metrics(&t.task.id, &[(now_ms(), sample)])
+        .await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
 /// The files the task left in its results folder, as a tar.gz archive.
 #[utoipa::path(params(("id" = String, Path)), responses((status = 200, content_type = "application/gzip"), (status = 404, body = ErrorBody)))]
 #[get("/tasks/{id}/results")]
-pub async fn results(state: web::Data<AppState>, caller: Caller, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub async fn results(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
     let t = find(&state, &caller, &id).await?;
-    Err(ApiError::NoResults(format!("task {} has no results yet (state: {})", t.task.id, t.task.state)))
+    Err(ApiError::NoResults(format!(
+        "task {} has no results yet (state: {})",
+        t.task.id, t.task.state
+    )))
 }

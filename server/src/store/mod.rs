@@ -107,7 +107,11 @@ pub trait Store: Send + Sync + 'static {
     async fn delete_node(&self, id: &str) -> StoreResult<bool>;
 
     // Tasks.
-    async fn create_task(&self, task: &TaskRecord, labels: &[(String, String)]) -> StoreResult<TaskCreated>;
+    async fn create_task(
+        &self,
+        task: &TaskRecord,
+        labels: &[(String, String)],
+    ) -> StoreResult<TaskCreated>;
     /// A task of `tenant_id` (any tenant when `None`).
     async fn task(&self, tenant_id: Option<&str>, id: &str) -> StoreResult<Option<TaskWithUser>>;
     async fn list_tasks(&self, filter: &TaskFilter) -> StoreResult<Vec<TaskWithUser>>;
@@ -118,18 +122,47 @@ pub trait Store: Send + Sync + 'static {
     async fn cancel_task(&self, tenant_id: &str, id: &str, now: i64) -> StoreResult<CancelOutcome>;
     /// Moves a pending task to scheduled and opens its next attempt; `false` if it was no
     /// longer pending (so a task is never placed twice).
-    async fn place_task(&self, id: &str, placement: &str, node: &str, gpus: i64, now: i64) -> StoreResult<bool>;
+    async fn place_task(
+        &self,
+        id: &str,
+        placement: &str,
+        node: &str,
+        gpus: i64,
+        now: i64,
+    ) -> StoreResult<bool>;
     /// Puts a scheduled or running task back to pending, closing its attempt with `reason`.
-    async fn requeue_task(&self, id: &str, reason: &str, message: &str, now: i64) -> StoreResult<bool>;
+    async fn requeue_task(
+        &self,
+        id: &str,
+        reason: &str,
+        message: &str,
+        now: i64,
+    ) -> StoreResult<bool>;
     async fn mark_running(&self, id: &str, attempt: i64, now: i64) -> StoreResult<bool>;
-    async fn finish_attempt(&self, id: &str, attempt: i64, end: &AttemptEnd, now: i64) -> StoreResult<bool>;
+    async fn finish_attempt(
+        &self,
+        id: &str,
+        attempt: i64,
+        end: &AttemptEnd,
+        now: i64,
+    ) -> StoreResult<bool>;
     async fn add_attained(&self, charges: &[(String, f64)]) -> StoreResult<()>;
     async fn task_events(&self, id: &str) -> StoreResult<Vec<EventRecord>>;
     async fn task_attempts(&self, id: &str) -> StoreResult<Vec<AttemptRecord>>;
-    async fn append_logs(&self, id: &str, attempt: i64, lines: &[(i64, String, String)]) -> StoreResult<()>;
+    async fn append_logs(
+        &self,
+        id: &str,
+        attempt: i64,
+        lines: &[(i64, String, String)],
+    ) -> StoreResult<()>;
     async fn task_logs(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>>;
     async fn add_metrics(&self, id: &str, samples: &[(i64, String)]) -> StoreResult<()>;
-    async fn task_metrics(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<MetricRecord>>;
+    async fn task_metrics(
+        &self,
+        id: &str,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<MetricRecord>>;
 
     // Accounting.
     async fn load_usage(&self) -> StoreResult<Vec<UsageRecord>>;

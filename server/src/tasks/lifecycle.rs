@@ -25,8 +25,16 @@ impl ExitKind {
 
 /// `attempt` is the number of the attempt that ended (1 for the first run); `batch_size` the
 /// one it ran with.
-pub fn after_attempt(spec: &TaskSpec, attempt: u32, batch_size: Option<u32>, exit_code: Option<i64>, kind: ExitKind) -> AttemptEnd {
-    let code = exit_code.map(|c| format!(" (exit code {c})")).unwrap_or_default();
+pub fn after_attempt(
+    spec: &TaskSpec,
+    attempt: u32,
+    batch_size: Option<u32>,
+    exit_code: Option<i64>,
+    kind: ExitKind,
+) -> AttemptEnd {
+    let code = exit_code
+        .map(|c| format!(" (exit code {c})"))
+        .unwrap_or_default();
     if kind == ExitKind::Success {
         return AttemptEnd {
             exit_code,
@@ -36,7 +44,11 @@ pub fn after_attempt(spec: &TaskSpec, attempt: u32, batch_size: Option<u32>, exi
             message: format!("attempt {attempt} completed{code}"),
         };
     }
-    let what = if kind == ExitKind::Oom { "ran out of GPU memory" } else { "failed" };
+    let what = if kind == ExitKind::Oom {
+        "ran out of GPU memory"
+    } else {
+        "failed"
+    };
     let retries_used = attempt.saturating_sub(1);
     if retries_used >= spec.retry_policy.max_retries {
         return AttemptEnd {
@@ -48,8 +60,13 @@ pub fn after_attempt(spec: &TaskSpec, attempt: u32, batch_size: Option<u32>, exi
         };
     }
     let (next_batch, note) = match (kind, spec.retry_policy.oom_recovery, batch_size) {
-        (ExitKind::Oom, true, Some(b)) if b > 1 => (Some(b / 2), format!("; retrying with batch size {}", b / 2)),
-        (ExitKind::Oom, true, Some(_)) => (Some(1), "; batch size is already 1, retrying as is".to_owned()),
+        (ExitKind::Oom, true, Some(b)) if b > 1 => {
+            (Some(b / 2), format!("; retrying with batch size {}", b / 2))
+        }
+        (ExitKind::Oom, true, Some(_)) => (
+            Some(1),
+            "; batch size is already 1, retrying as is".to_owned(),
+        ),
         _ => (batch_size, "; retrying".to_owned()),
     };
     AttemptEnd {
@@ -74,7 +91,10 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        s.retry_policy = RetryPolicy { max_retries, oom_recovery };
+        s.retry_policy = RetryPolicy {
+            max_retries,
+            oom_recovery,
+        };
         s
     }
 
@@ -88,12 +108,21 @@ mod tests {
     #[test]
     fn failures_retry_until_the_budget_is_spent() {
         let s = spec(2, false);
-        assert_eq!(after_attempt(&s, 1, None, Some(1), ExitKind::Error).next_state, "pending");
-        assert_eq!(after_attempt(&s, 2, None, Some(1), ExitKind::Error).next_state, "pending");
+        assert_eq!(
+            after_attempt(&s, 1, None, Some(1), ExitKind::Error).next_state,
+            "pending"
+        );
+        assert_eq!(
+            after_attempt(&s, 2, None, Some(1), ExitKind::Error).next_state,
+            "pending"
+        );
         let last = after_attempt(&s, 3, None, Some(1), ExitKind::Error);
         assert_eq!(last.next_state, "failed");
         assert_eq!(last.reason.as_deref(), Some("error"));
-        assert_eq!(after_attempt(&spec(0, false), 1, None, Some(1), ExitKind::Error).next_state, "failed");
+        assert_eq!(
+            after_attempt(&spec(0, false), 1, None, Some(1), ExitKind::Error).next_state,
+            "failed"
+        );
     }
 
     #[test]
@@ -102,8 +131,14 @@ mod tests {
         assert_eq!(e.next_state, "pending");
         assert_eq!(e.next_batch_size, Some(32));
         assert_eq!(e.reason.as_deref(), Some("oom"));
-        assert_eq!(after_attempt(&spec(3, true), 2, Some(1), None, ExitKind::Oom).next_batch_size, Some(1));
+        assert_eq!(
+            after_attempt(&spec(3, true), 2, Some(1), None, ExitKind::Oom).next_batch_size,
+            Some(1)
+        );
         // Without oom_recovery the batch stays.
-        assert_eq!(after_attempt(&spec(3, false), 1, Some(64), None, ExitKind::Oom).next_batch_size, Some(64));
+        assert_eq!(
+            after_attempt(&spec(3, false), 1, Some(64), None, ExitKind::Oom).next_batch_size,
+            Some(64)
+        );
     }
 }

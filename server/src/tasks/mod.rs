@@ -13,11 +13,14 @@ use crate::state::rfc3339;
 use crate::store::{TaskRecord, TaskWithUser};
 
 pub fn spec_of(rec: &TaskRecord) -> Result<TaskSpec, ApiError> {
-    serde_json::from_str(&rec.spec).map_err(|e| ApiError::Internal(anyhow::anyhow!("task {} has a bad spec: {e}", rec.id)))
+    serde_json::from_str(&rec.spec)
+        .map_err(|e| ApiError::Internal(anyhow::anyhow!("task {} has a bad spec: {e}", rec.id)))
 }
 
 pub fn placement_of(rec: &TaskRecord) -> Option<Vec<WorkerPlacement>> {
-    rec.placement.as_deref().and_then(|p| serde_json::from_str(p).ok())
+    rec.placement
+        .as_deref()
+        .and_then(|p| serde_json::from_str(p).ok())
 }
 
 /// The scheduler's view of a task. Times are Unix seconds.
@@ -48,8 +51,13 @@ pub fn to_request(rec: &TaskRecord, spec: &TaskSpec) -> TaskRequest {
 
 pub fn to_api(t: TaskWithUser, waiting: Option<Waiting>) -> Result<Task, ApiError> {
     let spec = spec_of(&t.task)?;
-    let state = TaskState::parse(&t.task.state)
-        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("task {} has unknown state {}", t.task.id, t.task.state)))?;
+    let state = TaskState::parse(&t.task.state).ok_or_else(|| {
+        ApiError::Internal(anyhow::anyhow!(
+            "task {} has unknown state {}",
+            t.task.id,
+            t.task.state
+        ))
+    })?;
     let waiting = (state == TaskState::Pending).then(|| {
         waiting.unwrap_or(Waiting {
             reason: None,

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use autodl_common::tasks::{PriorityFactors, Waiting, WorkerPlacement as ApiPlacement};
 use autodl_scheduler::{
-    ClusterState, Decision, Gpu, Node, PendingReason, PendingTask, PolicyConfig, Quota, QuotaCap, Quotas, RunningTask,
-    Scheduler, UsageLedger, UserUsage, WorkerPlacement,
+    ClusterState, Decision, Gpu, Node, PendingReason, PendingTask, PolicyConfig, Quota, QuotaCap,
+    Quotas, RunningTask, Scheduler, UsageLedger, UserUsage, WorkerPlacement,
 };
 use tokio::sync::Notify;
 
@@ -60,7 +60,14 @@ impl SchedulerHandle {
                 return Ok(n.1.clone());
             }
         }
-        let nodes = Arc::new(store.list_nodes().await?.iter().map(to_node).collect::<anyhow::Result<Vec<_>>>()?);
+        let nodes = Arc::new(
+            store
+                .list_nodes()
+                .await?
+                .iter()
+                .map(to_node)
+                .collect::<anyhow::Result<Vec<_>>>()?,
+        );
         if let Ok(mut n) = self.nodes.write() {
             *n = (Some(Instant::now()), nodes.clone());
         }
@@ -124,7 +131,15 @@ pub struct Runner {
 impl Runner {
     pub fn new(store: Arc<dyn Store>, handle: Arc<SchedulerHandle>, interval: Duration) -> Runner {
         let scheduler = Scheduler::new(handle.config.clone());
-        Runner { store, handle, scheduler, ledger: UsageLedger::default(), month: String::new(), last_cycle_s: None, interval }
+        Runner {
+            store,
+            handle,
+            scheduler,
+            ledger: UsageLedger::default(),
+            month: String::new(),
+            last_cycle_s: None,
+            interval,
+        }
     }
 
     /// Runs forever: waits for leadership, then cycles on every wake-up and on the timer.
@@ -158,7 +173,11 @@ impl Runner {
             let started = Instant::now();
             match self.cycle(now_ms()).await {
                 Ok(placed) => {
-                    tracing::debug!(placed, elapsed_ms = started.elapsed().as_millis() as u64, "scheduling cycle");
+                    tracing::debug!(
+                        placed,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "scheduling cycle"
+                    );
                     if placed > 0 {
                         // Freed or newly placed resources may let more tasks in.
                         self.handle.wake();
@@ -182,7 +201,11 @@ impl Runner {
                 updated_at: (r.updated_at / 1000).max(0) as u64,
                 window_alloc_gpu_seconds: r.window_alloc_gpu_seconds,
                 window_busy_gpu_seconds: r.window_busy_gpu_seconds,
-                month_gpu_seconds: if r.month == self.month { r.month_gpu_seconds } else { 0.0 },
+                month_gpu_seconds: if r.month == self.month {
+                    r.month_gpu_seconds
+                } else {
+                    0.0
+                },
             };
             match r.scope.as_str() {
                 "tenant" => ledger.tenants.insert(r.subject_id, u),
@@ -201,20 +224,47 @@ impl Runner {
         let quotas = load_quotas(self.store.as_ref()).await?;
         let tasks = self.store.active_tasks().await?;
 
-        let mut state = ClusterState { nodes: nodes.as_ref().clone(), quotas, ..Default::default() };
-        let gpu_mem: HashMap<(&str, u32), u64> =
-            nodes.iter().flat_map(|n| n.gpus.iter().map(move |g| ((n.id.as_str(), g.index), g.mem_bytes))).collect();
-        let dt = self.last_cycle_s.map(|t| now.saturating_sub(t) as f64).unwrap_or(0.0);
+        let mut state = ClusterState {
+            nodes: nodes.as_ref().clone(),
+            quotas,
+            ..Default::default()
+        };
+        let gpu_mem: HashMap<(&str, u32), u64> = nodes
+            .iter()
+            .flat_map(|n| {
+                n.gpus
+                    .iter()
+                    .map(move |g| ((n.id.as_str(), g.index), g.mem_bytes))
+            })
+            .collect();
+        let dt = self
+            .last_cycle_s
+            .map(|t| now.saturating_sub(t) as f64)
+            .unwrap_or(0.0);
         let month = month_of(now_ms);
         if month != self.month {
-            for u in self.ledger.users.values_mut().chain(self.ledger.tenants.values_mut()) {
+            for u in self
+                .ledger
+                .users
+                .values_mut()
+                .chain(self.ledger.tenants.values_mut())
+            {
                 u.month_gpu_seconds = 0.0;
             }
             self.month = month;
         }
         // Exponential window for utilisation: old allocation fades over the configured window.
-        let fade = if dt > 0.0 { (-dt / self.handle.config.util_window_s.max(1) as f64).exp() } else { 1.0 };
-        for u in self.ledger.users.values_mut().chain(self.ledger.tenants.values_mut()) {
+        let fade = if dt > 0.0 {
+            (-dt / self.handle.config.util_window_s.max(1) as f64).exp()
+        } else {
+            1.0
+        };
+        for u in self
+            .ledger
+            .users
+            .values_mut()
+            .chain(self.ledger.tenants.values_mut())
+        {
             u.window_alloc_gpu_seconds *= fade;
             u.window_busy_gpu_seconds *= fade;
         }
@@ -235,7 +285,10 @@ impl Runner {
             let placements: Vec<WorkerPlacement> = placement_of(rec)
                 .unwrap_or_default()
                 .into_iter()
-                .map(|p| WorkerPlacement { node: p.node, gpu_indices: p.gpu_indices })
+                .map(|p| WorkerPlacement {
+                    node: p.node,
+                    gpu_indices: p.gpu_indices,
+                })
                 .collect();
             // GPU-seconds held since the last cycle; a shared GPU counts by its memory share.
             let held: f64 = placements
@@ -248,7 +301,14 @@ impl Runner {
                 .sum();
             if dt > 0.0 && held > 0.0 {
                 let gpu_s = held * dt;
-                self.ledger.charge(&rec.user_id, &rec.tenant_id, gpu_s, 1.0, now, self.handle.config.usage_half_life_s);
+                self.ledger.charge(
+                    &rec.user_id,
+                    &rec.tenant_id,
+                    gpu_s,
+                    1.0,
+                    now,
+                    self.handle.config.usage_half_life_s,
+                );
                 attained.push((rec.id.clone(), gpu_s));
             }
             let started_at = rec.started_at.unwrap_or(rec.updated_at);
@@ -267,31 +327,59 @@ impl Runner {
         let mut placed = 0;
         for d in decisions.decisions {
             match d {
-                Decision::Place { task, placements, .. } => {
+                Decision::Place {
+                    task, placements, ..
+                } => {
                     let api: Vec<ApiPlacement> = placements
                         .iter()
-                        .map(|p| ApiPlacement { node: p.node.clone(), gpu_indices: p.gpu_indices.clone() })
+                        .map(|p| ApiPlacement {
+                            node: p.node.clone(),
+                            gpu_indices: p.gpu_indices.clone(),
+                        })
                         .collect();
                     let gpus: usize = placements.iter().map(|p| p.gpu_indices.len()).sum();
-                    let node = placements.first().map(|p| p.node.clone()).unwrap_or_default();
-                    if self.store.place_task(&task, &serde_json::to_string(&api)?, &node, gpus as i64, now_ms).await? {
+                    let node = placements
+                        .first()
+                        .map(|p| p.node.clone())
+                        .unwrap_or_default();
+                    if self
+                        .store
+                        .place_task(
+                            &task,
+                            &serde_json::to_string(&api)?,
+                            &node,
+                            gpus as i64,
+                            now_ms,
+                        )
+                        .await?
+                    {
                         placed += 1;
                     }
                 }
                 // Until agents run tasks (and can checkpoint on SIGTERM), stopping a task means
                 // putting it back in the queue; the agent dispatch replaces this with a signal.
                 Decision::Preempt { task, reason, .. } => {
-                    let msg = format!("preempted for task {} (priority {:.2} over {:.2})", reason.for_task, reason.preemptor_priority, reason.victim_priority);
-                    self.store.requeue_task(&task, "preempted", &msg, now_ms).await?;
+                    let msg = format!(
+                        "preempted for task {} (priority {:.2} over {:.2})",
+                        reason.for_task, reason.preemptor_priority, reason.victim_priority
+                    );
+                    self.store
+                        .requeue_task(&task, "preempted", &msg, now_ms)
+                        .await?;
                 }
                 Decision::Migrate { task, for_task, .. } => {
                     let msg = format!("moved to make room for task {for_task}");
-                    self.store.requeue_task(&task, "migrated", &msg, now_ms).await?;
+                    self.store
+                        .requeue_task(&task, "migrated", &msg, now_ms)
+                        .await?;
                 }
             }
         }
-        let waiting: HashMap<String, Waiting> =
-            decisions.pending.into_iter().map(|p| (p.task.clone(), explain(p))).collect();
+        let waiting: HashMap<String, Waiting> = decisions
+            .pending
+            .into_iter()
+            .map(|p| (p.task.clone(), explain(p)))
+            .collect();
         if let Ok(mut w) = self.handle.waiting.write() {
             *w = waiting;
         }
@@ -332,32 +420,57 @@ pub fn explain(p: PendingTask) -> Waiting {
                 autodl_scheduler::QuotaScope::User => "your",
             };
             let msg = match cap {
-                QuotaCap::Gpus { limit, in_use, requested } => {
+                QuotaCap::Gpus {
+                    limit,
+                    in_use,
+                    requested,
+                } => {
                     format!("over {whose} GPU quota: {in_use} of {limit} GPUs in use, this task needs {requested}")
                 }
                 QuotaCap::GpuHoursPerMonth { limit, used } => {
                     format!("{whose} monthly GPU-hours are spent: {used:.1} of {limit:.1} used")
                 }
                 QuotaCap::GpuTypes { allowed } => {
-                    format!("{whose} quota allows only these GPU types: {}", allowed.join(", "))
+                    format!(
+                        "{whose} quota allows only these GPU types: {}",
+                        allowed.join(", ")
+                    )
                 }
             };
             ("quota", msg)
         }
-        PendingReason::NoFit { waiting_for } => ("resources", format!("waiting for free resources: {waiting_for}")),
+        PendingReason::NoFit { waiting_for } => (
+            "resources",
+            format!("waiting for free resources: {waiting_for}"),
+        ),
         PendingReason::Reserved { waiting_for, nodes } => (
             "resources",
-            format!("next in line: {} reserved while they drain, for {waiting_for}", nodes.join(", ")),
+            format!(
+                "next in line: {} reserved while they drain, for {waiting_for}",
+                nodes.join(", ")
+            ),
         ),
-        PendingReason::WaitingForPreemption { victims } => {
-            ("preemption", format!("lower-priority tasks are being preempted to make room ({})", victims.len()))
-        }
-        PendingReason::WaitingForMigration { tasks } => {
-            ("preemption", format!("shared tasks are being moved to make room ({})", tasks.len()))
-        }
-        PendingReason::BehindHigherPriority { position, .. } => {
-            ("priority", format!("behind higher-priority tasks (position {} in the queue)", position + 1))
-        }
+        PendingReason::WaitingForPreemption { victims } => (
+            "preemption",
+            format!(
+                "lower-priority tasks are being preempted to make room ({})",
+                victims.len()
+            ),
+        ),
+        PendingReason::WaitingForMigration { tasks } => (
+            "preemption",
+            format!(
+                "shared tasks are being moved to make room ({})",
+                tasks.len()
+            ),
+        ),
+        PendingReason::BehindHigherPriority { position, .. } => (
+            "priority",
+            format!(
+                "behind higher-priority tasks (position {} in the queue)",
+                position + 1
+            ),
+        ),
     };
     let b = &p.priority;
     Waiting {

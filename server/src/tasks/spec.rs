@@ -17,11 +17,19 @@ pub fn parse_size(field: &'static str, s: &Size) -> Result<u64, ApiError> {
     let n = match s {
         Size::Bytes(n) => *n,
         Size::Text(t) => bytesize::ByteSize::from_str(t.trim())
-            .map_err(|_| ApiError::invalid(field, format!("{t:?} is not a size (use e.g. \"20GiB\", \"512MiB\" or bytes)")))?
+            .map_err(|_| {
+                ApiError::invalid(
+                    field,
+                    format!("{t:?} is not a size (use e.g. \"20GiB\", \"512MiB\" or bytes)"),
+                )
+            })?
             .as_u64(),
     };
     if n == 0 {
-        return Err(ApiError::invalid(field, format!("{field} must be more than zero")));
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} must be more than zero"),
+        ));
     }
     Ok(n)
 }
@@ -43,7 +51,10 @@ pub fn parse_deadline(s: &str) -> Result<i64, ApiError> {
             return Ok(t.assume_utc().unix_timestamp());
         }
     }
-    Err(ApiError::invalid("deadline", format!("{s:?} is not an ISO 8601 date and time (e.g. 2024-03-20T18:00)")))
+    Err(ApiError::invalid(
+        "deadline",
+        format!("{s:?} is not an ISO 8601 date and time (e.g. 2024-03-20T18:00)"),
+    ))
 }
 
 fn text(field: &'static str, s: &str, max: usize) -> Result<String, ApiError> {
@@ -52,10 +63,16 @@ fn text(field: &'static str, s: &str, max: usize) -> Result<String, ApiError> {
         return Err(ApiError::invalid(field, format!("{field} is required")));
     }
     if t.chars().count() > max {
-        return Err(ApiError::invalid(field, format!("{field} must be at most {max} characters")));
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} must be at most {max} characters"),
+        ));
     }
     if t.chars().any(|c| c.is_control()) {
-        return Err(ApiError::invalid(field, format!("{field} must not contain control characters")));
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} must not contain control characters"),
+        ));
     }
     Ok(t.to_owned())
 }
@@ -70,8 +87,15 @@ pub fn normalise(input: TaskSpecInput) -> Result<TaskSpec, ApiError> {
     let name = text("name", &input.name, 128)?;
     let image = text("image", &input.image, 512)?;
     let command = match (&input.command, &input.entry_point) {
-        (Some(_), Some(_)) => return Err(ApiError::invalid("command", "give either command or entry_point, not both")),
-        (Some(Command::Shell(s)), None) => vec!["/bin/sh".into(), "-c".into(), text("command", s, 16_384)?],
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "command",
+                "give either command or entry_point, not both",
+            ))
+        }
+        (Some(Command::Shell(s)), None) => {
+            vec!["/bin/sh".into(), "-c".into(), text("command", s, 16_384)?]
+        }
         (Some(Command::Argv(v)), None) => {
             if v.is_empty() || v[0].trim().is_empty() {
                 return Err(ApiError::invalid("command", "command must not be empty"));
@@ -82,20 +106,37 @@ pub fn normalise(input: TaskSpecInput) -> Result<TaskSpec, ApiError> {
             v.clone()
         }
         (None, Some(e)) => vec!["python".into(), text("entry_point", e, 1024)?],
-        (None, None) => return Err(ApiError::invalid("command", "command or entry_point is required")),
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "command",
+                "command or entry_point is required",
+            ))
+        }
     };
     if input.env.len() > 256 {
-        return Err(ApiError::invalid("env", "at most 256 environment variables"));
+        return Err(ApiError::invalid(
+            "env",
+            "at most 256 environment variables",
+        ));
     }
     for (k, v) in &input.env {
         if !env_name_ok(k) || k.len() > 256 {
-            return Err(ApiError::invalid("env", format!("{k:?} is not a valid environment variable name")));
+            return Err(ApiError::invalid(
+                "env",
+                format!("{k:?} is not a valid environment variable name"),
+            ));
         }
         if k.starts_with("AUTODL_") {
-            return Err(ApiError::invalid("env", format!("{k} is set by the platform; AUTODL_ names are reserved")));
+            return Err(ApiError::invalid(
+                "env",
+                format!("{k} is set by the platform; AUTODL_ names are reserved"),
+            ));
         }
         if v.len() > 32_768 {
-            return Err(ApiError::invalid("env", format!("the value of {k} is too long")));
+            return Err(ApiError::invalid(
+                "env",
+                format!("the value of {k} is too long"),
+            ));
         }
     }
 
@@ -106,21 +147,42 @@ pub fn normalise(input: TaskSpecInput) -> Result<TaskSpec, ApiError> {
         Some(OneOrMany::Many(v)) => v,
     };
     for t in &gpu_types {
-        if t.trim().is_empty() || t.len() > 64 || !t.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
-            return Err(ApiError::invalid("resources.gpu.type", format!("{t:?} is not a GPU type name")));
+        if t.trim().is_empty()
+            || t.len() > 64
+            || !t
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(ApiError::invalid(
+                "resources.gpu.type",
+                format!("{t:?} is not a GPU type name"),
+            ));
         }
     }
     let gpus_per_worker = input.gpu_per_worker.or(gpu.count).unwrap_or(1);
     if gpus_per_worker > MAX_GPUS_PER_WORKER {
-        return Err(ApiError::invalid("gpu_per_worker", format!("at most {MAX_GPUS_PER_WORKER} GPUs per worker")));
+        return Err(ApiError::invalid(
+            "gpu_per_worker",
+            format!("at most {MAX_GPUS_PER_WORKER} GPUs per worker"),
+        ));
     }
-    let gpu_memory = gpu.memory.as_ref().map(|m| parse_size("resources.gpu.memory", m)).transpose()?;
+    let gpu_memory = gpu
+        .memory
+        .as_ref()
+        .map(|m| parse_size("resources.gpu.memory", m))
+        .transpose()?;
     if gpu_memory.is_some() && gpus_per_worker == 0 {
-        return Err(ApiError::invalid("resources.gpu.memory", "GPU memory given for a task without GPUs"));
+        return Err(ApiError::invalid(
+            "resources.gpu.memory",
+            "GPU memory given for a task without GPUs",
+        ));
     }
     let cpu = input.resources.cpu.unwrap_or(1.0);
     if !cpu.is_finite() || cpu <= 0.0 || cpu > 1024.0 {
-        return Err(ApiError::invalid("resources.cpu", "cpu must be a number of cores between 0 and 1024"));
+        return Err(ApiError::invalid(
+            "resources.cpu",
+            "cpu must be a number of cores between 0 and 1024",
+        ));
     }
     let memory = match &input.resources.memory {
         Some(m) => parse_size("resources.memory", m)?,
@@ -128,11 +190,17 @@ pub fn normalise(input: TaskSpecInput) -> Result<TaskSpec, ApiError> {
     };
     let num_workers = input.num_workers.unwrap_or(1);
     if !(1..=MAX_WORKERS).contains(&num_workers) {
-        return Err(ApiError::invalid("num_workers", format!("num_workers must be between 1 and {MAX_WORKERS}")));
+        return Err(ApiError::invalid(
+            "num_workers",
+            format!("num_workers must be between 1 and {MAX_WORKERS}"),
+        ));
     }
     let priority = input.priority.unwrap_or(0.5);
     if !priority.is_finite() || !(0.0..=1.0).contains(&priority) {
-        return Err(ApiError::invalid("priority", "priority must be between 0 and 1"));
+        return Err(ApiError::invalid(
+            "priority",
+            "priority must be between 0 and 1",
+        ));
     }
     let deadline = match &input.deadline {
         Some(d) => {
@@ -142,55 +210,92 @@ pub fn normalise(input: TaskSpecInput) -> Result<TaskSpec, ApiError> {
         None => None,
     };
     if input.estimated_runtime == Some(0) {
-        return Err(ApiError::invalid("estimated_runtime", "estimated_runtime must be more than zero seconds"));
+        return Err(ApiError::invalid(
+            "estimated_runtime",
+            "estimated_runtime must be more than zero seconds",
+        ));
     }
     if let Some(c) = &input.checkpoint {
         if c.interval.is_some_and(|i| !(10..=7 * 86_400).contains(&i)) {
-            return Err(ApiError::invalid("checkpoint.interval", "checkpoint.interval must be between 10 s and 7 days"));
+            return Err(ApiError::invalid(
+                "checkpoint.interval",
+                "checkpoint.interval must be between 10 s and 7 days",
+            ));
         }
         if let Some(to) = &c.save_to {
             text("checkpoint.save_to", to, 1024)?;
             if to.split('/').any(|p| p == "..") {
-                return Err(ApiError::invalid("checkpoint.save_to", "checkpoint.save_to must not contain '..'"));
+                return Err(ApiError::invalid(
+                    "checkpoint.save_to",
+                    "checkpoint.save_to must not contain '..'",
+                ));
             }
         }
     }
     let retry_policy: RetryPolicy = input.retry_policy.clone().unwrap_or_default();
     if retry_policy.max_retries > 20 {
-        return Err(ApiError::invalid("retry_policy.max_retries", "max_retries must be at most 20"));
+        return Err(ApiError::invalid(
+            "retry_policy.max_retries",
+            "max_retries must be at most 20",
+        ));
     }
     let affinity = input.affinity.clone().unwrap_or_default();
     let zone_affinity = match affinity.zone.as_deref() {
         None | Some("any") => false,
         Some("same") => true,
-        Some(other) => return Err(ApiError::invalid("affinity.zone", format!("affinity.zone is \"same\" or \"any\", not {other:?}"))),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "affinity.zone",
+                format!("affinity.zone is \"same\" or \"any\", not {other:?}"),
+            ))
+        }
     };
     let bandwidth = match affinity.bandwidth.as_deref() {
         None | Some("normal") => "normal",
         Some("high") => "high",
         Some(other) => {
-            return Err(ApiError::invalid("affinity.bandwidth", format!("affinity.bandwidth is \"high\" or \"normal\", not {other:?}")))
+            return Err(ApiError::invalid(
+                "affinity.bandwidth",
+                format!("affinity.bandwidth is \"high\" or \"normal\", not {other:?}"),
+            ))
         }
     };
     if let Some(p) = &input.data_path {
         text("data_path", p, 1024)?;
         if p.split('/').any(|s| s == "..") {
-            return Err(ApiError::invalid("data_path", "data_path must not contain '..'"));
+            return Err(ApiError::invalid(
+                "data_path",
+                "data_path must not contain '..'",
+            ));
         }
     }
     if input.labels.len() > 32 {
         return Err(ApiError::invalid("labels", "at most 32 labels"));
     }
     for (k, v) in &input.labels {
-        if k.is_empty() || k.len() > 63 || !k.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c)) {
-            return Err(ApiError::invalid("labels", format!("{k:?} is not a valid label name")));
+        if k.is_empty()
+            || k.len() > 63
+            || !k
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        {
+            return Err(ApiError::invalid(
+                "labels",
+                format!("{k:?} is not a valid label name"),
+            ));
         }
         if v.len() > 256 || v.chars().any(char::is_control) {
-            return Err(ApiError::invalid("labels", format!("the value of label {k} is too long or has control characters")));
+            return Err(ApiError::invalid(
+                "labels",
+                format!("the value of label {k} is too long or has control characters"),
+            ));
         }
     }
     if input.batch_size == Some(0) {
-        return Err(ApiError::invalid("batch_size", "batch_size must be at least 1"));
+        return Err(ApiError::invalid(
+            "batch_size",
+            "batch_size must be at least 1",
+        ));
     }
     Ok(TaskSpec {
         name,
@@ -235,7 +340,11 @@ mod tests {
     fn sizes_and_defaults() {
         let mut i = base();
         i.resources = Resources {
-            gpu: Some(GpuRequest { gpu_type: Some(OneOrMany::One("A100".into())), count: Some(2), memory: Some(Size::Text("20GiB".into())) }),
+            gpu: Some(GpuRequest {
+                gpu_type: Some(OneOrMany::One("A100".into())),
+                count: Some(2),
+                memory: Some(Size::Text("20GiB".into())),
+            }),
             cpu: Some(8.0),
             memory: Some(Size::Text("32GiB".into())),
         };
@@ -251,23 +360,51 @@ mod tests {
     fn deadlines() {
         assert_eq!(parse_deadline("2024-03-20T18:00").unwrap(), 1710957600);
         assert_eq!(parse_deadline("2024-03-20T18:00:00Z").unwrap(), 1710957600);
-        assert_eq!(parse_deadline("2024-03-20T19:00:00+01:00").unwrap(), 1710957600);
+        assert_eq!(
+            parse_deadline("2024-03-20T19:00:00+01:00").unwrap(),
+            1710957600
+        );
         assert!(parse_deadline("tomorrow").is_err());
     }
 
     #[test]
     fn rejects_bad_fields() {
-        let cases: Vec<(fn(&mut TaskSpecInput), &str)> = vec![
+        type Mutation = fn(&mut TaskSpecInput);
+        let cases: Vec<(Mutation, &str)> = vec![
             (|i| i.name = " ".into(), "name"),
             (|i| i.priority = Some(1.5), "priority"),
             (|i| i.num_workers = Some(0), "num_workers"),
             (|i| i.command = None, "command"),
-            (|i| { i.env.insert("AUTODL_TASK_ID".into(), "x".into()); }, "env"),
-            (|i| { i.env.insert("1BAD".into(), "x".into()); }, "env"),
+            (
+                |i| {
+                    i.env.insert("AUTODL_TASK_ID".into(), "x".into());
+                },
+                "env",
+            ),
+            (
+                |i| {
+                    i.env.insert("1BAD".into(), "x".into());
+                },
+                "env",
+            ),
             (|i| i.deadline = Some("soon".into()), "deadline"),
-            (|i| i.resources.memory = Some(Size::Text("lots".into())), "resources.memory"),
-            (|i| i.affinity = Some(autodl_common::tasks::Affinity { zone: Some("near".into()), bandwidth: None }), "affinity.zone"),
-            (|i| i.data_path = Some("s3://b/../other".into()), "data_path"),
+            (
+                |i| i.resources.memory = Some(Size::Text("lots".into())),
+                "resources.memory",
+            ),
+            (
+                |i| {
+                    i.affinity = Some(autodl_common::tasks::Affinity {
+                        zone: Some("near".into()),
+                        bandwidth: None,
+                    })
+                },
+                "affinity.zone",
+            ),
+            (
+                |i| i.data_path = Some("s3://b/../other".into()),
+                "data_path",
+            ),
             (|i| i.batch_size = Some(0), "batch_size"),
         ];
         for (mutate, field) in cases {

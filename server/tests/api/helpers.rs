@@ -179,7 +179,9 @@ impl TestApp {
             json!({"id": "node-a", "zone": "z1", "cpu": 64, "memory": "512GiB", "gpus": {"type": "A100-40G", "count": 4, "memory": "40GiB"}}),
             json!({"id": "node-b", "zone": "z2", "cpu": 64, "memory": "512GiB", "gpus": [{"type": "A40", "memory": "48GiB"}, {"type": "A40", "memory": "48GiB"}, {"type": "A40", "memory": "48GiB"}, {"type": "A40", "memory": "48GiB"}]}),
         ] {
-            let res = op.send(self, Method::POST, "/api/v1/admin/nodes", Some(body)).await;
+            let res = op
+                .send(self, Method::POST, "/api/v1/admin/nodes", Some(body))
+                .await;
             assert_eq!(res.status(), StatusCode::CREATED);
         }
         op

@@ -45,7 +45,10 @@ async fn wait_state(app: &TestApp, s: &Session, id: &str, state: &str) -> Value 
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("task {id} never became {state}: {}", s.get(app, &format!("/api/v1/tasks/{id}")).await);
+    panic!(
+        "task {id} never became {state}: {}",
+        s.get(app, &format!("/api/v1/tasks/{id}")).await
+    );
 }
 
 async fn submitted_tasks_are_scheduled_onto_matching_nodes(b: Backend) {
@@ -58,7 +61,10 @@ async fn submitted_tasks_are_scheduled_onto_matching_nodes(b: Backend) {
     assert_eq!(t["spec"]["memory"], 16u64 << 30);
     let t = wait_state(&app, &s, t["id"].as_str().unwrap(), "scheduled").await;
     assert_eq!(t["placement"][0]["node"], "node-a");
-    assert_eq!(t["placement"][0]["gpu_indices"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        t["placement"][0]["gpu_indices"].as_array().unwrap().len(),
+        2
+    );
     assert!(t["waiting"].is_null());
 
     let t2 = submit(&app, &s, spec("clip", "A40", 4)).await;
@@ -76,22 +82,55 @@ async fn submitted_tasks_are_scheduled_onto_matching_nodes(b: Backend) {
     // No room left for 4 more A100s: it waits, and says why.
     let big = submit(&app, &s, spec("big", "A100", 4)).await;
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let big = s.get(&app, &format!("/api/v1/tasks/{}", big["id"].as_str().unwrap())).await;
+    let big = s
+        .get(
+            &app,
+            &format!("/api/v1/tasks/{}", big["id"].as_str().unwrap()),
+        )
+        .await;
     assert_eq!(big["state"], "pending");
-    assert!(big["waiting"]["message"].as_str().unwrap().len() > 5, "{big}");
+    assert!(
+        big["waiting"]["message"].as_str().unwrap().len() > 5,
+        "{big}"
+    );
     assert!(big["waiting"]["priority"]["total"].is_number(), "{big}");
 
-    let events = s.get(&app, &format!("/api/v1/tasks/{}/events", t["id"].as_str().unwrap())).await;
-    let kinds: Vec<&str> = events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    let events = s
+        .get(
+            &app,
+            &format!("/api/v1/tasks/{}/events", t["id"].as_str().unwrap()),
+        )
+        .await;
+    let kinds: Vec<&str> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
     assert_eq!(kinds, ["submitted", "scheduled"]);
-    let attempts = s.get(&app, &format!("/api/v1/tasks/{}/attempts", t["id"].as_str().unwrap())).await;
+    let attempts = s
+        .get(
+            &app,
+            &format!("/api/v1/tasks/{}/attempts", t["id"].as_str().unwrap()),
+        )
+        .await;
     assert_eq!(attempts[0]["number"], 1);
     assert_eq!(attempts[0]["node"], "node-a");
 
     // The cluster view shows which tasks hold which GPU.
     let nodes = s.get(&app, "/api/v1/nodes").await;
-    let a = nodes.as_array().unwrap().iter().find(|n| n["id"] == "node-a").unwrap();
-    let busy = a["gpus"].as_array().unwrap().iter().filter(|g| !g["tasks"].as_array().unwrap().is_empty()).count();
+    let a = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == "node-a")
+        .unwrap();
+    let busy = a["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| !g["tasks"].as_array().unwrap().is_empty())
+        .count();
     assert_eq!(busy, 4);
 }
 
@@ -108,25 +147,82 @@ async fn task_input_is_validated(b: Backend) {
     let cases = [
         (with("name", json!("")), "validation", Some("name")),
         (with("priority", json!(2.0)), "validation", Some("priority")),
-        (with("priority", json!(-0.1)), "validation", Some("priority")),
-        (with("num_workers", json!(0)), "validation", Some("num_workers")),
-        (with("deadline", json!("next tuesday")), "validation", Some("deadline")),
-        (with("env", json!({"AUTODL_TASK_ID": "x"})), "validation", Some("env")),
-        (with("labels", json!({"bad key!": "x"})), "validation", Some("labels")),
-        (with("affinity", json!({"zone": "moon"})), "validation", Some("affinity.zone")),
-        (with("retry_policy", json!({"max_retries": 1000})), "validation", Some("retry_policy.max_retries")),
-        (with("checkpoint", json!({"interval": 1})), "validation", Some("checkpoint.interval")),
-        (with("data_path", json!("s3://bucket/../x")), "validation", Some("data_path")),
-        (with("entry_point", json!("train.py")), "validation", Some("command")),
-        (json!({"name": "x", "image": "i"}), "validation", Some("command")),
-        (with("resources", json!({"gpu": {"type": "A100", "memory": "lots"}})), "validation", Some("resources.gpu.memory")),
-        (with("resources", json!({"cpu": -1})), "validation", Some("resources.cpu")),
+        (
+            with("priority", json!(-0.1)),
+            "validation",
+            Some("priority"),
+        ),
+        (
+            with("num_workers", json!(0)),
+            "validation",
+            Some("num_workers"),
+        ),
+        (
+            with("deadline", json!("next tuesday")),
+            "validation",
+            Some("deadline"),
+        ),
+        (
+            with("env", json!({"AUTODL_TASK_ID": "x"})),
+            "validation",
+            Some("env"),
+        ),
+        (
+            with("labels", json!({"bad key!": "x"})),
+            "validation",
+            Some("labels"),
+        ),
+        (
+            with("affinity", json!({"zone": "moon"})),
+            "validation",
+            Some("affinity.zone"),
+        ),
+        (
+            with("retry_policy", json!({"max_retries": 1000})),
+            "validation",
+            Some("retry_policy.max_retries"),
+        ),
+        (
+            with("checkpoint", json!({"interval": 1})),
+            "validation",
+            Some("checkpoint.interval"),
+        ),
+        (
+            with("data_path", json!("s3://bucket/../x")),
+            "validation",
+            Some("data_path"),
+        ),
+        (
+            with("entry_point", json!("train.py")),
+            "validation",
+            Some("command"),
+        ),
+        (
+            json!({"name": "x", "image": "i"}),
+            "validation",
+            Some("command"),
+        ),
+        (
+            with(
+                "resources",
+                json!({"gpu": {"type": "A100", "memory": "lots"}}),
+            ),
+            "validation",
+            Some("resources.gpu.memory"),
+        ),
+        (
+            with("resources", json!({"cpu": -1})),
+            "validation",
+            Some("resources.cpu"),
+        ),
         (with("colour", json!("blue")), "bad_request", None),
         (with("priority", json!("high")), "bad_request", None),
         (json!({"image": "i", "command": "x"}), "bad_request", None),
     ];
     for (body, code, field) in cases {
-        let res = s.send(&app, Method::POST, "/api/v1/tasks", Some(body.clone())).await;
+        let res = s
+            .send(&app, Method::POST, "/api/v1/tasks", Some(body.clone()))
+            .await;
         let e = assert_error(res, StatusCode::BAD_REQUEST, code).await;
         if let Some(f) = field {
             assert_eq!(e["error"]["field"], f, "for {body}");
@@ -134,18 +230,35 @@ async fn task_input_is_validated(b: Backend) {
     }
     // Requests that can never fit are refused at submission (OOM prevention).
     for body in [
-        with("resources", json!({"gpu": {"type": "A100", "count": 1, "memory": "80GiB"}})),
+        with(
+            "resources",
+            json!({"gpu": {"type": "A100", "count": 1, "memory": "80GiB"}}),
+        ),
         with("resources", json!({"gpu": {"type": "H100", "count": 1}})),
         with("resources", json!({"gpu": {"count": 9}})),
     ] {
-        let res = s.send(&app, Method::POST, "/api/v1/tasks", Some(body)).await;
+        let res = s
+            .send(&app, Method::POST, "/api/v1/tasks", Some(body))
+            .await;
         assert_error(res, StatusCode::BAD_REQUEST, "unschedulable").await;
     }
     let page = s.get(&app, "/api/v1/tasks").await;
-    assert!(page["items"].as_array().unwrap().is_empty(), "nothing was stored");
+    assert!(
+        page["items"].as_array().unwrap().is_empty(),
+        "nothing was stored"
+    );
     // Query parameters are checked too.
-    for q in ["state=sleeping", "limit=0", "limit=1000", "cursor=garbage", "label=novalue", "colour=red"] {
-        let res = s.send(&app, Method::GET, &format!("/api/v1/tasks?{q}"), None).await;
+    for q in [
+        "state=sleeping",
+        "limit=0",
+        "limit=1000",
+        "cursor=garbage",
+        "label=novalue",
+        "colour=red",
+    ] {
+        let res = s
+            .send(&app, Method::GET, &format!("/api/v1/tasks?{q}"), None)
+            .await;
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{q}");
     }
 }
@@ -154,7 +267,12 @@ async fn idempotency_key_creates_one_task(b: Backend) {
     let app = spawn_app(b).await;
     app.operator_with_nodes().await;
     let s = app.signup("i@example.com", "Lab").await;
-    let send = || s.request(&app, Method::POST, "/api/v1/tasks").header("Idempotency-Key", "abc-123").json(&spec("once", "A40", 1)).send();
+    let send = || {
+        s.request(&app, Method::POST, "/api/v1/tasks")
+            .header("Idempotency-Key", "abc-123")
+            .json(&spec("once", "A40", 1))
+            .send()
+    };
     let first = send().await.unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
     let first: Value = first.json().await.unwrap();
@@ -162,12 +280,30 @@ async fn idempotency_key_creates_one_task(b: Backend) {
     assert_eq!(again.status(), StatusCode::OK);
     let again: Value = again.json().await.unwrap();
     assert_eq!(first["id"], again["id"]);
-    assert_eq!(s.get(&app, "/api/v1/tasks").await["items"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        s.get(&app, "/api/v1/tasks").await["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
     // Another user's identical key is theirs alone.
     let other = app.signup("j@example.com", "Other").await;
-    let res = other.request(&app, Method::POST, "/api/v1/tasks").header("Idempotency-Key", "abc-123").json(&spec("once", "A40", 1)).send().await.unwrap();
+    let res = other
+        .request(&app, Method::POST, "/api/v1/tasks")
+        .header("Idempotency-Key", "abc-123")
+        .json(&spec("once", "A40", 1))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::CREATED);
-    let res = s.request(&app, Method::POST, "/api/v1/tasks").header("Idempotency-Key", "x".repeat(200)).json(&spec("once", "A40", 1)).send().await.unwrap();
+    let res = s
+        .request(&app, Method::POST, "/api/v1/tasks")
+        .header("Idempotency-Key", "x".repeat(200))
+        .json(&spec("once", "A40", 1))
+        .send()
+        .await
+        .unwrap();
     assert_error(res, StatusCode::BAD_REQUEST, "bad_request").await;
 }
 
@@ -189,8 +325,18 @@ async fn listing_filters_and_pages(b: Backend) {
     let vision = s.get(&app, "/api/v1/tasks?label=project=vision").await;
     assert_eq!(vision["items"].as_array().unwrap().len(), 3);
     let pending = s.get(&app, "/api/v1/tasks?state=pending").await;
-    assert_eq!(pending["items"].as_array().unwrap().len(), 6, "no nodes: everything waits");
-    assert_eq!(s.get(&app, "/api/v1/tasks?state=running").await["items"].as_array().unwrap().len(), 0);
+    assert_eq!(
+        pending["items"].as_array().unwrap().len(),
+        6,
+        "no nodes: everything waits"
+    );
+    assert_eq!(
+        s.get(&app, "/api/v1/tasks?state=running").await["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
     // Pages of two cover everything once.
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;
@@ -200,7 +346,13 @@ async fn listing_filters_and_pages(b: Backend) {
             None => "/api/v1/tasks?limit=2".into(),
         };
         let page = s.get(&app, &path).await;
-        seen.extend(page["items"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()));
+        seen.extend(
+            page["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["id"].as_str().unwrap().to_owned()),
+        );
         match page["next_cursor"].as_str() {
             Some(c) => cursor = Some(c.to_owned()),
             None => break,
@@ -212,7 +364,12 @@ async fn listing_filters_and_pages(b: Backend) {
     assert_eq!(seen.len(), 6);
     // Without nodes, a waiting task explains itself after a cycle.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let t = s.get(&app, &format!("/api/v1/tasks/{}", all["items"][0]["id"].as_str().unwrap())).await;
+    let t = s
+        .get(
+            &app,
+            &format!("/api/v1/tasks/{}", all["items"][0]["id"].as_str().unwrap()),
+        )
+        .await;
     assert_eq!(t["waiting"]["reason"], "resources", "{t}");
 }
 
@@ -223,9 +380,21 @@ async fn quotas_hold_or_refuse_tasks(b: Backend) {
     let tenant = owner.user["tenant_id"].as_str().unwrap().to_owned();
     let quota_path = format!("/api/v1/admin/tenants/{tenant}/quota");
     let set = |body: Value| op.send(&app, Method::PUT, &quota_path, Some(body));
-    assert_eq!(set(json!({"max_gpus": 2, "max_queued_tasks": 3, "allowed_gpu_types": ["A100"]})).await.status(), StatusCode::OK);
+    assert_eq!(
+        set(json!({"max_gpus": 2, "max_queued_tasks": 3, "allowed_gpu_types": ["A100"]}))
+            .await
+            .status(),
+        StatusCode::OK
+    );
     // A type outside the quota is refused outright.
-    let res = owner.send(&app, Method::POST, "/api/v1/tasks", Some(spec("a40", "A40", 1))).await;
+    let res = owner
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/tasks",
+            Some(spec("a40", "A40", 1)),
+        )
+        .await;
     let e = assert_error(res, StatusCode::FORBIDDEN, "quota").await;
     assert!(e["error"]["message"].as_str().unwrap().contains("A40"));
     // GPUs at once: the first fits, the second waits with the quota reason.
@@ -233,14 +402,32 @@ async fn quotas_hold_or_refuse_tasks(b: Backend) {
     wait_state(&app, &owner, first["id"].as_str().unwrap(), "scheduled").await;
     let second = submit(&app, &owner, spec("two", "A100", 1)).await;
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let second = owner.get(&app, &format!("/api/v1/tasks/{}", second["id"].as_str().unwrap())).await;
+    let second = owner
+        .get(
+            &app,
+            &format!("/api/v1/tasks/{}", second["id"].as_str().unwrap()),
+        )
+        .await;
     assert_eq!(second["state"], "pending");
     assert_eq!(second["waiting"]["reason"], "quota", "{second}");
-    assert!(second["waiting"]["message"].as_str().unwrap().contains("GPU quota"), "{second}");
+    assert!(
+        second["waiting"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("GPU quota"),
+        "{second}"
+    );
     // Queued tasks: at most three pending.
     submit(&app, &owner, spec("three", "A100", 1)).await;
     submit(&app, &owner, spec("four", "A100", 1)).await;
-    let res = owner.send(&app, Method::POST, "/api/v1/tasks", Some(spec("five", "A100", 1))).await;
+    let res = owner
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/tasks",
+            Some(spec("five", "A100", 1)),
+        )
+        .await;
     assert_error(res, StatusCode::FORBIDDEN, "quota").await;
     // Raising the cap lets waiting tasks run: the two A100s left on node-a fill up.
     set(json!({"max_gpus": 8})).await;
@@ -273,19 +460,61 @@ async fn tasks_of_other_tenants_are_out_of_reach(b: Backend) {
         let res = a.send(&app, method.clone(), &path, None).await;
         assert_error(res, StatusCode::NOT_FOUND, "not_found").await;
     }
-    let res = a.send(&app, Method::POST, &format!("/api/v1/tasks/{id}/metrics"), Some(json!({"epoch": 1}))).await;
+    let res = a
+        .send(
+            &app,
+            Method::POST,
+            &format!("/api/v1/tasks/{id}/metrics"),
+            Some(json!({"epoch": 1})),
+        )
+        .await;
     assert_error(res, StatusCode::NOT_FOUND, "not_found").await;
-    assert!(a.get(&app, "/api/v1/tasks").await["items"].as_array().unwrap().is_empty());
+    assert!(a.get(&app, "/api/v1/tasks").await["items"]
+        .as_array()
+        .unwrap()
+        .is_empty());
     let t = bob.get(&app, &format!("/api/v1/tasks/{id}")).await;
     assert_eq!(t["state"], "pending", "untouched");
-    assert!(bob.get(&app, &format!("/api/v1/tasks/{id}/metrics")).await["samples"].as_array().unwrap().is_empty());
+    assert!(
+        bob.get(&app, &format!("/api/v1/tasks/{id}/metrics")).await["samples"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
     // A key revoked mid-session stops working at once.
-    let key: Value = bob.send(&app, Method::POST, "/api/v1/api-keys", Some(json!({"name": "k"}))).await.json().await.unwrap();
+    let key: Value = bob
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/api-keys",
+            Some(json!({"name": "k"})),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
     let k = key["key"].as_str().unwrap();
-    let res = Client::new().get(app.url("/api/v1/tasks")).bearer_auth(k).send().await.unwrap();
+    let res = Client::new()
+        .get(app.url("/api/v1/tasks"))
+        .bearer_auth(k)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
-    bob.send(&app, Method::DELETE, &format!("/api/v1/api-keys/{}", key["info"]["id"].as_str().unwrap()), None).await;
-    let res = Client::new().post(app.url("/api/v1/tasks")).bearer_auth(k).json(&spec("x", "A100", 1)).send().await.unwrap();
+    bob.send(
+        &app,
+        Method::DELETE,
+        &format!("/api/v1/api-keys/{}", key["info"]["id"].as_str().unwrap()),
+        None,
+    )
+    .await;
+    let res = Client::new()
+        .post(app.url("/api/v1/tasks"))
+        .bearer_auth(k)
+        .json(&spec("x", "A100", 1))
+        .send()
+        .await
+        .unwrap();
     assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
 }
 
@@ -298,18 +527,46 @@ async fn cancel_frees_the_gpus(b: Backend) {
     wait_state(&app, &s, &id, "scheduled").await;
     let next = submit(&app, &s, spec("next", "A40", 4)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(s.get(&app, &format!("/api/v1/tasks/{}", next["id"].as_str().unwrap())).await["state"], "pending");
-    let res = s.send(&app, Method::POST, &format!("/api/v1/tasks/{id}/cancel"), None).await;
+    assert_eq!(
+        s.get(
+            &app,
+            &format!("/api/v1/tasks/{}", next["id"].as_str().unwrap())
+        )
+        .await["state"],
+        "pending"
+    );
+    let res = s
+        .send(
+            &app,
+            Method::POST,
+            &format!("/api/v1/tasks/{id}/cancel"),
+            None,
+        )
+        .await;
     assert_eq!(res.status(), StatusCode::OK);
     let t: Value = res.json().await.unwrap();
     assert_eq!(t["state"], "cancelled");
     assert!(t["placement"].is_null());
     wait_state(&app, &s, next["id"].as_str().unwrap(), "scheduled").await;
-    let res = s.send(&app, Method::POST, &format!("/api/v1/tasks/{id}/cancel"), None).await;
+    let res = s
+        .send(
+            &app,
+            Method::POST,
+            &format!("/api/v1/tasks/{id}/cancel"),
+            None,
+        )
+        .await;
     assert_error(res, StatusCode::CONFLICT, "conflict").await;
     let attempts = s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await;
     assert_eq!(attempts[0]["reason"], "cancelled");
-    let res = s.send(&app, Method::POST, "/api/v1/tasks/no-such-task/cancel", None).await;
+    let res = s
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/tasks/no-such-task/cancel",
+            None,
+        )
+        .await;
     assert_error(res, StatusCode::NOT_FOUND, "not_found").await;
 }
 
@@ -319,10 +576,22 @@ async fn end_attempt(app: &TestApp, id: &str, exit: ExitKind, code: i64) {
     let t = store.task(None, id).await.unwrap().unwrap().task;
     assert!(store.mark_running(id, t.attempts, 1).await.unwrap());
     let spec = spec_of(&t).unwrap();
-    let end = after_attempt(&spec, t.attempts as u32, t.batch_size.map(|b| b as u32), Some(code), exit);
-    assert!(store.finish_attempt(id, t.attempts, &end, autodl_server::state::now_ms()).await.unwrap());
+    let end = after_attempt(
+        &spec,
+        t.attempts as u32,
+        t.batch_size.map(|b| b as u32),
+        Some(code),
+        exit,
+    );
+    assert!(store
+        .finish_attempt(id, t.attempts, &end, autodl_server::state::now_ms())
+        .await
+        .unwrap());
     // The same report twice changes nothing.
-    assert!(!store.finish_attempt(id, t.attempts, &end, autodl_server::state::now_ms()).await.unwrap());
+    assert!(!store
+        .finish_attempt(id, t.attempts, &end, autodl_server::state::now_ms())
+        .await
+        .unwrap());
     app.state.scheduler.wake();
 }
 
@@ -346,13 +615,39 @@ async fn lifecycle_retries_and_oom_recovery(b: Backend) {
     let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
     assert_eq!(t["state"], "completed");
     let attempts = s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await;
-    let reasons: Vec<Value> = attempts.as_array().unwrap().iter().map(|a| a["reason"].clone()).collect();
+    let reasons: Vec<Value> = attempts
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["reason"].clone())
+        .collect();
     assert_eq!(reasons, [json!("oom"), json!("error"), Value::Null]);
     assert_eq!(attempts[0]["batch_size"], 64);
     assert_eq!(attempts[1]["batch_size"], 32);
     assert_eq!(attempts[0]["exit_code"], 137);
-    let kinds: Vec<String> = s.get(&app, &format!("/api/v1/tasks/{id}/events")).await.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap().to_owned()).collect();
-    assert_eq!(kinds, ["submitted", "scheduled", "running", "retrying", "scheduled", "running", "retrying", "scheduled", "running", "completed"]);
+    let kinds: Vec<String> = s
+        .get(&app, &format!("/api/v1/tasks/{id}/events"))
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "submitted",
+            "scheduled",
+            "running",
+            "retrying",
+            "scheduled",
+            "running",
+            "retrying",
+            "scheduled",
+            "running",
+            "completed"
+        ]
+    );
 
     // Out of retries: failed.
     let mut body = spec("fails", "A100", 1);
@@ -361,8 +656,17 @@ async fn lifecycle_retries_and_oom_recovery(b: Backend) {
     let fid = f["id"].as_str().unwrap().to_owned();
     wait_state(&app, &s, &fid, "scheduled").await;
     end_attempt(&app, &fid, ExitKind::Error, 2).await;
-    assert_eq!(s.get(&app, &format!("/api/v1/tasks/{fid}")).await["state"], "failed");
-    assert_eq!(s.get(&app, "/api/v1/tasks?state=failed").await["items"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        s.get(&app, &format!("/api/v1/tasks/{fid}")).await["state"],
+        "failed"
+    );
+    assert_eq!(
+        s.get(&app, "/api/v1/tasks?state=failed").await["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 async fn logs_and_metrics(b: Backend) {
@@ -372,23 +676,46 @@ async fn logs_and_metrics(b: Backend) {
     let t = submit(&app, &s, spec("logs", "A100", 1)).await;
     let id = t["id"].as_str().unwrap().to_owned();
     wait_state(&app, &s, &id, "scheduled").await;
-    let lines: Vec<(i64, String, String)> = (0..5).map(|i| (i, "stdout".to_string(), format!("step {i}"))).collect();
+    let lines: Vec<(i64, String, String)> = (0..5)
+        .map(|i| (i, "stdout".to_string(), format!("step {i}")))
+        .collect();
     app.state.store.append_logs(&id, 1, &lines).await.unwrap();
     let page = s.get(&app, &format!("/api/v1/tasks/{id}/logs")).await;
     assert_eq!(page["lines"].as_array().unwrap().len(), 5);
     assert_eq!(page["lines"][4]["line"], "step 4");
     let after = page["lines"][2]["seq"].as_i64().unwrap();
-    let rest = s.get(&app, &format!("/api/v1/tasks/{id}/logs?after={after}")).await;
+    let rest = s
+        .get(&app, &format!("/api/v1/tasks/{id}/logs?after={after}"))
+        .await;
     assert_eq!(rest["lines"].as_array().unwrap().len(), 2);
     assert_eq!(rest["next_after"], page["lines"][4]["seq"]);
 
     // The training code reports its numbers; the monitor reads them back.
     for (epoch, loss) in [(1, 0.9), (2, 0.5)] {
-        let res = s.send(&app, Method::POST, &format!("/api/v1/tasks/{id}/metrics"), Some(json!({"epoch": epoch, "loss": loss, "accuracy": 0.7}))).await;
+        let res = s
+            .send(
+                &app,
+                Method::POST,
+                &format!("/api/v1/tasks/{id}/metrics"),
+                Some(json!({"epoch": epoch, "loss": loss, "accuracy": 0.7})),
+            )
+            .await;
         assert_eq!(res.status(), StatusCode::NO_CONTENT);
     }
-    for bad in [json!({}), json!({"epoch": "three"}), json!({"gpu_util": 1.0}), json!({"bad name": 1})] {
-        let res = s.send(&app, Method::POST, &format!("/api/v1/tasks/{id}/metrics"), Some(bad)).await;
+    for bad in [
+        json!({}),
+        json!({"epoch": "three"}),
+        json!({"gpu_util": 1.0}),
+        json!({"bad name": 1}),
+    ] {
+        let res = s
+            .send(
+                &app,
+                Method::POST,
+                &format!("/api/v1/tasks/{id}/metrics"),
+                Some(bad),
+            )
+            .await;
         assert_error(res, StatusCode::BAD_REQUEST, "validation").await;
     }
     let m = s.get(&app, &format!("/api/v1/tasks/{id}/metrics")).await;
@@ -400,10 +727,27 @@ async fn logs_and_metrics(b: Backend) {
 
     // The live stream sends the stored lines, then ends once the task is done.
     end_attempt(&app, &id, ExitKind::Success, 0).await;
-    let body = s.send(&app, Method::GET, &format!("/api/v1/tasks/{id}/logs/stream"), None).await.text().await.unwrap();
+    let body = s
+        .send(
+            &app,
+            Method::GET,
+            &format!("/api/v1/tasks/{id}/logs/stream"),
+            None,
+        )
+        .await
+        .text()
+        .await
+        .unwrap();
     assert_eq!(body.matches("data: {\"seq\"").count(), 5, "{body}");
     assert!(body.ends_with("event: end\ndata: {}\n\n"));
-    let res = s.send(&app, Method::GET, &format!("/api/v1/tasks/{id}/results"), None).await;
+    let res = s
+        .send(
+            &app,
+            Method::GET,
+            &format!("/api/v1/tasks/{id}/results"),
+            None,
+        )
+        .await;
     assert_error(res, StatusCode::NOT_FOUND, "no_results").await;
 }
 
@@ -416,7 +760,9 @@ async fn nodes_are_admin_managed(b: Backend) {
     assert_eq!(nodes[0]["gpus"][0]["type"], "A100-40G");
     assert_eq!(nodes[0]["gpus"][0]["memory"], 40u64 << 30);
     let node = json!({"id": "x", "cpu": 8, "memory": "64GiB", "gpus": {"type": "T4", "count": 1, "memory": "16GiB"}});
-    let res = s.send(&app, Method::POST, "/api/v1/admin/nodes", Some(node)).await;
+    let res = s
+        .send(&app, Method::POST, "/api/v1/admin/nodes", Some(node))
+        .await;
     assert_error(res, StatusCode::FORBIDDEN, "forbidden").await;
     for bad in [
         json!({"id": "bad id!", "cpu": 8, "memory": "64GiB", "gpus": []}),
@@ -424,12 +770,21 @@ async fn nodes_are_admin_managed(b: Backend) {
         json!({"id": "x", "cpu": 8, "memory": "much", "gpus": []}),
         json!({"id": "x", "cpu": 8, "memory": "64GiB", "gpus": [{"type": "", "memory": "1GiB"}]}),
     ] {
-        let res = op.send(&app, Method::POST, "/api/v1/admin/nodes", Some(bad)).await;
+        let res = op
+            .send(&app, Method::POST, "/api/v1/admin/nodes", Some(bad))
+            .await;
         assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     }
-    let res = op.send(&app, Method::DELETE, "/api/v1/admin/nodes/node-b", None).await;
+    let res = op
+        .send(&app, Method::DELETE, "/api/v1/admin/nodes/node-b", None)
+        .await;
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
-    assert_eq!(s.get(&app, "/api/v1/nodes").await.as_array().unwrap().len(), 1);
-    let res = op.send(&app, Method::DELETE, "/api/v1/admin/nodes/node-b", None).await;
+    assert_eq!(
+        s.get(&app, "/api/v1/nodes").await.as_array().unwrap().len(),
+        1
+    );
+    let res = op
+        .send(&app, Method::DELETE, "/api/v1/admin/nodes/node-b", None)
+        .await;
     assert_error(res, StatusCode::NOT_FOUND, "not_found").await;
 }
