@@ -30,4 +30,10 @@ export AUTODL_SERVER_BIN="$CARGO_TARGET_DIR/debug/autodl-server"
 export AUTODL_ARTIFACTS="${AUTODL_ARTIFACTS:-$ROOT/artifacts/screenshots}"
 (cd tests/browser && npm ci --no-audit --no-fund --silent && node --test --test-concurrency=1)
 
+log "Python SDK tests (against a live server)"
+PYVENV="${AUTODL_CACHE_DIR:-$HOME/.cache/autodl}/pyvenv"
+[ -x "$PYVENV/bin/python" ] || python3 -m venv "$PYVENV"
+"$PYVENV/bin/pip" install --quiet --disable-pip-version-check -e "clients/python[test]"
+(cd clients/python && "$PYVENV/bin/python" -m pytest -q -p no:cacheprovider)
+
 log "all tests passed in $(( $(date +%s) - started )) s (screenshots in $AUTODL_ARTIFACTS)"

@@ -3,5 +3,6 @@
 //! They live in their own crate so the server, the Leptos web app (compiled to wasm) and the
 //! agent agree on one definition: a renamed field breaks the build instead of a user's page.
 
+pub mod agent;
 pub mod api;
 pub mod tasks;

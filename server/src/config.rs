@@ -29,6 +29,15 @@ pub struct Settings {
     pub schedule_interval_ms: u64,
     /// Run the scheduler in this process (tests that drive cycles by hand turn it off).
     pub run_scheduler: bool,
+    /// Address tasks and agents use to reach this server; defaults to `http://<listen>`.
+    pub public_url: Option<String>,
+    /// A node whose agent has not polled for this long is lost and its tasks requeued.
+    pub node_lost_timeout_secs: u64,
+    /// Raw GPU samples are kept this long, then folded into hourly rollups.
+    pub raw_sample_retention_days: u64,
+    pub rollup_retention_days: u64,
+    /// Also start two simulated agents in-process (4xA100-40G and 4xA40), for a demo.
+    pub demo: bool,
 }
 
 impl Default for Settings {
@@ -46,11 +55,22 @@ impl Default for Settings {
             db_max_connections: 16,
             schedule_interval_ms: 2000,
             run_scheduler: true,
+            public_url: None,
+            node_lost_timeout_secs: 30,
+            raw_sample_retention_days: 7,
+            rollup_retention_days: 400,
+            demo: false,
         }
     }
 }
 
 impl Settings {
+    pub fn public_url(&self) -> String {
+        self.public_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", self.listen))
+    }
+
     /// Reads defaults, then `file` (or `AUTODL_CONFIG`) if it exists, then `AUTODL_*` variables.
     pub fn load(file: Option<PathBuf>) -> Result<Settings, Box<figment::Error>> {
         let file = file.or_else(|| std::env::var_os("AUTODL_CONFIG").map(PathBuf::from));

@@ -1,9 +1,11 @@
 //! autodl server: REST API, web app host and (in later parts) the scheduler runner.
 
+pub mod agents;
 pub mod auth;
 pub mod config;
 pub mod domain;
 pub mod error;
+pub mod metrics;
 pub mod routes;
 pub mod startup;
 pub mod state;

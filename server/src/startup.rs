@@ -39,9 +39,13 @@ impl Application {
     }
 
     pub async fn build_with_store(
-        settings: Settings,
+        mut settings: Settings,
         store: Arc<dyn Store>,
     ) -> anyhow::Result<Application> {
+        // Bind first: with port 0 the real port is only known now, and tasks are told it.
+        let listener = TcpListener::bind(settings.listen)?;
+        let port = listener.local_addr()?.port();
+        settings.listen.set_port(port);
         let secret = if settings.jwt_secret.is_empty() {
             tracing::warn!("AUTODL_JWT_SECRET is not set: sessions end when the server restarts");
             crate::auth::secrets::random_hex(32)
@@ -61,19 +65,18 @@ impl Application {
             ),
             dummy_hash: password::dummy_hash().await?,
             scheduler: SchedulerHandle::new(PolicyConfig::default()),
+            agents: Arc::new(crate::agents::AgentHub::default()),
+            metrics: Arc::new(crate::metrics::Metrics::new()?),
             settings: settings.clone(),
         });
         if settings.run_scheduler {
             let runner = Runner::new(
-                state.store.clone(),
-                state.scheduler.clone(),
+                &state,
                 Duration::from_millis(settings.schedule_interval_ms.max(50)),
             );
             tokio::spawn(runner.run());
         }
 
-        let listener = TcpListener::bind(settings.listen)?;
-        let port = listener.local_addr()?.port();
         let leptos = crate::web_app::WebApp::new(&settings, port);
 
         let server_state = state.clone();

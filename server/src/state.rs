@@ -15,6 +15,8 @@ pub struct AppState {
     /// See `auth::password::dummy_hash`.
     pub dummy_hash: String,
     pub scheduler: Arc<SchedulerHandle>,
+    pub agents: Arc<crate::agents::AgentHub>,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 pub fn now_ms() -> i64 {

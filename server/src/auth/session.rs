@@ -22,6 +22,14 @@ pub struct Claims {
     pub exp: i64,
 }
 
+/// A token given to a running task so its code can report metrics for that task alone.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskClaims {
+    pub sub: String,
+    pub task: String,
+    pub exp: i64,
+}
+
 pub struct SessionKeys {
     encoding: EncodingKey,
     decoding: DecodingKey,
@@ -53,6 +61,28 @@ impl SessionKeys {
         v.leeway = 0;
         v.set_required_spec_claims(&["exp", "sub"]);
         decode::<Claims>(token, &self.decoding, &v)
+            .ok()
+            .map(|d| d.claims)
+    }
+
+    pub fn issue_task_token(&self, task: &str, user: &str, exp: i64) -> anyhow::Result<String> {
+        let claims = TaskClaims {
+            sub: user.to_owned(),
+            task: task.to_owned(),
+            exp,
+        };
+        Ok(encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &self.encoding,
+        )?)
+    }
+
+    pub fn verify_task_token(&self, token: &str) -> Option<TaskClaims> {
+        let mut v = Validation::new(Algorithm::HS256);
+        v.leeway = 0;
+        v.set_required_spec_claims(&["exp", "sub"]);
+        decode::<TaskClaims>(token, &self.decoding, &v)
             .ok()
             .map(|d| d.claims)
     }

@@ -2,6 +2,7 @@
 //! store and maps errors; none holds policy of its own beyond the caller's rights.
 
 pub mod admin;
+pub mod agent;
 pub mod api_keys;
 pub mod auth;
 pub mod health;
@@ -18,50 +19,64 @@ use crate::store::{TenantRecord, UserRecord};
 use autodl_common::api::Me;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(health::healthz).service(
-        web::scope("/api/v1")
-            .service(openapi::document)
-            .service(auth::signup)
-            .service(auth::login)
-            .service(auth::logout)
-            .service(auth::change_password)
-            .service(auth::me)
-            .service(api_keys::list)
-            .service(api_keys::create)
-            .service(api_keys::revoke)
-            .service(tenant::show)
-            .service(tenant::members)
-            .service(tenant::update_member)
-            .service(tenant::remove_member)
-            .service(tenant::invitations)
-            .service(tenant::invite)
-            .service(tenant::revoke_invitation)
-            .service(tenant::preview_invitation)
-            .service(tenant::tenant_quota)
-            .service(tenant::member_quota)
-            .service(tenant::set_member_quota)
-            .service(admin::tenants)
-            .service(admin::set_tenant_quota)
-            .service(admin::users)
-            .service(admin::update_user)
-            .service(tasks::submit)
-            .service(tasks::list)
-            .service(tasks::show)
-            .service(tasks::cancel)
-            .service(tasks::events)
-            .service(tasks::attempts)
-            .service(tasks::logs)
-            .service(tasks::log_stream)
-            .service(tasks::metrics)
-            .service(tasks::report_metrics)
-            .service(tasks::results)
-            .service(nodes::list)
-            .service(nodes::register)
-            .service(nodes::remove)
-            .default_service(web::to(|| async {
-                Err::<actix_web::HttpResponse, _>(ApiError::NotFound("no such API endpoint".into()))
-            })),
-    );
+    cfg.service(health::healthz)
+        .service(crate::metrics::endpoint)
+        .service(
+            web::scope("/api/v1")
+                .service(openapi::document)
+                .service(auth::signup)
+                .service(auth::login)
+                .service(auth::logout)
+                .service(auth::change_password)
+                .service(auth::me)
+                .service(api_keys::list)
+                .service(api_keys::create)
+                .service(api_keys::revoke)
+                .service(tenant::show)
+                .service(tenant::members)
+                .service(tenant::update_member)
+                .service(tenant::remove_member)
+                .service(tenant::invitations)
+                .service(tenant::invite)
+                .service(tenant::revoke_invitation)
+                .service(tenant::preview_invitation)
+                .service(tenant::tenant_quota)
+                .service(tenant::member_quota)
+                .service(tenant::set_member_quota)
+                .service(admin::tenants)
+                .service(admin::set_tenant_quota)
+                .service(admin::users)
+                .service(admin::update_user)
+                .service(tasks::submit)
+                .service(tasks::list)
+                .service(tasks::show)
+                .service(tasks::cancel)
+                .service(tasks::events)
+                .service(tasks::attempts)
+                .service(tasks::logs)
+                .service(tasks::log_stream)
+                .service(tasks::metrics)
+                .service(tasks::report_metrics)
+                .service(tasks::results)
+                .service(nodes::list)
+                .service(nodes::register)
+                .service(nodes::remove)
+                .service(nodes::set_status)
+                .service(agent::create_token)
+                .service(agent::list_tokens)
+                .service(agent::revoke_token)
+                .service(agent::register)
+                .service(agent::poll)
+                .service(agent::started)
+                .service(agent::logs)
+                .service(agent::finished)
+                .service(agent::metrics)
+                .default_service(web::to(|| async {
+                    Err::<actix_web::HttpResponse, _>(ApiError::NotFound(
+                        "no such API endpoint".into(),
+                    ))
+                })),
+        );
 }
 
 pub(crate) fn me(user: &UserRecord, tenant: &TenantRecord) -> Result<Me, ApiError> {

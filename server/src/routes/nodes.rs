@@ -152,6 +152,9 @@ pub async fn register(
         schedulable: true,
         created_at: now,
         updated_at: now,
+        credential_hash: None,
+        last_seen: None,
+        status: "ready".into(),
     };
     state.store.upsert_node(&rec).await?;
     state.scheduler.invalidate_nodes();
@@ -189,5 +192,58 @@ pub async fn remove(
         return Err(ApiError::NotFound("no such node".into()));
     }
     state.scheduler.invalidate_nodes();
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// Cordon (no new tasks), uncordon, or drain (no new tasks, and its tasks are stopped through
+/// their agent so they checkpoint and move elsewhere).
+#[utoipa::path(params(("id" = String, Path), ("action" = String, Path, description = "cordon, uncordon or drain")), responses((status = 204), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+#[post("/admin/nodes/{id}/{action}")]
+#[tracing::instrument(skip_all, fields(admin = %caller.user.id))]
+pub async fn set_status(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    caller.require_platform_admin()?;
+    let (id, action) = path.into_inner();
+    let status = match action.as_str() {
+        "cordon" => "cordoned",
+        "uncordon" => "ready",
+        "drain" => "draining",
+        other => {
+            return Err(ApiError::invalid(
+                "action",
+                format!("unknown node action {other:?} (cordon, uncordon, drain)"),
+            ))
+        }
+    };
+    let node = state
+        .store
+        .list_nodes()
+        .await?
+        .into_iter()
+        .find(|n| n.id == id)
+        .ok_or_else(|| ApiError::NotFound("no such node".into()))?;
+    state.store.set_node_status(&id, status).await?;
+    if status == "draining" {
+        let now = now_ms();
+        for t in state.store.active_tasks().await? {
+            if !placement_of(&t).is_some_and(|p| p.iter().any(|w| w.node == id)) {
+                continue;
+            }
+            if node.credential_hash.is_some() {
+                state.store.set_stop_reason(&t.id, "drained").await?;
+            } else {
+                state
+                    .store
+                    .requeue_task(&t.id, "drained", &format!("node {id} is draining"), now)
+                    .await?;
+            }
+        }
+        state.agents.notify(&id);
+    }
+    state.scheduler.invalidate_nodes();
+    state.scheduler.wake();
     Ok(HttpResponse::NoContent().finish())
 }

@@ -4,7 +4,7 @@ use actix_web::{get, web};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{admin, api_keys, auth, health, nodes, tasks, tenant};
+use super::{admin, agent, api_keys, auth, health, nodes, tasks, tenant};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -19,7 +19,9 @@ use super::{admin, api_keys, auth, health, nodes, tasks, tenant};
         admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user,
         tasks::submit, tasks::list, tasks::show, tasks::cancel, tasks::events, tasks::attempts,
         tasks::logs, tasks::log_stream, tasks::metrics, tasks::report_metrics, tasks::results,
-        nodes::list, nodes::register, nodes::remove,
+        nodes::list, nodes::register, nodes::remove, nodes::set_status,
+        agent::create_token, agent::list_tokens, agent::revoke_token, agent::register, agent::poll,
+        agent::started, agent::logs, agent::finished, agent::metrics,
     ),
     modifiers(&Security),
     security(("bearer" = []), ("session" = []))

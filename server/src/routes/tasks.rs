@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use actix_web::web::Bytes;
-use actix_web::{get, post, web, HttpRequest, HttpResponse};
+use actix_web::{get, post, web, FromRequest, HttpRequest, HttpResponse};
 use autodl_common::api::ErrorBody;
 use autodl_common::tasks::{
     Attempt, LogLine, LogPage, MetricSample, MetricSeries, Task, TaskEvent, TaskPage,
@@ -136,6 +136,7 @@ pub async fn submit(
         updated_at: now,
         started_at: None,
         finished_at: None,
+        stop_reason: None,
     };
 
     // Admission: refuse what can never fit. With no nodes registered yet nothing is known, so
@@ -480,22 +481,61 @@ pub async fn metrics(
         ));
     }
     let rows = state.store.task_metrics(&t.task.id, after, limit).await?;
-    let samples = rows
+    let mut samples: Vec<(i64, MetricSample)> = rows
         .into_iter()
         .map(|r| {
             let mut values: BTreeMap<String, f64> =
                 serde_json::from_str(&r.sample).unwrap_or_default();
-            MetricSample {
+            let sample = MetricSample {
                 at: rfc3339(r.at),
-                gpu_util: values.remove("gpu_util"),
-                mem_used: values.remove("mem_used").map(|v| v as u64),
-                mem_total: values.remove("mem_total").map(|v| v as u64),
+                gpu_util: None,
+                mem_used: None,
+                mem_total: None,
                 epoch: values.remove("epoch"),
                 loss: values.remove("loss"),
                 values,
-            }
+            };
+            (r.at, sample)
         })
         .collect();
+    // GPU samples from the agent: one point per sampling instant, utilisation averaged over the
+    // task's GPUs and memory summed, with the per-GPU values kept as gpu<i>_util / gpu<i>_mem.
+    let gpu = state
+        .store
+        .task_gpu_samples(&t.task.id, after, limit)
+        .await?;
+    let mut i = 0;
+    while i < gpu.len() {
+        let at = gpu[i].at;
+        let mut j = i;
+        let (mut util, mut used, mut total) = (0.0, 0u64, 0u64);
+        let mut values = BTreeMap::new();
+        while j < gpu.len() && gpu[j].at == at {
+            let g = &gpu[j];
+            util += g.util;
+            used += g.mem_used.max(0) as u64;
+            total += g.mem_total.max(0) as u64;
+            values.insert(format!("gpu{}_util", g.gpu_index), g.util);
+            values.insert(format!("gpu{}_mem", g.gpu_index), g.mem_used as f64);
+            j += 1;
+        }
+        let n = (j - i) as f64;
+        samples.push((
+            at,
+            MetricSample {
+                at: rfc3339(at),
+                gpu_util: Some(util / n),
+                mem_used: Some(used),
+                mem_total: Some(total),
+                epoch: None,
+                loss: None,
+                values,
+            },
+        ));
+        i = j;
+    }
+    samples.sort_by_key(|(at, _)| *at);
+    let samples = samples.into_iter().map(|(_, s)| s).collect();
     Ok(web::Json(MetricSeries { samples }))
 }
 
@@ -508,11 +548,33 @@ pub async fn metrics(
 #[post("/tasks/{id}/metrics")]
 pub async fn report_metrics(
     state: web::Data<AppState>,
-    caller: Caller,
+    req: HttpRequest,
     id: web::Path<String>,
     body: web::Json<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<HttpResponse, ApiError> {
-    let t = find(&state, &caller, &id).await?;
+    // The task's own token (AUTODL_TASK_TOKEN) is good for this task only; otherwise a user of
+    // the task's tenant.
+    let bearer = req
+        .headers()
+        .get(actix_web::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let t = match bearer.and_then(|b| state.sessions.verify_task_token(b.trim())) {
+        Some(claims) if claims.task == *id => state
+            .store
+            .task(None, &id)
+            .await?
+            .ok_or_else(|| ApiError::NotFound("no such task".into()))?,
+        Some(_) => {
+            return Err(ApiError::Forbidden(
+                "this task token belongs to another task".into(),
+            ))
+        }
+        None => {
+            let caller = Caller::extract(&req).await?;
+            find(&state, &caller, &id).await?
+        }
+    };
     if body.is_empty() || body.len() > 64 {
         return Err(ApiError::invalid(
             "metrics",

@@ -168,6 +168,32 @@ pub trait Store: Send + Sync + 'static {
     async fn load_usage(&self) -> StoreResult<Vec<UsageRecord>>;
     async fn save_usage(&self, rows: &[UsageRecord]) -> StoreResult<()>;
 
+    // Agents.
+    async fn create_registration_token(&self, t: &RegistrationTokenRecord) -> StoreResult<()>;
+    async fn list_registration_tokens(&self) -> StoreResult<Vec<RegistrationTokenRecord>>;
+    async fn registration_token_by_hash(
+        &self,
+        hash: &str,
+    ) -> StoreResult<Option<RegistrationTokenRecord>>;
+    async fn revoke_registration_token(&self, id: &str) -> StoreResult<bool>;
+    async fn set_node_credential(&self, id: &str, hash: &str) -> StoreResult<()>;
+    async fn node_by_credential(&self, hash: &str) -> StoreResult<Option<NodeRecord>>;
+    /// Records a heartbeat; a node that was lost is ready again.
+    async fn touch_node(&self, id: &str, now: i64) -> StoreResult<()>;
+    async fn set_node_status(&self, id: &str, status: &str) -> StoreResult<bool>;
+    /// Marks a placed task to be stopped by its agent; `false` if it is not placed.
+    async fn set_stop_reason(&self, id: &str, reason: &str) -> StoreResult<bool>;
+    async fn insert_gpu_samples(&self, samples: &[GpuSampleRecord]) -> StoreResult<()>;
+    async fn task_gpu_samples(
+        &self,
+        task_id: &str,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<GpuSampleRecord>>;
+    /// Folds raw samples older than `before` into hourly rollups and deletes them; drops
+    /// rollups older than `rollups_before`.
+    async fn compact_gpu_samples(&self, before: i64, rollups_before: i64) -> StoreResult<u64>;
+
     /// Tries to become the one scheduler of this database; `None` if another server is.
     async fn try_lead(&self) -> StoreResult<Option<LeaderGuard>>;
 }

@@ -107,6 +107,11 @@ pub struct NodeRecord {
     pub schedulable: bool,
     pub created_at: i64,
     pub updated_at: i64,
+    /// Digest of the agent's node credential; `None` for nodes registered by hand.
+    pub credential_hash: Option<String>,
+    pub last_seen: Option<i64>,
+    /// ready, cordoned, draining or lost.
+    pub status: String,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -130,6 +135,8 @@ pub struct TaskRecord {
     pub updated_at: i64,
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
+    /// Why the scheduler wants this placed task stopped (preempted, migrated, drained).
+    pub stop_reason: Option<String>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -233,3 +240,27 @@ pub struct AttemptEnd {
 
 /// Held while this server is the scheduler leader; dropping it gives leadership up.
 pub struct LeaderGuard(#[allow(dead_code)] pub Box<dyn std::any::Any + Send + Sync>);
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RegistrationTokenRecord {
+    pub id: String,
+    pub name: String,
+    pub token_hash: String,
+    pub created_by: String,
+    pub created_at: i64,
+    pub expires_at: i64,
+    pub revoked: bool,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct GpuSampleRecord {
+    pub node_id: String,
+    pub gpu_index: i64,
+    pub at: i64,
+    pub util: f64,
+    pub mem_used: i64,
+    pub mem_total: i64,
+    pub temperature: Option<f64>,
+    pub power_w: Option<f64>,
+    pub task_id: Option<String>,
+}

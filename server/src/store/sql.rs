@@ -93,7 +93,13 @@ fn conflict(what: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
 
 const TASK_COLS: &str = "t.id, t.tenant_id, t.user_id, t.name, t.state, t.spec, t.gpus_total, t.idempotency_key, \
      t.attempts, t.batch_size, t.placement, t.attained_gpu_seconds, t.last_checkpoint_at, t.created_at, \
-     t.updated_at, t.started_at, t.finished_at";
+     t.updated_at, t.started_at, t.finished_at, t.stop_reason";
+
+const NODE_COLS: &str =
+    "id, zone, labels, cpu_millis, mem_bytes, gpus, schedulable, created_at, updated_at, credential_hash, last_seen, status";
+
+const SAMPLE_COLS: &str =
+    "node_id, gpu_index, at, util, mem_used, mem_total, temperature, power_w, task_id";
 
 /// States the scheduler still acts on.
 const ACTIVE: &str = "('pending', 'scheduled', 'running')";
@@ -453,8 +459,8 @@ macro_rules! impl_store {
 
             async fn upsert_node(&self, n: &NodeRecord) -> StoreResult<()> {
                 sqlx::query(
-                    "INSERT INTO nodes (id, zone, labels, cpu_millis, mem_bytes, gpus, schedulable, created_at, updated_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                    "INSERT INTO nodes (id, zone, labels, cpu_millis, mem_bytes, gpus, schedulable, created_at, updated_at, status)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
                      ON CONFLICT (id) DO UPDATE SET zone = excluded.zone, labels = excluded.labels,
                         cpu_millis = excluded.cpu_millis, mem_bytes = excluded.mem_bytes, gpus = excluded.gpus,
                         schedulable = excluded.schedulable, updated_at = excluded.updated_at",
@@ -468,15 +474,14 @@ macro_rules! impl_store {
                 .bind(n.schedulable)
                 .bind(n.created_at)
                 .bind(n.updated_at)
+                .bind(&n.status)
                 .execute(&self.pool)
                 .await?;
                 Ok(())
             }
 
             async fn list_nodes(&self) -> StoreResult<Vec<NodeRecord>> {
-                Ok(sqlx::query_as(
-                    "SELECT id, zone, labels, cpu_millis, mem_bytes, gpus, schedulable, created_at, updated_at FROM nodes ORDER BY id",
-                )
+                Ok(sqlx::query_as(&format!("SELECT {NODE_COLS} FROM nodes ORDER BY id"))
                 .fetch_all(&self.pool)
                 .await?)
             }
@@ -638,7 +643,7 @@ macro_rules! impl_store {
             async fn place_task(&self, id: &str, placement: &str, node: &str, gpus: i64, now: i64) -> StoreResult<bool> {
                 let mut tx = self.pool.begin().await?;
                 let r = sqlx::query(
-                    "UPDATE tasks SET state = 'scheduled', placement = $1, attempts = attempts + 1, updated_at = $2
+                    "UPDATE tasks SET state = 'scheduled', placement = $1, attempts = attempts + 1, updated_at = $2, stop_reason = NULL
                      WHERE id = $3 AND state = 'pending'",
                 )
                 .bind(placement)
@@ -668,7 +673,7 @@ macro_rules! impl_store {
             async fn requeue_task(&self, id: &str, reason: &str, message: &str, now: i64) -> StoreResult<bool> {
                 let mut tx = self.pool.begin().await?;
                 let r = sqlx::query(
-                    "UPDATE tasks SET state = 'pending', placement = NULL, updated_at = $1
+                    "UPDATE tasks SET state = 'pending', placement = NULL, updated_at = $1, stop_reason = NULL
                      WHERE id = $2 AND state IN ('scheduled', 'running')",
                 )
                 .bind(now)
@@ -712,7 +717,7 @@ macro_rules! impl_store {
                 let mut tx = self.pool.begin().await?;
                 let finished = if end.next_state == "pending" { None } else { Some(now) };
                 let r = sqlx::query(
-                    "UPDATE tasks SET state = $1, placement = NULL, batch_size = $2, updated_at = $3, finished_at = $4
+                    "UPDATE tasks SET state = $1, placement = NULL, batch_size = $2, updated_at = $3, finished_at = $4, stop_reason = NULL
                      WHERE id = $5 AND attempts = $6 AND state IN ('scheduled', 'running')",
                 )
                 .bind(&end.next_state)
@@ -851,6 +856,154 @@ macro_rules! impl_store {
                 }
                 tx.commit().await?;
                 Ok(())
+            }
+
+            async fn create_registration_token(&self, t: &RegistrationTokenRecord) -> StoreResult<()> {
+                sqlx::query(
+                    "INSERT INTO registration_tokens (id, name, token_hash, created_by, created_at, expires_at, revoked)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                )
+                .bind(&t.id)
+                .bind(&t.name)
+                .bind(&t.token_hash)
+                .bind(&t.created_by)
+                .bind(t.created_at)
+                .bind(t.expires_at)
+                .bind(t.revoked)
+                .execute(&self.pool)
+                .await
+                .map_err(conflict("token collision; try again"))?;
+                Ok(())
+            }
+
+            async fn list_registration_tokens(&self) -> StoreResult<Vec<RegistrationTokenRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT id, name, token_hash, created_by, created_at, expires_at, revoked FROM registration_tokens
+                     WHERE revoked = FALSE ORDER BY created_at DESC",
+                )
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn registration_token_by_hash(&self, hash: &str) -> StoreResult<Option<RegistrationTokenRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT id, name, token_hash, created_by, created_at, expires_at, revoked FROM registration_tokens
+                     WHERE token_hash = $1",
+                )
+                .bind(hash)
+                .fetch_optional(&self.pool)
+                .await?)
+            }
+
+            async fn revoke_registration_token(&self, id: &str) -> StoreResult<bool> {
+                let r = sqlx::query("UPDATE registration_tokens SET revoked = TRUE WHERE id = $1 AND revoked = FALSE")
+                    .bind(id)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn set_node_credential(&self, id: &str, hash: &str) -> StoreResult<()> {
+                sqlx::query("UPDATE nodes SET credential_hash = $1 WHERE id = $2")
+                    .bind(hash)
+                    .bind(id)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            async fn node_by_credential(&self, hash: &str) -> StoreResult<Option<NodeRecord>> {
+                Ok(sqlx::query_as(&format!("SELECT {NODE_COLS} FROM nodes WHERE credential_hash = $1"))
+                    .bind(hash)
+                    .fetch_optional(&self.pool)
+                    .await?)
+            }
+
+            async fn touch_node(&self, id: &str, now: i64) -> StoreResult<()> {
+                sqlx::query(
+                    "UPDATE nodes SET last_seen = $1, status = CASE WHEN status = 'lost' THEN 'ready' ELSE status END
+                     WHERE id = $2",
+                )
+                .bind(now)
+                .bind(id)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn set_node_status(&self, id: &str, status: &str) -> StoreResult<bool> {
+                let r = sqlx::query("UPDATE nodes SET status = $1 WHERE id = $2")
+                    .bind(status)
+                    .bind(id)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn set_stop_reason(&self, id: &str, reason: &str) -> StoreResult<bool> {
+                let r = sqlx::query(
+                    "UPDATE tasks SET stop_reason = $1 WHERE id = $2 AND state IN ('scheduled', 'running') AND stop_reason IS NULL",
+                )
+                .bind(reason)
+                .bind(id)
+                .execute(&self.pool)
+                .await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn insert_gpu_samples(&self, samples: &[GpuSampleRecord]) -> StoreResult<()> {
+                let mut tx = self.pool.begin().await?;
+                // Parameters per statement are bounded (SQLite allows 32766): chunk the batch.
+                for chunk in samples.chunks(3000) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new(format!("INSERT INTO gpu_samples ({SAMPLE_COLS}) "));
+                    q.push_values(chunk, |mut b, s| {
+                        b.push_bind(&s.node_id)
+                            .push_bind(s.gpu_index)
+                            .push_bind(s.at)
+                            .push_bind(s.util)
+                            .push_bind(s.mem_used)
+                            .push_bind(s.mem_total)
+                            .push_bind(s.temperature)
+                            .push_bind(s.power_w)
+                            .push_bind(&s.task_id);
+                    });
+                    q.build().execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn task_gpu_samples(&self, task_id: &str, after: i64, limit: i64) -> StoreResult<Vec<GpuSampleRecord>> {
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {SAMPLE_COLS} FROM (SELECT {SAMPLE_COLS} FROM gpu_samples WHERE task_id = $1 AND at > $2
+                     ORDER BY at DESC LIMIT $3) AS recent ORDER BY at, gpu_index"
+                ))
+                .bind(task_id)
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn compact_gpu_samples(&self, before: i64, rollups_before: i64) -> StoreResult<u64> {
+                let mut tx = self.pool.begin().await?;
+                sqlx::query(
+                    "INSERT INTO gpu_rollups (node_id, gpu_index, hour, samples, avg_util, max_mem)
+                     SELECT node_id, gpu_index, (at / 3600000) * 3600000, COUNT(*), AVG(util), MAX(mem_used)
+                     FROM gpu_samples WHERE at < $1 GROUP BY node_id, gpu_index, (at / 3600000) * 3600000
+                     ON CONFLICT (node_id, gpu_index, hour) DO UPDATE SET
+                        avg_util = (gpu_rollups.avg_util * gpu_rollups.samples + excluded.avg_util * excluded.samples)
+                                   / (gpu_rollups.samples + excluded.samples),
+                        samples = gpu_rollups.samples + excluded.samples,
+                        max_mem = CASE WHEN excluded.max_mem > gpu_rollups.max_mem THEN excluded.max_mem ELSE gpu_rollups.max_mem END",
+                )
+                .bind(before)
+                .execute(&mut *tx)
+                .await?;
+                let r = sqlx::query("DELETE FROM gpu_samples WHERE at < $1").bind(before).execute(&mut *tx).await?;
+                sqlx::query("DELETE FROM gpu_rollups WHERE hour < $1").bind(rollups_before).execute(&mut *tx).await?;
+                tx.commit().await?;
+                Ok(r.rows_affected())
             }
 
             async fn try_lead(&self) -> StoreResult<Option<LeaderGuard>> {

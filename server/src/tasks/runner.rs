@@ -15,8 +15,11 @@ use autodl_scheduler::{
 use tokio::sync::Notify;
 
 use super::{placement_of, spec_of, to_request};
-use crate::state::now_ms;
-use crate::store::{LeaderGuard, NodeRecord, QuotaRecord, Store, UsageRecord};
+use crate::agents::AgentHub;
+use crate::config::Settings;
+use crate::metrics::Metrics;
+use crate::state::{now_ms, AppState};
+use crate::store::{LeaderGuard, NodeRecord, QuotaRecord, Store, TaskRecord, UsageRecord};
 
 /// Shared between handlers and the runner: wake-ups, the last explanations, cached nodes.
 pub struct SchedulerHandle {
@@ -83,7 +86,8 @@ pub fn to_node(r: &NodeRecord) -> anyhow::Result<Node> {
         cpu_millis: r.cpu_millis.max(0) as u64,
         mem_bytes: r.mem_bytes.max(0) as u64,
         gpus: serde_json::from_str::<Vec<Gpu>>(&r.gpus)?,
-        schedulable: r.schedulable,
+        // Cordoned, draining and lost nodes keep their tasks but get no new ones.
+        schedulable: r.schedulable && r.status == "ready",
     })
 }
 
@@ -121,25 +125,105 @@ fn month_of(ms: i64) -> String {
 pub struct Runner {
     store: Arc<dyn Store>,
     handle: Arc<SchedulerHandle>,
+    agents: Arc<AgentHub>,
+    metrics: Arc<Metrics>,
+    settings: Settings,
     scheduler: Scheduler,
     ledger: UsageLedger,
     month: String,
     last_cycle_s: Option<u64>,
+    last_compaction: Option<Instant>,
     interval: Duration,
 }
 
+/// Raw GPU samples are folded into rollups this often.
+const COMPACTION_EVERY: Duration = Duration::from_secs(3600);
+
 impl Runner {
-    pub fn new(store: Arc<dyn Store>, handle: Arc<SchedulerHandle>, interval: Duration) -> Runner {
-        let scheduler = Scheduler::new(handle.config.clone());
+    pub fn new(state: &AppState, interval: Duration) -> Runner {
+        let handle = state.scheduler.clone();
         Runner {
-            store,
+            store: state.store.clone(),
+            scheduler: Scheduler::new(handle.config.clone()),
             handle,
-            scheduler,
+            agents: state.agents.clone(),
+            metrics: state.metrics.clone(),
+            settings: state.settings.clone(),
             ledger: UsageLedger::default(),
             month: String::new(),
             last_cycle_s: None,
+            last_compaction: None,
             interval,
         }
+    }
+
+    /// Nodes whose agent stopped polling are lost: their tasks go back to the queue (and resume
+    /// from their last checkpoint when they start again).
+    async fn detect_lost_nodes(
+        &self,
+        records: &[NodeRecord],
+        tasks: &[TaskRecord],
+        now_ms: i64,
+    ) -> anyhow::Result<bool> {
+        let cutoff = now_ms - (self.settings.node_lost_timeout_secs as i64) * 1000;
+        let mut any = false;
+        for n in records {
+            let silent = n.credential_hash.is_some()
+                && n.status != "lost"
+                && n.last_seen.is_some_and(|t| t < cutoff);
+            if !silent {
+                continue;
+            }
+            tracing::warn!(node = %n.id, "no heartbeat: node lost, requeueing its tasks");
+            self.store.set_node_status(&n.id, "lost").await?;
+            let on_node =
+                |t: &&TaskRecord| placement_of(t).is_some_and(|p| p.iter().any(|w| w.node == n.id));
+            for t in tasks.iter().filter(on_node) {
+                let msg = format!("node {} stopped answering", n.id);
+                self.store
+                    .requeue_task(&t.id, "node_lost", &msg, now_ms)
+                    .await?;
+            }
+            any = true;
+        }
+        if any {
+            self.handle.invalidate_nodes();
+        }
+        Ok(any)
+    }
+
+    /// Stops a placed task: through its agent (which lets it checkpoint) when it has one,
+    /// otherwise by putting it back in the queue at once.
+    async fn stop_task(
+        &self,
+        task: &str,
+        reason: &str,
+        message: &str,
+        agent_nodes: &HashMap<String, bool>,
+        tasks: &[TaskRecord],
+        now_ms: i64,
+    ) -> anyhow::Result<()> {
+        let nodes: Vec<String> = tasks
+            .iter()
+            .find(|t| t.id == task)
+            .and_then(placement_of)
+            .map(|p| p.into_iter().map(|w| w.node).collect())
+            .unwrap_or_default();
+        if nodes
+            .iter()
+            .any(|n| agent_nodes.get(n).copied().unwrap_or(false))
+        {
+            if self.store.set_stop_reason(task, reason).await? {
+                for n in &nodes {
+                    self.agents.notify(n);
+                }
+            }
+        } else {
+            self.store
+                .requeue_task(task, reason, message, now_ms)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Runs forever: waits for leadership, then cycles on every wake-up and on the timer.
@@ -219,10 +303,25 @@ impl Runner {
     /// One cycle at `now_ms`; returns how many tasks it placed. Public for tests, which drive
     /// cycles directly instead of waiting for the timer.
     pub async fn cycle(&mut self, now_ms: i64) -> anyhow::Result<usize> {
+        let cycle_started = Instant::now();
         let now = (now_ms / 1000).max(0) as u64;
+        let records = self.store.list_nodes().await?;
+        let mut tasks = self.store.active_tasks().await?;
+        if self.detect_lost_nodes(&records, &tasks, now_ms).await? {
+            tasks = self.store.active_tasks().await?;
+        }
         let nodes = self.handle.nodes(self.store.as_ref()).await?;
+        let agent_nodes: HashMap<String, bool> = records
+            .iter()
+            .map(|n| (n.id.clone(), n.credential_hash.is_some()))
+            .collect();
         let quotas = load_quotas(self.store.as_ref()).await?;
-        let tasks = self.store.active_tasks().await?;
+        for st in ["pending", "scheduled", "running"] {
+            self.metrics
+                .tasks
+                .with_label_values(&[st])
+                .set(tasks.iter().filter(|t| t.state == st).count() as i64);
+        }
 
         let mut state = ClusterState {
             nodes: nodes.as_ref().clone(),
@@ -301,11 +400,13 @@ impl Runner {
                 .sum();
             if dt > 0.0 && held > 0.0 {
                 let gpu_s = held * dt;
+                // Measured utilisation from the agent's samples; unmeasured counts as busy.
+                let busy = self.agents.task_util(&rec.id).unwrap_or(1.0);
                 self.ledger.charge(
                     &rec.user_id,
                     &rec.tenant_id,
                     gpu_s,
-                    1.0,
+                    busy,
                     now,
                     self.handle.config.usage_half_life_s,
                 );
@@ -354,23 +455,22 @@ impl Runner {
                         .await?
                     {
                         placed += 1;
+                        for p in &placements {
+                            self.agents.notify(&p.node);
+                        }
                     }
                 }
-                // Until agents run tasks (and can checkpoint on SIGTERM), stopping a task means
-                // putting it back in the queue; the agent dispatch replaces this with a signal.
                 Decision::Preempt { task, reason, .. } => {
                     let msg = format!(
                         "preempted for task {} (priority {:.2} over {:.2})",
                         reason.for_task, reason.preemptor_priority, reason.victim_priority
                     );
-                    self.store
-                        .requeue_task(&task, "preempted", &msg, now_ms)
+                    self.stop_task(&task, "preempted", &msg, &agent_nodes, &tasks, now_ms)
                         .await?;
                 }
                 Decision::Migrate { task, for_task, .. } => {
                     let msg = format!("moved to make room for task {for_task}");
-                    self.store
-                        .requeue_task(&task, "migrated", &msg, now_ms)
+                    self.stop_task(&task, "migrated", &msg, &agent_nodes, &tasks, now_ms)
                         .await?;
                 }
             }
@@ -387,6 +487,23 @@ impl Runner {
             self.store.add_attained(&attained).await?;
             self.store.save_usage(&self.usage_rows(now_ms)).await?;
         }
+        if self
+            .last_compaction
+            .is_none_or(|t| t.elapsed() >= COMPACTION_EVERY)
+        {
+            let day = 86_400_000i64;
+            let raw_before = now_ms - self.settings.raw_sample_retention_days as i64 * day;
+            let rollups_before = now_ms - self.settings.rollup_retention_days as i64 * day;
+            let folded = self
+                .store
+                .compact_gpu_samples(raw_before, rollups_before)
+                .await?;
+            tracing::debug!(folded, "GPU samples compacted");
+            self.last_compaction = Some(Instant::now());
+        }
+        self.metrics
+            .cycle_seconds
+            .observe(cycle_started.elapsed().as_secs_f64());
         Ok(placed)
     }
 

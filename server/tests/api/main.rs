@@ -4,6 +4,8 @@ mod helpers;
 
 mod accounts;
 mod admin_cli;
+mod agents;
 mod api_keys;
+mod leader;
 mod tasks;
 mod tenancy;

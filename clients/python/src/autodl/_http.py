@@ -1,0 +1,222 @@
+"""The one place that talks HTTP: base URL and auth, JSON in and out, error mapping.
+
+Kept apart from :mod:`autodl.client` so the task, monitor and reporting code share one
+behaviour for errors and so tests can inject an ``httpx`` transport.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import httpx
+
+from ._version import __version__
+from .errors import AutodlConnectionError, AutodlError, RateLimited, error_class
+
+DEFAULT_API_URL = "http://127.0.0.1:8080"
+API_PREFIX = "/api/v1"
+
+Params = Union[Mapping[str, Any], Sequence[Tuple[str, Any]], None]
+
+
+def env_api_url() -> str:
+    """The server address from ``AUTODL_API_URL``, else the local default."""
+    return os.environ.get("AUTODL_API_URL") or DEFAULT_API_URL
+
+
+def env_api_key() -> Optional[str]:
+    """The API key from ``AUTODL_API_KEY``, if set."""
+    return os.environ.get("AUTODL_API_KEY") or None
+
+
+def error_from_response(response: httpx.Response) -> AutodlError:
+    """Builds the exception for an error answer, keeping the server's message verbatim."""
+    status = response.status_code
+    code: Optional[str] = None
+    field: Optional[str] = None
+    message: Optional[str] = None
+    try:
+        body = response.json()
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        err = body["error"]
+        code = err.get("code") if isinstance(err.get("code"), str) else None
+        field = err.get("field") if isinstance(err.get("field"), str) else None
+        if isinstance(err.get("message"), str):
+            message = err["message"]
+    if message is None:
+        text = response.text.strip()
+        message = f"HTTP {status} {response.reason_phrase}" + (f": {text[:300]}" if text else "")
+    cls = error_class(status, code)
+    if cls is RateLimited:
+        retry_after: Optional[float] = None
+        try:
+            retry_after = float(response.headers.get("retry-after", ""))
+        except ValueError:
+            pass
+        return RateLimited(message, retry_after=retry_after, status=status, code=code, field=field)
+    return cls(message, status=status, code=code, field=field)
+
+
+class HttpClient:
+    """A thin wrapper over :class:`httpx.Client` that speaks the autodl conventions.
+
+    Paths are relative to ``/api/v1``. Answers are decoded JSON (``None`` for 204); error
+    answers raise :class:`~autodl.errors.AutodlError` subclasses; transport failures raise
+    :class:`~autodl.errors.AutodlConnectionError` naming the server address.
+    """
+
+    def __init__(
+        self,
+        base_url: Optional[str] = None,
+        token: Optional[str] = None,
+        *,
+        timeout: float = 30.0,
+        transport: Optional[httpx.BaseTransport] = None,
+    ) -> None:
+        self.base_url = (base_url or env_api_url()).rstrip("/")
+        self.token = token
+        headers = {"User-Agent": f"autodl-python/{__version__}", "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._client = httpx.Client(
+            base_url=self.base_url + API_PREFIX,
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: Params = None,
+        headers: Optional[Dict[str, str]] = None,
+        stream: bool = False,
+        timeout: Any = None,
+    ) -> httpx.Response:
+        kwargs: Dict[str, Any] = {"params": params, "headers": headers}
+        if json_body is not None:
+            kwargs["json"] = json_body
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        try:
+            request = self._client.build_request(method, path, **kwargs)
+            response = self._client.send(request, stream=stream)
+        except httpx.TimeoutException as exc:
+            raise AutodlConnectionError(
+                f"timed out talking to the autodl server at {self.base_url}: {exc}"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise AutodlConnectionError(
+                f"cannot reach the autodl server at {self.base_url}: {exc}"
+            ) from exc
+        if response.status_code >= 400:
+            if stream:
+                response.read()
+                response.close()
+            raise error_from_response(response)
+        return response
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: Params = None,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> Any:
+        """Sends one request and returns the decoded JSON answer (``None`` when empty)."""
+        response = self._send(method, path, json_body=json_body, params=params, headers=headers)
+        if response.status_code == 204 or not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            return response.text
+
+    def get(self, path: str, params: Params = None) -> Any:
+        return self.request("GET", path, params=params)
+
+    def post(self, path: str, body: Any = None, headers: Optional[Dict[str, str]] = None) -> Any:
+        return self.request(
+            "POST", path, json_body=body if body is not None else {}, headers=headers
+        )
+
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
+
+    def download(self, path: str, fileobj: Any, params: Params = None) -> int:
+        """Streams a binary answer into ``fileobj``; returns the number of bytes written."""
+        response = self._send("GET", path, params=params, stream=True)
+        written = 0
+        try:
+            for chunk in response.iter_bytes():
+                fileobj.write(chunk)
+                written += len(chunk)
+        except httpx.TransportError as exc:
+            raise AutodlConnectionError(f"download from {self.base_url} broke off: {exc}") from exc
+        finally:
+            response.close()
+        return written
+
+    def sse(self, path: str, params: Params = None) -> Iterator[Tuple[str, Dict[str, Any]]]:
+        """Yields ``(event name, JSON data)`` for each Server-Sent Event until the server ends
+        the stream (the name is ``"message"`` when the event has none). Reads without a
+        timeout: a quiet training job may log nothing for minutes."""
+        timeout = httpx.Timeout(self._client.timeout.connect, read=None)
+        response = self._send(
+            "GET",
+            path,
+            params=params,
+            headers={"Accept": "text/event-stream"},
+            stream=True,
+            timeout=timeout,
+        )
+        try:
+            event_name = "message"
+            data_lines: List[str] = []
+            for line in response.iter_lines():
+                if line == "":
+                    if data_lines:
+                        parsed = _json_object("\n".join(data_lines))
+                        if parsed is not None:
+                            yield event_name, parsed
+                    event_name, data_lines = "message", []
+                    continue
+                if line.startswith(":"):
+                    continue  # comment / keep-alive
+                name, _, value = line.partition(":")
+                if value.startswith(" "):
+                    value = value[1:]
+                if name == "data":
+                    data_lines.append(value)
+                elif name == "event":
+                    event_name = value or "message"
+            if data_lines:  # a last event without its blank line
+                parsed = _json_object("\n".join(data_lines))
+                if parsed is not None:
+                    yield event_name, parsed
+        except httpx.TransportError as exc:
+            raise AutodlConnectionError(
+                f"log stream from {self.base_url} broke off: {exc}"
+            ) from exc
+        finally:
+            response.close()
+
+
+def _json_object(text: str) -> Optional[Dict[str, Any]]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

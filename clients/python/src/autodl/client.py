@@ -1,0 +1,176 @@
+"""The entry point of the SDK: a connection to one autodl server as one user."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from urllib.parse import quote
+
+import httpx
+
+from ._http import HttpClient, env_api_key, env_api_url
+from .spec import build_spec, label_params
+from .task import Task
+
+
+class Client:
+    """A connection to an autodl server.
+
+    ``api_key`` (an ``adl_...`` key, or a login token) and ``base_url`` default to the
+    ``AUTODL_API_KEY`` and ``AUTODL_API_URL`` environment variables (the latter to
+    ``http://127.0.0.1:8080``). ``transport`` is for tests (``httpx.MockTransport``).
+    Usable as a context manager to close its connection pool.
+    """
+
+    def __init__(
+        self,
+        api_key: Optional[str] = None,
+        base_url: Optional[str] = None,
+        *,
+        timeout: float = 30.0,
+        transport: Optional[httpx.BaseTransport] = None,
+    ) -> None:
+        self.api_key = api_key or env_api_key()
+        self.base_url = (base_url or env_api_url()).rstrip("/")
+        self._http = HttpClient(self.base_url, self.api_key, timeout=timeout, transport=transport)
+
+    def __repr__(self) -> str:
+        return f"<autodl.Client {self.base_url}>"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    @classmethod
+    def login(
+        cls,
+        email: str,
+        password: str,
+        base_url: Optional[str] = None,
+        **kwargs: Any,
+    ) -> Client:
+        """A client authenticated by a fresh login token (for creating API keys from a
+        script); prefer API keys for anything long-lived."""
+        http = HttpClient(base_url or env_api_url(), None, **kwargs)
+        try:
+            body = http.post("/auth/login", {"email": email, "password": password})
+        finally:
+            http.close()
+        return cls(api_key=body["token"], base_url=base_url, **kwargs)
+
+    # Tasks ---------------------------------------------------------------------------
+
+    def submit_task(
+        self,
+        config: Optional[Mapping[str, Any]] = None,
+        *,
+        request: Any = None,
+        idempotency_key: Optional[str] = None,
+        **overrides: Any,
+    ) -> Task:
+        """Submits a task and returns its handle.
+
+        ``config`` may use the article-style keys (``task_name``, ``checkpoint_path``,
+        ``gpu_type``, ``commands``, ...) or be a native ``TaskSpec``; keyword ``overrides``
+        are merged over it and ``request`` (a :class:`~autodl.scheduler.TaskRequest`) last.
+        With ``idempotency_key``, re-sending the same submission (say after a network error)
+        returns the task created the first time instead of a duplicate.
+        """
+        spec = build_spec(config, request=request, **overrides)
+        return self.submit_spec(spec, idempotency_key=idempotency_key)
+
+    def submit_spec(
+        self, spec: Mapping[str, Any], *, idempotency_key: Optional[str] = None
+    ) -> Task:
+        """Submits a native ``TaskSpec`` as is."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        info = self._http.post("/tasks", dict(spec), headers=headers)
+        return Task(self, info)
+
+    def get_task(self, task_id: str) -> Task:
+        """The task with this id (:class:`~autodl.errors.NotFound` if not in your
+        organization)."""
+        return Task(self, self._http.get(f"/tasks/{quote(str(task_id), safe='')}"))
+
+    def task(self, task_id: str) -> Task:
+        """A handle on a task id without fetching it (the first status read fetches)."""
+        return Task(self, {"id": task_id})
+
+    def list_tasks(
+        self,
+        state: Optional[str] = None,
+        label: Any = None,
+        user: Optional[str] = None,
+        *,
+        page_size: int = 50,
+        limit: Optional[int] = None,
+    ) -> Iterator[Task]:
+        """Tasks of your organization, newest first, fetched page by page as you iterate.
+
+        ``state`` is a status in either case (``"RUNNING"``/``"running"``); ``label`` is
+        ``"key=value"``, a dict or a list of those; ``user`` is a user id or ``"me"``;
+        ``limit`` stops after that many tasks.
+        """
+        params: List[Tuple[str, Any]] = [("limit", page_size)]
+        if state:
+            params.append(("state", state.lower()))
+        if user:
+            params.append(("user", user))
+        # The API filters on one label; further ones are checked here on each task's labels.
+        labels = list(label_params(label))
+        if labels:
+            params.append(("label", labels[0]))
+        extra = [lab.partition("=")[::2] for lab in labels[1:]]
+        cursor: Optional[str] = None
+        seen = 0
+        while True:
+            page_params = params + ([("cursor", cursor)] if cursor else [])
+            body = self._http.get("/tasks", params=page_params) or {}
+            for info in body.get("items") or []:
+                task_labels = (info.get("spec") or {}).get("labels") or {}
+                if any(task_labels.get(k) != v for k, v in extra):
+                    continue
+                yield Task(self, info)
+                seen += 1
+                if limit is not None and seen >= limit:
+                    return
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return
+
+    # Cluster and account ---------------------------------------------------------------
+
+    def nodes(self) -> List[Dict[str, Any]]:
+        """The cluster's nodes and their GPUs (type, memory, what is allocated)."""
+        return list(self._http.get("/nodes") or [])
+
+    def me(self) -> Dict[str, Any]:
+        """The authenticated user (``id``, ``email``, ``tenant_id``, ``role``, ...)."""
+        me: Dict[str, Any] = self._http.get("/me")
+        return me
+
+    def create_api_key(self, name: str, expires_in_days: Optional[int] = None) -> Dict[str, Any]:
+        """Creates an API key; the answer's ``key`` is shown only this once."""
+        body: Dict[str, Any] = {"name": name}
+        if expires_in_days is not None:
+            body["expires_in_days"] = expires_in_days
+        created: Dict[str, Any] = self._http.post("/api-keys", body)
+        return created
+
+    def api_keys(self) -> List[Dict[str, Any]]:
+        """Your active API keys (prefix and dates, never the secret)."""
+        return list(self._http.get("/api-keys") or [])
+
+    def revoke_api_key(self, key_id: str) -> None:
+        """Revokes one of your API keys at once."""
+        self._http.delete(f"/api-keys/{quote(str(key_id), safe='')}")
+
+
+def default_client() -> Client:
+    """A client configured from ``AUTODL_API_URL`` / ``AUTODL_API_KEY``, for the helpers
+    that accept ``client=None``."""
+    return Client()

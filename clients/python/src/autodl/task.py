@@ -1,0 +1,205 @@
+"""A handle on one submitted task: its status, logs, events, metrics and results."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Union
+from urllib.parse import quote
+
+from .archive import safe_extract
+from .errors import AutodlConnectionError, TaskTimeout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client import Client
+
+PENDING = "PENDING"
+SCHEDULED = "SCHEDULED"
+RUNNING = "RUNNING"
+COMPLETED = "COMPLETED"
+FAILED = "FAILED"
+CANCELLED = "CANCELLED"
+FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
+
+_LOG_PAGE = 1000
+
+
+def status_of(info: Dict[str, Any]) -> str:
+    """The SDK's upper-case status for a task document (the API uses lower case)."""
+    return str(info.get("state", "")).upper()
+
+
+class Task:
+    """One task on the server.
+
+    ``info`` holds the task document from the last fetch; :meth:`refresh` and
+    :meth:`get_status` fetch it again. Statuses are upper case (``"RUNNING"``) as the SDK
+    articles use them; the raw document keeps the API's lower-case ``state``.
+    """
+
+    def __init__(self, client: Client, info: Dict[str, Any]) -> None:
+        self._client = client
+        self.info: Dict[str, Any] = info
+        self.id: str = str(info["id"])
+
+    def __repr__(self) -> str:
+        return f"<Task {self.id} {self.info.get('name')!r} {self.status}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Task) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    @property
+    def _path(self) -> str:
+        return f"/tasks/{quote(self.id, safe='')}"
+
+    @property
+    def name(self) -> Optional[str]:
+        return self.info.get("name")
+
+    @property
+    def status(self) -> str:
+        """The status as of the last fetch (no request); see :meth:`get_status`."""
+        return status_of(self.info)
+
+    @property
+    def placement(self) -> Optional[List[Dict[str, Any]]]:
+        """Where the task runs (``[{"node", "gpu_indices"}]``), None unless scheduled."""
+        return self.info.get("placement")
+
+    @property
+    def waiting(self) -> Optional[Dict[str, Any]]:
+        """Why a pending task waits (``reason``, ``message``, ``position``), else None."""
+        return self.info.get("waiting")
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    def refresh(self) -> Task:
+        """Fetches the task document again; returns self for chaining."""
+        self.info = self._client._http.get(self._path)
+        return self
+
+    def get_status(self) -> str:
+        """The current status, fetched now: one of PENDING, SCHEDULED, RUNNING, COMPLETED,
+        FAILED, CANCELLED."""
+        return self.refresh().status
+
+    def wait(self, timeout: Optional[float] = None, poll: float = 1.0) -> str:
+        """Blocks until the task is finished and returns its final status.
+
+        Raises :class:`~autodl.errors.TaskTimeout` when ``timeout`` seconds pass first.
+        Transient connection failures are retried until the deadline, since a long wait
+        should survive a server restart.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                status = self.get_status()
+                if status in FINAL_STATUSES:
+                    return status
+            except AutodlConnectionError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise TaskTimeout(f"task {self.id} is still {self.status} after {timeout:g} s")
+            sleep = poll if deadline is None else max(0.0, min(poll, deadline - now))
+            time.sleep(sleep)
+
+    def cancel(self) -> str:
+        """Cancels the task and returns its new status; a finished task raises
+        :class:`~autodl.errors.Conflict`."""
+        self.info = self._client._http.post(f"{self._path}/cancel")
+        return self.status
+
+    def events(self) -> List[Dict[str, Any]]:
+        """The task's history: ``[{"at", "kind", "message"}]``, oldest first."""
+        return list(self._client._http.get(f"{self._path}/events") or [])
+
+    def attempts(self) -> List[Dict[str, Any]]:
+        """Each run of the task: node, GPUs, times, exit code, end reason, batch size."""
+        return list(self._client._http.get(f"{self._path}/attempts") or [])
+
+    def metrics(self, after: Optional[str] = None) -> List[Dict[str, Any]]:
+        """Metric samples (``at``, ``gpu_util``, ``mem_used``, ``mem_total``, ``epoch``,
+        ``loss``, ``values``), optionally only those after an RFC 3339 time."""
+        params = {"after": after} if after else None
+        body = self._client._http.get(f"{self._path}/metrics", params=params) or {}
+        return list(body.get("samples") or [])
+
+    def log_records(self, after: int = 0) -> Iterator[Dict[str, Any]]:
+        """Stored log records (``seq``, ``at``, ``stream``, ``line``) after ``after``, page by
+        page."""
+        cursor = after
+        while True:
+            body = (
+                self._client._http.get(
+                    f"{self._path}/logs", params={"after": cursor, "limit": _LOG_PAGE}
+                )
+                or {}
+            )
+            lines = body.get("lines") or []
+            yield from lines
+            next_after = body.get("next_after")
+            if not lines or next_after is None or next_after == cursor:
+                return
+            cursor = next_after
+
+    def logs(self, follow: bool = False, after: int = 0) -> Union[List[str], Iterator[str]]:
+        """The task's output lines.
+
+        ``follow=False`` returns the lines stored so far as a list. ``follow=True`` returns an
+        iterator that yields lines as they are written (Server-Sent Events) and ends when the
+        task finishes; it resumes after a dropped connection without repeating lines.
+        """
+        if follow:
+            return self._follow(after)
+        return [str(r.get("line", "")) for r in self.log_records(after)]
+
+    def _follow(self, after: int) -> Iterator[str]:
+        cursor = after
+        retries = 0
+        while True:
+            try:
+                for event, record in self._client._http.sse(
+                    f"{self._path}/logs/stream", params={"after": cursor}
+                ):
+                    if event == "end":
+                        return
+                    retries = 0
+                    seq = record.get("seq")
+                    if isinstance(seq, int):
+                        if seq <= cursor:
+                            continue
+                        cursor = seq
+                    if "line" in record:
+                        yield str(record["line"])
+                return  # the server ends the stream when the task is finished
+            except AutodlConnectionError:
+                retries += 1
+                if retries > 5:
+                    raise
+                time.sleep(min(2.0**retries, 15.0))
+
+    def download_results(self, path: Union[str, os.PathLike[str]] = "./output") -> Path:
+        """Downloads the results archive and extracts it into ``path`` (created if needed);
+        returns that directory. Members that would land outside it are refused
+        (:class:`~autodl.errors.UnsafeArchive`) before anything is written. A task without
+        results raises :class:`~autodl.errors.NotFound` (code ``no_results``)."""
+        dest = Path(path)
+        fd, tmp_name = tempfile.mkstemp(prefix="autodl-results-", suffix=".tar.gz")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                self._client._http.download(f"{self._path}/results", fh)
+            return safe_extract(tmp_name, dest)
+        finally:
+            try:
+                os.unlink(tmp_name)
+            except OSError:
+                pass

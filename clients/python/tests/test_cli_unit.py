@@ -1,0 +1,56 @@
+"""CLI behaviour that needs no server: argument parsing, config files, exit codes."""
+
+import pytest
+
+from autodl import cli
+
+
+def test_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main([])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        cli.main(["frobnicate"])
+
+
+def test_global_options_before_or_after_the_command():
+    parser = cli.build_parser()
+    a = parser.parse_args(["--api-url", "http://x:1", "ls", "--state", "running"])
+    b = parser.parse_args(["ls", "--api-url", "http://x:1", "--label", "a=b", "--label", "c=d"])
+    assert a.api_url == b.api_url == "http://x:1"
+    assert a.state == "running" and b.label == ["a=b", "c=d"]
+    assert parser.parse_args(["download", "t1"]).dir == "./output"
+    assert parser.parse_args(["logs", "t1", "-f"]).follow is True
+
+
+def test_missing_or_bad_config_file_is_a_clear_error(tmp_path, capsys):
+    assert cli.main(["--api-url", "http://127.0.0.1:9", "submit", str(tmp_path / "nope.yaml")]) == 1
+    assert "nope.yaml" in capsys.readouterr().err
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- just\n- a list\n")
+    assert cli.main(["--api-url", "http://127.0.0.1:9", "submit", str(bad)]) == 1
+    assert "expected a mapping" in capsys.readouterr().err
+
+
+def test_unreachable_server_exits_1(tmp_path, capsys):
+    config = tmp_path / "t.json"
+    config.write_text('{"task_name": "x", "image": "i", "entry_point": "t.py"}')
+    assert cli.main(["--api-url", "http://127.0.0.1:9", "submit", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("autodl: error: cannot reach the autodl server at http://127.0.0.1:9")
+
+
+def test_gpu_summary_reads_the_normalised_spec():
+    spec = {"gpus_per_worker": 2, "num_workers": 3, "gpu_types": ["A100"]}
+    assert cli._gpus({"spec": spec}) == "6xA100"
+    assert cli._gpus({"spec": {"gpus_per_worker": 1, "num_workers": 1, "gpu_types": []}}) == "1xany"
+    assert cli._gpus({"spec": {"gpus_per_worker": 0}}) == "-"
+
+
+def test_article_spelling_alias():
+    from aotodl.scheduler import TaskRequest
+
+    import aotodl
+    import autodl
+
+    assert aotodl.Client is autodl.Client and TaskRequest is autodl.TaskRequest

@@ -1,0 +1,194 @@
+//! Wire types between agents and the server (docs/agent-protocol.md).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[cfg(feature = "openapi")]
+use utoipa::ToSchema;
+
+use crate::tasks::CheckpointSpec;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AgentGpu {
+    pub index: u32,
+    #[serde(rename = "type")]
+    pub gpu_type: String,
+    #[serde(default)]
+    pub uuid: Option<String>,
+    /// Bytes.
+    pub memory: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AgentNode {
+    pub id: String,
+    #[serde(default)]
+    pub zone: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// CPU cores.
+    pub cpu: f64,
+    /// Bytes of RAM.
+    pub memory: u64,
+    pub gpus: Vec<AgentGpu>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RegisterRequest {
+    pub token: String,
+    pub node: AgentNode,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct RegisterResponse {
+    pub node_id: String,
+    pub credential: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct RunningRef {
+    pub task_id: String,
+    pub attempt: u32,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct PollRequest {
+    #[serde(default)]
+    pub running: Vec<RunningRef>,
+    #[serde(default)]
+    pub gpus: Option<Vec<AgentGpu>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Assignment {
+    pub task_id: String,
+    pub attempt: u32,
+    pub image: String,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub gpu_indices: Vec<u32>,
+    /// Declared GPU memory per GPU (bytes) when the task shares GPUs.
+    pub gpu_memory: Option<u64>,
+    pub cpu: f64,
+    pub memory: u64,
+    pub data_path: Option<String>,
+    pub checkpoint: Option<CheckpointSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct StopOrder {
+    pub task_id: String,
+    pub attempt: u32,
+    pub grace_s: u64,
+    /// "preempted", "cancelled", "drained", "migrated" or "moved".
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct PollResponse {
+    pub assignments: Vec<Assignment>,
+    pub stop: Vec<StopOrder>,
+    pub heartbeat_s: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AttemptRef {
+    pub attempt: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct AgentLogLine {
+    pub at: String,
+    pub stream: String,
+    pub line: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LogBatch {
+    pub attempt: u32,
+    pub lines: Vec<AgentLogLine>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct FinishedReport {
+    pub attempt: u32,
+    #[serde(default)]
+    pub exit_code: Option<i64>,
+    /// "success", "error", "oom" or "stopped".
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ProcessMemory {
+    pub pid: u32,
+    pub mem_used: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct GpuSample {
+    pub at: String,
+    pub gpu_index: u32,
+    /// 0..1
+    pub util: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    #[serde(default)]
+    pub power_w: Option<f64>,
+    #[serde(default)]
+    pub processes: Vec<ProcessMemory>,
+    #[serde(default)]
+    pub task_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct MetricBatch {
+    pub samples: Vec<GpuSample>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateRegistrationToken {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub expires_in_hours: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct RegistrationToken {
+    pub id: String,
+    pub name: String,
+    pub created_at: String,
+    pub expires_at: String,
+    /// Only in the answer that creates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}

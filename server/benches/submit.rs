@@ -1,0 +1,146 @@
+//! End-to-end submission throughput: 64 concurrent HTTP clients submit tasks with an API key
+//! for a fixed time; every task is stored and the live scheduler considers it.
+//!
+//!   cargo bench -p autodl-server --bench submit                 # SQLite
+//!   AUTODL_BENCH_PG_URL=postgres://... cargo bench -p autodl-server --bench submit
+//!
+//! Options (environment): AUTODL_BENCH_CLIENTS (64), AUTODL_BENCH_SECS (10).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use autodl_server::config::Settings;
+use autodl_server::startup::Application;
+use serde_json::{json, Value};
+
+fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let clients = env_num("AUTODL_BENCH_CLIENTS", 64);
+    let secs = env_num("AUTODL_BENCH_SECS", 10);
+    let dir = tempfile::tempdir()?;
+    let (backend, url) = match std::env::var("AUTODL_BENCH_PG_URL") {
+        Ok(base) => {
+            let name = format!("bench_{}", uuid::Uuid::new_v4().simple());
+            let admin = sqlx::PgPool::connect(&format!("{base}/postgres")).await?;
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&admin)
+                .await?;
+            ("postgres", format!("{base}/{name}"))
+        }
+        Err(_) => (
+            "sqlite",
+            format!("sqlite://{}/bench.db", dir.path().display()),
+        ),
+    };
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse()?,
+        database_url: url,
+        jwt_secret: "bench-secret".into(),
+        site_root: dir.path().into(),
+        db_max_connections: 16,
+        ..Settings::default()
+    };
+    let app = Application::build(settings).await?;
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let state = app.state.clone();
+    tokio::spawn(app.run_until_stopped());
+
+    // An operator with two nodes, and a researcher with an API key.
+    let http = reqwest::Client::new();
+    let signup = |email: &str, org: &str| {
+        http.post(format!("{base}/api/v1/auth/signup"))
+            .json(&json!({"email": email, "password": "Bench-passw0rd", "tenant_name": org}))
+            .send()
+    };
+    let op: Value = signup("ops@example.com", "Ops").await?.json().await?;
+    state
+        .store
+        .set_user_flags(
+            op["user"]["id"].as_str().unwrap_or_default(),
+            None,
+            Some(true),
+        )
+        .await?;
+    let op_token = op["token"].as_str().unwrap_or_default().to_owned();
+    for (id, t) in [("node-a", "A100-40G"), ("node-b", "A40")] {
+        http.post(format!("{base}/api/v1/admin/nodes"))
+            .bearer_auth(&op_token)
+            .json(&json!({"id": id, "cpu": 64, "memory": "512GiB", "gpus": {"type": t, "count": 8, "memory": "40GiB"}}))
+            .send()
+            .await?
+            .error_for_status()?;
+    }
+    let user: Value = signup("ada@example.com", "Lab").await?.json().await?;
+    let key: Value = http
+        .post(format!("{base}/api/v1/api-keys"))
+        .bearer_auth(user["token"].as_str().unwrap_or_default())
+        .json(&json!({"name": "bench"}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let key = key["key"].as_str().unwrap_or_default().to_owned();
+
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for c in 0..clients {
+        let (http, base, key, done, failed) = (
+            reqwest::Client::new(),
+            base.clone(),
+            key.clone(),
+            done.clone(),
+            failed.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                let body = json!({"name": format!("bench-{c}-{i}"), "image": "pytorch:2", "command": "python train.py",
+                                  "resources": {"gpu": {"type": "A100", "count": 1, "memory": "10GiB"}}});
+                match http.post(format!("{base}/api/v1/tasks")).bearer_auth(&key).json(&body).send().await {
+                    Ok(r) if r.status().as_u16() == 201 => done.fetch_add(1, Ordering::Relaxed),
+                    _ => failed.fetch_add(1, Ordering::Relaxed),
+                };
+                i += 1;
+            }
+        }));
+    }
+    for w in workers {
+        w.await?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let n = done.load(Ordering::Relaxed);
+
+    // Considered by the scheduler: every stored task is placed or has an explanation.
+    let considered_by = Instant::now();
+    loop {
+        let active = state.store.active_tasks().await?;
+        let unexplained = active
+            .iter()
+            .filter(|t| t.state == "pending" && state.scheduler.waiting(&t.id).is_none())
+            .count();
+        if unexplained == 0 || considered_by.elapsed() > Duration::from_secs(60) {
+            println!(
+                "backend={backend} clients={clients} submitted={n} failed={} elapsed={elapsed:.1}s rate={:.0}/s; \
+                 scheduler caught up {:.2}s after the last submission ({} unexplained)",
+                failed.load(Ordering::Relaxed),
+                n as f64 / elapsed,
+                considered_by.elapsed().as_secs_f64(),
+                unexplained
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}

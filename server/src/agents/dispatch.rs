@@ -1,0 +1,156 @@
+//! What a node should be doing, derived from the store on every poll: the store is the single
+//! source of truth, so a lost answer or a restarted agent converges on the next poll.
+
+use std::collections::{BTreeMap, HashSet};
+
+use autodl_common::agent::{Assignment, PollResponse, RunningRef, StopOrder};
+use autodl_common::tasks::TaskSpec;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::store::{NodeRecord, TaskRecord};
+use crate::tasks::{placement_of, spec_of};
+
+/// Port the first node of a multi-node task listens on for its peers (torchrun's default).
+const MASTER_PORT: u16 = 29500;
+pub const HEARTBEAT_S: u64 = 5;
+
+pub async fn work_for(
+    state: &AppState,
+    node: &NodeRecord,
+    running: &[RunningRef],
+) -> Result<PollResponse, ApiError> {
+    let running_set: HashSet<(&str, u32)> = running
+        .iter()
+        .map(|r| (r.task_id.as_str(), r.attempt))
+        .collect();
+    let grace_s = state.scheduler.config.grace_s;
+    let mut out = PollResponse {
+        heartbeat_s: HEARTBEAT_S,
+        ..Default::default()
+    };
+    let mut expected: HashSet<(String, u32)> = HashSet::new();
+    for t in state.store.active_tasks().await? {
+        if t.state == "pending" {
+            continue;
+        }
+        let Some(placement) = placement_of(&t) else {
+            continue;
+        };
+        if !placement.iter().any(|p| p.node == node.id) {
+            continue;
+        }
+        let attempt = t.attempts as u32;
+        expected.insert((t.id.clone(), attempt));
+        let runs_here = running_set.contains(&(t.id.as_str(), attempt));
+        if let Some(reason) = &t.stop_reason {
+            if runs_here {
+                out.stop.push(StopOrder {
+                    task_id: t.id.clone(),
+                    attempt,
+                    grace_s,
+                    reason: reason.clone(),
+                });
+            } else if t.state == "scheduled" {
+                // Never started: nothing to checkpoint, back to the queue at once.
+                state
+                    .store
+                    .requeue_task(
+                        &t.id,
+                        reason,
+                        &format!("{reason} before it started"),
+                        crate::state::now_ms(),
+                    )
+                    .await?;
+                state.scheduler.wake();
+            }
+            continue;
+        }
+        if t.state == "scheduled" && !runs_here {
+            let spec = spec_of(&t)?;
+            out.assignments
+                .push(assignment(state, &t, &spec, node, &placement)?);
+        }
+    }
+    for r in running {
+        if !expected.contains(&(r.task_id.clone(), r.attempt)) {
+            // Cancelled, or moved elsewhere while this agent was away.
+            let reason = match state.store.task(None, &r.task_id).await? {
+                Some(t) if t.task.state == "cancelled" => "cancelled",
+                _ => "moved",
+            };
+            out.stop.push(StopOrder {
+                task_id: r.task_id.clone(),
+                attempt: r.attempt,
+                grace_s,
+                reason: reason.into(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn assignment(
+    state: &AppState,
+    t: &TaskRecord,
+    spec: &TaskSpec,
+    node: &NodeRecord,
+    placement: &[autodl_common::tasks::WorkerPlacement],
+) -> Result<Assignment, ApiError> {
+    let mut nodes: Vec<&str> = Vec::new();
+    for p in placement {
+        if !nodes.contains(&p.node.as_str()) {
+            nodes.push(&p.node);
+        }
+    }
+    let rank = nodes.iter().position(|n| *n == node.id).unwrap_or(0);
+    let here: Vec<_> = placement.iter().filter(|p| p.node == node.id).collect();
+    let gpu_indices: Vec<u32> = here
+        .iter()
+        .flat_map(|p| p.gpu_indices.iter().copied())
+        .collect();
+    let workers_here = here.len().max(1) as u64;
+
+    let mut env: BTreeMap<String, String> = spec.env.clone();
+    let mut set = |k: &str, v: String| {
+        env.insert(k.to_owned(), v);
+    };
+    set("AUTODL_TASK_ID", t.id.clone());
+    set("AUTODL_ATTEMPT", t.attempts.to_string());
+    if let Some(b) = t.batch_size {
+        set("AUTODL_BATCH_SIZE", b.to_string());
+    }
+    set("AUTODL_IS_RESTORED", "0".into());
+    set("AUTODL_API_URL", state.settings.public_url());
+    let exp = crate::state::now_ms() / 1000 + 30 * 86_400;
+    set(
+        "AUTODL_TASK_TOKEN",
+        state.sessions.issue_task_token(&t.id, &t.user_id, exp)?,
+    );
+    set("AUTODL_NUM_WORKERS", spec.num_workers.to_string());
+    set("AUTODL_GPUS_PER_WORKER", spec.gpus_per_worker.to_string());
+    // torchrun conventions: one launcher per node, ranks by node.
+    set("WORLD_SIZE", nodes.len().to_string());
+    set("RANK", rank.to_string());
+    set("NODE_RANK", rank.to_string());
+    set("LOCAL_RANK", "0".into());
+    set(
+        "MASTER_ADDR",
+        nodes.first().copied().unwrap_or(&node.id).to_owned(),
+    );
+    set("MASTER_PORT", MASTER_PORT.to_string());
+
+    Ok(Assignment {
+        task_id: t.id.clone(),
+        attempt: t.attempts as u32,
+        image: spec.image.clone(),
+        command: spec.command.clone(),
+        env,
+        gpu_indices,
+        gpu_memory: spec.gpu_memory,
+        cpu: spec.cpu * workers_here as f64,
+        memory: spec.memory.saturating_mul(workers_here),
+        data_path: spec.data_path.clone(),
+        checkpoint: spec.checkpoint.clone(),
+    })
+}

@@ -1,0 +1,48 @@
+//! The server's side of the agents: who a node is (its credential), what it should run
+//! (dispatch), and waking its long poll when that changes.
+
+pub mod dispatch;
+pub mod node_caller;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+pub const NODE_CREDENTIAL_PREFIX: &str = "adln_";
+pub const REGISTRATION_TOKEN_PREFIX: &str = "adlreg_";
+
+/// Wakes the long poll of a node when work for it appears, so an idle agent gets a placement
+/// within a second instead of at its next poll.
+#[derive(Default)]
+pub struct AgentHub {
+    waiters: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Latest measured utilisation (0..1) of each task's GPUs, for the fair-share ledger.
+    task_util: Mutex<HashMap<String, f64>>,
+}
+
+impl AgentHub {
+    pub fn waiter(&self, node: &str) -> Arc<Notify> {
+        let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        w.entry(node.to_owned()).or_default().clone()
+    }
+
+    pub fn notify(&self, node: &str) {
+        self.waiter(node).notify_one();
+    }
+
+    pub fn record_util(&self, task: &str, util: f64) {
+        let mut m = self.task_util.lock().unwrap_or_else(|p| p.into_inner());
+        m.insert(task.to_owned(), util.clamp(0.0, 1.0));
+    }
+
+    pub fn task_util(&self, task: &str) -> Option<f64> {
+        let m = self.task_util.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(task).copied()
+    }
+
+    pub fn forget_task(&self, task: &str) {
+        let mut m = self.task_util.lock().unwrap_or_else(|p| p.into_inner());
+        m.remove(task);
+    }
+}

@@ -1,0 +1,49 @@
+//! The `NodeCaller` extractor: an agent authenticated by its node credential. Users' keys and
+//! sessions are never accepted here, and node credentials are never accepted elsewhere.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use actix_web::{web, FromRequest, HttpRequest};
+
+use super::NODE_CREDENTIAL_PREFIX;
+use crate::auth::secrets::digest;
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::store::NodeRecord;
+
+pub struct NodeCaller {
+    pub node: NodeRecord,
+}
+
+impl FromRequest for NodeCaller {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<NodeCaller, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        let req = req.clone();
+        Box::pin(async move {
+            let state = req
+                .app_data::<web::Data<AppState>>()
+                .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("app state missing")))?;
+            let token = req
+                .headers()
+                .get(actix_web::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim)
+                .filter(|t| t.starts_with(NODE_CREDENTIAL_PREFIX))
+                .ok_or_else(|| {
+                    ApiError::Unauthorized("agents authenticate with their node credential".into())
+                })?;
+            let node = state
+                .store
+                .node_by_credential(&digest(token))
+                .await?
+                .ok_or_else(|| {
+                    ApiError::Unauthorized("unknown or revoked node credential".into())
+                })?;
+            Ok(NodeCaller { node })
+        })
+    }
+}

@@ -1,0 +1,83 @@
+//! Prometheus metrics of the server, served at `/metrics` so an operator's Prometheus and
+//! Grafana can watch the platform.
+
+use actix_web::{get, web, HttpResponse};
+use prometheus::{
+    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    pub tasks: IntGaugeVec,
+    pub cycle_seconds: Histogram,
+    pub dispatch_latency: Histogram,
+    pub gpu_util: GaugeVec,
+    pub gpu_mem: GaugeVec,
+    pub samples_ingested: IntCounter,
+}
+
+impl Metrics {
+    pub fn new() -> anyhow::Result<Metrics> {
+        let registry = Registry::new_custom(Some("autodl".into()), None)?;
+        let tasks = IntGaugeVec::new(
+            Opts::new("tasks", "Tasks by state (pending, scheduled, running)"),
+            &["state"],
+        )?;
+        let cycle_seconds = Histogram::with_opts(
+            HistogramOpts::new("scheduling_cycle_seconds", "Time of one scheduling cycle").buckets(
+                vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
+            ),
+        )?;
+        let dispatch_latency = Histogram::with_opts(
+            HistogramOpts::new(
+                "dispatch_latency_seconds",
+                "From placement to the agent starting the task",
+            )
+            .buckets(vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]),
+        )?;
+        let gpu_util = GaugeVec::new(
+            Opts::new(
+                "gpu_utilization_ratio",
+                "Last reported GPU utilisation (0..1)",
+            ),
+            &["node", "gpu"],
+        )?;
+        let gpu_mem = GaugeVec::new(
+            Opts::new("gpu_memory_used_bytes", "Last reported GPU memory in use"),
+            &["node", "gpu"],
+        )?;
+        let samples_ingested =
+            IntCounter::new("gpu_samples_ingested_total", "GPU metric samples stored")?;
+        registry.register(Box::new(tasks.clone()))?;
+        registry.register(Box::new(cycle_seconds.clone()))?;
+        registry.register(Box::new(dispatch_latency.clone()))?;
+        registry.register(Box::new(gpu_util.clone()))?;
+        registry.register(Box::new(gpu_mem.clone()))?;
+        registry.register(Box::new(samples_ingested.clone()))?;
+        Ok(Metrics {
+            registry,
+            tasks,
+            cycle_seconds,
+            dispatch_latency,
+            gpu_util,
+            gpu_mem,
+            samples_ingested,
+        })
+    }
+
+    pub fn render(&self) -> anyhow::Result<String> {
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
+        Ok(String::from_utf8(buf)?)
+    }
+}
+
+#[get("/metrics")]
+pub async fn endpoint(
+    state: web::Data<crate::state::AppState>,
+) -> Result<HttpResponse, crate::error::ApiError> {
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(state.metrics.render()?))
+}

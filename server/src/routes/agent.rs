@@ -1,0 +1,455 @@
+//! The agent API: registration with a one-time token, then long polls and reports with the
+//! node credential. Reports about attempts that are no longer current change nothing (409).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use actix_web::{delete, get, post, web, HttpResponse};
+use autodl_common::agent::{
+    AttemptRef, CreateRegistrationToken, FinishedReport, LogBatch, MetricBatch, PollRequest,
+    PollResponse, RegisterRequest, RegisterResponse, RegistrationToken,
+};
+use autodl_common::api::ErrorBody;
+use autodl_scheduler::Gpu;
+use serde::Deserialize;
+
+use crate::agents::dispatch::work_for;
+use crate::agents::node_caller::NodeCaller;
+use crate::agents::{NODE_CREDENTIAL_PREFIX, REGISTRATION_TOKEN_PREFIX};
+use crate::auth::secrets::{digest, new_id, random_hex};
+use crate::auth::Caller;
+use crate::domain::parse_name;
+use crate::error::ApiError;
+use crate::state::{now_ms, rfc3339, AppState};
+use crate::store::{GpuSampleRecord, NodeRecord, RegistrationTokenRecord, TaskWithUser};
+use crate::tasks::lifecycle::{after_attempt, ExitKind};
+use crate::tasks::{placement_of, spec::parse_deadline, spec_of};
+
+const MAX_LOG_LINES: usize = 1000;
+const MAX_LINE_BYTES: usize = 16 * 1024;
+const MAX_SAMPLES: usize = 10_000;
+
+fn token_info(t: &RegistrationTokenRecord, token: Option<String>) -> RegistrationToken {
+    RegistrationToken {
+        id: t.id.clone(),
+        name: t.name.clone(),
+        created_at: rfc3339(t.created_at),
+        expires_at: rfc3339(t.expires_at),
+        token,
+    }
+}
+
+#[utoipa::path(request_body = CreateRegistrationToken, responses((status = 201, body = RegistrationToken), (status = 403, body = ErrorBody)))]
+#[post("/admin/registration-tokens")]
+pub async fn create_token(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<CreateRegistrationToken>,
+) -> Result<HttpResponse, ApiError> {
+    caller.require_platform_admin()?;
+    let name = parse_name("name", body.name.as_deref().unwrap_or("agents"), 64)?;
+    let hours = body.expires_in_hours.unwrap_or(24);
+    if !(1..=24 * 365).contains(&hours) {
+        return Err(ApiError::invalid(
+            "expires_in_hours",
+            "expires_in_hours must be between 1 and 8760",
+        ));
+    }
+    let now = now_ms();
+    let token = format!("{REGISTRATION_TOKEN_PREFIX}{}", random_hex(24));
+    let rec = RegistrationTokenRecord {
+        id: new_id(),
+        name,
+        token_hash: digest(&token),
+        created_by: caller.user.id.clone(),
+        created_at: now,
+        expires_at: now + i64::from(hours) * 3_600_000,
+        revoked: false,
+    };
+    state.store.create_registration_token(&rec).await?;
+    Ok(HttpResponse::Created().json(token_info(&rec, Some(token))))
+}
+
+#[utoipa::path(responses((status = 200, body = [RegistrationToken]), (status = 403, body = ErrorBody)))]
+#[get("/admin/registration-tokens")]
+pub async fn list_tokens(
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<web::Json<Vec<RegistrationToken>>, ApiError> {
+    caller.require_platform_admin()?;
+    let list = state.store.list_registration_tokens().await?;
+    Ok(web::Json(
+        list.iter().map(|t| token_info(t, None)).collect(),
+    ))
+}
+
+#[utoipa::path(params(("id" = String, Path)), responses((status = 204), (status = 404, body = ErrorBody)))]
+#[delete("/admin/registration-tokens/{id}")]
+pub async fn revoke_token(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    caller.require_platform_admin()?;
+    if state.store.revoke_registration_token(&id).await? {
+        Ok(HttpResponse::NoContent().finish())
+    } else {
+        Err(ApiError::NotFound("no such registration token".into()))
+    }
+}
+
+/// An agent joins with a registration token and receives its own node credential.
+#[utoipa::path(request_body = RegisterRequest, responses((status = 201, body = RegisterResponse), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+#[post("/agent/register")]
+#[tracing::instrument(skip_all, fields(node = %body.node.id))]
+pub async fn register(
+    state: web::Data<AppState>,
+    body: web::Json<RegisterRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let now = now_ms();
+    state
+        .store
+        .registration_token_by_hash(&digest(&body.token))
+        .await?
+        .filter(|t| !t.revoked && t.expires_at > now)
+        .ok_or_else(|| {
+            ApiError::Unauthorized("invalid, revoked or expired registration token".into())
+        })?;
+    let n = &body.node;
+    if n.id.is_empty()
+        || n.id.len() > 128
+        || !n
+            .id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(ApiError::invalid(
+            "node.id",
+            "node id is 1..128 letters, digits, '-', '_' or '.'",
+        ));
+    }
+    if !n.cpu.is_finite() || n.cpu <= 0.0 || n.memory == 0 {
+        return Err(ApiError::invalid("node", "cpu and memory must be positive"));
+    }
+    if n.gpus.len() > 64
+        || n.gpus
+            .iter()
+            .any(|g| g.gpu_type.is_empty() || g.gpu_type.len() > 64 || g.memory == 0)
+    {
+        return Err(ApiError::invalid(
+            "node.gpus",
+            "at most 64 GPUs, each with a type and memory",
+        ));
+    }
+    let indices: HashSet<u32> = n.gpus.iter().map(|g| g.index).collect();
+    if indices.len() != n.gpus.len() {
+        return Err(ApiError::invalid(
+            "node.gpus",
+            "GPU indices must be distinct",
+        ));
+    }
+    let gpus: Vec<Gpu> = n
+        .gpus
+        .iter()
+        .map(|g| Gpu {
+            index: g.index,
+            gpu_type: g.gpu_type.clone(),
+            mem_bytes: g.memory,
+            util: 0.0,
+        })
+        .collect();
+    let rec = NodeRecord {
+        id: n.id.clone(),
+        zone: n.zone.clone(),
+        labels: serde_json::to_string(&n.labels).map_err(anyhow::Error::from)?,
+        cpu_millis: (n.cpu * 1000.0).round() as i64,
+        mem_bytes: n.memory as i64,
+        gpus: serde_json::to_string(&gpus).map_err(anyhow::Error::from)?,
+        schedulable: true,
+        created_at: now,
+        updated_at: now,
+        credential_hash: None,
+        last_seen: Some(now),
+        status: "ready".into(),
+    };
+    state.store.upsert_node(&rec).await?;
+    let credential = format!("{NODE_CREDENTIAL_PREFIX}{}", random_hex(24));
+    state
+        .store
+        .set_node_credential(&rec.id, &digest(&credential))
+        .await?;
+    state.store.touch_node(&rec.id, now).await?;
+    state.scheduler.invalidate_nodes();
+    state.scheduler.wake();
+    tracing::info!(node = %rec.id, gpus = gpus.len(), "agent registered");
+    Ok(HttpResponse::Created().json(RegisterResponse {
+        node_id: rec.id,
+        credential,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PollQuery {
+    wait: Option<u64>,
+}
+
+/// Heartbeat and work in one call: answers at once when there is work, otherwise holds the
+/// request up to `wait` seconds and answers as soon as work appears.
+#[utoipa::path(request_body = PollRequest, params(("wait" = Option<u64>, Query)), responses((status = 200, body = PollResponse), (status = 401, body = ErrorBody)))]
+#[post("/agent/poll")]
+pub async fn poll(
+    state: web::Data<AppState>,
+    node: NodeCaller,
+    q: web::Query<PollQuery>,
+    body: web::Json<PollRequest>,
+) -> Result<web::Json<PollResponse>, ApiError> {
+    let wait = Duration::from_secs(q.wait.unwrap_or(0).min(30));
+    let waiter = state.agents.waiter(&node.node.id);
+    state.store.touch_node(&node.node.id, now_ms()).await?;
+    if node.node.status == "lost" {
+        state.scheduler.invalidate_nodes();
+        state.scheduler.wake();
+    }
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        // Register interest before looking, so a notification between the look and the wait
+        // is not lost.
+        let notified = waiter.notified();
+        let work = work_for(&state, &node.node, &body.running).await?;
+        if !work.assignments.is_empty()
+            || !work.stop.is_empty()
+            || tokio::time::Instant::now() >= deadline
+        {
+            return Ok(web::Json(work));
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return Ok(web::Json(work));
+        }
+    }
+}
+
+/// The task placed on this node, at this attempt, or 409.
+async fn current(
+    state: &AppState,
+    node: &NodeCaller,
+    task_id: &str,
+    attempt: u32,
+) -> Result<TaskWithUser, ApiError> {
+    let t = state
+        .store
+        .task(None, task_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("no such task".into()))?;
+    let here = placement_of(&t.task).is_some_and(|p| p.iter().any(|w| w.node == node.node.id));
+    if t.task.attempts as u32 != attempt || !here {
+        return Err(ApiError::Conflict(format!(
+            "attempt {attempt} of task {task_id} is not current on this node"
+        )));
+    }
+    Ok(t)
+}
+
+#[utoipa::path(params(("id" = String, Path)), request_body = AttemptRef, responses((status = 204), (status = 409, body = ErrorBody)))]
+#[post("/agent/tasks/{id}/started")]
+pub async fn started(
+    state: web::Data<AppState>,
+    node: NodeCaller,
+    id: web::Path<String>,
+    body: web::Json<AttemptRef>,
+) -> Result<HttpResponse, ApiError> {
+    let t = current(&state, &node, &id, body.attempt).await?;
+    if t.task.state == "scheduled" {
+        let placed_at = t.task.updated_at;
+        state
+            .store
+            .mark_running(&id, i64::from(body.attempt), now_ms())
+            .await?;
+        state
+            .metrics
+            .dispatch_latency
+            .observe((now_ms() - placed_at).max(0) as f64 / 1000.0);
+    }
+    Ok(HttpResponse::NoContent().finish())
+}
+
+#[utoipa::path(params(("id" = String, Path)), request_body = LogBatch, responses((status = 204), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
+#[post("/agent/tasks/{id}/logs")]
+pub async fn logs(
+    state: web::Data<AppState>,
+    node: NodeCaller,
+    id: web::Path<String>,
+    body: web::Json<LogBatch>,
+) -> Result<HttpResponse, ApiError> {
+    if body.lines.len() > MAX_LOG_LINES {
+        return Err(ApiError::invalid(
+            "lines",
+            format!("at most {MAX_LOG_LINES} lines a call"),
+        ));
+    }
+    current(&state, &node, &id, body.attempt).await?;
+    let now = now_ms();
+    let mut lines = Vec::with_capacity(body.lines.len());
+    for l in &body.lines {
+        let stream = match l.stream.as_str() {
+            "stdout" | "stderr" => l.stream.clone(),
+            other => {
+                return Err(ApiError::invalid(
+                    "stream",
+                    format!("stream is stdout or stderr, not {other:?}"),
+                ))
+            }
+        };
+        let at = parse_deadline(&l.at).map(|s| s * 1000).unwrap_or(now);
+        let mut line = l.line.clone();
+        if line.len() > MAX_LINE_BYTES {
+            let mut cut = MAX_LINE_BYTES;
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            line.truncate(cut);
+        }
+        lines.push((at, stream, line));
+    }
+    state
+        .store
+        .append_logs(&id, i64::from(body.attempt), &lines)
+        .await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+#[utoipa::path(params(("id" = String, Path)), request_body = FinishedReport, responses((status = 204), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
+#[post("/agent/tasks/{id}/finished")]
+#[tracing::instrument(skip_all, fields(node = %node.node.id, task = %id))]
+pub async fn finished(
+    state: web::Data<AppState>,
+    node: NodeCaller,
+    id: web::Path<String>,
+    body: web::Json<FinishedReport>,
+) -> Result<HttpResponse, ApiError> {
+    let kind = match body.reason.as_str() {
+        "success" => Some(ExitKind::Success),
+        "error" => Some(ExitKind::Error),
+        "oom" => Some(ExitKind::Oom),
+        "stopped" => None,
+        other => {
+            return Err(ApiError::invalid(
+                "reason",
+                format!("unknown reason {other:?}"),
+            ))
+        }
+    };
+    let t = current(&state, &node, &id, body.attempt).await?;
+    let now = now_ms();
+    state.agents.forget_task(&id);
+    match (kind, t.task.stop_reason.as_deref()) {
+        // Stopped on the scheduler's request (preempted, drained): back to the queue.
+        (_, Some(reason)) => {
+            state
+                .store
+                .requeue_task(&id, reason, &format!("stopped: {reason}"), now)
+                .await?;
+        }
+        (Some(kind), None) => {
+            let spec = spec_of(&t.task)?;
+            let end = after_attempt(
+                &spec,
+                body.attempt,
+                t.task.batch_size.map(|b| b as u32),
+                body.exit_code,
+                kind,
+            );
+            state
+                .store
+                .finish_attempt(&id, i64::from(body.attempt), &end, now)
+                .await?;
+        }
+        // Stopped without being asked (the agent shut down): run it again elsewhere.
+        (None, None) => {
+            state
+                .store
+                .requeue_task(&id, "node_lost", "the agent stopped the task", now)
+                .await?;
+        }
+    }
+    state.scheduler.wake();
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// GPU samples in batches. A sample for a GPU the node does not have rejects the whole batch.
+#[utoipa::path(request_body = MetricBatch, responses((status = 204), (status = 400, body = ErrorBody)))]
+#[post("/agent/metrics")]
+pub async fn metrics(
+    state: web::Data<AppState>,
+    node: NodeCaller,
+    body: web::Json<MetricBatch>,
+) -> Result<HttpResponse, ApiError> {
+    if body.samples.len() > MAX_SAMPLES {
+        return Err(ApiError::invalid(
+            "samples",
+            format!("at most {MAX_SAMPLES} samples a call"),
+        ));
+    }
+    let gpus: Vec<Gpu> = serde_json::from_str(&node.node.gpus).map_err(anyhow::Error::from)?;
+    let now = now_ms();
+    let mut rows = Vec::with_capacity(body.samples.len());
+    let mut per_task: std::collections::HashMap<&str, (f64, u32)> =
+        std::collections::HashMap::new();
+    for s in &body.samples {
+        let Some(gpu) = gpus.iter().find(|g| g.index == s.gpu_index) else {
+            return Err(ApiError::invalid(
+                "samples",
+                format!("this node has no GPU {}", s.gpu_index),
+            ));
+        };
+        if !s.util.is_finite()
+            || !(0.0..=1.0).contains(&s.util)
+            || s.mem_used > s.mem_total.max(gpu.mem_bytes)
+        {
+            return Err(ApiError::invalid(
+                "samples",
+                format!("sample for GPU {} is out of range", s.gpu_index),
+            ));
+        }
+        let at = parse_deadline(&s.at)
+            .map_err(|_| ApiError::invalid("samples", "sample time is not RFC 3339"))?
+            * 1000;
+        if at > now + 60_000 {
+            return Err(ApiError::invalid("samples", "sample time is in the future"));
+        }
+        if let Some(t) = &s.task_id {
+            let e = per_task.entry(t.as_str()).or_default();
+            e.0 += s.util;
+            e.1 += 1;
+        }
+        rows.push(GpuSampleRecord {
+            node_id: node.node.id.clone(),
+            gpu_index: i64::from(s.gpu_index),
+            at,
+            util: s.util,
+            mem_used: s.mem_used as i64,
+            mem_total: s.mem_total as i64,
+            temperature: s.temperature.filter(|v| v.is_finite()),
+            power_w: s.power_w.filter(|v| v.is_finite()),
+            task_id: s.task_id.clone(),
+        });
+    }
+    state.store.insert_gpu_samples(&rows).await?;
+    for (task, (sum, n)) in per_task {
+        state.agents.record_util(task, sum / f64::from(n.max(1)));
+    }
+    for s in &body.samples {
+        let labels = [node.node.id.as_str(), &s.gpu_index.to_string()];
+        state
+            .metrics
+            .gpu_util
+            .with_label_values(&labels)
+            .set(s.util);
+        state
+            .metrics
+            .gpu_mem
+            .with_label_values(&labels)
+            .set(s.mem_used as f64);
+    }
+    state.metrics.samples_ingested.inc_by(rows.len() as u64);
+    Ok(HttpResponse::NoContent().finish())
+}
