@@ -73,3 +73,35 @@ stop_postgres() {
     rm -rf "$PG_DIR"
   fi
 }
+
+# Starts a private Docker engine and imports a small local image (no registry is reachable):
+# exports DOCKER_HOST and AUTODL_TEST_DOCKER_IMAGE; stopped on exit by stop_docker.
+start_docker() {
+  apt_install docker.io busybox-static
+  DOCKER_DIR="$(mktemp -d /tmp/autodl-docker.XXXXXX)"
+  export DOCKER_HOST="unix://$DOCKER_DIR/docker.sock"
+  dockerd --data-root "$DOCKER_DIR/data" --exec-root "$DOCKER_DIR/exec" --pidfile "$DOCKER_DIR/docker.pid" \
+    -H "$DOCKER_HOST" >"$DOCKER_DIR/dockerd.log" 2>&1 &
+  for _ in $(seq 1 60); do
+    /usr/bin/docker version >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  if ! /usr/bin/docker version >/dev/null 2>&1; then
+    log "dockerd did not start; its log:"; tail -20 "$DOCKER_DIR/dockerd.log" >&2; return 1
+  fi
+  local rootfs="$DOCKER_DIR/rootfs"
+  mkdir -p "$rootfs/bin" "$rootfs/tmp"
+  cp /bin/busybox "$rootfs/bin/busybox"
+  for tool in sh echo cat sleep env ls mkdir trap printf true false; do ln -sf busybox "$rootfs/bin/$tool"; done
+  tar -C "$rootfs" -c . | /usr/bin/docker import - autodl-test:busybox >/dev/null
+  export AUTODL_TEST_DOCKER_IMAGE=autodl-test:busybox
+  log "Docker engine at $DOCKER_HOST with image $AUTODL_TEST_DOCKER_IMAGE"
+}
+
+stop_docker() {
+  if [ -n "${DOCKER_DIR:-}" ] && [ -f "$DOCKER_DIR/docker.pid" ]; then
+    kill "$(cat "$DOCKER_DIR/docker.pid")" 2>/dev/null || true
+    sleep 1
+    rm -rf "$DOCKER_DIR" 2>/dev/null || true
+  fi
+}

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Starts the platform on SQLite (data/autodl.db) at http://127.0.0.1:8080.
+# Starts the platform on SQLite (data/autodl.db) at http://127.0.0.1:8080, with two demo
+# agents on simulated GPUs (4xA100-40G and 4xA40) running tasks as local processes.
 # Installs what is missing (wasm target, wasm-bindgen) on first use.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -11,4 +12,4 @@ if [ -n "${AUTODL_ADMIN_EMAIL:-}" ] && [ -n "${AUTODL_ADMIN_PASSWORD:-}" ]; then
   "$CARGO_TARGET_DIR/debug/autodl-server" admin create-admin --email "$AUTODL_ADMIN_EMAIL"
 fi
 log "open http://${AUTODL_LISTEN:-127.0.0.1:8080}"
-exec "$CARGO_TARGET_DIR/debug/autodl-server" serve "$@"
+exec "$CARGO_TARGET_DIR/debug/autodl-server" serve --demo "$@"

@@ -14,12 +14,15 @@ log "cargo fmt --check"
 cargo fmt --all -- --check
 
 build_web
+log "building the agent (its binary is used by the end-to-end tests)"
+cargo build --locked -p autodl-agent
 log "cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 cargo clippy --locked -p autodl-frontend --lib --target wasm32-unknown-unknown --features hydrate -- -D warnings
 
 start_postgres
-trap stop_postgres EXIT
+start_docker
+trap 'stop_postgres; stop_docker' EXIT
 
 log "unit and API tests (SQLite and PostgreSQL)"
 cargo test --locked --workspace

@@ -36,8 +36,6 @@ pub struct Settings {
     /// Raw GPU samples are kept this long, then folded into hourly rollups.
     pub raw_sample_retention_days: u64,
     pub rollup_retention_days: u64,
-    /// Also start two simulated agents in-process (4xA100-40G and 4xA40), for a demo.
-    pub demo: bool,
 }
 
 impl Default for Settings {
@@ -59,7 +57,6 @@ impl Default for Settings {
             node_lost_timeout_secs: 30,
             raw_sample_retention_days: 7,
             rollup_retention_days: 400,
-            demo: false,
         }
     }
 }

@@ -3,6 +3,7 @@
 pub mod agents;
 pub mod auth;
 pub mod config;
+pub mod demo;
 pub mod domain;
 pub mod error;
 pub mod metrics;

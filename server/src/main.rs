@@ -29,7 +29,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the API and the web app.
-    Serve,
+    Serve {
+        /// Also run two agents on simulated GPUs (4xA100-40G, 4xA40) in this process.
+        #[arg(long, env = "AUTODL_DEMO")]
+        demo: bool,
+    },
     /// Account administration from the shell.
     Admin {
         #[command(subcommand)]
@@ -64,7 +68,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let settings = Settings::load(cli.config).context("reading configuration")?;
     match cli.command {
-        Command::Serve => {
+        Command::Serve { demo } => {
             let app = Application::build(settings.clone()).await?;
             tracing::info!(
                 "autodl listening on http://{}:{} (store: {})",
@@ -72,7 +76,15 @@ async fn main() -> anyhow::Result<()> {
                 app.port(),
                 app.state.store.backend()
             );
+            let shutdown = autodl_agent::CancellationToken::new();
+            if demo {
+                let dir = std::path::PathBuf::from(
+                    std::env::var("AUTODL_DEMO_DIR").unwrap_or_else(|_| "data/demo-agents".into()),
+                );
+                autodl_server::demo::start_agents(&app.state, &dir, shutdown.clone()).await?;
+            }
             app.run_until_stopped().await?;
+            shutdown.cancel();
         }
         Command::Admin { command } => admin(settings, command).await?,
     }

@@ -1,4 +1,6 @@
+use autodl_common::agent::{CreateRegistrationToken, RegistrationToken};
 use autodl_common::api::{AdminTenant, AdminUpdateUserRequest, AdminUser, Quota};
+use autodl_common::tasks::NodeInfo;
 use leptos::prelude::*;
 
 use super::account::short_date;
@@ -12,7 +14,7 @@ pub fn AdminPage() -> impl IntoView {
     view! {
         <RequireLogin>
             {move || if session.me().is_some_and(|m| m.platform_admin) {
-                view! { <Tenants/><Users/> }.into_any()
+                view! { <Tenants/><Users/><Nodes/><RegistrationTokens/> }.into_any()
             } else {
                 view! { <section class="card"><h1>"Administration"</h1><p>"This page is for platform administrators."</p></section> }.into_any()
             }}
@@ -104,6 +106,119 @@ fn Users() -> impl IntoView {
                                     update.dispatch((id2.clone(), AdminUpdateUserRequest { disabled: None, platform_admin: Some(!admin) }));
                                 }>{if admin { "Revoke admin" } else { "Make admin" }}</button>
                             </td>
+                        </tr>
+                    }
+                }).collect_view()}
+                </tbody>
+            </table>
+        </section>
+    }
+}
+
+#[component]
+fn Nodes() -> impl IntoView {
+    let nodes = LocalResource::new(|| api::get::<Vec<NodeInfo>>("/api/v1/nodes"));
+    let error = RwSignal::new(None::<ApiErr>);
+    let act = Action::new_local(move |(id, action): &(String, &'static str)| {
+        let path = format!("/api/v1/admin/nodes/{id}/{action}");
+        async move { api::post_empty(&path).await }
+    });
+    Effect::new(move |_| match act.value().get() {
+        Some(Ok(())) => {
+            error.set(None);
+            nodes.refetch();
+        }
+        Some(Err(e)) => error.set(Some(e)),
+        None => {}
+    });
+    view! {
+        <section class="card">
+            <h2>"Nodes"</h2>
+            <p class="banner error" role="alert">{move || general_error(error.get(), &[])}</p>
+            <table class="table" data-testid="admin-nodes">
+                <thead><tr><th>"Node"</th><th>"Zone"</th><th>"GPUs"</th><th>"Status"</th><th></th></tr></thead>
+                <tbody>
+                {move || nodes.get().and_then(|n| n.ok()).unwrap_or_default().into_iter().map(|n| {
+                    let gpus = {
+                        let mut types: Vec<String> = n.gpus.iter().map(|g| g.gpu_type.clone()).collect();
+                        types.dedup();
+                        format!("{} × {}", n.gpus.len(), types.join(", "))
+                    };
+                    let busy = n.gpus.iter().filter(|g| !g.tasks.is_empty()).count();
+                    let (id1, id2, id3) = (n.id.clone(), n.id.clone(), n.id.clone());
+                    view! {
+                        <tr data-node=n.id.clone()>
+                            <td>{n.id.clone()}</td>
+                            <td>{n.zone.clone()}</td>
+                            <td>{gpus}" · "{busy}" busy"</td>
+                            <td><span class="badge">{if n.schedulable { "ready" } else { "not schedulable" }}</span></td>
+                            <td class="row-actions">
+                                <button type="button" class="small secondary" on:click=move |_| { act.dispatch((id1.clone(), "cordon")); }>"Cordon"</button>
+                                <button type="button" class="small secondary" on:click=move |_| { act.dispatch((id2.clone(), "uncordon")); }>"Uncordon"</button>
+                                <button type="button" class="small danger" on:click=move |_| { act.dispatch((id3.clone(), "drain")); }>"Drain"</button>
+                            </td>
+                        </tr>
+                    }
+                }).collect_view()}
+                </tbody>
+            </table>
+        </section>
+    }
+}
+
+#[component]
+fn RegistrationTokens() -> impl IntoView {
+    let tokens = LocalResource::new(|| {
+        api::get::<Vec<RegistrationToken>>("/api/v1/admin/registration-tokens")
+    });
+    let created = RwSignal::new(None::<RegistrationToken>);
+    let error = RwSignal::new(None::<ApiErr>);
+    let create = Action::new_local(move |_: &()| async move {
+        api::post::<_, RegistrationToken>(
+            "/api/v1/admin/registration-tokens",
+            &CreateRegistrationToken {
+                name: None,
+                expires_in_hours: Some(24),
+            },
+        )
+        .await
+    });
+    Effect::new(move |_| match create.value().get() {
+        Some(Ok(t)) => {
+            created.set(Some(t));
+            tokens.refetch();
+        }
+        Some(Err(e)) => error.set(Some(e)),
+        None => {}
+    });
+    let revoke = Action::new_local(move |id: &String| {
+        let path = format!("/api/v1/admin/registration-tokens/{id}");
+        async move { api::delete(&path).await }
+    });
+    Effect::new(move |_| {
+        if revoke.value().get().is_some() {
+            tokens.refetch();
+        }
+    });
+    view! {
+        <section class="card">
+            <h2>"Agent registration tokens"</h2>
+            <p class="muted">"A GPU host joins with " <code>"autodl-agent --server URL --token adlreg_…"</code>
+                "; it then authenticates with its own node credential."</p>
+            {move || created.get().and_then(|t| t.token).map(|t| view! {
+                <div class="notice" data-testid="registration-token"><p><strong>"Copy this token now; it is shown once:"</strong></p><code>{t}</code></div>
+            })}
+            <p class="banner error" role="alert">{move || general_error(error.get(), &[])}</p>
+            <button type="button" on:click=move |_| { create.dispatch(()); }>"New token (24 h)"</button>
+            <table class="table">
+                <thead><tr><th>"Name"</th><th>"Created"</th><th>"Expires"</th><th></th></tr></thead>
+                <tbody>
+                {move || tokens.get().and_then(|t| t.ok()).unwrap_or_default().into_iter().map(|t| {
+                    let id = t.id.clone();
+                    view! {
+                        <tr>
+                            <td>{t.name}</td><td>{short_date(&t.created_at)}</td><td>{short_date(&t.expires_at)}</td>
+                            <td><button type="button" class="small danger" on:click=move |_| { revoke.dispatch(id.clone()); }>"Revoke"</button></td>
                         </tr>
                     }
                 }).collect_view()}

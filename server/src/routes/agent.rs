@@ -23,7 +23,7 @@ use crate::error::ApiError;
 use crate::state::{now_ms, rfc3339, AppState};
 use crate::store::{GpuSampleRecord, NodeRecord, RegistrationTokenRecord, TaskWithUser};
 use crate::tasks::lifecycle::{after_attempt, ExitKind};
-use crate::tasks::{placement_of, spec::parse_deadline, spec_of};
+use crate::tasks::{placement_of, spec::parse_time_ms, spec_of};
 
 const MAX_LOG_LINES: usize = 1000;
 const MAX_LINE_BYTES: usize = 16 * 1024;
@@ -228,7 +228,8 @@ pub async fn poll(
     }
 }
 
-/// The task placed on this node, at this attempt, or 409.
+/// The task whose latest attempt ran on this node, or 409. A cancelled task has lost its
+/// placement but its last attempt still reports (its last log lines, its exit).
 async fn current(
     state: &AppState,
     node: &NodeCaller,
@@ -240,11 +241,30 @@ async fn current(
         .task(None, task_id)
         .await?
         .ok_or_else(|| ApiError::NotFound("no such task".into()))?;
-    let here = placement_of(&t.task).is_some_and(|p| p.iter().any(|w| w.node == node.node.id));
-    if t.task.attempts as u32 != attempt || !here {
-        return Err(ApiError::Conflict(format!(
+    let stale = || {
+        ApiError::Conflict(format!(
             "attempt {attempt} of task {task_id} is not current on this node"
-        )));
+        ))
+    };
+    if t.task.attempts as u32 != attempt {
+        return Err(stale());
+    }
+    let here = match placement_of(&t.task) {
+        Some(p) => p.iter().any(|w| w.node == node.node.id),
+        None if t.task.state == "cancelled" => {
+            let attempts = state.store.task_attempts(task_id).await?;
+            attempts.iter().any(|a| {
+                a.number == i64::from(attempt)
+                    && serde_json::from_str::<Vec<autodl_common::tasks::WorkerPlacement>>(
+                        &a.placement,
+                    )
+                    .is_ok_and(|p| p.iter().any(|w| w.node == node.node.id))
+            })
+        }
+        None => false,
+    };
+    if !here {
+        return Err(stale());
     }
     Ok(t)
 }
@@ -299,7 +319,7 @@ pub async fn logs(
                 ))
             }
         };
-        let at = parse_deadline(&l.at).map(|s| s * 1000).unwrap_or(now);
+        let at = parse_time_ms(&l.at).unwrap_or(now);
         let mut line = l.line.clone();
         if line.len() > MAX_LINE_BYTES {
             let mut cut = MAX_LINE_BYTES;
@@ -410,9 +430,8 @@ pub async fn metrics(
                 format!("sample for GPU {} is out of range", s.gpu_index),
             ));
         }
-        let at = parse_deadline(&s.at)
-            .map_err(|_| ApiError::invalid("samples", "sample time is not RFC 3339"))?
-            * 1000;
+        let at = parse_time_ms(&s.at)
+            .ok_or_else(|| ApiError::invalid("samples", "sample time is not RFC 3339"))?;
         if at > now + 60_000 {
             return Err(ApiError::invalid("samples", "sample time is in the future"));
         }

@@ -467,11 +467,8 @@ pub async fn metrics(
     let t = find(&state, &caller, &id).await?;
     let after = match q.after.as_deref() {
         None => 0,
-        Some(a) => {
-            spec::parse_deadline(a)
-                .map_err(|_| ApiError::invalid("after", "after must be an RFC 3339 time"))?
-                * 1000
-        }
+        Some(a) => spec::parse_time_ms(a)
+            .ok_or_else(|| ApiError::invalid("after", "after must be an RFC 3339 time"))?,
     };
     let limit = q.limit.unwrap_or(1000);
     if !(1..=10_000).contains(&limit) {

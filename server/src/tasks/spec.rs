@@ -34,6 +34,13 @@ pub fn parse_size(field: &'static str, s: &Size) -> Result<u64, ApiError> {
     Ok(n)
 }
 
+/// An RFC 3339 time as Unix milliseconds (agents' samples and log lines, query cursors).
+pub fn parse_time_ms(s: &str) -> Option<i64> {
+    OffsetDateTime::parse(s.trim(), &Rfc3339)
+        .ok()
+        .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
+}
+
 /// ISO 8601 date-time; without an offset it is taken as UTC. Returns Unix seconds.
 pub fn parse_deadline(s: &str) -> Result<i64, ApiError> {
     let s = s.trim();

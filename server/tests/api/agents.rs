@@ -25,12 +25,19 @@ struct FakeAgent {
 impl FakeAgent {
     async fn join(app: &TestApp, op: &Session, id: &str, gpu_type: &str, zone: &str) -> FakeAgent {
         let tok: Value = op
-            .send(app, Method::POST, "/api/v1/admin/registration-tokens", Some(json!({"name": id})))
+            .send(
+                app,
+                Method::POST,
+                "/api/v1/admin/registration-tokens",
+                Some(json!({"name": id})),
+            )
             .await
             .json()
             .await
             .unwrap();
-        let gpus: Vec<Value> = (0..4).map(|i| json!({"index": i, "type": gpu_type, "memory": 42949672960u64})).collect();
+        let gpus: Vec<Value> = (0..4)
+            .map(|i| json!({"index": i, "type": gpu_type, "memory": 42949672960u64}))
+            .collect();
         let res = Client::new()
             .post(app.url("/api/v1/agent/register"))
             .json(&json!({"token": tok["token"], "node": {"id": id, "zone": zone, "cpu": 32, "memory": 274877906944u64, "gpus": gpus}}))
@@ -39,16 +46,34 @@ impl FakeAgent {
             .unwrap();
         assert_eq!(res.status(), StatusCode::CREATED);
         let body: Value = res.json().await.unwrap();
-        FakeAgent { base: app.address.clone(), credential: body["credential"].as_str().unwrap().to_owned(), http: Client::new() }
+        FakeAgent {
+            base: app.address.clone(),
+            credential: body["credential"].as_str().unwrap().to_owned(),
+            http: Client::new(),
+        }
     }
 
     async fn call(&self, path: &str, body: Value) -> reqwest::Response {
-        self.http.post(format!("{}{path}", self.base)).bearer_auth(&self.credential).json(&body).send().await.unwrap()
+        self.http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.credential)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
     }
 
     async fn poll(&self, running: &[(String, u64)], wait: u64) -> Value {
-        let running: Vec<Value> = running.iter().map(|(t, a)| json!({"task_id": t, "attempt": a})).collect();
-        let res = self.call(&format!("/api/v1/agent/poll?wait={wait}"), json!({"running": running})).await;
+        let running: Vec<Value> = running
+            .iter()
+            .map(|(t, a)| json!({"task_id": t, "attempt": a}))
+            .collect();
+        let res = self
+            .call(
+                &format!("/api/v1/agent/poll?wait={wait}"),
+                json!({"running": running}),
+            )
+            .await;
         assert_eq!(res.status(), StatusCode::OK);
         res.json().await.unwrap()
     }
@@ -70,7 +95,14 @@ async fn registration_and_credentials(b: Backend) {
     let app = spawn_app_with(b, |_| {}).await;
     let op = operator(&app).await;
     let member = app.signup("m@example.com", "Lab").await;
-    let res = member.send(&app, Method::POST, "/api/v1/admin/registration-tokens", Some(json!({}))).await;
+    let res = member
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/admin/registration-tokens",
+            Some(json!({})),
+        )
+        .await;
     assert_error(res, StatusCode::FORBIDDEN, "forbidden").await;
     let agent = FakeAgent::join(&app, &op, "gpu-1", "A100-40G", "z1").await;
     assert!(agent.credential.starts_with("adln_"));
@@ -80,23 +112,81 @@ async fn registration_and_credentials(b: Backend) {
     // Tokens are listed without their secret; a revoked token admits nobody.
     let tokens = op.get(&app, "/api/v1/admin/registration-tokens").await;
     assert!(tokens[0].get("token").is_none());
-    let tok: Value = op.send(&app, Method::POST, "/api/v1/admin/registration-tokens", Some(json!({"expires_in_hours": 1}))).await.json().await.unwrap();
-    op.send(&app, Method::DELETE, &format!("/api/v1/admin/registration-tokens/{}", tok["id"].as_str().unwrap()), None).await;
+    let tok: Value = op
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/admin/registration-tokens",
+            Some(json!({"expires_in_hours": 1})),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    op.send(
+        &app,
+        Method::DELETE,
+        &format!(
+            "/api/v1/admin/registration-tokens/{}",
+            tok["id"].as_str().unwrap()
+        ),
+        None,
+    )
+    .await;
     let node = json!({"id": "gpu-2", "cpu": 8, "memory": 1000, "gpus": []});
     for token in [tok["token"].clone(), json!("adlreg_bogus")] {
-        let res = Client::new().post(app.url("/api/v1/agent/register")).json(&json!({"token": token, "node": node})).send().await.unwrap();
+        let res = Client::new()
+            .post(app.url("/api/v1/agent/register"))
+            .json(&json!({"token": token, "node": node}))
+            .send()
+            .await
+            .unwrap();
         assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
     }
     // Bad credentials, and user keys on the agent API, are refused.
-    let user_key: Value = member.send(&app, Method::POST, "/api/v1/api-keys", Some(json!({"name": "k"}))).await.json().await.unwrap();
-    for bearer in ["adln_bogus", user_key["key"].as_str().unwrap(), member.token.as_str()] {
-        let res = Client::new().post(app.url("/api/v1/agent/poll")).bearer_auth(bearer).json(&json!({})).send().await.unwrap();
+    let user_key: Value = member
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/api-keys",
+            Some(json!({"name": "k"})),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    for bearer in [
+        "adln_bogus",
+        user_key["key"].as_str().unwrap(),
+        member.token.as_str(),
+    ] {
+        let res = Client::new()
+            .post(app.url("/api/v1/agent/poll"))
+            .bearer_auth(bearer)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
         assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
     }
     // And the node credential does not open the user API.
-    let res = Client::new().get(app.url("/api/v1/me")).bearer_auth(&agent.credential).send().await.unwrap();
+    let res = Client::new()
+        .get(app.url("/api/v1/me"))
+        .bearer_auth(&agent.credential)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
-    assert_eq!(member.get(&app, "/api/v1/nodes").await.as_array().unwrap().len(), 1, "nothing registered");
+    assert_eq!(
+        member
+            .get(&app, "/api/v1/nodes")
+            .await
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "nothing registered"
+    );
 }
 
 async fn tasks_flow_through_an_agent(b: Backend) {
@@ -109,16 +199,36 @@ async fn tasks_flow_through_an_agent(b: Backend) {
         let agent_base = agent.base.clone();
         let cred = agent.credential.clone();
         tokio::spawn(async move {
-            let r = Client::new().post(format!("{agent_base}/api/v1/agent/poll?wait=20")).bearer_auth(cred).json(&json!({})).send().await.unwrap();
+            let r = Client::new()
+                .post(format!("{agent_base}/api/v1/agent/poll?wait=20"))
+                .bearer_auth(cred)
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap();
             (Instant::now(), r.json::<Value>().await.unwrap())
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let submitted = Instant::now();
-    let t: Value = s.send(&app, Method::POST, "/api/v1/tasks", Some(spec("train", "A100"))).await.json().await.unwrap();
+    let t: Value = s
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/tasks",
+            Some(spec("train", "A100")),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
     let id = t["id"].as_str().unwrap().to_owned();
     let (got_at, work) = waiting.await.unwrap();
-    assert!(got_at - submitted < Duration::from_secs(1), "dispatch took {:?}", got_at - submitted);
+    assert!(
+        got_at - submitted < Duration::from_secs(1),
+        "dispatch took {:?}",
+        got_at - submitted
+    );
     let a = &work["assignments"][0];
     assert_eq!(a["task_id"], id.as_str());
     assert_eq!(a["attempt"], 1);
@@ -129,43 +239,109 @@ async fn tasks_flow_through_an_agent(b: Backend) {
     assert_eq!(a["env"]["WORLD_SIZE"], "1");
     assert_eq!(a["gpu_indices"].as_array().unwrap().len(), 1);
     // Polling again while it is not yet running hands the same work out again (idempotent).
-    assert_eq!(agent.poll(&[], 0).await["assignments"][0]["task_id"], id.as_str());
+    assert_eq!(
+        agent.poll(&[], 0).await["assignments"][0]["task_id"],
+        id.as_str()
+    );
 
-    assert_eq!(agent.call(&format!("/api/v1/agent/tasks/{id}/started"), json!({"attempt": 1})).await.status(), StatusCode::NO_CONTENT);
-    assert_eq!(s.get(&app, &format!("/api/v1/tasks/{id}")).await["state"], "running");
-    assert!(agent.poll(&[(id.clone(), 1)], 0).await["assignments"].as_array().unwrap().is_empty());
+    assert_eq!(
+        agent
+            .call(
+                &format!("/api/v1/agent/tasks/{id}/started"),
+                json!({"attempt": 1})
+            )
+            .await
+            .status(),
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        s.get(&app, &format!("/api/v1/tasks/{id}")).await["state"],
+        "running"
+    );
+    assert!(agent.poll(&[(id.clone(), 1)], 0).await["assignments"]
+        .as_array()
+        .unwrap()
+        .is_empty());
     let lines = json!({"attempt": 1, "lines": [{"at": "2026-01-01T00:00:00Z", "stream": "stdout", "line": "epoch 1"},
                                                 {"at": "2026-01-01T00:00:01Z", "stream": "stderr", "line": "CUDA out of memory"}]});
-    assert_eq!(agent.call(&format!("/api/v1/agent/tasks/{id}/logs"), lines).await.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        agent
+            .call(&format!("/api/v1/agent/tasks/{id}/logs"), lines)
+            .await
+            .status(),
+        StatusCode::NO_CONTENT
+    );
     let bad = json!({"attempt": 1, "lines": [{"at": "x", "stream": "stdin", "line": "?"}]});
-    assert_eq!(agent.call(&format!("/api/v1/agent/tasks/{id}/logs"), bad).await.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        agent
+            .call(&format!("/api/v1/agent/tasks/{id}/logs"), bad)
+            .await
+            .status(),
+        StatusCode::BAD_REQUEST
+    );
     let logs = s.get(&app, &format!("/api/v1/tasks/{id}/logs")).await;
     assert_eq!(logs["lines"].as_array().unwrap().len(), 2);
 
     // The task's own token reports metrics for it alone.
     let token = a["env"]["AUTODL_TASK_TOKEN"].as_str().unwrap();
-    let res = Client::new().post(app.url(&format!("/api/v1/tasks/{id}/metrics"))).bearer_auth(token).json(&json!({"epoch": 1})).send().await.unwrap();
+    let res = Client::new()
+        .post(app.url(&format!("/api/v1/tasks/{id}/metrics")))
+        .bearer_auth(token)
+        .json(&json!({"epoch": 1}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
 
     // An OOM: retried with the batch halved, as a new attempt.
-    let res = agent.call(&format!("/api/v1/agent/tasks/{id}/finished"), json!({"attempt": 1, "exit_code": 1, "reason": "oom"})).await;
+    let res = agent
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/finished"),
+            json!({"attempt": 1, "exit_code": 1, "reason": "oom"}),
+        )
+        .await;
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
-    let res = agent.call(&format!("/api/v1/agent/tasks/{id}/finished"), json!({"attempt": 1, "exit_code": 1, "reason": "oom"})).await;
+    let res = agent
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/finished"),
+            json!({"attempt": 1, "exit_code": 1, "reason": "oom"}),
+        )
+        .await;
     assert_error(res, StatusCode::CONFLICT, "conflict").await;
     let work = agent.poll(&[], 5).await;
     let a2 = &work["assignments"][0];
     assert_eq!(a2["attempt"], 2);
     assert_eq!(a2["env"]["AUTODL_BATCH_SIZE"], "32");
-    agent.call(&format!("/api/v1/agent/tasks/{id}/started"), json!({"attempt": 2})).await;
-    let res = agent.call(&format!("/api/v1/agent/tasks/{id}/finished"), json!({"attempt": 2, "exit_code": 0, "reason": "success"})).await;
+    agent
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/started"),
+            json!({"attempt": 2}),
+        )
+        .await;
+    let res = agent
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/finished"),
+            json!({"attempt": 2, "exit_code": 0, "reason": "success"}),
+        )
+        .await;
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
     assert_eq!(t["state"], "completed");
     let attempts = s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await;
     assert_eq!(attempts[0]["reason"], "oom");
     assert_eq!(attempts[1]["exit_code"], 0);
-    let metrics = Client::new().get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("autodl_dispatch_latency_seconds_count 2"), "{metrics}");
+    let metrics = Client::new()
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("autodl_dispatch_latency_seconds_count 2"),
+        "{metrics}"
+    );
     assert!(metrics.contains("autodl_scheduling_cycle_seconds"));
 }
 
@@ -174,26 +350,67 @@ async fn metrics_batches_are_checked(b: Backend) {
     let op = operator(&app).await;
     let agent = FakeAgent::join(&app, &op, "gpu-1", "A100-40G", "z1").await;
     let s = app.signup("m@example.com", "Lab").await;
-    let t: Value = s.send(&app, Method::POST, "/api/v1/tasks", Some(spec("m", "A100"))).await.json().await.unwrap();
+    let t: Value = s
+        .send(&app, Method::POST, "/api/v1/tasks", Some(spec("m", "A100")))
+        .await
+        .json()
+        .await
+        .unwrap();
     let id = t["id"].as_str().unwrap().to_owned();
     let work = agent.poll(&[], 5).await;
     let gpu = work["assignments"][0]["gpu_indices"][0].as_u64().unwrap();
-    let now = time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap();
+    let now = time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
     let sample = |index: u64, util: f64| json!({"at": now, "gpu_index": index, "util": util, "mem_used": 1000, "mem_total": 42949672960u64, "task_id": id});
-    let res = agent.call("/api/v1/agent/metrics", json!({"samples": [sample(gpu, 0.9), sample(9, 0.5)]})).await;
+    let res = agent
+        .call(
+            "/api/v1/agent/metrics",
+            json!({"samples": [sample(gpu, 0.9), sample(9, 0.5)]}),
+        )
+        .await;
     let e = assert_error(res, StatusCode::BAD_REQUEST, "validation").await;
     assert!(e["error"]["message"].as_str().unwrap().contains("no GPU 9"));
-    for bad in [json!({"samples": [sample(gpu, 1.5)]}), json!({"samples": [{"gpu_index": 0}]}), json!({"rows": []})] {
-        assert_eq!(agent.call("/api/v1/agent/metrics", bad).await.status(), StatusCode::BAD_REQUEST);
+    for bad in [
+        json!({"samples": [sample(gpu, 1.5)]}),
+        json!({"samples": [{"gpu_index": 0}]}),
+        json!({"rows": []}),
+    ] {
+        assert_eq!(
+            agent.call("/api/v1/agent/metrics", bad).await.status(),
+            StatusCode::BAD_REQUEST
+        );
     }
-    assert!(s.get(&app, &format!("/api/v1/tasks/{id}/metrics")).await["samples"].as_array().unwrap().is_empty(), "nothing stored");
-    let res = agent.call("/api/v1/agent/metrics", json!({"samples": [sample(gpu, 0.9)]})).await;
+    assert!(
+        s.get(&app, &format!("/api/v1/tasks/{id}/metrics")).await["samples"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "nothing stored"
+    );
+    let res = agent
+        .call(
+            "/api/v1/agent/metrics",
+            json!({"samples": [sample(gpu, 0.9)]}),
+        )
+        .await;
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     let m = s.get(&app, &format!("/api/v1/tasks/{id}/metrics")).await;
     assert_eq!(m["samples"][0]["gpu_util"], 0.9);
     assert_eq!(m["samples"][0]["mem_total"], 42949672960u64);
-    let prom = Client::new().get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(prom.contains("autodl_gpu_utilization_ratio{gpu=\"0\",node=\"gpu-1\"}") || prom.contains("autodl_gpu_utilization_ratio{gpu="), "{prom}");
+    let prom = Client::new()
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        prom.contains("autodl_gpu_utilization_ratio{gpu=\"0\",node=\"gpu-1\"}")
+            || prom.contains("autodl_gpu_utilization_ratio{gpu="),
+        "{prom}"
+    );
     assert!(prom.contains("autodl_gpu_samples_ingested_total 1"));
 }
 
@@ -202,10 +419,23 @@ async fn lost_nodes_requeue_their_tasks(b: Backend) {
     let op = operator(&app).await;
     let first = FakeAgent::join(&app, &op, "gpu-1", "A100-40G", "z1").await;
     let s = app.signup("l@example.com", "Lab").await;
-    let t: Value = s.send(&app, Method::POST, "/api/v1/tasks", Some(spec("l", "A100"))).await.json().await.unwrap();
+    let t: Value = s
+        .send(&app, Method::POST, "/api/v1/tasks", Some(spec("l", "A100")))
+        .await
+        .json()
+        .await
+        .unwrap();
     let id = t["id"].as_str().unwrap().to_owned();
-    assert_eq!(first.poll(&[], 5).await["assignments"][0]["task_id"], id.as_str());
-    first.call(&format!("/api/v1/agent/tasks/{id}/started"), json!({"attempt": 1})).await;
+    assert_eq!(
+        first.poll(&[], 5).await["assignments"][0]["task_id"],
+        id.as_str()
+    );
+    first
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/started"),
+            json!({"attempt": 1}),
+        )
+        .await;
     // A second node joins and keeps polling; the first goes silent.
     let second = FakeAgent::join(&app, &op, "gpu-2", "A100-40G", "z1").await;
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -214,23 +444,47 @@ async fn lost_nodes_requeue_their_tasks(b: Backend) {
         if !w["assignments"].as_array().unwrap().is_empty() {
             break w;
         }
-        assert!(Instant::now() < deadline, "the task never moved to the second node");
+        assert!(
+            Instant::now() < deadline,
+            "the task never moved to the second node"
+        );
     };
     assert_eq!(work["assignments"][0]["task_id"], id.as_str());
     assert_eq!(work["assignments"][0]["attempt"], 2);
     let attempts = s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await;
     assert_eq!(attempts[0]["reason"], "node_lost");
     let nodes = op.get(&app, "/api/v1/nodes").await;
-    assert_eq!(nodes.as_array().unwrap().iter().find(|n| n["id"] == "gpu-1").unwrap()["schedulable"], false);
+    assert_eq!(
+        nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["id"] == "gpu-1")
+            .unwrap()["schedulable"],
+        false
+    );
     // The first agent comes back: it is told to stop its stale attempt, and the node is ready again.
     let w = first.poll(&[(id.clone(), 1)], 0).await;
     assert_eq!(w["stop"][0]["task_id"], id.as_str());
     assert_eq!(w["stop"][0]["reason"], "moved");
-    let res = first.call(&format!("/api/v1/agent/tasks/{id}/finished"), json!({"attempt": 1, "exit_code": 0, "reason": "success"})).await;
+    let res = first
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/finished"),
+            json!({"attempt": 1, "exit_code": 0, "reason": "success"}),
+        )
+        .await;
     assert_error(res, StatusCode::CONFLICT, "conflict").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let nodes = op.get(&app, "/api/v1/nodes").await;
-    assert_eq!(nodes.as_array().unwrap().iter().find(|n| n["id"] == "gpu-1").unwrap()["schedulable"], true);
+    assert_eq!(
+        nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["id"] == "gpu-1")
+            .unwrap()["schedulable"],
+        true
+    );
 }
 
 async fn drain_and_cancel_reach_the_agent(b: Backend) {
@@ -238,30 +492,70 @@ async fn drain_and_cancel_reach_the_agent(b: Backend) {
     let op = operator(&app).await;
     let first = FakeAgent::join(&app, &op, "gpu-1", "A100-40G", "z1").await;
     let s = app.signup("d@example.com", "Lab").await;
-    let t: Value = s.send(&app, Method::POST, "/api/v1/tasks", Some(spec("d", "A100"))).await.json().await.unwrap();
+    let t: Value = s
+        .send(&app, Method::POST, "/api/v1/tasks", Some(spec("d", "A100")))
+        .await
+        .json()
+        .await
+        .unwrap();
     let id = t["id"].as_str().unwrap().to_owned();
     first.poll(&[], 5).await;
-    first.call(&format!("/api/v1/agent/tasks/{id}/started"), json!({"attempt": 1})).await;
+    first
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/started"),
+            json!({"attempt": 1}),
+        )
+        .await;
     let second = FakeAgent::join(&app, &op, "gpu-2", "A100-40G", "z1").await;
     // Drain: the agent is told to stop (with a grace period to checkpoint); its report requeues
     // the task, which lands on the other node.
-    let res = op.send(&app, Method::POST, "/api/v1/admin/nodes/gpu-1/drain", None).await;
+    let res = op
+        .send(&app, Method::POST, "/api/v1/admin/nodes/gpu-1/drain", None)
+        .await;
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     let w = first.poll(&[(id.clone(), 1)], 5).await;
     assert_eq!(w["stop"][0]["reason"], "drained");
     assert!(w["stop"][0]["grace_s"].as_u64().unwrap() > 0);
-    first.call(&format!("/api/v1/agent/tasks/{id}/finished"), json!({"attempt": 1, "exit_code": 143, "reason": "stopped"})).await;
+    first
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/finished"),
+            json!({"attempt": 1, "exit_code": 143, "reason": "stopped"}),
+        )
+        .await;
     let w = second.poll(&[], 5).await;
     assert_eq!(w["assignments"][0]["task_id"], id.as_str());
     assert_eq!(w["assignments"][0]["attempt"], 2);
-    assert_eq!(s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await[0]["reason"], "drained");
-    second.call(&format!("/api/v1/agent/tasks/{id}/started"), json!({"attempt": 2})).await;
+    assert_eq!(
+        s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await[0]["reason"],
+        "drained"
+    );
+    second
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/started"),
+            json!({"attempt": 2}),
+        )
+        .await;
     // Cancel: the running agent is told to stop it.
-    s.send(&app, Method::POST, &format!("/api/v1/tasks/{id}/cancel"), None).await;
+    s.send(
+        &app,
+        Method::POST,
+        &format!("/api/v1/tasks/{id}/cancel"),
+        None,
+    )
+    .await;
     let w = second.poll(&[(id.clone(), 2)], 5).await;
     assert_eq!(w["stop"][0]["reason"], "cancelled");
-    let res = op.send(&app, Method::POST, "/api/v1/admin/nodes/gpu-1/explode", None).await;
+    let res = op
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/admin/nodes/gpu-1/explode",
+            None,
+        )
+        .await;
     assert_error(res, StatusCode::BAD_REQUEST, "validation").await;
-    let res = op.send(&app, Method::POST, "/api/v1/admin/nodes/gpu-9/cordon", None).await;
+    let res = op
+        .send(&app, Method::POST, "/api/v1/admin/nodes/gpu-9/cordon", None)
+        .await;
     assert_error(res, StatusCode::NOT_FOUND, "not_found").await;
 }

@@ -6,6 +6,7 @@ mod accounts;
 mod admin_cli;
 mod agents;
 mod api_keys;
+mod e2e;
 mod leader;
 mod tasks;
 mod tenancy;

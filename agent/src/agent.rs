@@ -1,0 +1,790 @@
+//! The agent loop: join, long-poll for work, run it, report it, sample GPUs.
+//!
+//! Tasks never depend on the server being reachable: their output and the GPU samples wait in
+//! bounded buffers, and reports are retried with backoff until the server answers.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::backoff::{entropy_seed, Backoff};
+use crate::client::ServerClient;
+use crate::config::AgentConfig;
+use crate::error::{AgentError, ClientError, RuntimeError};
+use crate::gpu::{GpuAllocation, GpuBackend, GpuInfo};
+use crate::hostinfo;
+use crate::logs::LogBuffer;
+use crate::metrics::AgentMetrics;
+use crate::protocol::{
+    now_rfc3339, Assignment, ExitReason, FinishedReport, LogBatch, MetricSample, MetricsBatch,
+    NodeReport, PollRequest, PollResponse, RegisterRequest, RunningTask, Stream,
+};
+use crate::runtime::{classify_exit, Runtime, TaskIo, TaskLaunch};
+use crate::state::{load_credential, save_credential, SavedCredential};
+
+/// Protocol limits per call.
+const MAX_LOG_LINES_PER_CALL: usize = 1000;
+const MAX_SAMPLES_PER_CALL: usize = 10_000;
+
+type TaskKey = (String, u32);
+
+struct TaskEntry {
+    stop: watch::Sender<Option<Duration>>,
+    allocation: GpuAllocation,
+    /// The attempt ended but the server has not acknowledged `finished` yet; it is still
+    /// listed as running in polls so the server does not take it for lost meanwhile.
+    finished: bool,
+}
+
+struct Inner {
+    config: AgentConfig,
+    backend: Arc<dyn GpuBackend>,
+    runtime: Arc<dyn Runtime>,
+    client: ServerClient,
+    metrics: AgentMetrics,
+    tasks: Mutex<HashMap<TaskKey, TaskEntry>>,
+    samples: Mutex<VecDeque<MetricSample>>,
+    inventory: Mutex<Vec<GpuInfo>>,
+    tracker: TaskTracker,
+}
+
+/// One node agent. Cheap to clone (all clones share the same state); run it once.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), autodl_agent::AgentError> {
+/// use std::sync::Arc;
+/// use autodl_agent::{Agent, AgentConfig, CancellationToken, ProcessRuntime, SimulatedBackend};
+///
+/// let config = AgentConfig::new("http://127.0.0.1:8080")
+///     .node_id("demo-a100")
+///     .registration_token("adlreg_...")
+///     .state_dir("/tmp/autodl-demo/demo-a100");
+/// let backend = Arc::new(SimulatedBackend::from_spec("4xA100-40G", 1)?);
+/// let agent = Agent::new(config, backend, Arc::new(ProcessRuntime::new()))?;
+/// let shutdown = CancellationToken::new();
+/// let handle = tokio::spawn({
+///     let (agent, shutdown) = (agent.clone(), shutdown.clone());
+///     async move { agent.run(shutdown).await }
+/// });
+/// // ... later:
+/// shutdown.cancel();
+/// handle.await.expect("agent task")?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Agent {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("node_id", &self.inner.config.node_id)
+            .field("server", &self.inner.config.server_url)
+            .field("runtime", &self.inner.runtime.name())
+            .finish_non_exhaustive()
+    }
+}
+
+enum Delivery {
+    Delivered,
+    /// The server will never take it (409 stale attempt, 400); do not retry.
+    Rejected {
+        stale: bool,
+    },
+    /// Given up because the agent is shutting down.
+    Abandoned,
+}
+
+impl Agent {
+    /// Fails only when the HTTP client cannot be built (TLS setup).
+    pub fn new(
+        config: AgentConfig,
+        backend: Arc<dyn GpuBackend>,
+        runtime: Arc<dyn Runtime>,
+    ) -> Result<Agent, AgentError> {
+        let client =
+            ServerClient::new(&config.server_url).map_err(|e| AgentError::Http(e.to_string()))?;
+        let metrics = AgentMetrics::new(&config.node_id);
+        Ok(Agent {
+            inner: Arc::new(Inner {
+                config,
+                backend,
+                runtime,
+                client,
+                metrics,
+                tasks: Mutex::new(HashMap::new()),
+                samples: Mutex::new(VecDeque::new()),
+                inventory: Mutex::new(Vec::new()),
+                tracker: TaskTracker::new(),
+            }),
+        })
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.inner.config.node_id
+    }
+
+    pub fn config(&self) -> &AgentConfig {
+        &self.inner.config
+    }
+
+    /// The Prometheus text the `/metrics` endpoint serves.
+    pub fn metrics_text(&self) -> String {
+        self.inner.metrics.render()
+    }
+
+    /// Attempts this agent runs (or has finished but not yet reported), sorted.
+    pub fn running_tasks(&self) -> Vec<RunningTask> {
+        self.inner.running_list()
+    }
+
+    /// Runs until `shutdown` is cancelled, then stops the tasks it runs (SIGTERM, then SIGKILL
+    /// after `shutdown_grace`), reports them as stopped if the server is there, and returns.
+    ///
+    /// Returns early with an error only when the node cannot work without a person: the
+    /// server refused the registration token (or the credential, with no token to register
+    /// again), the state directory is unusable, the GPU backend fails at start, or the metrics
+    /// address cannot be bound.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), AgentError> {
+        let inner = &self.inner;
+        let backend = inner.backend.clone();
+        let inventory = tokio::task::spawn_blocking(move || backend.inventory())
+            .await
+            .map_err(|e| AgentError::Config(format!("GPU inventory task failed: {e}")))??;
+        tracing::info!(
+            node = %inner.config.node_id,
+            gpus = inventory.len(),
+            runtime = inner.runtime.name(),
+            "agent starting"
+        );
+        *lock(&inner.inventory) = inventory;
+        std::fs::create_dir_all(inner.config.state_dir.join("tasks")).map_err(|source| {
+            AgentError::State {
+                path: inner.config.state_dir.clone(),
+                source,
+            }
+        })?;
+        if let Err(e) = inner.runtime.cleanup(&inner.config.node_id, &[]).await {
+            tracing::warn!(error = %e, "could not clean up leftovers of earlier runs");
+        }
+
+        let background = CancellationToken::new();
+        let mut loops = tokio::task::JoinSet::new();
+        if let Some(addr) = inner.config.metrics_listen {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| AgentError::MetricsListen { addr, source })?;
+            tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving /metrics");
+            loops.spawn(crate::metrics::serve(
+                listener,
+                inner.metrics.clone(),
+                background.clone(),
+            ));
+        }
+        loops.spawn(sample_loop(inner.clone(), background.clone()));
+
+        // Our own token below the caller's: an early error return must wind down the task
+        // reporters too, not only a cancellation by the caller.
+        let stopping = shutdown.child_token();
+        let result = inner.control_loop(&stopping).await;
+        if let Err(e) = &result {
+            tracing::error!(error = %e, "agent stopping");
+        }
+
+        // Stop what still runs; supervisors then report it (one try each, we are leaving).
+        stopping.cancel();
+        let grace = inner.config.shutdown_grace;
+        inner.stop_all(grace);
+        inner.tracker.close();
+        if tokio::time::timeout(grace + Duration::from_secs(15), inner.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("tasks did not wind down in time");
+        }
+        background.cancel();
+        while loops.join_next().await.is_some() {}
+        result
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+async fn sleep_or_cancel(d: Duration, token: &CancellationToken) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = token.cancelled() => {}
+    }
+}
+
+impl Inner {
+    fn new_backoff(&self, salt: &str) -> Backoff {
+        Backoff::new(
+            self.config.backoff_initial,
+            self.config.backoff_max,
+            entropy_seed(&format!("{}/{salt}", self.config.node_id)),
+        )
+    }
+
+    fn set_reachable(&self, up: bool) {
+        self.metrics.server_reachable.set(i64::from(up));
+    }
+
+    fn running_list(&self) -> Vec<RunningTask> {
+        let mut v: Vec<RunningTask> = lock(&self.tasks)
+            .keys()
+            .map(|(task_id, attempt)| RunningTask {
+                task_id: task_id.clone(),
+                attempt: *attempt,
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn push_allocations(&self) {
+        let (allocations, running): (Vec<GpuAllocation>, usize) = {
+            let tasks = lock(&self.tasks);
+            let a: Vec<_> = tasks
+                .values()
+                .filter(|e| !e.finished)
+                .map(|e| e.allocation.clone())
+                .collect();
+            let n = a.len();
+            (a, n)
+        };
+        self.metrics.tasks_running.set(running as i64);
+        self.backend.set_allocations(&allocations);
+    }
+
+    fn stop_all(&self, grace: Duration) {
+        for entry in lock(&self.tasks).values() {
+            if !entry.finished {
+                entry.stop.send_if_modified(|s| {
+                    if s.is_none() {
+                        *s = Some(grace);
+                        true
+                    } else {
+                        false
+                    }
+                });
+            }
+        }
+    }
+
+    async fn control_loop(
+        self: &Arc<Self>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), AgentError> {
+        let cfg = &self.config;
+        if let Some(c) = &cfg.credential {
+            self.client.set_credential(Some(c.clone()));
+        } else if let Some(saved) = load_credential(&cfg.state_dir) {
+            if saved.node_id == cfg.node_id && saved.server == cfg.server_url {
+                self.client.set_credential(Some(saved.credential));
+            } else {
+                tracing::info!(
+                    saved_node = saved.node_id,
+                    saved_server = saved.server,
+                    "saved credential is for another node or server; registering again"
+                );
+            }
+        }
+        let mut backoff = self.new_backoff("poll");
+        let mut wait = cfg.poll_wait;
+        loop {
+            if shutdown.is_cancelled() {
+                return Ok(());
+            }
+            if !self.client.has_credential() {
+                let Some(token) = cfg.registration_token.clone() else {
+                    return Err(AgentError::Rejected(format!(
+                        "no node credential in {} and no registration token to join with",
+                        cfg.state_dir.display()
+                    )));
+                };
+                let registered = tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    r = self.register(token) => r,
+                };
+                match registered {
+                    Ok(()) => {
+                        self.set_reachable(true);
+                        backoff.reset();
+                    }
+                    Err(e) if e.is_transient() => {
+                        self.away(&e, &backoff, "register");
+                        sleep_or_cancel(backoff.next_delay(), shutdown).await;
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(AgentError::Rejected(format!("registration refused: {e}")))
+                    }
+                }
+            }
+
+            let req = PollRequest {
+                running: self.running_list(),
+                gpus: lock(&self.inventory).clone(),
+            };
+            let answer = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                r = self.client.poll(wait, &req) => r,
+            };
+            match answer {
+                Ok(resp) => {
+                    if backoff.failures() > 0 {
+                        tracing::info!("server reachable again");
+                    }
+                    self.set_reachable(true);
+                    backoff.reset();
+                    wait = resp
+                        .heartbeat_s
+                        .filter(|h| *h > 0)
+                        .map_or(cfg.poll_wait, |h| Duration::from_secs(h).min(cfg.poll_wait));
+                    self.apply(resp, shutdown);
+                }
+                Err(e) if e.is_unauthorized() => {
+                    if cfg.registration_token.is_none() {
+                        return Err(AgentError::Rejected(format!(
+                            "the server no longer accepts this node's credential ({e}) and there is no registration token"
+                        )));
+                    }
+                    tracing::warn!(error = %e, "node credential refused; registering again");
+                    self.client.set_credential(None);
+                    sleep_or_cancel(backoff.next_delay(), shutdown).await;
+                }
+                Err(e) => {
+                    self.away(&e, &backoff, "poll");
+                    sleep_or_cancel(backoff.next_delay(), shutdown).await;
+                }
+            }
+        }
+    }
+
+    /// Logs the first failure of a streak loudly and the rest quietly.
+    fn away(&self, e: &ClientError, backoff: &Backoff, what: &str) {
+        if matches!(e, ClientError::Transport(_)) {
+            self.set_reachable(false);
+        }
+        if backoff.failures() == 0 {
+            tracing::warn!(error = %e, what, "server call failed; retrying with backoff");
+        } else {
+            tracing::debug!(error = %e, what, failures = backoff.failures(), "server call failed");
+        }
+    }
+
+    async fn register(&self, token: String) -> Result<(), ClientError> {
+        let cfg = &self.config;
+        let node = NodeReport {
+            id: cfg.node_id.clone(),
+            zone: cfg.zone.clone(),
+            labels: cfg.labels.clone(),
+            cpu: cfg.cpu.unwrap_or_else(hostinfo::cpu_count),
+            memory: cfg.memory.unwrap_or_else(hostinfo::memory_bytes),
+            gpus: lock(&self.inventory).clone(),
+        };
+        let resp = self
+            .client
+            .register(&RegisterRequest { token, node })
+            .await?;
+        if resp.node_id != cfg.node_id {
+            tracing::warn!(
+                ours = cfg.node_id,
+                theirs = resp.node_id,
+                "server registered this node under another id"
+            );
+        }
+        self.client.set_credential(Some(resp.credential.clone()));
+        tracing::info!(node = %cfg.node_id, "registered with the server");
+        let saved = SavedCredential {
+            server: cfg.server_url.clone(),
+            node_id: cfg.node_id.clone(),
+            credential: resp.credential,
+        };
+        if let Err(e) = save_credential(&cfg.state_dir, &saved) {
+            // The credential works for this run; the next start registers again if it can.
+            tracing::error!(error = %e, "could not save the node credential");
+        }
+        Ok(())
+    }
+
+    fn apply(self: &Arc<Self>, resp: PollResponse, shutdown: &CancellationToken) {
+        for s in resp.stop {
+            let tasks = lock(&self.tasks);
+            match tasks.get(&(s.task_id.clone(), s.attempt)) {
+                Some(e) if !e.finished => {
+                    tracing::info!(
+                        task = s.task_id,
+                        attempt = s.attempt,
+                        reason = s.reason,
+                        grace_s = s.grace_s,
+                        "stopping task"
+                    );
+                    e.stop.send_replace(Some(Duration::from_secs(s.grace_s)));
+                }
+                _ => tracing::debug!(
+                    task = s.task_id,
+                    attempt = s.attempt,
+                    "stop for an attempt not running here"
+                ),
+            }
+        }
+        for a in resp.assignments {
+            let key = (a.task_id.clone(), a.attempt);
+            if lock(&self.tasks).contains_key(&key) {
+                continue;
+            }
+            self.start_task(a, shutdown);
+        }
+    }
+
+    fn start_task(self: &Arc<Self>, a: Assignment, shutdown: &CancellationToken) {
+        let launch = TaskLaunch::from_assignment(
+            &a,
+            &self.config.node_id,
+            &self.config.state_dir,
+            !self.backend.is_simulated(),
+        );
+        let (stop_tx, stop_rx) = watch::channel(None);
+        let key = (a.task_id.clone(), a.attempt);
+        tracing::info!(task = a.task_id, attempt = a.attempt, gpus = ?a.gpu_indices, "starting task");
+        lock(&self.tasks).insert(
+            key.clone(),
+            TaskEntry {
+                stop: stop_tx,
+                allocation: GpuAllocation {
+                    task_id: a.task_id.clone(),
+                    gpu_indices: a.gpu_indices.clone(),
+                    gpu_memory: a.gpu_memory,
+                    since: Instant::now(),
+                    pid: None,
+                },
+                finished: false,
+            },
+        );
+        self.push_allocations();
+        self.tracker.spawn(supervise(
+            self.clone(),
+            key,
+            launch,
+            stop_rx,
+            shutdown.clone(),
+        ));
+    }
+
+    async fn deliver<F, Fut>(
+        &self,
+        what: &str,
+        shutdown: &CancellationToken,
+        mut call: F,
+    ) -> Delivery
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<(), ClientError>>,
+    {
+        let mut backoff = self.new_backoff(what);
+        loop {
+            match call().await {
+                Ok(()) => {
+                    self.set_reachable(true);
+                    return Delivery::Delivered;
+                }
+                Err(e) if e.is_conflict() => {
+                    tracing::info!(what, "server says the attempt is no longer current");
+                    return Delivery::Rejected { stale: true };
+                }
+                Err(e) if e.is_transient() || e.is_unauthorized() => {
+                    if shutdown.is_cancelled() {
+                        tracing::warn!(what, error = %e, "giving up on a report while shutting down");
+                        return Delivery::Abandoned;
+                    }
+                    self.away(&e, &backoff, what);
+                    sleep_or_cancel(backoff.next_delay(), shutdown).await;
+                }
+                Err(e) => {
+                    tracing::warn!(what, error = %e, "server rejected a report");
+                    return Delivery::Rejected { stale: false };
+                }
+            }
+        }
+    }
+
+    /// Sends one batch; returns false when the attempt turned out stale.
+    async fn ship_logs(
+        &self,
+        task_id: &str,
+        attempt: u32,
+        log: &LogBuffer,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let lines = log.take_batch(MAX_LOG_LINES_PER_CALL);
+        if lines.is_empty() {
+            return true;
+        }
+        let n = lines.len() as u64;
+        let batch = LogBatch { attempt, lines };
+        match self
+            .deliver("logs", shutdown, || self.client.logs(task_id, &batch))
+            .await
+        {
+            Delivery::Delivered => {
+                self.metrics.log_lines_sent.inc_by(n);
+                true
+            }
+            Delivery::Rejected { stale } => !stale,
+            Delivery::Abandoned => true,
+        }
+    }
+
+    fn gpu_holders(&self) -> HashMap<u32, String> {
+        let mut m = HashMap::new();
+        for e in lock(&self.tasks).values().filter(|e| !e.finished) {
+            for g in &e.allocation.gpu_indices {
+                m.entry(*g).or_insert_with(|| e.allocation.task_id.clone());
+            }
+        }
+        m
+    }
+
+    async fn flush_samples(&self) {
+        loop {
+            let batch: Vec<MetricSample> = {
+                let mut q = lock(&self.samples);
+                let n = q.len().min(MAX_SAMPLES_PER_CALL);
+                q.drain(..n).collect()
+            };
+            if batch.is_empty() {
+                return;
+            }
+            let body = MetricsBatch { samples: batch };
+            match self.client.metrics(&body).await {
+                Ok(()) => {
+                    self.set_reachable(true);
+                    self.metrics.samples_sent.inc_by(body.samples.len() as u64);
+                }
+                Err(e) if e.is_transient() || e.is_unauthorized() => {
+                    if matches!(e, ClientError::Transport(_)) {
+                        self.set_reachable(false);
+                    }
+                    tracing::debug!(error = %e, "metrics not delivered; keeping them");
+                    let mut q = lock(&self.samples);
+                    for s in body.samples.into_iter().rev() {
+                        q.push_front(s);
+                    }
+                    self.trim_samples(&mut q);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, samples = body.samples.len(), "server rejected GPU samples; dropping them");
+                    self.metrics
+                        .samples_dropped
+                        .inc_by(body.samples.len() as u64);
+                }
+            }
+        }
+    }
+
+    fn trim_samples(&self, q: &mut VecDeque<MetricSample>) {
+        let cap = self.config.metrics_buffer_samples.max(1);
+        let excess = q.len().saturating_sub(cap);
+        if excess > 0 {
+            q.drain(..excess);
+            self.metrics.samples_dropped.inc_by(excess as u64);
+        }
+    }
+}
+
+async fn supervise(
+    inner: Arc<Inner>,
+    key: TaskKey,
+    launch: TaskLaunch,
+    stop_rx: watch::Receiver<Option<Duration>>,
+    shutdown: CancellationToken,
+) {
+    let log = Arc::new(LogBuffer::new(inner.config.log_buffer_lines));
+    let (started_tx, started_rx) = oneshot::channel();
+    let (done_tx, done_rx) = oneshot::channel();
+    let reporter = tokio::spawn(report(
+        inner.clone(),
+        key.clone(),
+        log.clone(),
+        started_rx,
+        done_rx,
+        shutdown,
+    ));
+    let io = TaskIo {
+        output: log.clone(),
+        started: started_tx,
+        stop: stop_rx.clone(),
+    };
+    let prepared = std::fs::create_dir_all(&launch.checkpoint_dir)
+        .and_then(|()| std::fs::create_dir_all(&launch.results_dir));
+    let outcome = match prepared {
+        Ok(()) => inner.runtime.run(launch, io).await,
+        Err(e) => {
+            drop(io);
+            Err(RuntimeError::Io(e))
+        }
+    };
+    let (exit_code, reason) = match outcome {
+        Ok(o) => (
+            Some(o.exit_code),
+            classify_exit(
+                Some(o.exit_code),
+                o.oom_killed,
+                log.oom_detected(),
+                o.stopped,
+            ),
+        ),
+        Err(e) => {
+            tracing::warn!(task = key.0, attempt = key.1, error = %e, "task could not start");
+            log.push(
+                Stream::Stderr,
+                format!("[autodl-agent] could not start the task: {e}"),
+            );
+            let stopped = stop_rx.borrow().is_some();
+            (None, classify_exit(None, false, false, stopped))
+        }
+    };
+    tracing::info!(
+        task = key.0,
+        attempt = key.1,
+        ?exit_code,
+        reason = reason.as_str(),
+        "task ended"
+    );
+    if let Some(e) = lock(&inner.tasks).get_mut(&key) {
+        e.finished = true;
+    }
+    inner.push_allocations();
+    inner
+        .metrics
+        .tasks_finished
+        .with_label_values(&[reason.as_str()])
+        .inc();
+    log.close();
+    let _ = done_tx.send((exit_code, reason));
+    let _ = reporter.await;
+    lock(&inner.tasks).remove(&key);
+}
+
+/// Delivers `started`, the output, then `finished`, in that order, for one attempt.
+async fn report(
+    inner: Arc<Inner>,
+    key: TaskKey,
+    log: Arc<LogBuffer>,
+    started_rx: oneshot::Receiver<crate::runtime::Started>,
+    done_rx: oneshot::Receiver<(Option<i32>, ExitReason)>,
+    shutdown: CancellationToken,
+) {
+    let (task_id, attempt) = key.clone();
+    let mut current = true;
+    if let Ok(started) = started_rx.await {
+        if let Some(e) = lock(&inner.tasks).get_mut(&key) {
+            e.allocation.pid = started.pid;
+        }
+        inner.push_allocations();
+        if let Delivery::Rejected { stale: true } = inner
+            .deliver("started", &shutdown, || {
+                inner.client.started(&task_id, attempt)
+            })
+            .await
+        {
+            current = false;
+        }
+    }
+    let flush_lines = inner.config.log_flush_lines;
+    let flush_interval = inner.config.log_flush_interval;
+    tokio::pin!(done_rx);
+    let done = loop {
+        tokio::select! {
+            d = &mut done_rx => break d.ok(),
+            () = log.wait_ready(flush_lines, flush_interval) => {
+                if log.is_closed() {
+                    break (&mut done_rx).await.ok();
+                }
+                if current {
+                    current = inner.ship_logs(&task_id, attempt, &log, &shutdown).await;
+                } else {
+                    log.take_batch(usize::MAX);
+                }
+            }
+        }
+    };
+    while current && !log.is_empty() {
+        current = inner.ship_logs(&task_id, attempt, &log, &shutdown).await;
+        if shutdown.is_cancelled() && !log.is_empty() {
+            // One batch per call while leaving; do not hold the shutdown for megabytes.
+            break;
+        }
+    }
+    let (exit_code, reason) = done.unwrap_or((None, ExitReason::Error));
+    let body = FinishedReport {
+        attempt,
+        exit_code,
+        reason,
+    };
+    inner
+        .deliver("finished", &shutdown, || {
+            inner.client.finished(&task_id, &body)
+        })
+        .await;
+}
+
+async fn sample_loop(inner: Arc<Inner>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(inner.config.sample_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let backend = inner.backend.clone();
+        let samples = match tokio::task::spawn_blocking(move || backend.sample()).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "GPU sampling failed");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "GPU sampling task failed");
+                continue;
+            }
+        };
+        inner.metrics.observe(&lock(&inner.inventory), &samples);
+        let at = now_rfc3339();
+        let holders = inner.gpu_holders();
+        {
+            let mut q = lock(&inner.samples);
+            for s in samples {
+                q.push_back(MetricSample {
+                    at: at.clone(),
+                    gpu_index: s.gpu_index,
+                    util: s.util,
+                    mem_used: s.mem_used,
+                    mem_total: s.mem_total,
+                    temperature: s.temperature,
+                    power_w: s.power_w,
+                    processes: s.processes,
+                    task_id: holders.get(&s.gpu_index).cloned(),
+                });
+            }
+            inner.trim_samples(&mut q);
+        }
+        if inner.client.has_credential() {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                () = inner.flush_samples() => {}
+            }
+        }
+    }
+}

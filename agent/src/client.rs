@@ -1,0 +1,206 @@
+//! The agent's HTTP client for `/api/v1/agent/*`.
+
+use std::sync::RwLock;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::ClientError;
+use crate::protocol::{
+    FinishedReport, LogBatch, MetricsBatch, PollRequest, PollResponse, RegisterRequest,
+    RegisterResponse, StartedReport,
+};
+
+/// Time allowed for an ordinary report; a long poll gets its wait on top.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug)]
+pub struct ServerClient {
+    http: reqwest::Client,
+    base: String,
+    credential: RwLock<Option<String>>,
+}
+
+impl ServerClient {
+    pub fn new(server_url: &str) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .user_agent(concat!("autodl-agent/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(ServerClient {
+            http,
+            base: server_url.trim_end_matches('/').to_string(),
+            credential: RwLock::new(None),
+        })
+    }
+
+    pub fn set_credential(&self, credential: Option<String>) {
+        *self.credential.write().unwrap_or_else(|e| e.into_inner()) = credential;
+    }
+
+    pub fn has_credential(&self) -> bool {
+        self.credential
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    async fn post<B: Serialize + ?Sized, R: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+        timeout: Duration,
+    ) -> Result<Option<R>, ClientError> {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .timeout(timeout)
+            .json(body);
+        if let Some(c) = self
+            .credential
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_deref()
+        {
+            req = req.bearer_auth(c);
+        }
+        let resp = req.send().await?;
+        let status = resp.status();
+        if !status.is_success() {
+            let mut body = resp.text().await.unwrap_or_default();
+            body.truncate(500);
+            return Err(ClientError::Status {
+                status: status.as_u16(),
+                body,
+            });
+        }
+        let bytes = resp.bytes().await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| ClientError::Status {
+                status: status.as_u16(),
+                body: format!("unexpected answer: {e}"),
+            })
+    }
+
+    async fn post_unit<B: Serialize + ?Sized>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<(), ClientError> {
+        self.post::<B, serde_json::Value>(path, body, REQUEST_TIMEOUT)
+            .await
+            .map(|_| ())
+    }
+
+    /// Sent without a credential: the registration token is the proof.
+    pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, ClientError> {
+        self.set_credential(None);
+        self.post(REGISTER, req, REQUEST_TIMEOUT)
+            .await?
+            .ok_or_else(|| ClientError::Status {
+                status: 201,
+                body: "empty registration answer".into(),
+            })
+    }
+
+    pub async fn poll(
+        &self,
+        wait: Duration,
+        req: &PollRequest,
+    ) -> Result<PollResponse, ClientError> {
+        let path = format!("/api/v1/agent/poll?wait={}", wait.as_secs());
+        Ok(self
+            .post(&path, req, wait + REQUEST_TIMEOUT)
+            .await?
+            .unwrap_or_default())
+    }
+
+    pub async fn started(&self, task_id: &str, attempt: u32) -> Result<(), ClientError> {
+        self.post_unit(&task_path(task_id, "started"), &StartedReport { attempt })
+            .await
+    }
+
+    pub async fn logs(&self, task_id: &str, batch: &LogBatch) -> Result<(), ClientError> {
+        self.post_unit(&task_path(task_id, "logs"), batch).await
+    }
+
+    pub async fn finished(
+        &self,
+        task_id: &str,
+        report: &FinishedReport,
+    ) -> Result<(), ClientError> {
+        self.post_unit(&task_path(task_id, "finished"), report)
+            .await
+    }
+
+    pub async fn metrics(&self, batch: &MetricsBatch) -> Result<(), ClientError> {
+        self.post_unit("/api/v1/agent/metrics", batch).await
+    }
+}
+
+const REGISTER: &str = "/api/v1/agent/register";
+
+fn task_path(task_id: &str, what: &str) -> String {
+    format!("/api/v1/agent/tasks/{}/{what}", encode_segment(task_id))
+}
+
+/// Percent-encodes everything but unreserved characters, so any task id is one path segment.
+pub fn encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths() {
+        assert_eq!(
+            task_path("3f2a-11", "logs"),
+            "/api/v1/agent/tasks/3f2a-11/logs"
+        );
+        assert_eq!(encode_segment("a/b c"), "a%2Fb%20c");
+    }
+
+    #[test]
+    fn error_classes() {
+        let s = |status| ClientError::Status {
+            status,
+            body: String::new(),
+        };
+        assert!(s(409).is_conflict() && !s(409).is_transient());
+        assert!(s(401).is_unauthorized());
+        assert!(s(503).is_transient() && s(404).is_transient());
+        assert!(!s(400).is_transient());
+    }
+
+    #[tokio::test]
+    async fn unreachable_server_is_transient() {
+        // Port 9 (discard) on loopback is closed on test machines: connection refused.
+        let c = ServerClient::new("http://127.0.0.1:9").unwrap();
+        let e = c
+            .poll(
+                Duration::from_secs(1),
+                &PollRequest {
+                    running: vec![],
+                    gpus: vec![],
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(e.is_transient(), "{e}");
+    }
+}

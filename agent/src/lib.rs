@@ -1,0 +1,34 @@
+//! autodl GPU host agent.
+//!
+//! The agent joins the cluster with a registration token, long-polls the server for work
+//! (docs/agent-protocol.md), runs assigned tasks through a [`Runtime`] (Docker or plain
+//! processes), ships their output and GPU samples, and stops tasks on request.
+//!
+//! It is a library first so the server's demo mode and integration tests can run agents in
+//! process: build an [`AgentConfig`], pick a [`GpuBackend`] ([`SimulatedBackend`] or
+//! [`NvmlBackend`]) and a [`Runtime`] ([`ProcessRuntime`] or [`DockerRuntime`]), then call
+//! [`Agent::run`] with a [`CancellationToken`]. See [`Agent`] for an example.
+
+pub mod backoff;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod gpu;
+pub mod hostinfo;
+pub mod logs;
+pub mod metrics;
+pub mod protocol;
+pub mod runtime;
+pub mod state;
+
+mod agent;
+
+pub use agent::Agent;
+pub use config::AgentConfig;
+pub use error::{AgentError, ClientError, GpuError, RuntimeError};
+pub use gpu::{
+    gpu_type_from_name, known_gpu_types, parse_simulate_spec, GpuBackend, NvmlBackend,
+    SimulatedBackend, SimulatedGpu,
+};
+pub use runtime::{DockerRuntime, ProcessRuntime, Runtime};
+pub use tokio_util::sync::CancellationToken;

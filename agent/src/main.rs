@@ -1,0 +1,255 @@
+//! `autodl-agent`: the node agent as a daemon.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use autodl_agent::config::DEFAULT_STATE_DIR;
+use autodl_agent::gpu::GpuBackend;
+use autodl_agent::{
+    Agent, AgentConfig, CancellationToken, DockerRuntime, NvmlBackend, ProcessRuntime, Runtime,
+    SimulatedBackend,
+};
+use clap::{Parser, ValueEnum};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RuntimeKind {
+    /// Docker when the engine answers, else plain processes.
+    Auto,
+    Docker,
+    Process,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "autodl GPU host agent: joins the cluster and runs assigned training tasks"
+)]
+struct Cli {
+    /// Server base URL, e.g. http://autodl.internal:8080.
+    #[arg(long, env = "AUTODL_SERVER")]
+    server: String,
+    /// Registration token (adlreg_...); needed only for the first start, or after the
+    /// node's credential was revoked.
+    #[arg(long, env = "AUTODL_REGISTRATION_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Holds the node credential (mode 0600) and the task folders.
+    #[arg(long, env = "AUTODL_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// Node id; defaults to the host name.
+    #[arg(long, env = "AUTODL_NODE_ID")]
+    node_id: Option<String>,
+    #[arg(long, env = "AUTODL_ZONE", default_value = "")]
+    zone: String,
+    /// Node label KEY=VALUE; repeatable.
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+    /// Simulate GPUs instead of reading NVML, e.g. "4xA100-40G" or "2xA100-40G,1xFOO:24GiB".
+    #[arg(long, env = "AUTODL_SIMULATE", conflicts_with = "no_gpus")]
+    simulate: Option<String>,
+    /// Seed of the simulated GPUs' numbers and UUIDs (defaults to one derived from the node id).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Join without GPUs (CPU-only host).
+    #[arg(long)]
+    no_gpus: bool,
+    #[arg(long, value_enum, env = "AUTODL_RUNTIME", default_value = "auto")]
+    runtime: RuntimeKind,
+    /// Working directory of tasks under the process runtime (default: the task's folder).
+    #[arg(long)]
+    workdir: Option<PathBuf>,
+    /// GPU sampling period: "5s", "500ms", "1m" or plain seconds.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    sample_interval: Duration,
+    /// Longest the server may hold a poll.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    poll_wait: Duration,
+    /// Grace period for tasks still running when the agent stops.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    shutdown_grace: Duration,
+    /// Prometheus endpoint address, or "off".
+    #[arg(long, env = "AUTODL_METRICS_LISTEN", default_value = "127.0.0.1:9101")]
+    metrics_listen: String,
+    /// Cores to report instead of the detected count.
+    #[arg(long)]
+    cpu: Option<u32>,
+    /// RAM bytes to report instead of the detected size.
+    #[arg(long)]
+    memory: Option<u64>,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (s, 1.0)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad duration {s:?} (try 5s or 500ms)"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err(format!("duration must be positive: {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(v * mult))
+}
+
+async fn pick_runtime(kind: RuntimeKind, workdir: Option<PathBuf>) -> Result<Arc<dyn Runtime>> {
+    let process = || -> Arc<dyn Runtime> {
+        Arc::new(match workdir.clone() {
+            Some(d) => ProcessRuntime::with_workdir(d),
+            None => ProcessRuntime::new(),
+        })
+    };
+    Ok(match kind {
+        RuntimeKind::Process => process(),
+        RuntimeKind::Docker => Arc::new(
+            DockerRuntime::connect()
+                .await
+                .context("connecting to Docker (DOCKER_HOST or /var/run/docker.sock)")?,
+        ),
+        RuntimeKind::Auto => match DockerRuntime::connect().await {
+            Ok(d) => Arc::new(d),
+            Err(e) => {
+                tracing::warn!(error = %e, "Docker unavailable; running tasks as plain processes");
+                process()
+            }
+        },
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let cli = Cli::parse();
+
+    let mut config = AgentConfig::new(cli.server)
+        .state_dir(cli.state_dir)
+        .zone(cli.zone)
+        .sample_interval(cli.sample_interval)
+        .poll_wait(cli.poll_wait)
+        .shutdown_grace(cli.shutdown_grace);
+    if let Some(id) = cli.node_id {
+        config = config.node_id(id);
+    }
+    if let Some(t) = cli.token {
+        config = config.registration_token(t);
+    }
+    for (k, v) in cli.labels {
+        config = config.label(k, v);
+    }
+    if let Some(c) = cli.cpu {
+        config = config.cpu(c);
+    }
+    if let Some(m) = cli.memory {
+        config = config.memory(m);
+    }
+    if cli.metrics_listen != "off" {
+        let addr: SocketAddr = cli
+            .metrics_listen
+            .parse()
+            .with_context(|| format!("--metrics-listen {:?}", cli.metrics_listen))?;
+        config = config.metrics_listen(addr);
+    }
+
+    let backend: Arc<dyn GpuBackend> = if let Some(spec) = &cli.simulate {
+        let seed = cli.seed.unwrap_or_else(|| seed_of(&config.node_id));
+        Arc::new(SimulatedBackend::from_spec(spec, seed)?)
+    } else if cli.no_gpus {
+        Arc::new(SimulatedBackend::new(Vec::new(), 0))
+    } else {
+        match NvmlBackend::new() {
+            Ok(b) => Arc::new(b),
+            Err(e) => bail!(
+                "{e}\nNo NVIDIA driver here? Pass --simulate SPEC (e.g. 4xA100-40G) to simulate GPUs, or --no-gpus to join without GPUs."
+            ),
+        }
+    };
+    let runtime = pick_runtime(cli.runtime, cli.workdir).await?;
+    let agent = Agent::new(config, backend, runtime)?;
+
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        on_signal.cancel();
+    });
+    agent.run(shutdown).await?;
+    Ok(())
+}
+
+/// Stable per node, so a restarted simulated node keeps its GPU UUIDs.
+fn seed_of(node_id: &str) -> u64 {
+    node_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_parsing() {
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        assert!(parse_duration("0").is_err() && parse_duration("x").is_err());
+        assert_eq!(parse_label("rack=3").unwrap(), ("rack".into(), "3".into()));
+        assert!(parse_label("rack").is_err());
+        let cli = Cli::try_parse_from([
+            "autodl-agent",
+            "--server",
+            "http://s:8080",
+            "--token",
+            "adlreg_x",
+            "--label",
+            "a=1",
+            "--label",
+            "b=2",
+            "--simulate",
+            "2xA40",
+        ])
+        .unwrap();
+        assert_eq!(cli.labels.len(), 2);
+        assert_eq!(cli.runtime, RuntimeKind::Auto);
+        assert_eq!(cli.sample_interval, Duration::from_secs(5));
+        assert_eq!(cli.metrics_listen, "127.0.0.1:9101");
+        assert_eq!(seed_of("n1"), seed_of("n1"));
+    }
+}

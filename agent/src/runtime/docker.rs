@@ -1,0 +1,556 @@
+//! Tasks as Docker containers through bollard. Containers are named and labelled after the
+//! task attempt so a restarted agent can find and remove what it no longer tracks.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bollard::errors::Error as DockerError;
+use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
+    LogsOptionsBuilder, RemoveContainerOptionsBuilder,
+};
+use bollard::Docker;
+use futures_util::StreamExt;
+
+use super::{
+    safe_name, RunOutcome, Runtime, RuntimeError, Started, TaskIo, TaskLaunch,
+    CONTAINER_CHECKPOINT_DIR, CONTAINER_RESULTS_DIR,
+};
+use crate::logs::{LogBuffer, MAX_LINE_BYTES};
+use crate::protocol::Stream;
+
+pub const LABEL_TASK: &str = "autodl.task";
+pub const LABEL_ATTEMPT: &str = "autodl.attempt";
+pub const LABEL_NODE: &str = "autodl.node";
+
+/// How long the log stream may lag behind the container's exit before it is abandoned.
+const LOG_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+pub struct DockerRuntime {
+    docker: Docker,
+}
+
+impl DockerRuntime {
+    /// Connects through `DOCKER_HOST` (or the default socket) and agrees on an API version, so
+    /// older engines (Docker 20.10 speaks 1.41) accept the requests.
+    pub async fn connect() -> Result<Self, RuntimeError> {
+        let docker = Docker::connect_with_defaults()?.negotiate_version().await?;
+        docker.ping().await?;
+        Ok(DockerRuntime { docker })
+    }
+
+    pub fn client(&self) -> &Docker {
+        &self.docker
+    }
+
+    pub fn container_name(task_id: &str, attempt: u32) -> String {
+        format!("autodl-{}-{attempt}", safe_name(task_id))
+    }
+
+    fn create_body(launch: &TaskLaunch) -> ContainerCreateBody {
+        let mut env: Vec<String> = launch.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        env.push(format!("AUTODL_CHECKPOINT_DIR={CONTAINER_CHECKPOINT_DIR}"));
+        env.push(format!("AUTODL_RESULTS_DIR={CONTAINER_RESULTS_DIR}"));
+        let mut device_requests = None;
+        if !launch.gpu_indices.is_empty() {
+            if launch.real_gpus {
+                // The NVIDIA runtime renumbers the passed devices from 0 inside the container
+                // and sets the visibility variables itself.
+                device_requests = Some(vec![DeviceRequest {
+                    driver: Some("nvidia".into()),
+                    device_ids: Some(launch.gpu_indices.iter().map(u32::to_string).collect()),
+                    capabilities: Some(vec![vec!["gpu".into()]]),
+                    ..Default::default()
+                }]);
+            } else {
+                env.push(format!("NVIDIA_VISIBLE_DEVICES={}", launch.gpu_list()));
+                env.push(format!("CUDA_VISIBLE_DEVICES={}", launch.gpu_list()));
+            }
+        }
+        let mut binds = vec![
+            format!(
+                "{}:{CONTAINER_CHECKPOINT_DIR}",
+                launch.checkpoint_dir.display()
+            ),
+            format!("{}:{CONTAINER_RESULTS_DIR}", launch.results_dir.display()),
+        ];
+        // Only host paths can be mounted; URLs (s3://...) reach the task through the env.
+        if let Some(p) = &launch.data_path {
+            if p.starts_with('/') && !p.contains(':') && Path::new(p).exists() {
+                binds.push(format!("{p}:{p}:ro"));
+            }
+        }
+        let labels = HashMap::from([
+            (LABEL_TASK.to_string(), launch.task_id.clone()),
+            (LABEL_ATTEMPT.to_string(), launch.attempt.to_string()),
+            (LABEL_NODE.to_string(), launch.node_id.clone()),
+        ]);
+        ContainerCreateBody {
+            image: Some(launch.image.clone()),
+            cmd: (!launch.command.is_empty()).then(|| launch.command.clone()),
+            env: Some(env),
+            labels: Some(labels),
+            host_config: Some(HostConfig {
+                nano_cpus: launch
+                    .cpu
+                    .filter(|c| *c > 0.0)
+                    .map(|c| (c * 1e9).round() as i64),
+                memory: launch
+                    .memory
+                    .filter(|m| *m > 0)
+                    .and_then(|m| i64::try_from(m).ok()),
+                binds: Some(binds),
+                device_requests,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn remove(&self, name: &str) {
+        let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+        match self.docker.remove_container(name, Some(opts)).await {
+            Ok(())
+            | Err(DockerError::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {}
+            Err(e) => tracing::warn!(container = name, error = %e, "could not remove container"),
+        }
+    }
+
+    async fn kill(&self, name: &str, signal: &str) {
+        let opts = KillContainerOptionsBuilder::default()
+            .signal(signal)
+            .build();
+        if let Err(e) = self.docker.kill_container(name, Some(opts)).await {
+            tracing::debug!(container = name, signal, error = %e, "kill failed (already exited?)");
+        }
+    }
+
+    /// Exit code once the container stops. bollard reports a non-zero exit as an error.
+    async fn wait_exit(&self, name: &str) -> Result<i64, RuntimeError> {
+        let mut stream = self.docker.wait_container(name, None);
+        match stream.next().await {
+            Some(Ok(r)) => Ok(r.status_code),
+            Some(Err(DockerError::DockerContainerWaitError { code, .. })) => Ok(code),
+            Some(Err(e)) => Err(e.into()),
+            None => {
+                // The wait stream closed early (connection hiccup): fall back to polling.
+                loop {
+                    let state = self.docker.inspect_container(name, None).await?.state;
+                    if !state.as_ref().and_then(|s| s.running).unwrap_or(false) {
+                        return Ok(state.and_then(|s| s.exit_code).unwrap_or(-1));
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Splits Docker's log chunks (which need not end at line breaks) into lines per stream.
+#[derive(Default)]
+struct LineSplitter {
+    partial: Vec<u8>,
+}
+
+impl LineSplitter {
+    fn feed(&mut self, chunk: &[u8], stream: Stream, out: &LogBuffer) {
+        for &b in chunk {
+            if b == b'\n' || self.partial.len() >= MAX_LINE_BYTES {
+                self.emit(stream, out);
+                if b == b'\n' {
+                    continue;
+                }
+            }
+            self.partial.push(b);
+        }
+    }
+
+    fn emit(&mut self, stream: Stream, out: &LogBuffer) {
+        if self.partial.last() == Some(&b'\r') {
+            self.partial.pop();
+        }
+        out.push(stream, String::from_utf8_lossy(&self.partial).into_owned());
+        self.partial.clear();
+    }
+
+    fn finish(&mut self, stream: Stream, out: &LogBuffer) {
+        if !self.partial.is_empty() {
+            self.emit(stream, out);
+        }
+    }
+}
+
+#[async_trait]
+impl Runtime for DockerRuntime {
+    fn name(&self) -> &'static str {
+        "docker"
+    }
+
+    async fn cleanup(&self, node_id: &str, keep: &[(String, u32)]) -> Result<(), RuntimeError> {
+        let filters = HashMap::from([("label", vec![format!("{LABEL_NODE}={node_id}")])]);
+        let opts = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        for c in self.docker.list_containers(Some(opts)).await? {
+            let labels = c.labels.unwrap_or_default();
+            let task = labels.get(LABEL_TASK).cloned().unwrap_or_default();
+            let attempt = labels
+                .get(LABEL_ATTEMPT)
+                .and_then(|a| a.parse::<u32>().ok())
+                .unwrap_or(0);
+            if keep.iter().any(|(t, a)| *t == task && *a == attempt) {
+                continue;
+            }
+            if let Some(id) = c.id {
+                tracing::info!(container = %id, task, attempt, "removing leftover container");
+                self.remove(&id).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn run(&self, launch: TaskLaunch, io: TaskIo) -> Result<RunOutcome, RuntimeError> {
+        let name = Self::container_name(&launch.task_id, launch.attempt);
+        // A container of the same attempt can only be a leftover of a crashed agent.
+        self.remove(&name).await;
+        let opts = CreateContainerOptionsBuilder::default().name(&name).build();
+        self.docker
+            .create_container(Some(opts), Self::create_body(&launch))
+            .await?;
+        if let Err(e) = self.docker.start_container(&name, None).await {
+            self.remove(&name).await;
+            return Err(e.into());
+        }
+        let pid = self
+            .docker
+            .inspect_container(&name, None)
+            .await
+            .ok()
+            .and_then(|i| i.state?.pid)
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|p| *p != 0);
+        let _ = io.started.send(Started { pid });
+
+        let docker = self.docker.clone();
+        let log_name = name.clone();
+        let output = io.output.clone();
+        let logs = tokio::spawn(async move {
+            let opts = LogsOptionsBuilder::default()
+                .follow(true)
+                .stdout(true)
+                .stderr(true)
+                .build();
+            let mut stream = docker.logs(&log_name, Some(opts));
+            let (mut out, mut err) = (LineSplitter::default(), LineSplitter::default());
+            while let Some(item) = stream.next().await {
+                match item {
+                    Ok(bollard::container::LogOutput::StdErr { message }) => {
+                        err.feed(&message, Stream::Stderr, &output)
+                    }
+                    Ok(other) => out.feed(&other.into_bytes(), Stream::Stdout, &output),
+                    Err(e) => {
+                        tracing::warn!(container = log_name, error = %e, "log stream ended");
+                        break;
+                    }
+                }
+            }
+            out.finish(Stream::Stdout, &output);
+            err.finish(Stream::Stderr, &output);
+        });
+
+        let mut stop = io.stop;
+        let mut stop_open = true;
+        let mut stopped = false;
+        let wait = self.wait_exit(&name);
+        tokio::pin!(wait);
+        let exit = loop {
+            let requested = *stop.borrow_and_update();
+            if let Some(grace) = requested {
+                stopped = true;
+                self.kill(&name, "SIGTERM").await;
+                break match tokio::time::timeout(grace, &mut wait).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        self.kill(&name, "SIGKILL").await;
+                        wait.await
+                    }
+                };
+            }
+            tokio::select! {
+                r = &mut wait => break r,
+                changed = stop.changed(), if stop_open => {
+                    if changed.is_err() {
+                        stop_open = false;
+                    }
+                }
+            }
+        };
+        let exit = match exit {
+            Ok(code) => code,
+            Err(e) => {
+                logs.abort();
+                self.remove(&name).await;
+                return Err(e);
+            }
+        };
+        if tokio::time::timeout(LOG_DRAIN_TIMEOUT, logs).await.is_err() {
+            tracing::warn!(
+                container = name,
+                "log stream did not end after the container"
+            );
+        }
+        let state = self
+            .docker
+            .inspect_container(&name, None)
+            .await
+            .ok()
+            .and_then(|i| i.state);
+        let oom_killed = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
+        let exit_code = state.and_then(|s| s.exit_code).unwrap_or(exit);
+        self.remove(&name).await;
+        Ok(RunOutcome {
+            exit_code: i32::try_from(exit_code).unwrap_or(-1),
+            oom_killed,
+            stopped,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Assignment;
+    use std::sync::Arc;
+    use tokio::sync::{oneshot, watch};
+
+    #[test]
+    fn container_spec() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Assignment {
+            task_id: "abc".into(),
+            attempt: 2,
+            image: "img:1".into(),
+            command: vec!["python".into(), "train.py".into()],
+            gpu_indices: vec![0, 2],
+            cpu: Some(1.5),
+            memory: Some(1 << 30),
+            data_path: Some(dir.path().display().to_string()),
+            ..Default::default()
+        };
+        let real = TaskLaunch::from_assignment(&a, "n1", dir.path(), true);
+        let body = DockerRuntime::create_body(&real);
+        let hc = body.host_config.clone().unwrap();
+        assert_eq!(hc.nano_cpus, Some(1_500_000_000));
+        assert_eq!(hc.memory, Some(1 << 30));
+        let dr = &hc.device_requests.unwrap()[0];
+        assert_eq!(dr.driver.as_deref(), Some("nvidia"));
+        assert_eq!(dr.device_ids, Some(vec!["0".to_string(), "2".to_string()]));
+        let env = body.env.clone().unwrap();
+        assert!(env.contains(&"AUTODL_CHECKPOINT_DIR=/autodl/checkpoints".to_string()));
+        assert!(!env.iter().any(|e| e.starts_with("CUDA_VISIBLE_DEVICES=")));
+        let binds = hc.binds.unwrap();
+        assert!(binds.iter().any(|b| b.ends_with(":/autodl/results")));
+        assert!(
+            binds.iter().any(|b| b.ends_with(":ro")),
+            "local data path mounted: {binds:?}"
+        );
+        let labels = body.labels.unwrap();
+        assert_eq!(labels[LABEL_TASK], "abc");
+        assert_eq!(labels[LABEL_ATTEMPT], "2");
+        assert_eq!(labels[LABEL_NODE], "n1");
+        assert_eq!(DockerRuntime::container_name("abc", 2), "autodl-abc-2");
+
+        let sim = TaskLaunch::from_assignment(&a, "n1", dir.path(), false);
+        let body = DockerRuntime::create_body(&sim);
+        assert!(body.host_config.unwrap().device_requests.is_none());
+        let env = body.env.unwrap();
+        assert!(env.contains(&"CUDA_VISIBLE_DEVICES=0,2".to_string()));
+        assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=0,2".to_string()));
+    }
+
+    #[test]
+    fn chunks_split_into_lines() {
+        let out = LogBuffer::new(100);
+        let mut s = LineSplitter::default();
+        s.feed(b"a\nb", Stream::Stdout, &out);
+        s.feed(b"c\r\n\nd", Stream::Stdout, &out);
+        s.finish(Stream::Stdout, &out);
+        let got: Vec<_> = out.take_batch(10).into_iter().map(|l| l.line).collect();
+        assert_eq!(got, ["a", "bc", "", "d"]);
+    }
+
+    /// Needs a Docker engine and a local image with /bin/sh named by AUTODL_TEST_DOCKER_IMAGE
+    /// (no registry is reachable from CI machines, so the test cannot pull one).
+    #[tokio::test]
+    async fn docker_runs_a_container_with_limits() {
+        let Ok(image) = std::env::var("AUTODL_TEST_DOCKER_IMAGE") else {
+            eprintln!("skipping: set AUTODL_TEST_DOCKER_IMAGE to a local image with /bin/sh to run the Docker runtime test");
+            return;
+        };
+        let rt = DockerRuntime::connect()
+            .await
+            .expect("docker engine reachable");
+        let node = format!("test-node-{}", std::process::id());
+
+        // A leftover from a "crashed" agent run on this node is removed by cleanup.
+        let leftover = format!("autodl-leftover-{}", std::process::id());
+        let body = ContainerCreateBody {
+            image: Some(image.clone()),
+            cmd: Some(vec!["sh".into(), "-c".into(), "sleep 60".into()]),
+            labels: Some(HashMap::from([
+                (LABEL_TASK.to_string(), "old".to_string()),
+                (LABEL_ATTEMPT.to_string(), "1".to_string()),
+                (LABEL_NODE.to_string(), node.clone()),
+            ])),
+            ..Default::default()
+        };
+        rt.docker
+            .create_container(
+                Some(
+                    CreateContainerOptionsBuilder::default()
+                        .name(&leftover)
+                        .build(),
+                ),
+                body,
+            )
+            .await
+            .unwrap();
+        rt.cleanup(&node, &[]).await.unwrap();
+        assert!(rt.docker.inspect_container(&leftover, None).await.is_err());
+
+        let dir = tempfile::tempdir().unwrap();
+        let a = Assignment {
+            task_id: format!("dockertest{}", std::process::id()),
+            attempt: 1,
+            image,
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                "echo out; echo err >&2; echo \"$AUTODL_TASK_ID $AUTODL_CHECKPOINT_DIR $CUDA_VISIBLE_DEVICES\"; \
+                 echo saved > \"$AUTODL_RESULTS_DIR/r.txt\"; sleep 2; exit 4"
+                    .into(),
+            ],
+            gpu_indices: vec![1],
+            cpu: Some(0.5),
+            memory: Some(64 << 20),
+            ..Default::default()
+        };
+        let l = TaskLaunch::from_assignment(&a, &node, dir.path(), false);
+        std::fs::create_dir_all(&l.checkpoint_dir).unwrap();
+        std::fs::create_dir_all(&l.results_dir).unwrap();
+        let results = l.results_dir.clone();
+        let output = Arc::new(LogBuffer::new(1000));
+        let (started_tx, started_rx) = oneshot::channel();
+        let (_stop, stop_rx) = watch::channel(None);
+        let io = TaskIo {
+            output: output.clone(),
+            started: started_tx,
+            stop: stop_rx,
+        };
+        let name = DockerRuntime::container_name(&a.task_id, 1);
+        let rt2 = rt.clone();
+        let run = tokio::spawn(async move { rt2.run(l, io).await });
+        started_rx.await.expect("started");
+        let info = rt.docker.inspect_container(&name, None).await.unwrap();
+        let hc = info.host_config.unwrap();
+        assert_eq!(hc.nano_cpus, Some(500_000_000));
+        assert_eq!(hc.memory, Some(64 << 20));
+        let o = run.await.unwrap().unwrap();
+        assert_eq!(o.exit_code, 4);
+        assert!(!o.oom_killed && !o.stopped);
+        let lines = output.take_batch(100);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.stream == Stream::Stdout && l.line == "out"),
+            "{lines:?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.stream == Stream::Stderr && l.line == "err"),
+            "{lines:?}"
+        );
+        let expect = format!("{} /autodl/checkpoints 1", a.task_id);
+        assert!(lines.iter().any(|l| l.line == expect), "{lines:?}");
+        assert_eq!(
+            std::fs::read_to_string(results.join("r.txt")).unwrap(),
+            "saved\n"
+        );
+        assert!(
+            rt.docker.inspect_container(&name, None).await.is_err(),
+            "container removed after the run"
+        );
+
+        // Stop on request: SIGTERM trapped, exit within the grace period.
+        let a2 = Assignment {
+            task_id: format!("dockerstop{}", std::process::id()),
+            attempt: 1,
+            image: a.image.clone(),
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                "trap 'echo bye; exit 0' TERM; echo ready; while true; do sleep 0.1; done".into(),
+            ],
+            ..Default::default()
+        };
+        let l = TaskLaunch::from_assignment(&a2, &node, dir.path(), false);
+        std::fs::create_dir_all(&l.checkpoint_dir).unwrap();
+        std::fs::create_dir_all(&l.results_dir).unwrap();
+        let output = Arc::new(LogBuffer::new(1000));
+        let (started_tx, started_rx) = oneshot::channel();
+        let (stop, stop_rx) = watch::channel(None);
+        let io = TaskIo {
+            output: output.clone(),
+            started: started_tx,
+            stop: stop_rx,
+        };
+        let rt2 = rt.clone();
+        let run = tokio::spawn(async move { rt2.run(l, io).await });
+        started_rx.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.send(Some(Duration::from_secs(10))).unwrap();
+        let o = run.await.unwrap().unwrap();
+        assert!(o.stopped);
+        assert_eq!(o.exit_code, 0);
+
+        // Over the memory limit: the kernel kills it and Docker reports OOMKilled.
+        let a3 = Assignment {
+            task_id: format!("dockeroom{}", std::process::id()),
+            attempt: 1,
+            image: a.image.clone(),
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                "x=a; while true; do x=\"$x$x\"; done".into(),
+            ],
+            memory: Some(16 << 20),
+            ..Default::default()
+        };
+        let l = TaskLaunch::from_assignment(&a3, &node, dir.path(), false);
+        std::fs::create_dir_all(&l.checkpoint_dir).unwrap();
+        std::fs::create_dir_all(&l.results_dir).unwrap();
+        let output = Arc::new(LogBuffer::new(1000));
+        let (started_tx, _started_rx) = oneshot::channel();
+        let (_stop, stop_rx) = watch::channel(None);
+        let io = TaskIo {
+            output: output.clone(),
+            started: started_tx,
+            stop: stop_rx,
+        };
+        let o = tokio::time::timeout(Duration::from_secs(60), rt.run(l, io))
+            .await
+            .expect("OOM kill within a minute")
+            .unwrap();
+        assert!(o.oom_killed, "{o:?}");
+        assert_eq!(o.exit_code, 137);
+        rt.cleanup(&node, &[]).await.unwrap();
+    }
+}

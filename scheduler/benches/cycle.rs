@@ -1,0 +1,141 @@
+//! One scheduling cycle at the scale the live server must handle: 10,000 pending tasks on
+//! 1,000 nodes x 8 GPUs, half of the GPUs busy, with the full explanation of every pending task.
+
+use autodl_scheduler::*;
+use criterion::{criterion_group, criterion_main, Criterion};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const GIB: u64 = 1 << 30;
+
+pub fn fixture(nodes: usize, pending: usize, seed: u64) -> ClusterState {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let types = [
+        ("A100-80G", 80),
+        ("H100-80G", 80),
+        ("L40S", 48),
+        ("A100-40G", 40),
+    ];
+    let mut state = ClusterState::default();
+    for i in 0..nodes {
+        let (ty, mem) = types[i % types.len()];
+        state.nodes.push(Node {
+            id: format!("node-{i:04}"),
+            zone: format!("zone-{}", i % 4),
+            labels: Default::default(),
+            cpu_millis: 128_000,
+            mem_bytes: 1024 * GIB,
+            gpus: (0..8)
+                .map(|g| Gpu {
+                    index: g,
+                    gpu_type: ty.into(),
+                    mem_bytes: mem * GIB,
+                    util: 0.5,
+                })
+                .collect(),
+            schedulable: true,
+        });
+    }
+    let mk = |rng: &mut ChaCha8Rng, id: String, at: u64| {
+        let r: f64 = rng.gen();
+        let (gpus, workers, shared) = if r < 0.55 {
+            (1, 1, None)
+        } else if r < 0.75 {
+            (1, 1, Some(rng.gen_range(8..32) * GIB))
+        } else if r < 0.88 {
+            ([2, 4][rng.gen_range(0..2)], 1, None)
+        } else if r < 0.97 {
+            (8, 1, None)
+        } else {
+            (8, rng.gen_range(2..5), None)
+        };
+        let user = rng.gen_range(0..200);
+        TaskRequest {
+            id,
+            user: format!("user-{user}"),
+            tenant: format!("tenant-{}", user % 10),
+            gpu_types: match rng.gen_range(0..4) {
+                0 => vec!["A100".into()],
+                1 => vec!["H100-80G".into(), "A100-80G".into()],
+                _ => vec![],
+            },
+            gpus_per_worker: gpus,
+            workers,
+            gpu_mem_bytes: shared,
+            cpu_millis: 4_000 * u64::from(gpus),
+            mem_bytes: 32 * GIB * u64::from(gpus),
+            priority: rng.gen_range(0.0..1.0),
+            deadline: (rng.gen_range(0..10) == 0).then(|| at + rng.gen_range(3_600..86_400)),
+            submitted_at: at,
+            estimated_runtime: None,
+            preemptible: rng.gen_range(0..5) != 0,
+            zone_affinity: workers > 1,
+            attained_gpu_seconds: 0.0,
+        }
+    };
+    // Half the GPUs busy: one running 1-GPU task on every other GPU.
+    let mut k = 0;
+    for n in &state.nodes {
+        for g in (0..8).step_by(2) {
+            let mut t = mk(&mut rng, format!("run-{k}"), 0);
+            t.gpus_per_worker = 1;
+            t.workers = 1;
+            t.gpu_mem_bytes = None;
+            t.zone_affinity = false;
+            t.cpu_millis = 4_000;
+            t.mem_bytes = 32 * GIB;
+            state.running.push(RunningTask {
+                request: t,
+                placements: vec![WorkerPlacement {
+                    node: n.id.clone(),
+                    gpu_indices: vec![g],
+                }],
+                started_at: rng.gen_range(0..50_000),
+                last_checkpoint_at: None,
+                preempting: false,
+            });
+            k += 1;
+        }
+    }
+    for i in 0..pending {
+        let at = rng.gen_range(0..100_000);
+        let t = mk(&mut rng, format!("task-{i}"), at);
+        state.pending.push(t);
+    }
+    for u in 0..200 {
+        state.usage.charge(
+            &format!("user-{u}"),
+            &format!("tenant-{}", u % 10),
+            f64::from(u) * 3_600.0,
+            0.3 + f64::from(u % 7) / 10.0,
+            90_000,
+            7.0 * 86_400.0,
+        );
+    }
+    state
+}
+
+fn cycle(c: &mut Criterion) {
+    let state = fixture(1_000, 10_000, 7);
+    let sched = Scheduler::default();
+    let d = sched.schedule(&state, 100_000);
+    let placed = d
+        .decisions
+        .iter()
+        .filter(|x| matches!(x, Decision::Place { .. }))
+        .count();
+    eprintln!(
+        "cycle: {placed} placed, {} decisions, {} pending explained",
+        d.decisions.len(),
+        d.pending.len()
+    );
+    let mut g = c.benchmark_group("cycle");
+    g.sample_size(10);
+    g.bench_function("10k_pending_1000x8", |b| {
+        b.iter(|| sched.schedule(std::hint::black_box(&state), 100_000))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, cycle);
+criterion_main!(benches);

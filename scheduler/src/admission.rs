@@ -1,0 +1,210 @@
+//! Submission-time check: reject at once what could never run, instead of letting it wait
+//! forever with a reason the user has to decode.
+
+use crate::config::PolicyConfig;
+use crate::types::{accepts_type, Node, Quotas, TaskRequest};
+use std::collections::BTreeMap;
+
+/// What the admission check looks at: the cluster's capacity (not its current load) and caps.
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterView<'a> {
+    pub nodes: &'a [Node],
+    pub quotas: &'a Quotas,
+    pub config: &'a PolicyConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AdmissionError {
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("no GPU of type {requested} exists in this cluster (available: {available})")]
+    UnknownGpuType {
+        requested: String,
+        available: String,
+    },
+    #[error("{requested_gib:.1} GiB of GPU memory per GPU requested, but the largest acceptable GPU has {largest_gib:.1} GiB")]
+    GpuMemoryTooLarge {
+        requested_gib: f64,
+        largest_gib: f64,
+    },
+    #[error("one worker needs {gpus} GPU(s), {cpu_millis} mCPU and {mem_gib:.1} GiB RAM on a single node; no node has that much")]
+    WorkerTooLarge {
+        gpus: u32,
+        cpu_millis: u64,
+        mem_gib: f64,
+    },
+    #[error("{requested} GPUs requested, but the cluster has only {available} acceptable GPUs")]
+    TooManyGpus { requested: u32, available: u32 },
+    #[error("{workers} workers requested, but at most {possible} fit in the cluster{}", if *.same_zone { " within one zone" } else { "" })]
+    TooManyWorkers {
+        workers: u32,
+        possible: u32,
+        same_zone: bool,
+    },
+    #[error("{scope} {name} may use at most {limit} GPUs at once, the task asks for {requested}")]
+    OverGpuQuota {
+        scope: &'static str,
+        name: String,
+        limit: u32,
+        requested: u32,
+    },
+    #[error("{scope} {name} may only use GPU types {allowed:?}, none of which the task accepts")]
+    GpuTypeNotAllowed {
+        scope: &'static str,
+        name: String,
+        allowed: Vec<String>,
+    },
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Checks a request against the cluster's total capacity and the static caps.
+pub fn admission_check(view: &ClusterView<'_>, t: &TaskRequest) -> Result<(), AdmissionError> {
+    if t.workers == 0 {
+        return Err(AdmissionError::Invalid("workers must be at least 1".into()));
+    }
+    if !(0.0..=1.0).contains(&t.priority) || t.priority.is_nan() {
+        return Err(AdmissionError::Invalid(format!(
+            "priority must be in [0, 1], got {}",
+            t.priority
+        )));
+    }
+    if t.gpu_mem_bytes.is_some() && t.gpus_per_worker == 0 {
+        return Err(AdmissionError::Invalid(
+            "gpu_mem_bytes given for a task without GPUs".into(),
+        ));
+    }
+    for (scope, name, quota) in [
+        ("tenant", &t.tenant, view.quotas.tenants.get(&t.tenant)),
+        ("user", &t.user, view.quotas.users.get(&t.user)),
+    ] {
+        let Some(q) = quota else { continue };
+        if let Some(limit) = q.max_gpus {
+            if t.total_gpus() > limit {
+                return Err(AdmissionError::OverGpuQuota {
+                    scope,
+                    name: name.clone(),
+                    limit,
+                    requested: t.total_gpus(),
+                });
+            }
+        }
+        if t.total_gpus() > 0 && !q.allowed_gpu_types.is_empty() {
+            let any = view.nodes.iter().flat_map(|n| n.gpus.iter()).any(|g| {
+                accepts_type(&q.allowed_gpu_types, &g.gpu_type)
+                    && accepts_type(&t.gpu_types, &g.gpu_type)
+            }) || t
+                .gpu_types
+                .iter()
+                .any(|r| accepts_type(&q.allowed_gpu_types, r));
+            if !any {
+                return Err(AdmissionError::GpuTypeNotAllowed {
+                    scope,
+                    name: name.clone(),
+                    allowed: q.allowed_gpu_types.clone(),
+                });
+            }
+        }
+    }
+    let margin = view.config.share_margin_bytes;
+    let gpu_ok = |g: &crate::types::Gpu| {
+        accepts_type(&t.gpu_types, &g.gpu_type) && t.gpu_mem_bytes.is_none_or(|m| m <= g.mem_bytes)
+    };
+    if t.gpus_per_worker > 0 {
+        let mut types: Vec<&str> = view
+            .nodes
+            .iter()
+            .flat_map(|n| n.gpus.iter())
+            .map(|g| g.gpu_type.as_str())
+            .collect();
+        types.sort_unstable();
+        types.dedup();
+        let acceptable: Vec<&crate::types::Gpu> = view
+            .nodes
+            .iter()
+            .flat_map(|n| n.gpus.iter())
+            .filter(|g| accepts_type(&t.gpu_types, &g.gpu_type))
+            .collect();
+        if acceptable.is_empty() {
+            return Err(AdmissionError::UnknownGpuType {
+                requested: t.gpu_types.join("|"),
+                available: types.join(", "),
+            });
+        }
+        if let Some(m) = t.gpu_mem_bytes {
+            let largest = acceptable.iter().map(|g| g.mem_bytes).max().unwrap_or(0);
+            if m > largest {
+                return Err(AdmissionError::GpuMemoryTooLarge {
+                    requested_gib: m as f64 / GIB,
+                    largest_gib: largest as f64 / GIB,
+                });
+            }
+        }
+        let available = view
+            .nodes
+            .iter()
+            .filter(|n| n.schedulable)
+            .flat_map(|n| n.gpus.iter())
+            .filter(|g| gpu_ok(g))
+            .count() as u32;
+        if t.total_gpus() > available {
+            return Err(AdmissionError::TooManyGpus {
+                requested: t.total_gpus(),
+                available,
+            });
+        }
+    }
+    // How many workers each empty node could hold, per zone.
+    let per_node = |n: &Node| -> u32 {
+        if !n.schedulable || n.cpu_millis < t.cpu_millis || n.mem_bytes < t.mem_bytes {
+            return 0;
+        }
+        let mut k = u32::MAX;
+        if t.gpus_per_worker > 0 {
+            // A shared task fits several to a card; count cards only, which is conservative.
+            let cards = n.gpus.iter().filter(|g| gpu_ok(g)).count() as u32;
+            let per_card = match t.gpu_mem_bytes {
+                Some(m) if t.gpus_per_worker == 1 => n
+                    .gpus
+                    .iter()
+                    .filter(|g| gpu_ok(g))
+                    .map(|g| (g.mem_bytes / (m + margin).max(1)).max(1) as u32)
+                    .sum::<u32>(),
+                _ => cards / t.gpus_per_worker,
+            };
+            k = k.min(per_card);
+        }
+        if let Some(by_cpu) = n.cpu_millis.checked_div(t.cpu_millis) {
+            k = k.min(u32::try_from(by_cpu).unwrap_or(u32::MAX));
+        }
+        if let Some(by_mem) = n.mem_bytes.checked_div(t.mem_bytes) {
+            k = k.min(u32::try_from(by_mem).unwrap_or(u32::MAX));
+        }
+        k.min(t.workers)
+    };
+    let mut by_zone: BTreeMap<&str, u32> = BTreeMap::new();
+    for n in view.nodes {
+        let z = by_zone.entry(n.zone.as_str()).or_default();
+        *z = z.saturating_add(per_node(n));
+    }
+    if by_zone.values().all(|&k| k == 0) {
+        return Err(AdmissionError::WorkerTooLarge {
+            gpus: t.gpus_per_worker,
+            cpu_millis: t.cpu_millis,
+            mem_gib: t.mem_bytes as f64 / GIB,
+        });
+    }
+    let possible = if t.zone_affinity {
+        by_zone.values().copied().max().unwrap_or(0)
+    } else {
+        by_zone.values().fold(0u32, |a, &b| a.saturating_add(b))
+    };
+    if possible < t.workers {
+        return Err(AdmissionError::TooManyWorkers {
+            workers: t.workers,
+            possible,
+            same_zone: t.zone_affinity,
+        });
+    }
+    Ok(())
+}

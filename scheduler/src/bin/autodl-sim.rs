@@ -1,0 +1,227 @@
+//! `autodl-sim`: runs the scheduler's policy code on traces in virtual time.
+//! See `scheduler/README.md` for the benchmarks these commands implement.
+
+use anyhow::{bail, Context, Result};
+use autodl_scheduler::sim::jobs::{self, JobPolicy, JobsConfig};
+use autodl_scheduler::sim::{packing, parse_seeds};
+use autodl_scheduler::PlacementPolicy;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(
+    name = "autodl-sim",
+    about = "Trace-driven simulator for the autodl scheduler"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// GPU-sharing packing on the Alibaba openb traces (benchmarks/packing.md).
+    Packing {
+        #[arg(long)]
+        pods: PathBuf,
+        #[arg(long)]
+        nodes: PathBuf,
+        /// Seeds, e.g. `42-51` or `1,2,3`.
+        #[arg(long, default_value = "42-51")]
+        seeds: String,
+        /// random, bestfit, fgd, autodl, or `all`.
+        #[arg(long, default_value = "autodl")]
+        policy: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Job queueing on Helios / ITP traces (benchmarks/fairshare.md).
+    Jobs {
+        /// A trace file, a comma-separated list of files, or a directory of `*.csv` files.
+        #[arg(long)]
+        trace: String,
+        #[arg(long, value_enum, default_value_t = Format::Helios)]
+        format: Format,
+        #[arg(long, default_value_t = 80)]
+        nodes: u32,
+        #[arg(long, default_value_t = 8)]
+        gpus_per_node: u32,
+        /// fifo, fifo-backfill, multifactor, autodl, or `all`.
+        #[arg(long, default_value = "autodl")]
+        policy: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Helios,
+    Itp,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Packing {
+            pods,
+            nodes,
+            seeds,
+            policy,
+            json,
+        } => {
+            let node_list = packing::read_nodes(
+                File::open(&nodes).with_context(|| format!("{}", nodes.display()))?,
+            )?;
+            let pod_list = packing::read_pods(
+                File::open(&pods).with_context(|| format!("{}", pods.display()))?,
+            )?;
+            let seeds = parse_seeds(&seeds)?;
+            let policies: Vec<PlacementPolicy> = if policy == "all" {
+                vec![
+                    PlacementPolicy::Random,
+                    PlacementPolicy::BestFit,
+                    PlacementPolicy::Fgd,
+                    PlacementPolicy::Autodl,
+                ]
+            } else {
+                vec![policy.parse().map_err(anyhow::Error::msg)?]
+            };
+            let mut reports = Vec::new();
+            for p in policies {
+                let t = Instant::now();
+                let r = packing::run(&node_list, &pod_list, &seeds, p);
+                eprintln!("{p:?}: {:.1} s", t.elapsed().as_secs_f64());
+                reports.push(r);
+            }
+            if json {
+                for r in &reports {
+                    let v = serde_json::json!({
+                        "policy": r.policy, "seeds": r.seeds, "alloc_100": r.alloc_100,
+                        "alloc_130": r.alloc_130, "frag_130": r.frag_130,
+                    });
+                    println!("{v}");
+                }
+            } else {
+                println!("trace: {}  seeds: {}", pods.display(), seeds.len());
+                println!(
+                    "{:<8} {:>10} {:>10} {:>10}",
+                    "policy", "alloc@100", "alloc@130", "frag@130"
+                );
+                for r in &reports {
+                    println!(
+                        "{:<8} {:>10.2} {:>10.2} {:>10.2}",
+                        format!("{:?}", r.policy).to_lowercase(),
+                        r.alloc_100,
+                        r.alloc_130,
+                        r.frag_130
+                    );
+                }
+            }
+        }
+        Cmd::Jobs {
+            trace,
+            format,
+            nodes,
+            gpus_per_node,
+            policy,
+            json,
+        } => {
+            let mut job_list = Vec::new();
+            for path in trace_files(&trace)? {
+                let f = File::open(&path).with_context(|| format!("{}", path.display()))?;
+                match format {
+                    Format::Helios => job_list.extend(jobs::read_helios(f)?),
+                    Format::Itp => {
+                        let name = path
+                            .file_stem()
+                            .map(|s| s.to_string_lossy().into_owned())
+                            .unwrap_or_default();
+                        job_list.extend(jobs::read_itp(f, &name)?);
+                    }
+                }
+            }
+            if job_list.is_empty() {
+                bail!("no jobs with GPUs in {trace}");
+            }
+            let policies: Vec<JobPolicy> = if policy == "all" {
+                vec![
+                    JobPolicy::Fifo,
+                    JobPolicy::FifoBackfill,
+                    JobPolicy::Multifactor,
+                    JobPolicy::Autodl,
+                ]
+            } else {
+                vec![policy.parse().map_err(anyhow::Error::msg)?]
+            };
+            if !json {
+                println!(
+                    "trace: {trace}  jobs: {}  cluster: {nodes} x {gpus_per_node} GPUs",
+                    job_list.len()
+                );
+                println!(
+                    "{:<14} {:>9} {:>9} {:>10} {:>9} {:>10} {:>6} {:>9} {:>7} {:>6} {:>8} {:>6}",
+                    "policy",
+                    "avg_jct",
+                    "p50_jct",
+                    "p99_jct",
+                    "avg_wait",
+                    "p99_wait",
+                    "util",
+                    "makespan",
+                    "preempt",
+                    "jain",
+                    "worst_sd",
+                    "secs"
+                );
+            }
+            for p in policies {
+                let cfg = JobsConfig {
+                    nodes,
+                    gpus_per_node,
+                    policy: p,
+                    ..JobsConfig::default()
+                };
+                let t = Instant::now();
+                let r = jobs::run(&job_list, &cfg);
+                let secs = t.elapsed().as_secs_f64();
+                if json {
+                    let v = serde_json::json!({
+                        "policy": r.policy, "jobs": r.jobs, "avg_jct": r.avg_jct, "p50_jct": r.p50_jct,
+                        "p99_jct": r.p99_jct, "avg_wait": r.avg_wait, "p99_wait": r.p99_wait,
+                        "utilization": r.utilization, "makespan": r.makespan, "preemptions": r.preemptions,
+                        "jain_slowdown": r.jain_slowdown, "worst_user_slowdown": r.worst_user_slowdown,
+                        "rejected": r.rejected, "sim_seconds": secs,
+                    });
+                    println!("{v}");
+                } else {
+                    println!(
+                        "{:<14} {:>9.0} {:>9.0} {:>10.0} {:>9.0} {:>10.0} {:>6.3} {:>9} {:>7} {:>6.3} {:>8.2} {:>6.1}",
+                        p.to_string(), r.avg_jct, r.p50_jct, r.p99_jct, r.avg_wait, r.p99_wait, r.utilization,
+                        r.makespan, r.preemptions, r.jain_slowdown, r.worst_user_slowdown, secs
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn trace_files(spec: &str) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for part in spec.split(',').filter(|s| !s.is_empty()) {
+        let p = Path::new(part);
+        if p.is_dir() {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(p)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+                .collect();
+            v.sort();
+            out.extend(v);
+        } else {
+            out.push(p.to_path_buf());
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,911 @@
+//! Free-capacity bookkeeping and fragmentation-aware placement.
+//!
+//! Both the live cycle and the packing simulator place through [`Placer`], so the numbers the
+//! simulator reports are the numbers the server gets.
+//!
+//! GPU capacity is counted in memory units: a whole-card request takes the card, a shared request
+//! takes its declared memory plus the safety margin. In the packing simulator a card is 1000 units
+//! ("milli-GPU") and the margin is 0, which is the openb trace's own unit.
+
+use crate::fasthash::FastMap;
+use crate::types::{accepts_type, Node, RunningTask};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+/// How one GPU of a worker is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GpuDemand {
+    /// The whole card, exclusively.
+    Whole,
+    /// This many memory units (already including the safety margin) on a card others may share;
+    /// on a card no larger than that it is the whole card.
+    Share(u64),
+}
+
+/// A set of interned GPU type ids a request accepts. Bitset so that fit checks stay branch-cheap.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TypeMask(Vec<u64>);
+
+impl TypeMask {
+    pub fn contains(&self, id: u16) -> bool {
+        let i = id as usize;
+        self.0.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
+    }
+    pub fn from_ids(ids: &[u16]) -> TypeMask {
+        let mut m = TypeMask(Vec::new());
+        for &i in ids {
+            m.insert(i);
+        }
+        m
+    }
+    /// True when no type is accepted (the request can never get a GPU).
+    pub fn is_empty_mask(&self) -> bool {
+        self.0.iter().all(|w| *w == 0)
+    }
+    fn insert(&mut self, id: u16) {
+        let i = id as usize;
+        if self.0.len() <= i / 64 {
+            self.0.resize(i / 64 + 1, 0);
+        }
+        self.0[i / 64] |= 1 << (i % 64);
+    }
+}
+
+/// What one worker of a task needs on a single node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkerNeed {
+    pub gpus: u32,
+    pub demand: GpuDemand,
+    pub cpu_millis: u64,
+    pub mem_bytes: u64,
+    pub types: TypeMask,
+}
+
+/// Free state of one GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CapGpu {
+    pub index: u32,
+    pub type_id: u16,
+    pub capacity: u64,
+    pub free: u64,
+}
+
+impl CapGpu {
+    /// A share at least as large as the card is a whole card: the demand is stated once per
+    /// task and means "whole" on small cards and "a slice" on big ones.
+    fn fits(&self, d: GpuDemand) -> bool {
+        match d {
+            GpuDemand::Share(m) if m < self.capacity => self.free >= m.max(1),
+            _ => self.free == self.capacity && self.capacity > 0,
+        }
+    }
+    fn take(&self, d: GpuDemand) -> u64 {
+        match d {
+            GpuDemand::Share(m) if m < self.capacity => m,
+            _ => self.capacity,
+        }
+    }
+}
+
+/// Free state of one node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CapNode {
+    /// Index into the caller's node list.
+    pub node: usize,
+    pub zone: u32,
+    pub schedulable: bool,
+    /// Held for a blocked higher-priority task: lower-priority tasks must not land here.
+    pub reserved: bool,
+    pub cpu_free: u64,
+    pub mem_free: u64,
+    pub cpu_total: u64,
+    pub gpus: Vec<CapGpu>,
+    /// Bumped on every change so cached scores can be invalidated per node.
+    pub version: u32,
+}
+
+impl CapNode {
+    pub fn gpu_free_total(&self) -> u64 {
+        self.gpus.iter().map(|g| g.free).sum()
+    }
+    pub fn gpu_capacity_total(&self) -> u64 {
+        self.gpus.iter().map(|g| g.capacity).sum()
+    }
+
+    /// Can this worker fit here right now?
+    pub fn fits(&self, need: &WorkerNeed) -> bool {
+        if !self.schedulable || self.cpu_free < need.cpu_millis || self.mem_free < need.mem_bytes {
+            return false;
+        }
+        if need.gpus == 0 {
+            return true;
+        }
+        let mut n = 0;
+        for g in &self.gpus {
+            if need.types.contains(g.type_id) && g.fits(need.demand) {
+                n += 1;
+                if n >= need.gpus {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+}
+
+/// One worker's allocation, kept so that a failed gang can be rolled back exactly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Alloc {
+    /// Position in [`Capacity::nodes`].
+    pub pos: usize,
+    /// Positions in the node's `gpus`.
+    pub gpu_pos: Vec<usize>,
+    pub demand: GpuDemand,
+    pub cpu_millis: u64,
+    pub mem_bytes: u64,
+}
+
+/// Free capacity of the whole cluster, built from the nodes and the running tasks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capacity {
+    pub nodes: Vec<CapNode>,
+    pub types: Vec<String>,
+    pub zones: Vec<String>,
+    node_pos: FastMap<String, usize>,
+    /// Positions of nodes changed by `apply`/`release`, in order, so placement indexes can
+    /// catch up with exactly the nodes that changed.
+    log: Vec<usize>,
+}
+
+impl Capacity {
+    /// Builds free capacity: node capacity minus what every running task holds. Tasks being
+    /// preempted still hold their resources until they are gone.
+    pub fn new(nodes: &[Node], running: &[RunningTask], margin: u64) -> Capacity {
+        let mut types: Vec<String> = Vec::new();
+        let mut zones: Vec<String> = Vec::new();
+        let mut node_pos = FastMap::default();
+        let mut cap_nodes = Vec::with_capacity(nodes.len());
+        for (i, n) in nodes.iter().enumerate() {
+            let zone = intern(&mut zones, &n.zone);
+            let gpus = n
+                .gpus
+                .iter()
+                .map(|g| CapGpu {
+                    index: g.index,
+                    type_id: intern(&mut types, &g.gpu_type) as u16,
+                    capacity: g.mem_bytes,
+                    free: g.mem_bytes,
+                })
+                .collect();
+            node_pos.insert(n.id.clone(), i);
+            cap_nodes.push(CapNode {
+                node: i,
+                zone,
+                schedulable: n.schedulable,
+                reserved: false,
+                cpu_free: n.cpu_millis,
+                mem_free: n.mem_bytes,
+                cpu_total: n.cpu_millis,
+                gpus,
+                version: 0,
+            });
+        }
+        let mut cap = Capacity {
+            nodes: cap_nodes,
+            types,
+            zones,
+            node_pos,
+            log: Vec::new(),
+        };
+        for t in running {
+            cap.apply_running(t, margin);
+        }
+        cap
+    }
+
+    /// Same as applying [`Capacity::allocs_of`], without the allocations: this runs for every
+    /// running task in every cycle.
+    fn apply_running(&mut self, t: &RunningTask, margin: u64) {
+        for p in &t.placements {
+            let Some(pos) = self.node_position(&p.node) else {
+                continue;
+            };
+            let n = &mut self.nodes[pos];
+            n.cpu_free = n.cpu_free.saturating_sub(t.request.cpu_millis);
+            n.mem_free = n.mem_free.saturating_sub(t.request.mem_bytes);
+            for ix in &p.gpu_indices {
+                if let Some(g) = n.gpus.iter_mut().find(|g| g.index == *ix) {
+                    let d = demand_for(t.request.gpu_mem_bytes, margin);
+                    g.free = g.free.saturating_sub(g.take(d));
+                }
+            }
+            n.version = n.version.wrapping_add(1);
+        }
+    }
+
+    pub fn node_position(&self, id: &str) -> Option<usize> {
+        self.node_pos.get(id).copied()
+    }
+
+    /// The allocations a running task holds, in this capacity's coordinates. Unknown nodes or
+    /// GPUs (a node that left the cluster) are skipped.
+    pub fn allocs_of(&self, t: &RunningTask, margin: u64) -> Vec<Alloc> {
+        let mut out = Vec::with_capacity(t.placements.len());
+        for p in &t.placements {
+            let Some(pos) = self.node_position(&p.node) else {
+                continue;
+            };
+            let node = &self.nodes[pos];
+            let gpu_pos: Vec<usize> = p
+                .gpu_indices
+                .iter()
+                .filter_map(|ix| node.gpus.iter().position(|g| g.index == *ix))
+                .collect();
+            out.push(Alloc {
+                pos,
+                gpu_pos,
+                demand: demand_for(t.request.gpu_mem_bytes, margin),
+                cpu_millis: t.request.cpu_millis,
+                mem_bytes: t.request.mem_bytes,
+            });
+        }
+        out
+    }
+
+    /// Interns the acceptable types of a request. An empty list accepts every type.
+    pub fn type_mask(&self, types: &[String]) -> TypeMask {
+        let mut m = TypeMask(Vec::new());
+        for (i, t) in self.types.iter().enumerate() {
+            if accepts_type(types, t) {
+                m.insert(i as u16);
+            }
+        }
+        m
+    }
+
+    pub fn apply(&mut self, a: &Alloc) {
+        let n = &mut self.nodes[a.pos];
+        n.cpu_free = n.cpu_free.saturating_sub(a.cpu_millis);
+        n.mem_free = n.mem_free.saturating_sub(a.mem_bytes);
+        for &g in &a.gpu_pos {
+            let gpu = &mut n.gpus[g];
+            gpu.free = gpu.free.saturating_sub(gpu.take(a.demand));
+        }
+        n.version = n.version.wrapping_add(1);
+        self.log.push(a.pos);
+    }
+
+    pub fn release(&mut self, a: &Alloc) {
+        let n = &mut self.nodes[a.pos];
+        n.cpu_free += a.cpu_millis;
+        n.mem_free += a.mem_bytes;
+        for &g in &a.gpu_pos {
+            let gpu = &mut n.gpus[g];
+            gpu.free = (gpu.free + gpu.take(a.demand)).min(gpu.capacity);
+        }
+        n.version = n.version.wrapping_add(1);
+        self.log.push(a.pos);
+    }
+
+    pub fn total_gpu_capacity(&self) -> u64 {
+        self.nodes.iter().map(|n| n.gpu_capacity_total()).sum()
+    }
+
+    pub fn total_gpu_free(&self) -> u64 {
+        self.nodes.iter().map(|n| n.gpu_free_total()).sum()
+    }
+}
+
+/// A task that declares its GPU memory may share; one that does not takes whole cards.
+pub fn demand_for(gpu_mem: Option<u64>, margin: u64) -> GpuDemand {
+    match gpu_mem {
+        Some(m) => GpuDemand::Share(m.saturating_add(margin)),
+        None => GpuDemand::Whole,
+    }
+}
+
+fn intern(list: &mut Vec<String>, s: &str) -> u32 {
+    if let Some(i) = list.iter().position(|x| x == s) {
+        return i as u32;
+    }
+    list.push(s.to_string());
+    (list.len() - 1) as u32
+}
+
+/// The placement strategies. `Autodl` is what the live scheduler uses; the others are the
+/// published baselines, kept to measure against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PlacementPolicy {
+    Random,
+    BestFit,
+    Fgd,
+    #[default]
+    Autodl,
+}
+
+impl std::str::FromStr for PlacementPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "random" => Ok(Self::Random),
+            "bestfit" => Ok(Self::BestFit),
+            "fgd" => Ok(Self::Fgd),
+            "autodl" => Ok(Self::Autodl),
+            _ => Err(format!(
+                "unknown placement policy {s:?} (random, bestfit, fgd, autodl)"
+            )),
+        }
+    }
+}
+
+/// The workload the cluster expects, as shapes with probabilities: fragmentation is measured
+/// against it (capacity no typical task could use is wasted).
+#[derive(Debug, Clone, Default)]
+pub struct FragModel {
+    pub shapes: Vec<(WorkerNeed, f64)>,
+    /// CPU millis and memory bytes the typical GPU task brings per unit of GPU it takes.
+    pub cpu_per_unit: f64,
+    pub mem_per_unit: f64,
+}
+
+impl FragModel {
+    /// Keeps the most frequent shapes that together make up `coverage` of the weight, so the
+    /// per-node cost stays bounded; weights are renormalised. Shapes without GPUs are dropped:
+    /// they cannot use GPU capacity, so they would add the same constant to every node.
+    pub fn from_counts(
+        mut counts: Vec<(WorkerNeed, f64)>,
+        coverage: f64,
+        max_shapes: usize,
+        unit: u64,
+    ) -> FragModel {
+        counts.retain(|(n, w)| n.gpus > 0 && *w > 0.0);
+        counts.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let total: f64 = counts.iter().map(|c| c.1).sum();
+        if total <= 0.0 {
+            return FragModel::default();
+        }
+        let mut acc = 0.0;
+        let mut shapes = Vec::new();
+        for (n, w) in counts {
+            if acc >= coverage * total || shapes.len() >= max_shapes {
+                break;
+            }
+            acc += w;
+            shapes.push((n, w));
+        }
+        let sum: f64 = shapes.iter().map(|s| s.1).sum();
+        for s in &mut shapes {
+            s.1 /= sum;
+        }
+        let (mut cpu, mut mem, mut units) = (0.0, 0.0, 0.0);
+        for (n, p) in &shapes {
+            cpu += p * n.cpu_millis as f64;
+            mem += p * n.mem_bytes as f64;
+            units += p * f64::from(n.gpus) * unit_of(n.demand, unit);
+        }
+        let units = units.max(f64::MIN_POSITIVE);
+        FragModel {
+            shapes,
+            cpu_per_unit: cpu / units,
+            mem_per_unit: mem / units,
+        }
+    }
+
+    /// GPU capacity on the node that is likely to stay idle because the CPU or memory left
+    /// there would run out first, judged by the typical task's CPU and memory per GPU unit.
+    pub fn stranded(&self, n: &CapNode) -> f64 {
+        let free = n.gpu_free_total() as f64;
+        if free == 0.0 || self.cpu_per_unit <= 0.0 {
+            return 0.0;
+        }
+        let by_cpu = n.cpu_free as f64 / self.cpu_per_unit;
+        let by_mem = if self.mem_per_unit > 0.0 {
+            n.mem_free as f64 / self.mem_per_unit
+        } else {
+            f64::INFINITY
+        };
+        (free - by_cpu.min(by_mem)).max(0.0)
+    }
+
+    /// Expected GPU capacity on the node that a typical task could not use.
+    pub fn node_frag(&self, n: &CapNode) -> f64 {
+        let total_free = n.gpu_free_total() as f64;
+        if total_free == 0.0 {
+            return 0.0;
+        }
+        let mut f = 0.0;
+        for (m, p) in &self.shapes {
+            f += p * shape_frag(n, m, total_free);
+        }
+        f
+    }
+}
+
+fn unit_of(d: GpuDemand, card: u64) -> f64 {
+    match d {
+        GpuDemand::Whole => card as f64,
+        GpuDemand::Share(m) => m as f64,
+    }
+}
+
+fn shape_frag(n: &CapNode, m: &WorkerNeed, total_free: f64) -> f64 {
+    if n.cpu_free < m.cpu_millis || n.mem_free < m.mem_bytes {
+        return total_free;
+    }
+    let mut fit = 0;
+    let mut unusable = 0u64;
+    for g in &n.gpus {
+        if m.types.contains(g.type_id) && g.fits(m.demand) {
+            fit += 1;
+        } else {
+            unusable += g.free;
+        }
+    }
+    if fit < m.gpus {
+        total_free
+    } else {
+        unusable as f64
+    }
+}
+
+/// A scored way to place one worker on one node.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Choice {
+    score: f64,
+    /// Bitmask of GPU positions on the node.
+    gpus: u64,
+}
+
+/// Every node's best choice for one request shape, ordered by score. Kept up to date from the
+/// capacity's change log, so a placement costs a few tree operations instead of a scan of the
+/// cluster.
+#[derive(Debug, Clone, Default)]
+struct ShapeIndex {
+    ranked: MinTree,
+    entry: Vec<Option<(u64, Choice)>>,
+    /// Node version each entry was computed at.
+    seen: Vec<u32>,
+    cursor: usize,
+}
+
+/// Minimum (score key, node position) over all nodes, updated in O(log n) without allocating.
+#[derive(Debug, Clone, Default)]
+struct MinTree {
+    n: usize,
+    t: Vec<(u64, u32)>,
+}
+
+const EMPTY: (u64, u32) = (u64::MAX, u32::MAX);
+
+impl MinTree {
+    fn new(n: usize) -> MinTree {
+        MinTree {
+            n,
+            t: vec![EMPTY; 2 * n.max(1)],
+        }
+    }
+    fn set(&mut self, pos: usize, key: Option<u64>) {
+        let mut i = pos + self.n;
+        self.t[i] = key.map_or(EMPTY, |k| (k, pos as u32));
+        while i > 1 {
+            i /= 2;
+            self.t[i] = self.t[2 * i].min(self.t[2 * i + 1]);
+        }
+    }
+    fn min(&self) -> Option<(u64, usize)> {
+        let m = self.t[1];
+        (m != EMPTY).then_some((m.0, m.1 as usize))
+    }
+}
+
+/// Order-preserving map of a score to an integer key.
+fn score_key(x: f64) -> u64 {
+    // -0.0 and 0.0 are the same score.
+    let b = if x == 0.0 { 0 } else { x.to_bits() };
+    if b >> 63 == 1 {
+        !b
+    } else {
+        b | (1 << 63)
+    }
+}
+
+/// Chooses nodes and GPUs. Per request shape it keeps every node's best choice in a ranked
+/// index that is refreshed only for nodes that changed.
+#[derive(Debug, Clone)]
+pub struct Placer {
+    pub policy: PlacementPolicy,
+    pub model: FragModel,
+    frag: Vec<(u32, f64)>,
+    shapes: FastMap<WorkerNeed, usize>,
+    index: Vec<ShapeIndex>,
+    by_state: FastMap<(usize, u64), Option<Choice>>,
+    sigs: Vec<(u32, u64)>,
+}
+
+impl Placer {
+    pub fn new(policy: PlacementPolicy, model: FragModel) -> Placer {
+        Placer {
+            policy,
+            model,
+            frag: Vec::new(),
+            shapes: FastMap::default(),
+            index: Vec::new(),
+            by_state: FastMap::default(),
+            sigs: Vec::new(),
+        }
+    }
+
+    fn node_frag(&mut self, cap: &Capacity, pos: usize) -> f64 {
+        if self.frag.len() != cap.nodes.len() {
+            self.frag = vec![(u32::MAX, 0.0); cap.nodes.len()];
+        }
+        let n = &cap.nodes[pos];
+        let (v, f) = self.frag[pos];
+        if v == n.version {
+            return f;
+        }
+        let f = self.model.node_frag(n);
+        self.frag[pos] = (n.version, f);
+        f
+    }
+
+    /// Fragmentation of the whole cluster against the model, as a share of idle GPU capacity.
+    pub fn frag_rate(&mut self, cap: &Capacity) -> f64 {
+        let free = cap.total_gpu_free() as f64;
+        if free == 0.0 {
+            return 0.0;
+        }
+        let f: f64 = (0..cap.nodes.len()).map(|p| self.node_frag(cap, p)).sum();
+        f / free
+    }
+
+    /// Places one worker: picks node and GPUs, applies them to `cap`, returns the allocation.
+    /// `allowed` filters nodes (zone affinity, reservations); `rng` is used only by `Random`.
+    pub fn place_worker<R: Rng>(
+        &mut self,
+        cap: &mut Capacity,
+        need: &WorkerNeed,
+        allowed: &dyn Fn(&CapNode) -> bool,
+        rng: &mut R,
+    ) -> Option<Alloc> {
+        if self.policy == PlacementPolicy::Random {
+            let feasible: Vec<usize> = (0..cap.nodes.len())
+                .filter(|&p| allowed(&cap.nodes[p]) && cap.nodes[p].fits(need))
+                .collect();
+            if feasible.is_empty() {
+                return None;
+            }
+            let p = feasible[rng.gen_range(0..feasible.len())];
+            let n = &cap.nodes[p];
+            let mut cands: Vec<usize> = (0..n.gpus.len())
+                .filter(|&g| need.types.contains(n.gpus[g].type_id) && n.gpus[g].fits(need.demand))
+                .collect();
+            let mut gpus = Vec::with_capacity(need.gpus as usize);
+            for _ in 0..need.gpus {
+                let i = rng.gen_range(0..cands.len());
+                gpus.push(cands.swap_remove(i));
+            }
+            gpus.sort_unstable();
+            return Some(self.commit(cap, p, gpus, need));
+        }
+        let shape = self.shape_id(need);
+        self.refresh(cap, shape, need);
+        let idx = &self.index[shape];
+        let (_, top) = idx.ranked.min()?;
+        let p = if allowed(&cap.nodes[top]) {
+            top
+        } else {
+            // The best node is held or outside the zone: scan for the best allowed one.
+            let mut best: Option<(u64, usize)> = None;
+            for (p, e) in idx.entry.iter().enumerate() {
+                if let Some((k, _)) = e {
+                    if best.is_none_or(|b| *k < b.0) && allowed(&cap.nodes[p]) {
+                        best = Some((*k, p));
+                    }
+                }
+            }
+            best?.1
+        };
+        let mask = idx.entry[p].map(|(_, c)| c.gpus)?;
+        let gpus: Vec<usize> = (0..64).filter(|b| mask & (1u64 << b) != 0).collect();
+        Some(self.commit(cap, p, gpus, need))
+    }
+
+    /// Brings the shape's index up to date: built on first use, then only nodes in the change
+    /// log since the last refresh are rescored.
+    fn refresh(&mut self, cap: &Capacity, shape: usize, need: &WorkerNeed) {
+        let n = cap.nodes.len();
+        if self.index[shape].entry.len() != n {
+            let mut idx = ShapeIndex {
+                ranked: MinTree::new(n),
+                entry: vec![None; n],
+                seen: cap.nodes.iter().map(|n| n.version).collect(),
+                cursor: cap.log.len(),
+            };
+            for p in 0..n {
+                if let Some(c) = self.cached_choice(cap, p, shape, need) {
+                    let k = score_key(c.score);
+                    idx.entry[p] = Some((k, c));
+                    idx.ranked.set(p, Some(k));
+                }
+            }
+            self.index[shape] = idx;
+            return;
+        }
+        let from = self.index[shape].cursor;
+        if from == cap.log.len() {
+            return;
+        }
+        for i in from..cap.log.len() {
+            let p = cap.log[i];
+            let version = cap.nodes[p].version;
+            if self.index[shape].seen[p] == version {
+                continue;
+            }
+            self.index[shape].seen[p] = version;
+            let fresh = self
+                .cached_choice(cap, p, shape, need)
+                .map(|c| (score_key(c.score), c));
+            let idx = &mut self.index[shape];
+            let old = idx.entry[p];
+            if old.map(|o| o.0) != fresh.map(|f| f.0) {
+                idx.ranked.set(p, fresh.map(|f| f.0));
+            }
+            idx.entry[p] = fresh;
+        }
+        self.index[shape].cursor = cap.log.len();
+    }
+
+    fn commit(
+        &mut self,
+        cap: &mut Capacity,
+        pos: usize,
+        gpu_pos: Vec<usize>,
+        need: &WorkerNeed,
+    ) -> Alloc {
+        let a = Alloc {
+            pos,
+            gpu_pos,
+            demand: need.demand,
+            cpu_millis: need.cpu_millis,
+            mem_bytes: need.mem_bytes,
+        };
+        cap.apply(&a);
+        a
+    }
+
+    fn shape_id(&mut self, need: &WorkerNeed) -> usize {
+        if let Some(&i) = self.shapes.get(need) {
+            return i;
+        }
+        let i = self.index.len();
+        self.shapes.insert(need.clone(), i);
+        self.index.push(ShapeIndex::default());
+        i
+    }
+
+    /// Nodes in the same state score the same, and clusters have many such nodes (empty ones,
+    /// full ones, identically loaded ones), so choices are memoised by node state. A hit is
+    /// re-validated against the node, so a hash collision can cost time but never over-commit.
+    fn cached_choice(
+        &mut self,
+        cap: &Capacity,
+        pos: usize,
+        shape: usize,
+        need: &WorkerNeed,
+    ) -> Option<Choice> {
+        let n = &cap.nodes[pos];
+        if !n.fits(need) {
+            return None;
+        }
+        if self.sigs.len() != cap.nodes.len() {
+            self.sigs = vec![(u32::MAX, 0); cap.nodes.len()];
+        }
+        let sig = match self.sigs[pos] {
+            (v, sig) if v == n.version => sig,
+            _ => {
+                let sig = node_signature(n);
+                self.sigs[pos] = (n.version, sig);
+                sig
+            }
+        };
+        if let Some(&c) = self.by_state.get(&(shape, sig)) {
+            if c.is_some_and(|c| choice_valid(n, need, c.gpus)) {
+                return c;
+            }
+        }
+        let c = self.compute_choice(cap, pos, need);
+        self.by_state.insert((shape, sig), c);
+        c
+    }
+
+    /// Scores the best way to put the worker on this node; lower is better.
+    fn compute_choice(&mut self, cap: &Capacity, pos: usize, need: &WorkerNeed) -> Option<Choice> {
+        let n = &cap.nodes[pos];
+        if !n.fits(need) {
+            return None;
+        }
+        let cands = candidate_gpu_sets(n, need);
+        let node_cap = n.gpu_capacity_total().max(1) as f64;
+        let cpu_total = n.cpu_total.max(1) as f64;
+        match self.policy {
+            PlacementPolicy::Random => None,
+            PlacementPolicy::BestFit => {
+                // Least capacity left over, GPU first, CPU as a tie-break.
+                let mut best: Option<Choice> = None;
+                for mask in cands {
+                    let left = n.gpu_free_total() - take_sum(n, mask, need.demand);
+                    let cpu_left = (n.cpu_free - need.cpu_millis) as f64 / cpu_total;
+                    let s = left as f64 / node_cap + 1e-3 * cpu_left;
+                    if best.is_none_or(|b| s < b.score) {
+                        best = Some(Choice {
+                            score: s,
+                            gpus: mask,
+                        });
+                    }
+                }
+                best
+            }
+            PlacementPolicy::Fgd | PlacementPolicy::Autodl => {
+                let before = self.node_frag(cap, pos);
+                let mut scratch = n.clone();
+                let mut best: Option<Choice> = None;
+                for mask in cands {
+                    scratch.cpu_free = n.cpu_free - need.cpu_millis;
+                    scratch.mem_free = n.mem_free - need.mem_bytes;
+                    for (i, g) in scratch.gpus.iter_mut().enumerate() {
+                        g.free = n.gpus[i].free;
+                        if mask & (1 << i) != 0 {
+                            g.free -= g.take(need.demand);
+                        }
+                    }
+                    let after = self.model.node_frag(&scratch);
+                    let mut s = after - before;
+                    if self.policy == PlacementPolicy::Autodl {
+                        s = self.autodl_adjust(s, n, &scratch);
+                    }
+                    if best.is_none_or(|b| s < b.score) {
+                        best = Some(Choice {
+                            score: s,
+                            gpus: mask,
+                        });
+                    }
+                }
+                best
+            }
+        }
+    }
+
+    /// Our refinement of FGD. FGD only sees the GPU side, but on real clusters a node whose CPU
+    /// or memory ran out strands its free GPUs (on openb that is most of the idle capacity at
+    /// saturation). So the score adds the change in GPU capacity expected to be stranded given
+    /// the typical task's CPU and memory per GPU, and a best-fit term that keeps whole nodes
+    /// free for gang tasks and packs CPU-only tasks onto nodes whose GPUs are already taken.
+    fn autodl_adjust(&self, frag_delta: f64, before: &CapNode, after: &CapNode) -> f64 {
+        let left = after.gpu_free_total() as f64 / before.gpu_capacity_total().max(1) as f64;
+        let card = before.gpus.first().map_or(1.0, |g| g.capacity as f64);
+        let strand = self.model.stranded(after) - self.model.stranded(before);
+        frag_delta + STRAND_WEIGHT * strand + BESTFIT_WEIGHT * card * left
+    }
+}
+
+/// Weight of the stranded-capacity change, in the same unit as the fragmentation change.
+const STRAND_WEIGHT: f64 = 1.0;
+/// Weight of the best-fit term, as a share of one card per node's worth of capacity left.
+const BESTFIT_WEIGHT: f64 = 1e-3;
+
+/// Hash of everything a node's score depends on.
+fn node_signature(n: &CapNode) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = crate::fasthash::Fx::default();
+    (n.schedulable, n.cpu_free, n.mem_free, n.cpu_total).hash(&mut h);
+    for g in &n.gpus {
+        (g.type_id, g.capacity, g.free).hash(&mut h);
+    }
+    h.finish()
+}
+
+/// The GPU set still fits this node for this need.
+fn choice_valid(n: &CapNode, need: &WorkerNeed, mask: u64) -> bool {
+    let mut k = 0;
+    for (i, g) in n.gpus.iter().enumerate().take(64) {
+        if mask & (1 << i) != 0 {
+            if !need.types.contains(g.type_id) || !g.fits(need.demand) {
+                return false;
+            }
+            k += 1;
+        }
+    }
+    k == need.gpus && (n.gpus.len() >= 64 || mask >> n.gpus.len() == 0)
+}
+
+fn take_sum(n: &CapNode, mask: u64, d: GpuDemand) -> u64 {
+    n.gpus
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| mask & (1 << i) != 0)
+        .map(|(_, g)| g.take(d))
+        .sum()
+}
+
+/// The distinct ways to put the worker's GPUs on this node. For one shared GPU every distinct
+/// free level is a candidate (choosing which card to share is where fragmentation is decided);
+/// for several GPUs the tightest-fitting cards are taken.
+fn candidate_gpu_sets(n: &CapNode, need: &WorkerNeed) -> Vec<u64> {
+    if need.gpus == 0 {
+        return vec![0];
+    }
+    let mut fitting: Vec<usize> = (0..n.gpus.len().min(64))
+        .filter(|&i| need.types.contains(n.gpus[i].type_id) && n.gpus[i].fits(need.demand))
+        .collect();
+    if need.gpus == 1 {
+        let mut seen: Vec<(u16, u64)> = Vec::new();
+        let mut out = Vec::new();
+        for i in fitting {
+            let key = (n.gpus[i].type_id, n.gpus[i].free);
+            if !seen.contains(&key) {
+                seen.push(key);
+                out.push(1u64 << i);
+            }
+        }
+        return out;
+    }
+    fitting.sort_by_key(|&i| (n.gpus[i].free, i));
+    vec![fitting
+        .iter()
+        .take(need.gpus as usize)
+        .fold(0u64, |m, &i| m | (1 << i))]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Gpu;
+    use rand::SeedableRng;
+
+    fn node(id: &str, gpus: u32, ty: &str) -> Node {
+        Node {
+            id: id.into(),
+            zone: String::new(),
+            labels: Default::default(),
+            cpu_millis: 64_000,
+            mem_bytes: 256 << 30,
+            gpus: (0..gpus)
+                .map(|i| Gpu {
+                    index: i,
+                    gpu_type: ty.into(),
+                    mem_bytes: 1000,
+                    util: 0.0,
+                })
+                .collect(),
+            schedulable: true,
+        }
+    }
+
+    #[test]
+    fn shared_gpu_never_exceeds_memory() {
+        let nodes = vec![node("a", 1, "T4")];
+        let mut cap = Capacity::new(&nodes, &[], 0);
+        let mask = cap.type_mask(&[]);
+        let need = WorkerNeed {
+            gpus: 1,
+            demand: GpuDemand::Share(400),
+            cpu_millis: 1,
+            mem_bytes: 1,
+            types: mask,
+        };
+        let mut placer = Placer::new(PlacementPolicy::Autodl, FragModel::default());
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        assert!(placer
+            .place_worker(&mut cap, &need, &|_| true, &mut rng)
+            .is_some());
+        assert!(placer
+            .place_worker(&mut cap, &need, &|_| true, &mut rng)
+            .is_some());
+        assert!(placer
+            .place_worker(&mut cap, &need, &|_| true, &mut rng)
+            .is_none());
+        assert_eq!(cap.nodes[0].gpus[0].free, 200);
+    }
+}

@@ -1,0 +1,1130 @@
+//! One scheduling cycle: order the queue, place what fits, preempt or defragment for what does
+//! not, hold room for the top blocked tasks, and say why everything else waits.
+
+use crate::config::{Backfill, PolicyConfig};
+use crate::fasthash::{FastMap, FastSet};
+use crate::placement::{
+    demand_for, Alloc, CapNode, Capacity, FragModel, GpuDemand, Placer, TypeMask, WorkerNeed,
+};
+use crate::priority::{PriorityBreakdown, PriorityContext};
+use crate::types::{ClusterState, Quota, RunningTask, TaskId, TaskRequest, Time, WorkerPlacement};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+/// What the caller must do after a cycle. Apply preemptions and migrations before placements
+/// that reuse their resources; the scheduler never double-books within a cycle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Decision {
+    /// Start the task on these nodes and GPUs (one entry per worker).
+    Place {
+        task: TaskId,
+        placements: Vec<WorkerPlacement>,
+        priority: PriorityBreakdown,
+    },
+    /// Ask the task to checkpoint within `grace_s` and stop.
+    Preempt {
+        task: TaskId,
+        grace_s: u64,
+        reason: PreemptReason,
+    },
+    /// Checkpoint the task and restart it on `to`; frees room for `for_task`.
+    Migrate {
+        task: TaskId,
+        from: Vec<WorkerPlacement>,
+        to: Vec<WorkerPlacement>,
+        for_task: TaskId,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PreemptReason {
+    pub for_task: TaskId,
+    pub preemptor_priority: f64,
+    pub victim_priority: f64,
+    /// GPU-seconds of work since the victim's last checkpoint.
+    pub lost_gpu_seconds: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuotaScope {
+    Tenant,
+    User,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum QuotaCap {
+    Gpus {
+        limit: u32,
+        in_use: u32,
+        requested: u32,
+    },
+    GpuHoursPerMonth {
+        limit: f64,
+        used: f64,
+    },
+    GpuTypes {
+        allowed: Vec<String>,
+    },
+}
+
+/// Why a task is still pending, in terms a user can act on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PendingReason {
+    Quota {
+        scope: QuotaScope,
+        name: String,
+        cap: QuotaCap,
+    },
+    /// Nothing free matches; `waiting_for` describes the resources it needs.
+    NoFit {
+        waiting_for: String,
+    },
+    /// It is the top blocked task: these nodes are held for it while they drain.
+    Reserved {
+        nodes: Vec<String>,
+        waiting_for: String,
+    },
+    WaitingForPreemption {
+        victims: Vec<TaskId>,
+    },
+    WaitingForMigration {
+        tasks: Vec<TaskId>,
+    },
+    /// It would fit, but the room is held for a higher-priority task (or the policy is strict
+    /// FIFO). `position` is its rank in the queue, 0 being first.
+    BehindHigherPriority {
+        position: usize,
+        blocked_by: TaskId,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingTask {
+    pub task: TaskId,
+    pub position: usize,
+    pub reason: PendingReason,
+    pub priority: PriorityBreakdown,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Decisions {
+    pub decisions: Vec<Decision>,
+    /// Every task left pending, in queue order (empty when `explain_pending` is off).
+    pub pending: Vec<PendingTask>,
+}
+
+/// The policy. Stateless between cycles: everything it knows comes in with the state.
+#[derive(Debug, Clone, Default)]
+pub struct Scheduler {
+    pub config: PolicyConfig,
+}
+
+/// A request shape within one cycle: need index, workers, zone affinity.
+type ShapeKey = (usize, u32, bool);
+
+struct Cycle<'a> {
+    cfg: &'a PolicyConfig,
+    state: &'a ClusterState,
+    now: Time,
+    cap: Capacity,
+    placer: Placer,
+    rng: ChaCha8Rng,
+    ctx: PriorityContext,
+    running_prio: Vec<Option<PriorityBreakdown>>,
+    victims_on_node: Option<Vec<Vec<usize>>>,
+    /// Running tasks already chosen as victims or migrated this cycle.
+    taken: FastSet<usize>,
+    descriptions: FastMap<ShapeKey, String>,
+}
+
+impl Scheduler {
+    pub fn new(config: PolicyConfig) -> Self {
+        Scheduler { config }
+    }
+
+    /// Runs one cycle on a snapshot taken at `now`.
+    pub fn schedule(&self, state: &ClusterState, now: Time) -> Decisions {
+        let cfg = &self.config;
+        let cap = Capacity::new(&state.nodes, &state.running, cfg.share_margin_bytes);
+        let model = workload_model(&cap, state, cfg.share_margin_bytes);
+        let mut cy = Cycle {
+            cfg,
+            state,
+            now,
+            placer: Placer::new(cfg.placement, model),
+            cap,
+            rng: ChaCha8Rng::seed_from_u64(now),
+            ctx: PriorityContext::new(state, now, cfg),
+            running_prio: vec![None; state.running.len()],
+            victims_on_node: None,
+            taken: FastSet::default(),
+            descriptions: FastMap::default(),
+        };
+        cy.run()
+    }
+}
+
+/// The typical-task model for fragmentation: the shapes of what is queued and running now.
+fn workload_model(cap: &Capacity, state: &ClusterState, margin: u64) -> FragModel {
+    // Group identical requests first: the need of each distinct request is computed once.
+    type Sig<'a> = (&'a [String], Option<u64>, u32, u64, u64);
+    let mut sigs: FastMap<Sig<'_>, (&TaskRequest, f64)> = FastMap::default();
+    let all = state
+        .pending
+        .iter()
+        .chain(state.running.iter().map(|r| &r.request));
+    for t in all {
+        let key = (
+            t.gpu_types.as_slice(),
+            t.gpu_mem_bytes,
+            t.gpus_per_worker,
+            t.cpu_millis,
+            t.mem_bytes,
+        );
+        sigs.entry(key).or_insert((t, 0.0)).1 += f64::from(t.workers.max(1));
+    }
+    let mut counts: FastMap<WorkerNeed, f64> = FastMap::default();
+    for (t, n) in sigs.into_values() {
+        *counts.entry(worker_need(cap, t, None, margin)).or_default() += n;
+    }
+    let mut v: Vec<(WorkerNeed, f64)> = counts.into_iter().collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let card = cap
+        .nodes
+        .iter()
+        .flat_map(|n| n.gpus.iter())
+        .map(|g| g.capacity)
+        .max()
+        .unwrap_or(1);
+    FragModel::from_counts(v, 0.95, 16, card)
+}
+
+/// One worker's need in this cluster's coordinates. A shared request is expressed against the
+/// smallest card it accepts; on a bigger card it still takes only its declared memory.
+fn worker_need(
+    cap: &Capacity,
+    t: &TaskRequest,
+    allowed_types: Option<&[String]>,
+    margin: u64,
+) -> WorkerNeed {
+    let mut types = cap.type_mask(&t.gpu_types);
+    if let Some(allowed) = allowed_types.filter(|a| !a.is_empty()) {
+        let q = cap.type_mask(allowed);
+        types = intersect(&types, &q, cap.types.len());
+    }
+    if let Some(m) = t.gpu_mem_bytes {
+        // Cards smaller than the declared memory cannot run the task at all.
+        let big_enough: Vec<u16> = (0..cap.types.len() as u16)
+            .filter(|&ty| {
+                cap.nodes
+                    .iter()
+                    .flat_map(|n| n.gpus.iter())
+                    .any(|g| g.type_id == ty && g.capacity >= m)
+            })
+            .collect();
+        types = intersect(&types, &TypeMask::from_ids(&big_enough), cap.types.len());
+    }
+    let demand = demand_for(t.gpu_mem_bytes, margin);
+    WorkerNeed {
+        gpus: t.gpus_per_worker,
+        demand,
+        cpu_millis: t.cpu_millis,
+        mem_bytes: t.mem_bytes,
+        types,
+    }
+}
+
+fn intersect(
+    a: &crate::placement::TypeMask,
+    b: &crate::placement::TypeMask,
+    n: usize,
+) -> crate::placement::TypeMask {
+    let ids: Vec<u16> = (0..n as u16)
+        .filter(|&i| a.contains(i) && b.contains(i))
+        .collect();
+    crate::placement::TypeMask::from_ids(&ids)
+}
+
+fn describe(cap: &Capacity, t: &TaskRequest, need: &WorkerNeed) -> String {
+    let types: Vec<&str> = cap
+        .types
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| need.types.contains(*i as u16))
+        .map(|(_, s)| s.as_str())
+        .collect();
+    let gpu = match need.demand {
+        GpuDemand::Whole => "whole GPU(s)".to_string(),
+        GpuDemand::Share(m) => format!(
+            "GPU(s) with {:.1} GiB free",
+            m as f64 / f64::from(1u32 << 30)
+        ),
+    };
+    format!(
+        "{} worker(s) x {} {} of type {} with {} mCPU and {:.1} GiB RAM each{}",
+        t.workers,
+        t.gpus_per_worker,
+        gpu,
+        if t.gpu_types.is_empty() {
+            "any".to_string()
+        } else {
+            types.join("|")
+        },
+        t.cpu_millis,
+        t.mem_bytes as f64 / f64::from(1u32 << 30),
+        if t.zone_affinity {
+            ", all in one zone"
+        } else {
+            ""
+        }
+    )
+}
+
+impl Cycle<'_> {
+    fn run(&mut self) -> Decisions {
+        let (state, cfg) = (self.state, self.cfg);
+        let mut out = Decisions::default();
+
+        // Needs and priorities.
+        // Needs and priorities. Identical requests share one need, computed once: queues are
+        // long but have few distinct shapes.
+        type Sig<'s> = (
+            &'s [String],
+            Option<&'s [String]>,
+            Option<u64>,
+            u32,
+            u64,
+            u64,
+        );
+        let mut sig_ids: FastMap<Sig<'_>, usize> = FastMap::default();
+        let mut shapes: Vec<WorkerNeed> = Vec::new();
+        let need_of: Vec<usize> = state
+            .pending
+            .iter()
+            .map(|t| {
+                let allowed = self.allowed_types(t);
+                let sig = (
+                    t.gpu_types.as_slice(),
+                    allowed,
+                    t.gpu_mem_bytes,
+                    t.gpus_per_worker,
+                    t.cpu_millis,
+                    t.mem_bytes,
+                );
+                *sig_ids.entry(sig).or_insert_with(|| {
+                    shapes.push(worker_need(&self.cap, t, allowed, cfg.share_margin_bytes));
+                    shapes.len() - 1
+                })
+            })
+            .collect();
+        let fit_index = FitIndex::new(&self.cap);
+        let prios: Vec<PriorityBreakdown> = state
+            .pending
+            .iter()
+            .zip(&need_of)
+            .map(|(t, &n)| {
+                let fit = if cfg.weights.gpu_fit > 0.0 {
+                    fit_index.fit(&shapes[n], t.total_gpus())
+                } else {
+                    0.0
+                };
+                self.ctx.pending(t, fit, cfg)
+            })
+            .collect();
+        // Queue order, popped lazily from a heap: a cycle that stops early (strict FIFO blocked,
+        // or a full cluster) does not pay for sorting the whole queue.
+        let mut order: std::collections::BinaryHeap<QueueKey<'_>> = state
+            .pending
+            .iter()
+            .enumerate()
+            .map(|(i, t)| QueueKey {
+                total: prios[i].total,
+                submitted_at: t.submitted_at,
+                id: &t.id,
+                idx: i,
+            })
+            .collect();
+        let needs_gpu_only = state.pending.iter().all(|t| t.total_gpus() > 0);
+
+        // GPUs in use per user and tenant, for the concurrent-GPU caps.
+        let mut in_use: FastMap<(QuotaScope, &str), u32> = FastMap::default();
+        let has_caps = state
+            .quotas
+            .tenants
+            .values()
+            .chain(state.quotas.users.values())
+            .any(|q| q.max_gpus.is_some());
+        for r in state.running.iter().filter(|_| has_caps) {
+            *in_use
+                .entry((QuotaScope::User, r.request.user.as_str()))
+                .or_default() += r.request.total_gpus();
+            *in_use
+                .entry((QuotaScope::Tenant, r.request.tenant.as_str()))
+                .or_default() += r.request.total_gpus();
+        }
+
+        let mut failed: FastSet<ShapeKey> = FastSet::default();
+        let mut preempt_failed: FastSet<ShapeKey> = FastSet::default();
+        let mut migrate_failed: FastSet<ShapeKey> = FastSet::default();
+        let mut fits_memo: FastMap<ShapeKey, bool> = FastMap::default();
+        let has_shared = state
+            .running
+            .iter()
+            .any(|r| r.request.gpu_mem_bytes.is_some());
+        let mut blocked_by: Option<&TaskId> = None;
+        let mut reserved = 0usize;
+        let mut preemptions = 0usize;
+        let explain = cfg.explain_pending;
+
+        let mut position = 0usize;
+        let mut cluster_full = false;
+        while let Some(QueueKey { idx: i, .. }) = order.pop() {
+            position += 1;
+            let position = position - 1;
+            if !explain && position > 0 {
+                let strict_blocked = cfg.backfill == Backfill::None && blocked_by.is_some();
+                let nothing_can_change = needs_gpu_only
+                    && !failed.is_empty()
+                    && (!cfg.preemption || preemptions >= cfg.max_preemptions_per_cycle)
+                    && !has_shared
+                    && cluster_full;
+                if strict_blocked || nothing_can_change {
+                    break;
+                }
+            }
+            let t = &state.pending[i];
+            let prio = prios[i];
+            let pend = |reason: PendingReason, out: &mut Decisions| {
+                if explain {
+                    out.pending.push(PendingTask {
+                        task: t.id.clone(),
+                        position,
+                        reason,
+                        priority: prio,
+                    });
+                }
+            };
+            if let Some(q) = self.quota_block(t, &in_use) {
+                pend(q, &mut out);
+                continue;
+            }
+            let need = &shapes[need_of[i]];
+            let key: ShapeKey = (need_of[i], t.workers.max(1), t.zone_affinity);
+            if need.types.is_empty_mask() && need.gpus > 0 {
+                pend(
+                    PendingReason::NoFit {
+                        waiting_for: self.describe_cached(key, t, need),
+                    },
+                    &mut out,
+                );
+                continue;
+            }
+            if let (Backfill::None, Some(b)) = (cfg.backfill, blocked_by) {
+                pend(
+                    PendingReason::BehindHigherPriority {
+                        position,
+                        blocked_by: b.clone(),
+                    },
+                    &mut out,
+                );
+                continue;
+            }
+            if !failed.contains(&key) {
+                if let Some(allocs) = self.place_gang(t, need, true) {
+                    let placements = self.to_placements(&allocs);
+                    *in_use
+                        .entry((QuotaScope::User, t.user.as_str()))
+                        .or_default() += t.total_gpus();
+                    *in_use
+                        .entry((QuotaScope::Tenant, t.tenant.as_str()))
+                        .or_default() += t.total_gpus();
+                    out.decisions.push(Decision::Place {
+                        task: t.id.clone(),
+                        placements,
+                        priority: prio,
+                    });
+                    continue;
+                }
+                failed.insert(key);
+                // Capacity only shrinks within a cycle, so once no GPU is free none will be.
+                cluster_full = cluster_full || self.cap.total_gpu_free() == 0;
+            }
+            // Blocked.
+            if cfg.preemption
+                && preemptions < cfg.max_preemptions_per_cycle
+                && !preempt_failed.contains(&key)
+            {
+                match self.try_preempt(t, need, prio.total) {
+                    Some(victims) => {
+                        let mut names = Vec::new();
+                        for (v, lost) in victims {
+                            let r = &state.running[v];
+                            names.push(r.request.id.clone());
+                            if !r.preempting {
+                                preemptions += 1;
+                                out.decisions.push(Decision::Preempt {
+                                    task: r.request.id.clone(),
+                                    grace_s: cfg.grace_s,
+                                    reason: PreemptReason {
+                                        for_task: t.id.clone(),
+                                        preemptor_priority: prio.total,
+                                        victim_priority: self.running_priority(v).total,
+                                        lost_gpu_seconds: lost,
+                                    },
+                                });
+                            }
+                        }
+                        // Victims may free more than the preemptor takes.
+                        cluster_full = false;
+                        pend(
+                            PendingReason::WaitingForPreemption { victims: names },
+                            &mut out,
+                        );
+                        continue;
+                    }
+                    None => {
+                        preempt_failed.insert(key);
+                    }
+                }
+            }
+            if cfg.migration
+                && t.workers <= 1
+                && need.gpus > 0
+                && has_shared
+                && !migrate_failed.contains(&key)
+            {
+                if let Some(moves) = self.try_migrate(t, need, prio.total) {
+                    let mut names = Vec::new();
+                    for (v, to) in moves {
+                        let r = &state.running[v];
+                        names.push(r.request.id.clone());
+                        out.decisions.push(Decision::Migrate {
+                            task: r.request.id.clone(),
+                            from: r.placements.clone(),
+                            to,
+                            for_task: t.id.clone(),
+                        });
+                    }
+                    pend(
+                        PendingReason::WaitingForMigration { tasks: names },
+                        &mut out,
+                    );
+                    continue;
+                }
+                migrate_failed.insert(key);
+            }
+            match cfg.backfill {
+                Backfill::None => {
+                    blocked_by = Some(&t.id);
+                    let w = if explain {
+                        self.describe_cached(key, t, need)
+                    } else {
+                        String::new()
+                    };
+                    pend(PendingReason::NoFit { waiting_for: w }, &mut out);
+                }
+                Backfill::Reserve if reserved < cfg.reservations => {
+                    reserved += 1;
+                    blocked_by.get_or_insert(&t.id);
+                    let nodes = self.reserve(t, need);
+                    let w = if explain {
+                        self.describe_cached(key, t, need)
+                    } else {
+                        String::new()
+                    };
+                    pend(
+                        PendingReason::Reserved {
+                            nodes,
+                            waiting_for: w,
+                        },
+                        &mut out,
+                    );
+                }
+                _ => {
+                    if !explain {
+                        continue;
+                    }
+                    let reason = match blocked_by {
+                        Some(b)
+                            if *fits_memo
+                                .entry(key)
+                                .or_insert_with(|| self.fits_ignoring_reservations(t, need)) =>
+                        {
+                            PendingReason::BehindHigherPriority {
+                                position,
+                                blocked_by: b.clone(),
+                            }
+                        }
+                        _ => PendingReason::NoFit {
+                            waiting_for: self.describe_cached(key, t, need),
+                        },
+                    };
+                    pend(reason, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    fn describe_cached(&mut self, key: ShapeKey, t: &TaskRequest, need: &WorkerNeed) -> String {
+        if let Some(d) = self.descriptions.get(&key) {
+            return d.clone();
+        }
+        let d = describe(&self.cap, t, need);
+        self.descriptions.insert(key, d.clone());
+        d
+    }
+
+    fn allowed_types(&self, t: &TaskRequest) -> Option<&[String]> {
+        let q = &self.state.quotas;
+        q.users
+            .get(&t.user)
+            .filter(|q| !q.allowed_gpu_types.is_empty())
+            .or_else(|| {
+                q.tenants
+                    .get(&t.tenant)
+                    .filter(|q| !q.allowed_gpu_types.is_empty())
+            })
+            .map(|q| q.allowed_gpu_types.as_slice())
+    }
+
+    fn quota_block(
+        &self,
+        t: &TaskRequest,
+        in_use: &FastMap<(QuotaScope, &str), u32>,
+    ) -> Option<PendingReason> {
+        let q = &self.state.quotas;
+        let checks: [(QuotaScope, &str, Option<&Quota>); 2] = [
+            (
+                QuotaScope::Tenant,
+                t.tenant.as_str(),
+                q.tenants.get(&t.tenant),
+            ),
+            (QuotaScope::User, t.user.as_str(), q.users.get(&t.user)),
+        ];
+        for (scope, name, quota) in checks {
+            let Some(quota) = quota else { continue };
+            let mk = |cap| {
+                Some(PendingReason::Quota {
+                    scope,
+                    name: name.to_string(),
+                    cap,
+                })
+            };
+            if !quota.allowed_gpu_types.is_empty() && t.total_gpus() > 0 {
+                let ok = self.cap.types.iter().any(|ty| {
+                    crate::types::accepts_type(&quota.allowed_gpu_types, ty)
+                        && crate::types::accepts_type(&t.gpu_types, ty)
+                });
+                if !ok {
+                    return mk(QuotaCap::GpuTypes {
+                        allowed: quota.allowed_gpu_types.clone(),
+                    });
+                }
+            }
+            if let Some(limit) = quota.max_gpus {
+                let used = in_use.get(&(scope, name)).copied().unwrap_or(0);
+                if used + t.total_gpus() > limit {
+                    return mk(QuotaCap::Gpus {
+                        limit,
+                        in_use: used,
+                        requested: t.total_gpus(),
+                    });
+                }
+            }
+            if let Some(limit) = quota.max_gpu_hours_per_month {
+                let ledger = match scope {
+                    QuotaScope::Tenant => &self.state.usage.tenants,
+                    QuotaScope::User => &self.state.usage.users,
+                };
+                let used = ledger
+                    .get(name)
+                    .map_or(0.0, |u| u.month_gpu_seconds / 3600.0);
+                if used >= limit && t.total_gpus() > 0 {
+                    return mk(QuotaCap::GpuHoursPerMonth { limit, used });
+                }
+            }
+        }
+        None
+    }
+
+    /// All workers or none. With zone affinity each zone is tried, fullest first, so gangs
+    /// go where they leave the least stranded capacity.
+    fn place_gang(
+        &mut self,
+        t: &TaskRequest,
+        need: &WorkerNeed,
+        respect_reserved: bool,
+    ) -> Option<Vec<Alloc>> {
+        let workers = t.workers.max(1);
+        if t.zone_affinity && self.cap.zones.len() > 1 {
+            let mut zones: Vec<(u64, u32)> = (0..self.cap.zones.len() as u32)
+                .map(|z| {
+                    (
+                        self.cap
+                            .nodes
+                            .iter()
+                            .filter(|n| n.zone == z)
+                            .map(CapNode::gpu_free_total)
+                            .sum(),
+                        z,
+                    )
+                })
+                .collect();
+            zones.sort();
+            for (_, z) in zones {
+                if let Some(a) = self.place_workers(need, workers, &|n: &CapNode| {
+                    n.zone == z && (!respect_reserved || !n.reserved)
+                }) {
+                    return Some(a);
+                }
+            }
+            return None;
+        }
+        self.place_workers(need, workers, &|n: &CapNode| {
+            !respect_reserved || !n.reserved
+        })
+    }
+
+    fn place_workers(
+        &mut self,
+        need: &WorkerNeed,
+        workers: u32,
+        allowed: &dyn Fn(&CapNode) -> bool,
+    ) -> Option<Vec<Alloc>> {
+        let mut allocs = Vec::with_capacity(workers as usize);
+        for _ in 0..workers {
+            match self
+                .placer
+                .place_worker(&mut self.cap, need, allowed, &mut self.rng)
+            {
+                Some(a) => allocs.push(a),
+                None => {
+                    for a in allocs.iter().rev() {
+                        self.cap.release(a);
+                    }
+                    return None;
+                }
+            }
+        }
+        Some(allocs)
+    }
+
+    fn to_placements(&self, allocs: &[Alloc]) -> Vec<WorkerPlacement> {
+        allocs
+            .iter()
+            .map(|a| {
+                let n = &self.cap.nodes[a.pos];
+                WorkerPlacement {
+                    node: self.state.nodes[n.node].id.clone(),
+                    gpu_indices: a.gpu_pos.iter().map(|&g| n.gpus[g].index).collect(),
+                }
+            })
+            .collect()
+    }
+
+    fn fits_ignoring_reservations(&self, t: &TaskRequest, need: &WorkerNeed) -> bool {
+        t.workers <= 1 && self.cap.nodes.iter().any(|n| n.fits(need))
+    }
+
+    fn running_priority(&mut self, v: usize) -> PriorityBreakdown {
+        if let Some(p) = self.running_prio[v] {
+            return p;
+        }
+        let p = self.ctx.running(&self.state.running[v], self.cfg);
+        self.running_prio[v] = Some(p);
+        p
+    }
+
+    fn lost_work(&self, r: &RunningTask) -> f64 {
+        let since = r
+            .last_checkpoint_at
+            .unwrap_or(r.started_at)
+            .max(r.started_at);
+        self.now.saturating_sub(since) as f64 * f64::from(r.request.total_gpus())
+    }
+
+    /// Finds the cheapest set of victims (least work lost since their checkpoints) that makes
+    /// room for every worker, node by node. Already-preempting tasks cost nothing. On success
+    /// the victims' resources are handed to the preemptor in this cycle's capacity.
+    fn try_preempt(
+        &mut self,
+        t: &TaskRequest,
+        need: &WorkerNeed,
+        prio: f64,
+    ) -> Option<Vec<(usize, f64)>> {
+        if self.victims_on_node.is_none() {
+            let mut by_node = vec![Vec::new(); self.cap.nodes.len()];
+            for (i, r) in self.state.running.iter().enumerate() {
+                for p in &r.placements {
+                    if let Some(pos) = self.cap.node_position(&p.node) {
+                        if !by_node[pos].contains(&i) {
+                            by_node[pos].push(i);
+                        }
+                    }
+                }
+            }
+            self.victims_on_node = Some(by_node);
+        }
+        let margin = self.cfg.preempt_margin;
+        let min_run = self.cfg.min_runtime_s;
+        let mut chosen: Vec<(usize, f64)> = Vec::new();
+        let mut released: Vec<Alloc> = Vec::new();
+        let mut placed: Vec<Alloc> = Vec::new();
+        let mut ok = true;
+        for _ in 0..t.workers.max(1) {
+            let mut best: Option<(f64, usize, Vec<usize>)> = None;
+            for pos in 0..self.cap.nodes.len() {
+                let n = &self.cap.nodes[pos];
+                if !n.schedulable || n.reserved || n.gpus.len() < need.gpus as usize {
+                    continue;
+                }
+                let on_node =
+                    std::mem::take(&mut self.victims_on_node.as_mut().expect("index")[pos]);
+                let mut cands: Vec<(f64, f64, usize)> = Vec::new();
+                for &v in &on_node {
+                    if self.taken.contains(&v) || chosen.iter().any(|c| c.0 == v) {
+                        continue;
+                    }
+                    let r = &self.state.running[v];
+                    if !r.request.preemptible {
+                        continue;
+                    }
+                    if r.preempting {
+                        cands.push((0.0, 0.0, v));
+                        continue;
+                    }
+                    if self.now.saturating_sub(r.started_at) < min_run {
+                        continue;
+                    }
+                    let saved = r
+                        .last_checkpoint_at
+                        .unwrap_or(r.started_at)
+                        .max(r.started_at);
+                    if self.now.saturating_sub(saved) > self.cfg.victim_max_unsaved_s {
+                        continue;
+                    }
+                    let vp = self.running_priority(v).total;
+                    if prio - vp > margin {
+                        cands.push((self.lost_work(r), vp, v));
+                    }
+                }
+                self.victims_on_node.as_mut().expect("index")[pos] = on_node;
+                if cands.is_empty() {
+                    continue;
+                }
+                cands.sort_by(|a, b| {
+                    a.0.total_cmp(&b.0)
+                        .then(a.1.total_cmp(&b.1))
+                        .then(a.2.cmp(&b.2))
+                });
+                // Release victims one by one until the worker fits, then undo.
+                let mut tmp: Vec<Alloc> = Vec::new();
+                let mut cost = 0.0;
+                let mut used = Vec::new();
+                let mut fits = false;
+                for &(lost, _, v) in &cands {
+                    if best.as_ref().is_some_and(|b| cost + lost >= b.0) {
+                        break;
+                    }
+                    for a in self
+                        .cap
+                        .allocs_of(&self.state.running[v], self.cfg.share_margin_bytes)
+                    {
+                        self.cap.release(&a);
+                        tmp.push(a);
+                    }
+                    cost += lost;
+                    used.push(v);
+                    if self.cap.nodes[pos].fits(need) {
+                        fits = true;
+                        break;
+                    }
+                }
+                for a in tmp.iter().rev() {
+                    self.cap.apply(a);
+                }
+                if fits && best.as_ref().is_none_or(|b| cost < b.0) {
+                    best = Some((cost, pos, used));
+                }
+            }
+            let Some((_, pos, used)) = best else {
+                ok = false;
+                break;
+            };
+            for v in used {
+                for a in self
+                    .cap
+                    .allocs_of(&self.state.running[v], self.cfg.share_margin_bytes)
+                {
+                    self.cap.release(&a);
+                    released.push(a);
+                }
+                let lost = if self.state.running[v].preempting {
+                    0.0
+                } else {
+                    self.lost_work(&self.state.running[v])
+                };
+                chosen.push((v, lost));
+            }
+            let id = self.cap.nodes[pos].node;
+            match self.placer.place_worker(
+                &mut self.cap,
+                need,
+                &|n: &CapNode| n.node == id,
+                &mut self.rng,
+            ) {
+                Some(a) => placed.push(a),
+                None => {
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        if !ok {
+            for a in placed.iter().rev() {
+                self.cap.release(a);
+            }
+            for a in released.iter().rev() {
+                self.cap.apply(a);
+            }
+            return None;
+        }
+        for (v, _) in &chosen {
+            self.taken.insert(*v);
+        }
+        Some(chosen)
+    }
+
+    /// Defragmentation: on a node where the worker would fit if some lower-priority shared tasks
+    /// moved, move them to other cards (if they all fit elsewhere) and keep the node's room for
+    /// the blocked task.
+    fn try_migrate(
+        &mut self,
+        t: &TaskRequest,
+        need: &WorkerNeed,
+        prio: f64,
+    ) -> Option<Vec<(usize, Vec<WorkerPlacement>)>> {
+        let margin = self.cfg.share_margin_bytes;
+        let mut movable_on: FastMap<usize, Vec<usize>> = FastMap::default();
+        for (i, r) in self.state.running.iter().enumerate() {
+            if r.placements.len() != 1
+                || !r.request.preemptible
+                || r.preempting
+                || self.taken.contains(&i)
+            {
+                continue;
+            }
+            let Some(pos) = self.cap.node_position(&r.placements[0].node) else {
+                continue;
+            };
+            let allocs = self.cap.allocs_of(r, margin);
+            if !matches!(allocs.first().map(|a| a.demand), Some(GpuDemand::Share(_))) {
+                continue;
+            }
+            movable_on.entry(pos).or_default().push(i);
+        }
+        let mut positions: Vec<usize> = movable_on.keys().copied().collect();
+        positions.sort_unstable();
+        for pos in positions {
+            {
+                let n = &self.cap.nodes[pos];
+                if !n.schedulable || n.reserved {
+                    continue;
+                }
+            }
+            let mut movable: Vec<usize> = movable_on[&pos].clone();
+            movable.retain(|&v| prio > self.running_priority(v).total);
+            if movable.is_empty() {
+                continue;
+            }
+            movable.sort_by_key(|&v| (self.state.running[v].request.gpu_mem_bytes, v));
+            let mut released: Vec<(usize, Alloc)> = Vec::new();
+            for &v in &movable {
+                for a in self.cap.allocs_of(&self.state.running[v], margin) {
+                    self.cap.release(&a);
+                    released.push((v, a));
+                }
+                if self.cap.nodes[pos].fits(need) {
+                    break;
+                }
+            }
+            let mut success = self.cap.nodes[pos].fits(need);
+            let mut target: Option<Alloc> = None;
+            let mut moved: Vec<(usize, Alloc)> = Vec::new();
+            if success {
+                // Hold the room first so the moved tasks cannot land back in it.
+                let id = self.cap.nodes[pos].node;
+                target = self.placer.place_worker(
+                    &mut self.cap,
+                    need,
+                    &|n: &CapNode| n.node == id,
+                    &mut self.rng,
+                );
+                success = target.is_some();
+            }
+            if success {
+                for (v, a) in &released {
+                    let r = &self.state.running[*v];
+                    let vneed = WorkerNeed {
+                        gpus: a.gpu_pos.len() as u32,
+                        demand: a.demand,
+                        cpu_millis: a.cpu_millis,
+                        mem_bytes: a.mem_bytes,
+                        types: self.cap.type_mask(&r.request.gpu_types),
+                    };
+                    match self.placer.place_worker(
+                        &mut self.cap,
+                        &vneed,
+                        &|n: &CapNode| !n.reserved,
+                        &mut self.rng,
+                    ) {
+                        Some(na) => moved.push((*v, na)),
+                        None => {
+                            success = false;
+                            break;
+                        }
+                    }
+                }
+            }
+            if success {
+                let plan = moved
+                    .iter()
+                    .map(|(v, a)| (*v, self.to_placements(std::slice::from_ref(a))))
+                    .collect::<Vec<_>>();
+                for (v, _) in &plan {
+                    self.taken.insert(*v);
+                }
+                let _ = t;
+                return Some(plan);
+            }
+            for (_, a) in moved.iter().rev() {
+                self.cap.release(a);
+            }
+            if let Some(a) = target {
+                self.cap.release(&a);
+            }
+            for (_, a) in released.iter().rev() {
+                self.cap.apply(a);
+            }
+        }
+        None
+    }
+
+    /// Holds the nodes closest to fitting the task, so that work finishing there accumulates
+    /// for it instead of being taken by smaller tasks.
+    fn reserve(&mut self, t: &TaskRequest, need: &WorkerNeed) -> Vec<String> {
+        let mut cands: Vec<(u64, usize)> = Vec::new();
+        for (pos, n) in self.cap.nodes.iter().enumerate() {
+            if !n.schedulable || n.reserved {
+                continue;
+            }
+            let acceptable: Vec<&crate::placement::CapGpu> = n
+                .gpus
+                .iter()
+                .filter(|g| need.types.contains(g.type_id))
+                .collect();
+            if (acceptable.len() as u32) < need.gpus {
+                continue;
+            }
+            let free: u64 = acceptable.iter().map(|g| g.free).sum();
+            cands.push((free, pos));
+        }
+        cands.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut nodes = Vec::new();
+        for &(_, pos) in cands.iter().take(t.workers.max(1) as usize) {
+            self.cap.nodes[pos].reserved = true;
+            nodes.push(self.state.nodes[self.cap.nodes[pos].node].id.clone());
+        }
+        nodes
+    }
+}
+
+/// Queue position: higher total first, then older, then by id so the order is total.
+struct QueueKey<'a> {
+    total: f64,
+    submitted_at: Time,
+    id: &'a str,
+    idx: usize,
+}
+
+impl Ord for QueueKey<'_> {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        // BinaryHeap pops the greatest: greatest = highest total, earliest, smallest id.
+        self.total
+            .total_cmp(&o.total)
+            .then(o.submitted_at.cmp(&self.submitted_at))
+            .then_with(|| o.id.cmp(self.id))
+            .then(o.idx.cmp(&self.idx))
+    }
+}
+
+impl PartialOrd for QueueKey<'_> {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl PartialEq for QueueKey<'_> {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for QueueKey<'_> {}
+
+/// Free GPUs per type, sorted, so a task's GPU-type fit is a few binary searches rather than a
+/// scan of the cluster.
+struct FitIndex {
+    free_by_type: Vec<Vec<u64>>,
+    capacity_by_type: Vec<u64>,
+}
+
+impl FitIndex {
+    fn new(cap: &Capacity) -> FitIndex {
+        let mut free_by_type = vec![Vec::new(); cap.types.len()];
+        let mut capacity_by_type = vec![0; cap.types.len()];
+        for n in cap.nodes.iter().filter(|n| n.schedulable) {
+            for g in &n.gpus {
+                let t = g.type_id as usize;
+                capacity_by_type[t] = capacity_by_type[t].max(g.capacity);
+                if g.free == g.capacity {
+                    free_by_type[t].push(u64::MAX);
+                } else {
+                    free_by_type[t].push(g.free);
+                }
+            }
+        }
+        for v in &mut free_by_type {
+            v.sort_unstable();
+        }
+        FitIndex {
+            free_by_type,
+            capacity_by_type,
+        }
+    }
+
+    /// Share of the requested GPUs that free, acceptable GPUs could cover now.
+    fn fit(&self, need: &WorkerNeed, total: u32) -> f64 {
+        if total == 0 {
+            return 1.0;
+        }
+        let mut avail = 0usize;
+        for (t, v) in self.free_by_type.iter().enumerate() {
+            if !need.types.contains(t as u16) {
+                continue;
+            }
+            let threshold = match need.demand {
+                GpuDemand::Whole => u64::MAX,
+                GpuDemand::Share(m) => m.min(self.capacity_by_type[t]),
+            };
+            avail += v.len() - v.partition_point(|&f| f < threshold);
+        }
+        (avail as f64 / f64::from(total)).min(1.0)
+    }
+}

@@ -1,0 +1,274 @@
+//! The GPU-sharing packing benchmark (`shared/benchmarks/packing.md`): tasks arrive one at a time,
+//! are placed or fail, and never leave; we measure how much GPU capacity gets handed out.
+//!
+//! Placement goes through the same [`Placer`] the live scheduler uses, with a card counted as 1000
+//! units and no safety margin (the trace's own milli-GPU unit).
+
+use crate::placement::{Capacity, FragModel, GpuDemand, PlacementPolicy, Placer, WorkerNeed};
+use crate::sim::SimError;
+use crate::types::{Gpu, Node};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::io::Read;
+
+/// Capacity of one GPU in the benchmark's unit.
+pub const MILLI: u64 = 1000;
+const MIB: u64 = 1 << 20;
+
+/// One pod of the openb trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pod {
+    pub name: String,
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub num_gpu: u32,
+    pub gpu_milli: u64,
+    /// Acceptable GPU models; empty accepts any.
+    pub gpu_spec: Vec<String>,
+}
+
+impl Pod {
+    /// The GPU request the benchmark counts: `num_gpu * gpu_milli`.
+    pub fn gpu_request(&self) -> u64 {
+        u64::from(self.num_gpu) * self.gpu_milli
+    }
+}
+
+#[derive(Deserialize)]
+struct NodeRow {
+    sn: String,
+    cpu_milli: u64,
+    memory_mib: u64,
+    gpu: u32,
+    #[serde(default)]
+    model: String,
+}
+
+#[derive(Deserialize)]
+struct PodRow {
+    name: String,
+    cpu_milli: u64,
+    memory_mib: u64,
+    num_gpu: u32,
+    gpu_milli: i64,
+    #[serde(default)]
+    gpu_spec: String,
+}
+
+/// Reads an openb node list (`sn,cpu_milli,memory_mib,gpu,model`).
+pub fn read_nodes<R: Read>(r: R) -> Result<Vec<Node>, SimError> {
+    let mut out = Vec::new();
+    for row in csv::Reader::from_reader(r).deserialize::<NodeRow>() {
+        let row = row?;
+        out.push(Node {
+            id: row.sn,
+            zone: String::new(),
+            labels: Default::default(),
+            cpu_millis: row.cpu_milli,
+            mem_bytes: row.memory_mib * MIB,
+            gpus: (0..row.gpu)
+                .map(|i| Gpu {
+                    index: i,
+                    gpu_type: row.model.clone(),
+                    mem_bytes: MILLI,
+                    util: 0.0,
+                })
+                .collect(),
+            schedulable: true,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads an openb pod list; extra columns (qos, times) are ignored, `gpu_milli` is clipped.
+pub fn read_pods<R: Read>(r: R) -> Result<Vec<Pod>, SimError> {
+    let mut out = Vec::new();
+    for row in csv::Reader::from_reader(r).deserialize::<PodRow>() {
+        let row = row?;
+        out.push(Pod {
+            name: row.name,
+            cpu_milli: row.cpu_milli,
+            memory_mib: row.memory_mib,
+            num_gpu: row.num_gpu,
+            gpu_milli: row.gpu_milli.clamp(0, MILLI as i64) as u64,
+            gpu_spec: row
+                .gpu_spec
+                .split('|')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect(),
+        });
+    }
+    Ok(out)
+}
+
+/// Result of one seed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SeedResult {
+    pub seed: u64,
+    pub alloc_100: f64,
+    pub alloc_130: f64,
+    pub frag_130: f64,
+    pub tasks: usize,
+    pub failed: usize,
+}
+
+/// Mean over seeds, what the benchmark reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PackingReport {
+    pub policy: PlacementPolicy,
+    pub seeds: Vec<u64>,
+    pub alloc_100: f64,
+    pub alloc_130: f64,
+    pub frag_130: f64,
+    pub per_seed: Vec<SeedResult>,
+}
+
+fn need_of(cap: &Capacity, p: &Pod) -> WorkerNeed {
+    WorkerNeed {
+        gpus: p.num_gpu,
+        demand: if p.gpu_milli >= MILLI {
+            GpuDemand::Whole
+        } else {
+            GpuDemand::Share(p.gpu_milli)
+        },
+        cpu_millis: p.cpu_milli,
+        mem_bytes: p.memory_mib * MIB,
+        types: cap.type_mask(&p.gpu_spec),
+    }
+}
+
+/// The typical-task model FGD needs: task shapes of the trace weighted by how often they occur,
+/// covering 95% of the tasks.
+pub fn frag_model(cap: &Capacity, pods: &[Pod]) -> FragModel {
+    let mut counts: HashMap<WorkerNeed, f64> = HashMap::new();
+    for p in pods {
+        *counts.entry(need_of(cap, p)).or_default() += 1.0;
+    }
+    let mut v: Vec<(WorkerNeed, f64)> = counts.into_iter().collect();
+    // Deterministic order before the stable sort inside `from_counts`.
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    FragModel::from_counts(v, 0.95, 64, MILLI)
+}
+
+/// The arrival sequence for one seed: sorted by name, shuffled, inflated (or thinned) to 130%
+/// of the cluster's GPU capacity.
+pub fn arrival_sequence(pods: &[Pod], capacity: u64, seed: u64) -> Vec<Pod> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut seq: Vec<Pod> = pods.to_vec();
+    seq.sort_by(|a, b| a.name.cmp(&b.name));
+    seq.shuffle(&mut rng);
+    let target = capacity * 13 / 10;
+    let mut total: u64 = seq.iter().map(Pod::gpu_request).sum();
+    if total > target {
+        while total > target && !seq.is_empty() {
+            let i = rng.gen_range(0..seq.len());
+            total -= seq[i].gpu_request();
+            seq.remove(i);
+        }
+    } else if pods.iter().any(|p| p.gpu_request() > 0) {
+        while total < target {
+            let p = pods[rng.gen_range(0..pods.len())].clone();
+            total += p.gpu_request();
+            seq.push(p);
+        }
+    }
+    seq
+}
+
+/// Runs one seed with the given policy.
+pub fn run_seed(nodes: &[Node], pods: &[Pod], seed: u64, policy: PlacementPolicy) -> SeedResult {
+    let capacity: u64 = nodes
+        .iter()
+        .flat_map(|n| n.gpus.iter())
+        .map(|g| g.mem_bytes)
+        .sum();
+    let seq = arrival_sequence(pods, capacity, seed);
+    let r = replay(nodes, pods, &seq, policy, seed);
+    let mean_at = |pct: f64| {
+        let v: Vec<f64> = r
+            .records
+            .iter()
+            .filter(|(a, _)| (*a as f64 / capacity as f64 * 100.0).round() == pct)
+            .map(|(_, u)| *u as f64 / capacity as f64 * 100.0)
+            .collect();
+        if v.is_empty() {
+            r.records
+                .last()
+                .map_or(0.0, |(_, u)| *u as f64 / capacity as f64 * 100.0)
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
+    };
+    SeedResult {
+        seed,
+        alloc_100: mean_at(100.0),
+        alloc_130: mean_at(130.0),
+        frag_130: r.frag_rate * 100.0,
+        tasks: seq.len(),
+        failed: r.failed,
+    }
+}
+
+/// What one arrival sequence did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replay {
+    /// After each task: (GPU request arrived so far, GPU allocated), in milli-GPU.
+    pub records: Vec<(u64, u64)>,
+    pub failed: usize,
+    /// Share of idle GPU capacity at the end that no typical task could use.
+    pub frag_rate: f64,
+}
+
+/// Places `seq` one task at a time, never removing any. `pods` defines the typical-task model;
+/// `seed` drives only the random policy.
+pub fn replay(
+    nodes: &[Node],
+    pods: &[Pod],
+    seq: &[Pod],
+    policy: PlacementPolicy,
+    seed: u64,
+) -> Replay {
+    let mut cap = Capacity::new(nodes, &[], 0);
+    let model = frag_model(&cap, pods);
+    let mut placer = Placer::new(policy, model);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
+    let (mut arrived, mut used) = (0u64, 0u64);
+    let mut records = Vec::with_capacity(seq.len());
+    let mut failed = 0;
+    for p in seq {
+        let need = need_of(&cap, p);
+        arrived += p.gpu_request();
+        match placer.place_worker(&mut cap, &need, &|_| true, &mut rng) {
+            Some(_) => used += p.gpu_request(),
+            None => failed += 1,
+        }
+        records.push((arrived, used));
+    }
+    Replay {
+        records,
+        failed,
+        frag_rate: placer.frag_rate(&cap),
+    }
+}
+
+/// Runs every seed and averages, as the benchmark reports.
+pub fn run(nodes: &[Node], pods: &[Pod], seeds: &[u64], policy: PlacementPolicy) -> PackingReport {
+    let per_seed: Vec<SeedResult> = seeds
+        .iter()
+        .map(|&s| run_seed(nodes, pods, s, policy))
+        .collect();
+    let n = per_seed.len().max(1) as f64;
+    PackingReport {
+        policy,
+        seeds: seeds.to_vec(),
+        alloc_100: per_seed.iter().map(|r| r.alloc_100).sum::<f64>() / n,
+        alloc_130: per_seed.iter().map(|r| r.alloc_130).sum::<f64>() / n,
+        frag_130: per_seed.iter().map(|r| r.frag_130).sum::<f64>() / n,
+        per_seed,
+    }
+}

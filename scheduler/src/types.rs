@@ -1,0 +1,279 @@
+//! Domain types shared by the live server and the simulators.
+//!
+//! Everything here is plain data: the scheduler never reads a clock or the network, so the caller
+//! snapshots the cluster into these types, passes `now`, and applies the returned decisions.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Seconds on whatever clock the caller uses (Unix time live, virtual time in the simulator).
+/// The policy only ever subtracts two of them, so the epoch does not matter.
+pub type Time = u64;
+
+/// Identifier of a task; opaque to the policy.
+pub type TaskId = String;
+
+/// GPU models are matched by family so that a user asking for "A100" accepts every A100 variant
+/// the operator has, while "A100-80G" pins the memory size.
+///
+/// A request matches a GPU type when it is equal to it (ignoring case) or is a prefix of it that
+/// ends at a `-` or `_` separator.
+pub fn gpu_type_matches(request: &str, gpu_type: &str) -> bool {
+    let (r, g) = (request.as_bytes(), gpu_type.as_bytes());
+    if r.len() > g.len() || !r.eq_ignore_ascii_case(&g[..r.len()]) {
+        return false;
+    }
+    r.len() == g.len() || matches!(g[r.len()], b'-' | b'_')
+}
+
+/// True when a request that accepts `types` (empty means "any") may use a GPU of `gpu_type`.
+pub fn accepts_type(types: &[String], gpu_type: &str) -> bool {
+    types.is_empty() || types.iter().any(|t| gpu_type_matches(t, gpu_type))
+}
+
+/// One physical GPU as the node agent reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gpu {
+    /// Device index on the node (what `CUDA_VISIBLE_DEVICES` will carry).
+    pub index: u32,
+    pub gpu_type: String,
+    pub mem_bytes: u64,
+    /// Measured utilisation in [0, 1] over the last sample window; informational for placement.
+    #[serde(default)]
+    pub util: f64,
+}
+
+/// A worker machine. Allocations are not stored here: they are derived from the running tasks,
+/// so there is a single source of truth and the node agent only reports capacity and health.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    pub id: String,
+    #[serde(default)]
+    pub zone: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    pub cpu_millis: u64,
+    pub mem_bytes: u64,
+    pub gpus: Vec<Gpu>,
+    /// Cordoned or unhealthy nodes keep their running tasks but receive no new ones.
+    #[serde(default = "yes")]
+    pub schedulable: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn half() -> f64 {
+    0.5
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// What a user asks for. `workers x gpus_per_worker` GPUs are gang-placed: all workers start
+/// together or none does, because a distributed job with a missing rank only burns GPUs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRequest {
+    pub id: TaskId,
+    pub user: String,
+    #[serde(default)]
+    pub tenant: String,
+    /// Acceptable GPU types (family names allowed); empty accepts any type.
+    #[serde(default)]
+    pub gpu_types: Vec<String>,
+    pub gpus_per_worker: u32,
+    #[serde(default = "one")]
+    pub workers: u32,
+    /// Declared GPU memory per GPU. Below a whole card the task may share the card with others;
+    /// `None` means it wants whole cards.
+    #[serde(default)]
+    pub gpu_mem_bytes: Option<u64>,
+    /// Per worker.
+    #[serde(default)]
+    pub cpu_millis: u64,
+    /// Per worker.
+    #[serde(default)]
+    pub mem_bytes: u64,
+    /// Declared priority in [0, 1].
+    #[serde(default = "half")]
+    pub priority: f64,
+    #[serde(default)]
+    pub deadline: Option<Time>,
+    pub submitted_at: Time,
+    /// The user's (or a predictor's) estimate of the total run time, seconds.
+    #[serde(default)]
+    pub estimated_runtime: Option<u64>,
+    #[serde(default = "yes")]
+    pub preemptible: bool,
+    /// All workers in one zone (fast interconnect); they may still span several nodes.
+    #[serde(default)]
+    pub zone_affinity: bool,
+    /// GPU-seconds of service the task already received in earlier runs (it was preempted);
+    /// lets the policy keep demoting long jobs across restarts.
+    #[serde(default)]
+    pub attained_gpu_seconds: f64,
+}
+
+impl TaskRequest {
+    pub fn total_gpus(&self) -> u32 {
+        self.gpus_per_worker * self.workers
+    }
+}
+
+/// Where one worker of a task runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerPlacement {
+    pub node: String,
+    pub gpu_indices: Vec<u32>,
+}
+
+/// A task that holds resources now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunningTask {
+    pub request: TaskRequest,
+    pub placements: Vec<WorkerPlacement>,
+    pub started_at: Time,
+    /// Last time the task saved a checkpoint it can resume from; preempting it loses the work
+    /// done since then, so victims with a recent checkpoint are cheaper.
+    #[serde(default)]
+    pub last_checkpoint_at: Option<Time>,
+    /// Already asked to stop; its resources will come back but must not be counted twice.
+    #[serde(default)]
+    pub preempting: bool,
+}
+
+/// Usage history of one user, kept by the caller and passed back in every cycle.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UserUsage {
+    /// Decayed GPU-seconds as of `updated_at`.
+    pub decayed_gpu_seconds: f64,
+    pub updated_at: Time,
+    /// GPU-seconds allocated and the part of them that was busy, in the utilisation window.
+    pub window_alloc_gpu_seconds: f64,
+    pub window_busy_gpu_seconds: f64,
+    /// Undecayed GPU-seconds used in the current month, for the monthly quota.
+    pub month_gpu_seconds: f64,
+}
+
+/// Accounting per user and per tenant. Decay is applied lazily from `updated_at` so the ledger
+/// can be stored as is and no background job is needed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UsageLedger {
+    pub users: BTreeMap<String, UserUsage>,
+    pub tenants: BTreeMap<String, UserUsage>,
+}
+
+impl UsageLedger {
+    /// Record `gpu_seconds` of allocation (of which `busy_fraction` was measured busy) ending
+    /// at `now`, for the user and the tenant.
+    pub fn charge(
+        &mut self,
+        user: &str,
+        tenant: &str,
+        gpu_seconds: f64,
+        busy_fraction: f64,
+        now: Time,
+        half_life_s: f64,
+    ) {
+        for entry in [
+            self.users.entry(user.to_string()).or_default(),
+            self.tenants.entry(tenant.to_string()).or_default(),
+        ] {
+            entry.decayed_gpu_seconds = decay(
+                entry.decayed_gpu_seconds,
+                entry.updated_at,
+                now,
+                half_life_s,
+            ) + gpu_seconds;
+            entry.updated_at = entry.updated_at.max(now);
+            entry.window_alloc_gpu_seconds += gpu_seconds;
+            entry.window_busy_gpu_seconds += gpu_seconds * busy_fraction.clamp(0.0, 1.0);
+            entry.month_gpu_seconds += gpu_seconds;
+        }
+    }
+
+    /// Decayed usage of a user at `now`.
+    pub fn user_usage(&self, user: &str, now: Time, half_life_s: f64) -> f64 {
+        self.users.get(user).map_or(0.0, |u| {
+            decay(u.decayed_gpu_seconds, u.updated_at, now, half_life_s)
+        })
+    }
+
+    /// Decayed usage of a tenant at `now`.
+    pub fn tenant_usage(&self, tenant: &str, now: Time, half_life_s: f64) -> f64 {
+        self.tenants.get(tenant).map_or(0.0, |u| {
+            decay(u.decayed_gpu_seconds, u.updated_at, now, half_life_s)
+        })
+    }
+}
+
+/// Exponential decay: the value halves every `half_life_s` seconds.
+pub fn decay(value: f64, from: Time, to: Time, half_life_s: f64) -> f64 {
+    if to <= from || half_life_s <= 0.0 {
+        return value;
+    }
+    value * 0.5f64.powf((to - from) as f64 / half_life_s)
+}
+
+/// Caps for one tenant or user. `None` means unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Quota {
+    pub max_gpus: Option<u32>,
+    pub max_gpu_hours_per_month: Option<f64>,
+    /// Allowed GPU types (family names); empty allows all.
+    #[serde(default)]
+    pub allowed_gpu_types: Vec<String>,
+    /// Relative share for fair-share; 1.0 when absent.
+    #[serde(default)]
+    pub share: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Quotas {
+    pub tenants: BTreeMap<String, Quota>,
+    pub users: BTreeMap<String, Quota>,
+}
+
+/// Everything the policy looks at in one cycle.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterState {
+    pub nodes: Vec<Node>,
+    pub running: Vec<RunningTask>,
+    pub pending: Vec<TaskRequest>,
+    pub usage: UsageLedger,
+    pub quotas: Quotas,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn family_matching() {
+        assert!(gpu_type_matches("A100", "A100-40G"));
+        assert!(gpu_type_matches("a100", "A100-80G"));
+        assert!(gpu_type_matches("A100-80G", "A100-80G"));
+        assert!(!gpu_type_matches("A100-80G", "A100-40G"));
+        assert!(!gpu_type_matches("A10", "A100"));
+        assert!(gpu_type_matches("A10", "A10"));
+        assert!(accepts_type(&[], "T4"));
+        assert!(accepts_type(
+            &["V100M16".into(), "V100M32".into()],
+            "V100M32"
+        ));
+        assert!(!accepts_type(&["V100M16".into()], "V100M32"));
+    }
+
+    #[test]
+    fn decay_halves_after_half_life() {
+        let hl = 7.0 * 86_400.0;
+        assert!((decay(100.0, 0, 7 * 86_400, hl) - 50.0).abs() < 1e-9);
+        assert!((decay(100.0, 0, 14 * 86_400, hl) - 25.0).abs() < 1e-9);
+        let mut l = UsageLedger::default();
+        l.charge("u", "t", 100.0, 1.0, 0, hl);
+        assert!((l.user_usage("u", 7 * 86_400, hl) - 50.0).abs() < 1e-9);
+        assert!((l.tenant_usage("t", 7 * 86_400, hl) - 50.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,177 @@
+//! Property: whatever the cluster and the queue, no placement over-commits a GPU (memory or
+//! exclusivity), a node's CPU or its memory, and gangs are complete.
+
+mod common;
+
+use autodl_scheduler::*;
+use common::*;
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+const TYPES: [&str; 3] = ["A100-40G", "A100-80G", "T4"];
+
+fn arb_node(i: usize) -> impl Strategy<Value = Node> {
+    (1u32..=8, 0usize..3, 8_000u64..64_000, 16u64..256, 0usize..2).prop_map(
+        move |(g, ty, cpu, mem, zone)| {
+            let mem_gib = match TYPES[ty] {
+                "A100-40G" => 40,
+                "A100-80G" => 80,
+                _ => 16,
+            };
+            let mut n = node(&format!("n{i}"), ["z1", "z2"][zone], g, TYPES[ty], mem_gib);
+            n.cpu_millis = cpu;
+            n.mem_bytes = mem * GIB;
+            n
+        },
+    )
+}
+
+fn arb_task(i: usize) -> impl Strategy<Value = TaskRequest> {
+    (
+        0u32..=4,
+        1u32..=3,
+        prop::option::of(1u64..48),
+        0u64..16_000,
+        0u64..64,
+        0.0f64..=1.0,
+        prop::option::of(0usize..3),
+        any::<bool>(),
+        0u64..1000,
+    )
+        .prop_map(move |(g, w, shared, cpu, mem, prio, ty, zone, at)| {
+            let mut t = task(&format!("t{i}"), &format!("u{}", i % 4), g, at);
+            t.workers = w;
+            t.gpu_mem_bytes = if g > 0 { shared.map(|m| m * GIB) } else { None };
+            t.cpu_millis = cpu;
+            t.mem_bytes = mem * GIB;
+            t.priority = prio;
+            t.gpu_types = ty.map(|k| vec![TYPES[k].to_string()]).unwrap_or_default();
+            if ty == Some(0) {
+                t.gpu_types = vec!["A100".into()];
+            }
+            t.zone_affinity = zone;
+            t
+        })
+}
+
+fn arb_state() -> impl Strategy<Value = ClusterState> {
+    let nodes = (1usize..6).prop_flat_map(|n| (0..n).map(arb_node).collect::<Vec<_>>());
+    let tasks = (0usize..25).prop_flat_map(|n| (0..n).map(arb_task).collect::<Vec<_>>());
+    (nodes, tasks).prop_map(|(nodes, pending)| ClusterState {
+        nodes,
+        pending,
+        ..Default::default()
+    })
+}
+
+/// Checks every running task against node capacity, as an independent re-count.
+fn check_no_overcommit(state: &ClusterState, margin: u64) -> Result<(), TestCaseError> {
+    let nodes: HashMap<&str, &Node> = state.nodes.iter().map(|n| (n.id.as_str(), n)).collect();
+    let mut cpu: HashMap<&str, u64> = HashMap::new();
+    let mut mem: HashMap<&str, u64> = HashMap::new();
+    let mut whole: HashMap<(&str, u32), u32> = HashMap::new();
+    let mut shared: HashMap<(&str, u32), u64> = HashMap::new();
+    for r in &state.running {
+        let t = &r.request;
+        prop_assert_eq!(
+            r.placements.len() as u32,
+            t.workers,
+            "gang incomplete: {:?}",
+            r
+        );
+        for p in &r.placements {
+            let n = nodes.get(p.node.as_str()).expect("known node");
+            *cpu.entry(&p.node).or_default() += t.cpu_millis;
+            *mem.entry(&p.node).or_default() += t.mem_bytes;
+            prop_assert_eq!(p.gpu_indices.len() as u32, t.gpus_per_worker);
+            let mut seen = p.gpu_indices.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            prop_assert_eq!(
+                seen.len(),
+                p.gpu_indices.len(),
+                "GPU used twice by one worker"
+            );
+            for ix in &p.gpu_indices {
+                let g = n.gpus.iter().find(|g| g.index == *ix).expect("known GPU");
+                prop_assert!(accepts_type(&t.gpu_types, &g.gpu_type), "wrong GPU type");
+                match t.gpu_mem_bytes {
+                    Some(m) if m + margin < g.mem_bytes => {
+                        *shared.entry((&p.node, *ix)).or_default() += m + margin
+                    }
+                    _ => *whole.entry((&p.node, *ix)).or_default() += 1,
+                }
+            }
+        }
+        if t.zone_affinity {
+            let zones: Vec<&str> = r
+                .placements
+                .iter()
+                .map(|p| nodes[p.node.as_str()].zone.as_str())
+                .collect();
+            prop_assert!(
+                zones.windows(2).all(|w| w[0] == w[1]),
+                "zone affinity broken"
+            );
+        }
+    }
+    for (id, n) in &nodes {
+        prop_assert!(
+            cpu.get(id).copied().unwrap_or(0) <= n.cpu_millis,
+            "CPU over-committed on {}",
+            id
+        );
+        prop_assert!(
+            mem.get(id).copied().unwrap_or(0) <= n.mem_bytes,
+            "memory over-committed on {}",
+            id
+        );
+        for g in &n.gpus {
+            let w = whole.get(&(*id, g.index)).copied().unwrap_or(0);
+            let s = shared.get(&(*id, g.index)).copied().unwrap_or(0);
+            prop_assert!(w <= 1, "GPU {}/{} given whole to {} tasks", id, g.index, w);
+            prop_assert!(w == 0 || s == 0, "whole GPU {}/{} also shared", id, g.index);
+            prop_assert!(
+                s <= g.mem_bytes,
+                "shared GPU {}/{} over its memory",
+                id,
+                g.index
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn placements_never_overcommit(state in arb_state(), more in prop::collection::vec(arb_task(100), 0..10)) {
+        let cfg = PolicyConfig::default();
+        let sched = Scheduler::new(cfg.clone());
+        let mut state = state;
+        // Cycle 1 on an empty cluster, cycle 2 on top of what cycle 1 started.
+        let d = sched.schedule(&state, 1_000);
+        apply(&mut state, &d, 1_000);
+        check_no_overcommit(&state, cfg.share_margin_bytes)?;
+        for (k, mut t) in more.into_iter().enumerate() {
+            t.id = format!("m{k}");
+            state.pending.push(t);
+        }
+        let d = sched.schedule(&state, 2_000);
+        apply(&mut state, &d, 2_000);
+        check_no_overcommit(&state, cfg.share_margin_bytes)?;
+        // Every pending task has a reason; every task is either placed or explained.
+        prop_assert_eq!(d.pending.len(), state.pending.len());
+    }
+
+    #[test]
+    fn every_placement_policy_respects_capacity(state in arb_state(), policy in 0usize..4) {
+        let placement = [PlacementPolicy::Random, PlacementPolicy::BestFit, PlacementPolicy::Fgd, PlacementPolicy::Autodl][policy];
+        let cfg = PolicyConfig { placement, ..PolicyConfig::default() };
+        let mut state = state;
+        let d = Scheduler::new(cfg.clone()).schedule(&state, 50);
+        apply(&mut state, &d, 50);
+        check_no_overcommit(&state, cfg.share_margin_bytes)?;
+    }
+}

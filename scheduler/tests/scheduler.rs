@@ -1,0 +1,673 @@
+//! Rules of the policy, each checked in virtual time on a tiny cluster.
+
+mod common;
+
+use autodl_scheduler::*;
+use common::*;
+
+fn only(weights: Weights) -> PolicyConfig {
+    PolicyConfig {
+        weights,
+        ..PolicyConfig::default()
+    }
+}
+
+fn declared_only() -> Weights {
+    Weights {
+        fair_share: 0.0,
+        utilization: 0.0,
+        deadline: 0.0,
+        declared: 1.0,
+        age: 0.0,
+        gpu_fit: 0.0,
+        service: 0.0,
+    }
+}
+
+#[test]
+fn places_what_fits_and_explains_the_rest() {
+    let state = ClusterState {
+        nodes: vec![node("n1", "", 2, "A100-80G", 80)],
+        pending: vec![task("a", "u", 1, 0), task("b", "u", 2, 1)],
+        ..Default::default()
+    };
+    let d = Scheduler::default().schedule(&state, 10);
+    assert!(placed(&d, "a").is_some());
+    let p = d.pending.iter().find(|p| p.task == "b").expect("b pending");
+    assert!(p.priority.total > 0.0);
+    match &p.reason {
+        PendingReason::Reserved { waiting_for, .. } | PendingReason::NoFit { waiting_for } => {
+            assert!(waiting_for.contains("2 whole GPU"), "{waiting_for}")
+        }
+        r => panic!("unexpected reason {r:?}"),
+    }
+}
+
+#[test]
+fn gang_is_all_or_nothing() {
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 4, "A100", 80), node("n2", "", 4, "A100", 80)],
+        ..Default::default()
+    };
+    let mut blocker = task("blocker", "other", 2, 0);
+    blocker.preemptible = false;
+    state.running.push(running(blocker, "n2", &[0, 1], 0));
+    let mut gang = task("gang", "u", 4, 5);
+    gang.workers = 2;
+    state.pending.push(gang);
+    let cfg = PolicyConfig {
+        migration: false,
+        ..PolicyConfig::default()
+    };
+    let d = Scheduler::new(cfg.clone()).schedule(&state, 100);
+    assert!(
+        placed(&d, "gang").is_none(),
+        "half a gang must not start: {d:?}"
+    );
+    assert!(d.decisions.is_empty());
+    // Once the blocker leaves, both workers start together on distinct nodes.
+    state.running.clear();
+    let d = Scheduler::new(cfg).schedule(&state, 200);
+    let p = placed(&d, "gang").expect("gang placed");
+    assert_eq!(p.len(), 2);
+    assert_ne!(p[0].node, p[1].node);
+    assert!(p.iter().all(|w| w.gpu_indices.len() == 4));
+}
+
+#[test]
+fn zone_affinity_keeps_a_gang_in_one_zone() {
+    let state = ClusterState {
+        nodes: vec![
+            node("a1", "za", 4, "H100", 80),
+            node("b1", "zb", 4, "H100", 80),
+            node("b2", "zb", 4, "H100", 80),
+        ],
+        pending: vec![TaskRequest {
+            workers: 2,
+            zone_affinity: true,
+            ..task("g", "u", 4, 0)
+        }],
+        ..Default::default()
+    };
+    let d = Scheduler::default().schedule(&state, 1);
+    let p = placed(&d, "g").expect("placed");
+    assert!(p.iter().all(|w| w.node.starts_with('b')), "{p:?}");
+}
+
+#[test]
+fn shared_gpu_never_exceeds_its_memory() {
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 1, "A100-16G", 16)],
+        ..Default::default()
+    };
+    for i in 0..3 {
+        state.pending.push(TaskRequest {
+            gpu_mem_bytes: Some(6 * GIB),
+            ..task(&format!("s{i}"), "u", 1, i)
+        });
+    }
+    // 6 GiB + 1 GiB margin: two fit on a 16 GiB card, the third waits.
+    let d = Scheduler::default().schedule(&state, 10);
+    let n = d
+        .decisions
+        .iter()
+        .filter(|x| matches!(x, Decision::Place { .. }))
+        .count();
+    assert_eq!(n, 2);
+    apply(&mut state, &d, 10);
+    let d = Scheduler::default().schedule(&state, 20);
+    assert!(d
+        .decisions
+        .iter()
+        .all(|x| !matches!(x, Decision::Place { .. })));
+    // A whole-card task cannot join a shared card either.
+    state.pending = vec![task("whole", "u", 1, 30)];
+    let d = Scheduler::new(PolicyConfig {
+        preemption: false,
+        ..PolicyConfig::default()
+    })
+    .schedule(&state, 40);
+    assert!(placed(&d, "whole").is_none());
+}
+
+#[test]
+fn urgent_deadline_overtakes_in_the_queue() {
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 1, "T4", 16)],
+        ..Default::default()
+    };
+    state.pending.push(task("early", "u1", 1, 0));
+    state.pending.push(TaskRequest {
+        deadline: Some(1_000 + 3_700),
+        estimated_runtime: Some(3_600),
+        ..task("urgent", "u2", 1, 1_000)
+    });
+    let d = Scheduler::default().schedule(&state, 1_000);
+    assert!(placed(&d, "urgent").is_some(), "{d:?}");
+    assert!(placed(&d, "early").is_none());
+}
+
+#[test]
+fn preemption_respects_minimum_run_time() {
+    let cfg = PolicyConfig {
+        min_runtime_s: 600,
+        preempt_margin: 0.1,
+        ..only(declared_only())
+    };
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 1, "A100", 80)],
+        ..Default::default()
+    };
+    let low = TaskRequest {
+        priority: 0.0,
+        ..task("low", "u1", 1, 0)
+    };
+    state.running.push(running(low, "n1", &[0], 0));
+    state.pending.push(TaskRequest {
+        priority: 1.0,
+        ..task("high", "u2", 1, 100)
+    });
+    // Too early: the victim has not had its minimum run time.
+    let d = Scheduler::new(cfg.clone()).schedule(&state, 300);
+    assert!(preempted(&d).is_empty(), "{d:?}");
+    // After it, and right after a checkpoint, it is preempted with a grace period.
+    state.running[0].last_checkpoint_at = Some(650);
+    let d = Scheduler::new(cfg.clone()).schedule(&state, 700);
+    assert_eq!(preempted(&d), vec!["low".to_string()]);
+    assert!(d
+        .decisions
+        .iter()
+        .any(|x| matches!(x, Decision::Preempt { grace_s, .. } if *grace_s == cfg.grace_s)));
+    assert!(matches!(
+        reason(&d, "high"),
+        Some(PendingReason::WaitingForPreemption { .. })
+    ));
+    // A gap below the margin does not preempt.
+    state.pending[0].priority = 0.05;
+    let d = Scheduler::new(cfg).schedule(&state, 700);
+    assert!(preempted(&d).is_empty());
+}
+
+#[test]
+fn preemption_prefers_the_victim_that_loses_least_work() {
+    let cfg = PolicyConfig {
+        victim_max_unsaved_s: 100_000,
+        ..only(declared_only())
+    };
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 1, "A100", 80), node("n2", "", 1, "A100", 80)],
+        ..Default::default()
+    };
+    let mut a = running(
+        TaskRequest {
+            priority: 0.0,
+            ..task("fresh-ckpt", "u1", 1, 0)
+        },
+        "n1",
+        &[0],
+        0,
+    );
+    a.last_checkpoint_at = Some(9_900);
+    let mut b = running(
+        TaskRequest {
+            priority: 0.0,
+            ..task("stale-ckpt", "u1", 1, 0)
+        },
+        "n2",
+        &[0],
+        0,
+    );
+    b.last_checkpoint_at = Some(3_600);
+    state.running = vec![b, a];
+    state.pending.push(TaskRequest {
+        priority: 1.0,
+        ..task("high", "u2", 1, 9_000)
+    });
+    let d = Scheduler::new(cfg).schedule(&state, 10_000);
+    assert_eq!(preempted(&d), vec!["fresh-ckpt".to_string()]);
+}
+
+#[test]
+fn non_preemptible_tasks_are_never_victims() {
+    let cfg = only(declared_only());
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 1, "A100", 80)],
+        ..Default::default()
+    };
+    let low = TaskRequest {
+        priority: 0.0,
+        preemptible: false,
+        ..task("low", "u1", 1, 0)
+    };
+    state.running.push(running(low, "n1", &[0], 0));
+    state.pending.push(TaskRequest {
+        priority: 1.0,
+        ..task("high", "u2", 1, 0)
+    });
+    assert!(preempted(&Scheduler::new(cfg).schedule(&state, 5_000)).is_empty());
+}
+
+#[test]
+fn quota_holds_a_task_with_the_cap_named() {
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 4, "A100", 80)],
+        ..Default::default()
+    };
+    state.quotas.users.insert(
+        "alice".into(),
+        Quota {
+            max_gpus: Some(2),
+            ..Default::default()
+        },
+    );
+    state
+        .running
+        .push(running(task("r", "alice", 2, 0), "n1", &[0, 1], 0));
+    state.pending.push(task("p", "alice", 1, 10));
+    state.pending.push(task("q", "bob", 1, 10));
+    let d = Scheduler::default().schedule(&state, 20);
+    assert!(placed(&d, "q").is_some());
+    match reason(&d, "p") {
+        Some(PendingReason::Quota {
+            scope: QuotaScope::User,
+            name,
+            cap:
+                QuotaCap::Gpus {
+                    limit: 2,
+                    in_use: 2,
+                    requested: 1,
+                },
+        }) => {
+            assert_eq!(name, "alice")
+        }
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+#[test]
+fn monthly_gpu_hours_and_allowed_types_hold_tasks() {
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 4, "A100", 80)],
+        ..Default::default()
+    };
+    state.quotas.tenants.insert(
+        "lab".into(),
+        Quota {
+            max_gpu_hours_per_month: Some(10.0),
+            ..Default::default()
+        },
+    );
+    state
+        .usage
+        .charge("u", "lab", 11.0 * 3600.0, 1.0, 0, 86_400.0);
+    state.pending.push(task("p", "u", 1, 0));
+    let d = Scheduler::default().schedule(&state, 1);
+    assert!(matches!(
+        reason(&d, "p"),
+        Some(PendingReason::Quota {
+            scope: QuotaScope::Tenant,
+            cap: QuotaCap::GpuHoursPerMonth { .. },
+            ..
+        })
+    ));
+
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 4, "A100", 80)],
+        ..Default::default()
+    };
+    state.quotas.users.insert(
+        "u".into(),
+        Quota {
+            allowed_gpu_types: vec!["T4".into()],
+            ..Default::default()
+        },
+    );
+    state.pending.push(task("p", "u", 1, 0));
+    let d = Scheduler::default().schedule(&state, 1);
+    assert!(matches!(
+        reason(&d, "p"),
+        Some(PendingReason::Quota {
+            cap: QuotaCap::GpuTypes { .. },
+            ..
+        })
+    ));
+}
+
+#[test]
+fn gpu_type_families_match() {
+    let state = ClusterState {
+        nodes: vec![
+            node("t4", "", 1, "T4", 16),
+            node("a100", "", 1, "A100-80G", 80),
+        ],
+        pending: vec![TaskRequest {
+            gpu_types: vec!["A100".into()],
+            ..task("x", "u", 1, 0)
+        }],
+        ..Default::default()
+    };
+    let d = Scheduler::default().schedule(&state, 1);
+    assert_eq!(placed(&d, "x").expect("placed")[0].node, "a100");
+}
+
+#[test]
+fn backfill_does_not_take_the_reserved_node() {
+    // Each node has one GPU busy; the top task needs two GPUs on one node and is blocked.
+    let cfg = PolicyConfig {
+        preemption: false,
+        migration: false,
+        ..only(declared_only())
+    };
+    let mut state = ClusterState {
+        nodes: vec![node("a", "", 2, "A100", 80), node("b", "", 2, "A100", 80)],
+        ..Default::default()
+    };
+    state
+        .running
+        .push(running(task("ra", "x", 1, 0), "a", &[0], 0));
+    state
+        .running
+        .push(running(task("rb", "x", 1, 0), "b", &[0], 0));
+    state.pending.push(TaskRequest {
+        priority: 1.0,
+        ..task("big", "u", 2, 0)
+    });
+    state.pending.push(TaskRequest {
+        priority: 0.1,
+        ..task("small1", "u", 1, 0)
+    });
+    state.pending.push(TaskRequest {
+        priority: 0.0,
+        ..task("small2", "u", 1, 0)
+    });
+    let d = Scheduler::new(cfg).schedule(&state, 10);
+    let reserved = match reason(&d, "big") {
+        Some(PendingReason::Reserved { nodes, .. }) => nodes.clone(),
+        r => panic!("unexpected {r:?}"),
+    };
+    assert_eq!(reserved.len(), 1);
+    let p = placed(&d, "small1").expect("backfilled");
+    assert_ne!(p[0].node, reserved[0]);
+    // The second small task would fit only on the reserved node: it waits behind `big`.
+    assert!(
+        matches!(reason(&d, "small2"), Some(PendingReason::BehindHigherPriority { blocked_by, .. }) if blocked_by == "big")
+    );
+}
+
+#[test]
+fn strict_fifo_starts_nothing_behind_a_blocked_task() {
+    let mut state = ClusterState {
+        nodes: vec![node("a", "", 2, "A100", 80)],
+        ..Default::default()
+    };
+    state
+        .running
+        .push(running(task("r", "x", 1, 0), "a", &[0], 0));
+    state.pending.push(task("first", "u", 2, 1));
+    state.pending.push(task("second", "u", 1, 2));
+    let d = Scheduler::new(PolicyConfig::fifo()).schedule(&state, 10);
+    assert!(d.decisions.is_empty());
+    assert!(matches!(
+        reason(&d, "second"),
+        Some(PendingReason::BehindHigherPriority { position: 1, .. })
+    ));
+    let d = Scheduler::new(PolicyConfig::fifo_backfill()).schedule(&state, 10);
+    assert!(placed(&d, "second").is_some());
+}
+
+#[test]
+fn defragments_by_migrating_shared_tasks() {
+    let cfg = PolicyConfig {
+        preemption: false,
+        ..only(declared_only())
+    };
+    let mut state = ClusterState {
+        nodes: vec![node("a", "", 1, "A100", 16), node("b", "", 1, "A100", 16)],
+        ..Default::default()
+    };
+    let s = |id: &str| TaskRequest {
+        priority: 0.0,
+        gpu_mem_bytes: Some(4 * GIB),
+        ..task(id, "x", 1, 0)
+    };
+    state.running.push(running(s("sa"), "a", &[0], 0));
+    state.running.push(running(s("sb"), "b", &[0], 0));
+    state.pending.push(TaskRequest {
+        priority: 1.0,
+        ..task("whole", "u", 1, 5)
+    });
+    let d = Scheduler::new(cfg).schedule(&state, 10);
+    let moves: Vec<_> = d
+        .decisions
+        .iter()
+        .filter_map(|x| match x {
+            Decision::Migrate {
+                task,
+                from,
+                to,
+                for_task,
+            } => Some((task, from, to, for_task)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(moves.len(), 1, "{d:?}");
+    assert_ne!(moves[0].1[0].node, moves[0].2[0].node);
+    assert_eq!(moves[0].3, "whole");
+    assert!(matches!(
+        reason(&d, "whole"),
+        Some(PendingReason::WaitingForMigration { .. })
+    ));
+}
+
+#[test]
+fn idle_gpu_user_waits_behind_busy_user() {
+    let cfg = only(Weights {
+        utilization: 1.0,
+        age: 0.0,
+        ..declared_only()
+    });
+    let mut state = ClusterState {
+        nodes: vec![node("a", "", 1, "A100", 80)],
+        ..Default::default()
+    };
+    state
+        .usage
+        .charge("idle", "lab", 50_000.0, 0.02, 0, cfg.usage_half_life_s);
+    state
+        .usage
+        .charge("busy", "lab", 50_000.0, 0.98, 0, cfg.usage_half_life_s);
+    state.pending.push(task("i", "idle", 1, 0));
+    state.pending.push(task("b", "busy", 1, 5));
+    let d = Scheduler::new(cfg).schedule(&state, 10);
+    assert!(placed(&d, "b").is_some());
+    let i = d.pending.iter().find(|p| p.task == "i").expect("pending");
+    assert!(i.priority.utilization < 0.2);
+}
+
+#[test]
+fn fair_share_prefers_the_light_user_and_decays() {
+    let cfg = only(Weights {
+        fair_share: 1.0,
+        ..declared_only()
+    });
+    let hl = cfg.usage_half_life_s;
+    let mut state = ClusterState {
+        nodes: vec![node("a", "", 1, "A100", 80)],
+        ..Default::default()
+    };
+    state.usage.charge("heavy", "lab", 1e6, 1.0, 0, hl);
+    state.usage.charge("light", "lab", 1e5, 1.0, 0, hl);
+    state.pending.push(task("h", "heavy", 1, 0));
+    state.pending.push(task("l", "light", 1, 5));
+    let d = Scheduler::new(cfg.clone()).schedule(&state, 10);
+    assert!(placed(&d, "l").is_some());
+    assert!((state.usage.user_usage("heavy", hl as u64, hl) - 5e5).abs() < 1e-6);
+}
+
+#[test]
+fn tenants_split_shares_before_users() {
+    // Tenant big has many users; tenant small has one. With equal tenant shares and equal
+    // per-user usage, the small tenant's user is ahead (Fair Tree).
+    let cfg = only(Weights {
+        fair_share: 1.0,
+        ..declared_only()
+    });
+    let hl = cfg.usage_half_life_s;
+    let mut state = ClusterState {
+        nodes: vec![node("a", "", 1, "A100", 80)],
+        ..Default::default()
+    };
+    for u in ["b1", "b2", "b3"] {
+        state.usage.charge(u, "big", 1e5, 1.0, 0, hl);
+        state.pending.push(TaskRequest {
+            tenant: "big".into(),
+            ..task(&format!("t-{u}"), u, 1, 0)
+        });
+    }
+    state.usage.charge("s1", "small", 1e5, 1.0, 0, hl);
+    state.pending.push(TaskRequest {
+        tenant: "small".into(),
+        ..task("t-s1", "s1", 1, 5)
+    });
+    let d = Scheduler::new(cfg).schedule(&state, 10);
+    assert!(placed(&d, "t-s1").is_some(), "{d:?}");
+}
+
+#[test]
+fn admission_rejects_what_can_never_fit() {
+    let nodes = vec![
+        node("a", "z1", 8, "A100-40G", 40),
+        node("b", "z2", 8, "A100-40G", 40),
+    ];
+    let quotas = Quotas::default();
+    let cfg = PolicyConfig::default();
+    let view = ClusterView {
+        nodes: &nodes,
+        quotas: &quotas,
+        config: &cfg,
+    };
+    assert!(admission_check(&view, &task("ok", "u", 8, 0)).is_ok());
+    let e = admission_check(
+        &view,
+        &TaskRequest {
+            gpu_mem_bytes: Some(60 * GIB),
+            ..task("m", "u", 1, 0)
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(e, AdmissionError::GpuMemoryTooLarge { .. }), "{e}");
+    assert!(e.to_string().contains("60.0 GiB"));
+    let e = admission_check(
+        &view,
+        &TaskRequest {
+            workers: 3,
+            ..task("g", "u", 8, 0)
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AdmissionError::TooManyGpus {
+                requested: 24,
+                available: 16
+            }
+        ),
+        "{e}"
+    );
+    let e = admission_check(&view, &task("w", "u", 9, 0)).unwrap_err();
+    assert!(matches!(e, AdmissionError::WorkerTooLarge { .. }), "{e}");
+    let e = admission_check(
+        &view,
+        &TaskRequest {
+            gpu_types: vec!["H100".into()],
+            ..task("t", "u", 1, 0)
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(e, AdmissionError::UnknownGpuType { .. }), "{e}");
+    let e = admission_check(
+        &view,
+        &TaskRequest {
+            workers: 2,
+            zone_affinity: true,
+            ..task("z", "u", 8, 0)
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AdmissionError::TooManyWorkers {
+                same_zone: true,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(admission_check(
+        &view,
+        &TaskRequest {
+            workers: 2,
+            ..task("z", "u", 8, 0)
+        }
+    )
+    .is_ok());
+    let mut quotas = Quotas::default();
+    quotas.users.insert(
+        "u".into(),
+        Quota {
+            max_gpus: Some(4),
+            ..Default::default()
+        },
+    );
+    let view = ClusterView {
+        nodes: &nodes,
+        quotas: &quotas,
+        config: &cfg,
+    };
+    assert!(matches!(
+        admission_check(&view, &task("q", "u", 8, 0)),
+        Err(AdmissionError::OverGpuQuota { .. })
+    ));
+}
+
+#[test]
+fn decisions_serialize_for_the_api() {
+    let state = ClusterState {
+        nodes: vec![node("n1", "", 1, "A100", 80)],
+        pending: vec![task("a", "u", 1, 0), task("b", "u", 1, 0)],
+        ..Default::default()
+    };
+    let d = Scheduler::default().schedule(&state, 1);
+    let json = serde_json::to_value(&d).expect("json");
+    assert_eq!(json["decisions"][0]["kind"], "place");
+    assert!(json["pending"][0]["priority"]["total"].is_number());
+    let back: Decisions = serde_json::from_value(json).expect("roundtrip");
+    assert_eq!(back, d);
+}
+
+#[test]
+fn scheduling_is_deterministic() {
+    let mut state = ClusterState {
+        nodes: (0..4)
+            .map(|i| node(&format!("n{i}"), "", 4, "A100", 40))
+            .collect(),
+        ..Default::default()
+    };
+    for i in 0..20 {
+        let mut t = task(
+            &format!("t{i}"),
+            &format!("u{}", i % 3),
+            1 + i % 3,
+            u64::from(i),
+        );
+        if i % 4 == 0 {
+            t.gpu_mem_bytes = Some(10 * GIB);
+        }
+        state.pending.push(t);
+    }
+    let a = Scheduler::default().schedule(&state, 100);
+    let b = Scheduler::default().schedule(&state, 100);
+    assert_eq!(a, b);
+}

@@ -1,0 +1,122 @@
+//! GPU metric ingestion throughput: agents post batches of samples (one sample = one GPU's
+//! values at one instant) over HTTP; every sample is validated and stored.
+//!
+//!   cargo bench -p autodl-server --bench ingest                 # SQLite
+//!   AUTODL_BENCH_PG_URL=postgres://... cargo bench -p autodl-server --bench ingest
+//!
+//! Options (environment): AUTODL_BENCH_CLIENTS (8 agents), AUTODL_BENCH_SECS (10),
+//! AUTODL_BENCH_BATCH (2000 samples a request).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use autodl_server::config::Settings;
+use autodl_server::startup::Application;
+use serde_json::{json, Value};
+
+fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let clients = env_num("AUTODL_BENCH_CLIENTS", 8);
+    let secs = env_num("AUTODL_BENCH_SECS", 10);
+    let batch = env_num("AUTODL_BENCH_BATCH", 2000) as usize;
+    let dir = tempfile::tempdir()?;
+    let (backend, url) = match std::env::var("AUTODL_BENCH_PG_URL") {
+        Ok(base) => {
+            let name = format!("bench_{}", uuid::Uuid::new_v4().simple());
+            let admin = sqlx::PgPool::connect(&format!("{base}/postgres")).await?;
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&admin)
+                .await?;
+            ("postgres", format!("{base}/{name}"))
+        }
+        Err(_) => (
+            "sqlite",
+            format!("sqlite://{}/bench.db", dir.path().display()),
+        ),
+    };
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse()?,
+        database_url: url,
+        jwt_secret: "bench-secret".into(),
+        site_root: dir.path().into(),
+        db_max_connections: 16,
+        ..Settings::default()
+    };
+    let app = Application::build(settings).await?;
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let state = app.state.clone();
+    tokio::spawn(app.run_until_stopped());
+
+    let http = reqwest::Client::new();
+    let op: Value = http
+        .post(format!("{base}/api/v1/auth/signup"))
+        .json(&json!({"email": "ops@example.com", "password": "Bench-passw0rd", "tenant_name": "Ops"}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    state
+        .store
+        .set_user_flags(
+            op["user"]["id"].as_str().unwrap_or_default(),
+            None,
+            Some(true),
+        )
+        .await?;
+    let token: Value = http
+        .post(format!("{base}/api/v1/admin/registration-tokens"))
+        .bearer_auth(op["token"].as_str().unwrap_or_default())
+        .json(&json!({}))
+        .send()
+        .await?
+        .json()
+        .await?;
+
+    let sent = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for c in 0..clients {
+        let gpus: Vec<Value> = (0..8)
+            .map(|i| json!({"index": i, "type": "A100-40G", "memory": 42949672960u64}))
+            .collect();
+        let reg: Value = http
+            .post(format!("{base}/api/v1/agent/register"))
+            .json(&json!({"token": token["token"], "node": {"id": format!("node-{c}"), "cpu": 64, "memory": 1u64 << 39, "gpus": gpus}}))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let credential = reg["credential"].as_str().unwrap_or_default().to_owned();
+        let (base, sent) = (base.clone(), sent.clone());
+        workers.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            while Instant::now() < deadline {
+                let now = time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+                let samples: Vec<Value> = (0..batch)
+                    .map(|i| json!({"at": now, "gpu_index": i % 8, "util": 0.9, "mem_used": 1u64 << 30, "mem_total": 42949672960u64,
+                                    "temperature": 60.0, "power_w": 250.0}))
+                    .collect();
+                let r = http.post(format!("{base}/api/v1/agent/metrics")).bearer_auth(&credential).json(&json!({"samples": samples})).send().await;
+                if matches!(r, Ok(ref r) if r.status().as_u16() == 204) {
+                    sent.fetch_add(batch as u64, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let n = sent.load(Ordering::Relaxed);
+    println!("backend={backend} agents={clients} batch={batch} samples={n} elapsed={elapsed:.1}s rate={:.0} samples/s", n as f64 / elapsed);
+    Ok(())
+}

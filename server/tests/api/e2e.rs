@@ -1,0 +1,321 @@
+//! End to end with real agents (simulated GPUs, process runtime) running real shell commands.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use autodl_agent::{Agent, AgentConfig, CancellationToken, ProcessRuntime, SimulatedBackend};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::helpers::{spawn_app_with, Backend, Session, TestApp};
+
+crate::on_both_backends!(
+    commands_run_to_completion_with_logs_metrics_and_retries,
+    lost_agent_tasks_finish_elsewhere,
+    cancel_and_drain_deliver_sigterm
+);
+
+struct RunningAgent {
+    handle: tokio::task::JoinHandle<()>,
+    shutdown: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_agent(app: &TestApp, op: &Session, node: &str, gpus: &str) -> RunningAgent {
+    let tok: Value = op
+        .send(
+            app,
+            Method::POST,
+            "/api/v1/admin/registration-tokens",
+            Some(json!({"name": node})),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = AgentConfig::new(app.address.clone())
+        .node_id(node)
+        .zone("z1")
+        .registration_token(tok["token"].as_str().unwrap())
+        .state_dir(dir.path().to_path_buf())
+        .cpu(16)
+        .memory(64 << 30)
+        .sample_interval(Duration::from_millis(300))
+        .shutdown_grace(Duration::from_secs(2));
+    let agent = Agent::new(
+        config,
+        Arc::new(SimulatedBackend::from_spec(gpus, 7).unwrap()),
+        Arc::new(ProcessRuntime::new()),
+    )
+    .unwrap();
+    let shutdown = CancellationToken::new();
+    let t = shutdown.clone();
+    let handle = tokio::spawn(async move {
+        let _ = agent.run(t).await;
+    });
+    // Registered once the node shows up.
+    for _ in 0..100 {
+        let nodes = op.get(app, "/api/v1/nodes").await;
+        if nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["id"] == node && n["schedulable"] == true)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    RunningAgent {
+        handle,
+        shutdown,
+        _dir: dir,
+    }
+}
+
+async fn operator(app: &TestApp) -> Session {
+    let op = app.signup("ops@example.com", "Operators").await;
+    app.make_platform_admin(&op.id()).await;
+    op
+}
+
+async fn submit(app: &TestApp, s: &Session, body: Value) -> String {
+    let res = s.send(app, Method::POST, "/api/v1/tasks", Some(body)).await;
+    assert_eq!(res.status(), reqwest::StatusCode::CREATED);
+    res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn wait_for(app: &TestApp, s: &Session, id: &str, states: &[&str], secs: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let t = s.get(app, &format!("/api/v1/tasks/{id}")).await;
+        if states.iter().any(|st| t["state"] == *st) {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "task never reached {states:?}: {t}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn log_text(app: &TestApp, s: &Session, id: &str) -> String {
+    let logs = s.get(app, &format!("/api/v1/tasks/{id}/logs")).await;
+    logs["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["line"].as_str().unwrap().to_owned())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+async fn commands_run_to_completion_with_logs_metrics_and_retries(b: Backend) {
+    let app = spawn_app_with(b, |_| {}).await;
+    let op = operator(&app).await;
+    let agent = start_agent(&app, &op, "sim-a100", "4xA100-40G").await;
+    let s = app.signup("ada@example.com", "Lab").await;
+
+    // A real command: its output, exit code and GPU metrics arrive.
+    let id = submit(&app, &s, json!({"name": "hello", "image": "none",
+        "command": "echo task=$AUTODL_TASK_ID attempt=$AUTODL_ATTEMPT gpus=$CUDA_VISIBLE_DEVICES; sleep 1.5; echo done >&2",
+        "resources": {"gpu": {"type": "A100", "count": 2, "memory": "10GiB"}}})).await;
+    let t = wait_for(&app, &s, &id, &["completed", "failed"], 30).await;
+    assert_eq!(t["state"], "completed", "{t}");
+    let text = log_text(&app, &s, &id).await;
+    assert!(text.contains(&format!("task={id} attempt=1")), "{text}");
+    assert!(text.contains("done"), "{text}");
+    let attempts = s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await;
+    assert_eq!(attempts[0]["exit_code"], 0);
+    let m = s.get(&app, &format!("/api/v1/tasks/{id}/metrics")).await;
+    let gpu_samples: Vec<&Value> = m["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["gpu_util"].is_number())
+        .collect();
+    assert!(!gpu_samples.is_empty(), "no GPU samples for the task: {m}");
+    assert_eq!(
+        gpu_samples[0]["mem_used"],
+        2 * (10u64 << 30),
+        "simulated memory follows the declared memory"
+    );
+
+    // A failing command is retried per policy, then fails.
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "fails", "image": "none", "command": "echo try $AUTODL_ATTEMPT; exit 3",
+        "retry_policy": {"max_retries": 1}, "resources": {"gpu": {"count": 1}}}),
+    )
+    .await;
+    let t = wait_for(&app, &s, &id, &["failed"], 30).await;
+    assert_eq!(t["attempts"], 2);
+    let attempts = s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await;
+    assert_eq!(attempts[1]["exit_code"], 3);
+    assert_eq!(attempts[1]["reason"], "error");
+
+    // A CUDA out-of-memory signature: retried with AUTODL_BATCH_SIZE halved until it fits.
+    let id = submit(&app, &s, json!({"name": "oom", "image": "none", "batch_size": 128,
+        "command": "echo batch=$AUTODL_BATCH_SIZE; if [ \"$AUTODL_BATCH_SIZE\" -gt 32 ]; then echo 'RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB' >&2; exit 1; fi",
+        "retry_policy": {"max_retries": 3, "oom_recovery": true}, "resources": {"gpu": {"count": 1}}})).await;
+    let t = wait_for(&app, &s, &id, &["completed", "failed"], 40).await;
+    assert_eq!(t["state"], "completed", "{t}");
+    let attempts = s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await;
+    let batches: Vec<Value> = attempts
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["batch_size"].clone())
+        .collect();
+    assert_eq!(batches, [json!(128), json!(64), json!(32)]);
+    assert_eq!(attempts[0]["reason"], "oom");
+    let text = log_text(&app, &s, &id).await;
+    assert!(text.contains("batch=32"), "{text}");
+    agent.shutdown.cancel();
+    let _ = agent.handle.await;
+}
+
+/// The `autodl-agent` binary next to this test's executable (scripts/test.sh builds it).
+fn agent_binary() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("AUTODL_AGENT_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
+    let bin = dir.join("autodl-agent");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p autodl-agent` (scripts/test.sh does)",
+        bin.display()
+    );
+    bin
+}
+
+async fn lost_agent_tasks_finish_elsewhere(b: Backend) {
+    let app = spawn_app_with(b, |s| s.node_lost_timeout_secs = 12).await;
+    let op = operator(&app).await;
+    // The first agent is a separate process, so it can die the hard way.
+    let tok: Value = op
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/admin/registration-tokens",
+            Some(json!({"name": "sim-1"})),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = std::process::Command::new(agent_binary())
+        .args([
+            "--server",
+            &app.address,
+            "--token",
+            tok["token"].as_str().unwrap(),
+            "--node-id",
+            "sim-1",
+        ])
+        .args([
+            "--simulate",
+            "1xA100-40G",
+            "--runtime",
+            "process",
+            "--metrics-listen",
+            "off",
+            "--poll-wait",
+            "2s",
+        ])
+        .arg("--state-dir")
+        .arg(dir.path())
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .unwrap();
+    let s = app.signup("l@example.com", "Lab").await;
+    let id = submit(&app, &s, json!({"name": "long", "image": "none", "command": "echo on attempt $AUTODL_ATTEMPT; sleep 3; echo finished",
+        "resources": {"gpu": {"type": "A100", "count": 1}}})).await;
+    wait_for(&app, &s, &id, &["running"], 30).await;
+    // A second node is there to take over; the first agent is killed without a word.
+    let second = start_agent(&app, &op, "sim-2", "1xA100-40G").await;
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let t = wait_for(&app, &s, &id, &["completed"], 60).await;
+    assert_eq!(t["attempts"], 2, "{t}");
+    let attempts = s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await;
+    assert_eq!(attempts[0]["reason"], "node_lost");
+    assert_eq!(attempts[0]["node"], "sim-1");
+    assert_eq!(attempts[1]["node"], "sim-2");
+    assert!(log_text(&app, &s, &id).await.contains("on attempt 2"));
+    let nodes = op.get(&app, "/api/v1/nodes").await;
+    assert_eq!(
+        nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["id"] == "sim-1")
+            .unwrap()["schedulable"],
+        false
+    );
+    second.shutdown.cancel();
+    let _ = second.handle.await;
+}
+
+async fn cancel_and_drain_deliver_sigterm(b: Backend) {
+    let app = spawn_app_with(b, |_| {}).await;
+    let op = operator(&app).await;
+    let a = start_agent(&app, &op, "sim-1", "1xA40").await;
+    let s = app.signup("c@example.com", "Lab").await;
+    let trap = "trap 'echo caught TERM, saving checkpoint; exit 0' TERM; echo started $AUTODL_ATTEMPT; i=0; while [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done";
+    let id = submit(&app, &s, json!({"name": "cancel-me", "image": "none", "command": trap, "resources": {"gpu": {"count": 1}}})).await;
+    wait_for(&app, &s, &id, &["running"], 20).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    s.send(
+        &app,
+        Method::POST,
+        &format!("/api/v1/tasks/{id}/cancel"),
+        None,
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !log_text(&app, &s, &id).await.contains("caught TERM") {
+        assert!(Instant::now() < deadline, "the task never saw SIGTERM");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await[0]["reason"],
+        "cancelled"
+    );
+
+    // Drain: the running task gets SIGTERM and a grace period, then runs again on another node.
+    let id = submit(&app, &s, json!({"name": "drain-me", "image": "none", "command": trap, "resources": {"gpu": {"count": 1}}})).await;
+    wait_for(&app, &s, &id, &["running"], 20).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b2 = start_agent(&app, &op, "sim-2", "1xA40").await;
+    op.send(&app, Method::POST, "/api/v1/admin/nodes/sim-1/drain", None)
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let attempts = s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await;
+        if attempts.as_array().unwrap().len() == 2 {
+            assert_eq!(attempts[0]["reason"], "drained");
+            assert_eq!(attempts[1]["node"], "sim-2");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the drained task never moved: {attempts}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(log_text(&app, &s, &id).await.contains("caught TERM"));
+    for agent in [a, b2] {
+        agent.shutdown.cancel();
+        let _ = agent.handle.await;
+    }
+}
