@@ -1,0 +1,91 @@
+//! Time from a task's submission to its process starting on an idle agent (simulated GPUs,
+//! process runtime), measured from the server's own timestamps: the task's creation and the
+//! `running` event recorded when the agent reports the process started.
+//!
+//!   cargo bench -p autodl-server --bench dispatch     (AUTODL_BENCH_TASKS, default 50)
+
+use std::time::Duration;
+
+use autodl_agent::CancellationToken;
+use autodl_server::config::Settings;
+use autodl_server::startup::Application;
+use serde_json::{json, Value};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let n: usize = std::env::var("AUTODL_BENCH_TASKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let dir = tempfile::tempdir()?;
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse()?,
+        database_url: format!("sqlite://{}/bench.db", dir.path().display()),
+        jwt_secret: "bench-secret".into(),
+        site_root: dir.path().into(),
+        ..Settings::default()
+    };
+    let app = Application::build(settings).await?;
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let state = app.state.clone();
+    tokio::spawn(app.run_until_stopped());
+    let shutdown = CancellationToken::new();
+    let agents =
+        autodl_server::demo::start_agents(&state, &dir.path().join("agents"), shutdown.clone())
+            .await?;
+    let http = reqwest::Client::new();
+    let user: Value = http
+        .post(format!("{base}/api/v1/auth/signup"))
+        .json(&json!({"email": "ada@example.com", "password": "Bench-passw0rd", "tenant_name": "Lab"}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let token = user["token"].as_str().unwrap_or_default().to_owned();
+    // Wait for both agents to register and settle into their long polls.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let mut delays = Vec::with_capacity(n);
+    for i in 0..n {
+        let t: Value = http
+            .post(format!("{base}/api/v1/tasks"))
+            .bearer_auth(&token)
+            .json(&json!({"name": format!("d{i}"), "image": "none", "command": "true", "resources": {"gpu": {"count": 1}}}))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let id = t["id"].as_str().unwrap_or_default().to_owned();
+        let task = loop {
+            let rec = state
+                .store
+                .task(None, &id)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("task vanished"))?;
+            if rec.task.state == "completed" || rec.task.state == "failed" {
+                break rec;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let events = state.store.task_events(&id).await?;
+        let started = events
+            .iter()
+            .find(|e| e.kind == "running")
+            .map(|e| e.at)
+            .unwrap_or(task.task.created_at);
+        delays.push((started - task.task.created_at) as f64);
+        // Let the agents return to an idle long poll, as a fresh submission would find them.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    delays.sort_by(f64::total_cmp);
+    let pct = |p: f64| delays[((delays.len() as f64 - 1.0) * p).round() as usize];
+    println!(
+        "submission -> process started on an idle agent, {n} tasks: p50 {:.0} ms, p95 {:.0} ms, max {:.0} ms",
+        pct(0.5),
+        pct(0.95),
+        delays[delays.len() - 1]
+    );
+    shutdown.cancel();
+    drop(agents);
+    Ok(())
+}
