@@ -5,6 +5,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 started=$(date +%s)
+export RUST_LOG="${RUST_LOG:-warn}"
 
 command -v chromium >/dev/null || apt_install chromium
 command -v node >/dev/null && command -v npm >/dev/null || apt_install nodejs npm

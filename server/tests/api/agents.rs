@@ -177,6 +177,20 @@ async fn registration_and_credentials(b: Backend) {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    // Removing the node revokes its credential; the host can join again with a token.
+    assert_eq!(
+        agent.call("/api/v1/agent/poll", json!({})).await.status(),
+        StatusCode::OK
+    );
+    op.send(&app, Method::DELETE, "/api/v1/admin/nodes/gpu-1", None)
+        .await;
+    let res = agent.call("/api/v1/agent/poll", json!({})).await;
+    assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    let again = FakeAgent::join(&app, &op, "gpu-1", "A100-40G", "z1").await;
+    assert_eq!(
+        again.call("/api/v1/agent/poll", json!({})).await.status(),
+        StatusCode::OK
+    );
     assert_eq!(
         member
             .get(&app, "/api/v1/nodes")
@@ -185,7 +199,7 @@ async fn registration_and_credentials(b: Backend) {
             .unwrap()
             .len(),
         1,
-        "nothing registered"
+        "only gpu-1 is registered"
     );
 }
 

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use crate::helpers::{spawn_app_with, Backend, Session, TestApp};
 
 crate::on_both_backends!(
+    docker_runtime_runs_tasks_with_limits,
     commands_run_to_completion_with_logs_metrics_and_retries,
     lost_agent_tasks_finish_elsewhere,
     cancel_and_drain_deliver_sigterm
@@ -318,4 +319,68 @@ async fn cancel_and_drain_deliver_sigterm(b: Backend) {
         agent.shutdown.cancel();
         let _ = agent.handle.await;
     }
+}
+
+/// The agent running a task in a real Docker engine (scripts/test.sh starts one and imports a
+/// busybox image as `AUTODL_TEST_DOCKER_IMAGE`), with the CPU and memory limits applied.
+async fn docker_runtime_runs_tasks_with_limits(b: Backend) {
+    let Ok(image) = std::env::var("AUTODL_TEST_DOCKER_IMAGE") else {
+        eprintln!("skipped: AUTODL_TEST_DOCKER_IMAGE is not set (scripts/test.sh starts Docker and sets it)");
+        return;
+    };
+    let app = spawn_app_with(b, |_| {}).await;
+    let op = operator(&app).await;
+    let tok: Value = op
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/admin/registration-tokens",
+            Some(json!({"name": "docker"})),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = AgentConfig::new(app.address.clone())
+        .node_id("docker-1")
+        .registration_token(tok["token"].as_str().unwrap())
+        .state_dir(dir.path().to_path_buf())
+        .cpu(4)
+        .memory(8 << 30);
+    let runtime = autodl_agent::DockerRuntime::connect()
+        .await
+        .expect("Docker engine");
+    let agent = Agent::new(
+        config,
+        Arc::new(SimulatedBackend::from_spec("1xA40", 3).unwrap()),
+        Arc::new(runtime),
+    )
+    .unwrap();
+    let shutdown = CancellationToken::new();
+    let t = shutdown.clone();
+    let handle = tokio::spawn(async move {
+        let _ = agent.run(t).await;
+    });
+    let s = app.signup("d@example.com", "Lab").await;
+    let cmd = "echo in container $AUTODL_TASK_ID; cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes; \
+               cat /sys/fs/cgroup/cpu.max 2>/dev/null || cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us; echo results > $AUTODL_RESULTS_DIR/out.txt; exit 0";
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "docker", "image": image, "command": cmd,
+        "resources": {"gpu": {"count": 1}, "cpu": 0.5, "memory": "256MiB"}}),
+    )
+    .await;
+    let t = wait_for(&app, &s, &id, &["completed", "failed"], 60).await;
+    let text = log_text(&app, &s, &id).await;
+    assert_eq!(t["state"], "completed", "{t}\n{text}");
+    assert!(text.contains(&format!("in container {id}")), "{text}");
+    assert!(
+        text.contains("268435456"),
+        "memory limit not applied: {text}"
+    );
+    assert!(text.contains("50000"), "CPU limit not applied: {text}");
+    shutdown.cancel();
+    let _ = handle.await;
 }
