@@ -7,32 +7,23 @@
 use std::time::Duration;
 
 use autodl_agent::CancellationToken;
-use autodl_server::config::Settings;
-use autodl_server::startup::Application;
 use serde_json::{json, Value};
+
+mod support;
+use support::env_num;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let n: usize = std::env::var("AUTODL_BENCH_TASKS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
-    let dir = tempfile::tempdir()?;
-    let settings = Settings {
-        listen: "127.0.0.1:0".parse()?,
-        database_url: format!("sqlite://{}/bench.db", dir.path().display()),
-        jwt_secret: "bench-secret".into(),
-        site_root: dir.path().into(),
-        ..Settings::default()
-    };
-    let app = Application::build(settings).await?;
-    let base = format!("http://127.0.0.1:{}", app.port());
-    let state = app.state.clone();
-    tokio::spawn(app.run_until_stopped());
+    let n = env_num("AUTODL_BENCH_TASKS", 50) as usize;
+    let server = support::start().await?;
+    let (base, state) = (server.base.clone(), server.state.clone());
     let shutdown = CancellationToken::new();
-    let agents =
-        autodl_server::demo::start_agents(&state, &dir.path().join("agents"), shutdown.clone())
-            .await?;
+    let agents = autodl_server::demo::start_agents(
+        &state,
+        &server.dir.path().join("agents"),
+        shutdown.clone(),
+    )
+    .await?;
     let http = reqwest::Client::new();
     let user: Value = http
         .post(format!("{base}/api/v1/auth/signup"))

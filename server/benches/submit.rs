@@ -10,48 +10,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use autodl_server::config::Settings;
-use autodl_server::startup::Application;
 use serde_json::{json, Value};
 
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod support;
+use support::env_num;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let clients = env_num("AUTODL_BENCH_CLIENTS", 64);
     let secs = env_num("AUTODL_BENCH_SECS", 10);
-    let dir = tempfile::tempdir()?;
-    let (backend, url) = match std::env::var("AUTODL_BENCH_PG_URL") {
-        Ok(base) => {
-            let name = format!("bench_{}", uuid::Uuid::new_v4().simple());
-            let admin = sqlx::PgPool::connect(&format!("{base}/postgres")).await?;
-            sqlx::query(&format!("CREATE DATABASE {name}"))
-                .execute(&admin)
-                .await?;
-            ("postgres", format!("{base}/{name}"))
-        }
-        Err(_) => (
-            "sqlite",
-            format!("sqlite://{}/bench.db", dir.path().display()),
-        ),
-    };
-    let settings = Settings {
-        listen: "127.0.0.1:0".parse()?,
-        database_url: url,
-        jwt_secret: "bench-secret".into(),
-        site_root: dir.path().into(),
-        db_max_connections: 16,
-        ..Settings::default()
-    };
-    let app = Application::build(settings).await?;
-    let base = format!("http://127.0.0.1:{}", app.port());
-    let state = app.state.clone();
-    tokio::spawn(app.run_until_stopped());
+    let server = support::start().await?;
+    let (base, backend, state) = (server.base.clone(), server.backend, server.state.clone());
 
     // An operator with two nodes, and a researcher with an API key.
     let http = reqwest::Client::new();

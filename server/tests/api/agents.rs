@@ -85,15 +85,9 @@ fn spec(name: &str, gpu_type: &str) -> Value {
            "resources": {"gpu": {"type": gpu_type, "count": 1}}, "env": {"GREETING": "hello"}})
 }
 
-async fn operator(app: &TestApp) -> Session {
-    let op = app.signup("ops@example.com", "Operators").await;
-    app.make_platform_admin(&op.id()).await;
-    op
-}
-
 async fn registration_and_credentials(b: Backend) {
     let app = spawn_app_with(b, |_| {}).await;
-    let op = operator(&app).await;
+    let op = app.operator().await;
     let member = app.signup("m@example.com", "Lab").await;
     let res = member
         .send(
@@ -205,7 +199,7 @@ async fn registration_and_credentials(b: Backend) {
 
 async fn tasks_flow_through_an_agent(b: Backend) {
     let app = spawn_app_with(b, |_| {}).await;
-    let op = operator(&app).await;
+    let op = app.operator().await;
     let agent = FakeAgent::join(&app, &op, "gpu-1", "A100-40G", "z1").await;
     let s = app.signup("ada@example.com", "Lab").await;
     // An idle agent waiting in a long poll gets the task well within a second of submission.
@@ -361,7 +355,7 @@ async fn tasks_flow_through_an_agent(b: Backend) {
 
 async fn metrics_batches_are_checked(b: Backend) {
     let app = spawn_app_with(b, |_| {}).await;
-    let op = operator(&app).await;
+    let op = app.operator().await;
     let agent = FakeAgent::join(&app, &op, "gpu-1", "A100-40G", "z1").await;
     let s = app.signup("m@example.com", "Lab").await;
     let t: Value = s
@@ -430,7 +424,7 @@ async fn metrics_batches_are_checked(b: Backend) {
 
 async fn lost_nodes_requeue_their_tasks(b: Backend) {
     let app = spawn_app_with(b, |s| s.node_lost_timeout_secs = 2).await;
-    let op = operator(&app).await;
+    let op = app.operator().await;
     let first = FakeAgent::join(&app, &op, "gpu-1", "A100-40G", "z1").await;
     let s = app.signup("l@example.com", "Lab").await;
     let t: Value = s
@@ -503,7 +497,7 @@ async fn lost_nodes_requeue_their_tasks(b: Backend) {
 
 async fn drain_and_cancel_reach_the_agent(b: Backend) {
     let app = spawn_app_with(b, |_| {}).await;
-    let op = operator(&app).await;
+    let op = app.operator().await;
     let first = FakeAgent::join(&app, &op, "gpu-1", "A100-40G", "z1").await;
     let s = app.signup("d@example.com", "Lab").await;
     let t: Value = s

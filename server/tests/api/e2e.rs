@@ -75,12 +75,6 @@ async fn start_agent(app: &TestApp, op: &Session, node: &str, gpus: &str) -> Run
     }
 }
 
-async fn operator(app: &TestApp) -> Session {
-    let op = app.signup("ops@example.com", "Operators").await;
-    app.make_platform_admin(&op.id()).await;
-    op
-}
-
 async fn submit(app: &TestApp, s: &Session, body: Value) -> String {
     let res = s.send(app, Method::POST, "/api/v1/tasks", Some(body)).await;
     assert_eq!(res.status(), reqwest::StatusCode::CREATED);
@@ -118,7 +112,7 @@ async fn log_text(app: &TestApp, s: &Session, id: &str) -> String {
 
 async fn commands_run_to_completion_with_logs_metrics_and_retries(b: Backend) {
     let app = spawn_app_with(b, |_| {}).await;
-    let op = operator(&app).await;
+    let op = app.operator().await;
     let agent = start_agent(&app, &op, "sim-a100", "4xA100-40G").await;
     let s = app.signup("ada@example.com", "Lab").await;
 
@@ -200,7 +194,7 @@ fn agent_binary() -> std::path::PathBuf {
 
 async fn lost_agent_tasks_finish_elsewhere(b: Backend) {
     let app = spawn_app_with(b, |s| s.node_lost_timeout_secs = 12).await;
-    let op = operator(&app).await;
+    let op = app.operator().await;
     // The first agent is a separate process, so it can die the hard way.
     let tok: Value = op
         .send(
@@ -269,7 +263,7 @@ async fn lost_agent_tasks_finish_elsewhere(b: Backend) {
 
 async fn cancel_and_drain_deliver_sigterm(b: Backend) {
     let app = spawn_app_with(b, |_| {}).await;
-    let op = operator(&app).await;
+    let op = app.operator().await;
     let a = start_agent(&app, &op, "sim-1", "1xA40").await;
     let s = app.signup("c@example.com", "Lab").await;
     let trap = "trap 'echo caught TERM, saving checkpoint; exit 0' TERM; echo started $AUTODL_ATTEMPT; i=0; while [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done";
@@ -329,7 +323,7 @@ async fn docker_runtime_runs_tasks_with_limits(b: Backend) {
         return;
     };
     let app = spawn_app_with(b, |_| {}).await;
-    let op = operator(&app).await;
+    let op = app.operator().await;
     let tok: Value = op
         .send(
             &app,

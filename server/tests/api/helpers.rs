@@ -173,8 +173,7 @@ impl TestApp {
     /// A platform admin session that registered two nodes: `node-a` with 4 x A100-40G in zone
     /// z1 and `node-b` with 4 x A40 (48 GiB) in zone z2.
     pub async fn operator_with_nodes(&self) -> Session {
-        let op = self.signup("ops@example.com", "Operators").await;
-        self.make_platform_admin(&op.id()).await;
+        let op = self.operator().await;
         for body in [
             json!({"id": "node-a", "zone": "z1", "cpu": 64, "memory": "512GiB", "gpus": {"type": "A100-40G", "count": 4, "memory": "40GiB"}}),
             json!({"id": "node-b", "zone": "z2", "cpu": 64, "memory": "512GiB", "gpus": [{"type": "A40", "memory": "48GiB"}, {"type": "A40", "memory": "48GiB"}, {"type": "A40", "memory": "48GiB"}, {"type": "A40", "memory": "48GiB"}]}),
@@ -184,6 +183,13 @@ impl TestApp {
                 .await;
             assert_eq!(res.status(), StatusCode::CREATED);
         }
+        op
+    }
+
+    /// A platform administrator's session.
+    pub async fn operator(&self) -> Session {
+        let op = self.signup("ops@example.com", "Operators").await;
+        self.make_platform_admin(&op.id()).await;
         op
     }
 

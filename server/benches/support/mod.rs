@@ -1,0 +1,59 @@
+// Each benchmark binary compiles this module and uses a different part of it.
+#![allow(dead_code)]
+
+//! What every benchmark needs: a real server on a random port over SQLite, or over
+//! PostgreSQL when `AUTODL_BENCH_PG_URL` names a cluster (a fresh database is made in it).
+
+use autodl_server::config::Settings;
+use autodl_server::startup::Application;
+use autodl_server::state::AppState;
+
+pub struct BenchServer {
+    pub base: String,
+    pub backend: &'static str,
+    pub state: actix_web::web::Data<AppState>,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+pub async fn start() -> anyhow::Result<BenchServer> {
+    let dir = tempfile::tempdir()?;
+    let (backend, url) = match std::env::var("AUTODL_BENCH_PG_URL") {
+        Ok(base) => {
+            let name = format!("bench_{}", uuid::Uuid::new_v4().simple());
+            let admin = sqlx::PgPool::connect(&format!("{base}/postgres")).await?;
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&admin)
+                .await?;
+            ("postgres", format!("{base}/{name}"))
+        }
+        Err(_) => (
+            "sqlite",
+            format!("sqlite://{}/bench.db", dir.path().display()),
+        ),
+    };
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse()?,
+        database_url: url,
+        jwt_secret: "bench-secret".into(),
+        site_root: dir.path().into(),
+        db_max_connections: 16,
+        ..Settings::default()
+    };
+    let app = Application::build(settings).await?;
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let state = app.state.clone();
+    tokio::spawn(app.run_until_stopped());
+    Ok(BenchServer {
+        base,
+        backend,
+        state,
+        dir,
+    })
+}
