@@ -28,6 +28,7 @@ use crate::tasks::{placement_of, spec::parse_time_ms, spec_of};
 const MAX_LOG_LINES: usize = 1000;
 const MAX_LINE_BYTES: usize = 16 * 1024;
 const MAX_SAMPLES: usize = 10_000;
+pub const METRIC_BODY_LIMIT: usize = 8 * 1024 * 1024;
 
 fn token_info(t: &RegistrationTokenRecord, token: Option<String>) -> RegistrationToken {
     RegistrationToken {
@@ -396,8 +397,10 @@ pub async fn finished(
 }
 
 /// GPU samples in batches. A sample for a GPU the node does not have rejects the whole batch.
-#[utoipa::path(request_body = MetricBatch, responses((status = 204), (status = 400, body = ErrorBody)))]
-#[post("/agent/metrics")]
+///
+/// Batches are large (up to 10,000 samples), so this route takes bodies up to
+/// `METRIC_BODY_LIMIT` (see `routes::configure`), above the API's usual limit.
+#[utoipa::path(post, path = "/agent/metrics", request_body = MetricBatch, responses((status = 204), (status = 400, body = ErrorBody)))]
 pub async fn metrics(
     state: web::Data<AppState>,
     node: NodeCaller,

@@ -70,7 +70,15 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .service(agent::started)
                 .service(agent::logs)
                 .service(agent::finished)
-                .service(agent::metrics)
+                .service(
+                    web::resource("/agent/metrics")
+                        .app_data(
+                            web::JsonConfig::default()
+                                .limit(agent::METRIC_BODY_LIMIT)
+                                .error_handler(crate::error::json_error_handler),
+                        )
+                        .route(web::post().to(agent::metrics)),
+                )
                 .default_service(web::to(|| async {
                     Err::<actix_web::HttpResponse, _>(ApiError::NotFound(
                         "no such API endpoint".into(),

@@ -136,6 +136,9 @@ pub struct Runner {
     interval: Duration,
 }
 
+/// Shortest time between the starts of two scheduling cycles.
+const MIN_CYCLE_GAP: Duration = Duration::from_millis(100);
+
 /// Raw GPU samples are folded into rollups this often.
 const COMPACTION_EVERY: Duration = Duration::from_secs(3600);
 
@@ -229,6 +232,7 @@ impl Runner {
     /// Runs forever: waits for leadership, then cycles on every wake-up and on the timer.
     pub async fn run(mut self) {
         let mut guard: Option<LeaderGuard> = None;
+        let mut last_started: Option<Instant> = None;
         loop {
             if guard.is_none() {
                 match self.store.try_lead().await {
@@ -254,7 +258,17 @@ impl Runner {
                 _ = self.handle.notify.notified() => {}
                 _ = tokio::time::sleep(self.interval) => {}
             }
+            // Under a burst of submissions, wake-ups coalesce into at most one cycle per
+            // MIN_CYCLE_GAP, so the server keeps its CPU for the submissions themselves. An idle
+            // scheduler still reacts at once.
+            if let Some(last) = last_started {
+                let since = last.elapsed();
+                if since < MIN_CYCLE_GAP {
+                    tokio::time::sleep(MIN_CYCLE_GAP - since).await;
+                }
+            }
             let started = Instant::now();
+            last_started = Some(started);
             match self.cycle(now_ms()).await {
                 Ok(placed) => {
                     tracing::debug!(
