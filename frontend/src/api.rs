@@ -157,3 +157,45 @@ pub fn copy_to_clipboard(_text: &str) {
         let _ = w.navigator().clipboard().write_text(_text);
     }
 }
+
+/// Asks for `path` and only checks the answer: Ok for 2xx (the body is not read), else the
+/// API's error. Used before pointing the browser at a download.
+pub async fn probe(path: &str) -> ApiResult<()> {
+    #[cfg(feature = "hydrate")]
+    {
+        use autodl_common::api::ErrorBody;
+        let resp = gloo_net::http::Request::get(path)
+            .send()
+            .await
+            .map_err(ApiErr::network)?;
+        let status = resp.status();
+        if (200..300).contains(&status) {
+            return Ok(());
+        }
+        let text = resp.text().await.unwrap_or_default();
+        Err(match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(b) => ApiErr {
+                status,
+                code: b.error.code,
+                message: b.error.message,
+                field: b.error.field,
+            },
+            Err(_) => ApiErr {
+                status,
+                code: "http".into(),
+                message: format!("the server answered {status}"),
+                field: None,
+            },
+        })
+    }
+    #[cfg(not(feature = "hydrate"))]
+    Err(ApiErr::network(format!("{path} is fetched in the browser")))
+}
+
+/// Points the browser at `path` (a download).
+pub fn go_to(_path: &str) {
+    #[cfg(feature = "hydrate")]
+    if let Some(w) = web_sys::window() {
+        let _ = w.location().set_href(_path);
+    }
+}

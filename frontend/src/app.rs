@@ -6,8 +6,9 @@ use leptos_router::path;
 
 use crate::api;
 use crate::pages::{
-    account::AccountPage, admin::AdminPage, auth::LoginPage, auth::SignupPage, home::HomePage,
-    org::OrgPage,
+    account::AccountPage, admin::AdminPage, auth::LoginPage, auth::SignupPage,
+    cluster::ClusterPage, home::HomePage, org::OrgPage, submit::SubmitPage, tasks::TaskPage,
+    tasks::TasksPage,
 };
 
 /// The HTML document around the app, rendered on the server only.
@@ -69,6 +70,10 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/account") view=AccountPage/>
                     <Route path=path!("/organization") view=OrgPage/>
                     <Route path=path!("/admin") view=AdminPage/>
+                    <Route path=path!("/tasks") view=TasksPage/>
+                    <Route path=path!("/tasks/:id") view=TaskPage/>
+                    <Route path=path!("/submit") view=SubmitPage/>
+                    <Route path=path!("/cluster") view=ClusterPage/>
                 </Routes>
             </main>
         </Router>
@@ -95,6 +100,9 @@ fn Nav() -> impl IntoView {
                 <div class="nav-links">
                     {move || match session.me() {
                         Some(me) => view! {
+                            <a href="/tasks" data-testid="nav-tasks">"Tasks"</a>
+                            <a href="/submit" data-testid="nav-submit">"Submit"</a>
+                            <a href="/cluster" data-testid="nav-cluster">"Cluster"</a>
                             <a href="/account">"Account"</a>
                             <a href="/organization">"Organization"</a>
                             {me.platform_admin.then(|| view! { <a href="/admin">"Admin"</a> })}

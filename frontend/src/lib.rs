@@ -5,6 +5,8 @@
 
 pub mod api;
 pub mod app;
+mod chart;
+mod live;
 mod pages;
 
 #[cfg(feature = "hydrate")]

@@ -591,25 +591,44 @@ impl Placer {
         }
         let shape = self.shape_id(need);
         self.refresh(cap, shape, need);
-        let idx = &self.index[shape];
-        let (_, top) = idx.ranked.min()?;
-        let p = if allowed(&cap.nodes[top]) {
-            top
-        } else {
-            // The best node is held or outside the zone: scan for the best allowed one.
-            let mut best: Option<(u64, usize)> = None;
-            for (p, e) in idx.entry.iter().enumerate() {
-                if let Some((k, _)) = e {
-                    if best.is_none_or(|b| *k < b.0) && allowed(&cap.nodes[p]) {
-                        best = Some((*k, p));
-                    }
-                }
+        let mut p = self.select(cap, shape, allowed)?;
+        if !cap.nodes[p].fits(need) {
+            // The index missed a change to this node; never trust it over the capacity itself:
+            // rebuild the shape's index and choose again, and give up rather than over-commit.
+            self.index[shape].entry.clear();
+            self.refresh(cap, shape, need);
+            p = self.select(cap, shape, allowed)?;
+            if !cap.nodes[p].fits(need) {
+                return None;
             }
-            best?.1
-        };
-        let mask = idx.entry[p].map(|(_, c)| c.gpus)?;
+        }
+        let mask = self.index[shape].entry[p].map(|(_, c)| c.gpus)?;
         let gpus: Vec<usize> = (0..64).filter(|b| mask & (1u64 << b) != 0).collect();
         Some(self.commit(cap, p, gpus, need))
+    }
+
+    /// The best-ranked node of the shape's index that `allowed` admits.
+    fn select(
+        &self,
+        cap: &Capacity,
+        shape: usize,
+        allowed: &dyn Fn(&CapNode) -> bool,
+    ) -> Option<usize> {
+        let idx = &self.index[shape];
+        let (_, top) = idx.ranked.min()?;
+        if allowed(&cap.nodes[top]) {
+            return Some(top);
+        }
+        // The best node is held or outside the zone: scan for the best allowed one.
+        let mut best: Option<(u64, usize)> = None;
+        for (p, e) in idx.entry.iter().enumerate() {
+            if let Some((k, _)) = e {
+                if best.is_none_or(|b| *k < b.0) && allowed(&cap.nodes[p]) {
+                    best = Some((*k, p));
+                }
+            }
+        }
+        best.map(|b| b.1)
     }
 
     /// Brings the shape's index up to date: built on first use, then only nodes in the change

@@ -895,6 +895,15 @@ impl Cycle<'_> {
             }
             return None;
         }
+        // The victims hold their resources until they have stopped (after the grace period),
+        // and the preemptor waits until then: put the capacity back as it really is, so no
+        // other task of this cycle is placed on resources that are still in use.
+        for a in placed.iter().rev() {
+            self.cap.release(a);
+        }
+        for a in released.iter().rev() {
+            self.cap.apply(a);
+        }
         for (v, _) in &chosen {
             self.taken.insert(*v);
         }
@@ -999,6 +1008,15 @@ impl Cycle<'_> {
                     .collect::<Vec<_>>();
                 for (v, _) in &plan {
                     self.taken.insert(*v);
+                }
+                // The moved tasks hold their old places until they have stopped and the waiting
+                // task waits until then: keep both their old and new places counted this cycle
+                // so nothing else lands on resources still in use.
+                if let Some(a) = target {
+                    self.cap.release(&a);
+                }
+                for (_, a) in released.iter().rev() {
+                    self.cap.apply(a);
                 }
                 let _ = t;
                 return Some(plan);

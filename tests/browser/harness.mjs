@@ -21,16 +21,19 @@ function freePort() {
   });
 }
 
-export async function startServer(extraEnv = {}) {
+/// Starts the server; `args` are its command line (["serve", "--demo"] adds simulated agents,
+/// which keep their state in a temporary AUTODL_DEMO_DIR).
+export async function startServer(extraEnv = {}, args = ["serve"]) {
   if (!serverBin || !siteRoot) throw new Error("AUTODL_SERVER_BIN and AUTODL_SITE_ROOT must be set (scripts/test.sh sets them)");
   const dir = mkdtempSync(join(tmpdir(), "autodl-browser-"));
   const port = await freePort();
-  const child = spawn(serverBin, ["serve"], {
+  const child = spawn(serverBin, args, {
     env: {
       ...process.env,
       AUTODL_LISTEN: `127.0.0.1:${port}`,
       AUTODL_DATABASE_URL: `sqlite://${dir}/autodl.db`,
       AUTODL_SITE_ROOT: siteRoot,
+      AUTODL_DEMO_DIR: join(dir, "demo-agents"),
       RUST_LOG: "warn",
       ...extraEnv,
     },

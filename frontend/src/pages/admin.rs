@@ -2,11 +2,13 @@ use autodl_common::agent::{CreateRegistrationToken, RegistrationToken};
 use autodl_common::api::{AdminTenant, AdminUpdateUserRequest, AdminUser, Quota};
 use autodl_common::tasks::NodeInfo;
 use leptos::prelude::*;
+use serde::Deserialize;
 
 use super::account::short_date;
 use super::quota::{quota_summary, QuotaEditor};
 use crate::api::{self, ApiErr};
 use crate::app::{general_error, use_session, RequireLogin};
+use crate::live;
 
 #[component]
 pub fn AdminPage() -> impl IntoView {
@@ -14,7 +16,7 @@ pub fn AdminPage() -> impl IntoView {
     view! {
         <RequireLogin>
             {move || if session.me().is_some_and(|m| m.platform_admin) {
-                view! { <Tenants/><Users/><Nodes/><RegistrationTokens/> }.into_any()
+                view! { <Tenants/><Usage/><Users/><Nodes/><RegistrationTokens/> }.into_any()
             } else {
                 view! { <section class="card"><h1>"Administration"</h1><p>"This page is for platform administrators."</p></section> }.into_any()
             }}
@@ -224,6 +226,95 @@ fn RegistrationTokens() -> impl IntoView {
                 }).collect_view()}
                 </tbody>
             </table>
+        </section>
+    }
+}
+
+/// `GET /api/v1/admin/usage` (the server's `UsageReport`).
+#[derive(Debug, Clone, Deserialize)]
+struct UsageReport {
+    total_gpu_hours: f64,
+    tenants: Vec<TenantUsage>,
+    users: Vec<UsageRow>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct TenantUsage {
+    tenant_name: String,
+    gpu_hours: f64,
+    users: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct UsageRow {
+    tenant_name: String,
+    user_email: String,
+    attempts: u64,
+    gpu_hours: f64,
+    avg_utilization: Option<f64>,
+}
+
+#[component]
+fn Usage() -> impl IntoView {
+    let month = RwSignal::new(String::new());
+    Effect::new(move |_| month.set(live::this_month()));
+    let report = LocalResource::new(move || {
+        let m = month.get();
+        async move {
+            if m.is_empty() {
+                return Ok(None);
+            }
+            api::get::<UsageReport>(&format!("/api/v1/admin/usage?month={m}"))
+                .await
+                .map(Some)
+        }
+    });
+    let csv = move || format!("/api/v1/admin/usage?month={}&format=csv", month.get());
+    view! {
+        <section class="card">
+            <h2>"GPU usage"</h2>
+            <div class="usage-form">
+                <div class="field">
+                    <label for="usage-month">"Month (UTC)"</label>
+                    <input id="usage-month" type="month" data-testid="usage-month" bind:value=month/>
+                </div>
+                <a class="button secondary" data-testid="usage-csv" href=csv download="">"Download CSV"</a>
+            </div>
+            {move || match report.get() {
+                None | Some(Ok(None)) => view! { <p class="muted">"Loading…"</p> }.into_any(),
+                Some(Err(e)) => view! { <p class="banner error" role="alert">{e.message}</p> }.into_any(),
+                Some(Ok(Some(r))) => view! {
+                    <p data-testid="usage-total">"Total: " <strong>{format!("{:.2}", r.total_gpu_hours)}</strong> " GPU-hours"</p>
+                    <table class="table" data-testid="usage-tenants">
+                        <thead><tr><th>"Organization"</th><th>"Users"</th><th>"GPU-hours"</th></tr></thead>
+                        <tbody>
+                        {if r.tenants.is_empty() {
+                            view! { <tr><td colspan="3" class="muted">"No organization used GPUs this month."</td></tr> }.into_any()
+                        } else {
+                            r.tenants.into_iter().map(|t| view! {
+                                <tr><td>{t.tenant_name}</td><td>{t.users}</td><td>{format!("{:.2}", t.gpu_hours)}</td></tr>
+                            }).collect_view().into_any()
+                        }}
+                        </tbody>
+                    </table>
+                    <table class="table" data-testid="usage-users">
+                        <thead><tr><th>"User"</th><th>"Organization"</th><th>"Attempts"</th><th>"GPU-hours"</th><th>"Mean utilization"</th></tr></thead>
+                        <tbody>
+                        {if r.users.is_empty() {
+                            view! { <tr><td colspan="5" class="muted">"No GPU use this month."</td></tr> }.into_any()
+                        } else {
+                            r.users.into_iter().map(|u| view! {
+                                <tr>
+                                    <td>{u.user_email}</td><td>{u.tenant_name}</td><td>{u.attempts}</td>
+                                    <td>{format!("{:.2}", u.gpu_hours)}</td>
+                                    <td>{u.avg_utilization.map(|v| format!("{:.0}%", v * 100.0)).unwrap_or_else(|| "—".into())}</td>
+                                </tr>
+                            }).collect_view().into_any()
+                        }}
+                        </tbody>
+                    </table>
+                }.into_any(),
+            }}
         </section>
     }
 }

@@ -1,29 +1,128 @@
+use std::time::Duration;
+
+use autodl_common::api::Quota;
+use autodl_common::tasks::{Task, TaskPage};
 use leptos::prelude::*;
 
+use super::account::short_date;
+use super::quota::quota_summary;
+use super::tasks::{gpu_summary, state_badge};
+use crate::api;
 use crate::app::use_session;
+use crate::live;
 
 #[component]
 pub fn HomePage() -> impl IntoView {
     let session = use_session();
     view! {
-        <section class="hero">
-            <h1>"Train on shared GPUs, fairly."</h1>
-            <p class="lead">
-                "autodl runs your containerized training tasks on your organization's GPUs: fair-share scheduling, "
-                "GPU-memory packing, checkpoint-based preemption and quotas, with live charts and logs."
-            </p>
-            {move || match session.me() {
-                Some(me) => view! {
-                    <p>"Signed in as " <strong>{me.email}</strong> " in " <strong>{me.tenant_name}</strong> ". "
-                       <a href="/account">"Manage your account and API keys"</a> "."</p>
-                }.into_any(),
-                None => view! {
+        {move || match session.me() {
+            Some(_) => view! { <Dashboard/> }.into_any(),
+            None => view! {
+                <section class="hero">
+                    <h1>"Train on shared GPUs, fairly."</h1>
+                    <p class="lead">
+                        "autodl runs your containerized training tasks on your organization's GPUs: fair-share scheduling, "
+                        "GPU-memory packing, checkpoint-based preemption and quotas, with live charts and logs."
+                    </p>
                     <p class="actions">
                         <a class="button" href="/signup">"Create an account"</a>
                         <a class="button secondary" href="/login">"Sign in"</a>
                     </p>
-                }.into_any(),
-            }}
+                </section>
+            }.into_any(),
+        }}
+    }
+}
+
+/// A plain-words note on where the caller stands in the fair-share order.
+fn fair_share_note(waiting: &[Task]) -> String {
+    let factors: Vec<_> = waiting
+        .iter()
+        .filter_map(|t| t.waiting.as_ref().and_then(|w| w.priority.clone()))
+        .collect();
+    if waiting.is_empty() {
+        return "Nothing of yours is waiting: new tasks start as soon as GPUs fit them.".into();
+    }
+    if factors.is_empty() {
+        return "Your waiting tasks have not been through a scheduling cycle yet.".into();
+    }
+    let share = factors.iter().map(|f| f.fair_share).sum::<f64>() / factors.len() as f64;
+    let lead = if share >= 0.66 {
+        "You have used little of your fair share lately, so your tasks are near the front of the queue."
+    } else if share >= 0.33 {
+        "You have used about your fair share lately; your tasks queue alongside everyone else's."
+    } else {
+        "You have used more than your fair share lately, so others' tasks go first for now; your priority recovers as your recent usage ages out."
+    };
+    format!("{lead} (fair-share factor {share:.2} of 1.)")
+}
+
+#[component]
+fn Dashboard() -> impl IntoView {
+    let session = use_session();
+    let tick = live::ticker(Duration::from_secs(5));
+    let running = LocalResource::new(move || {
+        tick.track();
+        api::get::<TaskPage>("/api/v1/tasks?user=me&state=running&limit=50")
+    });
+    let waiting = LocalResource::new(move || {
+        tick.track();
+        api::get::<TaskPage>("/api/v1/tasks?user=me&state=pending&limit=50")
+    });
+    let quota = LocalResource::new(|| api::get::<Quota>("/api/v1/tenant/quota"));
+    let list = move |r: LocalResource<Result<TaskPage, api::ApiErr>>| {
+        r.get()
+            .and_then(|r| r.ok())
+            .map(|p| p.items)
+            .unwrap_or_default()
+    };
+    let table = move |tasks: Vec<Task>, empty: &'static str, testid: &'static str| {
+        view! {
+            <table class="table" data-testid=testid>
+                <thead><tr><th>"Name"</th><th>"State"</th><th>"GPUs"</th><th>"Submitted"</th><th>"Note"</th></tr></thead>
+                <tbody>
+                {if tasks.is_empty() {
+                    view! { <tr><td colspan="5" class="muted">{empty}</td></tr> }.into_any()
+                } else {
+                    tasks.into_iter().map(|t| view! {
+                        <tr>
+                            <td><a href=format!("/tasks/{}", t.id)>{t.name.clone()}</a></td>
+                            <td>{state_badge(t.state)}</td>
+                            <td>{gpu_summary(&t.spec)}</td>
+                            <td>{short_date(&t.created_at)}</td>
+                            <td class="muted small">{t.waiting.as_ref().map(|w| w.message.clone()).unwrap_or_default()}</td>
+                        </tr>
+                    }).collect_view().into_any()
+                }}
+                </tbody>
+            </table>
+        }
+    };
+    view! {
+        <section class="card">
+            <div class="title-row">
+                <h1>"Welcome back"</h1>
+                <div class="actions">
+                    <a class="button" href="/submit">"Submit a task"</a>
+                    <a class="button secondary" href="/tasks">"All tasks"</a>
+                </div>
+            </div>
+            <p class="muted">{move || session.me().map(|m| format!("{} · {}", m.email, m.tenant_name))}</p>
+            <div class="stats">
+                <div class="stat"><span class="stat-value" data-testid="running-count">{move || list(running).len()}</span><span class="muted">"running"</span></div>
+                <div class="stat"><span class="stat-value" data-testid="waiting-count">{move || list(waiting).len()}</span><span class="muted">"waiting"</span></div>
+                <div class="stat"><span class="stat-value">{move || list(running).iter().map(|t| t.spec.gpus_per_worker * t.spec.num_workers).sum::<u32>()}</span><span class="muted">"GPUs in use"</span></div>
+            </div>
+            <p class="muted">"Organization quota: " <span data-testid="dash-quota">{move || quota.get().and_then(|q| q.ok()).map(|q| quota_summary(&q))}</span></p>
+            <p class="notice" data-testid="fair-share">{move || fair_share_note(&list(waiting))}</p>
+        </section>
+        <section class="card">
+            <h2>"Running"</h2>
+            {move || table(list(running), "Nothing running.", "dash-running")}
+        </section>
+        <section class="card">
+            <h2>"Waiting"</h2>
+            {move || table(list(waiting), "Nothing waiting.", "dash-waiting")}
         </section>
     }
 }

@@ -1,6 +1,9 @@
 pub mod account;
 pub mod admin;
 pub mod auth;
+pub mod cluster;
 pub mod home;
 pub mod org;
 pub mod quota;
+pub mod submit;
+pub mod tasks;

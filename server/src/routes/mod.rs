@@ -8,8 +8,10 @@ pub mod auth;
 pub mod health;
 pub mod nodes;
 pub mod openapi;
+pub mod streams;
 pub mod tasks;
 pub mod tenant;
+pub mod usage;
 
 use actix_web::web;
 
@@ -47,6 +49,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .service(admin::set_tenant_quota)
                 .service(admin::users)
                 .service(admin::update_user)
+                .service(usage::usage)
                 .service(tasks::submit)
                 .service(tasks::list)
                 .service(tasks::show)
@@ -56,6 +59,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .service(tasks::logs)
                 .service(tasks::log_stream)
                 .service(tasks::metrics)
+                .service(streams::metric_stream)
                 .service(tasks::report_metrics)
                 .service(tasks::results)
                 .service(nodes::list)

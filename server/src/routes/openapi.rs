@@ -4,7 +4,7 @@ use actix_web::{get, web};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{admin, agent, api_keys, auth, health, nodes, tasks, tenant};
+use super::{admin, agent, api_keys, auth, health, nodes, streams, tasks, tenant, usage};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -16,9 +16,9 @@ use super::{admin, agent, api_keys, auth, health, nodes, tasks, tenant};
         tenant::show, tenant::members, tenant::update_member, tenant::remove_member,
         tenant::invitations, tenant::invite, tenant::revoke_invitation, tenant::preview_invitation,
         tenant::tenant_quota, tenant::member_quota, tenant::set_member_quota,
-        admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user,
+        admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user, usage::usage,
         tasks::submit, tasks::list, tasks::show, tasks::cancel, tasks::events, tasks::attempts,
-        tasks::logs, tasks::log_stream, tasks::metrics, tasks::report_metrics, tasks::results,
+        tasks::logs, tasks::log_stream, tasks::metrics, streams::metric_stream, tasks::report_metrics, tasks::results,
         nodes::list, nodes::register, nodes::remove, nodes::set_status,
         agent::create_token, agent::list_tokens, agent::revoke_token, agent::register, agent::poll,
         agent::started, agent::logs, agent::finished, agent::metrics,

@@ -621,7 +621,7 @@ pub async fn results(
 ) -> Result<HttpResponse, ApiError> {
     let t = find(&state, &caller, &id).await?;
     Err(ApiError::NoResults(format!(
-        "task {} has no results yet (state: {})",
-        t.task.id, t.task.state
+        "task {} has no results yet",
+        t.task.id
     )))
 }

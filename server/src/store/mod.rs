@@ -27,6 +27,26 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// One attempt with the tenant and user it counts against (usage reports).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct UsageAttemptRecord {
+    pub tenant_id: String,
+    pub tenant_name: String,
+    pub user_id: String,
+    pub user_email: String,
+    pub gpus: i64,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+}
+
+/// A user's mean GPU utilization over a period, and how many samples it rests on.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct UsageUtilRecord {
+    pub user_id: String,
+    pub avg_util: f64,
+    pub samples: i64,
+}
+
 /// Everything the server keeps. Methods that take a `tenant_id` only ever touch rows of that
 /// tenant, so a handler cannot reach another tenant's data by passing a foreign id.
 #[async_trait]
@@ -190,6 +210,11 @@ pub trait Store: Send + Sync + 'static {
         after: i64,
         limit: i64,
     ) -> StoreResult<Vec<GpuSampleRecord>>;
+    /// Attempts that ran at some time in `[from, to)`, with their task's tenant and user
+    /// (usage reports).
+    async fn usage_attempts(&self, from: i64, to: i64) -> StoreResult<Vec<UsageAttemptRecord>>;
+    /// Mean GPU utilization (0..1) per user over the raw samples of their tasks in `[from, to)`.
+    async fn usage_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<UsageUtilRecord>>;
     /// Folds raw samples older than `before` into hourly rollups and deletes them; drops
     /// rollups older than `rollups_before`.
     async fn compact_gpu_samples(&self, before: i64, rollups_before: i64) -> StoreResult<u64>;

@@ -985,6 +985,36 @@ macro_rules! impl_store {
                 .await?)
             }
 
+            async fn usage_attempts(&self, from: i64, to: i64) -> StoreResult<Vec<UsageAttemptRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT t.tenant_id, n.name AS tenant_name, t.user_id, u.email AS user_email,
+                            a.gpus, a.started_at, a.ended_at
+                     FROM attempts a
+                     JOIN tasks t ON t.id = a.task_id
+                     JOIN users u ON u.id = t.user_id
+                     JOIN tenants n ON n.id = t.tenant_id
+                     WHERE a.started_at < $2 AND (a.ended_at IS NULL OR a.ended_at > $1)
+                     ORDER BY n.name, u.email",
+                )
+                .bind(from)
+                .bind(to)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn usage_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<UsageUtilRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT t.user_id, AVG(g.util) AS avg_util, COUNT(*) AS samples
+                     FROM gpu_samples g JOIN tasks t ON t.id = g.task_id
+                     WHERE g.at >= $1 AND g.at < $2
+                     GROUP BY t.user_id",
+                )
+                .bind(from)
+                .bind(to)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
             async fn compact_gpu_samples(&self, before: i64, rollups_before: i64) -> StoreResult<u64> {
                 let mut tx = self.pool.begin().await?;
                 sqlx::query(

@@ -26,6 +26,9 @@ pub struct SchedulerHandle {
     notify: Notify,
     waiting: RwLock<HashMap<String, Waiting>>,
     nodes: RwLock<(Option<Instant>, Arc<Vec<Node>>)>,
+    /// Bumped by every invalidation, so a read that raced with a node change does not put a
+    /// stale list back into the cache.
+    nodes_generation: std::sync::atomic::AtomicU64,
     pub config: PolicyConfig,
 }
 
@@ -39,6 +42,7 @@ impl SchedulerHandle {
             waiting: RwLock::new(HashMap::new()),
             nodes: RwLock::new((None, Arc::new(Vec::new()))),
             config,
+            nodes_generation: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -52,6 +56,8 @@ impl SchedulerHandle {
     }
 
     pub fn invalidate_nodes(&self) {
+        self.nodes_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let Ok(mut n) = self.nodes.write() {
             n.0 = None;
         }
@@ -63,6 +69,9 @@ impl SchedulerHandle {
                 return Ok(n.1.clone());
             }
         }
+        let generation = self
+            .nodes_generation
+            .load(std::sync::atomic::Ordering::SeqCst);
         let nodes = Arc::new(
             store
                 .list_nodes()
@@ -72,7 +81,13 @@ impl SchedulerHandle {
                 .collect::<anyhow::Result<Vec<_>>>()?,
         );
         if let Ok(mut n) = self.nodes.write() {
-            *n = (Some(Instant::now()), nodes.clone());
+            if self
+                .nodes_generation
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == generation
+            {
+                *n = (Some(Instant::now()), nodes.clone());
+            }
         }
         Ok(nodes)
     }

@@ -10,3 +10,4 @@ mod e2e;
 mod leader;
 mod tasks;
 mod tenancy;
+mod usage;

@@ -1,0 +1,83 @@
+//! The cluster (`/cluster`): every node's GPUs as a heatmap of allocated memory, refreshed every
+//! 3 s, with the tasks sharing each GPU.
+
+use std::time::Duration;
+
+use autodl_common::tasks::NodeInfo;
+use leptos::prelude::*;
+
+use super::tasks::bytes;
+use crate::api;
+use crate::app::RequireLogin;
+use crate::live;
+
+#[component]
+pub fn ClusterPage() -> impl IntoView {
+    view! { <RequireLogin><Cluster/></RequireLogin> }
+}
+
+/// A background colour from white (idle) to deep blue (fully allocated).
+fn heat(share: f64) -> String {
+    let s = share.clamp(0.0, 1.0);
+    let mix = |a: f64, b: f64| (a + (b - a) * s).round() as u8;
+    format!(
+        "background:rgb({},{},{});color:{}",
+        mix(240.0, 47.0),
+        mix(244.0, 74.0),
+        mix(250.0, 192.0),
+        if s > 0.5 { "#fff" } else { "#1c2230" }
+    )
+}
+
+#[component]
+fn Cluster() -> impl IntoView {
+    let tick = live::ticker(Duration::from_secs(3));
+    let nodes = LocalResource::new(move || {
+        tick.track();
+        api::get::<Vec<NodeInfo>>("/api/v1/nodes")
+    });
+    view! {
+        <section class="card">
+            <h1>"Cluster"</h1>
+            <p class="muted">"Each square is a GPU, shaded by the share of its memory held by tasks. Updated every 3 s."</p>
+            {move || match nodes.get() {
+                None => view! { <p class="muted">"Loading…"</p> }.into_any(),
+                Some(Err(e)) => view! { <p class="banner error" role="alert">{e.message}</p> }.into_any(),
+                Some(Ok(list)) if list.is_empty() => view! { <p class="muted">"No nodes have joined yet."</p> }.into_any(),
+                Some(Ok(list)) => {
+                    let (total, busy) = list.iter().flat_map(|n| n.gpus.iter()).fold((0, 0), |(t, b), g| (t + 1, b + usize::from(!g.tasks.is_empty())));
+                    view! {
+                        <p data-testid="cluster-summary"><strong>{busy}</strong>" of "<strong>{total}</strong>" GPUs in use on "{list.len()}" nodes."</p>
+                        <div class="heatmap" data-testid="heatmap">
+                            {list.into_iter().map(|n| view! {
+                                <div class="node-row" data-node=n.id.clone()>
+                                    <div class="node-name">
+                                        <strong>{n.id.clone()}</strong>
+                                        <span class="muted small">{n.zone.clone()}{(!n.schedulable).then_some(" · not schedulable")}</span>
+                                    </div>
+                                    <div class="gpu-cells">
+                                        {n.gpus.into_iter().map(|g| {
+                                            let share = if g.memory == 0 { 0.0 } else { g.allocated_memory as f64 / g.memory as f64 };
+                                            let title = format!("{} GPU {} · {}: {} of {} allocated{}", n.id, g.index, g.gpu_type, bytes(g.allocated_memory), bytes(g.memory),
+                                                if g.tasks.is_empty() { String::new() } else { format!(" · tasks: {}", g.tasks.join(", ")) });
+                                            view! {
+                                                <div class="gpu-cell" style=heat(share) title=title data-testid="gpu-cell" data-tasks=g.tasks.len()>
+                                                    <span class="gpu-index">{g.index}</span>
+                                                    <span class="gpu-type">{g.gpu_type.clone()}</span>
+                                                    <span class="gpu-share">{format!("{:.0}%", share * 100.0)}</span>
+                                                    <span class="gpu-tasks">
+                                                        {g.tasks.iter().map(|t| view! { <a href=format!("/tasks/{t}")>{t.get(..8).unwrap_or(t).to_string()}</a> }).collect_view()}
+                                                    </span>
+                                                </div>
+                                            }
+                                        }).collect_view()}
+                                    </div>
+                                </div>
+                            }).collect_view()}
+                        </div>
+                    }.into_any()
+                }
+            }}
+        </section>
+    }
+}

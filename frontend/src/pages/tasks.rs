@@ -1,0 +1,585 @@
+//! The tasks list (`/tasks`) and one task's page (`/tasks/:id`): state, why it waits, events,
+//! attempts, a live log tail and live GPU charts.
+
+use std::time::Duration;
+
+use autodl_common::tasks::{
+    Attempt, Command, LogLine, MetricSample, PriorityFactors, Task, TaskEvent, TaskPage, TaskSpec,
+    TaskSpecInput, TaskState,
+};
+use leptos::prelude::*;
+use leptos_router::hooks::{use_navigate, use_params_map};
+
+use super::account::short_date;
+use crate::api::{self, ApiErr};
+use crate::app::{general_error, RequireLogin};
+use crate::chart::{LineChart, Series, PALETTE};
+use crate::live::{self, TailStatus};
+
+pub fn state_badge(state: TaskState) -> impl IntoView {
+    view! { <span class=format!("badge state-{}", state.as_str()) data-testid="state">{state.as_str()}</span> }
+}
+
+/// "2 × A100" style summary of what a task asks for.
+pub fn gpu_summary(spec: &TaskSpec) -> String {
+    let n = spec.gpus_per_worker * spec.num_workers;
+    if n == 0 {
+        return "none".into();
+    }
+    let kind = if spec.gpu_types.is_empty() {
+        "any".to_string()
+    } else {
+        spec.gpu_types.join("/")
+    };
+    let mem = spec
+        .gpu_memory
+        .map(|m| format!(" ({} each)", bytes(m)))
+        .unwrap_or_default();
+    format!("{n} × {kind}{mem}")
+}
+
+pub fn bytes(b: u64) -> String {
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+    let g = b as f64 / GIB;
+    if g >= 1.0 {
+        format!("{} GiB", trim_num(g))
+    } else {
+        format!("{} MiB", trim_num(b as f64 / 1024.0 / 1024.0))
+    }
+}
+
+fn trim_num(v: f64) -> String {
+    if (v - v.round()).abs() < 0.05 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// The input that submits `spec` again (retry, clone).
+pub fn spec_to_input(spec: &TaskSpec) -> TaskSpecInput {
+    use autodl_common::tasks::{Affinity, GpuRequest, OneOrMany, Resources, RetryPolicy, Size};
+    let command = match spec.command.as_slice() {
+        [sh, c, script] if sh == "/bin/sh" && c == "-c" => Command::Shell(script.clone()),
+        argv => Command::Argv(argv.to_vec()),
+    };
+    TaskSpecInput {
+        name: spec.name.clone(),
+        image: spec.image.clone(),
+        command: Some(command),
+        entry_point: None,
+        env: spec.env.clone(),
+        resources: Resources {
+            gpu: Some(GpuRequest {
+                gpu_type: match spec.gpu_types.as_slice() {
+                    [] => None,
+                    [one] => Some(OneOrMany::One(one.clone())),
+                    many => Some(OneOrMany::Many(many.to_vec())),
+                },
+                count: Some(spec.gpus_per_worker),
+                memory: spec.gpu_memory.map(Size::Bytes),
+            }),
+            cpu: Some(spec.cpu),
+            memory: Some(Size::Bytes(spec.memory)),
+        },
+        num_workers: Some(spec.num_workers),
+        gpu_per_worker: None,
+        priority: Some(spec.priority),
+        deadline: spec.deadline.clone(),
+        estimated_runtime: spec.estimated_runtime,
+        checkpoint: spec.checkpoint.clone(),
+        retry_policy: Some(RetryPolicy {
+            max_retries: spec.retry_policy.max_retries,
+            oom_recovery: spec.retry_policy.oom_recovery,
+        }),
+        affinity: Some(Affinity {
+            zone: Some(if spec.zone_affinity { "same" } else { "any" }.into()),
+            bandwidth: Some(spec.bandwidth.clone()),
+        }),
+        data_path: spec.data_path.clone(),
+        labels: spec.labels.clone(),
+        batch_size: spec.batch_size,
+        preemptible: Some(spec.preemptible),
+    }
+}
+
+#[component]
+pub fn TasksPage() -> impl IntoView {
+    view! { <RequireLogin><TaskList/></RequireLogin> }
+}
+
+fn list_path(state: &str, label: &str, mine: bool, cursor: Option<&str>) -> String {
+    let mut q = vec!["limit=25".to_string()];
+    if !state.is_empty() {
+        q.push(format!("state={state}"));
+    }
+    if !label.trim().is_empty() {
+        q.push(format!("label={}", encode(label.trim())));
+    }
+    if mine {
+        q.push("user=me".into());
+    }
+    if let Some(c) = cursor {
+        q.push(format!("cursor={}", encode(c)));
+    }
+    format!("/api/v1/tasks?{}", q.join("&"))
+}
+
+/// Percent-encodes a query value.
+pub fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[component]
+fn TaskList() -> impl IntoView {
+    let state = RwSignal::new(String::new());
+    let label = RwSignal::new(String::new());
+    let applied_label = RwSignal::new(String::new());
+    let mine = RwSignal::new(false);
+    let search = RwSignal::new(String::new());
+    // Cursors of the pages before this one, and this page's.
+    let cursor = RwSignal::new(None::<String>);
+    let back = RwSignal::new(Vec::<Option<String>>::new());
+    let tick = live::ticker(Duration::from_secs(5));
+    let tasks = LocalResource::new(move || {
+        tick.track();
+        let path = list_path(
+            &state.get(),
+            &applied_label.get(),
+            mine.get(),
+            cursor.get().as_deref(),
+        );
+        async move { api::get::<TaskPage>(&path).await }
+    });
+    let reset = move || {
+        cursor.set(None);
+        back.set(Vec::new());
+    };
+    view! {
+        <section class="card">
+            <div class="title-row">
+                <h1>"Tasks"</h1>
+                <a class="button" href="/submit">"Submit a task"</a>
+            </div>
+            <form class="filters" on:submit=move |ev| { ev.prevent_default(); applied_label.set(label.get_untracked()); reset(); }>
+                <div class="field">
+                    <label for="filter-state">"State"</label>
+                    <select id="filter-state" data-testid="filter-state" on:change=move |ev| { state.set(event_target_value(&ev)); reset(); }>
+                        <option value="">"all"</option>
+                        {TaskState::ALL.into_iter().map(|s| view! { <option value=s.as_str()>{s.as_str()}</option> }).collect_view()}
+                    </select>
+                </div>
+                <div class="field">
+                    <label for="filter-label">"Label (key=value)"</label>
+                    <input id="filter-label" data-testid="filter-label" placeholder="team=vision" bind:value=label
+                        on:change=move |_| { applied_label.set(label.get_untracked()); reset(); }/>
+                </div>
+                <div class="field">
+                    <label for="filter-search">"Search names"</label>
+                    <input id="filter-search" data-testid="filter-search" type="search" placeholder="resnet" bind:value=search/>
+                </div>
+                <label class="check"><input type="checkbox" data-testid="filter-mine" bind:checked=mine on:change=move |_| reset()/>" Mine only"</label>
+            </form>
+            {move || tasks.get().and_then(|r| r.err()).map(|e| view! { <p class="banner error" role="alert">{e.message}</p> })}
+            <table class="table" data-testid="tasks">
+                <thead><tr><th>"Name"</th><th>"State"</th><th>"GPUs"</th><th>"User"</th><th>"Created ↓"</th><th>"Waiting"</th></tr></thead>
+                <tbody>
+                {move || match tasks.get() {
+                    None => view! { <tr><td colspan="6" class="muted">"Loading…"</td></tr> }.into_any(),
+                    Some(Err(_)) => view! { <tr><td colspan="6" class="muted">"—"</td></tr> }.into_any(),
+                    Some(Ok(page)) => {
+                        let needle = search.get().to_lowercase();
+                        let rows: Vec<Task> = page.items.into_iter().filter(|t| needle.is_empty() || t.name.to_lowercase().contains(&needle)).collect();
+                        if rows.is_empty() {
+                            return view! { <tr><td colspan="6" class="muted" data-testid="no-tasks">"No tasks match."</td></tr> }.into_any();
+                        }
+                        rows.into_iter().map(|t| {
+                            let waiting = t.waiting.as_ref().map(|w| w.message.clone()).unwrap_or_default();
+                            view! {
+                                <tr data-testid="task-row" data-task=t.id.clone()>
+                                    <td><a href=format!("/tasks/{}", t.id)>{t.name.clone()}</a></td>
+                                    <td>{state_badge(t.state)}</td>
+                                    <td>{gpu_summary(&t.spec)}</td>
+                                    <td>{t.user_email.clone()}</td>
+                                    <td>{short_date(&t.created_at)}</td>
+                                    <td class="muted small">{waiting}</td>
+                                </tr>
+                            }
+                        }).collect_view().into_any()
+                    }
+                }}
+                </tbody>
+            </table>
+            <div class="pager">
+                <button type="button" class="secondary small" data-testid="prev-page"
+                    disabled=move || back.with(|b| b.is_empty())
+                    on:click=move |_| { let mut b = back.get_untracked(); let prev = b.pop().flatten(); back.set(b); cursor.set(prev); }>
+                    "← Newer"
+                </button>
+                <button type="button" class="secondary small" data-testid="next-page"
+                    disabled=move || tasks.get().and_then(|r| r.ok()).and_then(|p| p.next_cursor).is_none()
+                    on:click=move |_| {
+                        if let Some(next) = tasks.get_untracked().and_then(|r| r.ok()).and_then(|p| p.next_cursor) {
+                            back.update(|b| b.push(cursor.get_untracked()));
+                            cursor.set(Some(next));
+                        }
+                    }>
+                    "Older →"
+                </button>
+            </div>
+        </section>
+    }
+}
+
+#[component]
+pub fn TaskPage() -> impl IntoView {
+    view! { <RequireLogin><TaskDetail/></RequireLogin> }
+}
+
+#[component]
+fn TaskDetail() -> impl IntoView {
+    let params = use_params_map();
+    let id = Memo::new(move |_| params.with(|p| p.get("id").unwrap_or_default()));
+    view! {
+        {move || {
+            let id = id.get();
+            view! { <TaskView id/> }
+        }}
+    }
+}
+
+#[component]
+fn TaskView(id: String) -> impl IntoView {
+    let tick = live::ticker(Duration::from_secs(2));
+    let finished = RwSignal::new(false);
+    let tid = StoredValue::new(id.clone());
+    let task = LocalResource::new(move || {
+        // Once finished, a task no longer changes: stop polling.
+        if !finished.get() {
+            tick.track();
+        }
+        let path = format!("/api/v1/tasks/{}", tid.get_value());
+        async move { api::get::<Task>(&path).await }
+    });
+    Effect::new(move |_| {
+        if let Some(Ok(t)) = task.get() {
+            if t.state.is_finished() && !finished.get_untracked() {
+                finished.set(true);
+            }
+        }
+    });
+    let version = Memo::new(move |_| {
+        task.get()
+            .and_then(|r| r.ok())
+            .map(|t| (t.state, t.attempts, t.updated_at))
+    });
+    let events = LocalResource::new(move || {
+        version.track();
+        let path = format!("/api/v1/tasks/{}/events", tid.get_value());
+        async move { api::get::<Vec<TaskEvent>>(&path).await }
+    });
+    let attempts = LocalResource::new(move || {
+        version.track();
+        let path = format!("/api/v1/tasks/{}/attempts", tid.get_value());
+        async move { api::get::<Vec<Attempt>>(&path).await }
+    });
+    let error = RwSignal::new(None::<ApiErr>);
+    let navigate = use_navigate();
+    let cancel = Action::new_local(move |_: &()| {
+        let path = format!("/api/v1/tasks/{}/cancel", tid.get_value());
+        async move { api::post::<_, Task>(&path, &serde_json::json!({})).await }
+    });
+    Effect::new(move |_| match cancel.value().get() {
+        Some(Ok(_)) => {
+            error.set(None);
+            task.refetch();
+        }
+        Some(Err(e)) => error.set(Some(e)),
+        None => {}
+    });
+    let retry = Action::new_local(move |spec: &TaskSpec| {
+        let input = spec_to_input(spec);
+        async move { api::post::<_, Task>("/api/v1/tasks", &input).await }
+    });
+    let nav = navigate.clone();
+    Effect::new(move |_| match retry.value().get() {
+        Some(Ok(t)) => nav(&format!("/tasks/{}", t.id), Default::default()),
+        Some(Err(e)) => error.set(Some(e)),
+        None => {}
+    });
+    let results_msg = RwSignal::new(None::<String>);
+    let download = Action::new_local(move |_: &()| {
+        let path = format!("/api/v1/tasks/{}/results", tid.get_value());
+        async move { api::probe(&path).await.map(|_| path) }
+    });
+    Effect::new(move |_| match download.value().get() {
+        Some(Ok(path)) => {
+            results_msg.set(None);
+            api::go_to(&path);
+        }
+        Some(Err(e)) => results_msg.set(Some(e.message)),
+        None => {}
+    });
+
+    view! {
+        {move || match task.get() {
+            None => view! { <section class="card"><p class="muted">"Loading…"</p></section> }.into_any(),
+            Some(Err(e)) => view! { <section class="card"><h1>"Task"</h1><p class="banner error" role="alert">{e.message}</p><p><a href="/tasks">"All tasks"</a></p></section> }.into_any(),
+            Some(Ok(t)) => {
+                let spec = t.spec.clone();
+                let running = !t.state.is_finished();
+                let placement = t.placement.clone().unwrap_or_default().iter().map(|p| format!("{} GPU {:?}", p.node, p.gpu_indices)).collect::<Vec<_>>().join(", ");
+                view! {
+                    <section class="card">
+                        <p class="crumbs"><a href="/tasks">"Tasks"</a>" / "</p>
+                        <div class="title-row">
+                            <h1 data-testid="task-name">{t.name.clone()}" "{state_badge(t.state)}</h1>
+                            <div class="actions">
+                                {running.then(|| view! {
+                                    <button type="button" class="danger" data-testid="cancel" on:click=move |_| { cancel.dispatch(()); }>"Cancel"</button>
+                                })}
+                                <a class="button secondary" data-testid="clone" href=format!("/submit?from={}", t.id)>"Clone"</a>
+                                <button type="button" class="secondary" data-testid="retry" on:click=move |_| { retry.dispatch(spec.clone()); }>"Retry"</button>
+                                <button type="button" class="secondary" data-testid="download" on:click=move |_| { download.dispatch(()); }>"Download results"</button>
+                            </div>
+                        </div>
+                        <p class="banner error" role="alert">{move || general_error(error.get(), &[])}</p>
+                        <p class="banner error" role="alert" data-testid="results-message">{move || results_msg.get()}</p>
+                        <dl class="facts">
+                            <dt>"Submitted"</dt><dd>{short_date(&t.created_at)}" by "{t.user_email.clone()}</dd>
+                            <dt>"Image"</dt><dd><code>{t.spec.image.clone()}</code></dd>
+                            <dt>"Command"</dt><dd><code>{t.spec.command.join(" ")}</code></dd>
+                            <dt>"GPUs"</dt><dd>{gpu_summary(&t.spec)}</dd>
+                            <dt>"Priority"</dt><dd>{format!("{:.2}", t.spec.priority)}</dd>
+                            <dt>"Attempts"</dt><dd>{t.attempts}</dd>
+                            {(!placement.is_empty()).then(|| view! { <dt>"Placed on"</dt><dd>{placement.clone()}</dd> })}
+                            {(!t.spec.labels.is_empty()).then(|| view! { <dt>"Labels"</dt><dd>{t.spec.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")}</dd> })}
+                        </dl>
+                    </section>
+                    {t.waiting.clone().map(|w| view! {
+                        <section class="card" data-testid="waiting">
+                            <h2>"Why it waits"</h2>
+                            <p>{w.message.clone()}</p>
+                            {w.position.map(|p| view! { <p class="muted">"Position in the queue: " <strong>{p + 1}</strong></p> })}
+                            {w.priority.clone().map(priority_bars)}
+                        </section>
+                    })}
+                }.into_any()
+            }
+        }}
+        <section class="card">
+            <h2>"Live metrics"</h2>
+            <Metrics id=id.clone()/>
+        </section>
+        <section class="card">
+            <h2>"Log"</h2>
+            <LogTail id=id.clone()/>
+        </section>
+        <section class="card">
+            <h2>"Attempts"</h2>
+            <table class="table" data-testid="attempts">
+                <thead><tr><th>"#"</th><th>"Node / GPUs"</th><th>"Started"</th><th>"Ended"</th><th>"Exit"</th><th>"Reason"</th></tr></thead>
+                <tbody>
+                {move || {
+                    let list = attempts.get().and_then(|r| r.ok()).unwrap_or_default();
+                    if list.is_empty() {
+                        return view! { <tr><td colspan="6" class="muted">"No attempts yet."</td></tr> }.into_any();
+                    }
+                    list.into_iter().map(|a| {
+                        let place = a.placement.iter().map(|p| format!("{} {:?}", p.node, p.gpu_indices)).collect::<Vec<_>>().join(", ");
+                        view! {
+                            <tr>
+                                <td>{a.number}</td>
+                                <td>{if place.is_empty() { a.node.clone().unwrap_or_default() } else { place }}</td>
+                                <td>{short_date(&a.started_at)}</td>
+                                <td>{a.ended_at.as_deref().map(short_date).unwrap_or_else(|| "running".into())}</td>
+                                <td>{a.exit_code.map(|c| c.to_string()).unwrap_or_default()}</td>
+                                <td>{exit_reason(a.reason.as_deref(), a.exit_code)}</td>
+                            </tr>
+                        }
+                    }).collect_view().into_any()
+                }}
+                </tbody>
+            </table>
+        </section>
+        <section class="card">
+            <h2>"Events"</h2>
+            <ol class="timeline" data-testid="events">
+                {move || events.get().and_then(|r| r.ok()).unwrap_or_default().into_iter().map(|e| view! {
+                    <li><span class="muted">{short_time(&e.at)}</span>" "<span class="badge">{e.kind.clone()}</span>" "{e.message.clone()}</li>
+                }).collect_view()}
+            </ol>
+        </section>
+    }
+}
+
+fn short_time(at: &str) -> String {
+    at.get(..19).unwrap_or(at).replace('T', " ")
+}
+
+fn exit_reason(reason: Option<&str>, code: Option<i32>) -> &'static str {
+    match reason {
+        Some("oom") => "out of GPU memory",
+        Some("error") => "exited with an error",
+        Some("preempted") => "preempted (checkpointed)",
+        Some("node_lost") => "node lost",
+        Some("cancelled") => "cancelled",
+        Some(_) => "other",
+        None if code == Some(0) => "succeeded",
+        None => "",
+    }
+}
+
+fn priority_bars(p: PriorityFactors) -> impl IntoView {
+    let rows = [
+        ("Fair share", p.fair_share),
+        ("Utilization", p.utilization),
+        ("Deadline", p.deadline),
+        ("Declared priority", p.declared),
+        ("Age", p.age),
+        ("GPU fit", p.gpu_fit),
+        ("Total", p.total),
+    ];
+    view! {
+        <div class="bars" data-testid="priority">
+            {rows.into_iter().map(|(name, v)| {
+                let pct = (v.clamp(0.0, 1.0) * 100.0).round();
+                view! {
+                    <div class="bar-row">
+                        <span class="bar-label">{name}</span>
+                        <span class="bar"><span class="bar-fill" style=format!("width:{pct}%")></span></span>
+                        <span class="bar-value">{format!("{v:.2}")}</span>
+                    </div>
+                }
+            }).collect_view()}
+        </div>
+    }
+}
+
+#[component]
+fn LogTail(id: String) -> impl IntoView {
+    let lines = RwSignal::new(Vec::<LogLine>::new());
+    let status = RwSignal::new(TailStatus::Connecting);
+    let follow = RwSignal::new(true);
+    let query = RwSignal::new(String::new());
+    live::tail_logs(id, lines, status);
+    let box_ref = NodeRef::<leptos::html::Pre>::new();
+    // Keep the newest line in view while following.
+    Effect::new(move |_| {
+        lines.track();
+        query.track();
+        if follow.get() {
+            if let Some(el) = box_ref.get() {
+                el.set_scroll_top(el.scroll_height());
+            }
+        }
+    });
+    view! {
+        <div class="log-controls">
+            <label class="check"><input type="checkbox" data-testid="log-follow" bind:checked=follow/>" Follow"</label>
+            <div class="field inline">
+                <label for="log-search">"Search"</label>
+                <input id="log-search" type="search" data-testid="log-search" placeholder="filter lines" bind:value=query/>
+            </div>
+            <span class="badge" data-testid="log-status">{move || status.get().label()}</span>
+            <span class="muted small" data-testid="log-count">{move || format!("{} lines", lines.with(Vec::len))}</span>
+        </div>
+        <pre class="log" data-testid="log" node_ref=box_ref>
+            {move || {
+                let q = query.get().to_lowercase();
+                lines.with(|l| l.iter().filter(|l| q.is_empty() || l.line.to_lowercase().contains(&q)).map(|l| {
+                    let class = if l.stream == "stderr" { "log-line stderr" } else { "log-line" };
+                    view! { <span class=class data-seq=l.seq>{l.line.clone()}"\n"</span> }
+                }).collect_view())
+            }}
+        </pre>
+    }
+}
+
+#[component]
+fn Metrics(id: String) -> impl IntoView {
+    let samples = RwSignal::new(Vec::<MetricSample>::new());
+    let status = RwSignal::new(TailStatus::Connecting);
+    // Pushed by the server as they arrive; a dropped stream resumes after the last sample.
+    let url = move || {
+        let after = samples.with_untracked(|s| s.last().map(|s| s.at.clone()));
+        match after {
+            Some(a) => format!("/api/v1/tasks/{id}/metrics/stream?after={}", encode(&a)),
+            None => format!("/api/v1/tasks/{id}/metrics/stream"),
+        }
+    };
+    live::follow(
+        url,
+        move |s: MetricSample| {
+            samples.update(|list| {
+                list.push(s);
+                if list.len() > 2000 {
+                    let extra = list.len() - 2000;
+                    list.drain(..extra);
+                }
+            })
+        },
+        status,
+    );
+    let pick = move |f: fn(&MetricSample) -> Option<f64>| {
+        samples.with(|s| {
+            s.iter()
+                .filter_map(|m| f(m).map(|v| (live::epoch_secs(&m.at), v)))
+                .collect::<Vec<_>>()
+        })
+    };
+    let util = Signal::derive(move || {
+        vec![Series {
+            name: "GPU utilization (mean)".into(),
+            color: PALETTE[0],
+            points: pick(|m| m.gpu_util.map(|u| u * 100.0)),
+        }]
+    });
+    let mem = Signal::derive(move || {
+        const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+        vec![
+            Series {
+                name: "used".into(),
+                color: PALETTE[1],
+                points: pick(|m| m.mem_used.map(|b| b as f64 / GIB)),
+            },
+            Series {
+                name: "total".into(),
+                color: "#98a2b3",
+                points: pick(|m| m.mem_total.map(|b| b as f64 / GIB)),
+            },
+        ]
+    });
+    let training = Signal::derive(move || {
+        vec![
+            Series {
+                name: "loss".into(),
+                color: PALETTE[2],
+                points: pick(|m| m.loss),
+            },
+            Series {
+                name: "epoch".into(),
+                color: PALETTE[3],
+                points: pick(|m| m.epoch),
+            },
+        ]
+    });
+    let has_training = move || training.with(|t| t.iter().any(|s| !s.points.is_empty()));
+    view! {
+        <p class="muted small">"Stream: " <span data-testid="metrics-status">{move || status.get().label()}</span></p>
+        <div class="charts">
+            <LineChart title="GPU utilization" unit="%" testid="chart-util" series=util y_max=100.0/>
+            <LineChart title="GPU memory" unit="GiB" testid="chart-mem" series=mem/>
+            {move || has_training().then(|| view! {
+                <LineChart title="Training (reported)" unit="" testid="chart-training" series=training/>
+            })}
+        </div>
+    }
+}

@@ -1,0 +1,170 @@
+//! Live streams for the web app, as Server-Sent Events (the log tail is in `tasks`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use actix_web::web::Bytes;
+use actix_web::{get, web, HttpResponse};
+use autodl_common::api::ErrorBody;
+use autodl_common::tasks::{MetricSample, TaskState};
+use serde::Deserialize;
+
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::state::{rfc3339, AppState};
+use crate::store::{GpuSampleRecord, MetricRecord};
+use crate::tasks::spec;
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct MetricStreamQuery {
+    /// RFC 3339: only samples after this time (the last one a dropped stream delivered).
+    after: Option<String>,
+}
+
+/// How many samples of each kind the first message may carry (the most recent ones).
+const BACKLOG: i64 = 1000;
+const POLL: Duration = Duration::from_millis(1000);
+
+/// Samples as `GET /tasks/{id}/metrics` shapes them: one per reported set of numbers, and one
+/// per GPU sampling instant (utilization averaged over the task's GPUs, memory summed, the
+/// per-GPU values kept as `gpu<i>_util` / `gpu<i>_mem`), oldest first.
+fn samples(reported: Vec<MetricRecord>, gpu: &[GpuSampleRecord]) -> Vec<(i64, MetricSample)> {
+    let mut out: Vec<(i64, MetricSample)> = reported
+        .into_iter()
+        .map(|r| {
+            let mut values: BTreeMap<String, f64> =
+                serde_json::from_str(&r.sample).unwrap_or_default();
+            let sample = MetricSample {
+                at: rfc3339(r.at),
+                gpu_util: None,
+                mem_used: None,
+                mem_total: None,
+                epoch: values.remove("epoch"),
+                loss: values.remove("loss"),
+                values,
+            };
+            (r.at, sample)
+        })
+        .collect();
+    for group in gpu.chunk_by(|a, b| a.at == b.at) {
+        let n = group.len() as f64;
+        let mut values = BTreeMap::new();
+        let (mut util, mut used, mut total) = (0.0, 0u64, 0u64);
+        for g in group {
+            util += g.util;
+            used += g.mem_used.max(0) as u64;
+            total += g.mem_total.max(0) as u64;
+            values.insert(format!("gpu{}_util", g.gpu_index), g.util);
+            values.insert(format!("gpu{}_mem", g.gpu_index), g.mem_used as f64);
+        }
+        out.push((
+            group[0].at,
+            MetricSample {
+                at: rfc3339(group[0].at),
+                gpu_util: Some(util / n),
+                mem_used: Some(used),
+                mem_total: Some(total),
+                epoch: None,
+                loss: None,
+                values,
+            },
+        ));
+    }
+    out.sort_by_key(|(at, _)| *at);
+    out
+}
+
+/// Live metrics of a task as Server-Sent Events: one `data: {MetricSample}` per sample (GPU
+/// utilization and memory from the agent, numbers the task reported), then `event: end` once the
+/// task has finished and everything was sent.
+#[utoipa::path(
+    params(("id" = String, Path), MetricStreamQuery),
+    responses((status = 200, description = "text/event-stream of MetricSample"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody))
+)]
+#[get("/tasks/{id}/metrics/stream")]
+pub async fn metric_stream(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+    q: web::Query<MetricStreamQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let task = state
+        .store
+        .task(Some(caller.tenant_id()), &id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("no such task".into()))?;
+    let after = match q.after.as_deref() {
+        None => 0,
+        Some(a) => spec::parse_time_ms(a)
+            .ok_or_else(|| ApiError::invalid("after", "after must be an RFC 3339 time"))?,
+    };
+    let task_id = task.task.id;
+    // Separate cursors: GPU samples may arrive later than numbers the task reported.
+    let stream = futures_util::stream::unfold(
+        (after, after, false),
+        move |(metric_after, gpu_after, done)| {
+            let state = state.clone();
+            let task_id = task_id.clone();
+            async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    // Read the state first: what is stored by then is all there will be.
+                    let finished = match state.store.task(None, &task_id).await {
+                        Ok(Some(t)) => {
+                            TaskState::parse(&t.task.state).is_none_or(TaskState::is_finished)
+                        }
+                        _ => true,
+                    };
+                    let fetched = async {
+                        let r = state
+                            .store
+                            .task_metrics(&task_id, metric_after, BACKLOG)
+                            .await?;
+                        let g = state
+                            .store
+                            .task_gpu_samples(&task_id, gpu_after, BACKLOG)
+                            .await?;
+                        Ok::<_, crate::store::StoreError>((r, g))
+                    }
+                    .await;
+                    let (reported, gpu) = match fetched {
+                        Ok(x) => x,
+                        Err(e) => {
+                            return Some((
+                                Err(actix_web::error::ErrorInternalServerError(e)),
+                                (metric_after, gpu_after, true),
+                            ))
+                        }
+                    };
+                    let next_metric = reported.last().map_or(metric_after, |r| r.at);
+                    let next_gpu = gpu.last().map_or(gpu_after, |g| g.at);
+                    let batch = samples(reported, &gpu);
+                    if !batch.is_empty() {
+                        let mut out = String::new();
+                        for (_, s) in &batch {
+                            out.push_str("data: ");
+                            out.push_str(&serde_json::to_string(s).unwrap_or_default());
+                            out.push_str("\n\n");
+                        }
+                        return Some((Ok(Bytes::from(out)), (next_metric, next_gpu, false)));
+                    }
+                    if finished {
+                        return Some((
+                            Ok(Bytes::from_static(b"event: end\ndata: {}\n\n")),
+                            (metric_after, gpu_after, true),
+                        ));
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+            }
+        },
+    );
+    Ok(HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("Cache-Control", "no-cache"))
+        .insert_header(("X-Accel-Buffering", "no"))
+        .streaming(stream))
+}
