@@ -24,23 +24,13 @@ struct FakeAgent {
 
 impl FakeAgent {
     async fn join(app: &TestApp, op: &Session, id: &str, gpu_type: &str, zone: &str) -> FakeAgent {
-        let tok: Value = op
-            .send(
-                app,
-                Method::POST,
-                "/api/v1/admin/registration-tokens",
-                Some(json!({"name": id})),
-            )
-            .await
-            .json()
-            .await
-            .unwrap();
+        let token = app.registration_token(op, id).await;
         let gpus: Vec<Value> = (0..4)
             .map(|i| json!({"index": i, "type": gpu_type, "memory": 42949672960u64}))
             .collect();
         let res = Client::new()
             .post(app.url("/api/v1/agent/register"))
-            .json(&json!({"token": tok["token"], "node": {"id": id, "zone": zone, "cpu": 32, "memory": 274877906944u64, "gpus": gpus}}))
+            .json(&json!({"token": token, "node": {"id": id, "zone": zone, "cpu": 32, "memory": 274877906944u64, "gpus": gpus}}))
             .send()
             .await
             .unwrap();

@@ -23,22 +23,12 @@ struct RunningAgent {
 }
 
 async fn start_agent(app: &TestApp, op: &Session, node: &str, gpus: &str) -> RunningAgent {
-    let tok: Value = op
-        .send(
-            app,
-            Method::POST,
-            "/api/v1/admin/registration-tokens",
-            Some(json!({"name": node})),
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
+    let token = app.registration_token(op, node).await;
     let dir = tempfile::tempdir().unwrap();
     let config = AgentConfig::new(app.address.clone())
         .node_id(node)
         .zone("z1")
-        .registration_token(tok["token"].as_str().unwrap())
+        .registration_token(&token)
         .state_dir(dir.path().to_path_buf())
         .cpu(16)
         .memory(64 << 30)
@@ -196,24 +186,14 @@ async fn lost_agent_tasks_finish_elsewhere(b: Backend) {
     let app = spawn_app_with(b, |s| s.node_lost_timeout_secs = 12).await;
     let op = app.operator().await;
     // The first agent is a separate process, so it can die the hard way.
-    let tok: Value = op
-        .send(
-            &app,
-            Method::POST,
-            "/api/v1/admin/registration-tokens",
-            Some(json!({"name": "sim-1"})),
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
+    let token = app.registration_token(&op, "sim-1").await;
     let dir = tempfile::tempdir().unwrap();
     let mut first = std::process::Command::new(agent_binary())
         .args([
             "--server",
             &app.address,
             "--token",
-            tok["token"].as_str().unwrap(),
+            &token,
             "--node-id",
             "sim-1",
         ])
@@ -324,21 +304,11 @@ async fn docker_runtime_runs_tasks_with_limits(b: Backend) {
     };
     let app = spawn_app_with(b, |_| {}).await;
     let op = app.operator().await;
-    let tok: Value = op
-        .send(
-            &app,
-            Method::POST,
-            "/api/v1/admin/registration-tokens",
-            Some(json!({"name": "docker"})),
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
+    let token = app.registration_token(&op, "docker").await;
     let dir = tempfile::tempdir().unwrap();
     let config = AgentConfig::new(app.address.clone())
         .node_id("docker-1")
-        .registration_token(tok["token"].as_str().unwrap())
+        .registration_token(&token)
         .state_dir(dir.path().to_path_buf())
         .cpu(4)
         .memory(8 << 30);

@@ -186,6 +186,22 @@ impl TestApp {
         op
     }
 
+    /// A fresh agent registration token, made by the operator `op`.
+    pub async fn registration_token(&self, op: &Session, name: &str) -> String {
+        let tok: Value = op
+            .send(
+                self,
+                Method::POST,
+                "/api/v1/admin/registration-tokens",
+                Some(json!({"name": name})),
+            )
+            .await
+            .json()
+            .await
+            .unwrap();
+        tok["token"].as_str().unwrap().to_owned()
+    }
+
     /// A platform administrator's session.
     pub async fn operator(&self) -> Session {
         let op = self.signup("ops@example.com", "Operators").await;
