@@ -95,6 +95,11 @@ const TASK_COLS: &str = "t.id, t.tenant_id, t.user_id, t.name, t.state, t.spec, 
      t.attempts, t.batch_size, t.placement, t.attained_gpu_seconds, t.last_checkpoint_at, t.created_at, \
      t.updated_at, t.started_at, t.finished_at, t.stop_reason";
 
+const API_KEY_COLS: &str =
+    "id, user_id, name, prefix, key_hash, created_at, last_used_at, expires_at, revoked";
+const INVITATION_COLS: &str = "id, tenant_id, email, role, token_hash, created_by, created_at, expires_at, accepted_at, revoked";
+const REG_TOKEN_COLS: &str = "id, name, token_hash, created_by, created_at, expires_at, revoked";
+
 const NODE_COLS: &str =
     "id, zone, labels, cpu_millis, mem_bytes, gpus, schedulable, created_at, updated_at, credential_hash, last_seen, status";
 
@@ -317,20 +322,20 @@ macro_rules! impl_store {
             }
 
             async fn list_api_keys(&self, user_id: &str) -> StoreResult<Vec<ApiKeyRecord>> {
-                Ok(sqlx::query_as(
-                    "SELECT id, user_id, name, prefix, key_hash, created_at, last_used_at, expires_at, revoked
-                     FROM api_keys WHERE user_id = $1 AND revoked = FALSE ORDER BY created_at DESC, id",
-                )
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {API_KEY_COLS}
+                     FROM api_keys WHERE user_id = $1 AND revoked = FALSE ORDER BY created_at DESC, id"
+                ))
                 .bind(user_id)
                 .fetch_all(&self.pool)
                 .await?)
             }
 
             async fn api_key_by_hash(&self, hash: &str) -> StoreResult<Option<ApiKeyRecord>> {
-                Ok(sqlx::query_as(
-                    "SELECT id, user_id, name, prefix, key_hash, created_at, last_used_at, expires_at, revoked
-                     FROM api_keys WHERE key_hash = $1",
-                )
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {API_KEY_COLS}
+                     FROM api_keys WHERE key_hash = $1"
+                ))
                 .bind(hash)
                 .fetch_optional(&self.pool)
                 .await?)
@@ -384,20 +389,20 @@ macro_rules! impl_store {
             }
 
             async fn list_invitations(&self, tenant_id: &str) -> StoreResult<Vec<InvitationRecord>> {
-                Ok(sqlx::query_as(
-                    "SELECT id, tenant_id, email, role, token_hash, created_by, created_at, expires_at, accepted_at, revoked
-                     FROM invitations WHERE tenant_id = $1 AND revoked = FALSE ORDER BY created_at DESC, id",
-                )
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {INVITATION_COLS}
+                     FROM invitations WHERE tenant_id = $1 AND revoked = FALSE ORDER BY created_at DESC, id"
+                ))
                 .bind(tenant_id)
                 .fetch_all(&self.pool)
                 .await?)
             }
 
             async fn invitation_by_token_hash(&self, hash: &str) -> StoreResult<Option<InvitationRecord>> {
-                Ok(sqlx::query_as(
-                    "SELECT id, tenant_id, email, role, token_hash, created_by, created_at, expires_at, accepted_at, revoked
-                     FROM invitations WHERE token_hash = $1",
-                )
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {INVITATION_COLS}
+                     FROM invitations WHERE token_hash = $1"
+                ))
                 .bind(hash)
                 .fetch_optional(&self.pool)
                 .await?)
@@ -877,19 +882,19 @@ macro_rules! impl_store {
             }
 
             async fn list_registration_tokens(&self) -> StoreResult<Vec<RegistrationTokenRecord>> {
-                Ok(sqlx::query_as(
-                    "SELECT id, name, token_hash, created_by, created_at, expires_at, revoked FROM registration_tokens
-                     WHERE revoked = FALSE ORDER BY created_at DESC",
-                )
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {REG_TOKEN_COLS} FROM registration_tokens
+                     WHERE revoked = FALSE ORDER BY created_at DESC"
+                ))
                 .fetch_all(&self.pool)
                 .await?)
             }
 
             async fn registration_token_by_hash(&self, hash: &str) -> StoreResult<Option<RegistrationTokenRecord>> {
-                Ok(sqlx::query_as(
-                    "SELECT id, name, token_hash, created_by, created_at, expires_at, revoked FROM registration_tokens
-                     WHERE token_hash = $1",
-                )
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {REG_TOKEN_COLS} FROM registration_tokens
+                     WHERE token_hash = $1"
+                ))
                 .bind(hash)
                 .fetch_optional(&self.pool)
                 .await?)
