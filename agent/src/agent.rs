@@ -12,6 +12,7 @@ use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::artifacts;
 use crate::backoff::{entropy_seed, Backoff};
 use crate::client::ServerClient;
 use crate::config::AgentConfig;
@@ -22,7 +23,7 @@ use crate::logs::LogBuffer;
 use crate::metrics::AgentMetrics;
 use crate::protocol::{
     now_rfc3339, Assignment, ExitReason, FinishedReport, LogBatch, MetricSample, MetricsBatch,
-    NodeReport, PollRequest, PollResponse, RegisterRequest, RunningTask, Stream,
+    NodeReport, PollRequest, PollResponse, RegisterRequest, RestoreRef, RunningTask, Stream,
 };
 use crate::runtime::{classify_exit, Runtime, TaskIo, TaskLaunch};
 use crate::state::{load_credential, save_credential, SavedCredential};
@@ -51,6 +52,8 @@ struct Inner {
     samples: Mutex<VecDeque<MetricSample>>,
     inventory: Mutex<Vec<GpuInfo>>,
     tracker: TaskTracker,
+    /// Serialises dataset downloads, so two tasks on one node do not fetch the same data twice.
+    data_lock: tokio::sync::Mutex<()>,
 }
 
 /// One node agent. Cheap to clone (all clones share the same state); run it once.
@@ -122,6 +125,7 @@ impl Agent {
                 samples: Mutex::new(VecDeque::new()),
                 inventory: Mutex::new(Vec::new()),
                 tracker: TaskTracker::new(),
+                data_lock: tokio::sync::Mutex::new(()),
             }),
         })
     }
@@ -472,10 +476,25 @@ impl Inner {
             },
         );
         self.push_allocations();
+        let job = StorageJob {
+            restore: a.restore.clone(),
+            checkpoint_interval: a
+                .checkpoint
+                .as_ref()
+                .and_then(|c| c.interval)
+                .filter(|i| *i > 0)
+                .map(Duration::from_secs),
+            checkpointing: a.checkpoint.is_some(),
+            data_from_storage: a
+                .data_path
+                .as_deref()
+                .is_some_and(|p| p.starts_with("s3://")),
+        };
         self.tracker.spawn(supervise(
             self.clone(),
             key,
             launch,
+            job,
             stop_rx,
             shutdown.clone(),
         ));
@@ -603,10 +622,166 @@ impl Inner {
     }
 }
 
+/// What an attempt needs from object storage around its run.
+struct StorageJob {
+    restore: Option<RestoreRef>,
+    checkpoint_interval: Option<Duration>,
+    /// The task asked for checkpoints: the folder is also saved when the attempt ends.
+    checkpointing: bool,
+    data_from_storage: bool,
+}
+
+/// Downloads what the task needs before it starts: the latest checkpoint and an `s3://`
+/// dataset. An error keeps the task from starting (starting from zero instead would let its
+/// next checkpoint replace the saved progress).
+async fn prepare_storage(
+    inner: &Inner,
+    key: &TaskKey,
+    launch: &mut TaskLaunch,
+    job: &StorageJob,
+    log: &LogBuffer,
+    shutdown: &CancellationToken,
+) -> Result<(), String> {
+    let mut backoff = inner.new_backoff(&format!("{}/prepare", key.0));
+    if let Some(r) = &job.restore {
+        let t = Instant::now();
+        let bytes = artifacts::restore(
+            &inner.client,
+            r,
+            &launch.checkpoint_dir,
+            &mut backoff,
+            shutdown,
+        )
+        .await
+        .map_err(|e| format!("could not restore checkpoint {}: {e}", r.checkpoint_id))?;
+        launch.mark_restored();
+        let step = r.step.map(|s| format!(", step {s}")).unwrap_or_default();
+        log.push(
+            Stream::Stdout,
+            format!(
+                "[autodl-agent] restored the checkpoint of attempt {}{step}: {} files, {bytes} bytes in {:.1} s",
+                r.attempt,
+                r.files.len(),
+                t.elapsed().as_secs_f64()
+            ),
+        );
+    }
+    if job.data_from_storage {
+        let t = Instant::now();
+        let cache = inner.config.state_dir.join("cache").join("data");
+        let (dir, cached) = {
+            // One download per dataset at a time on this node.
+            let _guard = inner.data_lock.lock().await;
+            artifacts::fetch_data(&inner.client, &key.0, &cache, &mut backoff, shutdown)
+                .await
+                .map_err(|e| format!("could not fetch the data path: {e}"))?
+        };
+        let dir = std::path::absolute(&dir).unwrap_or(dir);
+        let shown = dir.display().to_string();
+        launch.env.insert("AUTODL_DATA_PATH".into(), shown.clone());
+        launch.data_path = Some(shown.clone());
+        log.push(
+            Stream::Stdout,
+            format!(
+                "[autodl-agent] data path at {shown} ({} in {:.1} s)",
+                if cached { "cached" } else { "downloaded" },
+                t.elapsed().as_secs_f64()
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Uploads one folder and says so in the task's log; returns what was uploaded.
+async fn upload_and_log(
+    inner: &Inner,
+    key: &TaskKey,
+    kind: &str,
+    dir: &std::path::Path,
+    mark: Option<(Option<i64>, Option<f64>)>,
+    log: &LogBuffer,
+    cancel: &CancellationToken,
+) -> Result<Option<artifacts::Uploaded>, artifacts::TransferError> {
+    let (step, epoch) = mark.unwrap_or((None, None));
+    let staging = inner.config.state_dir.join("staging");
+    let mut backoff = inner.new_backoff(&format!("{}/{kind}", key.0));
+    let req = artifacts::UploadRequest {
+        task_id: &key.0,
+        attempt: key.1,
+        kind,
+        dir,
+        staging: &staging,
+        step,
+        epoch,
+    };
+    let r = artifacts::upload_folder(&inner.client, req, &mut backoff, cancel).await;
+    match &r {
+        Ok(Some(u)) => log.push(
+            Stream::Stdout,
+            format!(
+                "[autodl-agent] {kind} uploaded: {} files, {} bytes in {:.1} s",
+                u.files,
+                u.bytes,
+                u.took.as_secs_f64()
+            ),
+        ),
+        Ok(None) => {}
+        Err(artifacts::TransferError::Stale) => {}
+        Err(e) => log.push(
+            Stream::Stderr,
+            format!("[autodl-agent] {kind} upload failed: {e}"),
+        ),
+    }
+    r
+}
+
+/// Saves the checkpoint folder every interval (when it changed) and whenever the task leaves
+/// the save marker, until `stop`. Returns the fingerprint of the last upload.
+async fn checkpoint_loop(
+    inner: Arc<Inner>,
+    key: TaskKey,
+    dir: std::path::PathBuf,
+    interval: Option<Duration>,
+    log: Arc<LogBuffer>,
+    stop: CancellationToken,
+    shutdown: CancellationToken,
+) -> Option<artifacts::Fingerprint> {
+    let mut last: Option<artifacts::Fingerprint> = None;
+    let mut last_at = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => return last,
+        }
+        let mark = artifacts::take_marker(&dir);
+        let due = interval.is_some_and(|i| last_at.elapsed() >= i);
+        if mark.is_none() && !due {
+            continue;
+        }
+        last_at = Instant::now();
+        let Ok(fp) = artifacts::scan(&dir) else {
+            continue;
+        };
+        if mark.is_none() && last.as_ref() == Some(&fp) {
+            continue;
+        }
+        match upload_and_log(&inner, &key, "checkpoint", &dir, mark, &log, &shutdown).await {
+            Ok(Some(_)) => last = Some(fp),
+            Ok(None) => {}
+            Err(artifacts::TransferError::Stale) => return last,
+            // Logged; the next interval or marker tries again.
+            Err(_) => {}
+        }
+    }
+}
+
 async fn supervise(
     inner: Arc<Inner>,
     key: TaskKey,
-    launch: TaskLaunch,
+    mut launch: TaskLaunch,
+    job: StorageJob,
     stop_rx: watch::Receiver<Option<Duration>>,
     shutdown: CancellationToken,
 ) {
@@ -619,7 +794,7 @@ async fn supervise(
         log.clone(),
         started_rx,
         done_rx,
-        shutdown,
+        shutdown.clone(),
     ));
     let io = TaskIo {
         output: log.clone(),
@@ -627,14 +802,33 @@ async fn supervise(
         stop: stop_rx.clone(),
     };
     let prepared = std::fs::create_dir_all(&launch.checkpoint_dir)
-        .and_then(|()| std::fs::create_dir_all(&launch.results_dir));
+        .and_then(|()| std::fs::create_dir_all(&launch.results_dir))
+        .map_err(|e| e.to_string());
+    let prepared = match prepared {
+        Ok(()) => prepare_storage(&inner, &key, &mut launch, &job, &log, &shutdown).await,
+        Err(e) => Err(e),
+    };
+    let checkpoint_dir = launch.checkpoint_dir.clone();
+    let results_dir = launch.results_dir.clone();
+    let loop_stop = CancellationToken::new();
+    let saver = tokio::spawn(checkpoint_loop(
+        inner.clone(),
+        key.clone(),
+        checkpoint_dir.clone(),
+        job.checkpoint_interval,
+        log.clone(),
+        loop_stop.clone(),
+        shutdown.clone(),
+    ));
     let outcome = match prepared {
         Ok(()) => inner.runtime.run(launch, io).await,
         Err(e) => {
             drop(io);
-            Err(RuntimeError::Io(e))
+            Err(RuntimeError::Io(std::io::Error::other(e)))
         }
     };
+    loop_stop.cancel();
+    let last_saved = saver.await.unwrap_or_default();
     let (exit_code, reason) = match outcome {
         Ok(o) => (
             Some(o.exit_code),
@@ -662,6 +856,27 @@ async fn supervise(
         reason = reason.as_str(),
         "task ended"
     );
+    // The task has stopped (ended, or stopped for preemption or cancel within its grace
+    // period): save what it left, before `finished` lets the server requeue it.
+    let mark = artifacts::take_marker(&checkpoint_dir);
+    if job.checkpointing || last_saved.is_some() || mark.is_some() {
+        let changed = artifacts::scan(&checkpoint_dir).ok() != last_saved;
+        if changed || mark.is_some() {
+            let _ = upload_and_log(
+                &inner,
+                &key,
+                "checkpoint",
+                &checkpoint_dir,
+                mark,
+                &log,
+                &shutdown,
+            )
+            .await;
+        }
+    }
+    if reason == ExitReason::Success {
+        let _ = upload_and_log(&inner, &key, "results", &results_dir, None, &log, &shutdown).await;
+    }
     if let Some(e) = lock(&inner.tasks).get_mut(&key) {
         e.finished = true;
     }

@@ -8,8 +8,8 @@ use serde::Serialize;
 
 use crate::error::ClientError;
 use crate::protocol::{
-    FinishedReport, LogBatch, MetricsBatch, PollRequest, PollResponse, RegisterRequest,
-    RegisterResponse, StartedReport,
+    ArtifactCommit, ArtifactCreated, ArtifactStart, DataManifest, FinishedReport, LogBatch,
+    MetricsBatch, PollRequest, PollResponse, RegisterRequest, RegisterResponse, StartedReport,
 };
 
 /// Time allowed for an ordinary report; a long poll gets its wait on top.
@@ -141,6 +141,136 @@ impl ServerClient {
     pub async fn metrics(&self, batch: &MetricsBatch) -> Result<(), ClientError> {
         self.post_unit("/api/v1/agent/metrics", batch).await
     }
+
+    fn authorized(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match self
+            .credential
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_deref()
+        {
+            Some(c) => req.bearer_auth(c),
+            None => req,
+        }
+    }
+
+    async fn check(resp: reqwest::Response) -> Result<reqwest::Response, ClientError> {
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let mut body = resp.text().await.unwrap_or_default();
+        body.truncate(500);
+        Err(ClientError::Status {
+            status: status.as_u16(),
+            body,
+        })
+    }
+
+    pub async fn start_artifact(
+        &self,
+        task_id: &str,
+        req: &ArtifactStart,
+    ) -> Result<ArtifactCreated, ClientError> {
+        self.post(&task_path(task_id, "artifacts"), req, REQUEST_TIMEOUT)
+            .await?
+            .ok_or_else(|| ClientError::Status {
+                status: 201,
+                body: "empty answer".into(),
+            })
+    }
+
+    /// Streams one file of an artifact from disk.
+    pub async fn put_artifact_file(
+        &self,
+        artifact_id: &str,
+        rel_path: &str,
+        file: &std::path::Path,
+    ) -> Result<(), ClientError> {
+        let f = tokio::fs::File::open(file)
+            .await
+            .map_err(|e| ClientError::Local(format!("reading {}: {e}", file.display())))?;
+        let len = f.metadata().await.map(|m| m.len()).unwrap_or(0);
+        let body =
+            reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(f, 1 << 20));
+        let url = format!(
+            "{}/api/v1/agent/artifacts/{}/files/{}",
+            self.base,
+            encode_segment(artifact_id),
+            encode_path(rel_path)
+        );
+        // Generous: a slow link should still finish a large checkpoint (at least ~1 MB/s).
+        let timeout = REQUEST_TIMEOUT + Duration::from_secs(len / 1_000_000);
+        let req = self
+            .authorized(self.http.put(url))
+            .timeout(timeout)
+            .header(reqwest::header::CONTENT_LENGTH, len)
+            .body(body);
+        Self::check(req.send().await?).await.map(|_| ())
+    }
+
+    pub async fn commit_artifact(
+        &self,
+        artifact_id: &str,
+        commit: &ArtifactCommit,
+    ) -> Result<(), ClientError> {
+        let path = format!(
+            "/api/v1/agent/artifacts/{}/commit",
+            encode_segment(artifact_id)
+        );
+        self.post_unit(&path, commit).await
+    }
+
+    /// Downloads `path` (below `/api/v1/agent/`) into `dest`, through a temporary file so a
+    /// broken transfer never leaves a partial file under the real name.
+    pub async fn download(&self, path: &str, dest: &std::path::Path) -> Result<u64, ClientError> {
+        use futures_util::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        let io = |e: std::io::Error| ClientError::Local(format!("writing {}: {e}", dest.display()));
+        let resp = self
+            .authorized(self.http.get(format!("{}/api/v1/agent/{path}", self.base)))
+            .timeout(Duration::from_secs(6 * 3600))
+            .send()
+            .await?;
+        let resp = Self::check(resp).await?;
+        if let Some(parent) = dest.parent() {
+            tokio::fs::create_dir_all(parent).await.map_err(io)?;
+        }
+        let tmp = dest.with_extension("autodl-part");
+        let mut out = tokio::fs::File::create(&tmp).await.map_err(io)?;
+        let mut n = 0u64;
+        let mut stream = resp.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            n += chunk.len() as u64;
+            out.write_all(&chunk).await.map_err(io)?;
+        }
+        out.flush().await.map_err(io)?;
+        drop(out);
+        tokio::fs::rename(&tmp, dest).await.map_err(io)?;
+        Ok(n)
+    }
+
+    pub async fn data_manifest(&self, task_id: &str) -> Result<DataManifest, ClientError> {
+        let resp = self
+            .authorized(
+                self.http
+                    .get(format!("{}{}", self.base, task_path(task_id, "data"))),
+            )
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await?;
+        let resp = Self::check(resp).await?;
+        Ok(resp.json().await?)
+    }
+}
+
+/// Percent-encodes each segment of a `/`-separated relative path.
+pub fn encode_path(p: &str) -> String {
+    p.split('/')
+        .map(encode_segment)
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 const REGISTER: &str = "/api/v1/agent/register";

@@ -38,13 +38,16 @@ pub enum ClientError {
     Transport(#[from] reqwest::Error),
     #[error("server answered {status}: {body}")]
     Status { status: u16, body: String },
+    /// Reading or writing the local side of a transfer failed; retrying will not help.
+    #[error("{0}")]
+    Local(String),
 }
 
 impl ClientError {
     pub fn status(&self) -> Option<u16> {
         match self {
             ClientError::Status { status, .. } => Some(*status),
-            ClientError::Transport(_) => None,
+            ClientError::Transport(_) | ClientError::Local(_) => None,
         }
     }
 
@@ -60,6 +63,9 @@ impl ClientError {
     /// Worth retrying later: the server is away, overloaded, restarting or not yet serving the
     /// agent API (404 while an older server version runs during an upgrade).
     pub fn is_transient(&self) -> bool {
+        if matches!(self, ClientError::Local(_)) {
+            return false;
+        }
         match self.status() {
             None => true,
             Some(s) => s >= 500 || s == 404 || s == 408 || s == 429,

@@ -9,6 +9,7 @@
 //! [`NvmlBackend`]) and a [`Runtime`] ([`ProcessRuntime`] or [`DockerRuntime`]), then call
 //! [`Agent::run`] with a [`CancellationToken`]. See [`Agent`] for an example.
 
+pub mod artifacts;
 pub mod backoff;
 pub mod client;
 pub mod config;

@@ -69,6 +69,8 @@ pub struct CheckpointSpec {
     pub interval: Option<u64>,
     #[serde(default)]
     pub save_to: Option<String>,
+    #[serde(default)]
+    pub keep: Option<u32>,
 }
 
 /// Work for this node. Only `task_id` and `attempt` are required so that a sparse assignment
@@ -101,8 +103,64 @@ pub struct Assignment {
     /// Also accepted outside `env` (the env entry wins when both are present).
     #[serde(default)]
     pub batch_size: Option<u32>,
+    /// The latest complete checkpoint of the task; downloaded into the checkpoint folder
+    /// before the task starts, which then sees AUTODL_IS_RESTORED=1.
     #[serde(default)]
-    pub restore_path: Option<String>,
+    pub restore: Option<RestoreRef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestoreRef {
+    pub checkpoint_id: String,
+    #[serde(default)]
+    pub attempt: u32,
+    #[serde(default)]
+    pub step: Option<i64>,
+    #[serde(default)]
+    pub files: Vec<ArtifactFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactFile {
+    pub path: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArtifactStart {
+    pub attempt: u32,
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArtifactCreated {
+    pub id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArtifactCommit {
+    pub files: Vec<ArtifactFile>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DataManifest {
+    /// Names where the files come from (bucket and tenant key prefix): the cache key.
+    #[serde(default)]
+    pub source: String,
+    #[serde(default)]
+    pub files: Vec<DataFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataFile {
+    pub path: String,
+    pub size: u64,
+    #[serde(default)]
+    pub etag: String,
 }
 
 fn default_grace() -> u64 {

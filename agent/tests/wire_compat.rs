@@ -115,6 +115,16 @@ fn server_answers_parse_as_agent_types() {
             checkpoint: Some(autodl_common::tasks::CheckpointSpec {
                 interval: Some(600),
                 save_to: Some("s3://b".into()),
+                keep: Some(2),
+            }),
+            restore: Some(autodl_common::agent::RestoreRef {
+                checkpoint_id: "c1".into(),
+                attempt: 2,
+                step: Some(40),
+                files: vec![autodl_common::agent::ArtifactFile {
+                    path: "model/w.pt".into(),
+                    size: 12,
+                }],
             }),
         }],
         stop: vec![server::StopOrder {
@@ -130,6 +140,9 @@ fn server_answers_parse_as_agent_types() {
     assert_eq!(a.gpu_memory, Some(10 << 30));
     assert_eq!(a.cpu, Some(8.0));
     assert_eq!(a.checkpoint.as_ref().unwrap().interval, Some(600));
+    let r = a.restore.as_ref().unwrap();
+    assert_eq!((r.checkpoint_id.as_str(), r.attempt), ("c1", 2));
+    assert_eq!(r.files[0].path, "model/w.pt");
     assert_eq!(ours.stop[0].grace_s, 30);
     assert_eq!(ours.heartbeat_s, Some(5));
 

@@ -84,6 +84,73 @@ pub struct Assignment {
     pub memory: u64,
     pub data_path: Option<String>,
     pub checkpoint: Option<CheckpointSpec>,
+    /// The latest complete checkpoint, to download before the task starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreRef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct RestoreRef {
+    pub checkpoint_id: String,
+    /// The attempt that saved it.
+    pub attempt: u32,
+    pub step: Option<i64>,
+    pub files: Vec<ArtifactFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactFile {
+    /// Relative to the checkpoint or results folder, `/`-separated.
+    pub path: String,
+    pub size: u64,
+}
+
+/// `POST /agent/tasks/{id}/artifacts`: an upload begins.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactStart {
+    pub attempt: u32,
+    /// "checkpoint" or "results".
+    pub kind: String,
+    #[serde(default)]
+    pub step: Option<i64>,
+    #[serde(default)]
+    pub epoch: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ArtifactCreated {
+    pub id: String,
+}
+
+/// `POST /agent/artifacts/{id}/commit`: every file is uploaded; make it visible.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactCommit {
+    pub files: Vec<ArtifactFile>,
+}
+
+/// `GET /agent/tasks/{id}/data`: the objects under the task's `s3://` data path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct DataManifest {
+    /// Names where the files come from (bucket and tenant key prefix): the agent's cache key.
+    pub source: String,
+    pub files: Vec<DataFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct DataFile {
+    pub path: String,
+    pub size: u64,
+    pub etag: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

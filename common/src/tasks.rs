@@ -67,8 +67,13 @@ pub struct CheckpointSpec {
     /// Seconds between checkpoints.
     #[serde(default)]
     pub interval: Option<u64>,
+    /// `s3://bucket/path` in one of the platform's buckets (below the tenant's own prefix);
+    /// the platform's default place when absent.
     #[serde(default)]
     pub save_to: Option<String>,
+    /// Complete checkpoints kept; older ones are deleted (platform default when absent).
+    #[serde(default)]
+    pub keep: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -391,4 +396,19 @@ pub struct NodeInfo {
     pub memory: u64,
     pub schedulable: bool,
     pub gpus: Vec<NodeGpu>,
+}
+
+/// One saved checkpoint of a task, as `GET /tasks/{id}/checkpoints` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Checkpoint {
+    pub id: String,
+    pub attempt: u32,
+    pub step: Option<i64>,
+    pub epoch: Option<f64>,
+    pub files: u64,
+    pub size_bytes: u64,
+    pub created_at: String,
+    /// Where it is stored: `s3://bucket/key-prefix/`.
+    pub location: String,
 }

@@ -36,6 +36,23 @@ pub struct Settings {
     /// Raw GPU samples are kept this long, then folded into hourly rollups.
     pub raw_sample_retention_days: u64,
     pub rollup_retention_days: u64,
+    /// Object storage for checkpoints, results and datasets: `file:///folder` (relative
+    /// folders work too: `file://data/objects`) or `s3://bucket/prefix`.
+    pub storage_url: String,
+    /// S3 endpoint for non-AWS services (MinIO, Ceph), e.g. `http://minio:9000`.
+    pub storage_endpoint: Option<String>,
+    pub storage_region: String,
+    /// Path-style addressing (`endpoint/bucket/key`), which MinIO and most self-hosted
+    /// services need.
+    pub storage_path_style: bool,
+    /// Credentials; when unset, `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` are used.
+    pub storage_access_key_id: Option<String>,
+    pub storage_secret_access_key: Option<String>,
+    /// More buckets tenants may name in `s3://` URLs (checkpoint `save_to`, `data_path`),
+    /// besides the one in `storage_url`; each tenant sees only its own prefix in each.
+    pub storage_buckets: Vec<String>,
+    /// Complete checkpoints kept per task when the task does not say (`checkpoint.keep`).
+    pub checkpoint_keep: u32,
 }
 
 impl Default for Settings {
@@ -57,6 +74,14 @@ impl Default for Settings {
             node_lost_timeout_secs: 30,
             raw_sample_retention_days: 7,
             rollup_retention_days: 400,
+            storage_url: "file://data/objects".into(),
+            storage_endpoint: None,
+            storage_region: "us-east-1".into(),
+            storage_path_style: true,
+            storage_access_key_id: None,
+            storage_secret_access_key: None,
+            storage_buckets: Vec::new(),
+            checkpoint_keep: 3,
         }
     }
 }

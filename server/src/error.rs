@@ -33,6 +33,9 @@ pub enum ApiError {
     Quota(String),
     #[error("{0}")]
     NoResults(String),
+    /// Object storage did not answer or failed; the caller may retry.
+    #[error("{0}")]
+    StorageUnavailable(String),
     #[error("too many attempts; try again in {retry_after_secs} s")]
     RateLimited { retry_after_secs: u64 },
     #[error("internal error")]
@@ -59,6 +62,7 @@ impl ApiError {
             ApiError::Unschedulable(_) => "unschedulable",
             ApiError::Quota(_) => "quota",
             ApiError::NoResults(_) => "no_results",
+            ApiError::StorageUnavailable(_) => "storage_unavailable",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Internal(_) => "internal",
         }
@@ -75,6 +79,21 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<crate::storage::StorageError> for ApiError {
+    fn from(e: crate::storage::StorageError) -> Self {
+        use crate::storage::StorageError as S;
+        match e {
+            S::NotFound => ApiError::NotFound("no such object".into()),
+            S::NoBucket(b) => ApiError::BadRequest(format!("bucket {b:?} does not exist")),
+            S::Unavailable(m) => {
+                tracing::warn!(error = m, "object storage unavailable");
+                ApiError::StorageUnavailable("object storage is unavailable; try again".into())
+            }
+            S::Other(m) => ApiError::Internal(anyhow::anyhow!(m)),
+        }
+    }
+}
+
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
@@ -83,6 +102,7 @@ impl ResponseError for ApiError {
             }
             ApiError::Quota(_) => StatusCode::FORBIDDEN,
             ApiError::NoResults(_) => StatusCode::NOT_FOUND,
+            ApiError::StorageUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,

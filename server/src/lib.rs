@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod routes;
 pub mod startup;
 pub mod state;
+pub mod storage;
 pub mod store;
 pub mod tasks;
 pub mod telemetry;

@@ -52,7 +52,10 @@ impl Application {
         } else {
             settings.jwt_secret.clone()
         };
+        let storage = crate::storage::Storage::from_settings(&settings)?;
+        tracing::info!(storage = %storage.backend.describe(), bucket = storage.default_bucket, "object storage");
         let state = web::Data::new(AppState {
+            storage,
             store,
             sessions: SessionKeys::new(
                 secret.as_bytes(),

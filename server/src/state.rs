@@ -17,6 +17,7 @@ pub struct AppState {
     pub scheduler: Arc<SchedulerHandle>,
     pub agents: Arc<crate::agents::AgentHub>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    pub storage: crate::storage::Storage,
 }
 
 pub fn now_ms() -> i64 {

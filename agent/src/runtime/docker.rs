@@ -55,6 +55,9 @@ impl DockerRuntime {
         let mut env: Vec<String> = launch.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         env.push(format!("AUTODL_CHECKPOINT_DIR={CONTAINER_CHECKPOINT_DIR}"));
         env.push(format!("AUTODL_RESULTS_DIR={CONTAINER_RESULTS_DIR}"));
+        if launch.restored {
+            env.push(format!("AUTODL_RESTORE_PATH={CONTAINER_CHECKPOINT_DIR}"));
+        }
         let mut device_requests = None;
         if !launch.gpu_indices.is_empty() {
             if launch.real_gpus {

@@ -43,6 +43,8 @@ pub struct TaskLaunch {
     /// Host folders, created before the launch.
     pub checkpoint_dir: PathBuf,
     pub results_dir: PathBuf,
+    /// A checkpoint was downloaded into `checkpoint_dir` before the start.
+    pub restored: bool,
 }
 
 impl TaskLaunch {
@@ -60,14 +62,6 @@ impl TaskLaunch {
         env.insert("AUTODL_TASK_ID".to_string(), a.task_id.clone());
         env.insert("AUTODL_ATTEMPT".to_string(), a.attempt.to_string());
         env.insert("AUTODL_NODE_ID".to_string(), node_id.to_string());
-        let restored = a.restore_path.is_some();
-        env.insert(
-            "AUTODL_IS_RESTORED".to_string(),
-            if restored { "1" } else { "0" }.to_string(),
-        );
-        if let Some(p) = &a.restore_path {
-            env.insert("AUTODL_RESTORE_PATH".to_string(), p.clone());
-        }
         if let Some(b) = a.batch_size {
             env.insert("AUTODL_BATCH_SIZE".to_string(), b.to_string());
         }
@@ -79,7 +73,10 @@ impl TaskLaunch {
         }
         // The server's values (rank, master address, batch size after OOM recovery, ...) win.
         env.extend(a.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        // Restored or not is known once the checkpoint is downloaded (`mark_restored`).
+        env.insert("AUTODL_IS_RESTORED".to_string(), "0".to_string());
         for owned in [
+            "AUTODL_RESTORE_PATH",
             "AUTODL_CHECKPOINT_DIR",
             "AUTODL_RESULTS_DIR",
             "CUDA_VISIBLE_DEVICES",
@@ -101,7 +98,17 @@ impl TaskLaunch {
             data_path: a.data_path.clone(),
             checkpoint_dir: task_dir.join("checkpoints"),
             results_dir: task_dir.join("results"),
+            restored: false,
         }
+    }
+
+    /// The checkpoint folder now holds a restored checkpoint: the task sees
+    /// AUTODL_IS_RESTORED=1 and AUTODL_RESTORE_PATH (the checkpoint folder, as the runtime
+    /// shows it to the task).
+    pub fn mark_restored(&mut self) {
+        self.restored = true;
+        self.env
+            .insert("AUTODL_IS_RESTORED".to_string(), "1".to_string());
     }
 
     /// Comma-separated device indices, as the CUDA and NVIDIA variables take them.
@@ -239,10 +246,10 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
             batch_size: Some(32),
-            restore_path: Some("s3://b/ckpt".into()),
             checkpoint: Some(CheckpointSpec {
                 interval: Some(600),
                 save_to: None,
+                keep: None,
             }),
             gpu_indices: vec![2, 3],
             ..Default::default()
@@ -251,8 +258,11 @@ mod tests {
         assert_eq!(l.env["AUTODL_TASK_ID"], "t/1");
         assert_eq!(l.env["AUTODL_ATTEMPT"], "3");
         assert_eq!(l.env["AUTODL_BATCH_SIZE"], "16", "the server's env wins");
-        assert_eq!(l.env["AUTODL_IS_RESTORED"], "1");
-        assert_eq!(l.env["AUTODL_RESTORE_PATH"], "s3://b/ckpt");
+        assert_eq!(l.env["AUTODL_IS_RESTORED"], "0");
+        assert!(!l.env.contains_key("AUTODL_RESTORE_PATH"));
+        let mut r = l.clone();
+        r.mark_restored();
+        assert_eq!(r.env["AUTODL_IS_RESTORED"], "1");
         assert_eq!(l.env["AUTODL_CHECKPOINT_INTERVAL"], "600");
         assert_eq!(l.env["RANK"], "1");
         assert!(!l.env.contains_key("AUTODL_CHECKPOINT_DIR"));

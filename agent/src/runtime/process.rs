@@ -112,9 +112,11 @@ impl Runtime for ProcessRuntime {
             .current_dir(workdir)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
+        if launch.restored {
+            cmd.env("AUTODL_RESTORE_PATH", &launch.checkpoint_dir);
+        }
+        cmd.process_group(0).kill_on_drop(true);
         let mut child = cmd.spawn().map_err(RuntimeError::Spawn)?;
         let pid = child.id().unwrap_or(0);
         let _ = io.started.send(Started {

@@ -162,6 +162,7 @@ impl Form {
             checkpoint: (interval.is_some() || !save_to.is_empty()).then(|| CheckpointSpec {
                 interval,
                 save_to: (!save_to.is_empty()).then_some(save_to),
+                keep: None,
             }),
             retry_policy: Some(RetryPolicy {
                 max_retries: opt_num(&self.retries.get(), "retry_policy.max_retries", "Retries")?

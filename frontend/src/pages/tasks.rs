@@ -492,13 +492,24 @@ fn LogTail(id: String) -> impl IntoView {
             <span class="muted small" data-testid="log-count">{move || format!("{} lines", lines.with(Vec::len))}</span>
         </div>
         <pre class="log" data-testid="log" node_ref=box_ref>
-            {move || {
-                let q = query.get().to_lowercase();
-                lines.with(|l| l.iter().filter(|l| q.is_empty() || l.line.to_lowercase().contains(&q)).map(|l| {
+            // Keyed by sequence number: a new line adds one node and the window's oldest line
+            // removes one, instead of rebuilding thousands of spans per line.
+            <For
+                each=move || {
+                    let q = query.get().to_lowercase();
+                    lines.with(|l| {
+                        l.iter()
+                            .filter(|l| q.is_empty() || l.line.to_lowercase().contains(&q))
+                            .cloned()
+                            .collect::<Vec<_>>()
+                    })
+                }
+                key=|l| l.seq
+                children=move |l: LogLine| {
                     let class = if l.stream == "stderr" { "log-line stderr" } else { "log-line" };
-                    view! { <span class=class data-seq=l.seq>{l.line.clone()}"\n"</span> }
-                }).collect_view())
-            }}
+                    view! { <span class=class data-seq=l.seq>{l.line}"\n"</span> }
+                }
+            />
         </pre>
     }
 }

@@ -23,6 +23,10 @@ pub fn env_num(name: &str, default: u64) -> u64 {
 }
 
 pub async fn start() -> anyhow::Result<BenchServer> {
+    start_with(|_| {}).await
+}
+
+pub async fn start_with(tweak: impl FnOnce(&mut Settings)) -> anyhow::Result<BenchServer> {
     let dir = tempfile::tempdir()?;
     let (backend, url) = match std::env::var("AUTODL_BENCH_PG_URL") {
         Ok(base) => {
@@ -38,14 +42,16 @@ pub async fn start() -> anyhow::Result<BenchServer> {
             format!("sqlite://{}/bench.db", dir.path().display()),
         ),
     };
-    let settings = Settings {
+    let mut settings = Settings {
         listen: "127.0.0.1:0".parse()?,
         database_url: url,
         jwt_secret: "bench-secret".into(),
         site_root: dir.path().into(),
         db_max_connections: 16,
+        storage_url: format!("file://{}/objects", dir.path().display()),
         ..Settings::default()
     };
+    tweak(&mut settings);
     let app = Application::build(settings).await?;
     let base = format!("http://127.0.0.1:{}", app.port());
     let state = app.state.clone();

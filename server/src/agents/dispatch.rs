@@ -68,8 +68,9 @@ pub async fn work_for(
         }
         if t.state == "scheduled" && !runs_here {
             let spec = spec_of(&t)?;
-            out.assignments
-                .push(assignment(state, &t, &spec, node, &placement)?);
+            let mut a = assignment(state, &t, &spec, node, &placement)?;
+            a.restore = crate::routes::artifacts::latest_checkpoint(state, &t.id).await?;
+            out.assignments.push(a);
         }
     }
     for r in running {
@@ -152,5 +153,6 @@ fn assignment(
         memory: spec.memory.saturating_mul(workers_here),
         data_path: spec.data_path.clone(),
         checkpoint: spec.checkpoint.clone(),
+        restore: None,
     })
 }

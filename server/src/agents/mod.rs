@@ -7,21 +7,42 @@ pub mod node_caller;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 pub const NODE_CREDENTIAL_PREFIX: &str = "adln_";
 pub const REGISTRATION_TOKEN_PREFIX: &str = "adlreg_";
 
 /// Wakes the long poll of a node when work for it appears, so an idle agent gets a placement
 /// within a second instead of at its next poll.
-#[derive(Default)]
 pub struct AgentHub {
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
     /// Latest measured utilisation (0..1) of each task's GPUs, for the fair-share ledger.
     task_util: Mutex<HashMap<String, f64>>,
+    /// Bumped whenever samples, reported metrics or log lines are stored, so live streams
+    /// read them at once instead of at their next poll (the chart-delay goal is under 1 s).
+    data: watch::Sender<u64>,
+}
+
+impl Default for AgentHub {
+    fn default() -> Self {
+        Self {
+            waiters: Mutex::default(),
+            task_util: Mutex::default(),
+            data: watch::Sender::new(0),
+        }
+    }
 }
 
 impl AgentHub {
+    pub fn data_stored(&self) {
+        self.data.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// A receiver that sees every later `data_stored`; streams wait on it with `wait_for_data`.
+    pub fn watch_data(&self) -> watch::Receiver<u64> {
+        self.data.subscribe()
+    }
+
     pub fn waiter(&self, node: &str) -> Arc<Notify> {
         let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
         w.entry(node.to_owned()).or_default().clone()
@@ -44,5 +65,13 @@ impl AgentHub {
     pub fn forget_task(&self, task: &str) {
         let mut m = self.task_util.lock().unwrap_or_else(|p| p.into_inner());
         m.remove(task);
+    }
+}
+
+/// Waits until something new is stored or `max` passes (the poll stays as a safety net for
+/// data written by another server replica).
+pub async fn wait_for_data(rx: &mut watch::Receiver<u64>, max: std::time::Duration) {
+    if let Ok(Err(_)) = tokio::time::timeout(max, rx.changed()).await {
+        tokio::time::sleep(max).await;
     }
 }

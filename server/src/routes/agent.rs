@@ -231,7 +231,7 @@ pub async fn poll(
 
 /// The task whose latest attempt ran on this node, or 409. A cancelled task has lost its
 /// placement but its last attempt still reports (its last log lines, its exit).
-async fn current(
+pub(crate) async fn current(
     state: &AppState,
     node: &NodeCaller,
     task_id: &str,
@@ -335,6 +335,7 @@ pub async fn logs(
         .store
         .append_logs(&id, i64::from(body.attempt), &lines)
         .await?;
+    state.agents.data_stored();
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -456,6 +457,7 @@ pub async fn metrics(
         });
     }
     state.store.insert_gpu_samples(&rows).await?;
+    state.agents.data_stored();
     for (task, (sum, n)) in per_task {
         state.agents.record_util(task, sum / f64::from(n.max(1)));
     }

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod agent;
 pub mod api_keys;
+pub mod artifacts;
 pub mod auth;
 pub mod health;
 pub mod nodes;
@@ -61,7 +62,18 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .service(tasks::metrics)
                 .service(streams::metric_stream)
                 .service(tasks::report_metrics)
-                .service(tasks::results)
+                .service(artifacts::results)
+                .service(artifacts::checkpoints)
+                .service(artifacts::list_objects)
+                .service(artifacts::put_object)
+                .service(artifacts::get_object)
+                .service(artifacts::delete_object)
+                .service(artifacts::start_upload)
+                .service(artifacts::put_file)
+                .service(artifacts::commit)
+                .service(artifacts::get_file)
+                .service(artifacts::data_manifest)
+                .service(artifacts::data_file)
                 .service(nodes::list)
                 .service(nodes::register)
                 .service(nodes::remove)

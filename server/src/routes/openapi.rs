@@ -4,7 +4,9 @@ use actix_web::{get, web};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{admin, agent, api_keys, auth, health, nodes, streams, tasks, tenant, usage};
+use super::{
+    admin, agent, api_keys, artifacts, auth, health, nodes, streams, tasks, tenant, usage,
+};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -18,7 +20,10 @@ use super::{admin, agent, api_keys, auth, health, nodes, streams, tasks, tenant,
         tenant::tenant_quota, tenant::member_quota, tenant::set_member_quota,
         admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user, usage::usage,
         tasks::submit, tasks::list, tasks::show, tasks::cancel, tasks::events, tasks::attempts,
-        tasks::logs, tasks::log_stream, tasks::metrics, streams::metric_stream, tasks::report_metrics, tasks::results,
+        tasks::logs, tasks::log_stream, tasks::metrics, streams::metric_stream, tasks::report_metrics,
+        artifacts::results, artifacts::checkpoints, artifacts::list_objects, artifacts::put_object,
+        artifacts::get_object, artifacts::delete_object, artifacts::start_upload, artifacts::put_file,
+        artifacts::commit, artifacts::get_file, artifacts::data_manifest, artifacts::data_file,
         nodes::list, nodes::register, nodes::remove, nodes::set_status,
         agent::create_token, agent::list_tokens, agent::revoke_token, agent::register, agent::poll,
         agent::started, agent::logs, agent::finished, agent::metrics,

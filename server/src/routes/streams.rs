@@ -101,9 +101,10 @@ pub async fn metric_stream(
     };
     let task_id = task.task.id;
     // Separate cursors: GPU samples may arrive later than numbers the task reported.
+    let rx = state.agents.watch_data();
     let stream = futures_util::stream::unfold(
-        (after, after, false),
-        move |(metric_after, gpu_after, done)| {
+        (after, after, false, rx),
+        move |(metric_after, gpu_after, done, mut rx)| {
             let state = state.clone();
             let task_id = task_id.clone();
             async move {
@@ -135,7 +136,7 @@ pub async fn metric_stream(
                         Err(e) => {
                             return Some((
                                 Err(actix_web::error::ErrorInternalServerError(e)),
-                                (metric_after, gpu_after, true),
+                                (metric_after, gpu_after, true, rx),
                             ))
                         }
                     };
@@ -149,15 +150,15 @@ pub async fn metric_stream(
                             out.push_str(&serde_json::to_string(s).unwrap_or_default());
                             out.push_str("\n\n");
                         }
-                        return Some((Ok(Bytes::from(out)), (next_metric, next_gpu, false)));
+                        return Some((Ok(Bytes::from(out)), (next_metric, next_gpu, false, rx)));
                     }
                     if finished {
                         return Some((
                             Ok(Bytes::from_static(b"event: end\ndata: {}\n\n")),
-                            (metric_after, gpu_after, true),
+                            (metric_after, gpu_after, true, rx),
                         ));
                     }
-                    tokio::time::sleep(POLL).await;
+                    crate::agents::wait_for_data(&mut rx, POLL).await;
                 }
             }
         },

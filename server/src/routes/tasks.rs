@@ -33,7 +33,46 @@ fn type_permitted(allowed: &[String], requested: &str) -> bool {
         .any(|a| gpu_type_matches(a, requested) || gpu_type_matches(requested, a))
 }
 
-async fn find(state: &AppState, caller: &Caller, id: &str) -> Result<TaskWithUser, ApiError> {
+/// `checkpoint.save_to` and an `s3://` `data_path` must name a bucket tenants may use, and one
+/// that exists (when object storage answers; an outage does not block submissions).
+async fn check_storage_urls(
+    state: &AppState,
+    tenant_id: &str,
+    spec: &autodl_common::tasks::TaskSpec,
+) -> Result<(), ApiError> {
+    let save_to = spec.checkpoint.as_ref().and_then(|c| c.save_to.as_deref());
+    let data = spec.data_path.as_deref().filter(|p| p.starts_with("s3://"));
+    for (field, url) in [("checkpoint.save_to", save_to), ("data_path", data)] {
+        let Some(url) = url else { continue };
+        if !url.starts_with("s3://") {
+            return Err(ApiError::invalid(
+                field,
+                format!("{field} is an s3://bucket/path URL"),
+            ));
+        }
+        let (bucket, _) = state
+            .storage
+            .resolve(tenant_id, url)
+            .map_err(|m| ApiError::invalid(field, format!("{field}: {m}")))?;
+        match state.storage.backend.bucket_exists(&bucket).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("{field}: bucket {bucket:?} does not exist"),
+                ))
+            }
+            Err(e) => tracing::warn!(error = %e, bucket, "could not check a bucket at submission"),
+        }
+    }
+    Ok(())
+}
+
+pub(crate) async fn find(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<TaskWithUser, ApiError> {
     state
         .store
         .task(Some(caller.tenant_id()), id)
@@ -82,6 +121,7 @@ pub async fn submit(
         }
     };
     let spec = spec::normalise(body.into_inner())?;
+    check_storage_urls(&state, caller.tenant_id(), &spec).await?;
     let store = state.store.as_ref();
     let tenant_q = store.quota(QuotaScope::Tenant, caller.tenant_id()).await?;
     let user_q = store.quota(QuotaScope::User, &caller.user.id).await?;
@@ -396,7 +436,8 @@ pub async fn log_stream(
     let t = find(&state, &caller, &id).await?;
     let task_id = t.task.id;
     let start = q.after.unwrap_or(0);
-    let stream = futures_util::stream::unfold((start, false), move |(after, done)| {
+    let rx = state.agents.watch_data();
+    let stream = futures_util::stream::unfold((start, false, rx), move |(after, done, mut rx)| {
         let state = state.clone();
         let task_id = task_id.clone();
         async move {
@@ -409,7 +450,7 @@ pub async fn log_stream(
                     Err(e) => {
                         return Some((
                             Err(actix_web::error::ErrorInternalServerError(e)),
-                            (after, true),
+                            (after, true, rx),
                         ))
                     }
                 };
@@ -422,7 +463,7 @@ pub async fn log_stream(
                         out.push_str(&serde_json::to_string(l).unwrap_or_default());
                         out.push_str("\n\n");
                     }
-                    return Some((Ok(Bytes::from(out)), (next, false)));
+                    return Some((Ok(Bytes::from(out)), (next, false, rx)));
                 }
                 let finished = match state.store.task(None, &task_id).await {
                     Ok(Some(t)) => {
@@ -433,10 +474,10 @@ pub async fn log_stream(
                 if finished {
                     return Some((
                         Ok(Bytes::from_static(b"event: end\ndata: {}\n\n")),
-                        (after, true),
+                        (after, true, rx),
                     ));
                 }
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                crate::agents::wait_for_data(&mut rx, Duration::from_secs(1)).await;
             }
         }
     });
@@ -608,20 +649,6 @@ pub async fn report_metrics(
         .store
         .add_metrics(&t.task.id, &[(now_ms(), sample)])
         .await?;
+    state.agents.data_stored();
     Ok(HttpResponse::NoContent().finish())
-}
-
-/// The files the task left in its results folder, as a tar.gz archive.
-#[utoipa::path(params(("id" = String, Path)), responses((status = 200, content_type = "application/gzip"), (status = 404, body = ErrorBody)))]
-#[get("/tasks/{id}/results")]
-pub async fn results(
-    state: web::Data<AppState>,
-    caller: Caller,
-    id: web::Path<String>,
-) -> Result<HttpResponse, ApiError> {
-    let t = find(&state, &caller, &id).await?;
-    Err(ApiError::NoResults(format!(
-        "task {} has no results yet",
-        t.task.id
-    )))
 }

@@ -221,6 +221,25 @@ pub trait Store: Send + Sync + 'static {
 
     /// Tries to become the one scheduler of this database; `None` if another server is.
     async fn try_lead(&self) -> StoreResult<Option<LeaderGuard>>;
+
+    // Checkpoints and results in object storage.
+    async fn create_artifact(&self, a: &ArtifactRecord) -> StoreResult<()>;
+    async fn artifact(&self, id: &str) -> StoreResult<Option<ArtifactRecord>>;
+    /// Marks an uploading artifact complete (with an event on its task); `false` if it was not
+    /// uploading. A complete checkpoint also becomes the task's `last_checkpoint_at`.
+    async fn complete_artifact(&self, a: &ArtifactRecord, now: i64) -> StoreResult<bool>;
+    /// Complete artifacts of a task of one kind, newest first.
+    async fn task_artifacts(&self, task_id: &str, kind: &str) -> StoreResult<Vec<ArtifactRecord>>;
+    async fn set_artifact_state(&self, id: &str, state: &str) -> StoreResult<()>;
+    /// Uploads started before `before` and never completed (their agent went away).
+    async fn stale_uploads(&self, before: i64) -> StoreResult<Vec<ArtifactRecord>>;
+    async fn add_event(
+        &self,
+        task_id: &str,
+        kind: &str,
+        message: &str,
+        now: i64,
+    ) -> StoreResult<()>;
 }
 
 /// Opens (and migrates) the store named by `url`: `sqlite://PATH` (created if missing) or

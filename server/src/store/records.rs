@@ -264,3 +264,26 @@ pub struct GpuSampleRecord {
     pub power_w: Option<f64>,
     pub task_id: Option<String>,
 }
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ArtifactRecord {
+    pub id: String,
+    pub task_id: String,
+    pub tenant_id: String,
+    pub attempt: i64,
+    /// checkpoint or results.
+    pub kind: String,
+    /// uploading, complete or deleted.
+    pub state: String,
+    pub bucket: String,
+    /// Key prefix of its files (ends in `/`).
+    pub prefix: String,
+    /// JSON array of `{"path", "size"}`.
+    pub manifest: Option<String>,
+    pub files: i64,
+    pub size_bytes: i64,
+    pub step: Option<i64>,
+    pub epoch: Option<f64>,
+    pub created_at: i64,
+    pub completed_at: Option<i64>,
+}

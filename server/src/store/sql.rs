@@ -98,6 +98,7 @@ const TASK_COLS: &str = "t.id, t.tenant_id, t.user_id, t.name, t.state, t.spec, 
 const API_KEY_COLS: &str =
     "id, user_id, name, prefix, key_hash, created_at, last_used_at, expires_at, revoked";
 const INVITATION_COLS: &str = "id, tenant_id, email, role, token_hash, created_by, created_at, expires_at, accepted_at, revoked";
+const ARTIFACT_COLS: &str = "id, task_id, tenant_id, attempt, kind, state, bucket, prefix, manifest, files, size_bytes, step, epoch, created_at, completed_at";
 const REG_TOKEN_COLS: &str = "id, name, token_hash, created_by, created_at, expires_at, revoked";
 
 const NODE_COLS: &str =
@@ -988,6 +989,107 @@ macro_rules! impl_store {
                 .bind(limit)
                 .fetch_all(&self.pool)
                 .await?)
+            }
+
+            async fn create_artifact(&self, a: &ArtifactRecord) -> StoreResult<()> {
+                sqlx::query(&format!(
+                    "INSERT INTO artifacts ({ARTIFACT_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+                ))
+                .bind(&a.id)
+                .bind(&a.task_id)
+                .bind(&a.tenant_id)
+                .bind(a.attempt)
+                .bind(&a.kind)
+                .bind(&a.state)
+                .bind(&a.bucket)
+                .bind(&a.prefix)
+                .bind(&a.manifest)
+                .bind(a.files)
+                .bind(a.size_bytes)
+                .bind(a.step)
+                .bind(a.epoch)
+                .bind(a.created_at)
+                .bind(a.completed_at)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn artifact(&self, id: &str) -> StoreResult<Option<ArtifactRecord>> {
+                Ok(sqlx::query_as(&format!("SELECT {ARTIFACT_COLS} FROM artifacts WHERE id = $1"))
+                    .bind(id)
+                    .fetch_optional(&self.pool)
+                    .await?)
+            }
+
+            async fn complete_artifact(&self, a: &ArtifactRecord, now: i64) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                let r = sqlx::query(
+                    "UPDATE artifacts SET state = 'complete', manifest = $1, files = $2, size_bytes = $3, step = $4, epoch = $5, completed_at = $6
+                     WHERE id = $7 AND state = 'uploading'",
+                )
+                .bind(&a.manifest)
+                .bind(a.files)
+                .bind(a.size_bytes)
+                .bind(a.step)
+                .bind(a.epoch)
+                .bind(now)
+                .bind(&a.id)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() != 1 {
+                    return Ok(false);
+                }
+                let size = bytesize::ByteSize(a.size_bytes.max(0) as u64).display().si().to_string();
+                let step = a.step.map(|s| format!(", step {s}")).unwrap_or_default();
+                let message = if a.kind == "checkpoint" {
+                    sqlx::query("UPDATE tasks SET last_checkpoint_at = $1 WHERE id = $2")
+                        .bind(now)
+                        .bind(&a.task_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    format!("checkpoint of attempt {} saved: {} files, {size}{step}", a.attempt, a.files)
+                } else {
+                    format!("results saved: {} files, {size}", a.files)
+                };
+                let kind = if a.kind == "checkpoint" { "checkpoint" } else { "results" };
+                insert_event!(&mut *tx, &a.task_id, now, kind, &message);
+                tx.commit().await?;
+                Ok(true)
+            }
+
+            async fn task_artifacts(&self, task_id: &str, kind: &str) -> StoreResult<Vec<ArtifactRecord>> {
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {ARTIFACT_COLS} FROM artifacts WHERE task_id = $1 AND kind = $2 AND state = 'complete'
+                     ORDER BY completed_at DESC, created_at DESC"
+                ))
+                .bind(task_id)
+                .bind(kind)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn set_artifact_state(&self, id: &str, state: &str) -> StoreResult<()> {
+                sqlx::query("UPDATE artifacts SET state = $1 WHERE id = $2")
+                    .bind(state)
+                    .bind(id)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            async fn stale_uploads(&self, before: i64) -> StoreResult<Vec<ArtifactRecord>> {
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {ARTIFACT_COLS} FROM artifacts WHERE state = 'uploading' AND created_at < $1"
+                ))
+                .bind(before)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn add_event(&self, task_id: &str, kind: &str, message: &str, now: i64) -> StoreResult<()> {
+                insert_event!(&self.pool, task_id, now, kind, message);
+                Ok(())
             }
 
             async fn usage_attempts(&self, from: i64, to: i64) -> StoreResult<Vec<UsageAttemptRecord>> {

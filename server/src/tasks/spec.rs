@@ -64,6 +64,29 @@ pub fn parse_deadline(s: &str) -> Result<i64, ApiError> {
     ))
 }
 
+/// A shell command: like `text`, but multi-line scripts (newlines, tabs) are fine.
+fn script(s: &str, max: usize) -> Result<String, ApiError> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(ApiError::invalid("command", "command is required"));
+    }
+    if t.chars().count() > max {
+        return Err(ApiError::invalid(
+            "command",
+            format!("command must be at most {max} characters"),
+        ));
+    }
+    if t.chars()
+        .any(|c| c.is_control() && !matches!(c, '\n' | '\t' | '\r'))
+    {
+        return Err(ApiError::invalid(
+            "command",
+            "command must not contain control characters other than newlines and tabs",
+        ));
+    }
+    Ok(t.to_owned())
+}
+
 fn text(field: &'static str, s: &str, max: usize) -> Result<String, ApiError> {
     let t = s.trim();
     if t.is_empty() {
@@ -101,7 +124,7 @@ pub fn normalise(input: TaskSpecInput) -> Result<TaskSpec, ApiError> {
             ))
         }
         (Some(Command::Shell(s)), None) => {
-            vec!["/bin/sh".into(), "-c".into(), text("command", s, 16_384)?]
+            vec!["/bin/sh".into(), "-c".into(), script(s, 16_384)?]
         }
         (Some(Command::Argv(v)), None) => {
             if v.is_empty() || v[0].trim().is_empty() {
@@ -227,6 +250,12 @@ pub fn normalise(input: TaskSpecInput) -> Result<TaskSpec, ApiError> {
             return Err(ApiError::invalid(
                 "checkpoint.interval",
                 "checkpoint.interval must be between 10 s and 7 days",
+            ));
+        }
+        if c.keep.is_some_and(|k| !(1..=100).contains(&k)) {
+            return Err(ApiError::invalid(
+                "checkpoint.keep",
+                "checkpoint.keep must be between 1 and 100",
             ));
         }
         if let Some(to) = &c.save_to {

@@ -16,14 +16,20 @@ crate::on_both_backends!(
     drain_and_cancel_reach_the_agent,
 );
 
-struct FakeAgent {
-    base: String,
-    credential: String,
-    http: Client,
+pub struct FakeAgent {
+    pub base: String,
+    pub credential: String,
+    pub http: Client,
 }
 
 impl FakeAgent {
-    async fn join(app: &TestApp, op: &Session, id: &str, gpu_type: &str, zone: &str) -> FakeAgent {
+    pub async fn join(
+        app: &TestApp,
+        op: &Session,
+        id: &str,
+        gpu_type: &str,
+        zone: &str,
+    ) -> FakeAgent {
         let token = app.registration_token(op, id).await;
         let gpus: Vec<Value> = (0..4)
             .map(|i| json!({"index": i, "type": gpu_type, "memory": 42949672960u64}))
@@ -43,7 +49,7 @@ impl FakeAgent {
         }
     }
 
-    async fn call(&self, path: &str, body: Value) -> reqwest::Response {
+    pub async fn call(&self, path: &str, body: Value) -> reqwest::Response {
         self.http
             .post(format!("{}{path}", self.base))
             .bearer_auth(&self.credential)
@@ -53,7 +59,7 @@ impl FakeAgent {
             .unwrap()
     }
 
-    async fn poll(&self, running: &[(String, u64)], wait: u64) -> Value {
+    pub async fn poll(&self, running: &[(String, u64)], wait: u64) -> Value {
         let running: Vec<Value> = running
             .iter()
             .map(|(t, a)| json!({"task_id": t, "attempt": a}))

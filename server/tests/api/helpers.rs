@@ -59,6 +59,7 @@ pub async fn spawn_app_with(backend: Backend, tweak: impl FnOnce(&mut Settings))
         site_root: dir.path().join("site"),
         db_max_connections: 4,
         schedule_interval_ms: 200,
+        storage_url: format!("file://{}/objects", dir.path().display()),
         ..Settings::default()
     };
     tweak(&mut settings);

@@ -8,6 +8,9 @@ mod agents;
 mod api_keys;
 mod e2e;
 mod leader;
+#[path = "../support/s3_server.rs"]
+mod s3_server;
+mod storage;
 mod tasks;
 mod tenancy;
 mod usage;

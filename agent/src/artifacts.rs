@@ -1,0 +1,359 @@
+//! Moving folders between the node and the platform's object storage, through the server (the
+//! agent holds no storage credentials): checkpoint and results uploads, checkpoint restores,
+//! and `s3://` datasets fetched into a cache.
+//!
+//! An upload first snapshots the folder (hard links, so the task may keep writing new files),
+//! then sends each file and commits; the server makes a checkpoint visible only at the commit.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::client::{encode_path, encode_segment, ServerClient};
+use crate::error::ClientError;
+use crate::protocol::{ArtifactCommit, ArtifactFile, ArtifactStart, DataManifest, RestoreRef};
+
+/// Written by the task (the SDK's `autodl.checkpoint.save()`) to ask for an upload now; it may
+/// hold `{"step": 12, "epoch": 3}`. Files named `.autodl-*` are never uploaded.
+pub const SAVE_MARKER: &str = ".autodl-save";
+const PRIVATE_PREFIX: &str = ".autodl-";
+
+/// How many times one transfer is tried before the agent gives up on it for now.
+pub const TRANSFER_TRIES: u32 = 6;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    #[error("{0}")]
+    Client(#[from] ClientError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The attempt is no longer current (the server answered 409).
+    #[error("the attempt is no longer current")]
+    Stale,
+    #[error("stopped while transferring")]
+    Cancelled,
+}
+
+/// What one upload sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Uploaded {
+    pub id: String,
+    pub files: usize,
+    pub bytes: u64,
+    pub took: Duration,
+}
+
+/// `(path, size, mtime)` of every file: equal fingerprints mean nothing changed since.
+pub type Fingerprint = Vec<(String, u64, u128)>;
+
+/// Files below `dir` (relative `/` paths), without the agent's own `.autodl-*` files.
+pub fn scan(dir: &Path) -> std::io::Result<Fingerprint> {
+    let mut out = Vec::new();
+    if !dir.exists() {
+        return Ok(out);
+    }
+    for entry in walkdir::WalkDir::new(dir).follow_links(false) {
+        let entry = entry.map_err(std::io::Error::other)?;
+        if !entry.file_type().is_file() {
+            continue;
+        }
+        let Ok(rel) = entry.path().strip_prefix(dir) else {
+            continue;
+        };
+        let rel = rel.to_string_lossy().replace('\\', "/");
+        if rel
+            .split('/')
+            .any(|seg| seg.starts_with(PRIVATE_PREFIX) || seg.ends_with(".autodl-part"))
+        {
+            continue;
+        }
+        let meta = entry.metadata().map_err(std::io::Error::other)?;
+        let mtime = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        out.push((rel, meta.len(), mtime));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Hard-links (or copies, across file systems) the listed files into `staging`.
+fn snapshot(src: &Path, staging: &Path, files: &Fingerprint) -> std::io::Result<()> {
+    for (rel, _, _) in files {
+        let from = src.join(rel);
+        let to = staging.join(rel);
+        if let Some(p) = to.parent() {
+            std::fs::create_dir_all(p)?;
+        }
+        if std::fs::hard_link(&from, &to).is_err() {
+            std::fs::copy(&from, &to)?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads the step and epoch a task left in its save marker, and removes the marker.
+pub fn take_marker(dir: &Path) -> Option<(Option<i64>, Option<f64>)> {
+    let path = dir.join(SAVE_MARKER);
+    let text = std::fs::read_to_string(&path).ok()?;
+    let _ = std::fs::remove_file(&path);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    Some((
+        v.get("step").and_then(serde_json::Value::as_i64),
+        v.get("epoch").and_then(serde_json::Value::as_f64),
+    ))
+}
+
+/// Runs `call` until it succeeds, retrying transient failures with backoff up to
+/// [`TRANSFER_TRIES`] times.
+async fn retry<T, F, Fut>(
+    what: &str,
+    backoff: &mut Backoff,
+    cancel: &CancellationToken,
+    mut call: F,
+) -> Result<T, TransferError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let mut tries = 0;
+    loop {
+        match call().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_conflict() => return Err(TransferError::Stale),
+            Err(e) if e.is_transient() && tries + 1 < TRANSFER_TRIES => {
+                tries += 1;
+                let delay = backoff.next_delay();
+                tracing::info!(what, error = %e, ?delay, "transfer failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = cancel.cancelled() => return Err(TransferError::Cancelled),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+pub struct UploadRequest<'a> {
+    pub task_id: &'a str,
+    pub attempt: u32,
+    /// "checkpoint" or "results".
+    pub kind: &'a str,
+    pub dir: &'a Path,
+    /// Where the snapshot is made (same file system as `dir`, so hard links work).
+    pub staging: &'a Path,
+    pub step: Option<i64>,
+    pub epoch: Option<f64>,
+}
+
+/// Uploads the folder as one artifact; `Ok(None)` when it holds no files.
+pub async fn upload_folder(
+    client: &ServerClient,
+    req: UploadRequest<'_>,
+    backoff: &mut Backoff,
+    cancel: &CancellationToken,
+) -> Result<Option<Uploaded>, TransferError> {
+    let started = Instant::now();
+    let files = scan(req.dir)?;
+    if files.is_empty() {
+        return Ok(None);
+    }
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let staging = req.staging.join(format!(
+        "{}-{}-{}",
+        req.kind,
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging)?;
+    let result = async {
+        snapshot(req.dir, &staging, &files)?;
+        let start = ArtifactStart {
+            attempt: req.attempt,
+            kind: req.kind.to_string(),
+            step: req.step,
+            epoch: req.epoch,
+        };
+        let created = retry("start upload", backoff, cancel, || {
+            client.start_artifact(req.task_id, &start)
+        })
+        .await?;
+        let mut sent = Vec::with_capacity(files.len());
+        let mut bytes = 0;
+        for (rel, _, _) in &files {
+            let local = staging.join(rel);
+            let size = std::fs::metadata(&local)?.len();
+            retry("upload file", backoff, cancel, || {
+                client.put_artifact_file(&created.id, rel, &local)
+            })
+            .await?;
+            bytes += size;
+            sent.push(ArtifactFile {
+                path: rel.clone(),
+                size,
+            });
+        }
+        let commit = ArtifactCommit { files: sent };
+        retry("commit upload", backoff, cancel, || {
+            client.commit_artifact(&created.id, &commit)
+        })
+        .await?;
+        Ok(Some(Uploaded {
+            id: created.id,
+            files: files.len(),
+            bytes,
+            took: started.elapsed(),
+        }))
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&staging);
+    result
+}
+
+fn safe_rel(path: &str) -> Option<&str> {
+    let ok = !path.is_empty()
+        && !path.starts_with('/')
+        && path
+            .split('/')
+            .all(|s| !s.is_empty() && s != "." && s != ".." && !s.contains('\\'));
+    ok.then_some(path)
+}
+
+/// Replaces the contents of `dir` with the checkpoint. Returns the bytes downloaded.
+pub async fn restore(
+    client: &ServerClient,
+    r: &RestoreRef,
+    dir: &Path,
+    backoff: &mut Backoff,
+    cancel: &CancellationToken,
+) -> Result<u64, TransferError> {
+    let tmp = dir.with_extension("restoring");
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp)?;
+    let mut bytes = 0;
+    for f in &r.files {
+        let Some(rel) = safe_rel(&f.path) else {
+            tracing::warn!(
+                path = f.path,
+                "skipping a checkpoint file with an unsafe path"
+            );
+            continue;
+        };
+        let path = format!(
+            "artifacts/{}/files/{}",
+            encode_segment(&r.checkpoint_id),
+            encode_path(rel)
+        );
+        let dest = tmp.join(rel);
+        bytes += retry("restore file", backoff, cancel, || {
+            client.download(&path, &dest)
+        })
+        .await?;
+    }
+    // Swap in the complete download only.
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::rename(&tmp, dir)?;
+    Ok(bytes)
+}
+
+fn cache_key(source: &str) -> String {
+    // FNV-1a: stable across builds, unlike the std hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in source.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Makes the task's `s3://` dataset available under `cache_root`, downloading only when the
+/// cached copy differs from the listing (paths, sizes and ETags). Returns the local folder and
+/// whether it was already cached.
+pub async fn fetch_data(
+    client: &ServerClient,
+    task_id: &str,
+    cache_root: &Path,
+    backoff: &mut Backoff,
+    cancel: &CancellationToken,
+) -> Result<(PathBuf, bool), TransferError> {
+    let manifest: DataManifest = retry("data listing", backoff, cancel, || {
+        client.data_manifest(task_id)
+    })
+    .await?;
+    let dir = cache_root.join(cache_key(&manifest.source));
+    let stamp = serde_json::to_string(&manifest.files).unwrap_or_default();
+    let stamp_file = dir.join(".autodl-manifest.json");
+    if std::fs::read_to_string(&stamp_file).ok().as_deref() == Some(stamp.as_str()) {
+        return Ok((dir, true));
+    }
+    let tmp = cache_root.join(format!("{}.partial", cache_key(&manifest.source)));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp)?;
+    for f in &manifest.files {
+        let Some(rel) = safe_rel(&f.path) else {
+            continue;
+        };
+        let path = format!(
+            "tasks/{}/data/files/{}",
+            encode_segment(task_id),
+            encode_path(rel)
+        );
+        let dest = tmp.join(rel);
+        retry("data file", backoff, cancel, || {
+            client.download(&path, &dest)
+        })
+        .await?;
+    }
+    std::fs::write(tmp.join(".autodl-manifest.json"), stamp)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&tmp, &dir)?;
+    Ok((dir, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scan_skips_private_files_and_sees_changes() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("sub")).unwrap();
+        std::fs::write(d.path().join("sub/w.pt"), b"1234").unwrap();
+        std::fs::write(d.path().join(SAVE_MARKER), b"{}").unwrap();
+        let a = scan(d.path()).unwrap();
+        assert_eq!(a.len(), 1);
+        assert_eq!((a[0].0.as_str(), a[0].1), ("sub/w.pt", 4));
+        std::fs::write(d.path().join("sub/w.pt"), b"123456").unwrap();
+        assert_ne!(scan(d.path()).unwrap(), a);
+    }
+
+    #[test]
+    fn marker_carries_step_and_is_consumed() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(take_marker(d.path()), None);
+        std::fs::write(d.path().join(SAVE_MARKER), br#"{"step": 40, "epoch": 2}"#).unwrap();
+        assert_eq!(take_marker(d.path()), Some((Some(40), Some(2.0))));
+        assert!(!d.path().join(SAVE_MARKER).exists());
+    }
+
+    #[test]
+    fn unsafe_paths_are_refused() {
+        for bad in ["", "/etc/passwd", "../x", "a/../../x", "a//b", "a\\b"] {
+            assert!(safe_rel(bad).is_none(), "{bad}");
+        }
+        assert_eq!(safe_rel("a/b.pt"), Some("a/b.pt"));
+    }
+
+    #[test]
+    fn cache_keys_are_stable() {
+        assert_eq!(cache_key("b/tenants/t1/x/"), cache_key("b/tenants/t1/x/"));
+        assert_ne!(cache_key("b/tenants/t1/x/"), cache_key("b/tenants/t2/x/"));
+    }
+}

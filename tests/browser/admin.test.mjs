@@ -1,0 +1,142 @@
+// An administrator's day on a `--demo` server: invite a researcher, cap their GPUs (their third
+// task then waits and says it is the quota), drain the node their tasks run on, and watch the
+// tasks move to the other node without anyone reloading the researcher's page.
+import { test, before, after } from "node:test";
+import { execFileSync } from "node:child_process";
+import assert from "node:assert/strict";
+import { startServer, startBrowser, hydrated, shot } from "./harness.mjs";
+
+let server, browser;
+before(async () => {
+  server = await startServer({}, ["serve", "--demo"]);
+  ({ browser } = await startBrowser());
+  execFileSync(process.env.AUTODL_SERVER_BIN, ["admin", "create-admin", "--email", "root@example.com", "--password", password], {
+    env: { ...process.env, AUTODL_DATABASE_URL: `sqlite://${server.dir}/autodl.db`, RUST_LOG: "warn" },
+    stdio: ["ignore", "ignore", "inherit"],
+  });
+});
+after(async () => {
+  await browser?.close();
+  server?.stop();
+});
+
+const password = "Dr41n-the-rack-now";
+
+async function logIn(page, email) {
+  await page.goto(`${server.base}/login`);
+  await hydrated(page);
+  await page.fill("#email", email);
+  await page.fill("#password", password);
+  await page.click("button[type=submit]");
+  await page.waitForURL("**/account");
+}
+
+async function submit(page, name) {
+  await page.click("[data-testid=nav-submit]");
+  await page.waitForURL("**/submit");
+  await page.waitForSelector("#gpu_type option[value='A40']", { state: "attached" });
+  await page.fill("#name", name);
+  await page.fill("#command", "sleep 300");
+  await page.selectOption("#gpu_type", "");
+  await page.fill("#gpu_count", "1");
+  await page.click("[data-testid=submit]");
+  await page.waitForURL(/\/tasks\/[0-9a-f-]+$/);
+  await page.waitForSelector(`[data-testid=task-name]:text('${name}')`);
+  return page.url();
+}
+
+/// The node a task's latest attempt runs on, from the API (the page shows the same table).
+async function nodesOf(page, url) {
+  const id = url.split("/").pop();
+  return page.evaluate(async (id) => {
+    const res = await fetch(`/api/v1/tasks/${id}/attempts`);
+    return (await res.json()).map((a) => a.placement.map((p) => p.node).join(","));
+  }, id);
+}
+
+test("set a member's quota, drain a node, see the tasks move", async () => {
+  const adminCtx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const admin = await adminCtx.newPage();
+  const errors = [];
+  admin.on("pageerror", (e) => errors.push(String(e)));
+  await logIn(admin, "root@example.com");
+
+  // Invite a researcher into the administrator's organization.
+  await admin.goto(`${server.base}/organization`);
+  await hydrated(admin);
+  await admin.fill("#invite-email", "kai@example.com");
+  await admin.click("button:text('Invite')");
+  const link = (await admin.textContent("[data-testid=invite-link] code")).trim();
+
+  const researcherCtx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const researcher = await researcherCtx.newPage();
+  researcher.on("pageerror", (e) => errors.push(String(e)));
+  await researcher.goto(link);
+  await hydrated(researcher);
+  await researcher.waitForSelector("text=You are invited to join");
+  await researcher.fill("#email", "kai@example.com");
+  await researcher.fill("#password", password);
+  await researcher.click("button[type=submit]");
+  await researcher.waitForURL("**/account");
+
+  // The administrator caps the researcher at two GPUs at once.
+  await admin.reload();
+  await hydrated(admin);
+  await admin.click("[data-testid=members] tr:has-text('kai@example.com') button:text('Quota')");
+  await admin.waitForSelector("h2:text('Quota for kai@example.com')");
+  await admin.fill("#max_gpus", "2");
+  await admin.click("button:text('Save quota')");
+  await admin.waitForSelector(".banner.ok:text('Saved.')");
+  await shot(admin, "30-admin-member-quota");
+
+  // Two one-GPU tasks run; the third waits, and its page says it is the quota.
+  const first = await submit(researcher, "shard-1");
+  await researcher.waitForSelector("[data-testid=task-name] [data-testid=state]:text('running')", { timeout: 30000 });
+  const second = await submit(researcher, "shard-2");
+  await researcher.waitForSelector("[data-testid=task-name] [data-testid=state]:text('running')", { timeout: 30000 });
+  const third = await submit(researcher, "shard-3");
+  await researcher.waitForSelector("[data-testid=waiting]:has-text('over your GPU quota: 2 of 2 GPUs in use')", { timeout: 30000 });
+  await shot(researcher, "31-task-over-quota");
+  await researcher.click("[data-testid=cancel]");
+  await researcher.waitForSelector("[data-testid=task-name] [data-testid=state]:text('cancelled')", { timeout: 15000 });
+
+  // The administrator drains the node the first task runs on.
+  const [before] = await nodesOf(researcher, first);
+  assert.ok(before, "the first task has a node");
+  await researcher.goto(first);
+  await hydrated(researcher);
+  await researcher.evaluate(() => { window.__noReload = 1; });
+  await admin.goto(`${server.base}/admin`);
+  await hydrated(admin);
+  await admin.click(`[data-testid=admin-nodes] tr[data-node='${before}'] button:text('Drain')`);
+  await admin.waitForSelector(`[data-testid=admin-nodes] tr[data-node='${before}'] .badge:text('not schedulable')`);
+  await shot(admin, "32-admin-node-drained");
+
+  // The researcher's page shows a second attempt, on the other node, running.
+  await researcher.waitForFunction(
+    () => document.querySelectorAll("[data-testid=attempts] tbody tr").length >= 2, null, { timeout: 60000 });
+  await researcher.waitForSelector("[data-testid=task-name] [data-testid=state]:text('running')", { timeout: 60000 });
+  await researcher.waitForSelector("[data-testid=events] .badge:text('drained')", { timeout: 30000 });
+  assert.equal(await researcher.evaluate(() => window.__noReload), 1, "the task page updated without a reload");
+  for (const url of [first, second]) {
+    const nodes = await nodesOf(researcher, url);
+    assert.notEqual(nodes[nodes.length - 1], before, `${url} left the drained node`);
+  }
+  await shot(researcher, "33-task-moved");
+
+  // The cluster view agrees: nothing runs on the drained node.
+  await researcher.goto(`${server.base}/cluster`);
+  await hydrated(researcher);
+  await researcher.waitForSelector("[data-testid=cluster-summary]:has-text('2 of 8')", { timeout: 30000 });
+  assert.equal(await researcher.locator(`[data-node='${before}'] [data-testid=gpu-cell][data-tasks='1']`).count(), 0);
+
+  for (const url of [first, second]) {
+    await researcher.goto(url);
+    await hydrated(researcher);
+    await researcher.click("[data-testid=cancel]");
+    await researcher.waitForSelector("[data-testid=task-name] [data-testid=state]:text('cancelled')", { timeout: 15000 });
+  }
+  assert.deepEqual(errors, []);
+  await adminCtx.close();
+  await researcherCtx.close();
+});
