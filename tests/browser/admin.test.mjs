@@ -71,7 +71,7 @@ test("set a member's quota, drain a node, see the tasks move", async () => {
   const researcherCtx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
   const researcher = await researcherCtx.newPage();
   researcher.on("pageerror", (e) => errors.push(String(e)));
-  await researcher.goto(link);
+  await researcher.goto(new URL(link, server.base).href);
   await hydrated(researcher);
   await researcher.waitForSelector("text=You are invited to join");
   await researcher.fill("#email", "kai@example.com");

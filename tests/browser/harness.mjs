@@ -34,6 +34,7 @@ export async function startServer(extraEnv = {}, args = ["serve"]) {
       AUTODL_DATABASE_URL: `sqlite://${dir}/autodl.db`,
       AUTODL_SITE_ROOT: siteRoot,
       AUTODL_DEMO_DIR: join(dir, "demo-agents"),
+      AUTODL_STORAGE_URL: `file://${join(dir, "objects")}`,
       RUST_LOG: "warn",
       ...extraEnv,
     },

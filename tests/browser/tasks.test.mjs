@@ -3,6 +3,7 @@
 // without a reload, sees it complete, then finds it in the list, the dashboard and the cluster.
 import { test, before, after } from "node:test";
 import { execFileSync } from "node:child_process";
+import { readFileSync } from "node:fs";
 import assert from "node:assert/strict";
 import { startServer, startBrowser, hydrated, shot } from "./harness.mjs";
 
@@ -60,7 +61,7 @@ test("submit through the form, watch logs and charts live, see it complete", asy
   await page.fill("#env", "EPOCHS=3");
 
   await page.fill("#name", "live-demo");
-  await page.fill("#command", `for i in $(seq 1 ${steps}); do echo step $i; sleep 1; done`);
+  await page.fill("#command", `for i in $(seq 1 ${steps}); do echo step $i; sleep 1; done; echo "trained ${steps} steps" > "$AUTODL_RESULTS_DIR/summary.txt"`);
   await page.selectOption("#gpu_type", "A100-40G");
   await page.fill("#gpu_count", "1");
   await page.fill("#labels", "team=compilers");
@@ -115,9 +116,13 @@ test("submit through the form, watch logs and charts live, see it complete", asy
   await page.waitForSelector("[data-testid=events] .badge:text('completed')");
   assert.equal(await page.evaluate(() => window.__noReload), 7, "the task page must update without a reload");
 
-  // Results are not there yet: the API's message is shown.
-  await page.click("[data-testid=download]");
-  await page.waitForSelector("[data-testid=results-message]:text('no results')");
+  await page.waitForSelector("[data-testid=checkpoints] td:has-text('No checkpoints saved')");
+  // The results the task wrote download as a tar archive.
+  const [download] = await Promise.all([page.waitForEvent("download"), page.click("[data-testid=download]")]);
+  assert.match(download.suggestedFilename(), /-results\.tar$/);
+  const tar = readFileSync(await download.path());
+  assert.equal(tar.subarray(0, 11).toString(), "summary.txt");
+  assert.match(tar.toString("latin1"), new RegExp(`trained ${steps} steps`));
   await shot(page, "12-task-completed");
 
   // Retry submits the same spec again as a new task; cancel that one at once.
@@ -128,6 +133,9 @@ test("submit through the form, watch logs and charts live, see it complete", asy
   await page.click("[data-testid=cancel]");
   await page.waitForSelector("[data-testid=task-name] [data-testid=state]:text('cancelled')", { timeout: 15000 });
   assert.equal(await page.evaluate(() => window.__noReload), 7, "retry navigates without a reload");
+  // A task without results says so instead of downloading.
+  await page.click("[data-testid=download]");
+  await page.waitForSelector("[data-testid=results-message]:text('no results')");
 
   // The list shows it; filters narrow it down.
   await page.goto(`${server.base}/tasks`);

@@ -53,10 +53,14 @@ impl DockerRuntime {
 
     fn create_body(launch: &TaskLaunch) -> ContainerCreateBody {
         let mut env: Vec<String> = launch.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        env.push(format!("AUTODL_CHECKPOINT_DIR={CONTAINER_CHECKPOINT_DIR}"));
+        let ckpt = launch
+            .checkpoint_mount
+            .as_deref()
+            .unwrap_or(CONTAINER_CHECKPOINT_DIR);
+        env.push(format!("AUTODL_CHECKPOINT_DIR={ckpt}"));
         env.push(format!("AUTODL_RESULTS_DIR={CONTAINER_RESULTS_DIR}"));
         if launch.restored {
-            env.push(format!("AUTODL_RESTORE_PATH={CONTAINER_CHECKPOINT_DIR}"));
+            env.push(format!("AUTODL_RESTORE_PATH={ckpt}"));
         }
         let mut device_requests = None;
         if !launch.gpu_indices.is_empty() {
@@ -75,10 +79,7 @@ impl DockerRuntime {
             }
         }
         let mut binds = vec![
-            format!(
-                "{}:{CONTAINER_CHECKPOINT_DIR}",
-                launch.checkpoint_dir.display()
-            ),
+            format!("{}:{ckpt}", launch.checkpoint_dir.display()),
             format!("{}:{CONTAINER_RESULTS_DIR}", launch.results_dir.display()),
         ];
         // Only host paths can be mounted; URLs (s3://...) reach the task through the env.

@@ -45,6 +45,9 @@ pub struct TaskLaunch {
     pub results_dir: PathBuf,
     /// A checkpoint was downloaded into `checkpoint_dir` before the start.
     pub restored: bool,
+    /// Where a container sees the checkpoint folder when the task named an absolute path
+    /// (`checkpoint.save_to: "/checkpoints"`); `/autodl/checkpoints` otherwise.
+    pub checkpoint_mount: Option<String>,
 }
 
 impl TaskLaunch {
@@ -99,6 +102,11 @@ impl TaskLaunch {
             checkpoint_dir: task_dir.join("checkpoints"),
             results_dir: task_dir.join("results"),
             restored: false,
+            checkpoint_mount: a
+                .checkpoint
+                .as_ref()
+                .and_then(|c| c.save_to.clone())
+                .filter(|p| p.starts_with('/') && !p.contains(':') && p != "/"),
         }
     }
 

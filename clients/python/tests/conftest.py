@@ -70,6 +70,8 @@ def _server_env(tmp: Path, port: int) -> Dict[str, str]:
         AUTODL_DATABASE_URL=f"sqlite://{tmp}/a.db",
         AUTODL_SITE_ROOT=str(tmp),
         AUTODL_LISTEN=f"127.0.0.1:{port}",
+        AUTODL_STORAGE_URL=f"file://{tmp}/objects",
+        AUTODL_DEMO_DIR=str(tmp / "demo-agents"),
         RUST_LOG="warn",
     )
     return env
@@ -123,6 +125,17 @@ class LiveServer:
 
 @pytest.fixture(scope="session")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    yield from _serve(tmp_path_factory, ["serve"])
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A second server started with ``serve --demo``: two simulated-GPU agents (4 x A100-40G,
+    4 x A40) that run tasks as local processes, so tasks really run and finish."""
+    yield from _serve(tmp_path_factory, ["serve", "--demo"])
+
+
+def _serve(tmp_path_factory: pytest.TempPathFactory, args: List[str]) -> Iterator[LiveServer]:
     binary = os.environ.get("AUTODL_SERVER_BIN")
     if not binary:
         pytest.skip(
@@ -154,7 +167,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
     log_file = open(log, "wb")
     process = subprocess.Popen(
-        [binary, "serve"], env=env, stdout=log_file, stderr=subprocess.STDOUT
+        [binary, *args], env=env, stdout=log_file, stderr=subprocess.STDOUT
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use autodl_common::tasks::{
-    Attempt, Command, LogLine, MetricSample, PriorityFactors, Task, TaskEvent, TaskPage, TaskSpec,
-    TaskSpecInput, TaskState,
+    Attempt, Checkpoint, Command, LogLine, MetricSample, PriorityFactors, Task, TaskEvent,
+    TaskPage, TaskSpec, TaskSpecInput, TaskState,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::{use_navigate, use_params_map};
@@ -290,6 +290,11 @@ fn TaskView(id: String) -> impl IntoView {
         let path = format!("/api/v1/tasks/{}/attempts", tid.get_value());
         async move { api::get::<Vec<Attempt>>(&path).await }
     });
+    let checkpoints = LocalResource::new(move || {
+        version.track();
+        let path = format!("/api/v1/tasks/{}/checkpoints", tid.get_value());
+        async move { api::get::<Vec<Checkpoint>>(&path).await }
+    });
     let error = RwSignal::new(None::<ApiErr>);
     let navigate = use_navigate();
     let cancel = Action::new_local(move |_: &()| {
@@ -410,6 +415,29 @@ fn TaskView(id: String) -> impl IntoView {
             </table>
         </section>
         <section class="card">
+            <h2>"Checkpoints"</h2>
+            <table class="table" data-testid="checkpoints">
+                <thead><tr><th>"Saved"</th><th>"Attempt"</th><th>"Step"</th><th>"Files"</th><th>"Size"</th></tr></thead>
+                <tbody>
+                {move || {
+                    let list = checkpoints.get().and_then(|r| r.ok()).unwrap_or_default();
+                    if list.is_empty() {
+                        return view! { <tr><td colspan="5" class="muted">"No checkpoints saved. Files the task writes to $AUTODL_CHECKPOINT_DIR are saved every checkpoint interval, when it asks (autodl.checkpoint.save_now()) and when it is stopped; the next attempt resumes from the newest."</td></tr> }.into_any();
+                    }
+                    list.into_iter().map(|c| view! {
+                        <tr title=c.location.clone()>
+                            <td>{short_date(&c.created_at)}</td>
+                            <td>{c.attempt}</td>
+                            <td>{c.step.map(|s| s.to_string()).or_else(|| c.epoch.map(|e| format!("epoch {e}"))).unwrap_or_else(|| "—".into())}</td>
+                            <td>{c.files}</td>
+                            <td>{human_bytes(c.size_bytes)}</td>
+                        </tr>
+                    }).collect_view().into_any()
+                }}
+                </tbody>
+            </table>
+        </section>
+        <section class="card">
             <h2>"Events"</h2>
             <ol class="timeline" data-testid="events">
                 {move || events.get().and_then(|r| r.ok()).unwrap_or_default().into_iter().map(|e| view! {
@@ -417,6 +445,21 @@ fn TaskView(id: String) -> impl IntoView {
                 }).collect_view()}
             </ol>
         </section>
+    }
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1000.0 && i + 1 < UNITS.len() {
+        v /= 1000.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[i])
     }
 }
 
@@ -429,6 +472,7 @@ fn exit_reason(reason: Option<&str>, code: Option<i32>) -> &'static str {
         Some("oom") => "out of GPU memory",
         Some("error") => "exited with an error",
         Some("preempted") => "preempted (checkpointed)",
+        Some("drained") => "node drained",
         Some("node_lost") => "node lost",
         Some("cancelled") => "cancelled",
         Some(_) => "other",

@@ -88,7 +88,7 @@ pub async fn start_upload(
     let spec = spec_of(&t.task)?;
     let task = &t.task;
     let (bucket, base) = match spec.checkpoint.as_ref().and_then(|c| c.save_to.as_deref()) {
-        Some(url) if kind == "checkpoint" => {
+        Some(url) if kind == "checkpoint" && url.starts_with("s3://") => {
             let (b, p) = state
                 .storage
                 .resolve(&task.tenant_id, url)

@@ -40,14 +40,20 @@ async fn check_storage_urls(
     tenant_id: &str,
     spec: &autodl_common::tasks::TaskSpec,
 ) -> Result<(), ApiError> {
-    let save_to = spec.checkpoint.as_ref().and_then(|c| c.save_to.as_deref());
+    // An absolute path is where the task sees its checkpoint folder inside its container
+    // (the seed articles' `checkpoint_path: "/checkpoints"`); the platform still stores it.
+    let save_to = spec
+        .checkpoint
+        .as_ref()
+        .and_then(|c| c.save_to.as_deref())
+        .filter(|p| !p.starts_with('/'));
     let data = spec.data_path.as_deref().filter(|p| p.starts_with("s3://"));
     for (field, url) in [("checkpoint.save_to", save_to), ("data_path", data)] {
         let Some(url) = url else { continue };
         if !url.starts_with("s3://") {
             return Err(ApiError::invalid(
                 field,
-                format!("{field} is an s3://bucket/path URL"),
+                format!("{field} is an s3://bucket/path URL or an absolute path in the container"),
             ));
         }
         let (bucket, _) = state

@@ -143,6 +143,7 @@ pub struct Runner {
     agents: Arc<AgentHub>,
     metrics: Arc<Metrics>,
     settings: Settings,
+    storage: crate::storage::Storage,
     scheduler: Scheduler,
     ledger: UsageLedger,
     month: String,
@@ -167,6 +168,7 @@ impl Runner {
             agents: state.agents.clone(),
             metrics: state.metrics.clone(),
             settings: state.settings.clone(),
+            storage: state.storage.clone(),
             ledger: UsageLedger::default(),
             month: String::new(),
             last_cycle_s: None,
@@ -529,6 +531,30 @@ impl Runner {
                 .await?;
             tracing::debug!(folded, "GPU samples compacted");
             self.last_compaction = Some(Instant::now());
+            // Uploads an agent began and never committed (it died, or its node was lost): their
+            // objects are garbage. A day is far longer than any upload.
+            let stale = self.store.stale_uploads(now_ms - day).await?;
+            if !stale.is_empty() {
+                let (store, storage) = (self.store.clone(), self.storage.clone());
+                tokio::spawn(async move {
+                    for a in stale {
+                        match crate::storage::delete_prefix(
+                            storage.backend.as_ref(),
+                            &a.bucket,
+                            &a.prefix,
+                        )
+                        .await
+                        {
+                            Ok(_) => {
+                                let _ = store.set_artifact_state(&a.id, "deleted").await;
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, artifact = a.id, "could not delete an abandoned upload")
+                            }
+                        }
+                    }
+                });
+            }
         }
         self.metrics
             .cycle_seconds

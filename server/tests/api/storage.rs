@@ -632,8 +632,18 @@ async fn bad_storage_input_is_refused(b: Backend) {
         )
         .await;
     assert_eq!(r.status(), StatusCode::CREATED);
+    // An absolute path names the folder inside the container; also fine.
+    let r = s
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/tasks",
+            Some(task(json!({"save_to": "/checkpoints"}))),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
     let list = s.get(&app, "/api/v1/tasks").await;
-    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    assert_eq!(list["items"].as_array().unwrap().len(), 2);
 }
 
 async fn unreachable_storage_is_reported_not_fatal(b: Backend) {

@@ -9,11 +9,11 @@ Quick start::
                                "entry_point": "train.py", "gpu_per_worker": 1})
     print(task.wait())                                # "COMPLETED", "FAILED" or "CANCELLED"
 
-Inside a task: ``autodl.env.is_restored``, ``autodl.report(epoch=1, loss=0.3)`` and
-``autodl.optim.AutoBatch``.
+Inside a task: ``autodl.env.is_restored``, ``autodl.checkpoint.save_now(step=...)``,
+``autodl.report(epoch=1, loss=0.3)`` and ``autodl.optim.AutoBatch``.
 """
 
-from . import env, optim, scheduler
+from . import checkpoint, env, optim, scheduler
 from ._version import __version__
 from .client import Client, default_client
 from .errors import (
@@ -50,6 +50,7 @@ __all__ = [
     "get_monitor",
     "report",
     "env",
+    "checkpoint",
     "optim",
     "scheduler",
     "AutodlError",

@@ -155,6 +155,25 @@ class HttpClient:
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
 
+    def upload(self, path: str, fileobj: Any) -> Any:
+        """Streams ``fileobj`` (a binary file) as the body of a PUT; returns the JSON answer."""
+        try:
+            request = self._client.build_request(
+                "PUT",
+                path,
+                content=iter(lambda: fileobj.read(1 << 20), b""),
+                headers={"Content-Type": "application/octet-stream"},
+                timeout=None,
+            )
+            response = self._client.send(request)
+        except httpx.TransportError as exc:
+            raise AutodlConnectionError(
+                f"upload to the autodl server at {self.base_url} failed: {exc}"
+            ) from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        return response.json() if response.content else None
+
     def download(self, path: str, fileobj: Any, params: Params = None) -> int:
         """Streams a binary answer into ``fileobj``; returns the number of bytes written."""
         response = self._send("GET", path, params=params, stream=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 from urllib.parse import quote
 
 import httpx
@@ -141,6 +143,55 @@ class Client:
             cursor = body.get("next_cursor")
             if not cursor:
                 return
+
+    # Data in object storage ------------------------------------------------------------
+
+    @staticmethod
+    def _object_url(url: str) -> Tuple[str, str]:
+        """``s3://bucket/path`` -> (bucket, path); paths live in your organization's area."""
+        if not url.startswith("s3://"):
+            raise ValueError(f"expected an s3://bucket/path URL, got {url!r}")
+        bucket, _, path = url[len("s3://") :].partition("/")
+        if not bucket:
+            raise ValueError(f"no bucket in {url!r}")
+        return bucket, path.strip("/")
+
+    def upload_data(self, local: Union[str, os.PathLike[str]], url: str) -> List[Dict[str, Any]]:
+        """Uploads a file, or every file below a folder, to ``url`` (``s3://bucket/path``);
+        a task then reads it with ``data_path=url`` (fetched to its node, and cached there).
+        Returns what was stored (``path``, ``size``)."""
+        bucket, base = self._object_url(url)
+        source = Path(local)
+        if source.is_dir():
+            files = sorted(p for p in source.rglob("*") if p.is_file())
+            pairs = [(p, f"{base}/{p.relative_to(source).as_posix()}".strip("/")) for p in files]
+        else:
+            pairs = [(source, base or source.name)]
+        stored = []
+        for file, key in pairs:
+            with open(file, "rb") as fh:
+                stored.append(
+                    self._http.upload(
+                        f"/objects/{quote(bucket, safe='')}/{quote(key, safe='/')}", fh
+                    )
+                )
+        return stored
+
+    def list_data(self, url: str) -> List[Dict[str, Any]]:
+        """The objects below ``s3://bucket/path`` in your organization's area."""
+        bucket, prefix = self._object_url(url)
+        return list(
+            self._http.get(f"/objects/{quote(bucket, safe='')}", params={"prefix": prefix}) or []
+        )
+
+    def download_data(self, url: str, local: Union[str, os.PathLike[str]]) -> Path:
+        """Downloads one object to the file ``local``."""
+        bucket, key = self._object_url(url)
+        target = Path(local)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "wb") as fh:
+            self._http.download(f"/objects/{quote(bucket, safe='')}/{quote(key, safe='/')}", fh)
+        return target
 
     # Cluster and account ---------------------------------------------------------------
 

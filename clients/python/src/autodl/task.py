@@ -187,13 +187,19 @@ class Task:
                     raise
                 time.sleep(min(2.0**retries, 15.0))
 
+    def checkpoints(self) -> List[Dict[str, Any]]:
+        """The task's saved checkpoints, newest first (``id``, ``attempt``, ``step``,
+        ``epoch``, ``files``, ``size_bytes``, ``created_at``, ``location``)."""
+        return list(self._client._http.get(f"{self._path}/checkpoints") or [])
+
     def download_results(self, path: Union[str, os.PathLike[str]] = "./output") -> Path:
-        """Downloads the results archive and extracts it into ``path`` (created if needed);
+        """Downloads the results archive (a tar of the files the task left in
+        ``AUTODL_RESULTS_DIR``) and extracts it into ``path`` (created if needed);
         returns that directory. Members that would land outside it are refused
         (:class:`~autodl.errors.UnsafeArchive`) before anything is written. A task without
         results raises :class:`~autodl.errors.NotFound` (code ``no_results``)."""
         dest = Path(path)
-        fd, tmp_name = tempfile.mkstemp(prefix="autodl-results-", suffix=".tar.gz")
+        fd, tmp_name = tempfile.mkstemp(prefix="autodl-results-", suffix=".tar")
         try:
             with os.fdopen(fd, "wb") as fh:
                 self._client._http.download(f"{self._path}/results", fh)

@@ -1,0 +1,132 @@
+"""Checkpoints, results and data through the SDK, on a ``serve --demo`` server whose simulated
+GPU agents really run the tasks (as local processes)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import httpx
+import pytest
+from conftest import LiveServer
+
+import autodl
+
+pytestmark = pytest.mark.live
+
+
+def shell_task(name: str, command: str, **extra) -> dict:
+    return {
+        "name": name,
+        "image": "none",
+        "command": command,
+        "resources": {"gpu": {"count": 1}},
+        **extra,
+    }
+
+
+def test_results_download_matches_what_the_task_wrote(demo: LiveServer, tmp_path):
+    client = demo.client()
+    task = client.submit_spec(
+        shell_task(
+            "results",
+            'mkdir -p "$AUTODL_RESULTS_DIR/metrics" && printf "accuracy 0.97\\n" > "$AUTODL_RESULTS_DIR/summary.txt" '
+            '&& seq 1 50000 > "$AUTODL_RESULTS_DIR/metrics/steps.csv"',
+        )
+    )
+    assert task.wait(timeout=60) == "COMPLETED", task.logs()
+    out = task.download_results(tmp_path / "out")
+    assert (out / "summary.txt").read_text() == "accuracy 0.97\n"
+    assert (out / "metrics" / "steps.csv").read_text() == "".join(f"{i}\n" for i in range(1, 50001))
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        "metrics/steps.csv",
+        "summary.txt",
+    ]
+
+
+TRAIN = """
+import os, time, autodl
+ckpt = autodl.checkpoint.directory() / "state.txt"
+step = 0
+if autodl.env.is_restored:
+    step = int((autodl.checkpoint.restore_path() / "state.txt").read_text())
+    print("resumed from step", step, flush=True)
+while step < 40:
+    step += 1
+    autodl.checkpoint.write_atomic(ckpt, lambda f: f.write(str(step).encode()))
+    autodl.checkpoint.save_now(step=step)
+    print("step", step, flush=True)
+    time.sleep(0.25)
+(autodl.env.results_dir and open(os.path.join(autodl.env.results_dir, "final.txt"), "w").write(str(step)))
+"""
+
+
+def test_a_drained_task_resumes_from_its_checkpoint(demo: LiveServer, tmp_path):
+    client = demo.client()
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    task = client.submit_spec(
+        shell_task(
+            "resume",
+            f'"{sys.executable}" "{script}"',
+            checkpoint={"interval": 30, "keep": 2},
+        )
+    )
+    deadline = time.monotonic() + 60
+    while len(task.checkpoints()) < 1 or task.refresh().status != "RUNNING":
+        assert time.monotonic() < deadline, task.logs()
+        time.sleep(0.3)
+    time.sleep(2)
+    node = task.refresh().placement[0]["node"]
+    with httpx.Client(
+        base_url=demo.url + "/api/v1",
+        headers={"Authorization": f"Bearer {demo.admin_token}"},
+        timeout=15,
+    ) as admin:
+        assert admin.post(f"/admin/nodes/{node}/drain").status_code == 204
+        try:
+            assert task.wait(timeout=90) == "COMPLETED", task.logs()
+        finally:
+            admin.post(f"/admin/nodes/{node}/uncordon")
+    logs = "\n".join(task.logs())
+    resumed = [int(line.split()[-1]) for line in logs.splitlines() if line.startswith("resumed from step")]
+    assert resumed and resumed[0] > 0, logs
+    attempts = task.attempts()
+    assert len(attempts) == 2 and attempts[0]["reason"] == "drained"
+    assert attempts[1]["node"] != node
+    checkpoints = task.checkpoints()
+    assert 1 <= len(checkpoints) <= 2
+    assert checkpoints[0]["step"] >= resumed[0]
+    out = task.download_results(tmp_path / "out")
+    assert (out / "final.txt").read_text() == "40"
+
+
+def test_data_uploaded_through_the_sdk_reaches_the_task(demo: LiveServer, tmp_path):
+    client = demo.client()
+    data = tmp_path / "dataset"
+    (data / "shards").mkdir(parents=True)
+    (data / "labels.txt").write_text("cat\ndog\n")
+    (data / "shards" / "0.bin").write_bytes(bytes(range(256)) * 100)
+    stored = client.upload_data(data, "s3://autodl/datasets/pets")
+    assert sorted(s["path"] for s in stored) == ["datasets/pets/labels.txt", "datasets/pets/shards/0.bin"]
+    listed = client.list_data("s3://autodl/datasets/pets")
+    assert {o["path"]: o["size"] for o in listed} == {
+        "datasets/pets/labels.txt": 8,
+        "datasets/pets/shards/0.bin": 25600,
+    }
+    client.download_data("s3://autodl/datasets/pets/labels.txt", tmp_path / "back.txt")
+    assert (tmp_path / "back.txt").read_text() == "cat\ndog\n"
+    task = client.submit_spec(
+        shell_task(
+            "reads-data",
+            'cat "$AUTODL_DATA_PATH/labels.txt"; wc -c < "$AUTODL_DATA_PATH/shards/0.bin"',
+            data_path="s3://autodl/datasets/pets",
+        )
+    )
+    assert task.wait(timeout=60) == "COMPLETED", task.logs()
+    logs = task.logs()
+    assert "cat" in logs and "dog" in logs and "25600" in [line.strip() for line in logs], logs
+    with pytest.raises(autodl.ValidationError):
+        client.submit_spec(shell_task("bad", "true", data_path="s3://not-allowed/x"))
+    with pytest.raises(ValueError):
+        client.upload_data(data, "/not/a/url")
