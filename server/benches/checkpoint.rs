@@ -23,6 +23,7 @@ mod support;
 use support::env_num;
 
 #[path = "../tests/support/s3_server.rs"]
+#[allow(dead_code)]
 mod s3_server;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -149,11 +150,7 @@ async fn main() -> anyhow::Result<()> {
         .await?
         .ok_or_else(|| anyhow::anyhow!("nothing uploaded"))?;
         let secs = t.elapsed().as_secs_f64();
-        anyhow::ensure!(
-            up.bytes == total as u64,
-            "uploaded {} of {total} bytes",
-            up.bytes
-        );
+        anyhow::ensure!(up.bytes == total, "uploaded {} of {total} bytes", up.bytes);
         throughputs.push(total as f64 / 1e6 / secs);
         println!(
             "checkpoint upload {round}: {:.0} MB in {secs:.1} s = {:.0} MB/s (agent → server → S3 multipart)",

@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 
 use actix_web::web::Bytes;
-use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use super::{ByteStream, ObjectMeta, ObjectStore, StorageError, StorageResult, Upload};
@@ -110,7 +109,7 @@ impl ObjectStore for LocalStore {
             return Err(StorageError::NotFound);
         }
         let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
-        Ok((meta.len(), Box::pin(stream.map(|r| r.map(Bytes::from)))))
+        Ok((meta.len(), Box::pin(stream)))
     }
 
     async fn list(&self, bucket: &str, prefix: &str) -> StorageResult<Vec<ObjectMeta>> {

@@ -9,7 +9,6 @@ use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream as AwsBody;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use aws_sdk_s3::Client;
-use futures_util::StreamExt;
 
 use super::{ByteStream, ObjectMeta, ObjectStore, StorageError, StorageResult, Upload, PART_SIZE};
 use crate::config::Settings;
@@ -236,7 +235,7 @@ impl ObjectStore for S3Store {
         let size = out.content_length().unwrap_or(0).max(0) as u64;
         let reader = out.body.into_async_read();
         let stream = tokio_util::io::ReaderStream::with_capacity(reader, 256 * 1024);
-        Ok((size, Box::pin(stream.map(|r| r.map(Bytes::from)))))
+        Ok((size, Box::pin(stream)))
     }
 
     async fn list(&self, bucket: &str, prefix: &str) -> StorageResult<Vec<ObjectMeta>> {

@@ -96,7 +96,7 @@ async fn exercise_store(store: Arc<dyn ObjectStore>, bucket: &str) {
     assert_eq!(size, total);
     let mut got = Sha256::new();
     while let Some(c) = body.next().await {
-        got.update(&c.unwrap());
+        got.update(c.unwrap());
     }
     assert_eq!(
         got.finalize(),
