@@ -476,15 +476,19 @@ impl Inner {
             },
         );
         self.push_allocations();
+        // In a multi-node task the first node saves checkpoints and results for all of them
+        // (as torchrun's rank 0 does), so ranks do not overwrite one another's.
+        let rank_zero = a.env.get("RANK").is_none_or(|r| r == "0");
         let job = StorageJob {
             restore: a.restore.clone(),
             checkpoint_interval: a
                 .checkpoint
                 .as_ref()
                 .and_then(|c| c.interval)
-                .filter(|i| *i > 0)
+                .filter(|i| *i > 0 && rank_zero)
                 .map(Duration::from_secs),
-            checkpointing: a.checkpoint.is_some(),
+            checkpointing: a.checkpoint.is_some() && rank_zero,
+            uploads_results: rank_zero,
             data_from_storage: a
                 .data_path
                 .as_deref()
@@ -622,12 +626,34 @@ impl Inner {
     }
 }
 
+/// Why an attempt could not start. A transient one (storage or server unreachable, or the
+/// agent leaving) hands the task back to the queue instead of counting as a failure.
+struct PrepareError {
+    message: String,
+    transient: bool,
+}
+
+impl PrepareError {
+    fn from_transfer(what: String, e: artifacts::TransferError) -> Self {
+        let transient = match &e {
+            artifacts::TransferError::Client(c) => c.is_transient(),
+            artifacts::TransferError::Cancelled | artifacts::TransferError::Stale => true,
+            artifacts::TransferError::Io(_) => false,
+        };
+        PrepareError {
+            message: format!("{what}: {e}"),
+            transient,
+        }
+    }
+}
+
 /// What an attempt needs from object storage around its run.
 struct StorageJob {
     restore: Option<RestoreRef>,
     checkpoint_interval: Option<Duration>,
     /// The task asked for checkpoints: the folder is also saved when the attempt ends.
     checkpointing: bool,
+    uploads_results: bool,
     data_from_storage: bool,
 }
 
@@ -641,7 +667,16 @@ async fn prepare_storage(
     job: &StorageJob,
     log: &LogBuffer,
     shutdown: &CancellationToken,
-) -> Result<(), String> {
+) -> Result<(), PrepareError> {
+    // A fresh start begins with empty folders: leftovers of an earlier attempt on this node
+    // (an upload that never completed) must neither be resumed from nor saved as newer.
+    for dir in [&launch.checkpoint_dir, &launch.results_dir] {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).map_err(|e| PrepareError {
+            message: format!("could not prepare {}: {e}", dir.display()),
+            transient: false,
+        })?;
+    }
     let mut backoff = inner.new_backoff(&format!("{}/prepare", key.0));
     if let Some(r) = &job.restore {
         let t = Instant::now();
@@ -653,7 +688,12 @@ async fn prepare_storage(
             shutdown,
         )
         .await
-        .map_err(|e| format!("could not restore checkpoint {}: {e}", r.checkpoint_id))?;
+        .map_err(|e| {
+            PrepareError::from_transfer(
+                format!("could not restore checkpoint {}", r.checkpoint_id),
+                e,
+            )
+        })?;
         launch.mark_restored();
         let step = r.step.map(|s| format!(", step {s}")).unwrap_or_default();
         log.push(
@@ -674,7 +714,9 @@ async fn prepare_storage(
             let _guard = inner.data_lock.lock().await;
             artifacts::fetch_data(&inner.client, &key.0, &cache, &mut backoff, shutdown)
                 .await
-                .map_err(|e| format!("could not fetch the data path: {e}"))?
+                .map_err(|e| {
+                    PrepareError::from_transfer("could not fetch the data path".into(), e)
+                })?
         };
         let dir = std::path::absolute(&dir).unwrap_or(dir);
         let shown = dir.display().to_string();
@@ -752,8 +794,9 @@ async fn checkpoint_loop(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
+            biased;
             () = stop.cancelled() => return last,
+            _ = tick.tick() => {}
         }
         let mark = artifacts::take_marker(&dir);
         let due = interval.is_some_and(|i| last_at.elapsed() >= i);
@@ -801,16 +844,15 @@ async fn supervise(
         started: started_tx,
         stop: stop_rx.clone(),
     };
-    let prepared = std::fs::create_dir_all(&launch.checkpoint_dir)
-        .and_then(|()| std::fs::create_dir_all(&launch.results_dir))
-        .map_err(|e| e.to_string());
-    let prepared = match prepared {
-        Ok(()) => prepare_storage(&inner, &key, &mut launch, &job, &log, &shutdown).await,
-        Err(e) => Err(e),
-    };
+    let prepared = prepare_storage(&inner, &key, &mut launch, &job, &log, &shutdown).await;
+    let prepare_failed = prepared.as_ref().err().map(|e| e.transient);
     let checkpoint_dir = launch.checkpoint_dir.clone();
     let results_dir = launch.results_dir.clone();
     let loop_stop = CancellationToken::new();
+    // Only the first node of a task saves (see `rank_zero`); the others just run.
+    if !job.uploads_results {
+        loop_stop.cancel();
+    }
     let saver = tokio::spawn(checkpoint_loop(
         inner.clone(),
         key.clone(),
@@ -824,7 +866,7 @@ async fn supervise(
         Ok(()) => inner.runtime.run(launch, io).await,
         Err(e) => {
             drop(io);
-            Err(RuntimeError::Io(std::io::Error::other(e)))
+            Err(RuntimeError::Io(std::io::Error::other(e.message)))
         }
     };
     loop_stop.cancel();
@@ -845,7 +887,8 @@ async fn supervise(
                 Stream::Stderr,
                 format!("[autodl-agent] could not start the task: {e}"),
             );
-            let stopped = stop_rx.borrow().is_some();
+            // Storage or the server being away before the start is no fault of the task.
+            let stopped = stop_rx.borrow().is_some() || prepare_failed == Some(true);
             (None, classify_exit(None, false, false, stopped))
         }
     };
@@ -859,7 +902,10 @@ async fn supervise(
     // The task has stopped (ended, or stopped for preemption or cancel within its grace
     // period): save what it left, before `finished` lets the server requeue it.
     let mark = artifacts::take_marker(&checkpoint_dir);
-    if job.checkpointing || last_saved.is_some() || mark.is_some() {
+    if prepare_failed.is_none()
+        && job.uploads_results
+        && (job.checkpointing || last_saved.is_some() || mark.is_some())
+    {
         let changed = artifacts::scan(&checkpoint_dir).ok() != last_saved;
         if changed || mark.is_some() {
             let _ = upload_and_log(
@@ -874,7 +920,7 @@ async fn supervise(
             .await;
         }
     }
-    if reason == ExitReason::Success {
+    if reason == ExitReason::Success && job.uploads_results {
         let _ = upload_and_log(&inner, &key, "results", &results_dir, None, &log, &shutdown).await;
     }
     if let Some(e) = lock(&inner.tasks).get_mut(&key) {

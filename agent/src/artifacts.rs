@@ -63,11 +63,25 @@ pub fn scan(dir: &Path) -> std::io::Result<Fingerprint> {
         let Ok(rel) = entry.path().strip_prefix(dir) else {
             continue;
         };
-        let rel = rel.to_string_lossy().replace('\\', "/");
+        let Some(rel) = rel.to_str().map(str::to_owned) else {
+            tracing::warn!(path = %entry.path().display(), "skipping a file whose name is not UTF-8");
+            continue;
+        };
         if rel
             .split('/')
             .any(|seg| seg.starts_with(PRIVATE_PREFIX) || seg.ends_with(".autodl-part"))
         {
+            continue;
+        }
+        if rel.len() > 1024
+            || rel
+                .split('/')
+                .any(|seg| seg.len() > 255 || seg.chars().any(|c| c.is_control() || c == '\\'))
+        {
+            tracing::warn!(
+                path = rel,
+                "skipping a file whose name object storage cannot hold"
+            );
             continue;
         }
         let meta = entry.metadata().map_err(std::io::Error::other)?;
@@ -82,19 +96,27 @@ pub fn scan(dir: &Path) -> std::io::Result<Fingerprint> {
     Ok(out)
 }
 
-/// Hard-links (or copies, across file systems) the listed files into `staging`.
-fn snapshot(src: &Path, staging: &Path, files: &Fingerprint) -> std::io::Result<()> {
-    for (rel, _, _) in files {
-        let from = src.join(rel);
-        let to = staging.join(rel);
+/// Hard-links (or copies, across file systems) the listed files into `staging`; returns the
+/// ones still there. A hard link shares the file, so an upload checks afterwards that the
+/// task did not rewrite it in place meanwhile (`unchanged`).
+fn snapshot(src: &Path, staging: &Path, files: &Fingerprint) -> std::io::Result<Fingerprint> {
+    let mut kept = Vec::with_capacity(files.len());
+    for f in files {
+        let from = src.join(&f.0);
+        let to = staging.join(&f.0);
         if let Some(p) = to.parent() {
             std::fs::create_dir_all(p)?;
         }
-        if std::fs::hard_link(&from, &to).is_err() {
-            std::fs::copy(&from, &to)?;
+        let linked =
+            std::fs::hard_link(&from, &to).or_else(|_| std::fs::copy(&from, &to).map(|_| ()));
+        match linked {
+            Ok(()) => kept.push(f.clone()),
+            // Rotated away by the task between the scan and now: not part of this checkpoint.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(kept)
 }
 
 /// Reads the step and epoch a task left in its save marker, and removes the marker.
@@ -160,7 +182,8 @@ pub async fn upload_folder(
     cancel: &CancellationToken,
 ) -> Result<Option<Uploaded>, TransferError> {
     let started = Instant::now();
-    let files = scan(req.dir)?;
+    let dir = req.dir.to_path_buf();
+    let files = blocking(move || scan(&dir)).await?;
     if files.is_empty() {
         return Ok(None);
     }
@@ -174,7 +197,8 @@ pub async fn upload_folder(
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging)?;
     let result = async {
-        snapshot(req.dir, &staging, &files)?;
+        let (src, dst, listed) = (req.dir.to_path_buf(), staging.clone(), files.clone());
+        let files = blocking(move || snapshot(&src, &dst, &listed)).await?;
         let start = ArtifactStart {
             attempt: req.attempt,
             kind: req.kind.to_string(),
@@ -187,13 +211,18 @@ pub async fn upload_folder(
         .await?;
         let mut sent = Vec::with_capacity(files.len());
         let mut bytes = 0;
-        for (rel, _, _) in &files {
+        for (rel, size, mtime) in &files {
             let local = staging.join(rel);
-            let size = std::fs::metadata(&local)?.len();
             retry("upload file", backoff, cancel, || {
                 client.put_artifact_file(&created.id, rel, &local)
             })
             .await?;
+            if !unchanged(&local, *size, *mtime) {
+                return Err(TransferError::Io(std::io::Error::other(format!(
+                    "{rel} changed while it was uploaded (write checkpoints to a new file and rename it, e.g. autodl.checkpoint.write_atomic); it is saved at the next try"
+                ))));
+            }
+            let size = *size;
             bytes += size;
             sent.push(ArtifactFile {
                 path: rel.clone(),
@@ -215,6 +244,27 @@ pub async fn upload_folder(
     .await;
     let _ = std::fs::remove_dir_all(&staging);
     result
+}
+
+/// Same size and modification time as when the folder was scanned.
+fn unchanged(path: &Path, size: u64, mtime: u128) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| {
+        m.len() == size
+            && m.modified()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos())
+                == mtime
+    })
+}
+
+/// Runs file-system work off the async workers, so polls and heartbeats keep going.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(std::io::Error::other)?
 }
 
 fn safe_rel(path: &str) -> Option<&str> {
@@ -287,13 +337,15 @@ pub async fn fetch_data(
         client.data_manifest(task_id)
     })
     .await?;
-    let dir = cache_root.join(cache_key(&manifest.source));
     let stamp = serde_json::to_string(&manifest.files).unwrap_or_default();
+    // One folder per version of the data: a refresh never changes files under a running task.
+    let key = format!("{}-{}", cache_key(&manifest.source), cache_key(&stamp));
+    let dir = cache_root.join(&key);
     let stamp_file = dir.join(".autodl-manifest.json");
     if std::fs::read_to_string(&stamp_file).ok().as_deref() == Some(stamp.as_str()) {
         return Ok((dir, true));
     }
-    let tmp = cache_root.join(format!("{}.partial", cache_key(&manifest.source)));
+    let tmp = cache_root.join(format!("{key}.partial"));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)?;
     for f in &manifest.files {

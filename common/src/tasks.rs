@@ -72,7 +72,7 @@ pub struct CheckpointSpec {
     #[serde(default)]
     pub save_to: Option<String>,
     /// Complete checkpoints kept; older ones are deleted (platform default when absent).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep: Option<u32>,
 }
 

@@ -53,6 +53,8 @@ pub struct Settings {
     pub storage_buckets: Vec<String>,
     /// Complete checkpoints kept per task when the task does not say (`checkpoint.keep`).
     pub checkpoint_keep: u32,
+    /// Largest object a user may upload through `/objects`.
+    pub storage_max_object_bytes: u64,
 }
 
 impl Default for Settings {
@@ -82,6 +84,7 @@ impl Default for Settings {
             storage_secret_access_key: None,
             storage_buckets: Vec::new(),
             checkpoint_keep: 3,
+            storage_max_object_bytes: 100 << 30,
         }
     }
 }

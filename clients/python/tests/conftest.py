@@ -71,6 +71,8 @@ def _server_env(tmp: Path, port: int) -> Dict[str, str]:
         AUTODL_SITE_ROOT=str(tmp),
         AUTODL_LISTEN=f"127.0.0.1:{port}",
         AUTODL_STORAGE_URL=f"file://{tmp}/objects",
+        # The seed articles' templates save to s3://my-bucket/checkpoints.
+        AUTODL_STORAGE_BUCKETS='["my-bucket"]',
         AUTODL_DEMO_DIR=str(tmp / "demo-agents"),
         RUST_LOG="warn",
     )

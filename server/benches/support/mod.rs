@@ -27,6 +27,10 @@ pub async fn start() -> anyhow::Result<BenchServer> {
 }
 
 pub async fn start_with(tweak: impl FnOnce(&mut Settings)) -> anyhow::Result<BenchServer> {
+    // Server logs only when asked for (RUST_LOG=warn ...).
+    if std::env::var_os("RUST_LOG").is_some() {
+        autodl_server::telemetry::init();
+    }
     let dir = tempfile::tempdir()?;
     let (backend, url) = match std::env::var("AUTODL_BENCH_PG_URL") {
         Ok(base) => {

@@ -31,6 +31,8 @@ use crate::tasks::{placement_of, spec_of};
 
 const MANIFEST: &str = ".autodl-manifest.json";
 const MAX_FILES: usize = 100_000;
+/// Room for a manifest of `MAX_FILES` files with long paths.
+const COMMIT_BODY_LIMIT: usize = 64 << 20;
 
 /// Records an object storage failure on the task, so its owner sees why a save is late.
 async fn storage_failed(state: &AppState, task_id: &str, what: &str, e: StorageError) -> ApiError {
@@ -46,6 +48,47 @@ async fn storage_failed(state: &AppState, task_id: &str, what: &str, e: StorageE
             .await;
     }
     e.into()
+}
+
+/// Object keys are at most 1024 bytes on S3, prefixes included.
+fn check_key(key: &str) -> Result<(), ApiError> {
+    if key.len() > 1024 {
+        return Err(ApiError::invalid(
+            "path",
+            "the path is too long for object storage (1024 bytes with its prefix)",
+        ));
+    }
+    Ok(())
+}
+
+/// `tasks/` holds the platform's checkpoints and results: users read it, only agents write.
+fn user_writable(rel: &str) -> Result<(), ApiError> {
+    if rel == "tasks" || rel.starts_with("tasks/") {
+        return Err(ApiError::Forbidden(
+            "tasks/ holds checkpoints and results saved by the platform; it is read-only".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Streams a request body into an object, refusing more than `max` bytes.
+async fn receive(
+    up: &mut Box<dyn crate::storage::Upload>,
+    payload: &mut web::Payload,
+    max: u64,
+) -> Result<(), ApiError> {
+    let mut n = 0u64;
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::BadRequest(format!("upload interrupted: {e}")))?;
+        n += chunk.len() as u64;
+        if n > max {
+            return Err(ApiError::PayloadTooLarge(format!(
+                "objects are at most {max} bytes"
+            )));
+        }
+        up.write(chunk).await?;
+    }
+    Ok(())
 }
 
 fn parse_rel(path: &str) -> Result<String, ApiError> {
@@ -157,6 +200,7 @@ pub async fn put_file(
     let a = uploading(&state, &node, &id).await?;
     let rel = parse_rel(&rel)?;
     let key = format!("{}{rel}", a.prefix);
+    check_key(&key)?;
     let what = format!("saving {}", a.kind);
     let mut up = match state.storage.backend.start_upload(&a.bucket, &key).await {
         Ok(u) => u,
@@ -190,15 +234,43 @@ pub struct Committed {
 
 #[utoipa::path(params(("id" = String, Path)), request_body = ArtifactCommit, responses((status = 200, body = Committed), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
 #[post("/agent/artifacts/{id}/commit")]
-#[tracing::instrument(skip(state, node, body), fields(node = %node.node.id))]
+#[tracing::instrument(skip(state, node, payload), fields(node = %node.node.id))]
 pub async fn commit(
     state: web::Data<AppState>,
     node: NodeCaller,
     id: web::Path<String>,
-    body: web::Json<ArtifactCommit>,
+    mut payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
+    // A manifest of many files is far over the API's usual JSON limit: read it here.
+    let mut raw = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::BadRequest(format!("body interrupted: {e}")))?;
+        if raw.len() + chunk.len() > COMMIT_BODY_LIMIT {
+            return Err(ApiError::PayloadTooLarge(format!(
+                "a commit body is at most {COMMIT_BODY_LIMIT} bytes"
+            )));
+        }
+        raw.extend_from_slice(&chunk);
+    }
+    let body: ArtifactCommit = serde_json::from_slice(&raw)
+        .map_err(|e| ApiError::BadRequest(format!("invalid commit body: {e}")))?;
+    let a = state
+        .store
+        .artifact(&id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("no such upload".into()))?;
+    let files = body.files;
+    // A commit repeated after a lost answer gets the same answer.
+    if a.state == "complete"
+        && a.manifest.as_deref() == serde_json::to_string(&files).ok().as_deref()
+    {
+        return Ok(HttpResponse::Ok().json(Committed {
+            id: a.id,
+            files: a.files.max(0) as u64,
+            size_bytes: a.size_bytes.max(0) as u64,
+        }));
+    }
     let a = uploading(&state, &node, &id).await?;
-    let files = body.into_inner().files;
     if files.is_empty() || files.len() > MAX_FILES {
         return Err(ApiError::invalid(
             "files",
@@ -270,7 +342,9 @@ pub async fn commit(
     } else {
         1
     };
-    retire(&state, &a.task_id, &a.kind, keep).await;
+    // Deleting old checkpoints can take a while on S3: after answering.
+    let (st, task_id, kind) = (state.clone(), a.task_id.clone(), a.kind.clone());
+    actix_web::rt::spawn(async move { retire(&st, &task_id, &kind, keep).await });
     Ok(HttpResponse::Ok().json(Committed {
         id: a.id,
         files: files.len() as u64,
@@ -278,8 +352,8 @@ pub async fn commit(
     }))
 }
 
-/// Deletes all but the newest `keep` complete artifacts of a kind. Failures are logged and
-/// retried at the next commit (the rows stay `deleting`, never restored from).
+/// Deletes all but the newest `keep` complete artifacts of a kind. A failed deletion leaves
+/// the row `deleting` (never restored from); the server's hourly sweep tries it again.
 async fn retire(state: &AppState, task_id: &str, kind: &str, keep: usize) {
     let all = match state.store.task_artifacts(task_id, kind).await {
         Ok(a) => a,
@@ -289,17 +363,20 @@ async fn retire(state: &AppState, task_id: &str, kind: &str, keep: usize) {
         }
     };
     for old in all.into_iter().skip(keep) {
-        if state
+        if !state
             .store
-            .set_artifact_state(&old.id, "deleting")
+            .set_artifact_state(&old.id, "complete", "deleting")
             .await
-            .is_err()
+            .unwrap_or(false)
         {
             continue;
         }
         match delete_prefix(state.storage.backend.as_ref(), &old.bucket, &old.prefix).await {
             Ok(_) => {
-                let _ = state.store.set_artifact_state(&old.id, "deleted").await;
+                let _ = state
+                    .store
+                    .set_artifact_state(&old.id, "deleting", "deleted")
+                    .await;
             }
             Err(e) => {
                 tracing::warn!(error = %e, artifact = old.id, "could not delete an old artifact")
@@ -312,6 +389,8 @@ async fn retire(state: &AppState, task_id: &str, kind: &str, keep: usize) {
 fn stream_object(size: u64, body: ByteStream) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/octet-stream")
+        // Already the bytes to send: keep the compression middleware (and its CPU) off them.
+        .insert_header((actix_web::http::header::CONTENT_ENCODING, "identity"))
         .no_chunking(size)
         .streaming(body)
 }
@@ -456,6 +535,8 @@ pub async fn checkpoints(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let t = find(&state, &caller, &id).await?;
+    // Shown as the tenant names it (`s3://bucket/path`), usable as a `data_path`.
+    let tenant_prefix = state.storage.tenant_prefix(caller.tenant_id());
     let list: Vec<Checkpoint> = state
         .store
         .task_artifacts(&t.task.id, "checkpoint")
@@ -468,7 +549,11 @@ pub async fn checkpoints(
             files: a.files.max(0) as u64,
             size_bytes: a.size_bytes.max(0) as u64,
             created_at: rfc3339(a.completed_at.unwrap_or(a.created_at)),
-            location: format!("s3://{}/{}", a.bucket, a.prefix),
+            location: format!(
+                "s3://{}/{}",
+                a.bucket,
+                a.prefix.strip_prefix(&tenant_prefix).unwrap_or(&a.prefix)
+            ),
             id: a.id,
         })
         .collect();
@@ -538,7 +623,7 @@ pub async fn results(
             t.task.id
         )));
     };
-    let files = files_of(&a);
+    let files = std::sync::Arc::new(files_of(&a));
     let mtime = (a.completed_at.unwrap_or(a.created_at) / 1000).max(0) as u64;
     let length: u64 = files
         .iter()
@@ -593,6 +678,7 @@ pub async fn results(
     });
     Ok(HttpResponse::Ok()
         .content_type("application/x-tar")
+        .insert_header((actix_web::http::header::CONTENT_ENCODING, "identity"))
         .insert_header((
             "Content-Disposition",
             format!("attachment; filename=\"{}-results.tar\"", t.task.id),
@@ -669,20 +755,19 @@ pub async fn put_object(
 ) -> Result<HttpResponse, ApiError> {
     let (bucket, rel) = path.into_inner();
     let rel = parse_rel(&rel)?;
+    user_writable(&rel)?;
     let (bucket, key) = tenant_key(&state, &caller, &bucket, &rel)?;
+    check_key(&key)?;
     let mut up = state.storage.backend.start_upload(&bucket, &key).await?;
-    while let Some(chunk) = payload.next().await {
-        let chunk = match chunk {
-            Ok(c) => c,
-            Err(e) => {
-                up.abort().await;
-                return Err(ApiError::BadRequest(format!("upload interrupted: {e}")));
-            }
-        };
-        if let Err(e) = up.write(chunk).await {
-            up.abort().await;
-            return Err(e.into());
-        }
+    if let Err(e) = receive(
+        &mut up,
+        &mut payload,
+        state.settings.storage_max_object_bytes,
+    )
+    .await
+    {
+        up.abort().await;
+        return Err(e);
     }
     let size = up.finish().await?;
     Ok(HttpResponse::Created().json(ObjectInfo {
@@ -718,6 +803,7 @@ pub async fn delete_object(
     caller.require_manager()?;
     let (bucket, rel) = path.into_inner();
     let rel = parse_rel(&rel)?;
+    user_writable(&rel)?;
     let (bucket, key) = tenant_key(&state, &caller, &bucket, &rel)?;
     state.storage.backend.delete(&bucket, &key).await?;
     Ok(HttpResponse::NoContent().finish())

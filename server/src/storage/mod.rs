@@ -180,6 +180,9 @@ pub fn clean_path(path: &str) -> Result<String, String> {
         if seg.is_empty() || seg == "." || seg == ".." {
             return Err(format!("path {path:?} has an empty, '.' or '..' segment"));
         }
+        if seg.len() > 255 {
+            return Err(format!("path {path:?} has a name longer than 255 bytes"));
+        }
         if seg.chars().any(|c| c.is_control() || c == '\\') {
             return Err(format!(
                 "path {path:?} has a control character or backslash"

@@ -134,7 +134,9 @@ impl Upload for S3Upload {
     async fn write(&mut self, chunk: Bytes) -> StorageResult<()> {
         self.size += chunk.len() as u64;
         self.buf.extend_from_slice(&chunk);
-        if self.buf.len() >= PART_SIZE {
+        // S3 allows 10,000 parts: parts grow every thousand, so objects up to ~2.5 TB fit.
+        let part = PART_SIZE << (self.parts.len() / 1000).min(5);
+        if self.buf.len() >= part {
             self.flush_part().await?;
         }
         Ok(())

@@ -226,12 +226,16 @@ pub trait Store: Send + Sync + 'static {
     async fn create_artifact(&self, a: &ArtifactRecord) -> StoreResult<()>;
     async fn artifact(&self, id: &str) -> StoreResult<Option<ArtifactRecord>>;
     /// Marks an uploading artifact complete (with an event on its task); `false` if it was not
-    /// uploading. A complete checkpoint also becomes the task's `last_checkpoint_at`.
+    /// uploading or its attempt is no longer the task's current one (a late commit of an
+    /// attempt that was already requeued). A complete checkpoint also becomes the task's
+    /// `last_checkpoint_at`.
     async fn complete_artifact(&self, a: &ArtifactRecord, now: i64) -> StoreResult<bool>;
     /// Complete artifacts of a task of one kind, newest first.
     async fn task_artifacts(&self, task_id: &str, kind: &str) -> StoreResult<Vec<ArtifactRecord>>;
-    async fn set_artifact_state(&self, id: &str, state: &str) -> StoreResult<()>;
-    /// Uploads started before `before` and never completed (their agent went away).
+    /// Moves an artifact from state `from` to `to`; `false` if it was not in `from`.
+    async fn set_artifact_state(&self, id: &str, from: &str, to: &str) -> StoreResult<bool>;
+    /// Uploads started before `before` and never completed (their agent went away), and
+    /// artifacts whose deletion did not finish.
     async fn stale_uploads(&self, before: i64) -> StoreResult<Vec<ArtifactRecord>>;
     async fn add_event(
         &self,

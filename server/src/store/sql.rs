@@ -1026,7 +1026,8 @@ macro_rules! impl_store {
                 let mut tx = self.pool.begin().await?;
                 let r = sqlx::query(
                     "UPDATE artifacts SET state = 'complete', manifest = $1, files = $2, size_bytes = $3, step = $4, epoch = $5, completed_at = $6
-                     WHERE id = $7 AND state = 'uploading'",
+                     WHERE id = $7 AND state = 'uploading'
+                       AND EXISTS (SELECT 1 FROM tasks WHERE tasks.id = artifacts.task_id AND tasks.attempts = artifacts.attempt)",
                 )
                 .bind(&a.manifest)
                 .bind(a.files)
@@ -1069,18 +1070,19 @@ macro_rules! impl_store {
                 .await?)
             }
 
-            async fn set_artifact_state(&self, id: &str, state: &str) -> StoreResult<()> {
-                sqlx::query("UPDATE artifacts SET state = $1 WHERE id = $2")
-                    .bind(state)
+            async fn set_artifact_state(&self, id: &str, from: &str, to: &str) -> StoreResult<bool> {
+                let r = sqlx::query("UPDATE artifacts SET state = $1 WHERE id = $2 AND state = $3")
+                    .bind(to)
                     .bind(id)
+                    .bind(from)
                     .execute(&self.pool)
                     .await?;
-                Ok(())
+                Ok(r.rows_affected() == 1)
             }
 
             async fn stale_uploads(&self, before: i64) -> StoreResult<Vec<ArtifactRecord>> {
                 Ok(sqlx::query_as(&format!(
-                    "SELECT {ARTIFACT_COLS} FROM artifacts WHERE state = 'uploading' AND created_at < $1"
+                    "SELECT {ARTIFACT_COLS} FROM artifacts WHERE (state = 'uploading' AND created_at < $1) OR state = 'deleting'"
                 ))
                 .bind(before)
                 .fetch_all(&self.pool)

@@ -538,15 +538,25 @@ impl Runner {
                 let (store, storage) = (self.store.clone(), self.storage.clone());
                 tokio::spawn(async move {
                     for a in stale {
-                        match crate::storage::delete_prefix(
+                        // Claim it first, so a commit arriving now cannot complete it.
+                        if a.state == "uploading"
+                            && !store
+                                .set_artifact_state(&a.id, "uploading", "deleting")
+                                .await
+                                .unwrap_or(false)
+                        {
+                            continue;
+                        }
+                        let gone = crate::storage::delete_prefix(
                             storage.backend.as_ref(),
                             &a.bucket,
                             &a.prefix,
                         )
-                        .await
-                        {
+                        .await;
+                        match gone {
                             Ok(_) => {
-                                let _ = store.set_artifact_state(&a.id, "deleted").await;
+                                let _ =
+                                    store.set_artifact_state(&a.id, "deleting", "deleted").await;
                             }
                             Err(e) => {
                                 tracing::warn!(error = %e, artifact = a.id, "could not delete an abandoned upload")
