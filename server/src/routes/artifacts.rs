@@ -61,12 +61,14 @@ fn check_key(key: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `tasks/` holds the platform's checkpoints and results: users read it, only agents write.
+/// `checkpoints/` and `results/` hold what the platform saved for tasks: users read them,
+/// only agents write there.
 fn user_writable(rel: &str) -> Result<(), ApiError> {
-    if rel == "tasks" || rel.starts_with("tasks/") {
-        return Err(ApiError::Forbidden(
-            "tasks/ holds checkpoints and results saved by the platform; it is read-only".into(),
-        ));
+    let top = rel.split('/').next().unwrap_or_default();
+    if top == "checkpoints" || top == "results" {
+        return Err(ApiError::Forbidden(format!(
+            "{top}/ holds what the platform saved for tasks; it is read-only"
+        )));
     }
     Ok(())
 }
@@ -130,26 +132,27 @@ pub async fn start_upload(
     }
     let spec = spec_of(&t.task)?;
     let task = &t.task;
-    let (bucket, base) = match spec.checkpoint.as_ref().and_then(|c| c.save_to.as_deref()) {
+    // Keys stay short (`<tenant>/checkpoints/<id>/...`): some S3 implementations keep
+    // per-object files named after the whole key. The store links each artifact to its task.
+    let artifact_id = uuid::Uuid::new_v4().simple().to_string();
+    let (bucket, prefix) = match spec.checkpoint.as_ref().and_then(|c| c.save_to.as_deref()) {
         Some(url) if kind == "checkpoint" && url.starts_with("s3://") => {
             let (b, p) = state
                 .storage
                 .resolve(&task.tenant_id, url)
                 .map_err(|m| ApiError::invalid("checkpoint.save_to", m))?;
-            (b, format!("{p}{}/", task.id))
+            (b, format!("{p}{artifact_id}/"))
         }
         _ => (
             state.storage.default_bucket.clone(),
             format!(
-                "{}tasks/{}/",
+                "{}{kind}s/{artifact_id}/",
                 state.storage.tenant_prefix(&task.tenant_id),
-                task.id
             ),
         ),
     };
-    let artifact_id = uuid::Uuid::new_v4().simple().to_string();
     let rec = ArtifactRecord {
-        prefix: format!("{base}{kind}s/{artifact_id}/"),
+        prefix,
         id: artifact_id.clone(),
         task_id: task.id.clone(),
         tenant_id: task.tenant_id.clone(),
