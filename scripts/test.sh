@@ -29,7 +29,9 @@ log "unit and API tests (SQLite and PostgreSQL)"
 cargo test --locked --workspace
 
 log "browser tests (headless Chromium)"
-build_server
+# `cargo test` above built the server binary (integration tests need it); building it again
+# without the test-only dependencies would recompile the S3 stack for nothing.
+[ -x "$CARGO_TARGET_DIR/debug/autodl-server" ] || build_server
 export AUTODL_SERVER_BIN="$CARGO_TARGET_DIR/debug/autodl-server"
 export AUTODL_ARTIFACTS="${AUTODL_ARTIFACTS:-$ROOT/artifacts/screenshots}"
 (cd tests/browser && npm ci --no-audit --no-fund --silent && node --test --test-concurrency=1)

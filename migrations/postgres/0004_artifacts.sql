@@ -26,3 +26,13 @@ CREATE INDEX artifacts_task_idx ON artifacts (task_id, kind, state, created_at);
 -- The task list's common filters (state, the caller's own tasks) without walking the tenant.
 CREATE INDEX tasks_tenant_state_created_idx ON tasks (tenant_id, state, created_at DESC, id DESC);
 CREATE INDEX tasks_user_created_idx ON tasks (user_id, created_at DESC, id DESC);
+
+-- Hourly utilization per task, folded from raw samples before they are deleted, so usage
+-- reports of past months still know each user's average utilization.
+CREATE TABLE task_util_rollups (
+    task_id   TEXT NOT NULL,
+    hour      BIGINT NOT NULL,
+    samples   BIGINT NOT NULL,
+    avg_util  DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (task_id, hour)
+);

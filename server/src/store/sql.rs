@@ -1113,10 +1113,17 @@ macro_rules! impl_store {
 
             async fn usage_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<UsageUtilRecord>> {
                 Ok(sqlx::query_as(
-                    "SELECT t.user_id, AVG(g.util) AS avg_util, COUNT(*) AS samples
-                     FROM gpu_samples g JOIN tasks t ON t.id = g.task_id
-                     WHERE g.at >= $1 AND g.at < $2
-                     GROUP BY t.user_id",
+                    "SELECT user_id, SUM(s * u) / CAST(SUM(s) AS DOUBLE PRECISION) AS avg_util, CAST(SUM(s) AS BIGINT) AS samples
+                     FROM (
+                        SELECT t.user_id, g.util AS u, CAST(1 AS BIGINT) AS s
+                        FROM gpu_samples g JOIN tasks t ON t.id = g.task_id
+                        WHERE g.at >= $1 AND g.at < $2
+                        UNION ALL
+                        SELECT t.user_id, r.avg_util AS u, r.samples AS s
+                        FROM task_util_rollups r JOIN tasks t ON t.id = r.task_id
+                        WHERE r.hour >= $1 AND r.hour < $2
+                     ) x
+                     GROUP BY user_id",
                 )
                 .bind(from)
                 .bind(to)
@@ -1139,8 +1146,22 @@ macro_rules! impl_store {
                 .bind(before)
                 .execute(&mut *tx)
                 .await?;
+                // Per task too: usage reports of past months need each user's utilization.
+                sqlx::query(
+                    "INSERT INTO task_util_rollups (task_id, hour, samples, avg_util)
+                     SELECT task_id, (at / 3600000) * 3600000, COUNT(*), AVG(util)
+                     FROM gpu_samples WHERE at < $1 AND task_id IS NOT NULL GROUP BY task_id, (at / 3600000) * 3600000
+                     ON CONFLICT (task_id, hour) DO UPDATE SET
+                        avg_util = (task_util_rollups.avg_util * task_util_rollups.samples + excluded.avg_util * excluded.samples)
+                                   / (task_util_rollups.samples + excluded.samples),
+                        samples = task_util_rollups.samples + excluded.samples",
+                )
+                .bind(before)
+                .execute(&mut *tx)
+                .await?;
                 let r = sqlx::query("DELETE FROM gpu_samples WHERE at < $1").bind(before).execute(&mut *tx).await?;
                 sqlx::query("DELETE FROM gpu_rollups WHERE hour < $1").bind(rollups_before).execute(&mut *tx).await?;
+                sqlx::query("DELETE FROM task_util_rollups WHERE hour < $1").bind(rollups_before).execute(&mut *tx).await?;
                 tx.commit().await?;
                 Ok(r.rows_affected())
             }

@@ -178,6 +178,32 @@ async fn usage_report_counts_gpu_hours_per_tenant_and_user(b: Backend) {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+
+    // Raw samples are folded into hourly rollups after a while; the month's utilization is
+    // still known, and merges with raw samples that arrive later.
+    let folded = store
+        .compact_gpu_samples(started + 10_000, 0)
+        .await
+        .unwrap();
+    assert_eq!(folded, 2);
+    store
+        .insert_gpu_samples(&[sample(started + 20_000, 0.9)])
+        .await
+        .unwrap();
+    let r = op
+        .get(&app, &format!("/api/v1/admin/usage?month={month}"))
+        .await;
+    let a = r["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["user_email"] == "ada@example.com")
+        .unwrap()
+        .clone();
+    assert!(
+        (a["avg_utilization"].as_f64().unwrap() - 0.7).abs() < 1e-6,
+        "{a}"
+    );
 }
 
 /// The `data:` payloads and event names of a complete SSE body.
