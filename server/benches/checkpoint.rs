@@ -37,22 +37,7 @@ async fn main() -> anyhow::Result<()> {
     let http = reqwest::Client::new();
 
     // An operator, a node registered over the agent API, a researcher's task placed on it.
-    let op: Value = http
-        .post(format!("{base}/api/v1/auth/signup"))
-        .json(&json!({"email": "ops@example.com", "password": "Bench-passw0rd", "tenant_name": "Ops"}))
-        .send()
-        .await?
-        .json()
-        .await?;
-    state
-        .store
-        .set_user_flags(
-            op["user"]["id"].as_str().unwrap_or_default(),
-            None,
-            Some(true),
-        )
-        .await?;
-    let op_token = op["token"].as_str().unwrap_or_default().to_owned();
+    let op_token = support::operator(&server, &http).await?;
     let reg: Value = http
         .post(format!("{base}/api/v1/admin/registration-tokens"))
         .bearer_auth(&op_token)
@@ -70,13 +55,7 @@ async fn main() -> anyhow::Result<()> {
         .json()
         .await?;
     let cred = node["credential"].as_str().unwrap_or_default().to_owned();
-    let user: Value = http
-        .post(format!("{base}/api/v1/auth/signup"))
-        .json(&json!({"email": "ada@example.com", "password": "Bench-passw0rd", "tenant_name": "Lab"}))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let user = support::signup(&http, &base, "ada@example.com", "Lab").await?;
     let token = user["token"].as_str().unwrap_or_default().to_owned();
     let task: Value = http
         .post(format!("{base}/api/v1/tasks"))

@@ -22,27 +22,13 @@ async fn main() -> anyhow::Result<()> {
     let secs = env_num("AUTODL_BENCH_SECS", 10);
     let batch = env_num("AUTODL_BENCH_BATCH", 2000) as usize;
     let server = support::start().await?;
-    let (base, backend, state) = (server.base.clone(), server.backend, server.state.clone());
+    let (base, backend) = (server.base.clone(), server.backend);
 
     let http = reqwest::Client::new();
-    let op: Value = http
-        .post(format!("{base}/api/v1/auth/signup"))
-        .json(&json!({"email": "ops@example.com", "password": "Bench-passw0rd", "tenant_name": "Ops"}))
-        .send()
-        .await?
-        .json()
-        .await?;
-    state
-        .store
-        .set_user_flags(
-            op["user"]["id"].as_str().unwrap_or_default(),
-            None,
-            Some(true),
-        )
-        .await?;
+    let op_token = support::operator(&server, &http).await?;
     let token: Value = http
         .post(format!("{base}/api/v1/admin/registration-tokens"))
-        .bearer_auth(op["token"].as_str().unwrap_or_default())
+        .bearer_auth(&op_token)
         .json(&json!({}))
         .send()
         .await?

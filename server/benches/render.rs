@@ -21,25 +21,10 @@ async fn main() -> anyhow::Result<()> {
     let rounds = env_num("AUTODL_BENCH_ROUNDS", 200) as usize;
     // No scheduler: the tasks stay where this bench puts them (pending or cancelled).
     let server = support::start_with(|s| s.run_scheduler = false).await?;
-    let (base, backend, state) = (server.base.clone(), server.backend, server.state.clone());
+    let (base, backend) = (server.base.clone(), server.backend);
 
     let http = reqwest::Client::builder().cookie_store(true).build()?;
-    let op: Value = reqwest::Client::new()
-        .post(format!("{base}/api/v1/auth/signup"))
-        .json(&json!({"email": "ops@example.com", "password": "Bench-passw0rd", "tenant_name": "Ops"}))
-        .send()
-        .await?
-        .json()
-        .await?;
-    state
-        .store
-        .set_user_flags(
-            op["user"]["id"].as_str().unwrap_or_default(),
-            None,
-            Some(true),
-        )
-        .await?;
-    let op_token = op["token"].as_str().unwrap_or_default().to_owned();
+    let op_token = support::operator(&server, &reqwest::Client::new()).await?;
     reqwest::Client::new()
         .post(format!("{base}/api/v1/admin/nodes"))
         .bearer_auth(&op_token)
@@ -48,13 +33,7 @@ async fn main() -> anyhow::Result<()> {
         .await?
         .error_for_status()?;
     // The researcher signs up in the client that keeps cookies, as a browser would.
-    let user: Value = http
-        .post(format!("{base}/api/v1/auth/signup"))
-        .json(&json!({"email": "ada@example.com", "password": "Bench-passw0rd", "tenant_name": "Lab"}))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let user = support::signup(&http, &base, "ada@example.com", "Lab").await?;
     let token = Arc::new(user["token"].as_str().unwrap_or_default().to_owned());
     // Fill the tenant: submissions from 16 clients; four in five are then cancelled so the
     // list holds a realistic mix of finished and waiting work.

@@ -4,7 +4,7 @@
 import { test, before, after } from "node:test";
 import { execFileSync } from "node:child_process";
 import assert from "node:assert/strict";
-import { startServer, startBrowser, hydrated, shot } from "./harness.mjs";
+import { startServer, startBrowser, hydrated, shot, logIn } from "./harness.mjs";
 
 let server, browser;
 before(async () => {
@@ -21,15 +21,6 @@ after(async () => {
 });
 
 const password = "Dr41n-the-rack-now";
-
-async function logIn(page, email) {
-  await page.goto(`${server.base}/login`);
-  await hydrated(page);
-  await page.fill("#email", email);
-  await page.fill("#password", password);
-  await page.click("button[type=submit]");
-  await page.waitForURL("**/account");
-}
 
 async function submit(page, name) {
   await page.click("[data-testid=nav-submit]");
@@ -59,7 +50,7 @@ test("set a member's quota, drain a node, see the tasks move", async () => {
   const admin = await adminCtx.newPage();
   const errors = [];
   admin.on("pageerror", (e) => errors.push(String(e)));
-  await logIn(admin, "root@example.com");
+  await logIn(admin, server.base, "root@example.com", password);
 
   // Invite a researcher into the administrator's organization.
   await admin.goto(`${server.base}/organization`);

@@ -7,7 +7,7 @@
 // sent), runs one task, and sends one sample at a time at irregular intervals while the page
 // watches the chart's SVG with a MutationObserver. Browser and script share the machine clock.
 import { execFileSync } from "node:child_process";
-import { startServer, startBrowser, hydrated } from "./harness.mjs";
+import { startServer, startBrowser, hydrated, logIn } from "./harness.mjs";
 
 const samples = Number(process.env.AUTODL_BENCH_SAMPLES || 100);
 const password = "Bench-passw0rd-1";
@@ -57,12 +57,7 @@ try {
   })();
 
   const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
-  await page.goto(`${server.base}/login`);
-  await hydrated(page);
-  await page.fill("#email", "ada@example.com");
-  await page.fill("#password", password);
-  await page.click("button[type=submit]");
-  await page.waitForURL("**/account");
+  await logIn(page, server.base, "ada@example.com", password);
   await page.goto(`${server.base}/tasks/${task.id}`);
   await hydrated(page);
   await page.waitForSelector("[data-testid=chart-util]");

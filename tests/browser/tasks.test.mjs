@@ -5,7 +5,7 @@ import { test, before, after } from "node:test";
 import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import assert from "node:assert/strict";
-import { startServer, startBrowser, hydrated, shot } from "./harness.mjs";
+import { startServer, startBrowser, hydrated, shot, logIn } from "./harness.mjs";
 
 let server, browser;
 before(async () => {
@@ -208,12 +208,7 @@ test("a waiting task says why; the dashboard and cluster show the load; cancel f
   const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
   const errors = [];
   page.on("pageerror", (e) => errors.push(String(e)));
-  await page.goto(`${server.base}/login`);
-  await hydrated(page);
-  await page.fill("#email", email);
-  await page.fill("#password", password);
-  await page.click("button[type=submit]");
-  await page.waitForURL("**/account");
+  await logIn(page, server.base, email, password);
 
   const first = await submitThroughForm(page, "big-one", "sleep 120", "A100-40G", 4);
   await page.waitForSelector("[data-testid=task-name] [data-testid=state]:text('running')", { timeout: 30000 });
@@ -250,12 +245,7 @@ test("a waiting task says why; the dashboard and cluster show the load; cancel f
 test("pages fit a phone screen", async () => {
   const ctx = await browser.newContext({ viewport: { width: 390, height: 844 } });
   const page = await ctx.newPage();
-  await page.goto(`${server.base}/login`);
-  await hydrated(page);
-  await page.fill("#email", email);
-  await page.fill("#password", password);
-  await page.click("button[type=submit]");
-  await page.waitForURL("**/account");
+  await logIn(page, server.base, email, password);
   for (const [path, sel] of [["/tasks", "[data-testid=task-row]"], ["/submit", "#name"], ["/cluster", "[data-testid=heatmap]"], ["/", "[data-testid=fair-share]"]]) {
     await page.goto(`${server.base}${path}`);
     await hydrated(page);
@@ -283,12 +273,7 @@ test("a platform administrator sees the month's GPU usage and downloads it as CS
     stdio: ["ignore", "ignore", "inherit"],
   });
   const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
-  await page.goto(`${server.base}/login`);
-  await hydrated(page);
-  await page.fill("#email", "ops@example.com");
-  await page.fill("#password", password);
-  await page.click("button[type=submit]");
-  await page.waitForURL("**/account");
+  await logIn(page, server.base, "ops@example.com", password);
   await page.click("a:text('Admin')");
   await page.waitForURL("**/admin");
   await page.waitForSelector("[data-testid=usage-users] td:text('grace@example.com')");

@@ -67,3 +67,37 @@ pub async fn start_with(tweak: impl FnOnce(&mut Settings)) -> anyhow::Result<Ben
         dir,
     })
 }
+
+/// Signs a user up (a new organization); the answer has `token` and `user`.
+pub async fn signup(
+    http: &reqwest::Client,
+    base: &str,
+    email: &str,
+    org: &str,
+) -> anyhow::Result<serde_json::Value> {
+    Ok(http
+        .post(format!("{base}/api/v1/auth/signup"))
+        .json(
+            &serde_json::json!({"email": email, "password": "Bench-passw0rd", "tenant_name": org}),
+        )
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?)
+}
+
+/// A platform administrator's bearer token.
+pub async fn operator(server: &BenchServer, http: &reqwest::Client) -> anyhow::Result<String> {
+    let op = signup(http, &server.base, "ops@example.com", "Ops").await?;
+    server
+        .state
+        .store
+        .set_user_flags(
+            op["user"]["id"].as_str().unwrap_or_default(),
+            None,
+            Some(true),
+        )
+        .await?;
+    Ok(op["token"].as_str().unwrap_or_default().to_owned())
+}

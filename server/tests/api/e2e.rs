@@ -16,13 +16,13 @@ crate::on_both_backends!(
     cancel_and_drain_deliver_sigterm
 );
 
-struct RunningAgent {
-    handle: tokio::task::JoinHandle<()>,
-    shutdown: CancellationToken,
+pub struct RunningAgent {
+    pub handle: tokio::task::JoinHandle<()>,
+    pub shutdown: CancellationToken,
     _dir: tempfile::TempDir,
 }
 
-async fn start_agent(app: &TestApp, op: &Session, node: &str, gpus: &str) -> RunningAgent {
+pub async fn start_agent(app: &TestApp, op: &Session, node: &str, gpus: &str) -> RunningAgent {
     let token = app.registration_token(op, node).await;
     let dir = tempfile::tempdir().unwrap();
     let config = AgentConfig::new(app.address.clone())

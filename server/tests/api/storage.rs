@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::web::Bytes;
-use autodl_agent::{Agent, AgentConfig, CancellationToken, ProcessRuntime, SimulatedBackend};
 use autodl_server::config::Settings;
 use autodl_server::storage::{self, ObjectStore, Storage};
 use futures_util::StreamExt;
@@ -15,6 +14,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::agents::FakeAgent;
+use crate::e2e::start_agent;
 use crate::helpers::{assert_error, spawn_app_with, Backend, Session, TestApp};
 use crate::s3_server;
 
@@ -705,52 +705,6 @@ async fn unreachable_storage_is_reported_not_fatal(b: Backend) {
     );
 }
 
-async fn start_agent(
-    app: &TestApp,
-    op: &Session,
-    node: &str,
-) -> (
-    tokio::task::JoinHandle<()>,
-    CancellationToken,
-    tempfile::TempDir,
-) {
-    let token = app.registration_token(op, node).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = AgentConfig::new(app.address.clone())
-        .node_id(node)
-        .zone("z1")
-        .registration_token(&token)
-        .state_dir(dir.path().to_path_buf())
-        .cpu(16)
-        .memory(64 << 30)
-        .sample_interval(Duration::from_millis(500))
-        .shutdown_grace(Duration::from_secs(2));
-    let agent = Agent::new(
-        config,
-        Arc::new(SimulatedBackend::from_spec("1xA40", 7).unwrap()),
-        Arc::new(ProcessRuntime::new()),
-    )
-    .unwrap();
-    let shutdown = CancellationToken::new();
-    let t = shutdown.clone();
-    let handle = tokio::spawn(async move {
-        let _ = agent.run(t).await;
-    });
-    for _ in 0..100 {
-        let nodes = op.get(app, "/api/v1/nodes").await;
-        if nodes
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|n| n["id"] == node && n["schedulable"] == true)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    (handle, shutdown, dir)
-}
-
 async fn log_text(app: &TestApp, s: &Session, id: &str) -> String {
     let logs = s.get(app, &format!("/api/v1/tasks/{id}/logs")).await;
     logs["lines"]
@@ -768,7 +722,7 @@ async fn checkpoints_survive_a_drain_and_results_come_back(b: Backend) {
     let s3 = s3_server::start(&["autodl"]).await;
     let app = s3_app(b, &s3.endpoint, |_| {}).await;
     let op = app.operator().await;
-    let (h1, stop1, _d1) = start_agent(&app, &op, "sim-1").await;
+    let a1 = start_agent(&app, &op, "sim-1", "1xA40").await;
     let s = app.signup("ada@example.com", "Lab").await;
     let script = r#"
 step=0
@@ -819,7 +773,7 @@ head -c 200000 /dev/zero | tr '\0' 'x' > "$AUTODL_RESULTS_DIR/plots/loss.csv"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (h2, stop2, _d2) = start_agent(&app, &op, "sim-2").await;
+    let a2 = start_agent(&app, &op, "sim-2", "1xA40").await;
     op.send(&app, Method::POST, "/api/v1/admin/nodes/sim-1/drain", None)
         .await;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -896,8 +850,8 @@ head -c 200000 /dev/zero | tr '\0' 'x' > "$AUTODL_RESULTS_DIR/plots/loss.csv"
     }
     assert_eq!(got["summary.txt"], b"final 30\n");
     assert_eq!(got["plots/loss.csv"].len(), 200_000);
-    for (h, stop) in [(h1, stop1), (h2, stop2)] {
-        stop.cancel();
-        let _ = h.await;
+    for agent in [a1, a2] {
+        agent.shutdown.cancel();
+        let _ = agent.handle.await;
     }
 }
