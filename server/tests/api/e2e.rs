@@ -89,7 +89,7 @@ async fn wait_for(app: &TestApp, s: &Session, id: &str, states: &[&str], secs: u
     }
 }
 
-async fn log_text(app: &TestApp, s: &Session, id: &str) -> String {
+pub async fn log_text(app: &TestApp, s: &Session, id: &str) -> String {
     let logs = s.get(app, &format!("/api/v1/tasks/{id}/logs")).await;
     logs["lines"]
         .as_array()

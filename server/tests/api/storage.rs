@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::agents::FakeAgent;
-use crate::e2e::start_agent;
+use crate::e2e::{log_text, start_agent};
 use crate::helpers::{assert_error, spawn_app_with, Backend, Session, TestApp};
 use crate::s3_server;
 
@@ -703,17 +703,6 @@ async fn unreachable_storage_is_reported_not_fatal(b: Backend) {
         t["state"], "running",
         "a storage outage does not fail the task"
     );
-}
-
-async fn log_text(app: &TestApp, s: &Session, id: &str) -> String {
-    let logs = s.get(app, &format!("/api/v1/tasks/{id}/logs")).await;
-    logs["lines"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["line"].as_str().unwrap().to_owned())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// A task that counts steps and asks for a checkpoint after each is drained half way: its
