@@ -60,6 +60,8 @@ impl TaskLaunch {
         state_dir: &Path,
         real_gpus: bool,
     ) -> TaskLaunch {
+        // Absolute: the task runs in its own working directory (and Docker mounts need it).
+        let state_dir = std::path::absolute(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
         let task_dir = state_dir.join("tasks").join(safe_name(&a.task_id));
         let mut env = BTreeMap::new();
         env.insert("AUTODL_TASK_ID".to_string(), a.task_id.clone());
@@ -262,6 +264,11 @@ mod tests {
             gpu_indices: vec![2, 3],
             ..Default::default()
         };
+        // A relative state folder (the demo's `data/demo-agents`) still gives absolute paths:
+        // the task runs in its own working directory.
+        let rel = TaskLaunch::from_assignment(&a, "n1", Path::new("data/agent"), false);
+        assert!(rel.results_dir.is_absolute() && rel.checkpoint_dir.is_absolute());
+        assert!(rel.results_dir.ends_with("data/agent/tasks/t_1/results"));
         let l = TaskLaunch::from_assignment(&a, "n1", Path::new("/state"), false);
         assert_eq!(l.env["AUTODL_TASK_ID"], "t/1");
         assert_eq!(l.env["AUTODL_ATTEMPT"], "3");

@@ -160,6 +160,29 @@ impl ObjectStore for LocalStore {
         .map_err(|e| StorageError::Other(e.to_string()))?
     }
 
+    async fn sweep_abandoned(&self, older_than: std::time::Duration) -> StorageResult<usize> {
+        let dir = self.root.join(".uploads");
+        let mut entries = match tokio::fs::read_dir(&dir).await {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(io_err(e)),
+        };
+        let mut removed = 0;
+        while let Some(entry) = entries.next_entry().await.map_err(io_err)? {
+            let old = entry
+                .metadata()
+                .await
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > older_than);
+            if old && tokio::fs::remove_file(entry.path()).await.is_ok() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     async fn delete(&self, bucket: &str, key: &str) -> StorageResult<()> {
         let p = self.path(bucket, key)?;
         match tokio::fs::remove_file(&p).await {

@@ -66,6 +66,11 @@ pub trait ObjectStore: Send + Sync {
     /// Objects whose key starts with `prefix` (which should end in `/`), keys relative to it.
     async fn list(&self, bucket: &str, prefix: &str) -> StorageResult<Vec<ObjectMeta>>;
     async fn delete(&self, bucket: &str, key: &str) -> StorageResult<()>;
+    /// Removes what uploads that never finished left behind (a server stopped mid-upload).
+    /// S3 services do this with a lifecycle rule (`AbortIncompleteMultipartUpload`).
+    async fn sweep_abandoned(&self, _older_than: std::time::Duration) -> StorageResult<usize> {
+        Ok(0)
+    }
 }
 
 /// The platform's object storage: a backend, its default bucket, and the buckets tenants may

@@ -533,6 +533,16 @@ impl Runner {
             self.last_compaction = Some(Instant::now());
             // Uploads an agent began and never committed (it died, or its node was lost): their
             // objects are garbage. A day is far longer than any upload.
+            match self
+                .storage
+                .backend
+                .sweep_abandoned(Duration::from_secs(86_400))
+                .await
+            {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(n, "removed abandoned upload files"),
+                Err(e) => tracing::warn!(error = %e, "could not sweep abandoned uploads"),
+            }
             let stale = self.store.stale_uploads(now_ms - day).await?;
             if !stale.is_empty() {
                 let (store, storage) = (self.store.clone(), self.storage.clone());

@@ -136,6 +136,30 @@ async fn local_store_puts_gets_lists_and_uploads_atomically() {
     };
     let storage = Storage::from_settings(&s).unwrap();
     exercise_store(storage.backend.clone(), "autodl").await;
+    // An upload dropped half way (the server stopped) leaves a temporary file; the sweep
+    // removes it, and nothing ever became visible.
+    let mut up = storage
+        .backend
+        .start_upload("autodl", "x/y.bin")
+        .await
+        .unwrap();
+    up.write(Bytes::from_static(b"partial")).await.unwrap();
+    drop(up);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        storage
+            .backend
+            .sweep_abandoned(Duration::from_millis(1))
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(storage
+        .backend
+        .list("autodl", "x/")
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 async fn s3_app(b: Backend, endpoint: &str, tweak: impl FnOnce(&mut Settings)) -> TestApp {
