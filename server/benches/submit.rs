@@ -24,21 +24,7 @@ async fn main() -> anyhow::Result<()> {
 
     // An operator with two nodes, and a researcher with an API key.
     let http = reqwest::Client::new();
-    let signup = |email: &str, org: &str| {
-        http.post(format!("{base}/api/v1/auth/signup"))
-            .json(&json!({"email": email, "password": "Bench-passw0rd", "tenant_name": org}))
-            .send()
-    };
-    let op: Value = signup("ops@example.com", "Ops").await?.json().await?;
-    state
-        .store
-        .set_user_flags(
-            op["user"]["id"].as_str().unwrap_or_default(),
-            None,
-            Some(true),
-        )
-        .await?;
-    let op_token = op["token"].as_str().unwrap_or_default().to_owned();
+    let op_token = support::operator(&server, &http).await?;
     for (id, t) in [("node-a", "A100-40G"), ("node-b", "A40")] {
         http.post(format!("{base}/api/v1/admin/nodes"))
             .bearer_auth(&op_token)
@@ -47,7 +33,7 @@ async fn main() -> anyhow::Result<()> {
             .await?
             .error_for_status()?;
     }
-    let user: Value = signup("ada@example.com", "Lab").await?.json().await?;
+    let user = support::signup(&http, &base, "ada@example.com", "Lab").await?;
     let key: Value = http
         .post(format!("{base}/api/v1/api-keys"))
         .bearer_auth(user["token"].as_str().unwrap_or_default())

@@ -430,7 +430,7 @@ fn TaskView(id: String) -> impl IntoView {
                             <td>{c.attempt}</td>
                             <td>{c.step.map(|s| s.to_string()).or_else(|| c.epoch.map(|e| format!("epoch {e}"))).unwrap_or_else(|| "—".into())}</td>
                             <td>{c.files}</td>
-                            <td>{human_bytes(c.size_bytes)}</td>
+                            <td>{bytes(c.size_bytes)}</td>
                         </tr>
                     }).collect_view().into_any()
                 }}
@@ -445,21 +445,6 @@ fn TaskView(id: String) -> impl IntoView {
                 }).collect_view()}
             </ol>
         </section>
-    }
-}
-
-fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1000.0 && i + 1 < UNITS.len() {
-        v /= 1000.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[i])
     }
 }
 

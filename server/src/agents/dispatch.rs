@@ -69,7 +69,8 @@ pub async fn work_for(
         if t.state == "scheduled" && !runs_here {
             let spec = spec_of(&t)?;
             let mut a = assignment(state, &t, &spec, node, &placement)?;
-            a.restore = crate::routes::artifacts::latest_checkpoint(state, &t.id).await?;
+            a.restore =
+                crate::tasks::checkpoints::latest_checkpoint(state.store.as_ref(), &t.id).await?;
             out.assignments.push(a);
         }
     }

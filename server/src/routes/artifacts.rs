@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashSet};
 use actix_web::web::Bytes;
 use actix_web::{delete, get, post, put, web, HttpResponse};
 use autodl_common::agent::{
-    ArtifactCommit, ArtifactCreated, ArtifactFile, ArtifactStart, DataFile, DataManifest,
+    ArtifactCommit, ArtifactCreated, ArtifactStart, DataFile, DataManifest,
 };
 use autodl_common::api::ErrorBody;
 use autodl_common::tasks::Checkpoint;
@@ -27,6 +27,7 @@ use crate::routes::tasks::find;
 use crate::state::{now_ms, rfc3339, AppState};
 use crate::storage::{clean_path, delete_prefix, put_bytes, ByteStream, StorageError};
 use crate::store::{ArtifactRecord, TaskRecord};
+use crate::tasks::checkpoints::files_of;
 use crate::tasks::{placement_of, spec_of};
 
 const MANIFEST: &str = ".autodl-manifest.json";
@@ -73,24 +74,44 @@ fn user_writable(rel: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Streams a request body into an object, refusing more than `max` bytes.
+/// Why streaming a body into storage stopped: the request's fault, or the store's (which
+/// agent uploads record on the task).
+enum ReceiveError {
+    Request(ApiError),
+    Storage(StorageError),
+}
+
+/// Streams a request body into an object, refusing more than `max` bytes; aborts the upload
+/// on any error.
 async fn receive(
-    up: &mut Box<dyn crate::storage::Upload>,
+    mut up: Box<dyn crate::storage::Upload>,
     payload: &mut web::Payload,
     max: u64,
-) -> Result<(), ApiError> {
+) -> Result<u64, ReceiveError> {
     let mut n = 0u64;
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| ApiError::BadRequest(format!("upload interrupted: {e}")))?;
-        n += chunk.len() as u64;
-        if n > max {
-            return Err(ApiError::PayloadTooLarge(format!(
-                "objects are at most {max} bytes"
-            )));
-        }
-        up.write(chunk).await?;
+        let failed = match chunk {
+            Err(e) => {
+                ReceiveError::Request(ApiError::BadRequest(format!("upload interrupted: {e}")))
+            }
+            Ok(chunk) => {
+                n += chunk.len() as u64;
+                if n > max {
+                    ReceiveError::Request(ApiError::PayloadTooLarge(format!(
+                        "objects are at most {max} bytes"
+                    )))
+                } else {
+                    match up.write(chunk).await {
+                        Ok(()) => continue,
+                        Err(e) => ReceiveError::Storage(e),
+                    }
+                }
+            }
+        };
+        up.abort().await;
+        return Err(failed);
     }
-    Ok(())
+    up.finish().await.map_err(ReceiveError::Storage)
 }
 
 fn parse_rel(path: &str) -> Result<String, ApiError> {
@@ -178,16 +199,32 @@ async fn uploading(
     node: &NodeCaller,
     id: &str,
 ) -> Result<ArtifactRecord, ApiError> {
-    let a = state
+    let a = artifact(state, id).await?;
+    check_open(state, node, &a).await?;
+    Ok(a)
+}
+
+async fn artifact(state: &AppState, id: &str) -> Result<ArtifactRecord, ApiError> {
+    state
         .store
         .artifact(id)
         .await?
-        .ok_or_else(|| ApiError::NotFound("no such upload".into()))?;
+        .ok_or_else(|| ApiError::NotFound("no such upload".into()))
+}
+
+async fn check_open(
+    state: &AppState,
+    node: &NodeCaller,
+    a: &ArtifactRecord,
+) -> Result<(), ApiError> {
     if a.state != "uploading" {
-        return Err(ApiError::Conflict(format!("upload {id} is {}", a.state)));
+        return Err(ApiError::Conflict(format!(
+            "upload {} is {}",
+            a.id, a.state
+        )));
     }
     current(state, node, &a.task_id, a.attempt as u32).await?;
-    Ok(a)
+    Ok(())
 }
 
 #[utoipa::path(params(("id" = String, Path), ("path" = String, Path)), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 204), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
@@ -205,27 +242,15 @@ pub async fn put_file(
     let key = format!("{}{rel}", a.prefix);
     check_key(&key)?;
     let what = format!("saving {}", a.kind);
-    let mut up = match state.storage.backend.start_upload(&a.bucket, &key).await {
+    let up = match state.storage.backend.start_upload(&a.bucket, &key).await {
         Ok(u) => u,
         Err(e) => return Err(storage_failed(&state, &a.task_id, &what, e).await),
     };
-    while let Some(chunk) = payload.next().await {
-        let chunk = match chunk {
-            Ok(c) => c,
-            Err(e) => {
-                up.abort().await;
-                return Err(ApiError::BadRequest(format!("upload interrupted: {e}")));
-            }
-        };
-        if let Err(e) = up.write(chunk).await {
-            up.abort().await;
-            return Err(storage_failed(&state, &a.task_id, &what, e).await);
-        }
+    match receive(up, &mut payload, u64::MAX).await {
+        Ok(_) => Ok(HttpResponse::NoContent().finish()),
+        Err(ReceiveError::Request(e)) => Err(e),
+        Err(ReceiveError::Storage(e)) => Err(storage_failed(&state, &a.task_id, &what, e).await),
     }
-    if let Err(e) = up.finish().await {
-        return Err(storage_failed(&state, &a.task_id, &what, e).await);
-    }
-    Ok(HttpResponse::NoContent().finish())
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -257,11 +282,7 @@ pub async fn commit(
     }
     let body: ArtifactCommit = serde_json::from_slice(&raw)
         .map_err(|e| ApiError::BadRequest(format!("invalid commit body: {e}")))?;
-    let a = state
-        .store
-        .artifact(&id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound("no such upload".into()))?;
+    let a = artifact(&state, &id).await?;
     let files = body.files;
     // A commit repeated after a lost answer gets the same answer.
     if a.state == "complete"
@@ -273,7 +294,7 @@ pub async fn commit(
             size_bytes: a.size_bytes.max(0) as u64,
         }));
     }
-    let a = uploading(&state, &node, &id).await?;
+    check_open(&state, &node, &a).await?;
     if files.is_empty() || files.len() > MAX_FILES {
         return Err(ApiError::invalid(
             "files",
@@ -503,30 +524,6 @@ pub async fn data_file(
         .get(&bucket, &format!("{prefix}{rel}"))
         .await?;
     Ok(stream_object(size, body))
-}
-
-fn files_of(a: &ArtifactRecord) -> Vec<ArtifactFile> {
-    a.manifest
-        .as_deref()
-        .and_then(|m| serde_json::from_str(m).ok())
-        .unwrap_or_default()
-}
-
-/// The newest complete checkpoint of a task, for its next attempt.
-pub async fn latest_checkpoint(
-    state: &AppState,
-    task_id: &str,
-) -> Result<Option<autodl_common::agent::RestoreRef>, ApiError> {
-    let list = state.store.task_artifacts(task_id, "checkpoint").await?;
-    Ok(list
-        .into_iter()
-        .next()
-        .map(|a| autodl_common::agent::RestoreRef {
-            files: files_of(&a),
-            checkpoint_id: a.id,
-            attempt: a.attempt as u32,
-            step: a.step,
-        }))
 }
 
 #[utoipa::path(params(("id" = String, Path)), responses((status = 200, body = Vec<Checkpoint>), (status = 404, body = ErrorBody)))]
@@ -761,18 +758,13 @@ pub async fn put_object(
     user_writable(&rel)?;
     let (bucket, key) = tenant_key(&state, &caller, &bucket, &rel)?;
     check_key(&key)?;
-    let mut up = state.storage.backend.start_upload(&bucket, &key).await?;
-    if let Err(e) = receive(
-        &mut up,
-        &mut payload,
-        state.settings.storage_max_object_bytes,
-    )
-    .await
-    {
-        up.abort().await;
-        return Err(e);
-    }
-    let size = up.finish().await?;
+    let up = state.storage.backend.start_upload(&bucket, &key).await?;
+    let size = receive(up, &mut payload, state.settings.storage_max_object_bytes)
+        .await
+        .map_err(|e| match e {
+            ReceiveError::Request(e) => e,
+            ReceiveError::Storage(e) => e.into(),
+        })?;
     Ok(HttpResponse::Created().json(ObjectInfo {
         path: rel,
         size,

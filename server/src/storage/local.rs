@@ -119,7 +119,7 @@ impl ObjectStore for LocalStore {
         } else {
             base.parent().unwrap_or(&base)
         };
-        let (dir, base, prefix) = (dir.to_path_buf(), base.clone(), prefix.to_owned());
+        let (dir, prefix) = (dir.to_path_buf(), prefix.to_owned());
         let root = self.path(bucket, "")?;
         tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
@@ -152,7 +152,6 @@ impl ObjectStore for LocalStore {
                     etag: format!("{}-{mtime}", meta.len()),
                 });
             }
-            let _ = base;
             out.sort_by(|a, b| a.key.cmp(&b.key));
             Ok(out)
         })

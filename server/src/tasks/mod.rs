@@ -1,6 +1,7 @@
 //! Tasks: spec validation, the lifecycle rules, and the runner that applies the scheduler's
 //! decisions to the store.
 
+pub mod checkpoints;
 pub mod lifecycle;
 pub mod runner;
 pub mod spec;
