@@ -19,12 +19,15 @@ use crate::config::AgentConfig;
 use crate::error::{AgentError, ClientError, RuntimeError};
 use crate::gpu::{GpuAllocation, GpuBackend, GpuInfo};
 use crate::hostinfo;
+use crate::isolation::{IsolationLevel, UidLease, UidPool};
 use crate::logs::LogBuffer;
 use crate::metrics::AgentMetrics;
 use crate::protocol::{
-    now_rfc3339, Assignment, ExitReason, FinishedReport, LogBatch, MetricSample, MetricsBatch,
-    NodeReport, PollRequest, PollResponse, RegisterRequest, RestoreRef, RunningTask, Stream,
+    now_rfc3339, Assignment, ExitReason, FinishedReport, HostReport, LogBatch, MetricSample,
+    MetricsBatch, NodeReport, PollRequest, PollResponse, RegisterRequest, RestoreRef, RunningTask,
+    Stream,
 };
+use crate::runtime::DataMount;
 use crate::runtime::{classify_exit, Runtime, TaskIo, TaskLaunch};
 use crate::state::{load_credential, save_credential, SavedCredential};
 
@@ -54,6 +57,8 @@ struct Inner {
     tracker: TaskTracker,
     /// Serialises dataset downloads, so two tasks on one node do not fetch the same data twice.
     data_lock: tokio::sync::Mutex<()>,
+    /// Task uids, when the runtime runs each task as its own user.
+    uids: Option<UidPool>,
 }
 
 /// One node agent. Cheap to clone (all clones share the same state); run it once.
@@ -68,7 +73,9 @@ struct Inner {
 ///     .registration_token("adlreg_...")
 ///     .state_dir("/tmp/autodl-demo/demo-a100");
 /// let backend = Arc::new(SimulatedBackend::from_spec("4xA100-40G", 1)?);
-/// let agent = Agent::new(config, backend, Arc::new(ProcessRuntime::new()))?;
+/// // Isolated when this runs as root (a sandbox per task), trusted-only otherwise.
+/// let runtime = ProcessRuntime::detect(&config.isolation).expect("isolation");
+/// let agent = Agent::new(config, backend, Arc::new(runtime))?;
 /// let shutdown = CancellationToken::new();
 /// let handle = tokio::spawn({
 ///     let (agent, shutdown) = (agent.clone(), shutdown.clone());
@@ -114,6 +121,16 @@ impl Agent {
         let client =
             ServerClient::new(&config.server_url).map_err(|e| AgentError::Http(e.to_string()))?;
         let metrics = AgentMetrics::new(&config.node_id);
+        let uids = if runtime.task_users() {
+            let iso = &config.isolation;
+            Some(
+                UidPool::new(iso.task_uids.clone(), &iso.lock_dir).map_err(|e| {
+                    AgentError::Config(format!("task uid locks in {}: {e}", iso.lock_dir.display()))
+                })?,
+            )
+        } else {
+            None
+        };
         Ok(Agent {
             inner: Arc::new(Inner {
                 config,
@@ -126,6 +143,7 @@ impl Agent {
                 inventory: Mutex::new(Vec::new()),
                 tracker: TaskTracker::new(),
                 data_lock: tokio::sync::Mutex::new(()),
+                uids,
             }),
         })
     }
@@ -161,19 +179,36 @@ impl Agent {
         let inventory = tokio::task::spawn_blocking(move || backend.inventory())
             .await
             .map_err(|e| AgentError::Config(format!("GPU inventory task failed: {e}")))??;
+        let isolation = inner.runtime.isolation();
         tracing::info!(
             node = %inner.config.node_id,
             gpus = inventory.len(),
             runtime = inner.runtime.name(),
+            isolation = isolation.as_str(),
             "agent starting"
         );
+        if isolation.trusted_only() {
+            tracing::warn!(
+                node = %inner.config.node_id,
+                "tasks on this node run as the agent's own user and are not isolated from each other or from the host: the node is trusted-only (the server places only tasks of organizations an administrator allowed there)"
+            );
+        }
         *lock(&inner.inventory) = inventory;
-        std::fs::create_dir_all(inner.config.state_dir.join("tasks")).map_err(|source| {
-            AgentError::State {
-                path: inner.config.state_dir.clone(),
-                source,
+        let state_err = |source| AgentError::State {
+            path: inner.config.state_dir.clone(),
+            source,
+        };
+        std::fs::create_dir_all(inner.config.state_dir.join("tasks")).map_err(state_err)?;
+        if let Some(pool) = &inner.uids {
+            crate::isolation::lock_down_state_dir(&inner.config.state_dir).map_err(state_err)?;
+            let reaped = pool.reap_orphans();
+            if reaped > 0 {
+                tracing::warn!(
+                    reaped,
+                    "stopped task processes an earlier agent run left behind"
+                );
             }
-        })?;
+        }
         if let Err(e) = inner.runtime.cleanup(&inner.config.node_id, &[]).await {
             tracing::warn!(error = %e, "could not clean up leftovers of earlier runs");
         }
@@ -236,6 +271,19 @@ impl Inner {
             self.config.backoff_max,
             entropy_seed(&format!("{}/{salt}", self.config.node_id)),
         )
+    }
+
+    fn host_report(&self) -> HostReport {
+        HostReport {
+            runtime: self.runtime.name().to_string(),
+            isolation: self.runtime.isolation().as_str().to_string(),
+            data_roots: self
+                .config
+                .data_roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect(),
+        }
     }
 
     fn set_reachable(&self, up: bool) {
@@ -338,6 +386,7 @@ impl Inner {
             let req = PollRequest {
                 running: self.running_list(),
                 gpus: lock(&self.inventory).clone(),
+                host: self.host_report(),
             };
             let answer = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
@@ -395,6 +444,7 @@ impl Inner {
             cpu: cfg.cpu.unwrap_or_else(hostinfo::cpu_count),
             memory: cfg.memory.unwrap_or_else(hostinfo::memory_bytes),
             gpus: lock(&self.inventory).clone(),
+            host: self.host_report(),
         };
         let resp = self
             .client
@@ -670,13 +720,18 @@ async fn prepare_storage(
 ) -> Result<(), PrepareError> {
     // A fresh start begins with empty folders: leftovers of an earlier attempt on this node
     // (an upload that never completed) must neither be resumed from nor saved as newer.
-    for dir in [&launch.checkpoint_dir, &launch.results_dir] {
+    let tmp = launch.tmp_dir();
+    for dir in [&launch.checkpoint_dir, &launch.results_dir, &tmp] {
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir).map_err(|e| PrepareError {
             message: format!("could not prepare {}: {e}", dir.display()),
             transient: false,
         })?;
     }
+    std::fs::create_dir_all(launch.home_dir()).map_err(|e| PrepareError {
+        message: format!("could not prepare the task's home folder: {e}"),
+        transient: false,
+    })?;
     let mut backoff = inner.new_backoff(&format!("{}/prepare", key.0));
     if let Some(r) = &job.restore {
         let t = Instant::now();
@@ -719,19 +774,69 @@ async fn prepare_storage(
                 })?
         };
         let dir = std::path::absolute(&dir).unwrap_or(dir);
-        let shown = dir.display().to_string();
-        launch.env.insert("AUTODL_DATA_PATH".into(), shown.clone());
-        launch.data_path = Some(shown.clone());
+        launch.data = Some(DataMount {
+            host: dir,
+            requested_path: None,
+        });
         log.push(
             Stream::Stdout,
             format!(
-                "[autodl-agent] data path at {shown} ({} in {:.1} s)",
+                "[autodl-agent] data of {} {} in {:.1} s",
+                launch.data_path.as_deref().unwrap_or_default(),
                 if cached { "cached" } else { "downloaded" },
                 t.elapsed().as_secs_f64()
             ),
         );
+    } else if let Some(p) = launch.data_path.clone() {
+        // A host path: only inside a dataset root the operator named, links resolved, so a
+        // task cannot have the Docker socket or another task's folder mounted.
+        let roots = &inner.config.data_roots;
+        let Some(real) = crate::isolation::resolve_data_path(&p, roots) else {
+            let named: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+            return Err(PrepareError {
+                message: format!(
+                    "data_path {p:?} is not an existing folder inside a dataset root of this node ({})",
+                    if named.is_empty() { "none configured".to_string() } else { named.join(", ") }
+                ),
+                transient: false,
+            });
+        };
+        launch.data = Some(DataMount {
+            host: real,
+            requested_path: Some(p),
+        });
     }
     Ok(())
+}
+
+/// Runs the attempt as its own task user: leases a uid and gives it the task's folders (and,
+/// where no mount namespace can show cached data read-only, hard links to it).
+fn take_task_user(
+    inner: &Inner,
+    launch: &mut TaskLaunch,
+) -> Result<Option<UidLease>, PrepareError> {
+    let Some(pool) = &inner.uids else {
+        return Ok(None);
+    };
+    let fail = |what: &str, e: std::io::Error| PrepareError {
+        message: format!("{what}: {e}"),
+        // Out of uids or a folder that cannot be handed over: another node may do better.
+        transient: true,
+    };
+    let lease = pool.lease().map_err(|e| fail("no task user", e))?;
+    let user = lease.user();
+    crate::isolation::hand_over_task_dir(&launch.task_dir, user)
+        .map_err(|e| fail("could not prepare the task folder", e))?;
+    let link = launch.data_link_dir();
+    let _ = std::fs::remove_dir_all(&link);
+    if inner.runtime.isolation() == IsolationLevel::Uid {
+        if let Some(d) = launch.data.as_ref().filter(|d| d.requested_path.is_none()) {
+            crate::isolation::link_tree(&d.host, &link, user.gid)
+                .map_err(|e| fail("could not show the data to the task", e))?;
+        }
+    }
+    launch.user = Some(user);
+    Ok(Some(lease))
 }
 
 /// Uploads one folder and says so in the task's log; returns what was uploaded.
@@ -844,8 +949,16 @@ async fn supervise(
         started: started_tx,
         stop: stop_rx.clone(),
     };
-    let prepared = prepare_storage(&inner, &key, &mut launch, &job, &log, &shutdown).await;
+    let mut prepared = prepare_storage(&inner, &key, &mut launch, &job, &log, &shutdown).await;
+    let mut lease = None;
+    if prepared.is_ok() {
+        match take_task_user(&inner, &mut launch) {
+            Ok(l) => lease = l,
+            Err(e) => prepared = Err(e),
+        }
+    }
     let prepare_failed = prepared.as_ref().err().map(|e| e.transient);
+    let task_dir = launch.task_dir.clone();
     let checkpoint_dir = launch.checkpoint_dir.clone();
     let results_dir = launch.results_dir.clone();
     let loop_stop = CancellationToken::new();
@@ -871,6 +984,14 @@ async fn supervise(
     };
     loop_stop.cancel();
     let last_saved = saver.await.unwrap_or_default();
+    // Nothing of the task may outlive the attempt: stop what still runs as its uid, and close
+    // the folder to every task uid (the next attempt may run as another one).
+    if let Some(lease) = lease.take() {
+        let _ = tokio::task::spawn_blocking(move || drop(lease)).await;
+        if let Err(e) = crate::isolation::seal_task_dir(&task_dir) {
+            tracing::warn!(task = key.0, error = %e, "could not close the task folder");
+        }
+    }
     let (exit_code, reason) = match outcome {
         Ok(o) => (
             Some(o.exit_code),

@@ -327,6 +327,11 @@ mod tests {
                 &PollRequest {
                     running: vec![],
                     gpus: vec![],
+                    host: crate::protocol::HostReport {
+                        runtime: "process".into(),
+                        isolation: "none".into(),
+                        data_roots: vec![],
+                    },
                 },
             )
             .await

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::hostinfo;
+use crate::isolation::IsolationConfig;
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/autodl-agent";
 
@@ -52,6 +53,11 @@ pub struct AgentConfig {
     pub metrics_buffer_samples: usize,
     /// SIGTERM-to-SIGKILL time for tasks still running when the agent shuts down.
     pub shutdown_grace: Duration,
+    /// How tasks are kept apart (task uids, sandbox, what tasks may read).
+    pub isolation: IsolationConfig,
+    /// Host folders tasks may name as `data_path` (read-only); none by default, so no host
+    /// path reaches a task unless an operator says so.
+    pub data_roots: Vec<PathBuf>,
 }
 
 macro_rules! setters {
@@ -88,7 +94,14 @@ impl AgentConfig {
             log_buffer_lines: 50_000,
             metrics_buffer_samples: 50_000,
             shutdown_grace: Duration::from_secs(10),
+            isolation: IsolationConfig::default(),
+            data_roots: Vec::new(),
         }
+    }
+
+    pub fn data_root(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.data_roots.push(dir.into());
+        self
     }
 
     pub fn registration_token(mut self, token: impl Into<String>) -> Self {
@@ -146,5 +159,6 @@ impl AgentConfig {
         log_buffer_lines: usize,
         metrics_buffer_samples: usize,
         shutdown_grace: Duration,
+        isolation: IsolationConfig,
     }
 }

@@ -16,6 +16,7 @@ pub mod config;
 pub mod error;
 pub mod gpu;
 pub mod hostinfo;
+pub mod isolation;
 pub mod logs;
 pub mod metrics;
 pub mod protocol;
@@ -31,5 +32,6 @@ pub use gpu::{
     gpu_type_from_name, known_gpu_types, parse_simulate_spec, GpuBackend, NvmlBackend,
     SimulatedBackend, SimulatedGpu,
 };
+pub use isolation::{IsolationChoice, IsolationConfig, IsolationLevel};
 pub use runtime::{DockerRuntime, ProcessRuntime, Runtime};
 pub use tokio_util::sync::CancellationToken;

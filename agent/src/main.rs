@@ -9,17 +9,28 @@ use anyhow::{bail, Context, Result};
 use autodl_agent::config::DEFAULT_STATE_DIR;
 use autodl_agent::gpu::GpuBackend;
 use autodl_agent::{
-    Agent, AgentConfig, CancellationToken, DockerRuntime, NvmlBackend, ProcessRuntime, Runtime,
-    SimulatedBackend,
+    Agent, AgentConfig, CancellationToken, DockerRuntime, IsolationChoice, IsolationConfig,
+    NvmlBackend, ProcessRuntime, Runtime, SimulatedBackend,
 };
 use clap::{Parser, ValueEnum};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum RuntimeKind {
-    /// Docker when the engine answers, else plain processes.
+    /// Docker; refuses to start when the engine does not answer (say `process` to run
+    /// tasks as processes instead).
     Auto,
     Docker,
     Process,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum IsolationArg {
+    /// The strongest this host offers; trusted-only (with a warning) when none.
+    Auto,
+    /// Refuse to start unless tasks can be isolated.
+    Required,
+    /// Run process tasks as the agent's own user: the node is trusted-only.
+    Off,
 }
 
 #[derive(Debug, Parser)]
@@ -57,9 +68,35 @@ struct Cli {
     no_gpus: bool,
     #[arg(long, value_enum, env = "AUTODL_RUNTIME", default_value = "auto")]
     runtime: RuntimeKind,
-    /// Working directory of tasks under the process runtime (default: the task's folder).
+    /// Working directory of tasks under the process runtime (default: the task's home
+    /// folder); read-only to sandboxed tasks.
     #[arg(long)]
     workdir: Option<PathBuf>,
+    /// How process tasks are kept apart (containers always are).
+    #[arg(long, value_enum, env = "AUTODL_ISOLATION", default_value = "auto")]
+    isolation: IsolationArg,
+    /// Uids (and gids) given to tasks, e.g. 2000000-2099999; nobody else may use them.
+    #[arg(long, value_parser = parse_uid_range, default_value = "2000000-2099999")]
+    task_uids: std::ops::RangeInclusive<u32>,
+    /// Host-wide folder of task uid locks (shared by every agent on the host).
+    #[arg(long, default_value = autodl_agent::isolation::DEFAULT_LOCK_DIR)]
+    uid_lock_dir: PathBuf,
+    /// bubblewrap binary for the process runtime's sandbox (default: bwrap on PATH).
+    #[arg(long)]
+    bwrap: Option<PathBuf>,
+    /// Host folder sandboxed tasks may read besides the system folders; repeatable.
+    #[arg(long = "task-path")]
+    task_paths: Vec<PathBuf>,
+    /// Variable every task gets, KEY=VALUE (e.g. LD_LIBRARY_PATH); repeatable.
+    #[arg(long = "task-env", value_parser = parse_label)]
+    task_env: Vec<(String, String)>,
+    /// Host folder tasks may name as data_path (read-only); repeatable. Without one, only
+    /// s3:// data paths are accepted.
+    #[arg(long = "data-root", env = "AUTODL_DATA_ROOTS", value_delimiter = ',')]
+    data_roots: Vec<PathBuf>,
+    /// Most processes one container may hold.
+    #[arg(long, default_value = "4096")]
+    pids_limit: i64,
     /// GPU sampling period: "5s", "500ms", "1m" or plain seconds.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     sample_interval: Duration,
@@ -87,6 +124,19 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
     }
 }
 
+fn parse_uid_range(s: &str) -> Result<std::ops::RangeInclusive<u32>, String> {
+    let bad = || format!("expected FIRST-LAST uids above 0, got {s:?}");
+    let (a, b) = s.split_once('-').ok_or_else(bad)?;
+    let (a, b): (u32, u32) = (
+        a.trim().parse().map_err(|_| bad())?,
+        b.trim().parse().map_err(|_| bad())?,
+    );
+    if a == 0 || b < a {
+        return Err(bad());
+    }
+    Ok(a..=b)
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
@@ -108,26 +158,34 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v * mult))
 }
 
-async fn pick_runtime(kind: RuntimeKind, workdir: Option<PathBuf>) -> Result<Arc<dyn Runtime>> {
-    let process = || -> Arc<dyn Runtime> {
-        Arc::new(match workdir.clone() {
-            Some(d) => ProcessRuntime::with_workdir(d),
-            None => ProcessRuntime::new(),
-        })
+async fn pick_runtime(
+    kind: RuntimeKind,
+    workdir: Option<PathBuf>,
+    isolation: &IsolationConfig,
+) -> Result<Arc<dyn Runtime>> {
+    let docker = || async {
+        DockerRuntime::connect()
+            .await
+            .map(|d| d.with_isolation(isolation))
     };
     Ok(match kind {
-        RuntimeKind::Process => process(),
+        RuntimeKind::Process => {
+            let mut rt = ProcessRuntime::detect(isolation).map_err(anyhow::Error::msg)?;
+            if let Some(d) = workdir {
+                rt = rt.with_workdir(d);
+            }
+            Arc::new(rt)
+        }
         RuntimeKind::Docker => Arc::new(
-            DockerRuntime::connect()
+            docker()
                 .await
                 .context("connecting to Docker (DOCKER_HOST or /var/run/docker.sock)")?,
         ),
-        RuntimeKind::Auto => match DockerRuntime::connect().await {
+        RuntimeKind::Auto => match docker().await {
             Ok(d) => Arc::new(d),
-            Err(e) => {
-                tracing::warn!(error = %e, "Docker unavailable; running tasks as plain processes");
-                process()
-            }
+            Err(e) => bail!(
+                "Docker is not reachable ({e}). Start Docker, or pass --runtime process to run tasks as processes (isolated in a bubblewrap sandbox when the agent runs as root; trusted-only otherwise)."
+            ),
         },
     })
 }
@@ -183,7 +241,24 @@ async fn main() -> Result<()> {
             ),
         }
     };
-    let runtime = pick_runtime(cli.runtime, cli.workdir).await?;
+    let isolation = IsolationConfig {
+        choice: match cli.isolation {
+            IsolationArg::Auto => IsolationChoice::Auto,
+            IsolationArg::Required => IsolationChoice::Required,
+            IsolationArg::Off => IsolationChoice::Off,
+        },
+        task_uids: cli.task_uids,
+        lock_dir: cli.uid_lock_dir,
+        bwrap: cli.bwrap,
+        read_only_paths: cli.task_paths,
+        task_env: cli.task_env.into_iter().collect(),
+        pids_limit: cli.pids_limit,
+    };
+    config = config.isolation(isolation.clone());
+    for r in cli.data_roots {
+        config = config.data_root(r);
+    }
+    let runtime = pick_runtime(cli.runtime, cli.workdir, &isolation).await?;
     let agent = Agent::new(config, backend, runtime)?;
 
     let shutdown = CancellationToken::new();
@@ -251,5 +326,9 @@ mod tests {
         assert_eq!(cli.sample_interval, Duration::from_secs(5));
         assert_eq!(cli.metrics_listen, "127.0.0.1:9101");
         assert_eq!(seed_of("n1"), seed_of("n1"));
+        assert_eq!(cli.isolation, IsolationArg::Auto);
+        assert_eq!(cli.task_uids, 2_000_000..=2_099_999);
+        assert_eq!(parse_uid_range("10-20").unwrap(), 10..=20);
+        assert!(parse_uid_range("0-20").is_err() && parse_uid_range("20-10").is_err());
     }
 }

@@ -26,6 +26,18 @@ pub struct NodeReport {
     /// Bytes of RAM.
     pub memory: u64,
     pub gpus: Vec<GpuInfo>,
+    pub host: HostReport,
+}
+
+/// How this node runs tasks: the server keeps tasks of untrusted organizations off nodes that
+/// cannot isolate them, and accepts host `data_path`s only under a node's dataset roots.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostReport {
+    /// "docker" or "process".
+    pub runtime: String,
+    /// "container", "sandbox", "uid" or "none" (trusted-only).
+    pub isolation: String,
+    pub data_roots: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -50,6 +62,7 @@ pub struct RunningTask {
 pub struct PollRequest {
     pub running: Vec<RunningTask>,
     pub gpus: Vec<GpuInfo>,
+    pub host: HostReport,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

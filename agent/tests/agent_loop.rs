@@ -9,7 +9,13 @@ use std::time::{Duration, Instant};
 use autodl_agent::protocol::{
     FinishedReport, LogBatch, MetricsBatch, PollRequest, RegisterRequest,
 };
-use autodl_agent::{Agent, AgentConfig, CancellationToken, ProcessRuntime, SimulatedBackend};
+use autodl_agent::{
+    Agent, AgentConfig, CancellationToken, IsolationConfig, ProcessRuntime, SimulatedBackend,
+};
+
+fn nix_is_root() -> bool {
+    autodl_agent::isolation::is_root()
+}
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -251,10 +257,16 @@ fn log_text(s: &State, task: &str) -> Vec<String> {
 async fn joins_runs_reports_and_samples() {
     let fake = Fake::start().await;
     let dir = tempfile::tempdir().unwrap();
+    // As root (CI) the task runs sandboxed as its own uid: the protocol is the same.
+    let runtime = if nix_is_root() {
+        ProcessRuntime::detect(&IsolationConfig::default()).expect("isolation detected")
+    } else {
+        ProcessRuntime::trusted()
+    };
     let agent = Agent::new(
         config(&fake, dir.path(), "node-a").registration_token("adlreg_good"),
         Arc::new(SimulatedBackend::from_spec("2xA100-40G", 7).unwrap()),
-        Arc::new(ProcessRuntime::new()),
+        Arc::new(runtime),
     )
     .unwrap();
     let (stop, handle) = start(&agent);
@@ -269,6 +281,9 @@ async fn joins_runs_reports_and_samples() {
     assert_eq!((reg.node.cpu, reg.node.memory), (64, 512 << 30));
     assert_eq!(reg.node.gpus.len(), 2);
     assert_eq!(reg.node.gpus[1].gpu_type, "A100-40G");
+    assert_eq!(reg.node.host.runtime, "process");
+    let expected = if nix_is_root() { "sandbox" } else { "none" };
+    assert_eq!(reg.node.host.isolation, expected);
     fake.until("a poll", |s| (!s.polls.is_empty()).then_some(()))
         .await;
     let cred_file = dir.path().join("credential.json");
@@ -356,7 +371,7 @@ async fn joins_runs_reports_and_samples() {
     let agent2 = Agent::new(
         config(&fake, dir.path(), "node-a"),
         Arc::new(SimulatedBackend::from_spec("2xA100-40G", 7).unwrap()),
-        Arc::new(ProcessRuntime::new()),
+        Arc::new(ProcessRuntime::trusted()),
     )
     .unwrap();
     fake.with(|s| s.polls.clear());
@@ -387,7 +402,7 @@ async fn stop_order_and_oom_reasons() {
     let agent = Agent::new(
         config(&fake, dir.path(), "node-b").registration_token("adlreg_good"),
         Arc::new(SimulatedBackend::from_spec("1xA40", 1).unwrap()),
-        Arc::new(ProcessRuntime::new()),
+        Arc::new(ProcessRuntime::trusted()),
     )
     .unwrap();
     let (stop, handle) = start(&agent);
@@ -445,7 +460,7 @@ async fn keeps_running_while_the_server_is_away() {
     let agent = Agent::new(
         config(&fake, dir.path(), "node-c").registration_token("adlreg_good"),
         Arc::new(SimulatedBackend::from_spec("1xT4", 1).unwrap()),
-        Arc::new(ProcessRuntime::new()),
+        Arc::new(ProcessRuntime::trusted()),
     )
     .unwrap();
     let (stop, handle) = start(&agent);
@@ -507,7 +522,7 @@ async fn bad_token_is_fatal_and_revoked_credential_re_registers() {
     let agent = Agent::new(
         config(&fake, dir.path(), "node-d").registration_token("adlreg_bad"),
         Arc::new(SimulatedBackend::from_spec("1xT4", 1).unwrap()),
-        Arc::new(ProcessRuntime::new()),
+        Arc::new(ProcessRuntime::trusted()),
     )
     .unwrap();
     let err = agent.run(CancellationToken::new()).await.unwrap_err();
@@ -516,7 +531,7 @@ async fn bad_token_is_fatal_and_revoked_credential_re_registers() {
     let agent = Agent::new(
         config(&fake, dir.path(), "node-d").registration_token("adlreg_good"),
         Arc::new(SimulatedBackend::from_spec("1xT4", 1).unwrap()),
-        Arc::new(ProcessRuntime::new()),
+        Arc::new(ProcessRuntime::trusted()),
     )
     .unwrap();
     let (stop, handle) = start(&agent);
@@ -550,7 +565,7 @@ async fn unreachable_server_at_start_retries_until_shutdown() {
     let agent = Agent::new(
         cfg,
         Arc::new(SimulatedBackend::from_spec("1xT4", 1).unwrap()),
-        Arc::new(ProcessRuntime::new()),
+        Arc::new(ProcessRuntime::trusted()),
     )
     .unwrap();
     let (stop, handle) = start(&agent);

@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 
 use autodl_agent::protocol::{
-    Assignment, ExitReason, FinishedReport, GpuInfo, LogBatch, LogLine, MetricSample, MetricsBatch,
-    NodeReport, PollRequest, PollResponse, ProcessMem, RegisterRequest, RegisterResponse,
-    RunningTask, StartedReport, Stream,
+    Assignment, ExitReason, FinishedReport, GpuInfo, HostReport, LogBatch, LogLine, MetricSample,
+    MetricsBatch, NodeReport, PollRequest, PollResponse, ProcessMem, RegisterRequest,
+    RegisterResponse, RunningTask, StartedReport, Stream,
 };
 use autodl_common::agent as server;
 use serde::de::DeserializeOwned;
@@ -28,6 +28,14 @@ fn gpu() -> GpuInfo {
     }
 }
 
+fn host() -> HostReport {
+    HostReport {
+        runtime: "process".into(),
+        isolation: "sandbox".into(),
+        data_roots: vec!["/datasets".into()],
+    }
+}
+
 #[test]
 fn agent_requests_parse_as_server_types() {
     let reg = RegisterRequest {
@@ -39,10 +47,13 @@ fn agent_requests_parse_as_server_types() {
             cpu: 64,
             memory: 1 << 39,
             gpus: vec![gpu()],
+            host: host(),
         },
     };
     let s: server::RegisterRequest = as_server(&reg);
     assert_eq!(s.node.cpu, 64.0);
+    assert_eq!(s.node.host.as_ref().unwrap().isolation, "sandbox");
+    assert_eq!(s.node.host.unwrap().data_roots, ["/datasets"]);
     assert_eq!(s.node.gpus[0].uuid.as_deref(), Some("GPU-1"));
 
     let poll = PollRequest {
@@ -51,9 +62,11 @@ fn agent_requests_parse_as_server_types() {
             attempt: 2,
         }],
         gpus: vec![gpu()],
+        host: host(),
     };
     let s: server::PollRequest = as_server(&poll);
     assert_eq!(s.running[0].attempt, 2);
+    assert_eq!(s.host.unwrap().runtime, "process");
 
     let _: server::AttemptRef = as_server(&StartedReport { attempt: 2 });
     let s: server::LogBatch = as_server(&LogBatch {

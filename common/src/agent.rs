@@ -36,6 +36,24 @@ pub struct AgentNode {
     /// Bytes of RAM.
     pub memory: u64,
     pub gpus: Vec<AgentGpu>,
+    /// Absent from agents that predate it: the node then counts as trusted-only.
+    #[serde(default)]
+    pub host: Option<AgentHost>,
+}
+
+/// How a node runs tasks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AgentHost {
+    /// "docker" or "process".
+    pub runtime: String,
+    /// "container", "sandbox", "uid" or "none": tasks of a node that cannot isolate them
+    /// ("none") are only those of organizations an administrator trusts.
+    pub isolation: String,
+    /// Host folders tasks may name as `data_path`.
+    #[serde(default)]
+    pub data_roots: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -67,6 +85,8 @@ pub struct PollRequest {
     pub running: Vec<RunningRef>,
     #[serde(default)]
     pub gpus: Option<Vec<AgentGpu>>,
+    #[serde(default)]
+    pub host: Option<AgentHost>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -246,6 +266,13 @@ pub struct CreateRegistrationToken {
     pub name: Option<String>,
     #[serde(default)]
     pub expires_in_hours: Option<u32>,
+    /// How many nodes may join with it; 1 (single use) unless given.
+    #[serde(default)]
+    pub max_uses: Option<u32>,
+    /// Only this node id may register with it, and it may replace that existing node's
+    /// credential (an agent that lost its state, a reinstalled host).
+    #[serde(default)]
+    pub node_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -255,6 +282,10 @@ pub struct RegistrationToken {
     pub name: String,
     pub created_at: String,
     pub expires_at: String,
+    pub max_uses: u32,
+    pub uses: u32,
+    #[serde(default)]
+    pub node_id: Option<String>,
     /// Only in the answer that creates it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,

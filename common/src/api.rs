@@ -141,6 +141,12 @@ pub struct TenantInfo {
     pub name: String,
     pub created_at: String,
     pub members: u64,
+    /// Bytes the organization holds in object storage (uploads, checkpoints, results).
+    #[serde(default)]
+    pub storage_bytes: u64,
+    /// Its tasks may run on trusted-only nodes.
+    #[serde(default)]
+    pub trusted: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -215,6 +221,10 @@ pub struct Quota {
     /// GPU types (or families such as "A100") allowed; `None` allows every type.
     #[serde(default)]
     pub allowed_gpu_types: Option<Vec<String>>,
+    /// Bytes of object storage the organization may hold (organizations only); absent
+    /// means no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_storage_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -225,6 +235,21 @@ pub struct AdminTenant {
     pub created_at: String,
     pub members: u64,
     pub quota: Quota,
+    /// Its tasks may run on trusted-only nodes.
+    #[serde(default)]
+    pub trusted: bool,
+    #[serde(default)]
+    pub storage_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AdminUpdateTenantRequest {
+    /// Let the organization's tasks run on nodes that cannot isolate them from other
+    /// organizations' tasks.
+    #[serde(default)]
+    pub trusted: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

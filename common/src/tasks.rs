@@ -383,7 +383,11 @@ pub struct NodeGpu {
     pub memory: u64,
     /// GPU memory held by tasks placed on this GPU (whole cards count fully).
     pub allocated_memory: u64,
+    /// Tasks of the caller's organization on this GPU (every task for platform admins).
     pub tasks: Vec<String>,
+    /// Tasks of other organizations on this GPU, which the caller may not see.
+    #[serde(default)]
+    pub other_tasks: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -396,6 +400,19 @@ pub struct NodeInfo {
     pub memory: u64,
     pub schedulable: bool,
     pub gpus: Vec<NodeGpu>,
+    /// "docker" or "process" as the node's agent reports it ("" for nodes registered by hand).
+    #[serde(default)]
+    pub runtime: String,
+    /// "container", "sandbox", "uid", "none" or "declared" (registered by hand).
+    #[serde(default)]
+    pub isolation: String,
+    /// The node cannot isolate tasks from each other: only organizations an administrator
+    /// trusts run tasks there.
+    #[serde(default)]
+    pub trusted_only: bool,
+    /// Host folders tasks may name as `data_path` on this node.
+    #[serde(default)]
+    pub data_roots: Vec<String>,
 }
 
 /// One saved checkpoint of a task, as `GET /tasks/{id}/checkpoints` lists it.

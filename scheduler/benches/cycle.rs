@@ -34,6 +34,8 @@ pub fn fixture(nodes: usize, pending: usize, seed: u64) -> ClusterState {
                 })
                 .collect(),
             schedulable: true,
+            taints: vec![],
+            features: vec![],
         });
     }
     let mk = |rng: &mut ChaCha8Rng, id: String, at: u64| {
@@ -71,6 +73,8 @@ pub fn fixture(nodes: usize, pending: usize, seed: u64) -> ClusterState {
             preemptible: rng.gen_range(0..5) != 0,
             zone_affinity: workers > 1,
             attained_gpu_seconds: 0.0,
+            tolerations: vec![],
+            requires: vec![],
         }
     };
     // Half the GPUs busy: one running 1-GPU task on every other GPU.

@@ -48,6 +48,8 @@ pub enum AdmissionError {
         limit: u32,
         requested: u32,
     },
+    #[error("no node of the cluster is open to this task: {why}")]
+    NoNodeAdmits { why: String },
     #[error("{scope} {name} may only use GPU types {allowed:?}, none of which the task accepts")]
     GpuTypeNotAllowed {
         scope: &'static str,
@@ -106,6 +108,25 @@ pub fn admission_check(view: &ClusterView<'_>, t: &TaskRequest) -> Result<(), Ad
             }
         }
     }
+    if !view.nodes.is_empty()
+        && !view
+            .nodes
+            .iter()
+            .any(|n| n.admits(&t.tolerations, &t.requires))
+    {
+        let missing: Vec<&str> = t
+            .requires
+            .iter()
+            .filter(|r| !view.nodes.iter().any(|n| n.features.contains(r)))
+            .map(String::as_str)
+            .collect();
+        let why = if missing.is_empty() {
+            "the nodes that could run it take only tasks of organizations an administrator trusts (they cannot isolate tasks from each other)".to_string()
+        } else {
+            format!("no node offers {}", missing.join(", "))
+        };
+        return Err(AdmissionError::NoNodeAdmits { why });
+    }
     let margin = view.config.share_margin_bytes;
     let gpu_ok = |g: &crate::types::Gpu| {
         accepts_type(&t.gpu_types, &g.gpu_type) && t.gpu_mem_bytes.is_none_or(|m| m <= g.mem_bytes)
@@ -143,7 +164,7 @@ pub fn admission_check(view: &ClusterView<'_>, t: &TaskRequest) -> Result<(), Ad
         let available = view
             .nodes
             .iter()
-            .filter(|n| n.schedulable)
+            .filter(|n| n.schedulable && n.admits(&t.tolerations, &t.requires))
             .flat_map(|n| n.gpus.iter())
             .filter(|g| gpu_ok(g))
             .count() as u32;
@@ -156,7 +177,11 @@ pub fn admission_check(view: &ClusterView<'_>, t: &TaskRequest) -> Result<(), Ad
     }
     // How many workers each empty node could hold, per zone.
     let per_node = |n: &Node| -> u32 {
-        if !n.schedulable || n.cpu_millis < t.cpu_millis || n.mem_bytes < t.mem_bytes {
+        if !n.schedulable
+            || !n.admits(&t.tolerations, &t.requires)
+            || n.cpu_millis < t.cpu_millis
+            || n.mem_bytes < t.mem_bytes
+        {
             return 0;
         }
         let mut k = u32::MAX;

@@ -59,6 +59,8 @@ pub struct WorkerNeed {
     pub cpu_millis: u64,
     pub mem_bytes: u64,
     pub types: TypeMask,
+    /// Node classes (distinct taints and features) that admit the task.
+    pub classes: TypeMask,
 }
 
 /// Free state of one GPU.
@@ -96,6 +98,8 @@ pub struct CapNode {
     pub schedulable: bool,
     /// Held for a blocked higher-priority task: lower-priority tasks must not land here.
     pub reserved: bool,
+    /// Index into [`Capacity::classes`]: nodes with the same taints and features.
+    pub class: u16,
     pub cpu_free: u64,
     pub mem_free: u64,
     pub cpu_total: u64,
@@ -112,9 +116,14 @@ impl CapNode {
         self.gpus.iter().map(|g| g.capacity).sum()
     }
 
+    /// The node takes new work and admits this kind of task at all.
+    pub fn admits(&self, need: &WorkerNeed) -> bool {
+        self.schedulable && need.classes.contains(self.class)
+    }
+
     /// Can this worker fit here right now?
     pub fn fits(&self, need: &WorkerNeed) -> bool {
-        if !self.schedulable || self.cpu_free < need.cpu_millis || self.mem_free < need.mem_bytes {
+        if !self.admits(need) || self.cpu_free < need.cpu_millis || self.mem_free < need.mem_bytes {
             return false;
         }
         if need.gpus == 0 {
@@ -151,6 +160,8 @@ pub struct Capacity {
     pub nodes: Vec<CapNode>,
     pub types: Vec<String>,
     pub zones: Vec<String>,
+    /// Distinct (taints, features) of the nodes; most clusters have one.
+    pub classes: Vec<(Vec<String>, Vec<String>)>,
     node_pos: FastMap<String, usize>,
     /// Positions of nodes changed by `apply`/`release`, in order, so placement indexes can
     /// catch up with exactly the nodes that changed.
@@ -163,10 +174,23 @@ impl Capacity {
     pub fn new(nodes: &[Node], running: &[RunningTask], margin: u64) -> Capacity {
         let mut types: Vec<String> = Vec::new();
         let mut zones: Vec<String> = Vec::new();
+        let mut classes: Vec<(Vec<String>, Vec<String>)> = Vec::new();
         let mut node_pos = FastMap::default();
         let mut cap_nodes = Vec::with_capacity(nodes.len());
         for (i, n) in nodes.iter().enumerate() {
             let zone = intern(&mut zones, &n.zone);
+            let mut key = (n.taints.clone(), n.features.clone());
+            key.0.sort();
+            key.0.dedup();
+            key.1.sort();
+            key.1.dedup();
+            let class = match classes.iter().position(|c| *c == key) {
+                Some(c) => c,
+                None => {
+                    classes.push(key);
+                    classes.len() - 1
+                }
+            } as u16;
             let gpus = n
                 .gpus
                 .iter()
@@ -183,6 +207,7 @@ impl Capacity {
                 zone,
                 schedulable: n.schedulable,
                 reserved: false,
+                class,
                 cpu_free: n.cpu_millis,
                 mem_free: n.mem_bytes,
                 cpu_total: n.cpu_millis,
@@ -194,6 +219,7 @@ impl Capacity {
             nodes: cap_nodes,
             types,
             zones,
+            classes,
             node_pos,
             log: Vec::new(),
         };
@@ -250,6 +276,25 @@ impl Capacity {
             });
         }
         out
+    }
+
+    /// The node classes whose taints a task tolerates and whose features it finds.
+    pub fn class_mask(&self, tolerations: &[String], requires: &[String]) -> TypeMask {
+        let mut m = TypeMask(Vec::new());
+        for (i, (taints, features)) in self.classes.iter().enumerate() {
+            if taints.iter().all(|t| tolerations.contains(t))
+                && requires.iter().all(|r| features.contains(r))
+            {
+                m.insert(i as u16);
+            }
+        }
+        m
+    }
+
+    /// Every node class.
+    pub fn class_mask_all(&self) -> TypeMask {
+        let ids: Vec<u16> = (0..self.classes.len() as u16).collect();
+        TypeMask::from_ids(&ids)
     }
 
     /// Interns the acceptable types of a request. An empty list accepts every type.
@@ -899,6 +944,8 @@ mod tests {
                 })
                 .collect(),
             schedulable: true,
+            taints: vec![],
+            features: vec![],
         }
     }
 
@@ -913,6 +960,7 @@ mod tests {
             cpu_millis: 1,
             mem_bytes: 1,
             types: mask,
+            classes: cap.class_mask(&[], &[]),
         };
         let mut placer = Placer::new(PlacementPolicy::Autodl, FragModel::default());
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);

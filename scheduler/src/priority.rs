@@ -226,6 +226,8 @@ mod tests {
             preemptible: true,
             zone_affinity: false,
             attained_gpu_seconds: 0.0,
+            tolerations: vec![],
+            requires: vec![],
         }
     }
 

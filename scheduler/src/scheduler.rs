@@ -189,8 +189,12 @@ fn workload_model(cap: &Capacity, state: &ClusterState, margin: u64) -> FragMode
         sigs.entry(key).or_insert((t, 0.0)).1 += f64::from(t.workers.max(1));
     }
     let mut counts: FastMap<WorkerNeed, f64> = FastMap::default();
+    let everywhere = cap.class_mask_all();
     for (t, n) in sigs.into_values() {
-        *counts.entry(worker_need(cap, t, None, margin)).or_default() += n;
+        // The model describes shapes; which nodes admit them is the placement's concern.
+        let mut need = worker_need(cap, t, None, margin);
+        need.classes = everywhere.clone();
+        *counts.entry(need).or_default() += n;
     }
     let mut v: Vec<(WorkerNeed, f64)> = counts.into_iter().collect();
     v.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
@@ -236,6 +240,7 @@ fn worker_need(
         cpu_millis: t.cpu_millis,
         mem_bytes: t.mem_bytes,
         types,
+        classes: cap.class_mask(&t.tolerations, &t.requires),
     }
 }
 
@@ -265,8 +270,21 @@ fn describe(cap: &Capacity, t: &TaskRequest, need: &WorkerNeed) -> String {
             m as f64 / f64::from(1u32 << 30)
         ),
     };
+    let admitting = cap
+        .nodes
+        .iter()
+        .filter(|n| need.classes.contains(n.class))
+        .count();
+    let restricted = if admitting < cap.nodes.len() {
+        format!(
+            ", on the {admitting} of {} nodes open to it (trusted-only nodes, dataset roots)",
+            cap.nodes.len()
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "{} worker(s) x {} {} of type {} with {} mCPU and {:.1} GiB RAM each{}",
+        "{} worker(s) x {} {} of type {} with {} mCPU and {:.1} GiB RAM each{}{restricted}",
         t.workers,
         t.gpus_per_worker,
         gpu,
@@ -300,6 +318,7 @@ impl Cycle<'_> {
             u32,
             u64,
             u64,
+            (&'s [String], &'s [String]),
         );
         let mut sig_ids: FastMap<Sig<'_>, usize> = FastMap::default();
         let mut shapes: Vec<WorkerNeed> = Vec::new();
@@ -315,6 +334,7 @@ impl Cycle<'_> {
                     t.gpus_per_worker,
                     t.cpu_millis,
                     t.mem_bytes,
+                    (t.tolerations.as_slice(), t.requires.as_slice()),
                 );
                 *sig_ids.entry(sig).or_insert_with(|| {
                     shapes.push(worker_need(&self.cap, t, allowed, cfg.share_margin_bytes));
@@ -781,7 +801,7 @@ impl Cycle<'_> {
             let mut best: Option<(f64, usize, Vec<usize>)> = None;
             for pos in 0..self.cap.nodes.len() {
                 let n = &self.cap.nodes[pos];
-                if !n.schedulable || n.reserved || n.gpus.len() < need.gpus as usize {
+                if !n.admits(need) || n.reserved || n.gpus.len() < need.gpus as usize {
                     continue;
                 }
                 let on_node =
@@ -943,7 +963,7 @@ impl Cycle<'_> {
         for pos in positions {
             {
                 let n = &self.cap.nodes[pos];
-                if !n.schedulable || n.reserved {
+                if !n.admits(need) || n.reserved {
                     continue;
                 }
             }
@@ -986,6 +1006,9 @@ impl Cycle<'_> {
                         cpu_millis: a.cpu_millis,
                         mem_bytes: a.mem_bytes,
                         types: self.cap.type_mask(&r.request.gpu_types),
+                        classes: self
+                            .cap
+                            .class_mask(&r.request.tolerations, &r.request.requires),
                     };
                     match self.placer.place_worker(
                         &mut self.cap,
@@ -1039,7 +1062,7 @@ impl Cycle<'_> {
     fn reserve(&mut self, t: &TaskRequest, need: &WorkerNeed) -> Vec<String> {
         let mut cands: Vec<(u64, usize)> = Vec::new();
         for (pos, n) in self.cap.nodes.iter().enumerate() {
-            if !n.schedulable || n.reserved {
+            if !n.admits(need) || n.reserved {
                 continue;
             }
             let acceptable: Vec<&crate::placement::CapGpu> = n

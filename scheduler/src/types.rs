@@ -58,6 +58,21 @@ pub struct Node {
     /// Cordoned or unhealthy nodes keep their running tasks but receive no new ones.
     #[serde(default = "yes")]
     pub schedulable: bool,
+    /// A task lands here only if it tolerates every taint (e.g. `trusted-only` on a node that
+    /// cannot isolate tasks from each other).
+    #[serde(default)]
+    pub taints: Vec<String>,
+    /// What the node offers that a task may require (e.g. a dataset root).
+    #[serde(default)]
+    pub features: Vec<String>,
+}
+
+impl Node {
+    /// A task with these tolerations and requirements may run here.
+    pub fn admits(&self, tolerations: &[String], requires: &[String]) -> bool {
+        self.taints.iter().all(|t| tolerations.contains(t))
+            && requires.iter().all(|r| self.features.contains(r))
+    }
 }
 
 fn yes() -> bool {
@@ -114,6 +129,12 @@ pub struct TaskRequest {
     /// lets the policy keep demoting long jobs across restarts.
     #[serde(default)]
     pub attained_gpu_seconds: f64,
+    /// Node taints this task accepts.
+    #[serde(default)]
+    pub tolerations: Vec<String>,
+    /// Node features this task needs.
+    #[serde(default)]
+    pub requires: Vec<String>,
 }
 
 impl TaskRequest {

@@ -1,5 +1,6 @@
 //! Property: whatever the cluster and the queue, no placement over-commits a GPU (memory or
-//! exclusivity), a node's CPU or its memory, and gangs are complete.
+//! exclusivity), a node's CPU or its memory, gangs are complete, and no task lands on a node
+//! whose taints it does not tolerate or that lacks a feature it requires.
 
 mod common;
 
@@ -11,8 +12,15 @@ use std::collections::HashMap;
 const TYPES: [&str; 3] = ["A100-40G", "A100-80G", "T4"];
 
 fn arb_node(i: usize) -> impl Strategy<Value = Node> {
-    (1u32..=8, 0usize..3, 8_000u64..64_000, 16u64..256, 0usize..2).prop_map(
-        move |(g, ty, cpu, mem, zone)| {
+    (
+        1u32..=8,
+        0usize..3,
+        8_000u64..64_000,
+        16u64..256,
+        0usize..2,
+        0usize..4,
+    )
+        .prop_map(move |(g, ty, cpu, mem, zone, class)| {
             let mem_gib = match TYPES[ty] {
                 "A100-40G" => 40,
                 "A100-80G" => 80,
@@ -21,9 +29,14 @@ fn arb_node(i: usize) -> impl Strategy<Value = Node> {
             let mut n = node(&format!("n{i}"), ["z1", "z2"][zone], g, TYPES[ty], mem_gib);
             n.cpu_millis = cpu;
             n.mem_bytes = mem * GIB;
+            if class & 1 != 0 {
+                n.taints = vec!["trusted-only".into()];
+            }
+            if class & 2 != 0 {
+                n.features = vec!["data:/ds".into()];
+            }
             n
-        },
-    )
+        })
 }
 
 fn arb_task(i: usize) -> impl Strategy<Value = TaskRequest> {
@@ -37,8 +50,9 @@ fn arb_task(i: usize) -> impl Strategy<Value = TaskRequest> {
         prop::option::of(0usize..3),
         any::<bool>(),
         0u64..1000,
+        0usize..4,
     )
-        .prop_map(move |(g, w, shared, cpu, mem, prio, ty, zone, at)| {
+        .prop_map(move |(g, w, shared, cpu, mem, prio, ty, zone, at, class)| {
             let mut t = task(&format!("t{i}"), &format!("u{}", i % 4), g, at);
             t.workers = w;
             t.gpu_mem_bytes = if g > 0 { shared.map(|m| m * GIB) } else { None };
@@ -50,6 +64,12 @@ fn arb_task(i: usize) -> impl Strategy<Value = TaskRequest> {
                 t.gpu_types = vec!["A100".into()];
             }
             t.zone_affinity = zone;
+            if class & 1 != 0 {
+                t.tolerations = vec!["trusted-only".into()];
+            }
+            if class & 2 != 0 {
+                t.requires = vec!["data:/ds".into()];
+            }
             t
         })
 }
@@ -102,6 +122,14 @@ fn check_no_overcommit(state: &ClusterState, margin: u64) -> Result<(), TestCase
                     _ => *whole.entry((&p.node, *ix)).or_default() += 1,
                 }
             }
+        }
+        for p in &r.placements {
+            prop_assert!(
+                nodes[p.node.as_str()].admits(&t.tolerations, &t.requires),
+                "{} placed on {}, which does not admit it",
+                t.id,
+                p.node
+            );
         }
         if t.zone_affinity {
             let zones: Vec<&str> = r

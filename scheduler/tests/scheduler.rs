@@ -416,6 +416,61 @@ fn strict_fifo_starts_nothing_behind_a_blocked_task() {
 }
 
 #[test]
+fn tainted_nodes_take_only_tolerating_tasks_even_by_preemption() {
+    let cfg = PolicyConfig {
+        min_runtime_s: 0,
+        victim_max_unsaved_s: 1_000_000,
+        ..only(declared_only())
+    };
+    let mut trusted_only = node("shared-host", "", 1, "A100", 80);
+    trusted_only.taints = vec!["trusted-only".into()];
+    let mut state = ClusterState {
+        nodes: vec![trusted_only, node("isolated", "", 1, "A100", 80)],
+        ..Default::default()
+    };
+    let ours = |id: &str, prio: f64| TaskRequest {
+        priority: prio,
+        tolerations: vec!["trusted-only".into()],
+        ..task(id, "ours", 1, 0)
+    };
+    // An untrusted task goes to the isolated node, a trusted one may use either.
+    state.pending.push(task("untrusted", "them", 1, 0));
+    state.pending.push(ours("trusted", 0.5));
+    let d = Scheduler::new(cfg.clone()).schedule(&state, 10);
+    assert_eq!(placed(&d, "untrusted").unwrap()[0].node, "isolated");
+    assert_eq!(placed(&d, "trusted").unwrap()[0].node, "shared-host");
+    // A high-priority untrusted task never preempts its way onto the trusted-only node: only
+    // the task on the isolated node is a candidate victim.
+    state.pending.clear();
+    state
+        .running
+        .push(running(ours("low-trusted", 0.0), "shared-host", &[0], 0));
+    state
+        .running
+        .push(running(ours("low-isolated", 0.0), "isolated", &[0], 0));
+    state.pending.push(TaskRequest {
+        priority: 1.0,
+        ..task("urgent", "them", 1, 5)
+    });
+    let d = Scheduler::new(cfg.clone()).schedule(&state, 100);
+    assert_eq!(preempted(&d), vec!["low-isolated".to_string()], "{d:?}");
+    // Required features: a task that needs a dataset root waits for a node that has it.
+    let mut state = ClusterState {
+        nodes: vec![node("plain", "", 1, "A100", 80)],
+        ..Default::default()
+    };
+    state.pending.push(TaskRequest {
+        requires: vec!["data:/datasets".into()],
+        ..task("needs-data", "u", 1, 0)
+    });
+    let d = Scheduler::new(cfg.clone()).schedule(&state, 10);
+    assert!(placed(&d, "needs-data").is_none());
+    state.nodes[0].features = vec!["data:/datasets".into()];
+    let d = Scheduler::new(cfg).schedule(&state, 10);
+    assert!(placed(&d, "needs-data").is_some());
+}
+
+#[test]
 fn defragments_by_migrating_shared_tasks() {
     let cfg = PolicyConfig {
         preemption: false,
@@ -547,6 +602,34 @@ fn admission_rejects_what_can_never_fit() {
         config: &cfg,
     };
     assert!(admission_check(&view, &task("ok", "u", 8, 0)).is_ok());
+    let e = admission_check(
+        &view,
+        &TaskRequest {
+            requires: vec!["data:/datasets".into()],
+            ..task("d", "u", 1, 0)
+        },
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("no node offers data:/datasets"),
+        "{e}"
+    );
+    let mut tainted = nodes.clone();
+    for n in &mut tainted {
+        n.taints = vec!["trusted-only".into()];
+    }
+    let tv = ClusterView {
+        nodes: &tainted,
+        quotas: &quotas,
+        config: &cfg,
+    };
+    let e = admission_check(&tv, &task("t", "u", 1, 0)).unwrap_err();
+    assert!(matches!(e, AdmissionError::NoNodeAdmits { .. }), "{e}");
+    let trusted = TaskRequest {
+        tolerations: vec!["trusted-only".into()],
+        ..task("t", "u", 1, 0)
+    };
+    assert!(admission_check(&tv, &trusted).is_ok());
     let e = admission_check(
         &view,
         &TaskRequest {

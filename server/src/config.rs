@@ -21,8 +21,15 @@ pub struct Settings {
     pub secure_cookies: bool,
     /// Folder with the compiled web app (`pkg/autodl.js`, `pkg/autodl_bg.wasm`, `pkg/autodl.css`).
     pub site_root: PathBuf,
+    /// Password checks (logins, password changes) per account from one client address.
     pub login_attempts_per_minute_per_account: u32,
+    /// Password checks per client address, whatever the account.
     pub login_attempts_per_minute_per_address: u32,
+    /// Sign-ups per client address.
+    pub signups_per_minute_per_address: u32,
+    /// Bearer token a Prometheus scraper sends to `/metrics`; platform administrators may
+    /// read it with their session or key. Unset: administrators only.
+    pub metrics_token: Option<String>,
     pub invitation_ttl_days: u32,
     pub db_max_connections: u32,
     /// Milliseconds between scheduling cycles when nothing wakes the scheduler earlier.
@@ -55,6 +62,10 @@ pub struct Settings {
     pub checkpoint_keep: u32,
     /// Largest object a user may upload through `/objects`.
     pub storage_max_object_bytes: u64,
+    /// `serve --demo`: host folders its sandboxed tasks may read (a Python installation
+    /// beside the system's), and dataset roots they may name as `data_path`.
+    pub demo_task_paths: Vec<PathBuf>,
+    pub demo_data_roots: Vec<PathBuf>,
 }
 
 impl Default for Settings {
@@ -68,6 +79,8 @@ impl Default for Settings {
             site_root: PathBuf::from("target/site"),
             login_attempts_per_minute_per_account: 10,
             login_attempts_per_minute_per_address: 60,
+            signups_per_minute_per_address: 20,
+            metrics_token: None,
             invitation_ttl_days: 7,
             db_max_connections: 16,
             schedule_interval_ms: 2000,
@@ -85,6 +98,8 @@ impl Default for Settings {
             storage_buckets: Vec::new(),
             checkpoint_keep: 3,
             storage_max_object_bytes: 100 << 30,
+            demo_task_paths: Vec::new(),
+            demo_data_roots: Vec::new(),
         }
     }
 }

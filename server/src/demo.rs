@@ -5,7 +5,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use autodl_agent::{Agent, AgentConfig, CancellationToken, ProcessRuntime, SimulatedBackend};
+use autodl_agent::{
+    Agent, AgentConfig, CancellationToken, IsolationConfig, ProcessRuntime, Runtime,
+    SimulatedBackend,
+};
 
 use crate::agents::REGISTRATION_TOKEN_PREFIX;
 use crate::auth::secrets::{digest, new_id, random_hex};
@@ -16,45 +19,80 @@ pub const DEMO_NODES: [(&str, &str); 2] = [("demo-a100", "4xA100-40G"), ("demo-a
 
 /// Starts the demo agents; they stop (SIGTERM to their tasks, then SIGKILL) when `shutdown`
 /// is cancelled.
+///
+/// Run as root (as `scripts/run.sh` does on a fresh machine) the agents isolate every task
+/// as production agents do: its own uid in a bubblewrap sandbox, seeing only its own folders.
+/// Otherwise the tasks run as the server's user, unisolated: the demo says so at start, in
+/// its log and on the pages, and opens its nodes to every organization anyway (a demo has no
+/// administrator to trust anyone).
 pub async fn start_agents(
     state: &AppState,
     data_dir: &Path,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Vec<Agent>> {
-    // A short-lived registration token, made directly in the store: the demo has no
-    // administrator yet to make one.
-    let token = format!("{REGISTRATION_TOKEN_PREFIX}{}", random_hex(24));
-    let now = now_ms();
     let owner = demo_owner(state).await?;
-    state
-        .store
-        .create_registration_token(&RegistrationTokenRecord {
-            id: new_id(),
-            name: "demo agents".into(),
-            token_hash: digest(&token),
-            created_by: owner,
-            created_at: now,
-            expires_at: now + 3_600_000,
-            revoked: false,
-        })
-        .await?;
+    let isolation = IsolationConfig {
+        read_only_paths: state.settings.demo_task_paths.clone(),
+        ..IsolationConfig::default()
+    };
+    let runtime: Arc<ProcessRuntime> =
+        Arc::new(ProcessRuntime::detect(&isolation).map_err(anyhow::Error::msg)?);
+    let level = runtime.isolation();
+    if level.trusted_only() {
+        tracing::warn!(
+            "DEMO TASKS ARE NOT ISOLATED from each other or from this server: it does not run as root, so they run as its own user. Run it as root (scripts/run.sh does) to sandbox every task."
+        );
+    } else {
+        tracing::info!(isolation = level.as_str(), "demo tasks are isolated");
+    }
     let mut agents = Vec::new();
     for (i, (node, gpus)) in DEMO_NODES.iter().enumerate() {
-        let config = AgentConfig::new(state.settings.public_url())
+        // A single-use token per node, made directly in the store (the demo has no
+        // administrator yet) and bound to the node, so a restarted demo whose agent state was
+        // deleted may register the node again.
+        let token = format!("{REGISTRATION_TOKEN_PREFIX}{}", random_hex(24));
+        let now = now_ms();
+        state
+            .store
+            .create_registration_token(&RegistrationTokenRecord {
+                id: new_id(),
+                name: format!("demo agent {node}"),
+                token_hash: digest(&token),
+                created_by: owner.clone(),
+                created_at: now,
+                expires_at: now + 3_600_000,
+                revoked: false,
+                max_uses: 1,
+                uses: 0,
+                node_id: Some(node.to_string()),
+            })
+            .await?;
+        let mut config = AgentConfig::new(state.settings.public_url())
             .node_id(*node)
             .zone("demo")
-            .registration_token(token.clone())
+            .registration_token(token)
             .state_dir(data_dir.join(node))
             .cpu(32)
-            .memory(256 << 30);
+            .memory(256 << 30)
+            .isolation(isolation.clone());
+        for r in &state.settings.demo_data_roots {
+            config = config.data_root(r);
+        }
         let backend = Arc::new(SimulatedBackend::from_spec(gpus, i as u64 + 1)?);
-        let agent = Agent::new(config, backend, Arc::new(ProcessRuntime::new()))?;
+        let agent = Agent::new(config, backend, runtime.clone())?;
         let (a, t) = (agent.clone(), shutdown.clone());
         tokio::spawn(async move {
             if let Err(e) = a.run(t).await {
                 tracing::error!(node = a.node_id(), error = %e, "demo agent stopped");
             }
         });
+        if level.trusted_only() {
+            tokio::spawn(open_to_all(
+                state.store.clone(),
+                state.scheduler.clone(),
+                node.to_string(),
+            ));
+        }
         agents.push(agent);
     }
     tracing::info!(
@@ -62,6 +100,28 @@ pub async fn start_agents(
         DEMO_NODES.map(|(n, g)| format!("{n} ({g})")).join(", ")
     );
     Ok(agents)
+}
+
+/// Lets every organization use an unisolated demo node once its agent has registered it.
+async fn open_to_all(
+    store: Arc<dyn crate::store::Store>,
+    scheduler: Arc<crate::tasks::runner::SchedulerHandle>,
+    node: String,
+) {
+    for _ in 0..600 {
+        match store.set_node_open_to_all(&node, true).await {
+            Ok(true) => {
+                scheduler.invalidate_nodes();
+                scheduler.wake();
+                return;
+            }
+            Ok(false) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            Err(e) => {
+                tracing::warn!(node, error = %e, "could not open the demo node to all");
+                return;
+            }
+        }
+    }
 }
 
 /// Registration tokens name their creator; the demo's is a service account of its own.
@@ -76,6 +136,7 @@ async fn demo_owner(state: &AppState) -> anyhow::Result<String> {
         id: new_id(),
         name: "autodl demo agents".into(),
         created_at: now,
+        trusted: false,
     };
     let user = UserRecord {
         id: new_id(),

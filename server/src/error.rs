@@ -89,6 +89,7 @@ impl From<crate::storage::StorageError> for ApiError {
                 tracing::warn!(error = m, "object storage unavailable");
                 ApiError::StorageUnavailable("object storage is unavailable; try again".into())
             }
+            S::Conflict(m) => ApiError::Conflict(m),
             S::Other(m) => ApiError::Internal(anyhow::anyhow!(m)),
         }
     }

@@ -8,6 +8,7 @@ pub mod domain;
 pub mod error;
 pub mod metrics;
 pub mod routes;
+pub mod security_headers;
 pub mod startup;
 pub mod state;
 pub mod storage;

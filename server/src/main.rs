@@ -118,6 +118,7 @@ async fn admin(settings: Settings, command: AdminCommand) -> anyhow::Result<()> 
                 id: new_id(),
                 name: tenant_name,
                 created_at: now,
+                trusted: false,
             };
             let user = UserRecord {
                 id: new_id(),

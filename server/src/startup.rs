@@ -65,6 +65,7 @@ impl Application {
             login_limiter: LoginLimiter::new(
                 settings.login_attempts_per_minute_per_account,
                 settings.login_attempts_per_minute_per_address,
+                settings.signups_per_minute_per_address,
             ),
             dummy_hash: password::dummy_hash().await?,
             scheduler: SchedulerHandle::new(PolicyConfig::default()),
@@ -85,6 +86,7 @@ impl Application {
         let server_state = state.clone();
         let server = HttpServer::new(move || {
             App::new()
+                .wrap(crate::security_headers::defaults())
                 .wrap(from_fn(renew_session))
                 .wrap(Compress::default())
                 .wrap(TracingLogger::default())

@@ -9,6 +9,20 @@ use autodl_frontend::app::{shell, App};
 
 use crate::config::Settings;
 
+/// Sets the page's content policy with the nonce Leptos generated for this response (the
+/// integration provides both before it renders the shell).
+fn with_policy() {
+    if let (Some(nonce), Some(res)) = (
+        leptos::nonce::use_nonce(),
+        use_context::<leptos_actix::ResponseOptions>(),
+    ) {
+        res.insert_header(
+            actix_web::http::header::CONTENT_SECURITY_POLICY,
+            crate::security_headers::page_policy(&nonce.to_string()),
+        );
+    }
+}
+
 #[derive(Clone)]
 pub struct WebApp {
     options: LeptosOptions,
@@ -35,10 +49,16 @@ impl WebApp {
         let fallback_options = self.options.clone();
         cfg.app_data(web::Data::new(self.options.clone()))
             .service(actix_files::Files::new("/pkg", format!("{pkg}/pkg")))
-            .leptos_routes(self.routes.clone(), move || shell(options.clone()))
+            .leptos_routes(self.routes.clone(), move || {
+                with_policy();
+                shell(options.clone())
+            })
             // Unknown paths get the app's own "page not found", inside the usual layout.
             .default_service(leptos_actix::render_app_to_stream(
-                move || shell(fallback_options.clone()),
+                move || {
+                    with_policy();
+                    shell(fallback_options.clone())
+                },
                 leptos_router::Method::Get,
             ));
     }

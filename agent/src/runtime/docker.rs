@@ -2,7 +2,6 @@
 //! task attempt so a restarted agent can find and remove what it no longer tracks.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,10 +14,8 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use futures_util::StreamExt;
 
-use super::{
-    safe_name, RunOutcome, Runtime, RuntimeError, Started, TaskIo, TaskLaunch,
-    CONTAINER_CHECKPOINT_DIR, CONTAINER_RESULTS_DIR,
-};
+use super::{safe_name, RunOutcome, Runtime, RuntimeError, Started, TaskIo, TaskLaunch};
+use crate::isolation::{IsolationConfig, IsolationLevel};
 use crate::logs::{LogBuffer, MAX_LINE_BYTES};
 use crate::protocol::Stream;
 
@@ -32,6 +29,8 @@ const LOG_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct DockerRuntime {
     docker: Docker,
+    pids_limit: i64,
+    operator_env: std::collections::BTreeMap<String, String>,
 }
 
 impl DockerRuntime {
@@ -40,7 +39,19 @@ impl DockerRuntime {
     pub async fn connect() -> Result<Self, RuntimeError> {
         let docker = Docker::connect_with_defaults()?.negotiate_version().await?;
         docker.ping().await?;
-        Ok(DockerRuntime { docker })
+        let defaults = IsolationConfig::default();
+        Ok(DockerRuntime {
+            docker,
+            pids_limit: defaults.pids_limit,
+            operator_env: defaults.task_env,
+        })
+    }
+
+    /// Takes the operator's pids limit and task variables.
+    pub fn with_isolation(mut self, config: &IsolationConfig) -> Self {
+        self.pids_limit = config.pids_limit;
+        self.operator_env = config.task_env.clone();
+        self
     }
 
     pub fn client(&self) -> &Docker {
@@ -51,43 +62,45 @@ impl DockerRuntime {
         format!("autodl-{}-{attempt}", safe_name(task_id))
     }
 
-    fn create_body(launch: &TaskLaunch) -> ContainerCreateBody {
-        let mut env: Vec<String> = launch.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let ckpt = launch
-            .checkpoint_mount
-            .as_deref()
-            .unwrap_or(CONTAINER_CHECKPOINT_DIR);
-        env.push(format!("AUTODL_CHECKPOINT_DIR={ckpt}"));
-        env.push(format!("AUTODL_RESULTS_DIR={CONTAINER_RESULTS_DIR}"));
-        if launch.restored {
-            env.push(format!("AUTODL_RESTORE_PATH={ckpt}"));
-        }
+    /// The container: the task's uid (the agent's own when it is not root), no capabilities,
+    /// no privilege gain, a pids limit, and no host path but the task's own folders and its
+    /// dataset.
+    fn create_body(&self, launch: &TaskLaunch) -> ContainerCreateBody {
+        let paths = launch.mounted_paths();
+        let env: Vec<String> = launch
+            .full_env(&paths, &self.operator_env, !launch.real_gpus)
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         let mut device_requests = None;
-        if !launch.gpu_indices.is_empty() {
-            if launch.real_gpus {
-                // The NVIDIA runtime renumbers the passed devices from 0 inside the container
-                // and sets the visibility variables itself.
-                device_requests = Some(vec![DeviceRequest {
-                    driver: Some("nvidia".into()),
-                    device_ids: Some(launch.gpu_indices.iter().map(u32::to_string).collect()),
-                    capabilities: Some(vec![vec!["gpu".into()]]),
-                    ..Default::default()
-                }]);
-            } else {
-                env.push(format!("NVIDIA_VISIBLE_DEVICES={}", launch.gpu_list()));
-                env.push(format!("CUDA_VISIBLE_DEVICES={}", launch.gpu_list()));
-            }
+        if !launch.gpu_indices.is_empty() && launch.real_gpus {
+            // The NVIDIA runtime renumbers the passed devices from 0 inside the container
+            // and sets the visibility variables itself.
+            device_requests = Some(vec![DeviceRequest {
+                driver: Some("nvidia".into()),
+                device_ids: Some(launch.gpu_indices.iter().map(u32::to_string).collect()),
+                capabilities: Some(vec![vec!["gpu".into()]]),
+                ..Default::default()
+            }]);
         }
         let mut binds = vec![
-            format!("{}:{ckpt}", launch.checkpoint_dir.display()),
-            format!("{}:{CONTAINER_RESULTS_DIR}", launch.results_dir.display()),
+            format!("{}:{}", launch.checkpoint_dir.display(), paths.checkpoints),
+            format!("{}:{}", launch.results_dir.display(), paths.results),
+            format!("{}:{}", launch.home_dir().display(), paths.home),
         ];
-        // Only host paths can be mounted; URLs (s3://...) reach the task through the env.
-        if let Some(p) = &launch.data_path {
-            if p.starts_with('/') && !p.contains(':') && Path::new(p).exists() {
-                binds.push(format!("{p}:{p}:ro"));
-            }
+        if let (Some(d), Some(inside)) = (&launch.data, &paths.data) {
+            binds.push(format!("{}:{inside}:ro", d.host.display()));
         }
+        let user = launch.user.map_or_else(
+            || {
+                format!(
+                    "{}:{}",
+                    nix::unistd::getuid().as_raw(),
+                    nix::unistd::getgid().as_raw()
+                )
+            },
+            |u| format!("{}:{}", u.uid, u.gid),
+        );
         let labels = HashMap::from([
             (LABEL_TASK.to_string(), launch.task_id.clone()),
             (LABEL_ATTEMPT.to_string(), launch.attempt.to_string()),
@@ -97,6 +110,8 @@ impl DockerRuntime {
             image: Some(launch.image.clone()),
             cmd: (!launch.command.is_empty()).then(|| launch.command.clone()),
             env: Some(env),
+            user: Some(user),
+            working_dir: Some(paths.home.clone()),
             labels: Some(labels),
             host_config: Some(HostConfig {
                 nano_cpus: launch
@@ -109,6 +124,10 @@ impl DockerRuntime {
                     .and_then(|m| i64::try_from(m).ok()),
                 binds: Some(binds),
                 device_requests,
+                cap_drop: Some(vec!["ALL".into()]),
+                security_opt: Some(vec!["no-new-privileges".into()]),
+                pids_limit: Some(self.pids_limit),
+                privileged: Some(false),
                 ..Default::default()
             }),
             ..Default::default()
@@ -196,6 +215,16 @@ impl Runtime for DockerRuntime {
         "docker"
     }
 
+    fn isolation(&self) -> IsolationLevel {
+        IsolationLevel::Container
+    }
+
+    /// As root the agent gives each container its own uid; otherwise containers run as the
+    /// agent's user, still apart in their own namespaces.
+    fn task_users(&self) -> bool {
+        crate::isolation::is_root()
+    }
+
     async fn cleanup(&self, node_id: &str, keep: &[(String, u32)]) -> Result<(), RuntimeError> {
         let filters = HashMap::from([("label", vec![format!("{LABEL_NODE}={node_id}")])]);
         let opts = ListContainersOptionsBuilder::default()
@@ -226,7 +255,7 @@ impl Runtime for DockerRuntime {
         self.remove(&name).await;
         let opts = CreateContainerOptionsBuilder::default().name(&name).build();
         self.docker
-            .create_container(Some(opts), Self::create_body(&launch))
+            .create_container(Some(opts), self.create_body(&launch))
             .await?;
         if let Err(e) = self.docker.start_container(&name, None).await {
             self.remove(&name).await;
@@ -334,9 +363,33 @@ mod tests {
     use std::sync::Arc;
     use tokio::sync::{oneshot, watch};
 
+    fn prepare(l: &TaskLaunch) {
+        for d in [&l.checkpoint_dir, &l.results_dir, &l.home_dir()] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        if let Some(u) = l.user {
+            crate::isolation::hand_over_task_dir(&l.task_dir, u).unwrap();
+        }
+    }
+
+    fn offline() -> DockerRuntime {
+        DockerRuntime {
+            // Never contacted: only the container body is built.
+            docker: Docker::connect_with_http(
+                "http://127.0.0.1:9",
+                1,
+                bollard::API_DEFAULT_VERSION,
+            )
+            .unwrap(),
+            pids_limit: 321,
+            operator_env: [("LD_LIBRARY_PATH".to_string(), "/usr/local/cuda".to_string())].into(),
+        }
+    }
+
     #[test]
     fn container_spec() {
         let dir = tempfile::tempdir().unwrap();
+        let rt = offline();
         let a = Assignment {
             task_id: "abc".into(),
             attempt: 2,
@@ -345,11 +398,19 @@ mod tests {
             gpu_indices: vec![0, 2],
             cpu: Some(1.5),
             memory: Some(1 << 30),
-            data_path: Some(dir.path().display().to_string()),
+            data_path: Some("/datasets/x".into()),
             ..Default::default()
         };
-        let real = TaskLaunch::from_assignment(&a, "n1", dir.path(), true);
-        let body = DockerRuntime::create_body(&real);
+        let mut real = TaskLaunch::from_assignment(&a, "n1", dir.path(), true);
+        real.data = Some(crate::runtime::DataMount {
+            host: "/srv/datasets/x".into(),
+            requested_path: Some("/datasets/x".into()),
+        });
+        real.user = Some(crate::isolation::TaskUser {
+            uid: 2_000_007,
+            gid: 2_000_007,
+        });
+        let body = rt.create_body(&real);
         let hc = body.host_config.clone().unwrap();
         assert_eq!(hc.nano_cpus, Some(1_500_000_000));
         assert_eq!(hc.memory, Some(1 << 30));
@@ -359,12 +420,26 @@ mod tests {
         let env = body.env.clone().unwrap();
         assert!(env.contains(&"AUTODL_CHECKPOINT_DIR=/autodl/checkpoints".to_string()));
         assert!(!env.iter().any(|e| e.starts_with("CUDA_VISIBLE_DEVICES=")));
+        assert!(env.contains(&"HOME=/autodl/home".to_string()));
+        assert!(env.contains(&"AUTODL_DATA_PATH=/datasets/x".to_string()));
+        assert!(env.contains(&"LD_LIBRARY_PATH=/usr/local/cuda".to_string()));
         let binds = hc.binds.unwrap();
         assert!(binds.iter().any(|b| b.ends_with(":/autodl/results")));
-        assert!(
-            binds.iter().any(|b| b.ends_with(":ro")),
-            "local data path mounted: {binds:?}"
+        assert!(binds.iter().any(|b| b.ends_with(":/autodl/home")));
+        assert_eq!(
+            binds
+                .iter()
+                .filter(|b| b.ends_with(":ro"))
+                .collect::<Vec<_>>(),
+            ["/srv/datasets/x:/datasets/x:ro"],
+            "only the resolved dataset: {binds:?}"
         );
+        assert_eq!(binds.len(), 4, "{binds:?}");
+        assert_eq!(body.user.as_deref(), Some("2000007:2000007"));
+        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(hc.security_opt, Some(vec!["no-new-privileges".to_string()]));
+        assert_eq!(hc.pids_limit, Some(321));
+        assert_ne!(hc.privileged, Some(true));
         let labels = body.labels.unwrap();
         assert_eq!(labels[LABEL_TASK], "abc");
         assert_eq!(labels[LABEL_ATTEMPT], "2");
@@ -372,7 +447,7 @@ mod tests {
         assert_eq!(DockerRuntime::container_name("abc", 2), "autodl-abc-2");
 
         let sim = TaskLaunch::from_assignment(&a, "n1", dir.path(), false);
-        let body = DockerRuntime::create_body(&sim);
+        let body = rt.create_body(&sim);
         assert!(body.host_config.unwrap().device_requests.is_none());
         let env = body.env.unwrap();
         assert!(env.contains(&"CUDA_VISIBLE_DEVICES=0,2".to_string()));
@@ -438,7 +513,7 @@ mod tests {
                 "sh".into(),
                 "-c".into(),
                 "echo out; echo err >&2; echo \"$AUTODL_TASK_ID $AUTODL_CHECKPOINT_DIR $CUDA_VISIBLE_DEVICES\"; \
-                 echo saved > \"$AUTODL_RESULTS_DIR/r.txt\"; sleep 2; exit 4"
+                 echo \"uid $(id -u)\"; echo saved > \"$AUTODL_RESULTS_DIR/r.txt\"; sleep 2; exit 4"
                     .into(),
             ],
             gpu_indices: vec![1],
@@ -446,9 +521,15 @@ mod tests {
             memory: Some(64 << 20),
             ..Default::default()
         };
-        let l = TaskLaunch::from_assignment(&a, &node, dir.path(), false);
-        std::fs::create_dir_all(&l.checkpoint_dir).unwrap();
-        std::fs::create_dir_all(&l.results_dir).unwrap();
+        let pool = crate::isolation::UidPool::new(
+            crate::isolation::DEFAULT_TASK_UIDS,
+            crate::isolation::DEFAULT_LOCK_DIR,
+        )
+        .unwrap();
+        let lease = pool.lease().unwrap();
+        let mut l = TaskLaunch::from_assignment(&a, &node, dir.path(), false);
+        l.user = Some(lease.user());
+        prepare(&l);
         let results = l.results_dir.clone();
         let output = Arc::new(LogBuffer::new(1000));
         let (started_tx, started_rx) = oneshot::channel();
@@ -484,6 +565,11 @@ mod tests {
         );
         let expect = format!("{} /autodl/checkpoints 1", a.task_id);
         assert!(lines.iter().any(|l| l.line == expect), "{lines:?}");
+        let uid = format!("uid {}", lease.user().uid);
+        assert!(
+            lines.iter().any(|l| l.line == uid),
+            "runs as the task uid: {lines:?}"
+        );
         assert_eq!(
             std::fs::read_to_string(results.join("r.txt")).unwrap(),
             "saved\n"
@@ -506,8 +592,7 @@ mod tests {
             ..Default::default()
         };
         let l = TaskLaunch::from_assignment(&a2, &node, dir.path(), false);
-        std::fs::create_dir_all(&l.checkpoint_dir).unwrap();
-        std::fs::create_dir_all(&l.results_dir).unwrap();
+        prepare(&l);
         let output = Arc::new(LogBuffer::new(1000));
         let (started_tx, started_rx) = oneshot::channel();
         let (stop, stop_rx) = watch::channel(None);
@@ -539,8 +624,7 @@ mod tests {
             ..Default::default()
         };
         let l = TaskLaunch::from_assignment(&a3, &node, dir.path(), false);
-        std::fs::create_dir_all(&l.checkpoint_dir).unwrap();
-        std::fs::create_dir_all(&l.results_dir).unwrap();
+        prepare(&l);
         let output = Arc::new(LogBuffer::new(1000));
         let (started_tx, _started_rx) = oneshot::channel();
         let (_stop, stop_rx) = watch::channel(None);

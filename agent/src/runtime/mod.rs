@@ -16,12 +16,26 @@ pub use docker::DockerRuntime;
 pub use process::ProcessRuntime;
 
 pub use crate::error::RuntimeError;
+use crate::isolation::IsolationLevel;
 use crate::logs::LogBuffer;
 use crate::protocol::{Assignment, ExitReason};
 
-/// Container paths of the per-task folders.
+/// Paths of the per-task folders as a task sees them in a container or in the sandbox.
 pub const CONTAINER_CHECKPOINT_DIR: &str = "/autodl/checkpoints";
 pub const CONTAINER_RESULTS_DIR: &str = "/autodl/results";
+pub const CONTAINER_HOME_DIR: &str = "/autodl/home";
+pub const CONTAINER_DATA_DIR: &str = "/autodl/data";
+
+/// A dataset the task reads: where it is on the host and where the task finds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataMount {
+    /// On the host: the node's cache of an `s3://` dataset, or a path resolved inside a
+    /// dataset root (links followed, so the mount cannot point outside the root).
+    pub host: PathBuf,
+    /// A host path under a dataset root keeps its name inside containers; cached `s3://`
+    /// data appears at [`CONTAINER_DATA_DIR`].
+    pub requested_path: Option<String>,
+}
 
 /// Everything a runtime needs to start one attempt.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,16 +45,22 @@ pub struct TaskLaunch {
     pub node_id: String,
     pub image: String,
     pub command: Vec<String>,
-    /// The task's environment without the folder and GPU-visibility variables, which depend on
-    /// the runtime (host paths for processes, container paths for Docker).
+    /// The task's own environment: what the server sends and the user asked for. The folder,
+    /// data and GPU-visibility variables are added by the runtime (host paths for plain
+    /// processes, `/autodl/...` in containers and the sandbox); nothing of the agent's own
+    /// environment is in here.
     pub env: BTreeMap<String, String>,
     pub gpu_indices: Vec<u32>,
     /// True when `gpu_indices` name real devices that Docker can pass through.
     pub real_gpus: bool,
     pub cpu: Option<f64>,
     pub memory: Option<u64>,
+    /// `data_path` as the task asked for it; `data` once the agent made it available.
     pub data_path: Option<String>,
-    /// Host folders, created before the launch.
+    pub data: Option<DataMount>,
+    /// `<state_dir>/tasks/<task_id>`, shared by all attempts of the task, so a retried attempt
+    /// finds the checkpoints of the previous one. Created before the launch.
+    pub task_dir: PathBuf,
     pub checkpoint_dir: PathBuf,
     pub results_dir: PathBuf,
     /// A checkpoint was downloaded into `checkpoint_dir` before the start.
@@ -48,12 +68,25 @@ pub struct TaskLaunch {
     /// Where a container sees the checkpoint folder when the task named an absolute path
     /// (`checkpoint.save_to: "/checkpoints"`); `/autodl/checkpoints` otherwise.
     pub checkpoint_mount: Option<String>,
+    /// The unprivileged user the task runs as (isolated nodes); `None` runs it as the agent.
+    pub user: Option<crate::isolation::TaskUser>,
 }
 
+/// Variables only the runtime sets: a task's own `env` cannot point them elsewhere.
+const RUNTIME_OWNED: [&str; 8] = [
+    "AUTODL_RESTORE_PATH",
+    "AUTODL_CHECKPOINT_DIR",
+    "AUTODL_RESULTS_DIR",
+    "AUTODL_DATA_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "HOME",
+];
+
 impl TaskLaunch {
-    /// Builds the launch for an assignment. The folders live under
-    /// `<state_dir>/tasks/<task_id>/` and are shared by all attempts of the task, so a retried
-    /// attempt finds the checkpoints of the previous one.
+    /// Builds the launch for an assignment; the task's folders live under
+    /// `<state_dir>/tasks/<task_id>/`.
     pub fn from_assignment(
         a: &Assignment,
         node_id: &str,
@@ -70,9 +103,6 @@ impl TaskLaunch {
         if let Some(b) = a.batch_size {
             env.insert("AUTODL_BATCH_SIZE".to_string(), b.to_string());
         }
-        if let Some(p) = &a.data_path {
-            env.insert("AUTODL_DATA_PATH".to_string(), p.clone());
-        }
         if let Some(i) = a.checkpoint.as_ref().and_then(|c| c.interval) {
             env.insert("AUTODL_CHECKPOINT_INTERVAL".to_string(), i.to_string());
         }
@@ -80,13 +110,7 @@ impl TaskLaunch {
         env.extend(a.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         // Restored or not is known once the checkpoint is downloaded (`mark_restored`).
         env.insert("AUTODL_IS_RESTORED".to_string(), "0".to_string());
-        for owned in [
-            "AUTODL_RESTORE_PATH",
-            "AUTODL_CHECKPOINT_DIR",
-            "AUTODL_RESULTS_DIR",
-            "CUDA_VISIBLE_DEVICES",
-            "NVIDIA_VISIBLE_DEVICES",
-        ] {
+        for owned in RUNTIME_OWNED {
             env.remove(owned);
         }
         TaskLaunch {
@@ -101,14 +125,17 @@ impl TaskLaunch {
             cpu: a.cpu,
             memory: a.memory,
             data_path: a.data_path.clone(),
+            data: None,
             checkpoint_dir: task_dir.join("checkpoints"),
             results_dir: task_dir.join("results"),
+            task_dir,
             restored: false,
             checkpoint_mount: a
                 .checkpoint
                 .as_ref()
                 .and_then(|c| c.save_to.clone())
                 .filter(|p| p.starts_with('/') && !p.contains(':') && p != "/"),
+            user: None,
         }
     }
 
@@ -129,6 +156,92 @@ impl TaskLaunch {
             .collect::<Vec<_>>()
             .join(",")
     }
+
+    pub fn home_dir(&self) -> PathBuf {
+        self.task_dir.join("home")
+    }
+
+    pub fn tmp_dir(&self) -> PathBuf {
+        self.task_dir.join("tmp")
+    }
+
+    /// Where cached `s3://` data is linked for tasks that see host paths.
+    pub fn data_link_dir(&self) -> PathBuf {
+        self.task_dir.join("data")
+    }
+
+    /// The folders as a task in a container or the sandbox sees them.
+    pub fn mounted_paths(&self) -> TaskPaths {
+        TaskPaths {
+            checkpoints: self
+                .checkpoint_mount
+                .clone()
+                .unwrap_or_else(|| CONTAINER_CHECKPOINT_DIR.to_string()),
+            results: CONTAINER_RESULTS_DIR.into(),
+            home: CONTAINER_HOME_DIR.into(),
+            data: self.data.as_ref().map(|d| {
+                d.requested_path
+                    .clone()
+                    .unwrap_or_else(|| CONTAINER_DATA_DIR.to_string())
+            }),
+        }
+    }
+
+    /// The folders as a plain process sees them (host paths).
+    pub fn host_paths(&self) -> TaskPaths {
+        let shown = |p: &Path| p.display().to_string();
+        TaskPaths {
+            checkpoints: shown(&self.checkpoint_dir),
+            results: shown(&self.results_dir),
+            home: shown(&self.home_dir()),
+            data: self.data.as_ref().map(|d| match &d.requested_path {
+                Some(p) => p.clone(),
+                None if self.user.is_some() => shown(&self.data_link_dir()),
+                None => shown(&d.host),
+            }),
+        }
+    }
+
+    /// The task's environment with the folder, data and GPU variables for `paths`, and the
+    /// operator's variables underneath the task's own.
+    pub fn full_env(
+        &self,
+        paths: &TaskPaths,
+        operator: &BTreeMap<String, String>,
+        gpu_visibility: bool,
+    ) -> BTreeMap<String, String> {
+        let mut env: BTreeMap<String, String> = operator
+            .iter()
+            .filter(|(k, _)| !RUNTIME_OWNED.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        env.extend(self.env.clone());
+        env.insert("HOME".into(), paths.home.clone());
+        env.insert("AUTODL_CHECKPOINT_DIR".into(), paths.checkpoints.clone());
+        env.insert("AUTODL_RESULTS_DIR".into(), paths.results.clone());
+        if self.restored {
+            env.insert("AUTODL_RESTORE_PATH".into(), paths.checkpoints.clone());
+        }
+        if let Some(d) = &paths.data {
+            env.insert("AUTODL_DATA_PATH".into(), d.clone());
+        }
+        if gpu_visibility {
+            // NVML numbers GPUs in PCI order; CUDA's default order differs on mixed hosts.
+            env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
+            env.insert("CUDA_VISIBLE_DEVICES".into(), self.gpu_list());
+            env.insert("NVIDIA_VISIBLE_DEVICES".into(), self.gpu_list());
+        }
+        env
+    }
+}
+
+/// Where a task finds its folders.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskPaths {
+    pub checkpoints: String,
+    pub results: String,
+    pub home: String,
+    pub data: Option<String>,
 }
 
 /// Keeps ids usable as file and container names whatever the server sends.
@@ -178,6 +291,17 @@ pub struct RunOutcome {
 #[async_trait]
 pub trait Runtime: Send + Sync {
     fn name(&self) -> &'static str;
+
+    /// How this runtime keeps tasks apart (reported to the server).
+    fn isolation(&self) -> IsolationLevel;
+
+    /// The agent leases a task uid for every attempt and hands the task's folders to it.
+    fn task_users(&self) -> bool {
+        matches!(
+            self.isolation(),
+            IsolationLevel::Sandbox | IsolationLevel::Uid
+        )
+    }
 
     /// Removes what earlier agent runs left behind on `node_id` (containers of attempts not
     /// in `keep`), e.g. after an agent crash.
@@ -251,6 +375,7 @@ mod tests {
                 ("RANK", "1"),
                 ("AUTODL_BATCH_SIZE", "16"),
                 ("AUTODL_CHECKPOINT_DIR", "/nope"),
+                ("HOME", "/nope"),
             ]
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -281,6 +406,33 @@ mod tests {
         assert_eq!(l.env["AUTODL_CHECKPOINT_INTERVAL"], "600");
         assert_eq!(l.env["RANK"], "1");
         assert!(!l.env.contains_key("AUTODL_CHECKPOINT_DIR"));
+        assert!(!l.env.contains_key("HOME"), "the runtime owns HOME");
+        let operator = BTreeMap::from([
+            (
+                "LD_LIBRARY_PATH".to_string(),
+                "/usr/local/cuda/lib64".to_string(),
+            ),
+            ("RANK".to_string(), "9".to_string()),
+            ("HOME".to_string(), "/root".to_string()),
+        ]);
+        let full = r.full_env(&r.mounted_paths(), &operator, true);
+        assert_eq!(full["LD_LIBRARY_PATH"], "/usr/local/cuda/lib64");
+        assert_eq!(
+            full["RANK"], "1",
+            "the task's own values win over the operator's"
+        );
+        assert_eq!(full["HOME"], "/autodl/home");
+        assert_eq!(full["AUTODL_CHECKPOINT_DIR"], "/autodl/checkpoints");
+        assert_eq!(full["AUTODL_RESTORE_PATH"], "/autodl/checkpoints");
+        assert_eq!(full["CUDA_VISIBLE_DEVICES"], "2,3");
+        let host = l.full_env(&l.host_paths(), &BTreeMap::new(), false);
+        assert_eq!(
+            host["AUTODL_CHECKPOINT_DIR"],
+            "/state/tasks/t_1/checkpoints"
+        );
+        assert!(
+            !host.contains_key("CUDA_VISIBLE_DEVICES") && !host.contains_key("AUTODL_RESTORE_PATH")
+        );
         assert_eq!(l.checkpoint_dir, Path::new("/state/tasks/t_1/checkpoints"));
         assert_eq!(l.results_dir, Path::new("/state/tasks/t_1/results"));
         assert_eq!(l.gpu_list(), "2,3");

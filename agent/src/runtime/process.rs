@@ -1,8 +1,13 @@
-//! Tasks as child processes. Each runs in its own process group so that stopping it reaches
-//! the workers it forked (dataloaders, torchrun children), not only the leader.
+//! Tasks as child processes: as the agent's user on trusted-only nodes, as a task uid, or as a
+//! task uid inside a bubblewrap sandbox (see [`crate::isolation`]).
+//!
+//! A trusted task runs in its own process group so that stopping it reaches the workers it
+//! forked (dataloaders, torchrun children). An isolated task is stopped through its uid:
+//! every process running as it is the task's, including ones that left the process group.
 
+use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +19,11 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use super::{RunOutcome, Runtime, RuntimeError, Started, TaskIo, TaskLaunch};
+use crate::isolation::sandbox::{write_env_file, SandboxLaunch};
+use crate::isolation::{
+    inherited_env, is_root, signal_uid, IsolationChoice, IsolationConfig, IsolationLevel, Sandbox,
+    TaskUser, UidPool, DEFAULT_PATH,
+};
 use crate::logs::{LogBuffer, MAX_LINE_BYTES};
 use crate::protocol::Stream;
 
@@ -21,22 +31,74 @@ use crate::protocol::Stream;
 /// group is killed (a forgotten background child would otherwise hold the pipes open forever).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
+enum Mode {
+    Trusted,
+    Uid,
+    Sandbox(Sandbox),
+}
+
+#[derive(Debug, Clone)]
 pub struct ProcessRuntime {
+    mode: Mode,
     workdir: Option<PathBuf>,
+    operator_env: BTreeMap<String, String>,
 }
 
 impl ProcessRuntime {
-    /// Tasks start in their own task folder (`<state>/tasks/<id>`).
-    pub fn new() -> Self {
-        Self::default()
+    /// Tasks run as the agent's own user and see what it sees: for a node that only runs
+    /// tasks of organizations an administrator trusts (and for tests of the runtime itself).
+    pub fn trusted() -> Self {
+        ProcessRuntime {
+            mode: Mode::Trusted,
+            workdir: None,
+            operator_env: BTreeMap::new(),
+        }
     }
 
-    /// Tasks start in `dir` instead, e.g. a checkout holding the training scripts.
-    pub fn with_workdir(dir: impl Into<PathBuf>) -> Self {
-        ProcessRuntime {
-            workdir: Some(dir.into()),
+    /// The strongest isolation this host offers within what `config` asks: a sandbox as a
+    /// task uid (root, bubblewrap), a task uid alone (root), or none (not root). `Err` when
+    /// `config` requires isolation the host cannot give.
+    pub fn detect(config: &IsolationConfig) -> Result<Self, String> {
+        let mut rt = ProcessRuntime::trusted();
+        rt.operator_env = config.task_env.clone();
+        if config.choice == IsolationChoice::Off {
+            return Ok(rt);
         }
+        if !is_root() {
+            if config.choice == IsolationChoice::Required {
+                return Err(
+                    "isolating tasks needs the agent to run as root (each task gets its own uid)"
+                        .into(),
+                );
+            }
+            tracing::warn!("the agent does not run as root: tasks run as its own user and are not isolated from each other; this node is trusted-only");
+            return Ok(rt);
+        }
+        let pool = UidPool::new(config.task_uids.clone(), &config.lock_dir)
+            .map_err(|e| format!("task uid locks in {}: {e}", config.lock_dir.display()))?;
+        let probe = pool
+            .lease()
+            .map_err(|e| format!("no task uid for the sandbox probe: {e}"))?;
+        rt.mode = match Sandbox::detect(
+            config.bwrap.as_deref(),
+            &config.read_only_paths,
+            probe.user().uid,
+        ) {
+            Ok(sb) => Mode::Sandbox(sb),
+            Err(why) => {
+                tracing::warn!(%why, "no namespace sandbox: tasks run as their own uid without namespaces");
+                Mode::Uid
+            }
+        };
+        Ok(rt)
+    }
+
+    /// Tasks start in `dir` instead of their home folder, e.g. a checkout holding the
+    /// training scripts (shown read-only to sandboxed tasks).
+    pub fn with_workdir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.workdir = Some(dir.into());
+        self
     }
 }
 
@@ -44,6 +106,21 @@ fn signal_group(pid: u32, sig: Signal) {
     if let Ok(raw) = i32::try_from(pid) {
         // ESRCH (already gone) is the expected race here.
         let _ = killpg(Pid::from_raw(raw), sig);
+    }
+}
+
+/// Signals what belongs to the task: its uid's processes when it has one (the sandbox's own
+/// helpers run as root and must live on to report the exit), else its process group. A kill
+/// also takes the group, so the sandbox goes too.
+fn signal_task(pid: u32, user: Option<TaskUser>, sig: Signal) {
+    match user {
+        Some(u) => {
+            signal_uid(u.uid, sig);
+            if sig == Signal::SIGKILL {
+                signal_group(pid, sig);
+            }
+        }
+        None => signal_group(pid, sig),
     }
 }
 
@@ -69,15 +146,94 @@ async fn read_lines<R: AsyncRead + Unpin>(reader: R, stream: Stream, out: Arc<Lo
 async fn terminate(
     child: &mut Child,
     pid: u32,
+    user: Option<TaskUser>,
     grace: Duration,
 ) -> std::io::Result<std::process::ExitStatus> {
-    signal_group(pid, Signal::SIGTERM);
+    signal_task(pid, user, Signal::SIGTERM);
     match tokio::time::timeout(grace, child.wait()).await {
         Ok(status) => status,
         Err(_) => {
-            signal_group(pid, Signal::SIGKILL);
+            signal_task(pid, user, Signal::SIGKILL);
             child.wait().await
         }
+    }
+}
+
+impl ProcessRuntime {
+    /// The command for one attempt, with nothing of the agent's environment but the
+    /// allow-listed variables.
+    fn command(&self, launch: &TaskLaunch) -> Result<Command, RuntimeError> {
+        let (program, args) = launch
+            .command
+            .split_first()
+            .ok_or(RuntimeError::NoCommand)?;
+        let mut operator = inherited_env();
+        operator
+            .entry("PATH".into())
+            .or_insert_with(|| DEFAULT_PATH.into());
+        operator.extend(self.operator_env.clone());
+        let cmd = match (&self.mode, launch.user) {
+            (Mode::Sandbox(sb), Some(user)) => {
+                let paths = launch.mounted_paths();
+                let env = launch.full_env(&paths, &operator, true);
+                let env_file = launch.task_dir.join(".autodl-env");
+                write_env_file(
+                    &env_file,
+                    user.gid,
+                    env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                )?;
+                let mut read_only = Vec::new();
+                if let (Some(d), Some(inside)) = (&launch.data, &paths.data) {
+                    read_only.push((d.host.clone(), PathBuf::from(inside)));
+                }
+                if let Some(w) = &self.workdir {
+                    read_only.push((w.clone(), w.clone()));
+                }
+                let workdir = self
+                    .workdir
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(&paths.home));
+                let tmp = launch.tmp_dir();
+                let l = SandboxLaunch {
+                    user,
+                    binds: vec![
+                        (
+                            launch.checkpoint_dir.clone(),
+                            PathBuf::from(&paths.checkpoints),
+                        ),
+                        (launch.results_dir.clone(), PathBuf::from(&paths.results)),
+                        (launch.home_dir(), PathBuf::from(&paths.home)),
+                    ],
+                    read_only,
+                    tmp_dir: &tmp,
+                    workdir: &workdir,
+                    gpus: if launch.real_gpus {
+                        &launch.gpu_indices
+                    } else {
+                        &[]
+                    },
+                    env_file: &env_file,
+                    command: &launch.command,
+                };
+                let mut cmd = Command::new(sb.bwrap());
+                cmd.args(sb.args(&l)).env_clear().env("PATH", DEFAULT_PATH);
+                cmd
+            }
+            (_, user) => {
+                let paths = launch.host_paths();
+                let env = launch.full_env(&paths, &operator, true);
+                let mut cmd = Command::new(program);
+                cmd.args(args)
+                    .env_clear()
+                    .envs(&env)
+                    .current_dir(self.workdir.as_deref().unwrap_or(Path::new(&paths.home)));
+                if let Some(u) = user {
+                    cmd.uid(u.uid).gid(u.gid);
+                }
+                cmd
+            }
+        };
+        Ok(cmd)
     }
 }
 
@@ -87,36 +243,25 @@ impl Runtime for ProcessRuntime {
         "process"
     }
 
-    async fn run(&self, launch: TaskLaunch, io: TaskIo) -> Result<RunOutcome, RuntimeError> {
-        let (program, args) = launch
-            .command
-            .split_first()
-            .ok_or(RuntimeError::NoCommand)?;
-        let workdir = match &self.workdir {
-            Some(d) => d.clone(),
-            None => launch
-                .checkpoint_dir
-                .parent()
-                .map(PathBuf::from)
-                .unwrap_or_else(|| launch.results_dir.clone()),
-        };
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .envs(&launch.env)
-            .env("AUTODL_CHECKPOINT_DIR", &launch.checkpoint_dir)
-            .env("AUTODL_RESULTS_DIR", &launch.results_dir)
-            // NVML numbers GPUs in PCI order; CUDA's default order differs on mixed hosts.
-            .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-            .env("CUDA_VISIBLE_DEVICES", launch.gpu_list())
-            .env("NVIDIA_VISIBLE_DEVICES", launch.gpu_list())
-            .current_dir(workdir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if launch.restored {
-            cmd.env("AUTODL_RESTORE_PATH", &launch.checkpoint_dir);
+    fn isolation(&self) -> IsolationLevel {
+        match self.mode {
+            Mode::Trusted => IsolationLevel::None,
+            Mode::Uid => IsolationLevel::Uid,
+            Mode::Sandbox(_) => IsolationLevel::Sandbox,
         }
-        cmd.process_group(0).kill_on_drop(true);
+    }
+
+    async fn run(&self, launch: TaskLaunch, io: TaskIo) -> Result<RunOutcome, RuntimeError> {
+        let mut cmd = self.command(&launch)?;
+        if launch.user.is_none() {
+            std::fs::create_dir_all(launch.home_dir())?;
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let user = launch.user;
         let mut child = cmd.spawn().map_err(RuntimeError::Spawn)?;
         let pid = child.id().unwrap_or(0);
         let _ = io.started.send(Started {
@@ -145,7 +290,7 @@ impl Runtime for ProcessRuntime {
             let requested = *stop.borrow_and_update();
             if let Some(grace) = requested {
                 stopped = true;
-                break terminate(&mut child, pid, grace).await?;
+                break terminate(&mut child, pid, user, grace).await?;
             }
             tokio::select! {
                 status = child.wait() => break status?,
@@ -160,7 +305,7 @@ impl Runtime for ProcessRuntime {
 
         let drain = futures_util::future::join_all(readers.iter_mut());
         if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
-            signal_group(pid, Signal::SIGKILL);
+            signal_task(pid, user, Signal::SIGKILL);
             for r in &readers {
                 r.abort();
             }
@@ -245,7 +390,7 @@ mod tests {
     #[tokio::test]
     async fn output_on_both_streams_and_exit_code() {
         let (l, io, mut h) = launch("echo hi; echo err >&2; exit 3");
-        let o = ProcessRuntime::new().run(l, io).await.unwrap();
+        let o = ProcessRuntime::trusted().run(l, io).await.unwrap();
         assert!(h.started.try_recv().unwrap().pid.is_some());
         assert_eq!(o.exit_code, 3);
         assert_eq!(reason(&o, &h), ExitReason::Error);
@@ -265,22 +410,23 @@ mod tests {
     #[tokio::test]
     async fn success_and_oom() {
         let (l, io, h) = launch("echo done");
-        let o = ProcessRuntime::new().run(l, io).await.unwrap();
+        let o = ProcessRuntime::trusted().run(l, io).await.unwrap();
         assert_eq!((o.exit_code, reason(&o, &h)), (0, ExitReason::Success));
 
         let (l, io, h) = launch(
             "echo 'RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB' >&2; exit 1",
         );
-        let o = ProcessRuntime::new().run(l, io).await.unwrap();
+        let o = ProcessRuntime::trusted().run(l, io).await.unwrap();
         assert_eq!((o.exit_code, reason(&o, &h)), (1, ExitReason::Oom));
     }
 
     #[tokio::test]
     async fn task_environment() {
         let (l, io, h) = launch("env");
+        let home = l.home_dir();
         let ckpt = l.checkpoint_dir.clone();
         let results = l.results_dir.clone();
-        let o = ProcessRuntime::new().run(l, io).await.unwrap();
+        let o = ProcessRuntime::trusted().run(l, io).await.unwrap();
         assert_eq!(o.exit_code, 0);
         let env: Vec<String> = lines(&h).into_iter().map(|l| l.line).collect();
         let has = |kv: String| assert!(env.contains(&kv), "{kv} missing from {env:?}");
@@ -293,18 +439,25 @@ mod tests {
         has("CUDA_VISIBLE_DEVICES=1,3".into());
         has("MASTER_ADDR=gpu-host-1".into());
         has("RANK=0".into());
+        has(format!("HOME={}", home.display()));
         assert!(
             env.iter().any(|l| l.starts_with("PATH=")),
             "host PATH is inherited"
         );
+        // `cargo test` runs this process with CARGO_* variables: none of them may leak.
+        assert!(std::env::vars().any(|(k, _)| k.starts_with("CARGO")));
+        assert!(
+            !env.iter().any(|l| l.starts_with("CARGO")),
+            "the agent's environment leaked: {env:?}"
+        );
     }
 
     #[tokio::test]
-    async fn runs_in_the_task_folder() {
+    async fn runs_in_its_home_folder() {
         let (l, io, h) = launch("pwd; touch \"$AUTODL_RESULTS_DIR/out.txt\"");
-        let task_dir = l.checkpoint_dir.parent().unwrap().to_path_buf();
+        let task_dir = l.home_dir();
         let results = l.results_dir.clone();
-        let o = ProcessRuntime::new().run(l, io).await.unwrap();
+        let o = ProcessRuntime::trusted().run(l, io).await.unwrap();
         assert_eq!(o.exit_code, 0);
         let pwd = lines(&h)[0].line.clone();
         assert_eq!(
@@ -321,7 +474,7 @@ mod tests {
         );
         let stop = h.stop.clone();
         let output = h.output.clone();
-        let run = tokio::spawn(async move { ProcessRuntime::new().run(l, io).await });
+        let run = tokio::spawn(async move { ProcessRuntime::trusted().run(l, io).await });
         wait_for_line(&output, "ready").await;
         let t = Instant::now();
         stop.send(Some(Duration::from_secs(10))).unwrap();
@@ -338,7 +491,7 @@ mod tests {
         let (l, io, h) = launch("trap '' TERM; echo ready; while true; do sleep 0.1; done");
         let stop = h.stop.clone();
         let output = h.output.clone();
-        let run = tokio::spawn(async move { ProcessRuntime::new().run(l, io).await });
+        let run = tokio::spawn(async move { ProcessRuntime::trusted().run(l, io).await });
         wait_for_line(&output, "ready").await;
         let t = Instant::now();
         stop.send(Some(Duration::from_millis(700))).unwrap();
@@ -358,7 +511,7 @@ mod tests {
         let (l, io, h) = launch("sleep 30 & echo ready; wait");
         let stop = h.stop.clone();
         let output = h.output.clone();
-        let run = tokio::spawn(async move { ProcessRuntime::new().run(l, io).await });
+        let run = tokio::spawn(async move { ProcessRuntime::trusted().run(l, io).await });
         wait_for_line(&output, "ready").await;
         let t = Instant::now();
         stop.send(Some(Duration::from_secs(10))).unwrap();
@@ -372,15 +525,125 @@ mod tests {
         let (mut l, io, _h) = launch("true");
         l.command.clear();
         assert!(matches!(
-            ProcessRuntime::new().run(l, io).await,
+            ProcessRuntime::trusted().run(l, io).await,
             Err(RuntimeError::NoCommand)
         ));
         let (mut l, io, _h) = launch("true");
         l.command = vec!["/nonexistent/autodl-test-binary".into()];
         assert!(matches!(
-            ProcessRuntime::new().run(l, io).await,
+            ProcessRuntime::trusted().run(l, io).await,
             Err(RuntimeError::Spawn(_))
         ));
+    }
+
+    /// The sandbox as root: the task runs as a leased uid, sees an allow-listed environment,
+    /// its own folders and the system's, nothing of the agent's state, and nothing it starts
+    /// outlives the lease.
+    #[tokio::test]
+    async fn sandboxed_task_is_confined() {
+        if !crate::isolation::is_root() {
+            eprintln!("skipping: isolation needs root");
+            return;
+        }
+        let rt = ProcessRuntime::detect(&crate::isolation::IsolationConfig::default()).unwrap();
+        assert_eq!(
+            rt.isolation(),
+            IsolationLevel::Sandbox,
+            "install bubblewrap"
+        );
+        let script = r#"
+            echo "uid=$(id -u)"
+            echo "home=$HOME pwd=$(pwd)"
+            env | sed 's/^/env:/'
+            test -e /proc/1/environ && cat /proc/1/environ >/dev/null 2>&1 && echo "read-pid1-env"
+            ls "$STATE" >/dev/null 2>&1 && echo "listed-state"
+            cat "$STATE/credential.json" 2>/dev/null && echo "read-credential"
+            test -e /var/run/docker.sock -o -e /run/docker.sock && echo "sees-docker"
+            test -e /root/.cargo && echo "sees-root-home"
+            echo hello > "$AUTODL_RESULTS_DIR/out.txt" && echo "wrote-results"
+            touch /etc/autodl-escape 2>/dev/null && echo "wrote-etc"
+            setsid sh -c 'sleep 300' </dev/null >/dev/null 2>&1 &
+            echo done
+        "#;
+        let (mut l, io, h) = launch(script);
+        let state = l.task_dir.parent().unwrap().parent().unwrap().to_path_buf();
+        std::fs::write(state.join("credential.json"), "secret").unwrap();
+        crate::isolation::lock_down_state_dir(&state).unwrap();
+        l.env.insert("STATE".into(), state.display().to_string());
+        let pool = UidPool::new(
+            crate::isolation::DEFAULT_TASK_UIDS,
+            crate::isolation::DEFAULT_LOCK_DIR,
+        )
+        .unwrap();
+        let lease = pool.lease().unwrap();
+        let uid = lease.user().uid;
+        l.user = Some(lease.user());
+        crate::isolation::hand_over_task_dir(&l.task_dir, lease.user()).unwrap();
+        let results = l.results_dir.clone();
+        let o = rt.run(l, io).await.unwrap();
+        assert_eq!(o.exit_code, 0);
+        let out: Vec<String> = lines(&h).into_iter().map(|l| l.line).collect();
+        assert!(out.contains(&format!("uid={uid}")), "{out:?}");
+        assert!(
+            out.contains(&"home=/autodl/home pwd=/autodl/home".to_string()),
+            "{out:?}"
+        );
+        for leak in [
+            "read-pid1-env",
+            "listed-state",
+            "read-credential",
+            "sees-docker",
+            "sees-root-home",
+            "wrote-etc",
+        ] {
+            assert!(!out.iter().any(|l| l == leak), "{leak}: {out:?}");
+        }
+        assert!(!out.iter().any(|l| l.starts_with("env:CARGO")), "{out:?}");
+        assert!(
+            out.iter()
+                .any(|l| l == "env:AUTODL_RESULTS_DIR=/autodl/results"),
+            "{out:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(results.join("out.txt")).unwrap(),
+            "hello\n"
+        );
+        assert!(out.contains(&"done".to_string()));
+        // The daemon it left behind dies with the lease.
+        drop(lease);
+        assert_eq!(
+            signal_uid(uid, Signal::SIGCONT),
+            0,
+            "processes of uid {uid} survived"
+        );
+    }
+
+    #[tokio::test]
+    async fn sandboxed_task_gets_sigterm_and_its_grace() {
+        if !crate::isolation::is_root() {
+            eprintln!("skipping: isolation needs root");
+            return;
+        }
+        let rt = ProcessRuntime::detect(&crate::isolation::IsolationConfig::default()).unwrap();
+        let (mut l, io, h) =
+            launch("trap 'echo saving; exit 0' TERM; echo ready; while true; do sleep 0.1; done");
+        let pool = UidPool::new(
+            crate::isolation::DEFAULT_TASK_UIDS,
+            crate::isolation::DEFAULT_LOCK_DIR,
+        )
+        .unwrap();
+        let lease = pool.lease().unwrap();
+        l.user = Some(lease.user());
+        crate::isolation::hand_over_task_dir(&l.task_dir, lease.user()).unwrap();
+        let stop = h.stop.clone();
+        let output = h.output.clone();
+        let run = tokio::spawn(async move { rt.run(l, io).await });
+        wait_for_line(&output, "ready").await;
+        stop.send(Some(Duration::from_secs(10))).unwrap();
+        let o = run.await.unwrap().unwrap();
+        assert!(o.stopped);
+        assert_eq!(o.exit_code, 0, "the trap ran and exited cleanly");
+        assert!(lines(&h).iter().any(|l| l.line == "saving"));
     }
 
     async fn wait_for_line(out: &LogBuffer, want: &str) {

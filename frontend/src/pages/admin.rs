@@ -1,5 +1,7 @@
 use autodl_common::agent::{CreateRegistrationToken, RegistrationToken};
-use autodl_common::api::{AdminTenant, AdminUpdateUserRequest, AdminUser, Quota};
+use autodl_common::api::{
+    AdminTenant, AdminUpdateTenantRequest, AdminUpdateUserRequest, AdminUser, Quota,
+};
 use autodl_common::tasks::NodeInfo;
 use leptos::prelude::*;
 use serde::Deserialize;
@@ -7,7 +9,7 @@ use serde::Deserialize;
 use super::account::short_date;
 use super::quota::{quota_summary, QuotaEditor};
 use crate::api::{self, ApiErr};
-use crate::app::{general_error, use_session, RequireLogin};
+use crate::app::{general_error, use_session, Field, RequireLogin};
 use crate::live;
 
 #[component]
@@ -28,22 +30,48 @@ pub fn AdminPage() -> impl IntoView {
 fn Tenants() -> impl IntoView {
     let tenants = LocalResource::new(|| api::get::<Vec<AdminTenant>>("/api/v1/admin/tenants"));
     let editing = RwSignal::new(None::<AdminTenant>);
+    let error = RwSignal::new(None::<ApiErr>);
+    let trust = Action::new_local(move |(id, trusted): &(String, bool)| {
+        let path = format!("/api/v1/admin/tenants/{id}");
+        let req = AdminUpdateTenantRequest {
+            trusted: Some(*trusted),
+        };
+        async move { api::patch::<_, AdminTenant>(&path, &req).await }
+    });
+    Effect::new(move |_| match trust.value().get() {
+        Some(Ok(_)) => {
+            error.set(None);
+            tenants.refetch();
+        }
+        Some(Err(e)) => error.set(Some(e)),
+        None => {}
+    });
     view! {
         <section class="card">
             <h1>"Organizations"</h1>
+            <p class="muted">"Trusted organizations may also run tasks on trusted-only nodes, which cannot isolate tasks from each other."</p>
+            <p class="banner error" role="alert">{move || general_error(error.get(), &[])}</p>
             <table class="table" data-testid="admin-tenants">
-                <thead><tr><th>"Name"</th><th>"Members"</th><th>"Quota"</th><th>"Created"</th><th></th></tr></thead>
+                <thead><tr><th>"Name"</th><th>"Members"</th><th>"Quota"</th><th>"Storage"</th><th>"Trusted"</th><th>"Created"</th><th></th></tr></thead>
                 <tbody>
                 {move || match tenants.get() {
-                    None => view! { <tr><td colspan="5" class="muted">"Loading…"</td></tr> }.into_any(),
-                    Some(Err(e)) => view! { <tr><td colspan="5" class="error">{e.message}</td></tr> }.into_any(),
+                    None => view! { <tr><td colspan="7" class="muted">"Loading…"</td></tr> }.into_any(),
+                    Some(Err(e)) => view! { <tr><td colspan="7" class="error">{e.message}</td></tr> }.into_any(),
                     Some(Ok(list)) => list.into_iter().map(|t| {
                         let t2 = t.clone();
+                        let (id, trusted, name) = (t.id.clone(), t.trusted, t.name.clone());
                         view! {
-                            <tr>
+                            <tr data-tenant=name>
                                 <td>{t.name}</td><td>{t.members}</td><td>{quota_summary(&t.quota)}</td>
+                                <td>{super::tasks::bytes(t.storage_bytes)}</td>
+                                <td>{if trusted { "yes" } else { "no" }}</td>
                                 <td>{short_date(&t.created_at)}</td>
-                                <td><button type="button" class="small secondary" on:click=move |_| editing.set(Some(t2.clone()))>"Edit quota"</button></td>
+                                <td class="row-actions">
+                                    <button type="button" class="small secondary" on:click=move |_| editing.set(Some(t2.clone()))>"Edit quota"</button>
+                                    <button type="button" class="small secondary" data-testid="toggle-trust" on:click=move |_| { trust.dispatch((id.clone(), !trusted)); }>
+                                        {if trusted { "Withdraw trust" } else { "Trust" }}
+                                    </button>
+                                </td>
                             </tr>
                         }
                     }).collect_view().into_any(),
@@ -60,7 +88,7 @@ fn Tenants() -> impl IntoView {
             view! {
                 <section class="card">
                     <h2>"Quota for " {t.name.clone()}</h2>
-                    <QuotaEditor initial=t.quota.clone() save on_close=move || { editing.set(None); tenants.refetch(); }/>
+                    <QuotaEditor initial=t.quota.clone() save storage=true on_close=move || { editing.set(None); tenants.refetch(); }/>
                 </section>
             }
         })}
@@ -138,7 +166,7 @@ fn Nodes() -> impl IntoView {
             <h2>"Nodes"</h2>
             <p class="banner error" role="alert">{move || general_error(error.get(), &[])}</p>
             <table class="table" data-testid="admin-nodes">
-                <thead><tr><th>"Node"</th><th>"Zone"</th><th>"GPUs"</th><th>"Status"</th><th></th></tr></thead>
+                <thead><tr><th>"Node"</th><th>"Zone"</th><th>"GPUs"</th><th>"Runs tasks as"</th><th>"Status"</th><th></th></tr></thead>
                 <tbody>
                 {move || nodes.get().and_then(|n| n.ok()).unwrap_or_default().into_iter().map(|n| {
                     let gpus = {
@@ -146,18 +174,34 @@ fn Nodes() -> impl IntoView {
                         types.dedup();
                         format!("{} × {}", n.gpus.len(), types.join(", "))
                     };
-                    let busy = n.gpus.iter().filter(|g| !g.tasks.is_empty()).count();
-                    let (id1, id2, id3) = (n.id.clone(), n.id.clone(), n.id.clone());
+                    let busy = n.gpus.iter().filter(|g| !g.tasks.is_empty() || g.other_tasks > 0).count();
+                    let (id1, id2, id3, id4) = (n.id.clone(), n.id.clone(), n.id.clone(), n.id.clone());
+                    let unisolated = n.isolation == "none";
+                    let trusted_only = n.trusted_only;
+                    let how = isolation_text(&n.runtime, &n.isolation);
                     view! {
                         <tr data-node=n.id.clone()>
                             <td>{n.id.clone()}</td>
                             <td>{n.zone.clone()}</td>
                             <td>{gpus}" · "{busy}" busy"</td>
+                            <td data-testid="node-isolation">
+                                {how}
+                                {trusted_only.then(|| view! { " " <span class="badge warn">"trusted-only"</span> })}
+                                {(unisolated && !trusted_only).then(|| view! { " " <span class="badge warn">"open to all, unisolated"</span> })}
+                            </td>
                             <td><span class="badge">{if n.schedulable { "ready" } else { "not schedulable" }}</span></td>
                             <td class="row-actions">
                                 <button type="button" class="small secondary" on:click=move |_| { act.dispatch((id1.clone(), "cordon")); }>"Cordon"</button>
                                 <button type="button" class="small secondary" on:click=move |_| { act.dispatch((id2.clone(), "uncordon")); }>"Uncordon"</button>
                                 <button type="button" class="small danger" on:click=move |_| { act.dispatch((id3.clone(), "drain")); }>"Drain"</button>
+                                {unisolated.then(|| {
+                                    let action = if trusted_only { "open-to-all" } else { "trusted-only" };
+                                    view! {
+                                        <button type="button" class="small secondary" on:click=move |_| { act.dispatch((id4.clone(), action)); }>
+                                            {if trusted_only { "Open to all" } else { "Trusted only" }}
+                                        </button>
+                                    }
+                                })}
                             </td>
                         </tr>
                     }
@@ -168,6 +212,25 @@ fn Nodes() -> impl IntoView {
     }
 }
 
+/// How a node runs tasks, in an administrator's words.
+fn isolation_text(runtime: &str, isolation: &str) -> String {
+    let runtime = match runtime {
+        "docker" => "Docker",
+        "process" => "processes (no Docker)",
+        "" => "unknown",
+        other => other,
+    };
+    let iso = match isolation {
+        "container" => "containers",
+        "sandbox" => "own uid, sandboxed",
+        "uid" => "own uid, no namespaces",
+        "none" => "the agent's user (not isolated)",
+        "declared" => "registered by hand",
+        other => other,
+    };
+    format!("{runtime}: {iso}")
+}
+
 #[component]
 fn RegistrationTokens() -> impl IntoView {
     let tokens = LocalResource::new(|| {
@@ -175,24 +238,45 @@ fn RegistrationTokens() -> impl IntoView {
     });
     let created = RwSignal::new(None::<RegistrationToken>);
     let error = RwSignal::new(None::<ApiErr>);
-    let create = Action::new_local(move |_: &()| async move {
-        api::post::<_, RegistrationToken>(
-            "/api/v1/admin/registration-tokens",
-            &CreateRegistrationToken {
-                name: None,
-                expires_in_hours: Some(24),
-            },
-        )
-        .await
+    let uses = RwSignal::new("1".to_string());
+    let node = RwSignal::new(String::new());
+    let create = Action::new_local(move |req: &CreateRegistrationToken| {
+        let req = req.clone();
+        async move { api::post::<_, RegistrationToken>("/api/v1/admin/registration-tokens", &req).await }
     });
     Effect::new(move |_| match create.value().get() {
         Some(Ok(t)) => {
+            error.set(None);
             created.set(Some(t));
             tokens.refetch();
         }
         Some(Err(e)) => error.set(Some(e)),
         None => {}
     });
+    let on_create = move |ev: leptos::ev::SubmitEvent| {
+        ev.prevent_default();
+        let max_uses = match uses.get_untracked().trim().parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => {
+                error.set(Some(ApiErr {
+                    status: 400,
+                    code: "validation".into(),
+                    message: "nodes must be a whole number".into(),
+                    field: Some("max_uses".into()),
+                }));
+                return;
+            }
+        };
+        let node_id = Some(node.get_untracked().trim().to_string()).filter(|n| !n.is_empty());
+        create.dispatch(CreateRegistrationToken {
+            name: node_id.clone(),
+            expires_in_hours: Some(24),
+            max_uses: Some(max_uses),
+            node_id,
+        });
+    };
+    let ferr =
+        move |f: &'static str| Signal::derive(move || error.get().and_then(|e| e.for_field(f)));
     let revoke = Action::new_local(move |id: &String| {
         let path = format!("/api/v1/admin/registration-tokens/{id}");
         async move { api::delete(&path).await }
@@ -210,16 +294,23 @@ fn RegistrationTokens() -> impl IntoView {
             {move || created.get().and_then(|t| t.token).map(|t| view! {
                 <div class="notice" data-testid="registration-token"><p><strong>"Copy this token now; it is shown once:"</strong></p><code>{t}</code></div>
             })}
-            <p class="banner error" role="alert">{move || general_error(error.get(), &[])}</p>
-            <button type="button" on:click=move |_| { create.dispatch(()); }>"New token (24 h)"</button>
-            <table class="table">
-                <thead><tr><th>"Name"</th><th>"Created"</th><th>"Expires"</th><th></th></tr></thead>
+            <p class="muted">"A token lets one node join, unless you allow more. Registering an existing node again (its agent lost its state) needs a token made for that node."</p>
+            <form class="token-form" on:submit=on_create novalidate>
+                <Field label="Nodes that may join" id="max_uses" kind="number" value=uses error=ferr("max_uses")/>
+                <Field label="For existing node (optional)" id="node_id" value=node error=ferr("node_id") placeholder="any new node"/>
+                <button type="submit" disabled=move || create.pending().get()>"New token (24 h)"</button>
+            </form>
+            <p class="banner error" role="alert">{move || general_error(error.get(), &["max_uses", "node_id"])}</p>
+            <table class="table" data-testid="registration-tokens">
+                <thead><tr><th>"Name"</th><th>"Used"</th><th>"Node"</th><th>"Created"</th><th>"Expires"</th><th></th></tr></thead>
                 <tbody>
                 {move || tokens.get().and_then(|t| t.ok()).unwrap_or_default().into_iter().map(|t| {
                     let id = t.id.clone();
                     view! {
                         <tr>
-                            <td>{t.name}</td><td>{short_date(&t.created_at)}</td><td>{short_date(&t.expires_at)}</td>
+                            <td>{t.name}</td><td>{format!("{} of {}", t.uses, t.max_uses)}</td>
+                            <td>{t.node_id.unwrap_or_else(|| "any new node".into())}</td>
+                            <td>{short_date(&t.created_at)}</td><td>{short_date(&t.expires_at)}</td>
                             <td><button type="button" class="small danger" on:click=move |_| { revoke.dispatch(id.clone()); }>"Revoke"</button></td>
                         </tr>
                     }

@@ -22,17 +22,24 @@ pub fn quota_summary(q: &Quota) -> String {
     if let Some(t) = &q.allowed_gpu_types {
         parts.push(format!("types: {}", t.join(", ")));
     }
+    if let Some(b) = q.max_storage_bytes {
+        parts.push(format!("{} of storage", super::tasks::bytes(b)));
+    }
     parts.join(" · ")
 }
 
 type SaveFuture = Pin<Box<dyn Future<Output = ApiResult<Quota>>>>;
 
-/// Edits a quota; `save` sends it and answers with what the server stored.
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Edits a quota; `save` sends it and answers with what the server stored. Storage is an
+/// organization's cap only (`storage`).
 #[component]
 pub fn QuotaEditor<F, Fut>(
     initial: Quota,
     save: F,
     on_close: impl Fn() + Clone + Send + Sync + 'static,
+    #[prop(optional)] storage: bool,
 ) -> impl IntoView
 where
     F: Fn(Quota) -> Fut + Clone + Send + Sync + 'static,
@@ -43,6 +50,9 @@ where
     let hours = opt(initial.gpu_hours_per_month.map(|n| n.to_string()));
     let queued = opt(initial.max_queued_tasks.map(|n| n.to_string()));
     let types = opt(initial.allowed_gpu_types.map(|t| t.join(", ")));
+    let storage_gib = opt(initial
+        .max_storage_bytes
+        .map(|b| format!("{}", b as f64 / GIB)));
     let error = RwSignal::new(None::<ApiErr>);
     let saved = RwSignal::new(false);
     let action = Action::new_local(move |q: &Quota| -> SaveFuture { Box::pin(save(q.clone())) });
@@ -94,6 +104,18 @@ where
                         .collect();
                     (!list.is_empty()).then_some(list)
                 },
+                max_storage_bytes: {
+                    let g = storage_gib.get_untracked();
+                    if g.trim().is_empty() {
+                        None
+                    } else {
+                        let v: f64 = g
+                            .trim()
+                            .parse()
+                            .map_err(|_| invalid("max_storage_bytes", "Storage"))?;
+                        Some((v.max(0.0) * GIB).round() as u64)
+                    }
+                },
             })
         })();
         match q {
@@ -111,7 +133,10 @@ where
             <Field label="GPU-hours per month" id="gpu_hours_per_month" kind="number" value=hours error=ferr("gpu_hours_per_month") placeholder="no cap"/>
             <Field label="Queued tasks" id="max_queued_tasks" kind="number" value=queued error=ferr("max_queued_tasks") placeholder="no cap"/>
             <Field label="Allowed GPU types" id="allowed_gpu_types" value=types error=ferr("allowed_gpu_types") placeholder="all types (e.g. A100, A40)"/>
-            <p class="banner error" role="alert">{move || general_error(error.get(), &["max_gpus", "gpu_hours_per_month", "max_queued_tasks", "allowed_gpu_types"])}</p>
+            {storage.then(|| view! {
+                <Field label="Storage (GiB)" id="max_storage_bytes" kind="number" value=storage_gib error=ferr("max_storage_bytes") placeholder="no cap"/>
+            })}
+            <p class="banner error" role="alert">{move || general_error(error.get(), &["max_gpus", "gpu_hours_per_month", "max_queued_tasks", "allowed_gpu_types", "max_storage_bytes"])}</p>
             {move || saved.get().then(|| view! { <p class="banner ok">"Saved."</p> })}
             <div class="actions">
                 <button type="submit" disabled=move || action.pending().get()>"Save quota"</button>

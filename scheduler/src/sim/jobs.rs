@@ -212,6 +212,8 @@ fn request(job: &Job, idx: usize, gpn: u32) -> TaskRequest {
         preemptible: true,
         zone_affinity: false,
         attained_gpu_seconds: 0.0,
+        tolerations: vec![],
+        requires: vec![],
     }
 }
 
@@ -237,6 +239,8 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
                 })
                 .collect(),
             schedulable: true,
+            taints: vec![],
+            features: vec![],
         })
         .collect();
     let capacity = u64::from(cfg.nodes * gpn);

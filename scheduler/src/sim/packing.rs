@@ -78,6 +78,8 @@ pub fn read_nodes<R: Read>(r: R) -> Result<Vec<Node>, SimError> {
                 })
                 .collect(),
             schedulable: true,
+            taints: vec![],
+            features: vec![],
         });
     }
     Ok(out)
@@ -139,6 +141,7 @@ fn need_of(cap: &Capacity, p: &Pod) -> WorkerNeed {
         cpu_millis: p.cpu_milli,
         mem_bytes: p.memory_mib * MIB,
         types: cap.type_mask(&p.gpu_spec),
+        classes: cap.class_mask(&[], &[]),
     }
 }
 

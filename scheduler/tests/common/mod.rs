@@ -20,6 +20,8 @@ pub fn node(id: &str, zone: &str, gpus: u32, gpu_type: &str, gpu_mem_gib: u64) -
             })
             .collect(),
         schedulable: true,
+        taints: vec![],
+        features: vec![],
     }
 }
 
@@ -41,6 +43,8 @@ pub fn task(id: &str, user: &str, gpus: u32, submitted_at: Time) -> TaskRequest 
         preemptible: true,
         zone_affinity: false,
         attained_gpu_seconds: 0.0,
+        tolerations: vec![],
+        requires: vec![],
     }
 }
 

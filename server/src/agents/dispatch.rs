@@ -124,10 +124,14 @@ fn assignment(
     }
     set("AUTODL_IS_RESTORED", "0".into());
     set("AUTODL_API_URL", state.settings.public_url());
+    // Bound to this attempt, and refused once it is no longer current or running; the
+    // expiry only bounds a token of an attempt that never ends.
     let exp = crate::state::now_ms() / 1000 + 30 * 86_400;
     set(
         "AUTODL_TASK_TOKEN",
-        state.sessions.issue_task_token(&t.id, &t.user_id, exp)?,
+        state
+            .sessions
+            .issue_task_token(&t.id, &t.user_id, t.attempts as u32, exp)?,
     );
     set("AUTODL_NUM_WORKERS", spec.num_workers.to_string());
     set("AUTODL_GPUS_PER_WORKER", spec.gpus_per_worker.to_string());

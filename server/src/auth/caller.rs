@@ -88,6 +88,65 @@ impl FromRequest for Caller {
     }
 }
 
+/// A caller re-checked during a long-lived response (a live stream): a revoked session or
+/// key, a disabled or removed member ends it within [`LiveCaller::EVERY`].
+pub struct LiveCaller {
+    caller: Caller,
+    checked: std::time::Instant,
+}
+
+impl LiveCaller {
+    pub const EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+    pub fn new(caller: Caller) -> Self {
+        LiveCaller {
+            caller,
+            checked: std::time::Instant::now(),
+        }
+    }
+
+    /// Whether the caller may still read; looks at the store at most every `EVERY`.
+    pub async fn still_allowed(&mut self, state: &AppState) -> bool {
+        if self.checked.elapsed() < Self::EVERY {
+            return true;
+        }
+        self.checked = std::time::Instant::now();
+        let now = now_ms();
+        let c = &self.caller;
+        let credential = match &c.via {
+            CallerVia::Session { sid, .. } => state
+                .store
+                .session(sid)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|s| !s.revoked && s.expires_at > now),
+            CallerVia::ApiKey { id } => {
+                state
+                    .store
+                    .list_api_keys(&c.user.id)
+                    .await
+                    .is_ok_and(|keys| {
+                        keys.iter().any(|k| {
+                            k.id == *id && !k.revoked && k.expires_at.is_none_or(|e| e > now)
+                        })
+                    })
+            }
+        };
+        credential
+            && state
+                .store
+                .user(&c.user.id)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|u| !u.disabled && u.tenant_id == c.user.tenant_id)
+    }
+}
+
+/// The last event of a live stream whose caller lost access.
+pub const STREAM_REVOKED: &[u8] = b"event: end\ndata: {\"reason\":\"access revoked\"}\n\n";
+
 async fn authenticate(req: &HttpRequest) -> Result<Caller, ApiError> {
     let state = req
         .app_data::<web::Data<AppState>>()

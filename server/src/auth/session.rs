@@ -27,6 +27,8 @@ pub struct Claims {
 pub struct TaskClaims {
     pub sub: String,
     pub task: String,
+    /// Good only while this attempt is the task's current one and runs.
+    pub attempt: u32,
     pub exp: i64,
 }
 
@@ -65,10 +67,17 @@ impl SessionKeys {
             .map(|d| d.claims)
     }
 
-    pub fn issue_task_token(&self, task: &str, user: &str, exp: i64) -> anyhow::Result<String> {
+    pub fn issue_task_token(
+        &self,
+        task: &str,
+        user: &str,
+        attempt: u32,
+        exp: i64,
+    ) -> anyhow::Result<String> {
         let claims = TaskClaims {
             sub: user.to_owned(),
             task: task.to_owned(),
+            attempt,
             exp,
         };
         Ok(encode(

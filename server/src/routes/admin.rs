@@ -1,7 +1,9 @@
 //! Platform operators' view across tenants.
 
 use actix_web::{get, patch, put, web};
-use autodl_common::api::{AdminTenant, AdminUpdateUserRequest, AdminUser, ErrorBody, Quota};
+use autodl_common::api::{
+    AdminTenant, AdminUpdateTenantRequest, AdminUpdateUserRequest, AdminUser, ErrorBody, Quota,
+};
 
 use crate::auth::caller::parse_role;
 use crate::auth::Caller;
@@ -20,15 +22,58 @@ pub async fn tenants(
     let mut out = Vec::new();
     for t in state.store.list_tenants().await? {
         let quota = quota_to_api(&state.store.quota(QuotaScope::Tenant, &t.id).await?);
+        let storage_bytes = state.store.storage_bytes(&t.id).await?.max(0) as u64;
         out.push(AdminTenant {
             id: t.id,
             name: t.name,
             created_at: rfc3339(t.created_at),
             members: t.members as u64,
             quota,
+            trusted: t.trusted,
+            storage_bytes,
         });
     }
     Ok(web::Json(out))
+}
+
+/// Trusts an organization (its tasks may run on trusted-only nodes) or withdraws the trust.
+#[utoipa::path(
+    params(("id" = String, Path, description = "tenant id")),
+    request_body = AdminUpdateTenantRequest,
+    responses((status = 200, body = AdminTenant), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody))
+)]
+#[patch("/admin/tenants/{id}")]
+#[tracing::instrument(skip_all, fields(admin = %caller.user.id, tenant = %id))]
+pub async fn update_tenant(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+    body: web::Json<AdminUpdateTenantRequest>,
+) -> Result<web::Json<AdminTenant>, ApiError> {
+    caller.require_platform_admin()?;
+    if let Some(trusted) = body.trusted {
+        if !state.store.set_tenant_trusted(&id, trusted).await? {
+            return Err(ApiError::NotFound("no such tenant".into()));
+        }
+        tracing::info!(trusted, "organization trust changed");
+        state.scheduler.wake();
+    }
+    let t = state
+        .store
+        .list_tenants()
+        .await?
+        .into_iter()
+        .find(|t| t.id == *id)
+        .ok_or_else(|| ApiError::NotFound("no such tenant".into()))?;
+    Ok(web::Json(AdminTenant {
+        quota: quota_to_api(&state.store.quota(QuotaScope::Tenant, &t.id).await?),
+        storage_bytes: state.store.storage_bytes(&t.id).await?.max(0) as u64,
+        id: t.id,
+        name: t.name,
+        created_at: rfc3339(t.created_at),
+        members: t.members as u64,
+        trusted: t.trusted,
+    }))
 }
 
 #[utoipa::path(

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use actix_web::{delete, get, post, web, HttpResponse};
 use autodl_common::agent::{
-    AttemptRef, CreateRegistrationToken, FinishedReport, LogBatch, MetricBatch, PollRequest,
-    PollResponse, RegisterRequest, RegisterResponse, RegistrationToken,
+    AgentHost, AttemptRef, CreateRegistrationToken, FinishedReport, LogBatch, MetricBatch,
+    PollRequest, PollResponse, RegisterRequest, RegisterResponse, RegistrationToken,
 };
 use autodl_common::api::ErrorBody;
 use autodl_scheduler::Gpu;
@@ -22,6 +22,7 @@ use crate::domain::parse_name;
 use crate::error::ApiError;
 use crate::state::{now_ms, rfc3339, AppState};
 use crate::store::{GpuSampleRecord, NodeRecord, RegistrationTokenRecord, TaskWithUser};
+use crate::tasks::access::{self, Isolation};
 use crate::tasks::lifecycle::{after_attempt, ExitKind};
 use crate::tasks::{placement_of, spec::parse_time_ms, spec_of};
 
@@ -36,8 +37,56 @@ fn token_info(t: &RegistrationTokenRecord, token: Option<String>) -> Registratio
         name: t.name.clone(),
         created_at: rfc3339(t.created_at),
         expires_at: rfc3339(t.expires_at),
+        max_uses: t.max_uses.clamp(0, i64::from(u32::MAX)) as u32,
+        uses: t.uses.clamp(0, i64::from(u32::MAX)) as u32,
+        node_id: t.node_id.clone(),
         token,
     }
+}
+
+fn node_id_ok(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// What an agent says about how it runs tasks, checked and in the stored form
+/// (runtime, isolation, JSON of the dataset roots). An agent that says nothing is a node
+/// that cannot isolate tasks.
+fn host_fields(h: Option<&AgentHost>) -> Result<(String, String, String), ApiError> {
+    let Some(h) = h else {
+        return Ok((String::new(), Isolation::None.as_str().into(), "[]".into()));
+    };
+    if !matches!(h.runtime.as_str(), "docker" | "process") {
+        return Err(ApiError::invalid(
+            "host.runtime",
+            "runtime is docker or process",
+        ));
+    }
+    let isolation = Isolation::parse(&h.isolation);
+    if isolation == Isolation::Declared || isolation.as_str() != h.isolation {
+        return Err(ApiError::invalid(
+            "host.isolation",
+            "isolation is container, sandbox, uid or none",
+        ));
+    }
+    if h.data_roots.len() > 64
+        || h.data_roots
+            .iter()
+            .any(|r| r == "/" || r.len() > 1024 || !access::is_clean_absolute(r))
+    {
+        return Err(ApiError::invalid(
+            "host.data_roots",
+            "at most 64 dataset roots, each a normalised absolute folder other than /",
+        ));
+    }
+    Ok((
+        h.runtime.clone(),
+        isolation.as_str().into(),
+        serde_json::to_string(&h.data_roots).map_err(anyhow::Error::from)?,
+    ))
 }
 
 #[utoipa::path(request_body = CreateRegistrationToken, responses((status = 201, body = RegistrationToken), (status = 403, body = ErrorBody)))]
@@ -56,6 +105,27 @@ pub async fn create_token(
             "expires_in_hours must be between 1 and 8760",
         ));
     }
+    let max_uses = body.max_uses.unwrap_or(1);
+    if !(1..=10_000).contains(&max_uses) {
+        return Err(ApiError::invalid(
+            "max_uses",
+            "max_uses must be between 1 and 10000",
+        ));
+    }
+    if let Some(n) = &body.node_id {
+        if !node_id_ok(n) {
+            return Err(ApiError::invalid(
+                "node_id",
+                "node id is 1..128 letters, digits, '-', '_' or '.'",
+            ));
+        }
+        if max_uses != 1 {
+            return Err(ApiError::invalid(
+                "max_uses",
+                "a token for one node is used once",
+            ));
+        }
+    }
     let now = now_ms();
     let token = format!("{REGISTRATION_TOKEN_PREFIX}{}", random_hex(24));
     let rec = RegistrationTokenRecord {
@@ -66,6 +136,9 @@ pub async fn create_token(
         created_at: now,
         expires_at: now + i64::from(hours) * 3_600_000,
         revoked: false,
+        max_uses: i64::from(max_uses),
+        uses: 0,
+        node_id: body.node_id.clone(),
     };
     state.store.create_registration_token(&rec).await?;
     Ok(HttpResponse::Created().json(token_info(&rec, Some(token))))
@@ -108,27 +181,42 @@ pub async fn register(
     body: web::Json<RegisterRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let now = now_ms();
-    state
+    let token = state
         .store
         .registration_token_by_hash(&digest(&body.token))
         .await?
-        .filter(|t| !t.revoked && t.expires_at > now)
+        .filter(|t| !t.revoked && t.expires_at > now && t.uses < t.max_uses)
         .ok_or_else(|| {
-            ApiError::Unauthorized("invalid, revoked or expired registration token".into())
+            ApiError::Unauthorized("invalid, revoked, expired or used-up registration token".into())
         })?;
     let n = &body.node;
-    if n.id.is_empty()
-        || n.id.len() > 128
-        || !n
-            .id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    {
+    if !node_id_ok(&n.id) {
         return Err(ApiError::invalid(
             "node.id",
             "node id is 1..128 letters, digits, '-', '_' or '.'",
         ));
     }
+    if token.node_id.as_deref().is_some_and(|bound| bound != n.id) {
+        return Err(ApiError::Forbidden(format!(
+            "this registration token is for node {}",
+            token.node_id.as_deref().unwrap_or_default()
+        )));
+    }
+    // Taking over an existing node (its credential, the tasks placed on it) needs an
+    // administrator's token made for that node.
+    let existing = state
+        .store
+        .list_nodes()
+        .await?
+        .into_iter()
+        .find(|x| x.id == n.id);
+    if existing.is_some() && token.node_id.is_none() {
+        return Err(ApiError::Conflict(format!(
+            "node {} is already registered; to register it again an administrator makes a registration token for this node (node_id) or removes the node",
+            n.id
+        )));
+    }
+    let (runtime, isolation, data_roots) = host_fields(n.host.as_ref())?;
     if !n.cpu.is_finite() || n.cpu <= 0.0 || n.memory == 0 {
         return Err(ApiError::invalid("node", "cpu and memory must be positive"));
     }
@@ -147,6 +235,16 @@ pub async fn register(
         return Err(ApiError::invalid(
             "node.gpus",
             "GPU indices must be distinct",
+        ));
+    }
+    // Counted only now that everything else is valid, in one statement with its checks.
+    if !state
+        .store
+        .use_registration_token(&token.id, &n.id, now)
+        .await?
+    {
+        return Err(ApiError::Unauthorized(
+            "invalid, revoked, expired or used-up registration token".into(),
         ));
     }
     let gpus: Vec<Gpu> = n
@@ -172,6 +270,10 @@ pub async fn register(
         credential_hash: None,
         last_seen: Some(now),
         status: "ready".into(),
+        runtime,
+        isolation,
+        data_roots,
+        open_to_all: false,
     };
     state.store.upsert_node(&rec).await?;
     let credential = format!("{NODE_CREDENTIAL_PREFIX}{}", random_hex(24));
@@ -182,7 +284,7 @@ pub async fn register(
     state.store.touch_node(&rec.id, now).await?;
     state.scheduler.invalidate_nodes();
     state.scheduler.wake();
-    tracing::info!(node = %rec.id, gpus = gpus.len(), "agent registered");
+    tracing::info!(node = %rec.id, gpus = gpus.len(), isolation = %rec.isolation, "agent registered");
     Ok(HttpResponse::Created().json(RegisterResponse {
         node_id: rec.id,
         credential,
@@ -207,6 +309,21 @@ pub async fn poll(
     let wait = Duration::from_secs(q.wait.unwrap_or(0).min(30));
     let waiter = state.agents.waiter(&node.node.id);
     state.store.touch_node(&node.node.id, now_ms()).await?;
+    // An agent restarted with other settings (Docker gone, isolation off, new dataset roots)
+    // says so in its polls; an agent that says nothing keeps what it said at registration.
+    if body.host.is_some() {
+        let (runtime, isolation, data_roots) = host_fields(body.host.as_ref())?;
+        let n = &node.node;
+        if (&runtime, &isolation, &data_roots) != (&n.runtime, &n.isolation, &n.data_roots) {
+            tracing::info!(node = %n.id, %runtime, %isolation, "node reports a change in how it runs tasks");
+            state
+                .store
+                .set_node_host(&n.id, &runtime, &isolation, &data_roots)
+                .await?;
+            state.scheduler.invalidate_nodes();
+            state.scheduler.wake();
+        }
+    }
     if node.node.status == "lost" {
         state.scheduler.invalidate_nodes();
         state.scheduler.wake();
@@ -397,7 +514,41 @@ pub async fn finished(
     Ok(HttpResponse::NoContent().finish())
 }
 
-/// GPU samples in batches. A sample for a GPU the node does not have rejects the whole batch.
+/// How long after an attempt ended its node may still deliver samples taken during it (an
+/// agent that was away sends what it buffered).
+const LATE_SAMPLES_MS: i64 = 3_600_000;
+
+/// For each task the samples name: the GPUs of this node its attempts held, and until when
+/// samples are accepted (`None` while the attempt runs).
+async fn gpus_of_tasks_here<'a>(
+    state: &AppState,
+    node_id: &str,
+    samples: &'a [autodl_common::agent::GpuSample],
+) -> Result<std::collections::HashMap<&'a str, Vec<(u32, Option<i64>)>>, ApiError> {
+    let mut out = std::collections::HashMap::new();
+    for s in samples {
+        let Some(t) = s.task_id.as_deref() else {
+            continue;
+        };
+        if out.contains_key(t) {
+            continue;
+        }
+        let mut spans = Vec::new();
+        for a in state.store.task_attempts(t).await? {
+            let until = a.ended_at.map(|e| e + LATE_SAMPLES_MS);
+            let placed: Vec<autodl_common::tasks::WorkerPlacement> =
+                serde_json::from_str(&a.placement).unwrap_or_default();
+            for w in placed.iter().filter(|w| w.node == node_id) {
+                spans.extend(w.gpu_indices.iter().map(|g| (*g, until)));
+            }
+        }
+        out.insert(t, spans);
+    }
+    Ok(out)
+}
+
+/// GPU samples in batches. A sample for a GPU the node does not have, or naming a task that
+/// did not run on that GPU of this node, rejects the whole batch (nothing is stored).
 ///
 /// Batches are large (up to 10,000 samples), so this route takes bodies up to
 /// `METRIC_BODY_LIMIT` (see `routes::configure`), above the API's usual limit.
@@ -415,6 +566,7 @@ pub async fn metrics(
     }
     let gpus: Vec<Gpu> = serde_json::from_str(&node.node.gpus).map_err(anyhow::Error::from)?;
     let now = now_ms();
+    let ran_here = gpus_of_tasks_here(&state, &node.node.id, &body.samples).await?;
     let mut rows = Vec::with_capacity(body.samples.len());
     let mut per_task: std::collections::HashMap<&str, (f64, u32)> =
         std::collections::HashMap::new();
@@ -440,6 +592,19 @@ pub async fn metrics(
             return Err(ApiError::invalid("samples", "sample time is in the future"));
         }
         if let Some(t) = &s.task_id {
+            // A node speaks only for the tasks it ran: samples naming another node's task
+            // would count in that task's utilization and its organization's usage.
+            let ok = ran_here.get(t.as_str()).is_some_and(|spans| {
+                spans
+                    .iter()
+                    .any(|(g, until)| *g == s.gpu_index && until.is_none_or(|u| at <= u))
+            });
+            if !ok {
+                return Err(ApiError::invalid(
+                    "samples",
+                    format!("task {t} did not run on GPU {} of this node", s.gpu_index),
+                ));
+            }
             let e = per_task.entry(t.as_str()).or_default();
             e.0 += s.util;
             e.1 += 1;

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use actix_web::web::Bytes;
-use actix_web::{delete, get, post, put, web, HttpResponse};
+use actix_web::{delete, get, post, put, web, HttpRequest, HttpResponse};
 use autodl_common::agent::{
     ArtifactCommit, ArtifactCreated, ArtifactStart, DataFile, DataManifest,
 };
@@ -25,7 +25,7 @@ use crate::error::ApiError;
 use crate::routes::agent::current;
 use crate::routes::tasks::find;
 use crate::state::{now_ms, rfc3339, AppState};
-use crate::storage::{clean_path, delete_prefix, put_bytes, ByteStream, StorageError};
+use crate::storage::{clean_path, delete_prefix, put_bytes, usage, ByteStream, StorageError};
 use crate::store::{ArtifactRecord, TaskRecord};
 use crate::tasks::checkpoints::files_of;
 use crate::tasks::{placement_of, spec_of};
@@ -62,9 +62,10 @@ fn check_key(key: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `checkpoints/` and `results/` hold what the platform saved for tasks: users read them,
-/// only agents write there.
-fn user_writable(rel: &str) -> Result<(), ApiError> {
+/// Who may change an organization's objects, one rule for storing, replacing and deleting:
+/// every member, anywhere but `checkpoints/` and `results/`, which hold what the platform saved
+/// for tasks (users read them, only agents write there).
+fn may_write_objects(_caller: &Caller, rel: &str) -> Result<(), ApiError> {
     let top = rel.split('/').next().unwrap_or_default();
     if top == "checkpoints" || top == "results" {
         return Err(ApiError::Forbidden(format!(
@@ -81,12 +82,13 @@ enum ReceiveError {
     Storage(StorageError),
 }
 
-/// Streams a request body into an object, refusing more than `max` bytes; aborts the upload
-/// on any error.
+/// Streams a request body into an object, refusing more than `max` bytes (with `too_big`'s
+/// error); aborts the upload on any error.
 async fn receive(
     mut up: Box<dyn crate::storage::Upload>,
     payload: &mut web::Payload,
     max: u64,
+    too_big: impl Fn() -> ApiError,
 ) -> Result<u64, ReceiveError> {
     let mut n = 0u64;
     while let Some(chunk) = payload.next().await {
@@ -97,9 +99,7 @@ async fn receive(
             Ok(chunk) => {
                 n += chunk.len() as u64;
                 if n > max {
-                    ReceiveError::Request(ApiError::PayloadTooLarge(format!(
-                        "objects are at most {max} bytes"
-                    )))
+                    ReceiveError::Request(too_big())
                 } else {
                     match up.write(chunk).await {
                         Ok(()) => continue,
@@ -153,6 +153,15 @@ pub async fn start_upload(
     }
     let spec = spec_of(&t.task)?;
     let task = &t.task;
+    if usage::room(state.store.as_ref(), &task.tenant_id).await? == Some(0) {
+        let what = format!("{kind} not saved");
+        let e = usage::over_quota(0, None);
+        let _ = state
+            .store
+            .add_event(&task.id, "storage_quota", &format!("{what}: {e}"), now_ms())
+            .await;
+        return Err(e);
+    }
     // Keys stay short (`<tenant>/checkpoints/<id>/...`): some S3 implementations keep
     // per-object files named after the whole key. The store links each artifact to its task.
     let artifact_id = uuid::Uuid::new_v4().simple().to_string();
@@ -246,11 +255,16 @@ pub async fn put_file(
         Ok(u) => u,
         Err(e) => return Err(storage_failed(&state, &a.task_id, &what, e).await),
     };
-    match receive(up, &mut payload, u64::MAX).await {
+    match receive(up, &mut payload, u64::MAX, || unreachable_limit()).await {
         Ok(_) => Ok(HttpResponse::NoContent().finish()),
         Err(ReceiveError::Request(e)) => Err(e),
         Err(ReceiveError::Storage(e)) => Err(storage_failed(&state, &a.task_id, &what, e).await),
     }
+}
+
+/// Agents' files have no size cap of their own (the quota is checked when an upload starts).
+fn unreachable_limit() -> ApiError {
+    ApiError::PayloadTooLarge("file too large".into())
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -357,6 +371,10 @@ pub async fn commit(
             a.id
         )));
     }
+    state
+        .store
+        .add_storage_bytes(&a.tenant_id, size as i64)
+        .await?;
     let keep = if a.kind == "checkpoint" {
         let task = state.store.task(None, &a.task_id).await?;
         task.and_then(|t| spec_of(&t.task).ok())
@@ -395,6 +413,11 @@ async fn retire(state: &AppState, task_id: &str, kind: &str, keep: usize) {
         {
             continue;
         }
+        // No longer the organization's once it leaves `complete`, deleted yet or not.
+        let _ = state
+            .store
+            .add_storage_bytes(&old.tenant_id, -old.size_bytes)
+            .await;
         match delete_prefix(state.storage.backend.as_ref(), &old.bucket, &old.prefix).await {
             Ok(_) => {
                 let _ = state
@@ -744,27 +767,53 @@ pub async fn list_objects(
     Ok(HttpResponse::Ok().json(out))
 }
 
-#[utoipa::path(params(("bucket" = String, Path), ("path" = String, Path)), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 201, body = ObjectInfo), (status = 400, body = ErrorBody), (status = 503, body = ErrorBody)))]
+#[utoipa::path(params(("bucket" = String, Path), ("path" = String, Path)), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 201, body = ObjectInfo), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
 #[put("/objects/{bucket}/{path:.*}")]
 #[tracing::instrument(skip(state, caller, payload))]
 pub async fn put_object(
     state: web::Data<AppState>,
     caller: Caller,
+    req: HttpRequest,
     path: web::Path<(String, String)>,
     mut payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (bucket, rel) = path.into_inner();
     let rel = parse_rel(&rel)?;
-    user_writable(&rel)?;
+    may_write_objects(&caller, &rel)?;
     let (bucket, key) = tenant_key(&state, &caller, &bucket, &rel)?;
     check_key(&key)?;
-    let up = state.storage.backend.start_upload(&bucket, &key).await?;
-    let size = receive(up, &mut payload, state.settings.storage_max_object_bytes)
-        .await
-        .map_err(|e| match e {
-            ReceiveError::Request(e) => e,
-            ReceiveError::Storage(e) => e.into(),
-        })?;
+    let backend = state.storage.backend.as_ref();
+    // Replacing an object frees what it held.
+    let old = backend.size(&bucket, &key).await?.unwrap_or(0);
+    let room = usage::room(state.store.as_ref(), caller.tenant_id())
+        .await?
+        .map(|r| r.saturating_add(old));
+    let declared = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let (Some(room), Some(n)) = (room, declared) {
+        if n > room {
+            return Err(usage::over_quota(room, Some(n)));
+        }
+    }
+    let max_object = state.settings.storage_max_object_bytes;
+    let max = room.map_or(max_object, |r| r.min(max_object));
+    let up = backend.start_upload(&bucket, &key).await?;
+    let size = receive(up, &mut payload, max, || match room {
+        Some(r) if r < max_object => usage::over_quota(r, None),
+        _ => ApiError::PayloadTooLarge(format!("objects are at most {max_object} bytes")),
+    })
+    .await
+    .map_err(|e| match e {
+        ReceiveError::Request(e) => e,
+        ReceiveError::Storage(e) => e.into(),
+    })?;
+    state
+        .store
+        .add_storage_bytes(caller.tenant_id(), size as i64 - old as i64)
+        .await?;
     Ok(HttpResponse::Created().json(ObjectInfo {
         path: rel,
         size,
@@ -795,12 +844,19 @@ pub async fn delete_object(
     caller: Caller,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require_manager()?;
     let (bucket, rel) = path.into_inner();
     let rel = parse_rel(&rel)?;
-    user_writable(&rel)?;
+    may_write_objects(&caller, &rel)?;
     let (bucket, key) = tenant_key(&state, &caller, &bucket, &rel)?;
-    state.storage.backend.delete(&bucket, &key).await?;
+    let backend = state.storage.backend.as_ref();
+    let old = backend.size(&bucket, &key).await?;
+    backend.delete(&bucket, &key).await?;
+    if let Some(old) = old {
+        state
+            .store
+            .add_storage_bytes(caller.tenant_id(), -(old as i64))
+            .await?;
+    }
     Ok(HttpResponse::NoContent().finish())
 }
 

@@ -15,14 +15,18 @@ use crate::store::{SessionRecord, TenantRecord, UserRecord};
 /// through an invitation token.
 #[utoipa::path(
     request_body = SignupRequest,
-    responses((status = 201, body = LoginResponse), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody))
+    responses((status = 201, body = LoginResponse), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody), (status = 429, body = ErrorBody))
 )]
 #[post("/auth/signup")]
 #[tracing::instrument(skip_all)]
 pub async fn signup(
     state: web::Data<AppState>,
+    http: HttpRequest,
     body: web::Json<SignupRequest>,
 ) -> Result<HttpResponse, ApiError> {
+    state
+        .login_limiter
+        .check_signup(http.peer_addr().map(|a| a.ip()))?;
     let req = body.into_inner();
     let email = Email::parse(&req.email)?;
     let pw = Password::parse(&req.password, Some(&email))?;
@@ -73,6 +77,7 @@ pub async fn signup(
             id: new_id(),
             name,
             created_at: now,
+            trusted: false,
         };
         let user = new_user(
             &email,
@@ -197,16 +202,21 @@ pub async fn logout(
 /// Changes the password and ends every other session of the account.
 #[utoipa::path(
     request_body = PasswordChangeRequest,
-    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody))
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 429, body = ErrorBody))
 )]
 #[post("/auth/password")]
 #[tracing::instrument(skip_all, fields(user = %caller.user.id))]
 pub async fn change_password(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     body: web::Json<PasswordChangeRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let email = Email::parse(&caller.user.email)?;
+    // Whoever holds a session or key must not learn the password by trying it here.
+    state
+        .login_limiter
+        .check(email.as_str(), req.peer_addr().map(|a| a.ip()))?;
     if !password::verify(
         body.current_password.clone(),
         caller.user.password_hash.clone(),

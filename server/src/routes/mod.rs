@@ -48,6 +48,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .service(tenant::set_member_quota)
                 .service(admin::tenants)
                 .service(admin::set_tenant_quota)
+                .service(admin::update_tenant)
                 .service(admin::users)
                 .service(admin::update_user)
                 .service(usage::usage)

@@ -11,27 +11,43 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::state::{now_ms, AppState};
 use crate::store::NodeRecord;
+use crate::tasks::access::{self, Isolation};
 use crate::tasks::runner::to_node;
 use crate::tasks::{placement_of, spec::parse_size, spec_of};
 
+/// GPUs held per node and GPU: memory, the caller's tasks, and how many of others'.
+#[derive(Default)]
+struct Held {
+    memory: u64,
+    tasks: Vec<String>,
+    others: u32,
+}
+
+/// The cluster as the caller may see it: every node and what is allocated, but only the
+/// caller's organization's task ids (platform admins see all).
 #[utoipa::path(responses((status = 200, body = [NodeInfo]), (status = 401, body = ErrorBody)))]
 #[get("/nodes")]
 pub async fn list(
     state: web::Data<AppState>,
-    _caller: Caller,
+    caller: Caller,
 ) -> Result<web::Json<Vec<NodeInfo>>, ApiError> {
     let nodes = state.store.list_nodes().await?;
     // Which tasks hold which GPU, from the placements of scheduled and running tasks.
-    let mut held: HashMap<(String, u32), (u64, Vec<String>)> = HashMap::new();
+    let mut held: HashMap<(String, u32), Held> = HashMap::new();
     for t in state.store.active_tasks().await? {
         let (Some(placement), Ok(spec)) = (placement_of(&t), spec_of(&t)) else {
             continue;
         };
+        let visible = caller.user.platform_admin || t.tenant_id == caller.tenant_id();
         for p in placement {
             for i in p.gpu_indices {
                 let e = held.entry((p.node.clone(), i)).or_default();
-                e.0 = e.0.saturating_add(spec.gpu_memory.unwrap_or(u64::MAX));
-                e.1.push(t.id.clone());
+                e.memory = e.memory.saturating_add(spec.gpu_memory.unwrap_or(u64::MAX));
+                if visible {
+                    e.tasks.push(t.id.clone());
+                } else {
+                    e.others += 1;
+                }
             }
         }
     }
@@ -43,13 +59,14 @@ pub async fn list(
                 .gpus
                 .iter()
                 .map(|g| {
-                    let (mem, tasks) = held.remove(&(n.id.clone(), g.index)).unwrap_or_default();
+                    let h = held.remove(&(n.id.clone(), g.index)).unwrap_or_default();
                     NodeGpu {
                         index: g.index,
                         gpu_type: g.gpu_type.clone(),
                         memory: g.mem_bytes,
-                        allocated_memory: mem.min(g.mem_bytes),
-                        tasks,
+                        allocated_memory: h.memory.min(g.mem_bytes),
+                        tasks: h.tasks,
+                        other_tasks: h.others,
                     }
                 })
                 .collect(),
@@ -59,6 +76,10 @@ pub async fn list(
             cpu: n.cpu_millis as f64 / 1000.0,
             memory: n.mem_bytes,
             schedulable: n.schedulable,
+            runtime: r.runtime.clone(),
+            isolation: r.isolation.clone(),
+            trusted_only: access::is_trusted_only(r),
+            data_roots: access::data_roots(r),
         });
     }
     Ok(web::Json(out))
@@ -141,6 +162,19 @@ pub async fn register(
             util: 0.0,
         })
         .collect();
+    // A node whose agent registered it reports its own capacity and isolation.
+    if state
+        .store
+        .list_nodes()
+        .await?
+        .iter()
+        .any(|n| n.id == input.id && n.credential_hash.is_some())
+    {
+        return Err(ApiError::Conflict(format!(
+            "node {} is managed by its agent; remove it first to declare it by hand",
+            input.id
+        )));
+    }
     let now = now_ms();
     let rec = NodeRecord {
         id: input.id.clone(),
@@ -155,6 +189,10 @@ pub async fn register(
         credential_hash: None,
         last_seen: None,
         status: "ready".into(),
+        runtime: String::new(),
+        isolation: Isolation::Declared.as_str().into(),
+        data_roots: "[]".into(),
+        open_to_all: false,
     };
     state.store.upsert_node(&rec).await?;
     state.scheduler.invalidate_nodes();
@@ -174,8 +212,13 @@ pub async fn register(
                 memory: g.mem_bytes,
                 allocated_memory: 0,
                 tasks: vec![],
+                other_tasks: 0,
             })
             .collect(),
+        runtime: String::new(),
+        isolation: Isolation::Declared.as_str().into(),
+        trusted_only: false,
+        data_roots: vec![],
     };
     Ok(HttpResponse::Created().json(info))
 }
@@ -196,8 +239,10 @@ pub async fn remove(
 }
 
 /// Cordon (no new tasks), uncordon, or drain (no new tasks, and its tasks are stopped through
-/// their agent so they checkpoint and move elsewhere).
-#[utoipa::path(params(("id" = String, Path), ("action" = String, Path, description = "cordon, uncordon or drain")), responses((status = 204), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+/// their agent so they checkpoint and move elsewhere). A node that cannot isolate tasks is
+/// trusted-only; `open-to-all` lets every organization use it anyway (at their risk), and
+/// `trusted-only` takes that back.
+#[utoipa::path(params(("id" = String, Path), ("action" = String, Path, description = "cordon, uncordon, drain, open-to-all or trusted-only")), responses((status = 204), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
 #[post("/admin/nodes/{id}/{action}")]
 #[tracing::instrument(skip_all, fields(admin = %caller.user.id))]
 pub async fn set_status(
@@ -207,6 +252,19 @@ pub async fn set_status(
 ) -> Result<HttpResponse, ApiError> {
     caller.require_platform_admin()?;
     let (id, action) = path.into_inner();
+    if let Some(open) = match action.as_str() {
+        "open-to-all" => Some(true),
+        "trusted-only" => Some(false),
+        _ => None,
+    } {
+        if !state.store.set_node_open_to_all(&id, open).await? {
+            return Err(ApiError::NotFound("no such node".into()));
+        }
+        tracing::warn!(node = %id, open, "trusted-only node opened or closed to all organizations");
+        state.scheduler.invalidate_nodes();
+        state.scheduler.wake();
+        return Ok(HttpResponse::NoContent().finish());
+    }
     let status = match action.as_str() {
         "cordon" => "cordoned",
         "uncordon" => "ready",
@@ -214,7 +272,9 @@ pub async fn set_status(
         other => {
             return Err(ApiError::invalid(
                 "action",
-                format!("unknown node action {other:?} (cordon, uncordon, drain)"),
+                format!(
+                    "unknown node action {other:?} (cordon, uncordon, drain, open-to-all, trusted-only)"
+                ),
             ))
         }
     };

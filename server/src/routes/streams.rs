@@ -9,6 +9,7 @@ use autodl_common::api::ErrorBody;
 use autodl_common::tasks::{MetricSample, TaskState};
 use serde::Deserialize;
 
+use crate::auth::caller::{LiveCaller, STREAM_REVOKED};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::state::{rfc3339, AppState};
@@ -102,9 +103,10 @@ pub async fn metric_stream(
     let task_id = task.task.id;
     // Separate cursors: GPU samples may arrive later than numbers the task reported.
     let rx = state.agents.watch_data();
+    let live = LiveCaller::new(caller);
     let stream = futures_util::stream::unfold(
-        (after, after, false, rx),
-        move |(metric_after, gpu_after, done, mut rx)| {
+        (after, after, false, rx, live),
+        move |(metric_after, gpu_after, done, mut rx, mut live)| {
             let state = state.clone();
             let task_id = task_id.clone();
             async move {
@@ -112,6 +114,12 @@ pub async fn metric_stream(
                     return None;
                 }
                 loop {
+                    if !live.still_allowed(&state).await {
+                        return Some((
+                            Ok(Bytes::from_static(STREAM_REVOKED)),
+                            (metric_after, gpu_after, true, rx, live),
+                        ));
+                    }
                     // Read the state first: what is stored by then is all there will be.
                     let finished = match state.store.task(None, &task_id).await {
                         Ok(Some(t)) => {
@@ -136,7 +144,7 @@ pub async fn metric_stream(
                         Err(e) => {
                             return Some((
                                 Err(actix_web::error::ErrorInternalServerError(e)),
-                                (metric_after, gpu_after, true, rx),
+                                (metric_after, gpu_after, true, rx, live),
                             ))
                         }
                     };
@@ -150,12 +158,15 @@ pub async fn metric_stream(
                             out.push_str(&serde_json::to_string(s).unwrap_or_default());
                             out.push_str("\n\n");
                         }
-                        return Some((Ok(Bytes::from(out)), (next_metric, next_gpu, false, rx)));
+                        return Some((
+                            Ok(Bytes::from(out)),
+                            (next_metric, next_gpu, false, rx, live),
+                        ));
                     }
                     if finished {
                         return Some((
                             Ok(Bytes::from_static(b"event: end\ndata: {}\n\n")),
-                            (metric_after, gpu_after, true, rx),
+                            (metric_after, gpu_after, true, rx, live),
                         ));
                     }
                     crate::agents::wait_for_data(&mut rx, POLL).await;

@@ -14,13 +14,14 @@ use autodl_common::tasks::{
 use autodl_scheduler::{admission_check, gpu_type_matches, ClusterView, Quotas};
 use serde::Deserialize;
 
+use crate::auth::caller::{LiveCaller, STREAM_REVOKED};
 use crate::auth::secrets::new_id;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::state::{now_ms, rfc3339, AppState};
 use crate::store::{CancelOutcome, QuotaScope, TaskCreated, TaskFilter, TaskRecord, TaskWithUser};
 use crate::tasks::runner::to_quota;
-use crate::tasks::{spec, to_api, to_request};
+use crate::tasks::{access, spec, to_api, to_request};
 
 const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 
@@ -126,9 +127,31 @@ pub async fn submit(
             Some(k.to_owned())
         }
     };
-    let spec = spec::normalise(body.into_inner())?;
+    let now = now_ms();
+    let spec = spec::normalise(body.into_inner(), now / 1000)?;
     check_storage_urls(&state, caller.tenant_id(), &spec).await?;
     let store = state.store.as_ref();
+    let nodes = state.scheduler.nodes(store).await?;
+    if let Some(p) = access::host_data_path(&spec) {
+        if access::root_for(p, &nodes).is_none() {
+            let roots: std::collections::BTreeSet<&str> = nodes
+                .iter()
+                .flat_map(|n| n.features.iter())
+                .filter_map(|f| f.strip_prefix("data-root:"))
+                .collect();
+            return Err(ApiError::invalid(
+                "data_path",
+                format!(
+                    "data_path {p} is not inside a dataset root of any node ({}); use platform storage (s3://...) or a folder an administrator shares",
+                    if roots.is_empty() {
+                        "no node shares one".to_string()
+                    } else {
+                        format!("roots: {}", roots.into_iter().collect::<Vec<_>>().join(", "))
+                    }
+                ),
+            ));
+        }
+    }
     let tenant_q = store.quota(QuotaScope::Tenant, caller.tenant_id()).await?;
     let user_q = store.quota(QuotaScope::User, &caller.user.id).await?;
 
@@ -163,7 +186,6 @@ pub async fn submit(
         }
     }
 
-    let now = now_ms();
     let rec = TaskRecord {
         id: new_id(),
         tenant_id: caller.tenant_id().to_owned(),
@@ -187,7 +209,6 @@ pub async fn submit(
 
     // Admission: refuse what can never fit. With no nodes registered yet nothing is known, so
     // the task waits for capacity instead.
-    let nodes = state.scheduler.nodes(store).await?;
     if !nodes.is_empty() {
         let mut quotas = Quotas::default();
         quotas
@@ -201,7 +222,12 @@ pub async fn submit(
             quotas: &quotas,
             config: &state.scheduler.config,
         };
-        admission_check(&view, &to_request(&rec, &spec))
+        let trusted = store
+            .tenant(caller.tenant_id())
+            .await?
+            .is_some_and(|t| t.trusted);
+        let access = access::task_access(trusted, &spec, &nodes);
+        admission_check(&view, &to_request(&rec, &spec, access))
             .map_err(|e| ApiError::Unschedulable(e.to_string()))?;
     }
 
@@ -443,50 +469,60 @@ pub async fn log_stream(
     let task_id = t.task.id;
     let start = q.after.unwrap_or(0);
     let rx = state.agents.watch_data();
-    let stream = futures_util::stream::unfold((start, false, rx), move |(after, done, mut rx)| {
-        let state = state.clone();
-        let task_id = task_id.clone();
-        async move {
-            if done {
-                return None;
-            }
-            loop {
-                let rows = match state.store.task_logs(&task_id, after, 500).await {
-                    Ok(r) => r,
-                    Err(e) => {
+    let live = LiveCaller::new(caller);
+    let stream = futures_util::stream::unfold(
+        (start, false, rx, live),
+        move |(after, done, mut rx, mut live)| {
+            let state = state.clone();
+            let task_id = task_id.clone();
+            async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    if !live.still_allowed(&state).await {
                         return Some((
-                            Err(actix_web::error::ErrorInternalServerError(e)),
-                            (after, true, rx),
-                        ))
+                            Ok(Bytes::from_static(STREAM_REVOKED)),
+                            (after, true, rx, live),
+                        ));
                     }
-                };
-                if !rows.is_empty() {
-                    let lines = log_lines(rows);
-                    let next = lines.last().map_or(after, |l| l.seq);
-                    let mut out = String::new();
-                    for l in &lines {
-                        out.push_str("data: ");
-                        out.push_str(&serde_json::to_string(l).unwrap_or_default());
-                        out.push_str("\n\n");
+                    let rows = match state.store.task_logs(&task_id, after, 500).await {
+                        Ok(r) => r,
+                        Err(e) => {
+                            return Some((
+                                Err(actix_web::error::ErrorInternalServerError(e)),
+                                (after, true, rx, live),
+                            ))
+                        }
+                    };
+                    if !rows.is_empty() {
+                        let lines = log_lines(rows);
+                        let next = lines.last().map_or(after, |l| l.seq);
+                        let mut out = String::new();
+                        for l in &lines {
+                            out.push_str("data: ");
+                            out.push_str(&serde_json::to_string(l).unwrap_or_default());
+                            out.push_str("\n\n");
+                        }
+                        return Some((Ok(Bytes::from(out)), (next, false, rx, live)));
                     }
-                    return Some((Ok(Bytes::from(out)), (next, false, rx)));
+                    let finished = match state.store.task(None, &task_id).await {
+                        Ok(Some(t)) => {
+                            TaskState::parse(&t.task.state).is_none_or(TaskState::is_finished)
+                        }
+                        _ => true,
+                    };
+                    if finished {
+                        return Some((
+                            Ok(Bytes::from_static(b"event: end\ndata: {}\n\n")),
+                            (after, true, rx, live),
+                        ));
+                    }
+                    crate::agents::wait_for_data(&mut rx, Duration::from_secs(1)).await;
                 }
-                let finished = match state.store.task(None, &task_id).await {
-                    Ok(Some(t)) => {
-                        TaskState::parse(&t.task.state).is_none_or(TaskState::is_finished)
-                    }
-                    _ => true,
-                };
-                if finished {
-                    return Some((
-                        Ok(Bytes::from_static(b"event: end\ndata: {}\n\n")),
-                        (after, true, rx),
-                    ));
-                }
-                crate::agents::wait_for_data(&mut rx, Duration::from_secs(1)).await;
             }
-        }
-    });
+        },
+    );
     Ok(HttpResponse::Ok()
         .content_type("text/event-stream")
         .insert_header(("Cache-Control", "no-cache"))
@@ -604,11 +640,21 @@ pub async fn report_metrics(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     let t = match bearer.and_then(|b| state.sessions.verify_task_token(b.trim())) {
-        Some(claims) if claims.task == *id => state
-            .store
-            .task(None, &id)
-            .await?
-            .ok_or_else(|| ApiError::NotFound("no such task".into()))?,
+        Some(claims) if claims.task == *id => {
+            let t = state
+                .store
+                .task(None, &id)
+                .await?
+                .ok_or_else(|| ApiError::NotFound("no such task".into()))?;
+            let live = matches!(t.task.state.as_str(), "scheduled" | "running")
+                && t.task.attempts == i64::from(claims.attempt);
+            if !live {
+                return Err(ApiError::Unauthorized(
+                    "this task token belongs to an attempt that has ended".into(),
+                ));
+            }
+            t
+        }
         Some(_) => {
             return Err(ApiError::Forbidden(
                 "this task token belongs to another task".into(),

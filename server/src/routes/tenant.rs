@@ -64,11 +64,14 @@ pub async fn show(
         .await?
         .ok_or_else(|| anyhow::anyhow!("tenant missing"))?;
     let count = state.store.list_members(&t.id).await?.len() as u64;
+    let storage_bytes = state.store.storage_bytes(&t.id).await?.max(0) as u64;
     Ok(web::Json(TenantInfo {
         id: t.id,
         name: t.name,
         created_at: rfc3339(t.created_at),
         members: count,
+        storage_bytes,
+        trusted: t.trusted,
     }))
 }
 
@@ -306,6 +309,12 @@ pub async fn set_member_quota(
     body: web::Json<Quota>,
 ) -> Result<web::Json<Quota>, ApiError> {
     caller.require_manager()?;
+    if body.max_storage_bytes.is_some() {
+        return Err(ApiError::invalid(
+            "max_storage_bytes",
+            "storage is capped per organization, not per member",
+        ));
+    }
     let rec = parse_quota(&body)?;
     let target = member_of_tenant(&state, &caller, &id).await?;
     let tenant_q = state

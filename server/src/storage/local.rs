@@ -13,7 +13,18 @@ pub struct LocalStore {
 }
 
 impl LocalStore {
+    /// Creates the folder (private to the server's user) if it is missing.
     pub fn new(root: PathBuf) -> Self {
+        use std::os::unix::fs::DirBuilderExt;
+        if !root.exists() {
+            if let Err(e) = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&root)
+            {
+                tracing::warn!(root = %root.display(), error = %e, "could not create the object folder");
+            }
+        }
         LocalStore { root }
     }
 
@@ -35,6 +46,20 @@ fn io_err(e: std::io::Error) -> StorageError {
         StorageError::NotFound
     } else {
         StorageError::Unavailable(e.to_string())
+    }
+}
+
+/// Placing a finished object: a file where the key needs a folder (`conf` when writing
+/// `conf/child`) or a folder where it needs a file is the caller's conflict, not an outage.
+fn place_err(e: std::io::Error) -> StorageError {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::AlreadyExists | K::NotADirectory | K::IsADirectory | K::DirectoryNotEmpty => {
+            StorageError::Conflict(
+                "an object and a folder of objects cannot have the same name".into(),
+            )
+        }
+        _ => io_err(e),
     }
 }
 
@@ -64,7 +89,7 @@ impl Upload for LocalUpload {
         .await;
         if let Err(e) = done {
             let _ = tokio::fs::remove_file(&self.tmp).await;
-            return Err(io_err(e));
+            return Err(place_err(e));
         }
         Ok(self.size)
     }
@@ -110,6 +135,22 @@ impl ObjectStore for LocalStore {
         }
         let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
         Ok((meta.len(), Box::pin(stream)))
+    }
+
+    async fn size(&self, bucket: &str, key: &str) -> StorageResult<Option<u64>> {
+        match tokio::fs::metadata(self.path(bucket, key)?).await {
+            Ok(m) if m.is_file() => Ok(Some(m.len())),
+            Ok(_) => Ok(None),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(io_err(e)),
+        }
     }
 
     async fn list(&self, bucket: &str, prefix: &str) -> StorageResult<Vec<ObjectMeta>> {

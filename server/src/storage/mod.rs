@@ -8,6 +8,7 @@
 
 mod local;
 mod s3;
+pub mod usage;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -32,6 +33,10 @@ pub enum StorageError {
     /// The service could not be reached or failed; worth retrying later.
     #[error("object storage unavailable: {0}")]
     Unavailable(String),
+    /// The key cannot be written as asked (a folder store holds a file where the key needs
+    /// a folder, or the other way round).
+    #[error("{0}")]
+    Conflict(String),
     #[error("object storage: {0}")]
     Other(String),
 }
@@ -63,6 +68,8 @@ pub trait ObjectStore: Send + Sync {
     async fn bucket_exists(&self, bucket: &str) -> StorageResult<bool>;
     async fn start_upload(&self, bucket: &str, key: &str) -> StorageResult<Box<dyn Upload>>;
     async fn get(&self, bucket: &str, key: &str) -> StorageResult<(u64, ByteStream)>;
+    /// Size of the object, `None` when there is none.
+    async fn size(&self, bucket: &str, key: &str) -> StorageResult<Option<u64>>;
     /// Objects whose key starts with `prefix` (which should end in `/`), keys relative to it.
     async fn list(&self, bucket: &str, prefix: &str) -> StorageResult<Vec<ObjectMeta>>;
     async fn delete(&self, bucket: &str, key: &str) -> StorageResult<()>;
@@ -250,8 +257,9 @@ mod tests {
 
     #[test]
     fn tenant_urls_resolve_below_the_tenant() {
+        let dir = tempfile::tempdir().unwrap();
         let s = Storage {
-            backend: Arc::new(LocalStore::new("/nonexistent".into())),
+            backend: Arc::new(LocalStore::new(dir.path().join("objects"))),
             default_bucket: "autodl".into(),
             root: "root/".into(),
             allowed_buckets: vec!["autodl".into(), "data".into()],

@@ -240,6 +240,23 @@ impl ObjectStore for S3Store {
         Ok((size, Box::pin(stream)))
     }
 
+    async fn size(&self, bucket: &str, key: &str) -> StorageResult<Option<u64>> {
+        match self
+            .client
+            .head_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(out) => Ok(Some(out.content_length().unwrap_or(0).max(0) as u64)),
+            Err(e) => match map_err(bucket, e) {
+                StorageError::NotFound => Ok(None),
+                other => Err(other),
+            },
+        }
+    }
+
     async fn list(&self, bucket: &str, prefix: &str) -> StorageResult<Vec<ObjectMeta>> {
         let mut out = Vec::new();
         let mut token: Option<String> = None;

@@ -125,6 +125,24 @@ pub trait Store: Send + Sync + 'static {
     async fn upsert_node(&self, node: &NodeRecord) -> StoreResult<()>;
     async fn list_nodes(&self) -> StoreResult<Vec<NodeRecord>>;
     async fn delete_node(&self, id: &str) -> StoreResult<bool>;
+    /// What the node's agent reports about how it runs tasks (`data_roots`: JSON array).
+    async fn set_node_host(
+        &self,
+        id: &str,
+        runtime: &str,
+        isolation: &str,
+        data_roots: &str,
+    ) -> StoreResult<()>;
+    async fn set_node_open_to_all(&self, id: &str, open: bool) -> StoreResult<bool>;
+
+    // Trust and storage per organization.
+    async fn set_tenant_trusted(&self, id: &str, trusted: bool) -> StoreResult<bool>;
+    /// Organizations whose tasks may run on trusted-only nodes.
+    async fn trusted_tenants(&self) -> StoreResult<Vec<String>>;
+    /// Bytes the organization holds in object storage.
+    async fn storage_bytes(&self, tenant_id: &str) -> StoreResult<i64>;
+    /// Adds (or, negative, removes) bytes; the count never goes below zero.
+    async fn add_storage_bytes(&self, tenant_id: &str, delta: i64) -> StoreResult<()>;
 
     // Tasks.
     async fn create_task(
@@ -195,6 +213,10 @@ pub trait Store: Send + Sync + 'static {
         &self,
         hash: &str,
     ) -> StoreResult<Option<RegistrationTokenRecord>>;
+    /// Counts one registration of `node_id` against the token; `false` when it is revoked,
+    /// expired, used up or bound to another node (checked and counted in one statement, so
+    /// two agents cannot both take a token's last use).
+    async fn use_registration_token(&self, id: &str, node_id: &str, now: i64) -> StoreResult<bool>;
     async fn revoke_registration_token(&self, id: &str) -> StoreResult<bool>;
     async fn set_node_credential(&self, id: &str, hash: &str) -> StoreResult<()>;
     async fn node_by_credential(&self, hash: &str) -> StoreResult<Option<NodeRecord>>;

@@ -5,6 +5,8 @@ pub struct TenantRecord {
     pub id: String,
     pub name: String,
     pub created_at: i64,
+    /// Its tasks may run on trusted-only nodes (set by platform administrators).
+    pub trusted: bool,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -13,6 +15,8 @@ pub struct TenantSummary {
     pub name: String,
     pub created_at: i64,
     pub members: i64,
+    /// May run tasks on trusted-only nodes.
+    pub trusted: bool,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -92,6 +96,8 @@ pub struct QuotaRecord {
     pub max_queued_tasks: Option<i64>,
     /// JSON array of GPU type names; NULL allows every type.
     pub allowed_gpu_types: Option<String>,
+    /// Bytes of object storage (tenant scope only).
+    pub max_storage_bytes: Option<i64>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -112,6 +118,15 @@ pub struct NodeRecord {
     pub last_seen: Option<i64>,
     /// ready, cordoned, draining or lost.
     pub status: String,
+    /// "docker" or "process" as the agent reports it; empty for nodes registered by hand.
+    pub runtime: String,
+    /// "container", "sandbox", "uid", "none" (trusted-only) or "declared" (registered by hand).
+    pub isolation: String,
+    /// JSON array of host dataset roots tasks may name as `data_path`.
+    pub data_roots: String,
+    /// An administrator lets every organization use this node although it cannot isolate
+    /// tasks (the demo on a machine where it does not run as root).
+    pub open_to_all: bool,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -250,6 +265,11 @@ pub struct RegistrationTokenRecord {
     pub created_at: i64,
     pub expires_at: i64,
     pub revoked: bool,
+    /// Nodes that may join with it (1 unless an administrator chose more) and how many did.
+    pub max_uses: i64,
+    pub uses: i64,
+    /// Set: only this node id may register with it, replacing that node's credential.
+    pub node_id: Option<String>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]

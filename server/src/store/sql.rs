@@ -35,10 +35,24 @@ impl SqliteStore {
                     .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
             }
         }
+        let file = std::path::PathBuf::from(opts.get_filename());
         let pool = SqlitePoolOptions::new()
             .max_connections(max_connections.max(1))
             .connect_with(opts)
             .await?;
+        // The database holds every secret digest and all tenants' data: only the server's
+        // user may read it, whatever the umask (tasks may run on the same host).
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = file.clone().into_os_string();
+            p.push(suffix);
+            if let Err(e) =
+                std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = ?p, error = %e, "could not make the database private");
+                }
+            }
+        }
         sqlx::migrate!("../migrations/sqlite").run(&pool).await?;
         Ok(SqliteStore { pool })
     }
@@ -99,10 +113,12 @@ const API_KEY_COLS: &str =
     "id, user_id, name, prefix, key_hash, created_at, last_used_at, expires_at, revoked";
 const INVITATION_COLS: &str = "id, tenant_id, email, role, token_hash, created_by, created_at, expires_at, accepted_at, revoked";
 const ARTIFACT_COLS: &str = "id, task_id, tenant_id, attempt, kind, state, bucket, prefix, manifest, files, size_bytes, step, epoch, created_at, completed_at";
-const REG_TOKEN_COLS: &str = "id, name, token_hash, created_by, created_at, expires_at, revoked";
+const REG_TOKEN_COLS: &str =
+    "id, name, token_hash, created_by, created_at, expires_at, revoked, max_uses, uses, node_id";
 
 const NODE_COLS: &str =
-    "id, zone, labels, cpu_millis, mem_bytes, gpus, schedulable, created_at, updated_at, credential_hash, last_seen, status";
+    "id, zone, labels, cpu_millis, mem_bytes, gpus, schedulable, created_at, updated_at, credential_hash, last_seen, status, \
+     runtime, isolation, data_roots, open_to_all";
 
 const SAMPLE_COLS: &str =
     "node_id, gpu_index, at, util, mem_used, mem_total, temperature, power_w, task_id";
@@ -159,7 +175,7 @@ macro_rules! impl_store {
             }
 
             async fn tenant(&self, id: &str) -> StoreResult<Option<TenantRecord>> {
-                Ok(sqlx::query_as("SELECT id, name, created_at FROM tenants WHERE id = $1")
+                Ok(sqlx::query_as("SELECT id, name, created_at, trusted FROM tenants WHERE id = $1")
                     .bind(id)
                     .fetch_optional(&self.pool)
                     .await?)
@@ -226,7 +242,7 @@ macro_rules! impl_store {
 
             async fn list_tenants(&self) -> StoreResult<Vec<TenantSummary>> {
                 Ok(sqlx::query_as(
-                    "SELECT t.id, t.name, t.created_at,
+                    "SELECT t.id, t.name, t.created_at, t.trusted,
                             (SELECT COUNT(*) FROM users u WHERE u.tenant_id = t.id) AS members
                      FROM tenants t ORDER BY t.created_at, t.name",
                 )
@@ -422,7 +438,7 @@ macro_rules! impl_store {
 
             async fn quota(&self, scope: QuotaScope, subject_id: &str) -> StoreResult<QuotaRecord> {
                 let q: Option<QuotaRecord> = sqlx::query_as(
-                    "SELECT max_gpus, gpu_hours_per_month, max_queued_tasks, allowed_gpu_types
+                    "SELECT max_gpus, gpu_hours_per_month, max_queued_tasks, allowed_gpu_types, max_storage_bytes
                      FROM quotas WHERE scope = $1 AND subject_id = $2",
                 )
                 .bind(scope.as_str())
@@ -434,13 +450,14 @@ macro_rules! impl_store {
 
             async fn set_quota(&self, scope: QuotaScope, subject_id: &str, q: &QuotaRecord, now: i64) -> StoreResult<()> {
                 sqlx::query(
-                    "INSERT INTO quotas (scope, subject_id, max_gpus, gpu_hours_per_month, max_queued_tasks, allowed_gpu_types, updated_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7)
+                    "INSERT INTO quotas (scope, subject_id, max_gpus, gpu_hours_per_month, max_queued_tasks, allowed_gpu_types, max_storage_bytes, updated_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
                      ON CONFLICT (scope, subject_id) DO UPDATE SET
                         max_gpus = excluded.max_gpus,
                         gpu_hours_per_month = excluded.gpu_hours_per_month,
                         max_queued_tasks = excluded.max_queued_tasks,
                         allowed_gpu_types = excluded.allowed_gpu_types,
+                        max_storage_bytes = excluded.max_storage_bytes,
                         updated_at = excluded.updated_at",
                 )
                 .bind(scope.as_str())
@@ -449,6 +466,7 @@ macro_rules! impl_store {
                 .bind(q.gpu_hours_per_month)
                 .bind(q.max_queued_tasks)
                 .bind(&q.allowed_gpu_types)
+                .bind(q.max_storage_bytes)
                 .bind(now)
                 .execute(&self.pool)
                 .await?;
@@ -457,7 +475,7 @@ macro_rules! impl_store {
 
             async fn all_quotas(&self) -> StoreResult<Vec<QuotaRow>> {
                 Ok(sqlx::query_as(
-                    "SELECT scope, subject_id, max_gpus, gpu_hours_per_month, max_queued_tasks, allowed_gpu_types FROM quotas",
+                    "SELECT scope, subject_id, max_gpus, gpu_hours_per_month, max_queued_tasks, allowed_gpu_types, max_storage_bytes FROM quotas",
                 )
                 .fetch_all(&self.pool)
                 .await?)
@@ -465,11 +483,13 @@ macro_rules! impl_store {
 
             async fn upsert_node(&self, n: &NodeRecord) -> StoreResult<()> {
                 sqlx::query(
-                    "INSERT INTO nodes (id, zone, labels, cpu_millis, mem_bytes, gpus, schedulable, created_at, updated_at, status)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                    "INSERT INTO nodes (id, zone, labels, cpu_millis, mem_bytes, gpus, schedulable, created_at, updated_at, status,
+                                        runtime, isolation, data_roots)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
                      ON CONFLICT (id) DO UPDATE SET zone = excluded.zone, labels = excluded.labels,
                         cpu_millis = excluded.cpu_millis, mem_bytes = excluded.mem_bytes, gpus = excluded.gpus,
-                        schedulable = excluded.schedulable, updated_at = excluded.updated_at",
+                        schedulable = excluded.schedulable, updated_at = excluded.updated_at,
+                        runtime = excluded.runtime, isolation = excluded.isolation, data_roots = excluded.data_roots",
                 )
                 .bind(&n.id)
                 .bind(&n.zone)
@@ -481,8 +501,73 @@ macro_rules! impl_store {
                 .bind(n.created_at)
                 .bind(n.updated_at)
                 .bind(&n.status)
+                .bind(&n.runtime)
+                .bind(&n.isolation)
+                .bind(&n.data_roots)
                 .execute(&self.pool)
                 .await?;
+                Ok(())
+            }
+
+            async fn set_node_host(&self, id: &str, runtime: &str, isolation: &str, data_roots: &str) -> StoreResult<()> {
+                sqlx::query("UPDATE nodes SET runtime = $1, isolation = $2, data_roots = $3 WHERE id = $4")
+                    .bind(runtime)
+                    .bind(isolation)
+                    .bind(data_roots)
+                    .bind(id)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            async fn set_node_open_to_all(&self, id: &str, open: bool) -> StoreResult<bool> {
+                let r = sqlx::query("UPDATE nodes SET open_to_all = $1 WHERE id = $2")
+                    .bind(open)
+                    .bind(id)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn set_tenant_trusted(&self, id: &str, trusted: bool) -> StoreResult<bool> {
+                let r = sqlx::query("UPDATE tenants SET trusted = $1 WHERE id = $2")
+                    .bind(trusted)
+                    .bind(id)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn trusted_tenants(&self) -> StoreResult<Vec<String>> {
+                let rows: Vec<(String,)> = sqlx::query_as("SELECT id FROM tenants WHERE trusted = TRUE")
+                    .fetch_all(&self.pool)
+                    .await?;
+                Ok(rows.into_iter().map(|r| r.0).collect())
+            }
+
+            async fn storage_bytes(&self, tenant_id: &str) -> StoreResult<i64> {
+                let row: Option<(i64,)> = sqlx::query_as("SELECT bytes FROM tenant_storage WHERE tenant_id = $1")
+                    .bind(tenant_id)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                Ok(row.map_or(0, |r| r.0))
+            }
+
+            async fn add_storage_bytes(&self, tenant_id: &str, delta: i64) -> StoreResult<()> {
+                let mut tx = self.pool.begin().await?;
+                sqlx::query("INSERT INTO tenant_storage (tenant_id, bytes) VALUES ($1, 0) ON CONFLICT (tenant_id) DO NOTHING")
+                    .bind(tenant_id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "UPDATE tenant_storage SET bytes = CASE WHEN bytes + $1 < 0 THEN 0 ELSE bytes + $1 END
+                     WHERE tenant_id = $2",
+                )
+                .bind(delta)
+                .bind(tenant_id)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
                 Ok(())
             }
 
@@ -866,8 +951,8 @@ macro_rules! impl_store {
 
             async fn create_registration_token(&self, t: &RegistrationTokenRecord) -> StoreResult<()> {
                 sqlx::query(
-                    "INSERT INTO registration_tokens (id, name, token_hash, created_by, created_at, expires_at, revoked)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                    "INSERT INTO registration_tokens (id, name, token_hash, created_by, created_at, expires_at, revoked, max_uses, uses, node_id)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                 )
                 .bind(&t.id)
                 .bind(&t.name)
@@ -876,6 +961,9 @@ macro_rules! impl_store {
                 .bind(t.created_at)
                 .bind(t.expires_at)
                 .bind(t.revoked)
+                .bind(t.max_uses)
+                .bind(t.uses)
+                .bind(&t.node_id)
                 .execute(&self.pool)
                 .await
                 .map_err(conflict("token collision; try again"))?;
@@ -885,7 +973,7 @@ macro_rules! impl_store {
             async fn list_registration_tokens(&self) -> StoreResult<Vec<RegistrationTokenRecord>> {
                 Ok(sqlx::query_as(&format!(
                     "SELECT {REG_TOKEN_COLS} FROM registration_tokens
-                     WHERE revoked = FALSE ORDER BY created_at DESC"
+                     WHERE revoked = FALSE AND uses < max_uses ORDER BY created_at DESC"
                 ))
                 .fetch_all(&self.pool)
                 .await?)
@@ -899,6 +987,20 @@ macro_rules! impl_store {
                 .bind(hash)
                 .fetch_optional(&self.pool)
                 .await?)
+            }
+
+            async fn use_registration_token(&self, id: &str, node_id: &str, now: i64) -> StoreResult<bool> {
+                let r = sqlx::query(
+                    "UPDATE registration_tokens SET uses = uses + 1
+                     WHERE id = $1 AND revoked = FALSE AND expires_at > $2 AND uses < max_uses
+                       AND (node_id IS NULL OR node_id = $3)",
+                )
+                .bind(id)
+                .bind(now)
+                .bind(node_id)
+                .execute(&self.pool)
+                .await?;
+                Ok(r.rows_affected() == 1)
             }
 
             async fn revoke_registration_token(&self, id: &str) -> StoreResult<bool> {

@@ -84,12 +84,15 @@ mod tests {
     use autodl_common::tasks::{Command, RetryPolicy, TaskSpecInput};
 
     fn spec(max_retries: u32, oom_recovery: bool) -> TaskSpec {
-        let mut s = crate::tasks::spec::normalise(TaskSpecInput {
-            name: "t".into(),
-            image: "i".into(),
-            command: Some(Command::Shell("true".into())),
-            ..Default::default()
-        })
+        let mut s = crate::tasks::spec::normalise(
+            TaskSpecInput {
+                name: "t".into(),
+                image: "i".into(),
+                command: Some(Command::Shell("true".into())),
+                ..Default::default()
+            },
+            0,
+        )
         .unwrap();
         s.retry_policy = RetryPolicy {
             max_retries,

@@ -1,6 +1,7 @@
 //! Tasks: spec validation, the lifecycle rules, and the runner that applies the scheduler's
 //! decisions to the store.
 
+pub mod access;
 pub mod checkpoints;
 pub mod lifecycle;
 pub mod runner;
@@ -24,8 +25,14 @@ pub fn placement_of(rec: &TaskRecord) -> Option<Vec<WorkerPlacement>> {
         .and_then(|p| serde_json::from_str(p).ok())
 }
 
-/// The scheduler's view of a task. Times are Unix seconds.
-pub fn to_request(rec: &TaskRecord, spec: &TaskSpec) -> TaskRequest {
+/// The scheduler's view of a task. Times are Unix seconds. `access` is what
+/// [`access::task_access`] says the task tolerates and requires.
+pub fn to_request(
+    rec: &TaskRecord,
+    spec: &TaskSpec,
+    access: (Vec<String>, Vec<String>),
+) -> TaskRequest {
+    let (tolerations, requires) = access;
     TaskRequest {
         id: rec.id.clone(),
         user: rec.user_id.clone(),
@@ -47,6 +54,8 @@ pub fn to_request(rec: &TaskRecord, spec: &TaskSpec) -> TaskRequest {
         preemptible: spec.preemptible,
         zone_affinity: spec.zone_affinity,
         attained_gpu_seconds: rec.attained_gpu_seconds,
+        tolerations,
+        requires,
     }
 }
 

@@ -103,6 +103,8 @@ pub fn to_node(r: &NodeRecord) -> anyhow::Result<Node> {
         gpus: serde_json::from_str::<Vec<Gpu>>(&r.gpus)?,
         // Cordoned, draining and lost nodes keep their tasks but get no new ones.
         schedulable: r.schedulable && r.status == "ready",
+        taints: super::access::node_taints(r),
+        features: super::access::node_features(r),
     })
 }
 
@@ -347,6 +349,8 @@ impl Runner {
             .map(|n| (n.id.clone(), n.credential_hash.is_some()))
             .collect();
         let quotas = load_quotas(self.store.as_ref()).await?;
+        let trusted: std::collections::HashSet<String> =
+            self.store.trusted_tenants().await?.into_iter().collect();
         for st in ["pending", "scheduled", "running"] {
             self.metrics
                 .tasks
@@ -407,7 +411,9 @@ impl Runner {
                     continue;
                 }
             };
-            let request = to_request(rec, &spec);
+            let access =
+                super::access::task_access(trusted.contains(&rec.tenant_id), &spec, &nodes);
+            let request = to_request(rec, &spec, access);
             if rec.state == "pending" {
                 state.pending.push(request);
                 continue;

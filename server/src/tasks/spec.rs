@@ -113,7 +113,8 @@ fn env_name_ok(k: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-pub fn normalise(input: TaskSpecInput) -> Result<TaskSpec, ApiError> {
+/// Checks a submission and fills in defaults. `now_s` (Unix seconds) judges the deadline.
+pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError> {
     let name = text("name", &input.name, 128)?;
     let image = text("image", &input.image, 512)?;
     let command = match (&input.command, &input.entry_point) {
@@ -235,6 +236,17 @@ pub fn normalise(input: TaskSpecInput) -> Result<TaskSpec, ApiError> {
     let deadline = match &input.deadline {
         Some(d) => {
             let secs = parse_deadline(d)?;
+            // A deadline already gone would give the task the highest urgency for nothing.
+            if secs <= now_s {
+                return Err(ApiError::invalid(
+                    "deadline",
+                    format!(
+                        "deadline {} is in the past (now is {})",
+                        crate::state::rfc3339(secs * 1000),
+                        crate::state::rfc3339(now_s * 1000)
+                    ),
+                ));
+            }
             Some(crate::state::rfc3339(secs * 1000))
         }
         None => None,
@@ -302,6 +314,12 @@ pub fn normalise(input: TaskSpecInput) -> Result<TaskSpec, ApiError> {
             return Err(ApiError::invalid(
                 "data_path",
                 "data_path must not contain '..'",
+            ));
+        }
+        if !p.starts_with("s3://") && !super::access::is_clean_absolute(p) {
+            return Err(ApiError::invalid(
+                "data_path",
+                "data_path is platform storage (s3://bucket/path) or an absolute folder under a dataset root of the nodes (e.g. /datasets/imagenet)",
             ));
         }
     }
@@ -384,7 +402,7 @@ mod tests {
             cpu: Some(8.0),
             memory: Some(Size::Text("32GiB".into())),
         };
-        let s = normalise(i).unwrap();
+        let s = normalise(i, 1_700_000_000).unwrap();
         assert_eq!(s.gpu_memory, Some(20 << 30));
         assert_eq!(s.memory, 32 << 30);
         assert_eq!(s.gpus_per_worker, 2);
@@ -425,6 +443,12 @@ mod tests {
             ),
             (|i| i.deadline = Some("soon".into()), "deadline"),
             (
+                |i| i.deadline = Some("2023-11-14T22:13:19Z".into()),
+                "deadline",
+            ),
+            (|i| i.data_path = Some("datasets/x".into()), "data_path"),
+            (|i| i.data_path = Some("/datasets/./x".into()), "data_path"),
+            (
                 |i| i.resources.memory = Some(Size::Text("lots".into())),
                 "resources.memory",
             ),
@@ -446,7 +470,7 @@ mod tests {
         for (mutate, field) in cases {
             let mut i = base();
             mutate(&mut i);
-            match normalise(i) {
+            match normalise(i, 1_700_000_000) {
                 Err(ApiError::Validation { field: Some(f), .. }) => assert_eq!(f, field),
                 other => panic!("expected a validation error on {field}, got {other:?}"),
             }

@@ -23,6 +23,7 @@ pub struct FakeAgent {
 }
 
 impl FakeAgent {
+    /// Joins as a node that runs tasks in containers.
     pub async fn join(
         app: &TestApp,
         op: &Session,
@@ -30,13 +31,27 @@ impl FakeAgent {
         gpu_type: &str,
         zone: &str,
     ) -> FakeAgent {
+        let host = json!({"runtime": "docker", "isolation": "container", "data_roots": []});
+        Self::join_with(app, op, id, gpu_type, zone, host).await
+    }
+
+    /// Joins saying `host` about how it runs tasks.
+    pub async fn join_with(
+        app: &TestApp,
+        op: &Session,
+        id: &str,
+        gpu_type: &str,
+        zone: &str,
+        host: Value,
+    ) -> FakeAgent {
         let token = app.registration_token(op, id).await;
         let gpus: Vec<Value> = (0..4)
             .map(|i| json!({"index": i, "type": gpu_type, "memory": 42949672960u64}))
             .collect();
         let res = Client::new()
             .post(app.url("/api/v1/agent/register"))
-            .json(&json!({"token": token, "node": {"id": id, "zone": zone, "cpu": 32, "memory": 274877906944u64, "gpus": gpus}}))
+            .json(&json!({"token": token, "node": {"id": id, "zone": zone, "cpu": 32, "memory": 274877906944u64, "gpus": gpus,
+                "host": host}}))
             .send()
             .await
             .unwrap();
@@ -334,14 +349,7 @@ async fn tasks_flow_through_an_agent(b: Backend) {
     let attempts = s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await;
     assert_eq!(attempts[0]["reason"], "oom");
     assert_eq!(attempts[1]["exit_code"], 0);
-    let metrics = Client::new()
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = op.prometheus(&app).await;
     assert!(
         metrics.contains("autodl_dispatch_latency_seconds_count 2"),
         "{metrics}"
@@ -402,14 +410,7 @@ async fn metrics_batches_are_checked(b: Backend) {
     let m = s.get(&app, &format!("/api/v1/tasks/{id}/metrics")).await;
     assert_eq!(m["samples"][0]["gpu_util"], 0.9);
     assert_eq!(m["samples"][0]["mem_total"], 42949672960u64);
-    let prom = Client::new()
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let prom = op.prometheus(&app).await;
     assert!(
         prom.contains("autodl_gpu_utilization_ratio{gpu=\"0\",node=\"gpu-1\"}")
             || prom.contains("autodl_gpu_utilization_ratio{gpu="),

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use autodl_agent::{Agent, AgentConfig, CancellationToken, ProcessRuntime, SimulatedBackend};
+use autodl_agent::{
+    Agent, AgentConfig, CancellationToken, IsolationConfig, ProcessRuntime, SimulatedBackend,
+};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -37,7 +39,8 @@ pub async fn start_agent(app: &TestApp, op: &Session, node: &str, gpus: &str) ->
     let agent = Agent::new(
         config,
         Arc::new(SimulatedBackend::from_spec(gpus, 7).unwrap()),
-        Arc::new(ProcessRuntime::new()),
+        // As root (CI) each task runs sandboxed as its own uid, as on a production host.
+        Arc::new(ProcessRuntime::detect(&IsolationConfig::default()).unwrap()),
     )
     .unwrap();
     let shutdown = CancellationToken::new();

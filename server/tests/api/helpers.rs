@@ -251,6 +251,13 @@ impl Session {
         assert_eq!(res.status(), StatusCode::OK, "GET {path}");
         res.json().await.unwrap()
     }
+
+    /// The Prometheus text of `/metrics`, which needs a platform administrator.
+    pub async fn prometheus(&self, app: &TestApp) -> String {
+        let res = self.send(app, Method::GET, "/metrics", None).await;
+        assert_eq!(res.status(), StatusCode::OK, "GET /metrics");
+        res.text().await.unwrap()
+    }
 }
 
 /// Asserts an error answer: status, the JSON error shape, and its code.

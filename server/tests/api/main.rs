@@ -10,6 +10,7 @@ mod e2e;
 mod leader;
 #[path = "../support/s3_server.rs"]
 mod s3_server;
+mod security;
 mod storage;
 mod tasks;
 mod tenancy;
