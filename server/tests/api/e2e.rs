@@ -21,13 +21,29 @@ crate::on_both_backends!(
 pub struct RunningAgent {
     pub handle: tokio::task::JoinHandle<()>,
     pub shutdown: CancellationToken,
+    /// The agent's state folder (credential, task folders).
+    pub state_dir: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 
 pub async fn start_agent(app: &TestApp, op: &Session, node: &str, gpus: &str) -> RunningAgent {
+    // As root (CI) each task runs sandboxed as its own uid, as on a production host.
+    let runtime = ProcessRuntime::detect(&IsolationConfig::default()).unwrap();
+    start_agent_with(app, op, node, gpus, Arc::new(runtime), &[]).await
+}
+
+/// An agent with this runtime and these dataset roots, registered and polling.
+pub async fn start_agent_with(
+    app: &TestApp,
+    op: &Session,
+    node: &str,
+    gpus: &str,
+    runtime: Arc<dyn autodl_agent::Runtime>,
+    data_roots: &[std::path::PathBuf],
+) -> RunningAgent {
     let token = app.registration_token(op, node).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = AgentConfig::new(app.address.clone())
+    let mut config = AgentConfig::new(app.address.clone())
         .node_id(node)
         .zone("z1")
         .registration_token(&token)
@@ -36,11 +52,13 @@ pub async fn start_agent(app: &TestApp, op: &Session, node: &str, gpus: &str) ->
         .memory(64 << 30)
         .sample_interval(Duration::from_millis(300))
         .shutdown_grace(Duration::from_secs(2));
+    for r in data_roots {
+        config = config.data_root(r);
+    }
     let agent = Agent::new(
         config,
         Arc::new(SimulatedBackend::from_spec(gpus, 7).unwrap()),
-        // As root (CI) each task runs sandboxed as its own uid, as on a production host.
-        Arc::new(ProcessRuntime::detect(&IsolationConfig::default()).unwrap()),
+        runtime,
     )
     .unwrap();
     let shutdown = CancellationToken::new();
@@ -64,11 +82,12 @@ pub async fn start_agent(app: &TestApp, op: &Session, node: &str, gpus: &str) ->
     RunningAgent {
         handle,
         shutdown,
+        state_dir: dir.path().to_path_buf(),
         _dir: dir,
     }
 }
 
-async fn submit(app: &TestApp, s: &Session, body: Value) -> String {
+pub async fn submit(app: &TestApp, s: &Session, body: Value) -> String {
     let res = s.send(app, Method::POST, "/api/v1/tasks", Some(body)).await;
     assert_eq!(res.status(), reqwest::StatusCode::CREATED);
     res.json::<Value>().await.unwrap()["id"]
@@ -77,7 +96,7 @@ async fn submit(app: &TestApp, s: &Session, body: Value) -> String {
         .to_owned()
 }
 
-async fn wait_for(app: &TestApp, s: &Session, id: &str, states: &[&str], secs: u64) -> Value {
+pub async fn wait_for(app: &TestApp, s: &Session, id: &str, states: &[&str], secs: u64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         let t = s.get(app, &format!("/api/v1/tasks/{id}")).await;
