@@ -8,6 +8,8 @@ started=$(date +%s)
 export RUST_LOG="${RUST_LOG:-warn}"
 
 command -v chromium >/dev/null || apt_install chromium
+# Task isolation (a sandbox per task) is tested as root, with bubblewrap.
+[ "$(id -u)" -ne 0 ] || command -v bwrap >/dev/null || apt_install bubblewrap
 command -v node >/dev/null && command -v npm >/dev/null || apt_install nodejs npm
 ensure_web_toolchain
 
@@ -41,5 +43,9 @@ PYVENV="${AUTODL_CACHE_DIR:-$HOME/.cache/autodl}/pyvenv"
 [ -x "$PYVENV/bin/python" ] || python3 -m venv "$PYVENV"
 "$PYVENV/bin/pip" install --quiet --disable-pip-version-check -e "clients/python[test]"
 (cd clients/python && "$PYVENV/bin/python" -m pytest -q -p no:cacheprovider)
+
+log "API fuzzing (Schemathesis against the OpenAPI document, every check)"
+"$PYVENV/bin/pip" install --quiet --disable-pip-version-check -r tests/api-fuzz/requirements.txt
+"$PYVENV/bin/python" tests/api-fuzz/fuzz.py --max-time "${AUTODL_FUZZ_SECONDS:-150}"
 
 log "all tests passed in $(( $(date +%s) - started )) s (screenshots in $AUTODL_ARTIFACTS)"

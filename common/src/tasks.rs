@@ -372,6 +372,9 @@ pub struct NodeInput {
     pub cpu: f64,
     pub memory: Size,
     pub gpus: GpuInventoryInput,
+    /// Host folders (shared dataset mounts) tasks may name as `data_path` on this node.
+    #[serde(default)]
+    pub data_roots: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

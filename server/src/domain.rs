@@ -223,22 +223,22 @@ pub fn check_within(user: &QuotaRecord, tenant: &QuotaRecord) -> Result<(), ApiE
         }
     }
     if over(user.max_gpus, tenant.max_gpus) {
-        return Err(ApiError::invalid(
-            "max_gpus",
-            "max_gpus exceeds the organization's cap",
-        ));
+        return Err(ApiError::Refused {
+            field: "max_gpus",
+            message: "max_gpus exceeds the organization's cap".into(),
+        });
     }
     if over(user.gpu_hours_per_month, tenant.gpu_hours_per_month) {
-        return Err(ApiError::invalid(
-            "gpu_hours_per_month",
-            "gpu_hours_per_month exceeds the organization's cap",
-        ));
+        return Err(ApiError::Refused {
+            field: "gpu_hours_per_month",
+            message: "gpu_hours_per_month exceeds the organization's cap".into(),
+        });
     }
     if over(user.max_queued_tasks, tenant.max_queued_tasks) {
-        return Err(ApiError::invalid(
-            "max_queued_tasks",
-            "max_queued_tasks exceeds the organization's cap",
-        ));
+        return Err(ApiError::Refused {
+            field: "max_queued_tasks",
+            message: "max_queued_tasks exceeds the organization's cap".into(),
+        });
     }
     let list = |s: &Option<String>| -> Option<Vec<String>> {
         s.as_deref().and_then(|s| serde_json::from_str(s).ok())
@@ -251,10 +251,10 @@ pub fn check_within(user: &QuotaRecord, tenant: &QuotaRecord) -> Result<(), ApiE
                     .iter()
                     .find(|t| !gpu_type_covered(&tenant_types, t))
                 {
-                    return Err(ApiError::invalid(
-                        "allowed_gpu_types",
-                        format!("GPU type {bad:?} is not allowed for the organization"),
-                    ));
+                    return Err(ApiError::Refused {
+                        field: "allowed_gpu_types",
+                        message: format!("GPU type {bad:?} is not allowed for the organization"),
+                    });
                 }
             }
         }

@@ -10,7 +10,7 @@ use crate::store::StoreError;
 pub enum ApiError {
     #[error("{message}")]
     Validation {
-        field: Option<&'static str>,
+        field: Option<std::borrow::Cow<'static, str>>,
         message: String,
     },
     #[error("{0}")]
@@ -19,6 +19,13 @@ pub enum ApiError {
     Unauthorized(String),
     #[error("{0}")]
     Forbidden(String),
+    /// Refused although well formed, about one field (a wrong current password, an action on
+    /// oneself that nobody may take): 403 with the field, so forms show it in place.
+    #[error("{message}")]
+    Refused {
+        field: &'static str,
+        message: String,
+    },
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -45,7 +52,7 @@ pub enum ApiError {
 impl ApiError {
     pub fn invalid(field: &'static str, message: impl Into<String>) -> Self {
         ApiError::Validation {
-            field: Some(field),
+            field: Some(std::borrow::Cow::Borrowed(field)),
             message: message.into(),
         }
     }
@@ -55,7 +62,7 @@ impl ApiError {
             ApiError::Validation { .. } => "validation",
             ApiError::BadRequest(_) => "bad_request",
             ApiError::Unauthorized(_) => "unauthorized",
-            ApiError::Forbidden(_) => "forbidden",
+            ApiError::Forbidden(_) | ApiError::Refused { .. } => "forbidden",
             ApiError::NotFound(_) => "not_found",
             ApiError::Conflict(_) => "conflict",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
@@ -105,7 +112,7 @@ impl ResponseError for ApiError {
             ApiError::NoResults(_) => StatusCode::NOT_FOUND,
             ApiError::StorageUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::Forbidden(_) | ApiError::Refused { .. } => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -120,7 +127,8 @@ impl ResponseError for ApiError {
             tracing::error!(error = ?e, "internal error");
         }
         let field = match self {
-            ApiError::Validation { field, .. } => field.map(str::to_owned),
+            ApiError::Validation { field, .. } => field.as_ref().map(|f| f.to_string()),
+            ApiError::Refused { field, .. } => Some((*field).to_owned()),
             _ => None,
         };
         let body = ErrorBody {
@@ -139,25 +147,6 @@ impl ResponseError for ApiError {
         }
         res.json(body)
     }
-}
-
-/// Turns actix's extractor failures (bad JSON, bad path) into our JSON errors.
-pub fn json_error_handler(
-    err: actix_web::error::JsonPayloadError,
-    _req: &actix_web::HttpRequest,
-) -> actix_web::Error {
-    use actix_web::error::JsonPayloadError as E;
-    let api = match &err {
-        E::OverflowKnownLength { .. } | E::Overflow { .. } => {
-            ApiError::PayloadTooLarge("request body is too large".into())
-        }
-        E::ContentType => {
-            ApiError::BadRequest("expected a JSON body (Content-Type: application/json)".into())
-        }
-        E::Deserialize(e) => ApiError::BadRequest(format!("invalid JSON body: {e}")),
-        other => ApiError::BadRequest(format!("invalid request body: {other}")),
-    };
-    api.into()
 }
 
 pub fn path_error_handler(

@@ -6,6 +6,7 @@ pub mod config;
 pub mod demo;
 pub mod domain;
 pub mod error;
+pub mod json;
 pub mod metrics;
 pub mod routes;
 pub mod security_headers;

@@ -17,14 +17,11 @@ use crate::auth::password;
 use crate::auth::rate_limit::LoginLimiter;
 use crate::auth::session::SessionKeys;
 use crate::config::Settings;
-use crate::error::{json_error_handler, path_error_handler, query_error_handler};
+use crate::error::{path_error_handler, query_error_handler};
 use crate::state::AppState;
 use crate::store::{self, Store};
 use crate::tasks::runner::{Runner, SchedulerHandle};
 use autodl_scheduler::PolicyConfig;
-
-/// Largest JSON body any endpoint accepts.
-const MAX_JSON_BYTES: usize = 256 * 1024;
 
 pub struct Application {
     port: u16,
@@ -91,11 +88,6 @@ impl Application {
                 .wrap(Compress::default())
                 .wrap(TracingLogger::default())
                 .app_data(server_state.clone())
-                .app_data(
-                    web::JsonConfig::default()
-                        .limit(MAX_JSON_BYTES)
-                        .error_handler(json_error_handler),
-                )
                 .app_data(web::PathConfig::default().error_handler(path_error_handler))
                 .app_data(web::QueryConfig::default().error_handler(query_error_handler))
                 .configure(crate::routes::configure)

@@ -38,6 +38,8 @@ NODES = [
         "cpu": 64,
         "memory": "512GiB",
         "gpus": {"type": "A100-40G", "count": 4, "memory": "40GiB"},
+        # The seed articles' datasets live under /data on the cluster's nodes.
+        "data_roots": ["/data"],
     },
     {
         "id": "node-b",
@@ -46,6 +48,7 @@ NODES = [
         "cpu": 64,
         "memory": "512GiB",
         "gpus": {"type": "A40", "count": 4, "memory": "48GiB"},
+        "data_roots": ["/data"],
     },
 ]
 
@@ -57,6 +60,17 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _task_paths(tmp: Path) -> str:
+    """Host folders the demo's sandboxed tasks may read: this Python (the virtual environment
+    and the installation it was made from), the SDK's sources, and a folder for the tests'
+    training scripts. Nothing else of the host (the server's database in ``tmp`` included)."""
+    import json
+
+    sdk = Path(autodl.__file__).resolve().parent.parent
+    paths = {sys.prefix, os.path.realpath(sys.base_prefix), str(sdk), str(tmp / "task-code")}
+    return json.dumps(sorted(paths))
 
 
 def _server_env(tmp: Path, port: int) -> Dict[str, str]:
@@ -74,6 +88,9 @@ def _server_env(tmp: Path, port: int) -> Dict[str, str]:
         # The seed articles' templates save to s3://my-bucket/checkpoints.
         AUTODL_STORAGE_BUCKETS='["my-bucket"]',
         AUTODL_DEMO_DIR=str(tmp / "demo-agents"),
+        AUTODL_DEMO_TASK_PATHS=_task_paths(tmp),
+        # A secret of the server's own: the tests check that no task can see it.
+        AUTODL_JWT_SECRET="server-secret-" + uuid.uuid4().hex,
         RUST_LOG="warn",
     )
     return env
@@ -103,6 +120,9 @@ class LiveServer:
     user_id: str
     process: subprocess.Popen
     log: Path
+    #: Where tests put scripts for demo tasks: readable by them (``AUTODL_DEMO_TASK_PATHS``).
+    code_dir: Path
+    jwt_secret: str
     clients: List[autodl.Client] = field(default_factory=list)
 
     def client(self, api_key: Optional[str] = None) -> autodl.Client:
@@ -152,6 +172,8 @@ def _serve(tmp_path_factory: pytest.TempPathFactory, args: List[str]) -> Iterato
     log = tmp / "server.log"
     port = _free_port()
     env = _server_env(tmp, port)
+    code_dir = tmp / "task-code"
+    code_dir.mkdir()
 
     created = subprocess.run(
         [binary, "admin", "create-admin", "--email", ADMIN_EMAIL, "--password", ADMIN_PASSWORD],
@@ -225,6 +247,8 @@ def _serve(tmp_path_factory: pytest.TempPathFactory, args: List[str]) -> Iterato
             user_id=signup["user"]["id"],
             process=process,
             log=log,
+            code_dir=code_dir,
+            jwt_secret=env["AUTODL_JWT_SECRET"],
         )
         yield server
     finally:

@@ -3,6 +3,7 @@ GPU agents really run the tasks (as local processes)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -63,7 +64,7 @@ while step < 40:
 
 def test_a_drained_task_resumes_from_its_checkpoint(demo: LiveServer, tmp_path):
     client = demo.client()
-    script = tmp_path / "train.py"
+    script = demo.code_dir / "train.py"
     script.write_text(TRAIN)
     task = client.submit_spec(
         shell_task(
@@ -99,6 +100,28 @@ def test_a_drained_task_resumes_from_its_checkpoint(demo: LiveServer, tmp_path):
     assert checkpoints[0]["step"] >= resumed[0]
     out = task.download_results(tmp_path / "out")
     assert (out / "final.txt").read_text() == "40"
+
+
+def test_demo_tasks_see_neither_the_servers_secrets_nor_its_files(demo: LiveServer, tmp_path):
+    """The demo's agents run inside the server process: a task must not inherit its
+    environment (the JWT secret, the database URL) nor read its database and objects."""
+    if os.geteuid() != 0:
+        pytest.skip("the demo isolates its tasks only when it runs as root")
+    client = demo.client()
+    task = client.submit_spec(
+        shell_task(
+            "snoop",
+            f'env; for f in "{demo.tmp}/a.db" "{demo.log}"; do cat "$f" >/dev/null 2>&1 && echo "LEAK $f"; done; '
+            'cat /proc/1/environ 2>/dev/null | tr "\\0" "\\n" | grep -q JWT && echo "LEAK pid 1"; echo snooped',
+        )
+    )
+    assert task.wait(timeout=60) == "COMPLETED", task.logs()
+    out = "\n".join(task.logs())
+    assert "snooped" in out
+    assert "LEAK" not in out, out
+    assert demo.jwt_secret not in out
+    for name in ("AUTODL_JWT_SECRET", "AUTODL_DATABASE_URL", "AUTODL_STORAGE_URL", "RUST_LOG"):
+        assert f"{name}=" not in out, out
 
 
 def test_data_uploaded_through_the_sdk_reaches_the_task(demo: LiveServer, tmp_path):

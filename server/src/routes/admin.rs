@@ -9,6 +9,7 @@ use crate::auth::caller::parse_role;
 use crate::auth::Caller;
 use crate::domain::{parse_quota, quota_to_api};
 use crate::error::ApiError;
+use crate::json::Json;
 use crate::state::{now_ms, rfc3339, AppState};
 use crate::store::{QuotaScope, UserRecord};
 
@@ -48,7 +49,7 @@ pub async fn update_tenant(
     state: web::Data<AppState>,
     caller: Caller,
     id: web::Path<String>,
-    body: web::Json<AdminUpdateTenantRequest>,
+    body: Json<AdminUpdateTenantRequest>,
 ) -> Result<web::Json<AdminTenant>, ApiError> {
     caller.require_platform_admin()?;
     if let Some(trusted) = body.trusted {
@@ -87,7 +88,7 @@ pub async fn set_tenant_quota(
     state: web::Data<AppState>,
     caller: Caller,
     id: web::Path<String>,
-    body: web::Json<Quota>,
+    body: Json<Quota>,
 ) -> Result<web::Json<Quota>, ApiError> {
     caller.require_platform_admin()?;
     let rec = parse_quota(&body)?;
@@ -130,15 +131,15 @@ pub async fn update_user(
     state: web::Data<AppState>,
     caller: Caller,
     id: web::Path<String>,
-    body: web::Json<AdminUpdateUserRequest>,
+    body: Json<AdminUpdateUserRequest>,
 ) -> Result<web::Json<AdminUser>, ApiError> {
     caller.require_platform_admin()?;
     if *id == caller.user.id && (body.disabled == Some(true) || body.platform_admin == Some(false))
     {
-        return Err(ApiError::invalid(
-            "id",
-            "you cannot disable yourself or drop your own admin rights",
-        ));
+        return Err(ApiError::Refused {
+            field: "id",
+            message: "you cannot disable yourself or drop your own admin rights".into(),
+        });
     }
     if !state
         .store

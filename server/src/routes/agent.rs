@@ -20,6 +20,7 @@ use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::Caller;
 use crate::domain::parse_name;
 use crate::error::ApiError;
+use crate::json::Json;
 use crate::state::{now_ms, rfc3339, AppState};
 use crate::store::{GpuSampleRecord, NodeRecord, RegistrationTokenRecord, TaskWithUser};
 use crate::tasks::access::{self, Isolation};
@@ -94,7 +95,7 @@ fn host_fields(h: Option<&AgentHost>) -> Result<(String, String, String), ApiErr
 pub async fn create_token(
     state: web::Data<AppState>,
     caller: Caller,
-    body: web::Json<CreateRegistrationToken>,
+    body: Json<CreateRegistrationToken>,
 ) -> Result<HttpResponse, ApiError> {
     caller.require_platform_admin()?;
     let name = parse_name("name", body.name.as_deref().unwrap_or("agents"), 64)?;
@@ -178,7 +179,7 @@ pub async fn revoke_token(
 #[tracing::instrument(skip_all, fields(node = %body.node.id))]
 pub async fn register(
     state: web::Data<AppState>,
-    body: web::Json<RegisterRequest>,
+    body: Json<RegisterRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let now = now_ms();
     let token = state
@@ -291,8 +292,12 @@ pub async fn register(
     }))
 }
 
+/// Longest a poll is held.
+pub const MAX_POLL_WAIT_S: u64 = 30;
+
 #[derive(Debug, Deserialize)]
 pub struct PollQuery {
+    /// Seconds to hold the poll when there is nothing to do, 0..=30.
     wait: Option<u64>,
 }
 
@@ -304,9 +309,17 @@ pub async fn poll(
     state: web::Data<AppState>,
     node: NodeCaller,
     q: web::Query<PollQuery>,
-    body: web::Json<PollRequest>,
+    body: Json<PollRequest>,
 ) -> Result<web::Json<PollResponse>, ApiError> {
-    let wait = Duration::from_secs(q.wait.unwrap_or(0).min(30));
+    let wait = match q.wait.unwrap_or(0) {
+        w @ 0..=MAX_POLL_WAIT_S => Duration::from_secs(w),
+        _ => {
+            return Err(ApiError::invalid(
+                "wait",
+                format!("wait is 0 to {MAX_POLL_WAIT_S} seconds"),
+            ))
+        }
+    };
     let waiter = state.agents.waiter(&node.node.id);
     state.store.touch_node(&node.node.id, now_ms()).await?;
     // An agent restarted with other settings (Docker gone, isolation off, new dataset roots)
@@ -393,7 +406,7 @@ pub async fn started(
     state: web::Data<AppState>,
     node: NodeCaller,
     id: web::Path<String>,
-    body: web::Json<AttemptRef>,
+    body: Json<AttemptRef>,
 ) -> Result<HttpResponse, ApiError> {
     let t = current(&state, &node, &id, body.attempt).await?;
     if t.task.state == "scheduled" {
@@ -416,7 +429,7 @@ pub async fn logs(
     state: web::Data<AppState>,
     node: NodeCaller,
     id: web::Path<String>,
-    body: web::Json<LogBatch>,
+    body: Json<LogBatch>,
 ) -> Result<HttpResponse, ApiError> {
     if body.lines.len() > MAX_LOG_LINES {
         return Err(ApiError::invalid(
@@ -463,7 +476,7 @@ pub async fn finished(
     state: web::Data<AppState>,
     node: NodeCaller,
     id: web::Path<String>,
-    body: web::Json<FinishedReport>,
+    body: Json<FinishedReport>,
 ) -> Result<HttpResponse, ApiError> {
     let kind = match body.reason.as_str() {
         "success" => Some(ExitKind::Success),
@@ -556,7 +569,7 @@ async fn gpus_of_tasks_here<'a>(
 pub async fn metrics(
     state: web::Data<AppState>,
     node: NodeCaller,
-    body: web::Json<MetricBatch>,
+    body: Json<MetricBatch>,
 ) -> Result<HttpResponse, ApiError> {
     if body.samples.len() > MAX_SAMPLES {
         return Err(ApiError::invalid(
@@ -571,16 +584,14 @@ pub async fn metrics(
     let mut per_task: std::collections::HashMap<&str, (f64, u32)> =
         std::collections::HashMap::new();
     for s in &body.samples {
+        // A node reports only its own GPUs.
         let Some(gpu) = gpus.iter().find(|g| g.index == s.gpu_index) else {
-            return Err(ApiError::invalid(
-                "samples",
-                format!("this node has no GPU {}", s.gpu_index),
-            ));
+            return Err(ApiError::Refused {
+                field: "samples",
+                message: format!("this node has no GPU {}", s.gpu_index),
+            });
         };
-        if !s.util.is_finite()
-            || !(0.0..=1.0).contains(&s.util)
-            || s.mem_used > s.mem_total.max(gpu.mem_bytes)
-        {
+        if !s.util.is_finite() || !(0.0..=1.0).contains(&s.util) {
             return Err(ApiError::invalid(
                 "samples",
                 format!("sample for GPU {} is out of range", s.gpu_index),
@@ -588,9 +599,10 @@ pub async fn metrics(
         }
         let at = parse_time_ms(&s.at)
             .ok_or_else(|| ApiError::invalid("samples", "sample time is not RFC 3339"))?;
-        if at > now + 60_000 {
-            return Err(ApiError::invalid("samples", "sample time is in the future"));
-        }
+        // A clock running ahead of the server's does not cost the samples: they count as
+        // taken now.
+        let at = at.min(now);
+        let mem_total = s.mem_total.max(gpu.mem_bytes);
         if let Some(t) = &s.task_id {
             // A node speaks only for the tasks it ran: samples naming another node's task
             // would count in that task's utilization and its organization's usage.
@@ -600,10 +612,10 @@ pub async fn metrics(
                     .any(|(g, until)| *g == s.gpu_index && until.is_none_or(|u| at <= u))
             });
             if !ok {
-                return Err(ApiError::invalid(
-                    "samples",
-                    format!("task {t} did not run on GPU {} of this node", s.gpu_index),
-                ));
+                return Err(ApiError::Refused {
+                    field: "samples",
+                    message: format!("task {t} did not run on GPU {} of this node", s.gpu_index),
+                });
             }
             let e = per_task.entry(t.as_str()).or_default();
             e.0 += s.util;
@@ -614,8 +626,8 @@ pub async fn metrics(
             gpu_index: i64::from(s.gpu_index),
             at,
             util: s.util,
-            mem_used: s.mem_used as i64,
-            mem_total: s.mem_total as i64,
+            mem_used: s.mem_used.min(mem_total) as i64,
+            mem_total: mem_total as i64,
             temperature: s.temperature.filter(|v| v.is_finite()),
             power_w: s.power_w.filter(|v| v.is_finite()),
             task_id: s.task_id.clone(),

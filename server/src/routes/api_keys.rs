@@ -5,6 +5,7 @@ use crate::auth::secrets::{digest, new_api_key, new_id, SHOWN_PREFIX_LEN};
 use crate::auth::Caller;
 use crate::domain::parse_name;
 use crate::error::ApiError;
+use crate::json::Json;
 use crate::state::{now_ms, rfc3339, AppState};
 use crate::store::ApiKeyRecord;
 
@@ -42,7 +43,7 @@ pub async fn list(
 pub async fn create(
     state: web::Data<AppState>,
     caller: Caller,
-    body: web::Json<CreateApiKeyRequest>,
+    body: Json<CreateApiKeyRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let name = parse_name("name", &body.name, 64)?;
     if let Some(days) = body.expires_in_days {

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::agents::node_caller::NodeCaller;
 use crate::auth::Caller;
 use crate::error::ApiError;
+use crate::json::Json;
 use crate::routes::agent::current;
 use crate::routes::tasks::find;
 use crate::state::{now_ms, rfc3339, AppState};
@@ -114,6 +115,22 @@ async fn receive(
     up.finish().await.map_err(ReceiveError::Storage)
 }
 
+/// A path no file can have, asked for: there is no such file.
+fn no_such_file(_: ApiError) -> ApiError {
+    ApiError::NotFound("no such file".into())
+}
+
+/// A path no file may have, to be written: refused.
+fn not_writable(e: ApiError) -> ApiError {
+    match e {
+        ApiError::Validation { message, .. } => ApiError::Refused {
+            field: "path",
+            message,
+        },
+        other => other,
+    }
+}
+
 fn parse_rel(path: &str) -> Result<String, ApiError> {
     let p = clean_path(path).map_err(|m| ApiError::invalid("path", m))?;
     if p.is_empty() {
@@ -135,7 +152,7 @@ pub async fn start_upload(
     state: web::Data<AppState>,
     node: NodeCaller,
     id: web::Path<String>,
-    body: web::Json<ArtifactStart>,
+    body: Json<ArtifactStart>,
 ) -> Result<HttpResponse, ApiError> {
     let t = current(&state, &node, &id, body.attempt).await?;
     let kind = match body.kind.as_str() {
@@ -247,15 +264,15 @@ pub async fn put_file(
 ) -> Result<HttpResponse, ApiError> {
     let (id, rel) = path.into_inner();
     let a = uploading(&state, &node, &id).await?;
-    let rel = parse_rel(&rel)?;
+    let rel = parse_rel(&rel).map_err(not_writable)?;
     let key = format!("{}{rel}", a.prefix);
-    check_key(&key)?;
+    check_key(&key).map_err(not_writable)?;
     let what = format!("saving {}", a.kind);
     let up = match state.storage.backend.start_upload(&a.bucket, &key).await {
         Ok(u) => u,
         Err(e) => return Err(storage_failed(&state, &a.task_id, &what, e).await),
     };
-    match receive(up, &mut payload, u64::MAX, || unreachable_limit()).await {
+    match receive(up, &mut payload, u64::MAX, unreachable_limit).await {
         Ok(_) => Ok(HttpResponse::NoContent().finish()),
         Err(ReceiveError::Request(e)) => Err(e),
         Err(ReceiveError::Storage(e)) => Err(storage_failed(&state, &a.task_id, &what, e).await),
@@ -472,7 +489,7 @@ pub async fn get_file(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (id, rel) = path.into_inner();
-    let rel = parse_rel(&rel)?;
+    let rel = parse_rel(&rel).map_err(no_such_file)?;
     let a = state
         .store
         .artifact(&id)
@@ -538,7 +555,7 @@ pub async fn data_file(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (id, rel) = path.into_inner();
-    let rel = clean_path(&rel).map_err(|m| ApiError::invalid("path", m))?;
+    let rel = clean_path(&rel).map_err(|_| ApiError::NotFound("no such file".into()))?;
     let t = placed_here(&state, &node, &id).await?;
     let (bucket, prefix) = data_location(&state, &t)?;
     let (size, body) = state
@@ -738,6 +755,41 @@ fn tenant_key(
     Ok((bucket, dir.trim_end_matches('/').to_owned()))
 }
 
+/// How a user's object request names its object, checked: `(bucket, key, path)`. A bucket
+/// the platform does not offer is a bad request; a path no object can have (`..`, control
+/// characters, too long) names nothing to read (404) and may not be written (403).
+fn user_object(
+    state: &AppState,
+    caller: &Caller,
+    bucket: &str,
+    path: &str,
+    write: bool,
+) -> Result<(String, String, String), ApiError> {
+    if !state.storage.allowed_buckets.iter().any(|b| b == bucket) {
+        return Err(ApiError::invalid(
+            "bucket",
+            format!(
+                "bucket {bucket:?} is not one this platform lets tenants use ({})",
+                state.storage.allowed_buckets.join(", ")
+            ),
+        ));
+    }
+    let named = (|| {
+        let rel = parse_rel(path)?;
+        if write {
+            may_write_objects(caller, &rel)?;
+        }
+        let (bucket, key) = tenant_key(state, caller, bucket, &rel)?;
+        check_key(&key)?;
+        Ok::<_, ApiError>((bucket, key, rel))
+    })();
+    named.map_err(|e| match e {
+        e if write => not_writable(e),
+        ApiError::Validation { .. } => ApiError::NotFound("no such object".into()),
+        other => other,
+    })
+}
+
 #[utoipa::path(params(("bucket" = String, Path), ListQuery), responses((status = 200, body = Vec<ObjectInfo>), (status = 400, body = ErrorBody)))]
 #[get("/objects/{bucket}")]
 #[tracing::instrument(skip(state, caller))]
@@ -747,7 +799,16 @@ pub async fn list_objects(
     bucket: web::Path<String>,
     q: web::Query<ListQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let (bucket, key) = tenant_key(&state, &caller, &bucket, q.prefix.as_deref().unwrap_or(""))?;
+    let prefix = q.prefix.as_deref().unwrap_or("");
+    let (bucket, key) = match user_object(&state, &caller, &bucket, prefix, false) {
+        Ok((bucket, key, _)) => (bucket, key),
+        // The whole area, or a prefix no object can be below (nothing to list).
+        Err(ApiError::NotFound(_)) if prefix.trim_matches('/').is_empty() => {
+            tenant_key(&state, &caller, &bucket, "")?
+        }
+        Err(ApiError::NotFound(_)) => return Ok(HttpResponse::Ok().json(Vec::<ObjectInfo>::new())),
+        Err(e) => return Err(e),
+    };
     let base = state.storage.tenant_prefix(caller.tenant_id());
     // The prefix names a folder: list below it.
     let list_prefix = format!("{key}/");
@@ -777,11 +838,8 @@ pub async fn put_object(
     path: web::Path<(String, String)>,
     mut payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let (bucket, rel) = path.into_inner();
-    let rel = parse_rel(&rel)?;
-    may_write_objects(&caller, &rel)?;
-    let (bucket, key) = tenant_key(&state, &caller, &bucket, &rel)?;
-    check_key(&key)?;
+    let (bucket, path) = path.into_inner();
+    let (bucket, key, rel) = user_object(&state, &caller, &bucket, &path, true)?;
     let backend = state.storage.backend.as_ref();
     // Replacing an object frees what it held.
     let old = backend.size(&bucket, &key).await?.unwrap_or(0);
@@ -829,9 +887,8 @@ pub async fn get_object(
     caller: Caller,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    let (bucket, rel) = path.into_inner();
-    let rel = parse_rel(&rel)?;
-    let (bucket, key) = tenant_key(&state, &caller, &bucket, &rel)?;
+    let (bucket, path) = path.into_inner();
+    let (bucket, key, _) = user_object(&state, &caller, &bucket, &path, false)?;
     let (size, body) = state.storage.backend.get(&bucket, &key).await?;
     Ok(stream_object(size, body))
 }
@@ -844,10 +901,8 @@ pub async fn delete_object(
     caller: Caller,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    let (bucket, rel) = path.into_inner();
-    let rel = parse_rel(&rel)?;
-    may_write_objects(&caller, &rel)?;
-    let (bucket, key) = tenant_key(&state, &caller, &bucket, &rel)?;
+    let (bucket, path) = path.into_inner();
+    let (bucket, key, _) = user_object(&state, &caller, &bucket, &path, true)?;
     let backend = state.storage.backend.as_ref();
     let old = backend.size(&bucket, &key).await?;
     backend.delete(&bucket, &key).await?;

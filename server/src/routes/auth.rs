@@ -8,6 +8,7 @@ use crate::auth::session::Claims;
 use crate::auth::{password, Caller};
 use crate::domain::{parse_name, Email, Password};
 use crate::error::ApiError;
+use crate::json::Json;
 use crate::state::{now_ms, AppState};
 use crate::store::{SessionRecord, TenantRecord, UserRecord};
 
@@ -22,7 +23,7 @@ use crate::store::{SessionRecord, TenantRecord, UserRecord};
 pub async fn signup(
     state: web::Data<AppState>,
     http: HttpRequest,
-    body: web::Json<SignupRequest>,
+    body: Json<SignupRequest>,
 ) -> Result<HttpResponse, ApiError> {
     state
         .login_limiter
@@ -39,16 +40,13 @@ pub async fn signup(
             .await?
             .filter(|i| !i.revoked && i.accepted_at.is_none() && i.expires_at > now)
             .ok_or_else(|| {
-                ApiError::invalid(
-                    "invitation",
-                    "this invitation link is invalid or has expired",
-                )
+                ApiError::NotFound("this invitation link is invalid or has expired".into())
             })?;
         if inv.email != email.as_str() {
-            return Err(ApiError::invalid(
-                "email",
-                "this invitation is for a different email address",
-            ));
+            return Err(ApiError::Refused {
+                field: "email",
+                message: "this invitation is for a different email address".into(),
+            });
         }
         let tenant = state.store.tenant(&inv.tenant_id).await?.ok_or_else(|| {
             ApiError::invalid("invitation", "the inviting organization no longer exists")
@@ -153,7 +151,7 @@ async fn start_session(
 pub async fn login(
     state: web::Data<AppState>,
     req: HttpRequest,
-    body: web::Json<LoginRequest>,
+    body: Json<LoginRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let email = Email::parse(&body.email)?;
     state
@@ -210,7 +208,7 @@ pub async fn change_password(
     state: web::Data<AppState>,
     req: HttpRequest,
     caller: Caller,
-    body: web::Json<PasswordChangeRequest>,
+    body: Json<PasswordChangeRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let email = Email::parse(&caller.user.email)?;
     // Whoever holds a session or key must not learn the password by trying it here.
@@ -223,10 +221,10 @@ pub async fn change_password(
     )
     .await?
     {
-        return Err(ApiError::invalid(
-            "current_password",
-            "the current password is wrong",
-        ));
+        return Err(ApiError::Refused {
+            field: "current_password",
+            message: "the current password is wrong".into(),
+        });
     }
     let new_pw = Password::parse(&body.new_password, Some(&email)).map_err(|e| match e {
         ApiError::Validation { message, .. } => ApiError::invalid("new_password", message),

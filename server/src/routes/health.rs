@@ -1,11 +1,11 @@
-use actix_web::{get, web, HttpResponse};
+use actix_web::{web, HttpResponse};
 use autodl_common::api::Health;
 
 use crate::state::AppState;
 
 /// Liveness and store reachability, for load balancers and the compose health check.
-#[utoipa::path(responses((status = 200, body = Health), (status = 503, body = Health)))]
-#[get("/healthz")]
+/// Routed in `routes::configure`, so that other methods on it answer 405.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, body = Health), (status = 503, body = Health)))]
 pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     let db_ok = state.store.ping().await.is_ok();
     let body = Health {

@@ -6,6 +6,7 @@ pub mod agent;
 pub mod api_keys;
 pub mod artifacts;
 pub mod auth;
+pub mod contract;
 pub mod health;
 pub mod nodes;
 pub mod openapi;
@@ -22,86 +23,107 @@ use crate::store::{TenantRecord, UserRecord};
 use autodl_common::api::Me;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(health::healthz)
-        .service(crate::metrics::endpoint)
-        .service(
-            web::scope("/api/v1")
-                .service(openapi::document)
-                .service(auth::signup)
-                .service(auth::login)
-                .service(auth::logout)
-                .service(auth::change_password)
-                .service(auth::me)
-                .service(api_keys::list)
-                .service(api_keys::create)
-                .service(api_keys::revoke)
-                .service(tenant::show)
-                .service(tenant::members)
-                .service(tenant::update_member)
-                .service(tenant::remove_member)
-                .service(tenant::invitations)
-                .service(tenant::invite)
-                .service(tenant::revoke_invitation)
-                .service(tenant::preview_invitation)
-                .service(tenant::tenant_quota)
-                .service(tenant::member_quota)
-                .service(tenant::set_member_quota)
-                .service(admin::tenants)
-                .service(admin::set_tenant_quota)
-                .service(admin::update_tenant)
-                .service(admin::users)
-                .service(admin::update_user)
-                .service(usage::usage)
-                .service(tasks::submit)
-                .service(tasks::list)
-                .service(tasks::show)
-                .service(tasks::cancel)
-                .service(tasks::events)
-                .service(tasks::attempts)
-                .service(tasks::logs)
-                .service(tasks::log_stream)
-                .service(tasks::metrics)
-                .service(streams::metric_stream)
-                .service(tasks::report_metrics)
-                .service(artifacts::results)
-                .service(artifacts::checkpoints)
-                .service(artifacts::list_objects)
-                .service(artifacts::put_object)
-                .service(artifacts::get_object)
-                .service(artifacts::delete_object)
-                .service(artifacts::start_upload)
-                .service(artifacts::put_file)
-                .service(artifacts::commit)
-                .service(artifacts::get_file)
-                .service(artifacts::data_manifest)
-                .service(artifacts::data_file)
-                .service(nodes::list)
-                .service(nodes::register)
-                .service(nodes::remove)
-                .service(nodes::set_status)
-                .service(agent::create_token)
-                .service(agent::list_tokens)
-                .service(agent::revoke_token)
-                .service(agent::register)
-                .service(agent::poll)
-                .service(agent::started)
-                .service(agent::logs)
-                .service(agent::finished)
-                .service(
-                    web::resource("/agent/metrics")
-                        .app_data(
-                            web::JsonConfig::default()
-                                .limit(agent::METRIC_BODY_LIMIT)
-                                .error_handler(crate::error::json_error_handler),
-                        )
-                        .route(web::post().to(agent::metrics)),
-                )
-                .default_service(web::to(|| async {
-                    Err::<actix_web::HttpResponse, _>(ApiError::NotFound(
-                        "no such API endpoint".into(),
-                    ))
-                })),
-        );
+    cfg.service(
+        web::resource("/healthz")
+            .route(web::get().to(health::healthz))
+            .default_service(web::to(not_routed)),
+    )
+    .service(crate::metrics::endpoint)
+    .service(
+        web::scope("/api/v1")
+            .service(openapi::document)
+            .service(auth::signup)
+            .service(auth::login)
+            .service(auth::logout)
+            .service(auth::change_password)
+            .service(auth::me)
+            .service(api_keys::list)
+            .service(api_keys::create)
+            .service(api_keys::revoke)
+            .service(tenant::show)
+            .service(tenant::members)
+            .service(tenant::update_member)
+            .service(tenant::remove_member)
+            .service(tenant::invitations)
+            .service(tenant::invite)
+            .service(tenant::revoke_invitation)
+            .service(tenant::preview_invitation)
+            .service(tenant::tenant_quota)
+            .service(tenant::member_quota)
+            .service(tenant::set_member_quota)
+            .service(admin::tenants)
+            .service(admin::set_tenant_quota)
+            .service(admin::update_tenant)
+            .service(admin::users)
+            .service(admin::update_user)
+            .service(usage::usage)
+            .service(tasks::submit)
+            .service(tasks::list)
+            .service(tasks::show)
+            .service(tasks::cancel)
+            .service(tasks::events)
+            .service(tasks::attempts)
+            .service(tasks::logs)
+            .service(tasks::log_stream)
+            .service(tasks::metrics)
+            .service(streams::metric_stream)
+            .service(tasks::report_metrics)
+            .service(artifacts::results)
+            .service(artifacts::checkpoints)
+            .service(artifacts::list_objects)
+            .service(artifacts::put_object)
+            .service(artifacts::get_object)
+            .service(artifacts::delete_object)
+            .service(artifacts::start_upload)
+            .service(artifacts::put_file)
+            .service(artifacts::commit)
+            .service(artifacts::get_file)
+            .service(artifacts::data_manifest)
+            .service(artifacts::data_file)
+            .service(nodes::list)
+            .service(nodes::register)
+            .service(nodes::remove)
+            .service(nodes::set_status)
+            .service(agent::create_token)
+            .service(agent::list_tokens)
+            .service(agent::revoke_token)
+            .service(agent::register)
+            .service(agent::poll)
+            .service(agent::started)
+            .service(agent::logs)
+            .service(agent::finished)
+            .service(
+                web::resource("/agent/metrics")
+                    .app_data(crate::json::JsonLimit(agent::METRIC_BODY_LIMIT))
+                    .route(web::post().to(agent::metrics)),
+            )
+            .default_service(web::to(not_routed)),
+    );
+}
+
+/// A request no handler took: a documented path with another method is 405 (with the methods
+/// it takes), anything else 404.
+async fn not_routed(req: actix_web::HttpRequest) -> Result<actix_web::HttpResponse, ApiError> {
+    match openapi::documented_methods(req.path()) {
+        Some(methods) => {
+            let allow = methods
+                .iter()
+                .map(|m| m.to_ascii_uppercase())
+                .collect::<Vec<_>>()
+                .join(", ");
+            let body = autodl_common::api::ErrorBody {
+                error: autodl_common::api::ErrorDetail {
+                    code: "method_not_allowed".into(),
+                    message: format!("{} takes {allow}", req.path()),
+                    field: None,
+                },
+            };
+            Ok(actix_web::HttpResponse::MethodNotAllowed()
+                .insert_header((actix_web::http::header::ALLOW, allow))
+                .json(body))
+        }
+        None => Err(ApiError::NotFound("no such API endpoint".into())),
+    }
 }
 
 pub(crate) fn me(user: &UserRecord, tenant: &TenantRecord) -> Result<Me, ApiError> {

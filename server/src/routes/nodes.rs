@@ -9,6 +9,7 @@ use autodl_scheduler::Gpu;
 
 use crate::auth::Caller;
 use crate::error::ApiError;
+use crate::json::Json;
 use crate::state::{now_ms, AppState};
 use crate::store::NodeRecord;
 use crate::tasks::access::{self, Isolation};
@@ -100,7 +101,7 @@ fn node_id_ok(id: &str) -> bool {
 pub async fn register(
     state: web::Data<AppState>,
     caller: Caller,
-    body: web::Json<NodeInput>,
+    body: Json<NodeInput>,
 ) -> Result<HttpResponse, ApiError> {
     caller.require_platform_admin()?;
     let input = body.into_inner();
@@ -144,6 +145,17 @@ pub async fn register(
         return Err(ApiError::invalid(
             "gpus",
             format!("{t:?} is not a GPU type name"),
+        ));
+    }
+    if input.data_roots.len() > 64
+        || input
+            .data_roots
+            .iter()
+            .any(|r| r == "/" || r.len() > 1024 || !access::is_clean_absolute(r))
+    {
+        return Err(ApiError::invalid(
+            "data_roots",
+            "at most 64 dataset roots, each a normalised absolute folder other than /",
         ));
     }
     if input.labels.len() > 64 || input.zone.len() > 128 {
@@ -191,7 +203,7 @@ pub async fn register(
         status: "ready".into(),
         runtime: String::new(),
         isolation: Isolation::Declared.as_str().into(),
-        data_roots: "[]".into(),
+        data_roots: serde_json::to_string(&input.data_roots).map_err(anyhow::Error::from)?,
         open_to_all: false,
     };
     state.store.upsert_node(&rec).await?;
@@ -218,7 +230,7 @@ pub async fn register(
         runtime: String::new(),
         isolation: Isolation::Declared.as_str().into(),
         trusted_only: false,
-        data_roots: vec![],
+        data_roots: input.data_roots.clone(),
     };
     Ok(HttpResponse::Created().json(info))
 }

@@ -18,6 +18,7 @@ use crate::auth::caller::{LiveCaller, STREAM_REVOKED};
 use crate::auth::secrets::new_id;
 use crate::auth::Caller;
 use crate::error::ApiError;
+use crate::json::Json;
 use crate::state::{now_ms, rfc3339, AppState};
 use crate::store::{CancelOutcome, QuotaScope, TaskCreated, TaskFilter, TaskRecord, TaskWithUser};
 use crate::tasks::runner::to_quota;
@@ -108,7 +109,7 @@ pub async fn submit(
     state: web::Data<AppState>,
     caller: Caller,
     req: HttpRequest,
-    body: web::Json<TaskSpecInput>,
+    body: Json<TaskSpecInput>,
 ) -> Result<HttpResponse, ApiError> {
     let idempotency_key = match req.headers().get(IDEMPOTENCY_HEADER) {
         None => None,
@@ -630,7 +631,7 @@ pub async fn report_metrics(
     state: web::Data<AppState>,
     req: HttpRequest,
     id: web::Path<String>,
-    body: web::Json<serde_json::Map<String, serde_json::Value>>,
+    body: Json<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<HttpResponse, ApiError> {
     // The task's own token (AUTODL_TASK_TOKEN) is good for this task only; otherwise a user of
     // the task's tenant.

@@ -12,6 +12,7 @@ use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::Caller;
 use crate::domain::{check_within, parse_quota, quota_to_api, Email};
 use crate::error::ApiError;
+use crate::json::Json;
 use crate::state::{now_ms, rfc3339, AppState};
 use crate::store::{InvitationRecord, QuotaScope, UserRecord};
 
@@ -99,7 +100,7 @@ pub async fn update_member(
     state: web::Data<AppState>,
     caller: Caller,
     id: web::Path<String>,
-    body: web::Json<UpdateMemberRequest>,
+    body: Json<UpdateMemberRequest>,
 ) -> Result<web::Json<Member>, ApiError> {
     caller.require_manager()?;
     let target = member_of_tenant(&state, &caller, &id).await?;
@@ -141,7 +142,10 @@ pub async fn remove_member(
     caller.require_manager()?;
     let target = member_of_tenant(&state, &caller, &id).await?;
     if target.id == caller.user.id {
-        return Err(ApiError::invalid("id", "you cannot remove yourself"));
+        return Err(ApiError::Refused {
+            field: "id",
+            message: "you cannot remove yourself".into(),
+        });
     }
     if parse_role(&target.role)? == Role::Owner && caller.role != Role::Owner {
         return Err(ApiError::Forbidden(
@@ -182,7 +186,7 @@ pub async fn invitations(
 pub async fn invite(
     state: web::Data<AppState>,
     caller: Caller,
-    body: web::Json<CreateInvitationRequest>,
+    body: Json<CreateInvitationRequest>,
 ) -> Result<HttpResponse, ApiError> {
     caller.require_manager()?;
     let email = Email::parse(&body.email)?;
@@ -306,14 +310,14 @@ pub async fn set_member_quota(
     state: web::Data<AppState>,
     caller: Caller,
     id: web::Path<String>,
-    body: web::Json<Quota>,
+    body: Json<Quota>,
 ) -> Result<web::Json<Quota>, ApiError> {
     caller.require_manager()?;
     if body.max_storage_bytes.is_some() {
-        return Err(ApiError::invalid(
-            "max_storage_bytes",
-            "storage is capped per organization, not per member",
-        ));
+        return Err(ApiError::Refused {
+            field: "max_storage_bytes",
+            message: "storage is capped per organization, not per member".into(),
+        });
     }
     let rec = parse_quota(&body)?;
     let target = member_of_tenant(&state, &caller, &id).await?;

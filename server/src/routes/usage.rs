@@ -57,7 +57,8 @@ pub struct UsageReport {
 /// `[start, end)` of a `YYYY-MM` month in ms since the epoch.
 pub fn month_range(month: &str) -> Option<(i64, i64)> {
     let (y, m) = month.split_once('-')?;
-    if y.len() != 4 || m.len() != 2 {
+    let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(y, 4) || !digits(m, 2) {
         return None;
     }
     let y: i32 = y.parse().ok()?;
@@ -173,7 +174,10 @@ pub fn to_csv(r: &UsageReport) -> String {
 #[utoipa::path(
     params(UsageQuery),
     responses(
-        (status = 200, body = UsageReport), (status = 200, content_type = "text/csv", description = "with format=csv"),
+        (status = 200, description = "The month's usage; CSV with format=csv", content(
+            (UsageReport = "application/json"),
+            (String = "text/csv")
+        )),
         (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)
     )
 )]

@@ -118,20 +118,20 @@ async fn signup_rejects_bad_input_and_changes_nothing(b: Backend) {
         (
             json!({"email": "a@example.com", "password": PASSWORD, "tenant_name": "X", "admin": true}),
             StatusCode::BAD_REQUEST,
-            "bad_request",
-            None,
+            "validation",
+            Some("admin"),
         ),
         (
             json!({"password": PASSWORD, "tenant_name": "X"}),
             StatusCode::BAD_REQUEST,
-            "bad_request",
-            None,
+            "validation",
+            Some("email"),
         ),
         (
             json!({"email": "a@example.com", "password": PASSWORD, "tenant_name": "X", "invitation": "bogus"}),
-            StatusCode::BAD_REQUEST,
-            "validation",
-            Some("invitation"),
+            StatusCode::NOT_FOUND,
+            "not_found",
+            None,
         ),
         (
             json!({"email": "TAKEN@example.com", "password": PASSWORD, "tenant_name": "Other"}),
@@ -386,7 +386,7 @@ async fn password_change_ends_other_sessions(b: Backend) {
             Some(change("Wrong-pass-123", "Brand-new-pass-9")),
         )
         .await;
-    let e = assert_error(res, StatusCode::BAD_REQUEST, "validation").await;
+    let e = assert_error(res, StatusCode::FORBIDDEN, "forbidden").await;
     assert_eq!(e["error"]["field"], "current_password");
     let res = s1
         .send(

@@ -381,7 +381,7 @@ async fn metrics_batches_are_checked(b: Backend) {
             json!({"samples": [sample(gpu, 0.9), sample(9, 0.5)]}),
         )
         .await;
-    let e = assert_error(res, StatusCode::BAD_REQUEST, "validation").await;
+    let e = assert_error(res, StatusCode::FORBIDDEN, "forbidden").await;
     assert!(e["error"]["message"].as_str().unwrap().contains("no GPU 9"));
     for bad in [
         json!({"samples": [sample(gpu, 1.5)]}),

@@ -135,16 +135,21 @@ async fn key_input_is_validated(b: Backend) {
             .await;
         assert_error(res, StatusCode::BAD_REQUEST, "validation").await;
     }
-    for body in [
-        json!({}),
-        json!({"name": 5}),
-        json!({"name": "k", "expires_in_days": -1}),
-        json!({"name": "k", "scope": "all"}),
+    // Shapes the document refuses are named by the field at fault.
+    for (body, field) in [
+        (json!({}), "name"),
+        (json!({"name": 5}), "name"),
+        (
+            json!({"name": "k", "expires_in_days": -1}),
+            "expires_in_days",
+        ),
+        (json!({"name": "k", "scope": "all"}), "scope"),
     ] {
         let res = s
-            .send(&app, Method::POST, "/api/v1/api-keys", Some(body))
+            .send(&app, Method::POST, "/api/v1/api-keys", Some(body.clone()))
             .await;
-        assert_error(res, StatusCode::BAD_REQUEST, "bad_request").await;
+        let e = assert_error(res, StatusCode::BAD_REQUEST, "validation").await;
+        assert_eq!(e["error"]["field"], field, "for {body}");
     }
     assert!(s
         .get(&app, "/api/v1/api-keys")

@@ -312,10 +312,10 @@ async fn checkpoints_are_atomic_kept_and_handed_to_the_next_attempt(b: Backend) 
             .await,
         json!([])
     );
-    // Reserved and unsafe names.
+    // Reserved and unsafe names are not places an agent may write.
     for bad in [".autodl-manifest.json", "a//b"] {
         let r = agent.put_file(&open, bad, vec![1]).await;
-        assert_error(r, StatusCode::BAD_REQUEST, "validation").await;
+        assert_error(r, StatusCode::FORBIDDEN, "forbidden").await;
     }
 
     // Three checkpoints with keep = 2: the oldest is deleted from the bucket too.
@@ -635,7 +635,7 @@ async fn bad_storage_input_is_refused(b: Backend) {
         (
             json!({"interval": 60, "keep": 0}),
             "checkpoint.keep",
-            "between",
+            "at least 1",
         ),
     ] {
         let r = s

@@ -215,9 +215,17 @@ async fn task_input_is_validated(b: Backend) {
             "validation",
             Some("resources.cpu"),
         ),
-        (with("colour", json!("blue")), "bad_request", None),
-        (with("priority", json!("high")), "bad_request", None),
-        (json!({"image": "i", "command": "x"}), "bad_request", None),
+        (with("colour", json!("blue")), "validation", Some("colour")),
+        (
+            with("priority", json!("high")),
+            "validation",
+            Some("priority"),
+        ),
+        (
+            json!({"image": "i", "command": "x"}),
+            "validation",
+            Some("name"),
+        ),
     ];
     for (body, code, field) in cases {
         let res = s
