@@ -131,3 +131,67 @@ test("set a member's quota, drain a node, see the tasks move", async () => {
   await adminCtx.close();
   await researcherCtx.close();
 });
+
+test("a node that cannot isolate tasks is trusted-only until opened, then the pages warn", async () => {
+  const adminCtx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const admin = await adminCtx.newPage();
+  const errors = [];
+  admin.on("pageerror", (e) => errors.push(String(e)));
+  await logIn(admin, server.base, "root@example.com", password);
+  await admin.goto(`${server.base}/admin`);
+  await hydrated(admin);
+  // An agent that could not sandbox its tasks (not root, no user namespaces) joins.
+  const token = await admin.evaluate(async () => {
+    const csrf = document.cookie.split("; ").find((c) => c.startsWith("autodl_csrf=")).split("=")[1];
+    const res = await fetch("/api/v1/admin/registration-tokens", {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-csrf-token": csrf },
+      body: JSON.stringify({ name: "shared box" }),
+    });
+    return (await res.json()).token;
+  });
+  const joined = await fetch(`${server.base}/api/v1/agent/register`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ token, node: { id: "shared-box", cpu: 8, memory: 2 ** 34, gpus: [],
+      host: { runtime: "process", isolation: "none", data_roots: [] } } }),
+  });
+  assert.equal(joined.status, 201);
+
+  // A researcher of another organization sees no warning about it while it is trusted-only.
+  const res = await fetch(`${server.base}/api/v1/auth/signup`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ email: "lee@example.com", password, tenant_name: "Other Lab" }),
+  });
+  assert.equal(res.status, 201);
+  const userCtx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const user = await userCtx.newPage();
+  user.on("pageerror", (e) => errors.push(String(e)));
+  await logIn(user, server.base, "lee@example.com", password);
+  await user.goto(`${server.base}/cluster`);
+  await hydrated(user);
+  await user.waitForSelector("[data-node='shared-box']");
+  assert.equal(await user.locator("[data-testid=isolation-notice]:has-text('shared-box')").count(), 0);
+
+  await admin.reload();
+  await hydrated(admin);
+  const row = "[data-testid=admin-nodes] tr[data-node='shared-box']";
+  await admin.waitForSelector(`${row} .badge:text('trusted-only')`);
+  await admin.click(`${row} button:text('Open to all')`);
+  await admin.waitForSelector(`${row} .badge:text('open to all, unisolated')`);
+  await shot(admin, "34-admin-node-unisolated");
+
+  // Now every organization's tasks may land there, and the pages where users look say so.
+  await user.reload();
+  await hydrated(user);
+  await user.waitForSelector("[data-testid=isolation-notice]:has-text('shared-box')", { timeout: 15000 });
+  await user.waitForSelector("[data-node='shared-box'] .badge:text('not isolated')");
+  await shot(user, "35-cluster-unisolated");
+  await user.click("[data-testid=nav-submit]");
+  await user.waitForURL("**/submit");
+  await user.waitForSelector("[data-testid=isolation-notice]:has-text('shared-box')", { timeout: 15000 });
+  assert.deepEqual(errors, []);
+  await adminCtx.close();
+  await userCtx.close();
+});

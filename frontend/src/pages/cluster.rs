@@ -29,6 +29,35 @@ fn heat(share: f64) -> String {
     )
 }
 
+/// Nodes whose tasks share the host unconfined (an agent that could not sandbox them, left
+/// open to every organization): users deciding where their code runs should know.
+fn unisolated(nodes: &[NodeInfo]) -> Vec<String> {
+    nodes
+        .iter()
+        .filter(|n| n.isolation == "none" && !n.trusted_only)
+        .map(|n| n.id.clone())
+        .collect()
+}
+
+/// A warning naming the nodes that do not isolate tasks from each other; nothing when all do.
+#[component]
+pub fn IsolationNotice(#[prop(into)] nodes: Signal<Vec<NodeInfo>>) -> impl IntoView {
+    move || {
+        let open = unisolated(&nodes.get());
+        (!open.is_empty()).then(|| {
+            view! {
+                <p class="banner warn" role="status" data-testid="isolation-notice">
+                    <strong>"Tasks are not isolated from each other"</strong>
+                    {format!(
+                        " on {}: the agent there could not sandbox them, so any task on it can read the files and processes of the others. Keep secrets and private data off it.",
+                        open.join(", ")
+                    )}
+                </p>
+            }
+        })
+    }
+}
+
 #[component]
 fn Cluster() -> impl IntoView {
     let tick = live::ticker(Duration::from_secs(3));
@@ -46,7 +75,9 @@ fn Cluster() -> impl IntoView {
                 Some(Ok(list)) if list.is_empty() => view! { <p class="muted">"No nodes have joined yet."</p> }.into_any(),
                 Some(Ok(list)) => {
                     let (total, busy) = list.iter().flat_map(|n| n.gpus.iter()).fold((0, 0), |(t, b), g| (t + 1, b + usize::from(!g.tasks.is_empty())));
+                    let shown = list.clone();
                     view! {
+                        <IsolationNotice nodes=Signal::derive(move || shown.clone())/>
                         <p data-testid="cluster-summary"><strong>{busy}</strong>" of "<strong>{total}</strong>" GPUs in use on "{list.len()}" nodes."</p>
                         <div class="heatmap" data-testid="heatmap">
                             {list.into_iter().map(|n| view! {
@@ -54,6 +85,7 @@ fn Cluster() -> impl IntoView {
                                     <div class="node-name">
                                         <strong>{n.id.clone()}</strong>
                                         <span class="muted small">{n.zone.clone()}{(!n.schedulable).then_some(" · not schedulable")}</span>
+                                        {(n.isolation == "none" && !n.trusted_only).then(|| view! { <span class="badge warn">"not isolated"</span> })}
                                     </div>
                                     <div class="gpu-cells">
                                         {n.gpus.into_iter().map(|g| {

@@ -12,6 +12,7 @@ use leptos::prelude::*;
 use leptos_router::hooks::{use_navigate, use_query_map};
 use serde_json::Value;
 
+use super::cluster::IsolationNotice;
 use super::tasks::spec_to_input;
 use crate::api::{self, ApiErr};
 use crate::app::{general_error, Field, RequireLogin};
@@ -440,6 +441,7 @@ fn SubmitForm() -> impl IntoView {
         <div class="submit-layout">
             <section class="card">
                 <h1>"Submit a task"</h1>
+                <IsolationNotice nodes=Signal::derive(move || nodes.get().and_then(|r| r.ok()).unwrap_or_default())/>
                 <div class="inline-form templates">
                     <div class="field">
                         <label for="template-pick">"Start from template"</label>
