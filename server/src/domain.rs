@@ -122,6 +122,23 @@ pub fn parse_name(field: &'static str, raw: &str, max: usize) -> Result<String, 
     Ok(s.to_owned())
 }
 
+/// A node id, as agents and administrators name nodes: it appears in URLs, logs and task
+/// placements, so only 1..=128 letters, digits, '-', '_' or '.'.
+pub fn parse_node_id(field: &'static str, raw: &str) -> Result<String, ApiError> {
+    let ok = !raw.is_empty()
+        && raw.len() <= 128
+        && raw
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if !ok {
+        return Err(ApiError::invalid(
+            field,
+            "node id is 1..128 letters, digits, '-', '_' or '.'",
+        ));
+    }
+    Ok(raw.to_owned())
+}
+
 /// Checks a quota's values and turns it into the stored form.
 pub fn parse_quota(q: &Quota) -> Result<QuotaRecord, ApiError> {
     if q.max_gpus.is_some_and(|n| n > 1_000_000) {

@@ -18,7 +18,7 @@ use crate::agents::node_caller::NodeCaller;
 use crate::agents::{NODE_CREDENTIAL_PREFIX, REGISTRATION_TOKEN_PREFIX};
 use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::Caller;
-use crate::domain::parse_name;
+use crate::domain::{parse_name, parse_node_id};
 use crate::error::ApiError;
 use crate::json::Json;
 use crate::state::{now_ms, rfc3339, AppState};
@@ -43,14 +43,6 @@ fn token_info(t: &RegistrationTokenRecord, token: Option<String>) -> Registratio
         node_id: t.node_id.clone(),
         token,
     }
-}
-
-fn node_id_ok(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
 /// What an agent says about how it runs tasks, checked and in the stored form
@@ -114,12 +106,7 @@ pub async fn create_token(
         ));
     }
     if let Some(n) = &body.node_id {
-        if !node_id_ok(n) {
-            return Err(ApiError::invalid(
-                "node_id",
-                "node id is 1..128 letters, digits, '-', '_' or '.'",
-            ));
-        }
+        parse_node_id("node_id", n)?;
         if max_uses != 1 {
             return Err(ApiError::invalid(
                 "max_uses",
@@ -191,12 +178,7 @@ pub async fn register(
             ApiError::Unauthorized("invalid, revoked, expired or used-up registration token".into())
         })?;
     let n = &body.node;
-    if !node_id_ok(&n.id) {
-        return Err(ApiError::invalid(
-            "node.id",
-            "node id is 1..128 letters, digits, '-', '_' or '.'",
-        ));
-    }
+    parse_node_id("node.id", &n.id)?;
     if token.node_id.as_deref().is_some_and(|bound| bound != n.id) {
         return Err(ApiError::Forbidden(format!(
             "this registration token is for node {}",

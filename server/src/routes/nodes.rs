@@ -8,6 +8,7 @@ use autodl_common::tasks::{GpuInventoryInput, NodeGpu, NodeInfo, NodeInput};
 use autodl_scheduler::Gpu;
 
 use crate::auth::Caller;
+use crate::domain::parse_node_id;
 use crate::error::ApiError;
 use crate::json::Json;
 use crate::state::{now_ms, AppState};
@@ -86,14 +87,6 @@ pub async fn list(
     Ok(web::Json(out))
 }
 
-fn node_id_ok(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-}
-
 /// Registers (or updates) a node and its GPUs.
 #[utoipa::path(request_body = NodeInput, responses((status = 201, body = NodeInfo), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
 #[post("/admin/nodes")]
@@ -105,12 +98,7 @@ pub async fn register(
 ) -> Result<HttpResponse, ApiError> {
     caller.require_platform_admin()?;
     let input = body.into_inner();
-    if !node_id_ok(&input.id) {
-        return Err(ApiError::invalid(
-            "id",
-            "node id is 1..128 letters, digits, '-', '_' or '.'",
-        ));
-    }
+    parse_node_id("id", &input.id)?;
     if !input.cpu.is_finite() || input.cpu <= 0.0 || input.cpu > 100_000.0 {
         return Err(ApiError::invalid(
             "cpu",

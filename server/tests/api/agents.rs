@@ -88,6 +88,30 @@ impl FakeAgent {
         assert_eq!(res.status(), StatusCode::OK);
         res.json().await.unwrap()
     }
+
+    /// Submits `spec` as `s` and polls until this agent is given it:
+    /// (task id, attempt, the assignment).
+    pub async fn placed(&self, app: &TestApp, s: &Session, spec: Value) -> (String, u64, Value) {
+        let res = s.send(app, Method::POST, "/api/v1/tasks", Some(spec)).await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+        let id = res.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let work = self.poll(&[], 1).await;
+            if let Some(a) = work["assignments"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["task_id"] == id.as_str())
+            {
+                return (id, a["attempt"].as_u64().unwrap(), a.clone());
+            }
+            assert!(Instant::now() < deadline, "task {id} was not placed");
+        }
+    }
 }
 
 fn spec(name: &str, gpu_type: &str) -> Value {

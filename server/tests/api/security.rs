@@ -157,33 +157,6 @@ fn task_spec(name: &str, gpu_type: &str) -> Value {
 }
 
 /// Submits a task and waits until `agent` is told to run it: (id, attempt, assignment).
-async fn placed_on(
-    app: &TestApp,
-    s: &Session,
-    agent: &FakeAgent,
-    spec: Value,
-) -> (String, u64, Value) {
-    let res = s.send(app, Method::POST, "/api/v1/tasks", Some(spec)).await;
-    assert_eq!(res.status(), StatusCode::CREATED);
-    let id = res.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let work = agent.poll(&[], 1).await;
-        if let Some(a) = work["assignments"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|a| a["task_id"] == id.as_str())
-        {
-            return (id, a["attempt"].as_u64().unwrap(), a.clone());
-        }
-        assert!(Instant::now() < deadline, "task {id} was not placed");
-    }
-}
-
 fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc()
         .format(&time::format_description::well_known::Rfc3339)
@@ -196,7 +169,7 @@ async fn samples_only_for_tasks_that_ran_on_the_nodes_gpus(b: Backend) {
     let a100 = FakeAgent::join(&app, &op, "a100", "A100-40G", "z1").await;
     let a40 = FakeAgent::join(&app, &op, "a40", "A40", "z1").await;
     let s = app.signup("ada@example.com", "Lab").await;
-    let (id, _, assignment) = placed_on(&app, &s, &a100, task_spec("t", "A100")).await;
+    let (id, _, assignment) = a100.placed(&app, &s, task_spec("t", "A100")).await;
     let gpu = assignment["gpu_indices"][0].as_u64().unwrap();
     let sample = |index: u64| json!({"at": now_rfc3339(), "gpu_index": index, "util": 0.1, "mem_used": 1, "mem_total": 42949672960u64, "task_id": id});
     // Another node writing into the task's metrics.
@@ -247,7 +220,7 @@ async fn task_tokens_end_with_their_attempt(b: Backend) {
     let s = app.signup("ada@example.com", "Lab").await;
     let mut spec = task_spec("t", "A100");
     spec["retry_policy"] = json!({"max_retries": 1});
-    let (id, attempt, a) = placed_on(&app, &s, &agent, spec).await;
+    let (id, attempt, a) = agent.placed(&app, &s, spec).await;
     let token = a["env"]["AUTODL_TASK_TOKEN"].as_str().unwrap().to_owned();
     agent
         .call(
@@ -870,7 +843,7 @@ async fn data_paths_are_storage_or_a_dataset_root(b: Backend) {
     }
     let mut spec = with_data("/datasets/imagenet");
     spec["resources"] = json!({"gpu": {"count": 1}});
-    let (_, _, a) = placed_on(&app, &s, &shared, spec).await;
+    let (_, _, a) = shared.placed(&app, &s, spec).await;
     assert_eq!(a["data_path"], "/datasets/imagenet");
     assert!(plain.poll(&[], 0).await["assignments"]
         .as_array()
@@ -936,7 +909,7 @@ async fn trusted_only_nodes_take_only_trusted_organizations(b: Backend) {
         .await
         .unwrap();
     assert_eq!(t["trusted"], true);
-    placed_on(&app, &a, &shared, task_spec("t", "A100")).await;
+    shared.placed(&app, &a, task_spec("t", "A100")).await;
     assert_eq!(
         submit(&bee, &app, task_spec("t", "A100")).await.status(),
         StatusCode::BAD_REQUEST
@@ -955,7 +928,7 @@ async fn trusted_only_nodes_take_only_trusted_organizations(b: Backend) {
         op.get(&app, "/api/v1/nodes").await[0]["trusted_only"],
         false
     );
-    placed_on(&app, &bee, &shared, task_spec("t", "A100")).await;
+    shared.placed(&app, &bee, task_spec("t", "A100")).await;
     // An agent that later reports it isolates tasks is no longer trusted-only.
     let res = shared
         .call(

@@ -173,33 +173,15 @@ async fn s3_app(b: Backend, endpoint: &str, tweak: impl FnOnce(&mut Settings)) -
 
 /// A task running on a fake agent: (task id, attempt).
 async fn running_task(app: &TestApp, s: &Session, agent: &FakeAgent, spec: Value) -> (String, u64) {
-    let res = s.send(app, Method::POST, "/api/v1/tasks", Some(spec)).await;
-    assert_eq!(res.status(), StatusCode::CREATED);
-    let id = res.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let work = agent.poll(&[], 1).await;
-        if let Some(a) = work["assignments"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|a| a["task_id"] == id.as_str())
-        {
-            let attempt = a["attempt"].as_u64().unwrap();
-            let r = agent
-                .call(
-                    &format!("/api/v1/agent/tasks/{id}/started"),
-                    json!({"attempt": attempt}),
-                )
-                .await;
-            assert_eq!(r.status(), StatusCode::NO_CONTENT);
-            return (id, attempt);
-        }
-        assert!(Instant::now() < deadline, "the task was never assigned");
-    }
+    let (id, attempt, _) = agent.placed(app, s, spec).await;
+    let r = agent
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/started"),
+            json!({"attempt": attempt}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    (id, attempt)
 }
 
 impl FakeAgent {
