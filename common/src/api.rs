@@ -225,6 +225,10 @@ pub struct Quota {
     /// means no cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_storage_bytes: Option<u64>,
+    /// Relative weight in fair-share against the organization's (or user's) peers: 2 gets
+    /// twice the GPU time of 1 under contention. Absent means 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -280,4 +284,15 @@ pub struct AdminUpdateUserRequest {
 pub struct Health {
     pub status: String,
     pub database: String,
+}
+
+/// The scheduling policy this server runs, as its configuration sets it (`[policy]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SchedulingPolicy {
+    /// Every knob of the policy (weights, half-life, preemption margins, ...) and its value.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub policy: serde_json::Value,
+    /// When a change of the configuration takes effect.
+    pub applies: String,
 }

@@ -292,6 +292,9 @@ pub struct Attempt {
     /// "oom", "error", "preempted", "node_lost", "cancelled"; null while running or on success.
     pub reason: Option<String>,
     pub batch_size: Option<u32>,
+    /// GPU time charged to this run so far (a shared card counts by its memory share).
+    #[serde(default)]
+    pub gpu_seconds: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

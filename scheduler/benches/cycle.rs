@@ -111,9 +111,10 @@ pub fn fixture(nodes: usize, pending: usize, seed: u64) -> ClusterState {
             &format!("user-{u}"),
             &format!("tenant-{}", u % 10),
             f64::from(u) * 3_600.0,
-            0.3 + f64::from(u % 7) / 10.0,
+            Some(0.3 + f64::from(u % 7) / 10.0),
             90_000,
             7.0 * 86_400.0,
+            86_400,
         );
     }
     state

@@ -11,6 +11,7 @@ pub mod placement;
 pub mod priority;
 pub mod scheduler;
 pub mod sim;
+pub mod snapshot;
 pub mod types;
 
 pub use admission::{admission_check, AdmissionError, ClusterView};
@@ -20,4 +21,5 @@ pub use priority::PriorityBreakdown;
 pub use scheduler::{
     Decision, Decisions, PendingReason, PendingTask, PreemptReason, QuotaCap, QuotaScope, Scheduler,
 };
+pub use snapshot::{Charge, EndedRun, RunAccount, Snapshot};
 pub use types::*;

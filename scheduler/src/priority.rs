@@ -103,8 +103,7 @@ impl PriorityContext {
                 };
                 fair_share.insert(u.to_string(), f);
                 let util = state.usage.users.get(*u).map_or(1.0, |x| {
-                    let prior = cfg.util_prior_gpu_s;
-                    (x.window_busy_gpu_seconds + prior) / (x.window_alloc_gpu_seconds + prior)
+                    x.utilization(now, cfg.util_window_s, cfg.util_prior_gpu_s)
                 });
                 utilization.insert(u.to_string(), util.clamp(0.0, 1.0));
             }
@@ -242,10 +241,24 @@ mod tests {
     fn heavy_user_gets_lower_fair_share() {
         let cfg = PolicyConfig::default();
         let mut s = state(vec![task("a", "heavy", 0), task("b", "light", 0)]);
-        s.usage
-            .charge("heavy", "t", 1e6, 1.0, 0, cfg.usage_half_life_s);
-        s.usage
-            .charge("light", "t", 1e3, 1.0, 0, cfg.usage_half_life_s);
+        s.usage.charge(
+            "heavy",
+            "t",
+            1e6,
+            Some(1.0),
+            0,
+            cfg.usage_half_life_s,
+            86_400,
+        );
+        s.usage.charge(
+            "light",
+            "t",
+            1e3,
+            Some(1.0),
+            0,
+            cfg.usage_half_life_s,
+            86_400,
+        );
         let ctx = PriorityContext::new(&s, 10, &cfg);
         let h = ctx.pending(&s.pending[0], 1.0, &cfg);
         let l = ctx.pending(&s.pending[1], 1.0, &cfg);
@@ -259,8 +272,9 @@ mod tests {
         let hl = cfg.usage_half_life_s;
         let mut s = state(vec![task("a", "x", 0), task("b", "y", 0)]);
         // x used twice as much as y, but two half-lives earlier: x now counts 1/4 of it.
-        s.usage.charge("x", "t", 2e5, 1.0, 0, hl);
-        s.usage.charge("y", "t", 1e5, 1.0, 2 * hl as u64, hl);
+        s.usage.charge("x", "t", 2e5, Some(1.0), 0, hl, 86_400);
+        s.usage
+            .charge("y", "t", 1e5, Some(1.0), 2 * hl as u64, hl, 86_400);
         let at_start = PriorityContext::new(&s, 0, &cfg);
         let later = PriorityContext::new(&s, 2 * hl as u64, &cfg);
         assert!((s.usage.user_usage("x", 2 * hl as u64, hl) - 5e4).abs() < 1e-6);
@@ -275,10 +289,24 @@ mod tests {
         let cfg = PolicyConfig::default();
         let mut s = state(vec![task("a", "idle", 0), task("b", "busy", 0)]);
         // Same allocation, so fair-share is equal; only utilisation differs.
-        s.usage
-            .charge("idle", "t", 86_400.0, 0.05, 0, cfg.usage_half_life_s);
-        s.usage
-            .charge("busy", "t", 86_400.0, 0.95, 0, cfg.usage_half_life_s);
+        s.usage.charge(
+            "idle",
+            "t",
+            86_400.0,
+            Some(0.05),
+            0,
+            cfg.usage_half_life_s,
+            86_400,
+        );
+        s.usage.charge(
+            "busy",
+            "t",
+            86_400.0,
+            Some(0.95),
+            0,
+            cfg.usage_half_life_s,
+            86_400,
+        );
         let ctx = PriorityContext::new(&s, 0, &cfg);
         let idle = ctx.pending(&s.pending[0], 1.0, &cfg);
         let busy = ctx.pending(&s.pending[1], 1.0, &cfg);

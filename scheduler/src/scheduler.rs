@@ -664,7 +664,7 @@ impl Cycle<'_> {
                 };
                 let used = ledger
                     .get(name)
-                    .map_or(0.0, |u| u.month_gpu_seconds / 3600.0);
+                    .map_or(0.0, |u| u.month_used(self.now) / 3600.0);
                 if used >= limit && t.total_gpus() > 0 {
                     return mk(QuotaCap::GpuHoursPerMonth { limit, used });
                 }

@@ -165,21 +165,90 @@ pub struct RunningTask {
     pub preempting: bool,
 }
 
-/// Usage history of one user, kept by the caller and passed back in every cycle.
+/// Usage history of one user (or tenant), passed back in every cycle. Every sum is brought up
+/// to date lazily from `updated_at`, so the ledger can be stored as is and read by any server.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct UserUsage {
     /// Decayed GPU-seconds as of `updated_at`.
     pub decayed_gpu_seconds: f64,
     pub updated_at: Time,
-    /// GPU-seconds allocated and the part of them that was busy, in the utilisation window.
+    /// GPU-seconds allocated while utilisation was measured, and the part of them that was
+    /// busy, both fading over the utilisation window as of `updated_at`. Time without a
+    /// measurement counts in neither, so an unmeasured task neither helps nor hurts.
     pub window_alloc_gpu_seconds: f64,
     pub window_busy_gpu_seconds: f64,
-    /// Undecayed GPU-seconds used in the current month, for the monthly quota.
+    /// Undecayed GPU-seconds used in `month`, for the monthly quota.
     pub month_gpu_seconds: f64,
+    /// [`month_of`] the time `month_gpu_seconds` counts in.
+    #[serde(default)]
+    pub month: u32,
 }
 
-/// Accounting per user and per tenant. Decay is applied lazily from `updated_at` so the ledger
-/// can be stored as is and no background job is needed.
+impl UserUsage {
+    /// GPU-seconds used in the calendar month of `now`.
+    pub fn month_used(&self, now: Time) -> f64 {
+        if self.month == month_of(now) {
+            self.month_gpu_seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// Busy share of the allocation in the utilisation window at `now`, with `prior_gpu_s`
+    /// GPU-seconds of assumed full use so that a new user starts neutral.
+    pub fn utilization(&self, now: Time, window_s: u64, prior_gpu_s: f64) -> f64 {
+        let fade = fade(self.updated_at, now, window_s);
+        let (busy, alloc) = (
+            self.window_busy_gpu_seconds * fade,
+            self.window_alloc_gpu_seconds * fade,
+        );
+        ((busy + prior_gpu_s) / (alloc + prior_gpu_s).max(1e-9)).clamp(0.0, 1.0)
+    }
+
+    fn charge(
+        &mut self,
+        gpu_s: f64,
+        busy: Option<f64>,
+        now: Time,
+        half_life_s: f64,
+        window_s: u64,
+    ) {
+        let f = fade(self.updated_at, now, window_s);
+        self.window_alloc_gpu_seconds *= f;
+        self.window_busy_gpu_seconds *= f;
+        if let Some(b) = busy {
+            self.window_alloc_gpu_seconds += gpu_s;
+            self.window_busy_gpu_seconds += gpu_s * b.clamp(0.0, 1.0);
+        }
+        self.decayed_gpu_seconds =
+            decay(self.decayed_gpu_seconds, self.updated_at, now, half_life_s) + gpu_s;
+        let month = month_of(now);
+        if month != self.month {
+            self.month = month;
+            self.month_gpu_seconds = 0.0;
+        }
+        self.month_gpu_seconds += gpu_s;
+        self.updated_at = self.updated_at.max(now);
+    }
+}
+
+/// The calendar month (UTC) of a Unix time, as `year * 12 + month - 1`.
+pub fn month_of(t: Time) -> u32 {
+    let d = time::OffsetDateTime::from_unix_timestamp(t.min(253_402_300_799) as i64)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    (d.year().max(0) as u32) * 12 + u32::from(u8::from(d.month())) - 1
+}
+
+/// How much of what was in the utilisation window at `from` is still in it at `to`.
+fn fade(from: Time, to: Time, window_s: u64) -> f64 {
+    if to <= from {
+        1.0
+    } else {
+        (-((to - from) as f64) / window_s.max(1) as f64).exp()
+    }
+}
+
+/// Accounting per user and per tenant.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct UsageLedger {
     pub users: BTreeMap<String, UserUsage>,
@@ -187,31 +256,24 @@ pub struct UsageLedger {
 }
 
 impl UsageLedger {
-    /// Record `gpu_seconds` of allocation (of which `busy_fraction` was measured busy) ending
-    /// at `now`, for the user and the tenant.
+    /// Records `gpu_seconds` of allocation ending at `now` for the user and the tenant, of
+    /// which `busy` was measured busy (`None`: not measured).
+    #[allow(clippy::too_many_arguments)]
     pub fn charge(
         &mut self,
         user: &str,
         tenant: &str,
         gpu_seconds: f64,
-        busy_fraction: f64,
+        busy: Option<f64>,
         now: Time,
         half_life_s: f64,
+        window_s: u64,
     ) {
         for entry in [
             self.users.entry(user.to_string()).or_default(),
             self.tenants.entry(tenant.to_string()).or_default(),
         ] {
-            entry.decayed_gpu_seconds = decay(
-                entry.decayed_gpu_seconds,
-                entry.updated_at,
-                now,
-                half_life_s,
-            ) + gpu_seconds;
-            entry.updated_at = entry.updated_at.max(now);
-            entry.window_alloc_gpu_seconds += gpu_seconds;
-            entry.window_busy_gpu_seconds += gpu_seconds * busy_fraction.clamp(0.0, 1.0);
-            entry.month_gpu_seconds += gpu_seconds;
+            entry.charge(gpu_seconds, busy, now, half_life_s, window_s);
         }
     }
 
@@ -293,8 +355,30 @@ mod tests {
         assert!((decay(100.0, 0, 7 * 86_400, hl) - 50.0).abs() < 1e-9);
         assert!((decay(100.0, 0, 14 * 86_400, hl) - 25.0).abs() < 1e-9);
         let mut l = UsageLedger::default();
-        l.charge("u", "t", 100.0, 1.0, 0, hl);
+        l.charge("u", "t", 100.0, Some(1.0), 0, hl, 86_400);
         assert!((l.user_usage("u", 7 * 86_400, hl) - 50.0).abs() < 1e-9);
         assert!((l.tenant_usage("t", 7 * 86_400, hl) - 50.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn months_and_windows() {
+        // 2024-01-31T23:59:59Z and a second later.
+        assert_eq!(month_of(1_706_745_599) + 1, month_of(1_706_745_600));
+        assert_eq!(month_of(0), 1970 * 12);
+        let mut l = UsageLedger::default();
+        l.charge("u", "t", 3_600.0, Some(0.25), 1_706_745_000, 1e9, 86_400);
+        let u = &l.users["u"];
+        assert_eq!(u.month_used(1_706_745_000), 3_600.0);
+        assert_eq!(
+            u.month_used(1_706_745_600),
+            0.0,
+            "a new month starts at zero"
+        );
+        // Unmeasured time leaves the utilisation where measured time put it.
+        let before = u.utilization(1_706_745_000, 86_400, 0.0);
+        assert!((before - 0.25).abs() < 1e-9);
+        l.charge("u", "t", 3_600.0, None, 1_706_745_000, 1e9, 86_400);
+        assert!((l.users["u"].utilization(1_706_745_000, 86_400, 0.0) - 0.25).abs() < 1e-9);
+        assert_eq!(l.users["u"].month_gpu_seconds, 7_200.0);
     }
 }

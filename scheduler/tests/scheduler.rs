@@ -299,7 +299,7 @@ fn monthly_gpu_hours_and_allowed_types_hold_tasks() {
     );
     state
         .usage
-        .charge("u", "lab", 11.0 * 3600.0, 1.0, 0, 86_400.0);
+        .charge("u", "lab", 11.0 * 3600.0, Some(1.0), 0, 86_400.0, 86_400);
     state.pending.push(task("p", "u", 1, 0));
     let d = Scheduler::default().schedule(&state, 1);
     assert!(matches!(
@@ -525,12 +525,24 @@ fn idle_gpu_user_waits_behind_busy_user() {
         nodes: vec![node("a", "", 1, "A100", 80)],
         ..Default::default()
     };
-    state
-        .usage
-        .charge("idle", "lab", 50_000.0, 0.02, 0, cfg.usage_half_life_s);
-    state
-        .usage
-        .charge("busy", "lab", 50_000.0, 0.98, 0, cfg.usage_half_life_s);
+    state.usage.charge(
+        "idle",
+        "lab",
+        50_000.0,
+        Some(0.02),
+        0,
+        cfg.usage_half_life_s,
+        86_400,
+    );
+    state.usage.charge(
+        "busy",
+        "lab",
+        50_000.0,
+        Some(0.98),
+        0,
+        cfg.usage_half_life_s,
+        86_400,
+    );
     state.pending.push(task("i", "idle", 1, 0));
     state.pending.push(task("b", "busy", 1, 5));
     let d = Scheduler::new(cfg).schedule(&state, 10);
@@ -550,8 +562,12 @@ fn fair_share_prefers_the_light_user_and_decays() {
         nodes: vec![node("a", "", 1, "A100", 80)],
         ..Default::default()
     };
-    state.usage.charge("heavy", "lab", 1e6, 1.0, 0, hl);
-    state.usage.charge("light", "lab", 1e5, 1.0, 0, hl);
+    state
+        .usage
+        .charge("heavy", "lab", 1e6, Some(1.0), 0, hl, 86_400);
+    state
+        .usage
+        .charge("light", "lab", 1e5, Some(1.0), 0, hl, 86_400);
     state.pending.push(task("h", "heavy", 1, 0));
     state.pending.push(task("l", "light", 1, 5));
     let d = Scheduler::new(cfg.clone()).schedule(&state, 10);
@@ -573,13 +589,15 @@ fn tenants_split_shares_before_users() {
         ..Default::default()
     };
     for u in ["b1", "b2", "b3"] {
-        state.usage.charge(u, "big", 1e5, 1.0, 0, hl);
+        state.usage.charge(u, "big", 1e5, Some(1.0), 0, hl, 86_400);
         state.pending.push(TaskRequest {
             tenant: "big".into(),
             ..task(&format!("t-{u}"), u, 1, 0)
         });
     }
-    state.usage.charge("s1", "small", 1e5, 1.0, 0, hl);
+    state
+        .usage
+        .charge("s1", "small", 1e5, Some(1.0), 0, hl, 86_400);
     state.pending.push(TaskRequest {
         tenant: "small".into(),
         ..task("t-s1", "s1", 1, 5)

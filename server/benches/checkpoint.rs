@@ -206,7 +206,7 @@ while true; do sleep 0.1; done
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         let before = state.store.task_attempts(&id).await?.len();
-        let t0 = autodl_server::state::now_ms();
+        let t0 = autodl_server::clock::Clock::now_ms(&autodl_server::clock::SystemClock);
         http.post(format!("{base}/api/v1/admin/nodes/{node}/drain"))
             .bearer_auth(&op_token)
             .send()

@@ -66,6 +66,9 @@ pub struct Settings {
     /// beside the system's), and dataset roots they may name as `data_path`.
     pub demo_task_paths: Vec<PathBuf>,
     pub demo_data_roots: Vec<PathBuf>,
+    /// The scheduling policy (`[policy]` in the file, `AUTODL_POLICY__PREEMPT_MARGIN=0.2`
+    /// and the like in the environment); read at start, so a change applies on restart.
+    pub policy: autodl_scheduler::PolicyConfig,
 }
 
 impl Default for Settings {
@@ -100,6 +103,7 @@ impl Default for Settings {
             storage_max_object_bytes: 100 << 30,
             demo_task_paths: Vec::new(),
             demo_data_roots: Vec::new(),
+            policy: autodl_scheduler::PolicyConfig::default(),
         }
     }
 }
@@ -118,7 +122,7 @@ impl Settings {
         if let Some(file) = file {
             fig = fig.merge(Toml::file(file));
         }
-        fig.merge(Env::prefixed("AUTODL_").ignore(&["config"]))
+        fig.merge(Env::prefixed("AUTODL_").ignore(&["config"]).split("__"))
             .extract()
             .map_err(Box::new)
     }

@@ -12,7 +12,7 @@ use autodl_agent::{
 
 use crate::agents::REGISTRATION_TOKEN_PREFIX;
 use crate::auth::secrets::{digest, new_id, random_hex};
-use crate::state::{now_ms, AppState};
+use crate::state::AppState;
 use crate::store::RegistrationTokenRecord;
 
 pub const DEMO_NODES: [(&str, &str); 2] = [("demo-a100", "4xA100-40G"), ("demo-a40", "4xA40")];
@@ -51,7 +51,7 @@ pub async fn start_agents(
         // administrator yet) and bound to the node, so a restarted demo whose agent state was
         // deleted may register the node again.
         let token = format!("{REGISTRATION_TOKEN_PREFIX}{}", random_hex(24));
-        let now = now_ms();
+        let now = state.clock.now_ms();
         state
             .store
             .create_registration_token(&RegistrationTokenRecord {
@@ -105,7 +105,7 @@ pub async fn start_agents(
 /// Lets every organization use an unisolated demo node once its agent has registered it.
 async fn open_to_all(
     store: Arc<dyn crate::store::Store>,
-    scheduler: Arc<crate::tasks::runner::SchedulerHandle>,
+    scheduler: Arc<crate::scheduling::SchedulerHandle>,
     node: String,
 ) {
     for _ in 0..600 {
@@ -131,7 +131,7 @@ async fn demo_owner(state: &AppState) -> anyhow::Result<String> {
     if let Some(u) = state.store.user_by_email(EMAIL).await? {
         return Ok(u.id);
     }
-    let now = now_ms();
+    let now = state.clock.now_ms();
     let tenant = TenantRecord {
         id: new_id(),
         name: "autodl demo agents".into(),

@@ -200,7 +200,16 @@ pub fn parse_quota(q: &Quota) -> Result<QuotaRecord, ApiError> {
         })?),
         None => None,
     };
+    if let Some(share) = q.share {
+        if !share.is_finite() || share <= 0.0 || share > 1000.0 {
+            return Err(ApiError::invalid(
+                "share",
+                "share must be a number above 0 and at most 1000",
+            ));
+        }
+    }
     Ok(QuotaRecord {
+        share: q.share,
         max_gpus: q.max_gpus.map(i64::from),
         gpu_hours_per_month: q.gpu_hours_per_month,
         max_queued_tasks: q.max_queued_tasks.map(i64::from),
@@ -219,6 +228,7 @@ pub fn quota_to_api(r: &QuotaRecord) -> Quota {
             .as_deref()
             .and_then(|s| serde_json::from_str(s).ok()),
         max_storage_bytes: r.max_storage_bytes.map(|b| b.max(0) as u64),
+        share: r.share,
     }
 }
 

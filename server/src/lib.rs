@@ -1,7 +1,8 @@
-//! autodl server: REST API, web app host and (in later parts) the scheduler runner.
+//! autodl server: REST API, web app host, the scheduler runner and the agents' side of it.
 
 pub mod agents;
 pub mod auth;
+pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod domain;
@@ -9,6 +10,7 @@ pub mod error;
 pub mod json;
 pub mod metrics;
 pub mod routes;
+pub mod scheduling;
 pub mod security_headers;
 pub mod startup;
 pub mod state;

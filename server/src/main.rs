@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use autodl_server::auth::{password, secrets::new_id};
+use autodl_server::clock::{Clock, SystemClock};
 use autodl_server::config::Settings;
 use autodl_server::domain::{parse_name, Email, Password};
 use autodl_server::startup::Application;
-use autodl_server::state::now_ms;
 use autodl_server::store::{self, TenantRecord, UserRecord};
 use clap::{Parser, Subcommand};
 
@@ -93,7 +93,7 @@ async fn main() -> anyhow::Result<()> {
 
 async fn admin(settings: Settings, command: AdminCommand) -> anyhow::Result<()> {
     let store = store::open(&settings.database_url, 2).await?;
-    let now = now_ms();
+    let now = SystemClock.now_ms();
     match command {
         AdminCommand::CreateAdmin {
             email,

@@ -18,10 +18,9 @@ use crate::auth::rate_limit::LoginLimiter;
 use crate::auth::session::SessionKeys;
 use crate::config::Settings;
 use crate::error::{path_error_handler, query_error_handler};
+use crate::scheduling::{Runner, SchedulerHandle};
 use crate::state::AppState;
 use crate::store::{self, Store};
-use crate::tasks::runner::{Runner, SchedulerHandle};
-use autodl_scheduler::PolicyConfig;
 
 pub struct Application {
     port: u16,
@@ -36,8 +35,17 @@ impl Application {
     }
 
     pub async fn build_with_store(
+        settings: Settings,
+        store: Arc<dyn Store>,
+    ) -> anyhow::Result<Application> {
+        Self::build_with(settings, store, Arc::new(crate::clock::SystemClock)).await
+    }
+
+    /// The application on a given store and clock (replays and tests run a manual clock).
+    pub async fn build_with(
         mut settings: Settings,
         store: Arc<dyn Store>,
+        clock: Arc<dyn crate::clock::Clock>,
     ) -> anyhow::Result<Application> {
         // Bind first: with port 0 the real port is only known now, and tasks are told it.
         let listener = TcpListener::bind(settings.listen)?;
@@ -65,10 +73,11 @@ impl Application {
                 settings.signups_per_minute_per_address,
             ),
             dummy_hash: password::dummy_hash().await?,
-            scheduler: SchedulerHandle::new(PolicyConfig::default()),
+            scheduler: SchedulerHandle::new(settings.policy.clone()),
             agents: Arc::new(crate::agents::AgentHub::default()),
             metrics: Arc::new(crate::metrics::Metrics::new()?),
             settings: settings.clone(),
+            clock,
         });
         if settings.run_scheduler {
             let runner = Runner::new(

@@ -3,8 +3,8 @@ use std::sync::Arc;
 use crate::auth::rate_limit::LoginLimiter;
 use crate::auth::session::SessionKeys;
 use crate::config::Settings;
+use crate::scheduling::SchedulerHandle;
 use crate::store::Store;
-use crate::tasks::runner::SchedulerHandle;
 
 /// What every handler shares; built once in `Application::build`.
 pub struct AppState {
@@ -18,10 +18,8 @@ pub struct AppState {
     pub agents: Arc<crate::agents::AgentHub>,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub storage: crate::storage::Storage,
-}
-
-pub fn now_ms() -> i64 {
-    time::OffsetDateTime::now_utc().unix_timestamp_nanos() as i64 / 1_000_000
+    /// Every decision by time asks this clock (a manual one in replays and tests).
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 /// RFC 3339 text of a millisecond timestamp, as every API answer shows times.

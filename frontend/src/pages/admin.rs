@@ -1,6 +1,7 @@
 use autodl_common::agent::{CreateRegistrationToken, RegistrationToken};
 use autodl_common::api::{
     AdminTenant, AdminUpdateTenantRequest, AdminUpdateUserRequest, AdminUser, Quota,
+    SchedulingPolicy,
 };
 use autodl_common::tasks::NodeInfo;
 use leptos::prelude::*;
@@ -18,7 +19,7 @@ pub fn AdminPage() -> impl IntoView {
     view! {
         <RequireLogin>
             {move || if session.me().is_some_and(|m| m.platform_admin) {
-                view! { <Tenants/><Usage/><Users/><Nodes/><RegistrationTokens/> }.into_any()
+                view! { <Tenants/><Usage/><Users/><Nodes/><RegistrationTokens/><Policy/> }.into_any()
             } else {
                 view! { <section class="card"><h1>"Administration"</h1><p>"This page is for platform administrators."</p></section> }.into_any()
             }}
@@ -92,6 +93,49 @@ fn Tenants() -> impl IntoView {
                 </section>
             }
         })}
+    }
+}
+
+/// Flattens the policy into `weights.fair_share = 1` lines, in the order the server gives.
+fn policy_rows(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                policy_rows(&key, v, out);
+            }
+        }
+        other => out.push((prefix.to_owned(), other.to_string())),
+    }
+}
+
+/// The scheduling policy in force, so an operator sees what the configuration set.
+#[component]
+fn Policy() -> impl IntoView {
+    let policy = LocalResource::new(|| api::get::<SchedulingPolicy>("/api/v1/admin/policy"));
+    view! {
+        <section class="card">
+            <h2>"Scheduling policy"</h2>
+            {move || policy.get().map(|p| match p {
+                Err(e) => view! { <p class="banner error" role="alert">{e.message}</p> }.into_any(),
+                Ok(p) => {
+                    let mut rows = Vec::new();
+                    policy_rows("", &p.policy, &mut rows);
+                    view! {
+                        <p class="muted">"Set in the server's configuration ([policy]); applies " {p.applies.clone()}</p>
+                        <table class="table compact" data-testid="admin-policy">
+                            <tbody>
+                            {rows.into_iter().map(|(k, v)| view! { <tr><td><code>{k}</code></td><td>{v}</td></tr> }).collect_view()}
+                            </tbody>
+                        </table>
+                    }.into_any()
+                }
+            })}
+        </section>
     }
 }
 

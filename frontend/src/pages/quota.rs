@@ -25,6 +25,9 @@ pub fn quota_summary(q: &Quota) -> String {
     if let Some(b) = q.max_storage_bytes {
         parts.push(format!("{} of storage", super::tasks::bytes(b)));
     }
+    if let Some(s) = q.share {
+        parts.push(format!("fair-share weight {s}"));
+    }
     parts.join(" · ")
 }
 
@@ -53,6 +56,7 @@ where
     let storage_gib = opt(initial
         .max_storage_bytes
         .map(|b| format!("{}", b as f64 / GIB)));
+    let share = opt(initial.share.map(|s| s.to_string()));
     let error = RwSignal::new(None::<ApiErr>);
     let saved = RwSignal::new(false);
     let action = Action::new_local(move |q: &Quota| -> SaveFuture { Box::pin(save(q.clone())) });
@@ -116,6 +120,18 @@ where
                         Some((v.max(0.0) * GIB).round() as u64)
                     }
                 },
+                share: {
+                    let w = share.get_untracked();
+                    if w.trim().is_empty() {
+                        None
+                    } else {
+                        Some(
+                            w.trim()
+                                .parse()
+                                .map_err(|_| invalid("share", "Fair-share weight"))?,
+                        )
+                    }
+                },
             })
         })();
         match q {
@@ -136,7 +152,8 @@ where
             {storage.then(|| view! {
                 <Field label="Storage (GiB)" id="max_storage_bytes" kind="number" value=storage_gib error=ferr("max_storage_bytes") placeholder="no cap"/>
             })}
-            <p class="banner error" role="alert">{move || general_error(error.get(), &["max_gpus", "gpu_hours_per_month", "max_queued_tasks", "allowed_gpu_types", "max_storage_bytes"])}</p>
+            <Field label="Fair-share weight" id="share" kind="number" value=share error=ferr("share") placeholder="1"/>
+            <p class="banner error" role="alert">{move || general_error(error.get(), &["max_gpus", "gpu_hours_per_month", "max_queued_tasks", "allowed_gpu_types", "max_storage_bytes", "share"])}</p>
             {move || saved.get().then(|| view! { <p class="banner ok">"Saved."</p> })}
             <div class="actions">
                 <button type="submit" disabled=move || action.pending().get()>"Save quota"</button>

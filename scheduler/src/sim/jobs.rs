@@ -4,10 +4,10 @@
 //! when a job finishes.
 
 use crate::config::{Backfill, PolicyConfig};
-use crate::fasthash::FastMap;
 use crate::scheduler::{Decision, Scheduler};
 use crate::sim::SimError;
-use crate::types::{ClusterState, Gpu, Node, RunningTask, TaskRequest, Time, WorkerPlacement};
+use crate::snapshot::Snapshot;
+use crate::types::{Gpu, Node, TaskRequest, Time, WorkerPlacement};
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -185,7 +185,6 @@ struct JobState {
     ran: u64,
     attained: f64,
     finish: Option<Time>,
-    charged_until: Time,
     allocated: u64,
 }
 
@@ -220,7 +219,6 @@ fn request(job: &Job, idx: usize, gpn: u32) -> TaskRequest {
 /// Simulates the whole trace and reports the benchmark's metrics.
 pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
     let policy = cfg.policy.config();
-    let half_life = policy.usage_half_life_s;
     let sched = Scheduler::new(policy.clone());
     let gpn = cfg.gpus_per_node;
     let nodes: Vec<Node> = (0..cfg.nodes)
@@ -257,18 +255,14 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
     let admitted: Vec<usize> = order.clone();
 
     let mut st = vec![JobState::default(); jobs.len()];
-    let mut state = ClusterState {
-        nodes,
-        ..Default::default()
-    };
+    // The same input the server builds from its store: see `crate::snapshot`.
+    let mut snap = Snapshot::new(nodes, Default::default(), Default::default());
     let mut completions: BinaryHeap<Reverse<(Time, usize, u32)>> = BinaryHeap::new();
     let mut next_arrival = 0usize;
     let mut preemptions = 0u64;
     let mut cycles = 0u64;
     let mut now: Time = 0;
     let mut last_cycle: Time = 0;
-    let mut last_charge: Time = 0;
-    let mut run_pos: Vec<Option<usize>> = vec![None; jobs.len()];
     let skippable =
         !policy.preemption && matches!(policy.backfill, Backfill::None | Backfill::FirstFit);
     let (mut freed, mut blocked_after_last, mut min_new) = (false, false, None::<u32>);
@@ -277,7 +271,7 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
         // Next event: arrival, completion, or a tick while jobs wait.
         let na = order.get(next_arrival).map(|&i| jobs[i].submit);
         let nc = completions.peek().map(|Reverse((t, _, _))| *t);
-        let nt = (!state.pending.is_empty()).then_some(last_cycle + cfg.tick_s);
+        let nt = (!snap.state().pending.is_empty()).then_some(last_cycle + cfg.tick_s);
         let Some(t) = [na, nc, nt].into_iter().flatten().min() else {
             break;
         };
@@ -293,9 +287,7 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
             }
             finish_run(&mut st[j], now);
             st[j].finish = Some(now);
-            if let Some(r) = remove_running(&mut state.running, &mut run_pos, j) {
-                charge(&mut state, &mut st[j], &r, now, half_life);
-            }
+            snap.end_run(&j.to_string(), now, None, &policy);
             changed = true;
             freed = true;
         }
@@ -303,13 +295,13 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
             if jobs[j].submit > now {
                 break;
             }
-            state.pending.push(request(&jobs[j], j, gpn));
+            snap.add_pending(request(&jobs[j], j, gpn));
             next_arrival += 1;
             changed = true;
             min_new = Some(min_new.map_or(jobs[j].gpus, |m: u32| m.min(jobs[j].gpus)));
         }
         let tick = nt.is_some_and(|x| x <= now);
-        if !(changed || tick) || state.pending.is_empty() {
+        if !(changed || tick) || snap.state().pending.is_empty() {
             continue;
         }
         // Without preemption, and with an order-independent backfill, a cycle can only start
@@ -317,7 +309,12 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
         // what is free: everything older already failed on at least this much room. Skipping
         // the other cycles changes no decision and keeps long queues cheap to simulate.
         if skippable && !freed && blocked_after_last {
-            let used: u32 = state.running.iter().map(|r| r.request.total_gpus()).sum();
+            let used: u32 = snap
+                .state()
+                .running
+                .iter()
+                .map(|r| r.request.total_gpus())
+                .sum();
             let free = capacity.saturating_sub(u64::from(used));
             let new_may_fit =
                 policy.backfill != Backfill::None && min_new.is_some_and(|g| u64::from(g) <= free);
@@ -329,29 +326,8 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
         }
         freed = false;
         min_new = None;
-        // Bring accounting (hourly, as a server's accounting job would) and checkpoint times up
-        // to date.
-        if now >= last_charge + 3_600 {
-            last_charge = now;
-            for k in 0..state.running.len() {
-                let j: usize = state.running[k].request.id.parse().expect("id");
-                let dt = now.saturating_sub(st[j].charged_until);
-                if dt > 0 {
-                    st[j].charged_until = now;
-                    let r = &state.running[k].request;
-                    state.usage.charge(
-                        &r.user,
-                        &r.tenant,
-                        dt as f64 * st[j].allocated as f64,
-                        1.0,
-                        now,
-                        half_life,
-                    );
-                }
-            }
-        }
         if policy.preemption {
-            for r in &mut state.running {
+            for r in snap.running_mut() {
                 let j: usize = r.request.id.parse().expect("id");
                 r.last_checkpoint_at = last_checkpoint(&st[j], now, cfg.checkpoint_s);
             }
@@ -359,77 +335,48 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
         for _round in 0..4 {
             cycles += 1;
             last_cycle = now;
-            let d = sched.schedule(&state, now);
+            // Accounting up to now, exactly as the server's cycle does it.
+            snap.charge(now, |_| None, &policy);
+            let d = sched.schedule(snap.state(), now);
             let mut preempted = false;
-            let mut placed: Vec<(usize, Vec<WorkerPlacement>)> = Vec::new();
-            for dec in &d.decisions {
-                if let Decision::Preempt { task, .. } = dec {
-                    let j: usize = task.parse().expect("id");
-                    let Some(r) = remove_running(&mut state.running, &mut run_pos, j) else {
-                        continue;
-                    };
-                    charge(&mut state, &mut st[j], &r, now, half_life);
-                    preempt(&mut st[j], now, cfg.checkpoint_s);
-                    let mut req = r.request;
-                    req.attained_gpu_seconds = st[j].attained;
-                    state.pending.push(req);
-                    preemptions += 1;
-                    preempted = true;
-                }
-            }
+            let mut placed: Vec<(String, Vec<WorkerPlacement>)> = Vec::new();
             for dec in d.decisions {
-                if let Decision::Place {
-                    task, placements, ..
-                } = dec
-                {
-                    placed.push((task.parse().expect("id"), placements));
-                }
-            }
-            if !placed.is_empty() {
-                let mut reqs: Vec<Option<TaskRequest>> = vec![None; placed.len()];
-                let index: FastMap<usize, usize> = placed
-                    .iter()
-                    .enumerate()
-                    .map(|(k, (j, _))| (*j, k))
-                    .collect();
-                state.pending.retain_mut(|r| {
-                    let j: usize = r.id.parse().expect("id");
-                    match index.get(&j) {
-                        Some(&k) => {
-                            reqs[k] = Some(std::mem::replace(r, request(&jobs[j], j, gpn)));
-                            false
-                        }
-                        None => true,
+                match dec {
+                    Decision::Preempt { task, .. } => {
+                        let j: usize = task.parse().expect("id");
+                        let Some(req) = snap.end_run(&task, now, None, &policy) else {
+                            continue;
+                        };
+                        preempt(&mut st[j], now, cfg.checkpoint_s);
+                        snap.add_pending(req);
+                        preemptions += 1;
+                        preempted = true;
                     }
-                });
-                for ((j, placements), req) in placed.into_iter().zip(reqs) {
-                    let Some(req) = req else { continue };
-                    let s = &mut st[j];
-                    s.run_start = Some(now);
-                    s.charged_until = now;
-                    s.overhead = if s.attempt > 0 { cfg.restart_s } else { 0 };
-                    s.attempt += 1;
-                    let gpus: u64 = placements.iter().map(|w| w.gpu_indices.len() as u64).sum();
-                    s.allocated = gpus;
-                    let remaining = jobs[j].runtime.saturating_sub(s.ckpt_progress) + s.overhead;
-                    completions.push(Reverse((now + remaining, j, s.attempt)));
-                    run_pos[j] = Some(state.running.len());
-                    state.running.push(RunningTask {
-                        request: req,
-                        placements: placements_sorted(placements),
-                        started_at: now,
-                        last_checkpoint_at: None,
-                        preempting: false,
-                    });
+                    Decision::Place {
+                        task, placements, ..
+                    } => placed.push((task, placements_sorted(placements))),
+                    Decision::Migrate { .. } => {}
                 }
             }
+            for (task, placements) in &placed {
+                let j: usize = task.parse().expect("id");
+                let s = &mut st[j];
+                s.run_start = Some(now);
+                s.overhead = if s.attempt > 0 { cfg.restart_s } else { 0 };
+                s.attempt += 1;
+                s.allocated = placements.iter().map(|w| w.gpu_indices.len() as u64).sum();
+                let remaining = jobs[j].runtime.saturating_sub(s.ckpt_progress) + s.overhead;
+                completions.push(Reverse((now + remaining, j, s.attempt)));
+            }
+            snap.place(placed, now);
             if !preempted {
                 break;
             }
             freed = true;
         }
-        blocked_after_last = !state.pending.is_empty();
-        if state.running.is_empty() && completions.is_empty() && next_arrival == order.len() {
+        blocked_after_last = !snap.state().pending.is_empty();
+        if snap.state().running.is_empty() && completions.is_empty() && next_arrival == order.len()
+        {
             // Nothing runs and nothing will arrive: whatever still waits can never start.
             break;
         }
@@ -484,41 +431,9 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
     }
 }
 
-/// Removes job `j` from the running list in O(1), keeping the position index right.
-fn remove_running(
-    running: &mut Vec<RunningTask>,
-    run_pos: &mut [Option<usize>],
-    j: usize,
-) -> Option<RunningTask> {
-    let p = run_pos[j].take()?;
-    let r = running.swap_remove(p);
-    if let Some(moved) = running.get(p) {
-        let m: usize = moved.request.id.parse().expect("id");
-        run_pos[m] = Some(p);
-    }
-    Some(r)
-}
-
 fn placements_sorted(mut p: Vec<WorkerPlacement>) -> Vec<WorkerPlacement> {
     p.sort_by(|a, b| a.node.cmp(&b.node));
     p
-}
-
-fn charge(state: &mut ClusterState, s: &mut JobState, r: &RunningTask, now: Time, half_life: f64) {
-    let dt = now.saturating_sub(s.charged_until);
-    if dt == 0 {
-        return;
-    }
-    let gpu_s = dt as f64 * s.allocated as f64;
-    s.charged_until = now;
-    state.usage.charge(
-        &r.request.user,
-        &r.request.tenant,
-        gpu_s,
-        1.0,
-        now,
-        half_life,
-    );
 }
 
 fn finish_run(s: &mut JobState, now: Time) {

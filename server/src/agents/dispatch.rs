@@ -59,7 +59,7 @@ pub async fn work_for(
                         &t.id,
                         reason,
                         &format!("{reason} before it started"),
-                        crate::state::now_ms(),
+                        state.clock.now_ms(),
                     )
                     .await?;
                 state.scheduler.wake();
@@ -125,8 +125,9 @@ fn assignment(
     set("AUTODL_IS_RESTORED", "0".into());
     set("AUTODL_API_URL", state.settings.public_url());
     // Bound to this attempt, and refused once it is no longer current or running; the
-    // expiry only bounds a token of an attempt that never ends.
-    let exp = crate::state::now_ms() / 1000 + 30 * 86_400;
+    // expiry only bounds a token of an attempt that never ends. The JWT library checks it
+    // against the machine's clock, so it is set from that clock.
+    let exp = crate::clock::Clock::now_ms(&crate::clock::SystemClock) / 1000 + 30 * 86_400;
     set(
         "AUTODL_TASK_TOKEN",
         state

@@ -11,7 +11,7 @@ use autodl_common::api::Role;
 use super::secrets::{digest, API_KEY_PREFIX};
 use super::session::{Claims, CSRF_HEADER, SESSION_COOKIE};
 use crate::error::ApiError;
-use crate::state::{now_ms, AppState};
+use crate::state::AppState;
 use crate::store::UserRecord;
 
 #[derive(Debug, Clone)]
@@ -111,7 +111,7 @@ impl LiveCaller {
             return true;
         }
         self.checked = std::time::Instant::now();
-        let now = now_ms();
+        let now = state.clock.now_ms();
         let c = &self.caller;
         let credential = match &c.via {
             CallerVia::Session { sid, .. } => state
@@ -151,7 +151,7 @@ async fn authenticate(req: &HttpRequest) -> Result<Caller, ApiError> {
     let state = req
         .app_data::<web::Data<AppState>>()
         .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("app state missing")))?;
-    let now = now_ms();
+    let now = state.clock.now_ms();
 
     if let Some(value) = req.headers().get(actix_web::http::header::AUTHORIZATION) {
         let value = value

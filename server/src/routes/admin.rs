@@ -3,6 +3,7 @@
 use actix_web::{get, patch, put, web};
 use autodl_common::api::{
     AdminTenant, AdminUpdateTenantRequest, AdminUpdateUserRequest, AdminUser, ErrorBody, Quota,
+    SchedulingPolicy,
 };
 
 use crate::auth::caller::parse_role;
@@ -10,7 +11,7 @@ use crate::auth::Caller;
 use crate::domain::{parse_quota, quota_to_api};
 use crate::error::ApiError;
 use crate::json::Json;
-use crate::state::{now_ms, rfc3339, AppState};
+use crate::state::{rfc3339, AppState};
 use crate::store::{QuotaScope, UserRecord};
 
 #[utoipa::path(responses((status = 200, body = [AdminTenant]), (status = 403, body = ErrorBody)))]
@@ -99,7 +100,7 @@ pub async fn set_tenant_quota(
         .ok_or_else(|| ApiError::NotFound("no such tenant".into()))?;
     state
         .store
-        .set_quota(QuotaScope::Tenant, &id, &rec, now_ms())
+        .set_quota(QuotaScope::Tenant, &id, &rec, state.clock.now_ms())
         .await?;
     Ok(web::Json(quota_to_api(&rec)))
 }
@@ -175,4 +176,20 @@ fn admin_user(u: UserRecord, tenant_name: String) -> Result<AdminUser, ApiError>
         disabled: u.disabled,
         created_at: rfc3339(u.created_at),
     })
+}
+
+/// The scheduling policy in force. It is read from the configuration when the server starts,
+/// so a change applies on restart (every replica reads the same file).
+#[utoipa::path(responses((status = 200, body = SchedulingPolicy), (status = 403, body = ErrorBody)))]
+#[get("/admin/policy")]
+pub async fn policy(
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<web::Json<SchedulingPolicy>, ApiError> {
+    caller.require_platform_admin()?;
+    Ok(web::Json(SchedulingPolicy {
+        policy: serde_json::to_value(&state.scheduler.config).map_err(anyhow::Error::from)?,
+        applies: "on restart: the server reads [policy] from its configuration when it starts"
+            .into(),
+    }))
 }

@@ -21,7 +21,7 @@ use crate::auth::Caller;
 use crate::domain::{parse_name, parse_node_id};
 use crate::error::ApiError;
 use crate::json::Json;
-use crate::state::{now_ms, rfc3339, AppState};
+use crate::state::{rfc3339, AppState};
 use crate::store::{GpuSampleRecord, NodeRecord, RegistrationTokenRecord, TaskWithUser};
 use crate::tasks::access::{self, Isolation};
 use crate::tasks::lifecycle::{after_attempt, ExitKind};
@@ -114,7 +114,7 @@ pub async fn create_token(
             ));
         }
     }
-    let now = now_ms();
+    let now = state.clock.now_ms();
     let token = format!("{REGISTRATION_TOKEN_PREFIX}{}", random_hex(24));
     let rec = RegistrationTokenRecord {
         id: new_id(),
@@ -168,7 +168,7 @@ pub async fn register(
     state: web::Data<AppState>,
     body: Json<RegisterRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let now = now_ms();
+    let now = state.clock.now_ms();
     let token = state
         .store
         .registration_token_by_hash(&digest(&body.token))
@@ -303,7 +303,10 @@ pub async fn poll(
         }
     };
     let waiter = state.agents.waiter(&node.node.id);
-    state.store.touch_node(&node.node.id, now_ms()).await?;
+    state
+        .store
+        .touch_node(&node.node.id, state.clock.now_ms())
+        .await?;
     // An agent restarted with other settings (Docker gone, isolation off, new dataset roots)
     // says so in its polls; an agent that says nothing keeps what it said at registration.
     if body.host.is_some() {
@@ -395,12 +398,12 @@ pub async fn started(
         let placed_at = t.task.updated_at;
         state
             .store
-            .mark_running(&id, i64::from(body.attempt), now_ms())
+            .mark_running(&id, i64::from(body.attempt), state.clock.now_ms())
             .await?;
         state
             .metrics
             .dispatch_latency
-            .observe((now_ms() - placed_at).max(0) as f64 / 1000.0);
+            .observe((state.clock.now_ms() - placed_at).max(0) as f64 / 1000.0);
     }
     Ok(HttpResponse::NoContent().finish())
 }
@@ -420,7 +423,7 @@ pub async fn logs(
         ));
     }
     current(&state, &node, &id, body.attempt).await?;
-    let now = now_ms();
+    let now = state.clock.now_ms();
     let mut lines = Vec::with_capacity(body.lines.len());
     for l in &body.lines {
         let stream = match l.stream.as_str() {
@@ -473,7 +476,7 @@ pub async fn finished(
         }
     };
     let t = current(&state, &node, &id, body.attempt).await?;
-    let now = now_ms();
+    let now = state.clock.now_ms();
     state.agents.forget_task(&id);
     match (kind, t.task.stop_reason.as_deref()) {
         // Stopped on the scheduler's request (preempted, drained): back to the queue.
@@ -560,7 +563,7 @@ pub async fn metrics(
         ));
     }
     let gpus: Vec<Gpu> = serde_json::from_str(&node.node.gpus).map_err(anyhow::Error::from)?;
-    let now = now_ms();
+    let now = state.clock.now_ms();
     let ran_here = gpus_of_tasks_here(&state, &node.node.id, &body.samples).await?;
     let mut rows = Vec::with_capacity(body.samples.len());
     let mut per_task: std::collections::HashMap<&str, (f64, u32)> =

@@ -6,7 +6,7 @@ use crate::auth::Caller;
 use crate::domain::parse_name;
 use crate::error::ApiError;
 use crate::json::Json;
-use crate::state::{now_ms, rfc3339, AppState};
+use crate::state::{rfc3339, AppState};
 use crate::store::ApiKeyRecord;
 
 const MAX_KEYS_PER_USER: usize = 100;
@@ -59,7 +59,7 @@ pub async fn create(
             "you already have {MAX_KEYS_PER_USER} keys; revoke one first"
         )));
     }
-    let now = now_ms();
+    let now = state.clock.now_ms();
     let key = new_api_key();
     let rec = ApiKeyRecord {
         id: new_id(),

@@ -25,7 +25,7 @@ use crate::error::ApiError;
 use crate::json::Json;
 use crate::routes::agent::current;
 use crate::routes::tasks::find;
-use crate::state::{now_ms, rfc3339, AppState};
+use crate::state::{rfc3339, AppState};
 use crate::storage::{clean_path, delete_prefix, put_bytes, usage, ByteStream, StorageError};
 use crate::store::{ArtifactRecord, TaskRecord};
 use crate::tasks::checkpoints::files_of;
@@ -45,7 +45,7 @@ async fn storage_failed(state: &AppState, task_id: &str, what: &str, e: StorageE
                 task_id,
                 "storage_error",
                 &format!("{what}: object storage is unavailable ({e}); the agent retries"),
-                now_ms(),
+                state.clock.now_ms(),
             )
             .await;
     }
@@ -175,7 +175,12 @@ pub async fn start_upload(
         let e = usage::over_quota(0, None);
         let _ = state
             .store
-            .add_event(&task.id, "storage_quota", &format!("{what}: {e}"), now_ms())
+            .add_event(
+                &task.id,
+                "storage_quota",
+                &format!("{what}: {e}"),
+                state.clock.now_ms(),
+            )
             .await;
         return Err(e);
     }
@@ -212,7 +217,7 @@ pub async fn start_upload(
         size_bytes: 0,
         step: body.step,
         epoch: body.epoch,
-        created_at: now_ms(),
+        created_at: state.clock.now_ms(),
         completed_at: None,
     };
     state.store.create_artifact(&rec).await?;
@@ -382,7 +387,11 @@ pub async fn commit(
     rec.manifest = Some(manifest);
     rec.files = files.len() as i64;
     rec.size_bytes = size as i64;
-    if !state.store.complete_artifact(&rec, now_ms()).await? {
+    if !state
+        .store
+        .complete_artifact(&rec, state.clock.now_ms())
+        .await?
+    {
         return Err(ApiError::Conflict(format!(
             "upload {} is no longer open",
             a.id

@@ -9,7 +9,7 @@ use crate::auth::{password, Caller};
 use crate::domain::{parse_name, Email, Password};
 use crate::error::ApiError;
 use crate::json::Json;
-use crate::state::{now_ms, AppState};
+use crate::state::AppState;
 use crate::store::{SessionRecord, TenantRecord, UserRecord};
 
 /// Creates an account: a new organization owned by the user, or membership of an existing one
@@ -31,7 +31,7 @@ pub async fn signup(
     let req = body.into_inner();
     let email = Email::parse(&req.email)?;
     let pw = Password::parse(&req.password, Some(&email))?;
-    let now = now_ms();
+    let now = state.clock.now_ms();
 
     let (user, tenant) = if let Some(token) = req.invitation.as_deref().filter(|t| !t.is_empty()) {
         let inv = state
@@ -175,7 +175,7 @@ pub async fn login(
         .tenant(&user.tenant_id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("user {} has no tenant", user.id))?;
-    start_session(&state, &user, &tenant, now_ms(), false).await
+    start_session(&state, &user, &tenant, state.clock.now_ms(), false).await
 }
 
 /// Ends the session (if any) and clears the cookies; always succeeds.

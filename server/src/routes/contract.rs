@@ -301,6 +301,10 @@ fn component_rules() -> Vec<(&'static str, Value)> {
             range(0.0, i64::MAX as f64),
         ),
         (
+            "/Quota/properties/share",
+            json!({"exclusiveMinimum": 0, "maximum": 1000}),
+        ),
+        (
             "/Quota/properties/allowed_gpu_types",
             json!({"maxItems": 64, "items": {"pattern": QUOTA_GPU_TYPE}}),
         ),

@@ -56,6 +56,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(admin::update_tenant)
             .service(admin::users)
             .service(admin::update_user)
+            .service(admin::policy)
             .service(usage::usage)
             .service(tasks::submit)
             .service(tasks::list)

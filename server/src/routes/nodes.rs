@@ -11,10 +11,10 @@ use crate::auth::Caller;
 use crate::domain::parse_node_id;
 use crate::error::ApiError;
 use crate::json::Json;
-use crate::state::{now_ms, AppState};
+use crate::scheduling::to_node;
+use crate::state::AppState;
 use crate::store::NodeRecord;
 use crate::tasks::access::{self, Isolation};
-use crate::tasks::runner::to_node;
 use crate::tasks::{placement_of, spec::parse_size, spec_of};
 
 /// GPUs held per node and GPU: memory, the caller's tasks, and how many of others'.
@@ -175,7 +175,7 @@ pub async fn register(
             input.id
         )));
     }
-    let now = now_ms();
+    let now = state.clock.now_ms();
     let rec = NodeRecord {
         id: input.id.clone(),
         zone: input.zone.clone(),
@@ -287,7 +287,7 @@ pub async fn set_status(
         .ok_or_else(|| ApiError::NotFound("no such node".into()))?;
     state.store.set_node_status(&id, status).await?;
     if status == "draining" {
-        let now = now_ms();
+        let now = state.clock.now_ms();
         for t in state.store.active_tasks().await? {
             if !placement_of(&t).is_some_and(|p| p.iter().any(|w| w.node == id)) {
                 continue;

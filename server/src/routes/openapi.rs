@@ -20,7 +20,7 @@ use super::{
         tenant::show, tenant::members, tenant::update_member, tenant::remove_member,
         tenant::invitations, tenant::invite, tenant::revoke_invitation, tenant::preview_invitation,
         tenant::tenant_quota, tenant::member_quota, tenant::set_member_quota,
-        admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user, usage::usage,
+        admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user, admin::policy, usage::usage,
         tasks::submit, tasks::list, tasks::show, tasks::cancel, tasks::events, tasks::attempts,
         tasks::logs, tasks::log_stream, tasks::metrics, streams::metric_stream, tasks::report_metrics,
         artifacts::results, artifacts::checkpoints, artifacts::list_objects, artifacts::put_object,

@@ -19,9 +19,9 @@ use crate::auth::secrets::new_id;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::json::Json;
-use crate::state::{now_ms, rfc3339, AppState};
+use crate::scheduling::to_quota;
+use crate::state::{rfc3339, AppState};
 use crate::store::{CancelOutcome, QuotaScope, TaskCreated, TaskFilter, TaskRecord, TaskWithUser};
-use crate::tasks::runner::to_quota;
 use crate::tasks::{access, spec, to_api, to_request};
 
 const IDEMPOTENCY_HEADER: &str = "idempotency-key";
@@ -128,7 +128,7 @@ pub async fn submit(
             Some(k.to_owned())
         }
     };
-    let now = now_ms();
+    let now = state.clock.now_ms();
     let spec = spec::normalise(body.into_inner(), now / 1000)?;
     check_storage_urls(&state, caller.tenant_id(), &spec).await?;
     let store = state.store.as_ref();
@@ -354,7 +354,7 @@ pub async fn cancel(
 ) -> Result<web::Json<Task>, ApiError> {
     match state
         .store
-        .cancel_task(caller.tenant_id(), &id, now_ms())
+        .cancel_task(caller.tenant_id(), &id, state.clock.now_ms())
         .await?
     {
         CancelOutcome::Cancelled => state.scheduler.wake(),
@@ -409,6 +409,7 @@ pub async fn attempts(
                 exit_code: a.exit_code.map(|c| c as i32),
                 reason: a.reason,
                 batch_size: a.batch_size.map(|b| b as u32),
+                gpu_seconds: a.gpu_seconds,
             })
             .collect(),
     ))
@@ -700,7 +701,7 @@ pub async fn report_metrics(
     let sample = serde_json::to_string(&values).map_err(anyhow::Error::from)?;
     state
         .store
-        .add_metrics(&t.task.id, &[(now_ms(), sample)])
+        .add_metrics(&t.task.id, &[(state.clock.now_ms(), sample)])
         .await?;
     state.agents.data_stored();
     Ok(HttpResponse::NoContent().finish())

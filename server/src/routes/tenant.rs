@@ -13,7 +13,7 @@ use crate::auth::Caller;
 use crate::domain::{check_within, parse_quota, quota_to_api, Email};
 use crate::error::ApiError;
 use crate::json::Json;
-use crate::state::{now_ms, rfc3339, AppState};
+use crate::state::{rfc3339, AppState};
 use crate::store::{InvitationRecord, QuotaScope, UserRecord};
 
 fn member(u: &UserRecord) -> Result<Member, ApiError> {
@@ -200,7 +200,7 @@ pub async fn invite(
             "an account with this email already exists".into(),
         ));
     }
-    let now = now_ms();
+    let now = state.clock.now_ms();
     let token = random_hex(24);
     let rec = InvitationRecord {
         id: new_id(),
@@ -255,7 +255,7 @@ pub async fn preview_invitation(
         .store
         .invitation_by_token_hash(&digest(&token))
         .await?
-        .filter(|i| !i.revoked && i.accepted_at.is_none() && i.expires_at > now_ms())
+        .filter(|i| !i.revoked && i.accepted_at.is_none() && i.expires_at > state.clock.now_ms())
         .ok_or_else(gone)?;
     let tenant = state.store.tenant(&inv.tenant_id).await?.ok_or_else(gone)?;
     Ok(web::Json(InvitationPreview {
@@ -328,7 +328,7 @@ pub async fn set_member_quota(
     check_within(&rec, &tenant_q)?;
     state
         .store
-        .set_quota(QuotaScope::User, &target.id, &rec, now_ms())
+        .set_quota(QuotaScope::User, &target.id, &rec, state.clock.now_ms())
         .await?;
     Ok(web::Json(quota_to_api(&rec)))
 }

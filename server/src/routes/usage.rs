@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::state::{now_ms, rfc3339, AppState};
+use crate::state::{rfc3339, AppState};
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -86,7 +86,7 @@ fn round(v: f64, digits: i32) -> f64 {
 pub async fn report(state: &AppState, month: &str) -> Result<UsageReport, ApiError> {
     let (from, to) = month_range(month)
         .ok_or_else(|| ApiError::invalid("month", "month must look like 2024-03"))?;
-    let now = now_ms();
+    let now = state.clock.now_ms();
     let attempts = state.store.usage_attempts(from, to).await?;
     let util: BTreeMap<String, (f64, i64)> = state
         .store
@@ -188,7 +188,10 @@ pub async fn usage(
     q: web::Query<UsageQuery>,
 ) -> Result<HttpResponse, ApiError> {
     caller.require_platform_admin()?;
-    let month = q.month.clone().unwrap_or_else(|| current_month(now_ms()));
+    let month = q
+        .month
+        .clone()
+        .unwrap_or_else(|| current_month(state.clock.now_ms()));
     let report = report(&state, &month).await?;
     match q.format.as_deref() {
         None | Some("json") => Ok(HttpResponse::Ok().json(report)),

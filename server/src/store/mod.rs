@@ -184,7 +184,19 @@ pub trait Store: Send + Sync + 'static {
         end: &AttemptEnd,
         now: i64,
     ) -> StoreResult<bool>;
-    async fn add_attained(&self, charges: &[(String, f64)]) -> StoreResult<()>;
+    /// Active tasks with their current run, for the scheduler.
+    async fn scheduling_tasks(&self) -> StoreResult<Vec<SchedulingTaskRecord>>;
+    /// Runs that ended before they were charged up to their end.
+    async fn unsettled_runs(&self) -> StoreResult<Vec<UnsettledRunRecord>>;
+    /// Mean measured GPU utilisation (0..1) per task over samples in `(from, to]`.
+    async fn task_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<(String, f64)>>;
+    /// Keeps one cycle's charges and the usage rows they changed, all or nothing: `false`
+    /// (and nothing kept) when a run was charged or ended by someone else meanwhile.
+    async fn save_charges(
+        &self,
+        charges: &[RunChargeRecord],
+        usage: &[UsageRecord],
+    ) -> StoreResult<bool>;
     async fn task_events(&self, id: &str) -> StoreResult<Vec<EventRecord>>;
     async fn task_attempts(&self, id: &str) -> StoreResult<Vec<AttemptRecord>>;
     async fn append_logs(
@@ -204,7 +216,6 @@ pub trait Store: Send + Sync + 'static {
 
     // Accounting.
     async fn load_usage(&self) -> StoreResult<Vec<UsageRecord>>;
-    async fn save_usage(&self, rows: &[UsageRecord]) -> StoreResult<()>;
 
     // Agents.
     async fn create_registration_token(&self, t: &RegistrationTokenRecord) -> StoreResult<()>;

@@ -98,6 +98,8 @@ pub struct QuotaRecord {
     pub allowed_gpu_types: Option<String>,
     /// Bytes of object storage (tenant scope only).
     pub max_storage_bytes: Option<i64>,
+    /// Relative share in fair-share (1 when unset).
+    pub share: Option<f64>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -154,6 +156,49 @@ pub struct TaskRecord {
     pub stop_reason: Option<String>,
 }
 
+/// An active task with what the scheduler needs of its current run (none while pending).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SchedulingTaskRecord {
+    #[sqlx(flatten)]
+    pub task: TaskRecord,
+    /// When the current run was placed.
+    pub run_started_at: Option<i64>,
+    /// Charged up to here (NULL: nothing yet, i.e. from its start).
+    pub run_charged_until: Option<i64>,
+    pub run_gpu_seconds: Option<f64>,
+}
+
+/// A run that ended before it was charged up to its end.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct UnsettledRunRecord {
+    pub task_id: String,
+    pub number: i64,
+    pub user_id: String,
+    pub tenant_id: String,
+    /// JSON of the task's spec (its GPU memory decides the share of a shared card).
+    pub spec: String,
+    pub placement: String,
+    pub started_at: i64,
+    pub ended_at: i64,
+    pub charged_until: Option<i64>,
+    pub gpu_seconds: f64,
+}
+
+/// A charge the scheduler made to one run, to be kept only if the run was still as it read
+/// it (`from`: what it had been charged up to).
+#[derive(Debug, Clone)]
+pub struct RunChargeRecord {
+    pub task_id: String,
+    pub number: i64,
+    pub from: i64,
+    pub charged_until: i64,
+    /// The run's total after this charge, and what this charge added.
+    pub gpu_seconds: f64,
+    pub added: f64,
+    /// The run had ended: this charge settles it and its service joins the task's.
+    pub settles: bool,
+}
+
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct TaskWithUser {
     #[sqlx(flatten)]
@@ -203,6 +248,7 @@ pub struct AttemptRecord {
     pub exit_code: Option<i64>,
     pub reason: Option<String>,
     pub batch_size: Option<i64>,
+    pub gpu_seconds: f64,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]

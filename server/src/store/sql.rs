@@ -438,7 +438,7 @@ macro_rules! impl_store {
 
             async fn quota(&self, scope: QuotaScope, subject_id: &str) -> StoreResult<QuotaRecord> {
                 let q: Option<QuotaRecord> = sqlx::query_as(
-                    "SELECT max_gpus, gpu_hours_per_month, max_queued_tasks, allowed_gpu_types, max_storage_bytes
+                    "SELECT max_gpus, gpu_hours_per_month, max_queued_tasks, allowed_gpu_types, max_storage_bytes, share
                      FROM quotas WHERE scope = $1 AND subject_id = $2",
                 )
                 .bind(scope.as_str())
@@ -450,15 +450,16 @@ macro_rules! impl_store {
 
             async fn set_quota(&self, scope: QuotaScope, subject_id: &str, q: &QuotaRecord, now: i64) -> StoreResult<()> {
                 sqlx::query(
-                    "INSERT INTO quotas (scope, subject_id, max_gpus, gpu_hours_per_month, max_queued_tasks, allowed_gpu_types, max_storage_bytes, updated_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                    "INSERT INTO quotas (scope, subject_id, max_gpus, gpu_hours_per_month, max_queued_tasks, allowed_gpu_types, max_storage_bytes, updated_at, share)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
                      ON CONFLICT (scope, subject_id) DO UPDATE SET
                         max_gpus = excluded.max_gpus,
                         gpu_hours_per_month = excluded.gpu_hours_per_month,
                         max_queued_tasks = excluded.max_queued_tasks,
                         allowed_gpu_types = excluded.allowed_gpu_types,
                         max_storage_bytes = excluded.max_storage_bytes,
-                        updated_at = excluded.updated_at",
+                        updated_at = excluded.updated_at,
+                        share = excluded.share",
                 )
                 .bind(scope.as_str())
                 .bind(subject_id)
@@ -468,6 +469,7 @@ macro_rules! impl_store {
                 .bind(&q.allowed_gpu_types)
                 .bind(q.max_storage_bytes)
                 .bind(now)
+                .bind(q.share)
                 .execute(&self.pool)
                 .await?;
                 Ok(())
@@ -475,7 +477,7 @@ macro_rules! impl_store {
 
             async fn all_quotas(&self) -> StoreResult<Vec<QuotaRow>> {
                 Ok(sqlx::query_as(
-                    "SELECT scope, subject_id, max_gpus, gpu_hours_per_month, max_queued_tasks, allowed_gpu_types, max_storage_bytes FROM quotas",
+                    "SELECT scope, subject_id, max_gpus, gpu_hours_per_month, max_queued_tasks, allowed_gpu_types, max_storage_bytes, share FROM quotas",
                 )
                 .fetch_all(&self.pool)
                 .await?)
@@ -721,6 +723,15 @@ macro_rules! impl_store {
                         Some((s,)) => CancelOutcome::AlreadyFinished(s),
                     });
                 }
+                // The ending run's service joins the task's (runs still open count apart).
+                sqlx::query(
+                    "UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + COALESCE(
+                        (SELECT SUM(a.gpu_seconds) FROM attempts a WHERE a.task_id = tasks.id AND a.ended_at IS NULL), 0)
+                     WHERE id = $1",
+                )
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
                 sqlx::query("UPDATE attempts SET ended_at = $1, reason = 'cancelled' WHERE task_id = $2 AND ended_at IS NULL")
                     .bind(now)
                     .bind(id)
@@ -774,6 +785,15 @@ macro_rules! impl_store {
                 if r.rows_affected() != 1 {
                     return Ok(false);
                 }
+                // The ending run's service joins the task's (runs still open count apart).
+                sqlx::query(
+                    "UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + COALESCE(
+                        (SELECT SUM(a.gpu_seconds) FROM attempts a WHERE a.task_id = tasks.id AND a.ended_at IS NULL), 0)
+                     WHERE id = $1",
+                )
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
                 sqlx::query("UPDATE attempts SET ended_at = $1, reason = $2 WHERE task_id = $3 AND ended_at IS NULL")
                     .bind(now)
                     .bind(reason)
@@ -822,6 +842,15 @@ macro_rules! impl_store {
                 if r.rows_affected() != 1 {
                     return Ok(false);
                 }
+                // The ending run's service joins the task's (runs still open count apart).
+                sqlx::query(
+                    "UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + COALESCE(
+                        (SELECT SUM(a.gpu_seconds) FROM attempts a WHERE a.task_id = tasks.id AND a.ended_at IS NULL), 0)
+                     WHERE id = $1",
+                )
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
                 sqlx::query("UPDATE attempts SET ended_at = $1, exit_code = $2, reason = $3 WHERE task_id = $4 AND number = $5")
                     .bind(now)
                     .bind(end.exit_code)
@@ -836,17 +865,92 @@ macro_rules! impl_store {
                 Ok(true)
             }
 
-            async fn add_attained(&self, charges: &[(String, f64)]) -> StoreResult<()> {
+            async fn scheduling_tasks(&self) -> StoreResult<Vec<SchedulingTaskRecord>> {
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {TASK_COLS}, a.started_at AS run_started_at, a.charged_until AS run_charged_until,
+                            a.gpu_seconds AS run_gpu_seconds
+                     FROM tasks t LEFT JOIN attempts a ON a.task_id = t.id AND a.number = t.attempts AND a.ended_at IS NULL
+                     WHERE t.state IN {ACTIVE} ORDER BY t.created_at, t.id"
+                ))
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn unsettled_runs(&self) -> StoreResult<Vec<UnsettledRunRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT a.task_id, a.number, t.user_id, t.tenant_id, t.spec, a.placement, a.started_at, a.ended_at,
+                            a.charged_until, a.gpu_seconds
+                     FROM attempts a JOIN tasks t ON t.id = a.task_id
+                     WHERE a.settled = FALSE AND a.ended_at IS NOT NULL",
+                )
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn task_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<(String, f64)>> {
+                Ok(sqlx::query_as(
+                    "SELECT task_id, AVG(util) FROM gpu_samples
+                     WHERE at > $1 AND at <= $2 AND task_id IS NOT NULL GROUP BY task_id",
+                )
+                .bind(from)
+                .bind(to)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn save_charges(&self, charges: &[RunChargeRecord], usage: &[UsageRecord]) -> StoreResult<bool> {
                 let mut tx = self.pool.begin().await?;
-                for (id, gpu_s) in charges {
-                    sqlx::query("UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + $1 WHERE id = $2")
-                        .bind(gpu_s)
-                        .bind(id)
-                        .execute(&mut *tx)
-                        .await?;
+                for c in charges {
+                    // Only as the scheduler read it: charged up to `from`, and (while it is
+                    // charged as running) not ended since.
+                    let r = sqlx::query(
+                        "UPDATE attempts SET charged_until = $1, gpu_seconds = $2, settled = $3
+                         WHERE task_id = $4 AND number = $5 AND COALESCE(charged_until, started_at) = $6
+                           AND settled = FALSE AND (($3 AND ended_at IS NOT NULL) OR (NOT $3 AND ended_at IS NULL))",
+                    )
+                    .bind(c.charged_until)
+                    .bind(c.gpu_seconds)
+                    .bind(c.settles)
+                    .bind(&c.task_id)
+                    .bind(c.number)
+                    .bind(c.from)
+                    .execute(&mut *tx)
+                    .await?;
+                    if r.rows_affected() != 1 {
+                        tx.rollback().await?;
+                        return Ok(false);
+                    }
+                    if c.settles {
+                        sqlx::query("UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + $1 WHERE id = $2")
+                            .bind(c.added)
+                            .bind(&c.task_id)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                }
+                for r in usage {
+                    sqlx::query(
+                        "INSERT INTO usage (scope, subject_id, decayed_gpu_seconds, updated_at, window_alloc_gpu_seconds,
+                            window_busy_gpu_seconds, month, month_gpu_seconds)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                         ON CONFLICT (scope, subject_id) DO UPDATE SET decayed_gpu_seconds = excluded.decayed_gpu_seconds,
+                            updated_at = excluded.updated_at, window_alloc_gpu_seconds = excluded.window_alloc_gpu_seconds,
+                            window_busy_gpu_seconds = excluded.window_busy_gpu_seconds, month = excluded.month,
+                            month_gpu_seconds = excluded.month_gpu_seconds",
+                    )
+                    .bind(&r.scope)
+                    .bind(&r.subject_id)
+                    .bind(r.decayed_gpu_seconds)
+                    .bind(r.updated_at)
+                    .bind(r.window_alloc_gpu_seconds)
+                    .bind(r.window_busy_gpu_seconds)
+                    .bind(&r.month)
+                    .bind(r.month_gpu_seconds)
+                    .execute(&mut *tx)
+                    .await?;
                 }
                 tx.commit().await?;
-                Ok(())
+                Ok(true)
             }
 
             async fn task_events(&self, id: &str) -> StoreResult<Vec<EventRecord>> {
@@ -858,7 +962,7 @@ macro_rules! impl_store {
 
             async fn task_attempts(&self, id: &str) -> StoreResult<Vec<AttemptRecord>> {
                 Ok(sqlx::query_as(
-                    "SELECT task_id, number, node, placement, gpus, started_at, ended_at, exit_code, reason, batch_size
+                    "SELECT task_id, number, node, placement, gpus, started_at, ended_at, exit_code, reason, batch_size, gpu_seconds
                      FROM attempts WHERE task_id = $1 ORDER BY number",
                 )
                 .bind(id)
@@ -920,33 +1024,6 @@ macro_rules! impl_store {
                 )
                 .fetch_all(&self.pool)
                 .await?)
-            }
-
-            async fn save_usage(&self, rows: &[UsageRecord]) -> StoreResult<()> {
-                let mut tx = self.pool.begin().await?;
-                for r in rows {
-                    sqlx::query(
-                        "INSERT INTO usage (scope, subject_id, decayed_gpu_seconds, updated_at, window_alloc_gpu_seconds,
-                            window_busy_gpu_seconds, month, month_gpu_seconds)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                         ON CONFLICT (scope, subject_id) DO UPDATE SET decayed_gpu_seconds = excluded.decayed_gpu_seconds,
-                            updated_at = excluded.updated_at, window_alloc_gpu_seconds = excluded.window_alloc_gpu_seconds,
-                            window_busy_gpu_seconds = excluded.window_busy_gpu_seconds, month = excluded.month,
-                            month_gpu_seconds = excluded.month_gpu_seconds",
-                    )
-                    .bind(&r.scope)
-                    .bind(&r.subject_id)
-                    .bind(r.decayed_gpu_seconds)
-                    .bind(r.updated_at)
-                    .bind(r.window_alloc_gpu_seconds)
-                    .bind(r.window_busy_gpu_seconds)
-                    .bind(&r.month)
-                    .bind(r.month_gpu_seconds)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                tx.commit().await?;
-                Ok(())
             }
 
             async fn create_registration_token(&self, t: &RegistrationTokenRecord) -> StoreResult<()> {

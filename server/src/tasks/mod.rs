@@ -1,10 +1,9 @@
-//! Tasks: spec validation, the lifecycle rules, and the runner that applies the scheduler's
-//! decisions to the store.
+//! Tasks: spec validation, the lifecycle rules, access to nodes, and the task as the API
+//! shows it.
 
 pub mod access;
 pub mod checkpoints;
 pub mod lifecycle;
-pub mod runner;
 pub mod spec;
 
 use autodl_common::tasks::{Task, TaskSpec, TaskState, Waiting, WorkerPlacement};

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
+use autodl_server::clock::{Clock, ManualClock, SystemClock};
 use autodl_server::config::Settings;
+use autodl_server::scheduling::Runner;
 use autodl_server::startup::Application;
 use autodl_server::state::AppState;
 use autodl_server::store;
@@ -50,6 +52,33 @@ pub async fn spawn_app(backend: Backend) -> TestApp {
 }
 
 pub async fn spawn_app_with(backend: Backend, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn_app_on(backend, tweak, Arc::new(SystemClock)).await
+}
+
+/// A server on a manual clock whose scheduler runs only when the test says so
+/// ([`TestApp::runner`]): time-dependent behaviour is tested without waiting.
+pub async fn spawn_app_on_clock(
+    backend: Backend,
+    tweak: impl FnOnce(&mut Settings),
+) -> (TestApp, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms() / 1000 * 1000));
+    let app = spawn_app_on(
+        backend,
+        |s| {
+            s.run_scheduler = false;
+            tweak(s)
+        },
+        clock.clone(),
+    )
+    .await;
+    (app, clock)
+}
+
+async fn spawn_app_on(
+    backend: Backend,
+    tweak: impl FnOnce(&mut Settings),
+    clock: Arc<dyn Clock>,
+) -> TestApp {
     autodl_server::telemetry::init();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings = Settings {
@@ -66,7 +95,7 @@ pub async fn spawn_app_with(backend: Backend, tweak: impl FnOnce(&mut Settings))
     let store = store::open(&settings.database_url, settings.db_max_connections)
         .await
         .expect("open store");
-    let app = Application::build_with_store(settings, Arc::clone(&store))
+    let app = Application::build_with(settings, Arc::clone(&store), clock)
         .await
         .expect("build app");
     let address = format!("http://127.0.0.1:{}", app.port());
@@ -88,6 +117,11 @@ pub struct Session {
 }
 
 impl TestApp {
+    /// A scheduler runner on this server's state, for tests that drive cycles themselves.
+    pub fn runner(&self) -> Runner {
+        Runner::new(&self.state, std::time::Duration::from_millis(200))
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.address, path)
     }

@@ -11,6 +11,7 @@ mod isolation;
 mod leader;
 #[path = "../support/s3_server.rs"]
 mod s3_server;
+mod scheduling;
 mod security;
 mod storage;
 mod tasks;

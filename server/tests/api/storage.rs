@@ -185,7 +185,7 @@ async fn running_task(app: &TestApp, s: &Session, agent: &FakeAgent, spec: Value
 }
 
 impl FakeAgent {
-    async fn put_file(&self, artifact: &str, path: &str, body: Vec<u8>) -> reqwest::Response {
+    pub async fn put_file(&self, artifact: &str, path: &str, body: Vec<u8>) -> reqwest::Response {
         self.http
             .put(format!(
                 "{}/api/v1/agent/artifacts/{artifact}/files/{path}",
@@ -199,7 +199,7 @@ impl FakeAgent {
     }
 
     /// Uploads one checkpoint (or results) and commits it; returns its id.
-    async fn save(
+    pub async fn save(
         &self,
         task: &str,
         attempt: u64,

@@ -592,12 +592,22 @@ async fn end_attempt(app: &TestApp, id: &str, exit: ExitKind, code: i64) {
         exit,
     );
     assert!(store
-        .finish_attempt(id, t.attempts, &end, autodl_server::state::now_ms())
+        .finish_attempt(
+            id,
+            t.attempts,
+            &end,
+            autodl_server::clock::Clock::now_ms(&autodl_server::clock::SystemClock)
+        )
         .await
         .unwrap());
     // The same report twice changes nothing.
     assert!(!store
-        .finish_attempt(id, t.attempts, &end, autodl_server::state::now_ms())
+        .finish_attempt(
+            id,
+            t.attempts,
+            &end,
+            autodl_server::clock::Clock::now_ms(&autodl_server::clock::SystemClock)
+        )
         .await
         .unwrap());
     app.state.scheduler.wake();

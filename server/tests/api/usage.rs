@@ -235,7 +235,7 @@ async fn metric_stream_sends_samples_and_ends_with_the_task(b: Backend) {
     let id = placed(&app, &ada, "stream", 2).await;
     let t = store.task(None, &id).await.unwrap().unwrap().task;
     assert!(store.mark_running(&id, t.attempts, 1).await.unwrap());
-    let now = autodl_server::state::now_ms();
+    let now = autodl_server::clock::Clock::now_ms(&autodl_server::clock::SystemClock);
     let gpu = |index: i64, at: i64, util: f64| GpuSampleRecord {
         node_id: "node-a".into(),
         gpu_index: index,

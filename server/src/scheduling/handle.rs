@@ -1,0 +1,92 @@
+//! What request handlers share with the runner: wake-ups, the latest explanations of why
+//! tasks wait, and a short-lived cache of the nodes for admission checks.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use autodl_common::tasks::Waiting;
+use autodl_scheduler::{Node, PolicyConfig};
+use tokio::sync::Notify;
+
+use super::snapshot::to_node;
+use crate::store::Store;
+
+/// Shared between handlers and the runner: wake-ups, the last explanations, cached nodes.
+pub struct SchedulerHandle {
+    pub(super) notify: Notify,
+    waiting: RwLock<HashMap<String, Waiting>>,
+    nodes: RwLock<(Option<Instant>, Arc<Vec<Node>>)>,
+    /// Bumped by every invalidation, so a read that raced with a node change does not put a
+    /// stale list back into the cache.
+    nodes_generation: std::sync::atomic::AtomicU64,
+    pub config: PolicyConfig,
+}
+
+/// Nodes are re-read at most this often for admission checks.
+const NODE_CACHE_TTL: Duration = Duration::from_secs(2);
+
+impl SchedulerHandle {
+    pub fn new(config: PolicyConfig) -> Arc<Self> {
+        Arc::new(SchedulerHandle {
+            notify: Notify::new(),
+            waiting: RwLock::new(HashMap::new()),
+            nodes: RwLock::new((None, Arc::new(Vec::new()))),
+            config,
+            nodes_generation: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// Asks for a cycle soon; many wake-ups before it runs make one cycle.
+    pub fn wake(&self) {
+        self.notify.notify_one();
+    }
+
+    pub fn waiting(&self, task: &str) -> Option<Waiting> {
+        self.waiting.read().ok()?.get(task).cloned()
+    }
+
+    /// The latest cycle's explanations, replacing the previous ones.
+    pub fn set_waiting(&self, waiting: HashMap<String, Waiting>) {
+        if let Ok(mut w) = self.waiting.write() {
+            *w = waiting;
+        }
+    }
+
+    pub fn invalidate_nodes(&self) {
+        self.nodes_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Ok(mut n) = self.nodes.write() {
+            n.0 = None;
+        }
+    }
+
+    pub async fn nodes(&self, store: &dyn Store) -> anyhow::Result<Arc<Vec<Node>>> {
+        if let Ok(n) = self.nodes.read() {
+            if n.0.is_some_and(|t| t.elapsed() < NODE_CACHE_TTL) {
+                return Ok(n.1.clone());
+            }
+        }
+        let generation = self
+            .nodes_generation
+            .load(std::sync::atomic::Ordering::SeqCst);
+        let nodes = Arc::new(
+            store
+                .list_nodes()
+                .await?
+                .iter()
+                .map(to_node)
+                .collect::<anyhow::Result<Vec<_>>>()?,
+        );
+        if let Ok(mut n) = self.nodes.write() {
+            if self
+                .nodes_generation
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == generation
+            {
+                *n = (Some(Instant::now()), nodes.clone());
+            }
+        }
+        Ok(nodes)
+    }
+}

@@ -1,0 +1,66 @@
+//! Periodic upkeep the leader does beside scheduling: folding old GPU samples into rollups
+//! and removing uploads that were never completed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Settings;
+use crate::storage::Storage;
+use crate::store::Store;
+
+const DAY_MS: i64 = 86_400_000;
+
+/// Compacts GPU samples and sweeps abandoned uploads, as of `now_ms`.
+pub async fn run(
+    store: &Arc<dyn Store>,
+    storage: &Storage,
+    settings: &Settings,
+    now_ms: i64,
+) -> anyhow::Result<()> {
+    let raw_before = now_ms - settings.raw_sample_retention_days as i64 * DAY_MS;
+    let rollups_before = now_ms - settings.rollup_retention_days as i64 * DAY_MS;
+    let folded = store
+        .compact_gpu_samples(raw_before, rollups_before)
+        .await?;
+    tracing::debug!(folded, "GPU samples compacted");
+    // Uploads an agent began and never committed (it died, or its node was lost): their
+    // objects are garbage. A day is far longer than any upload.
+    match storage
+        .backend
+        .sweep_abandoned(Duration::from_secs(86_400))
+        .await
+    {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(n, "removed abandoned upload files"),
+        Err(e) => tracing::warn!(error = %e, "could not sweep abandoned uploads"),
+    }
+    let stale = store.stale_uploads(now_ms - DAY_MS).await?;
+    if stale.is_empty() {
+        return Ok(());
+    }
+    let (store, storage) = (store.clone(), storage.clone());
+    tokio::spawn(async move {
+        for a in stale {
+            // Claim it first, so a commit arriving now cannot complete it.
+            if a.state == "uploading"
+                && !store
+                    .set_artifact_state(&a.id, "uploading", "deleting")
+                    .await
+                    .unwrap_or(false)
+            {
+                continue;
+            }
+            match crate::storage::delete_prefix(storage.backend.as_ref(), &a.bucket, &a.prefix)
+                .await
+            {
+                Ok(_) => {
+                    let _ = store.set_artifact_state(&a.id, "deleting", "deleted").await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, artifact = a.id, "could not delete an abandoned upload")
+                }
+            }
+        }
+    });
+    Ok(())
+}

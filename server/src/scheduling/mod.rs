@@ -1,0 +1,14 @@
+//! The live scheduler: the runner loads the policy's input from the store (the same
+//! [`autodl_scheduler::Snapshot`] the simulator runs on), asks the pure policy for decisions
+//! at the clock's `now`, and applies them.
+
+pub mod explain;
+pub mod handle;
+pub mod housekeeping;
+pub mod runner;
+pub mod snapshot;
+
+pub use explain::explain;
+pub use handle::SchedulerHandle;
+pub use runner::Runner;
+pub use snapshot::{load_quotas, to_node, to_quota};

@@ -1,0 +1,389 @@
+//! The live scheduler is fed as the simulator is: each run judged from its own start, service
+//! counted once, victims already stopping not replaced, utilisation from the store, usage
+//! charged once whichever runner charges it, and the policy and shares from configuration.
+//! Time is a manual clock and cycles are driven by the test.
+
+use std::sync::Arc;
+
+use autodl_server::clock::{Clock, ManualClock};
+use autodl_server::scheduling::{snapshot, Runner};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::agents::FakeAgent;
+use crate::helpers::{spawn_app_on_clock, Backend, Session, TestApp};
+
+crate::on_both_backends!(
+    a_new_run_is_judged_from_its_own_start,
+    usage_is_charged_once_whoever_charges_it,
+    victims_already_stopping_are_not_replaced,
+    utilization_comes_from_the_store_and_unmeasured_time_is_neutral,
+    the_policy_and_shares_come_from_configuration,
+);
+
+struct Cluster {
+    app: TestApp,
+    clock: Arc<ManualClock>,
+    /// Where the test's time 0 is on the clock.
+    t0: i64,
+    /// What the agent runs, as it tells the server in every poll.
+    running: std::sync::Mutex<Vec<(String, u64)>>,
+    runner: Runner,
+    op: Session,
+    agent: FakeAgent,
+}
+
+/// One agent node of 4 A100 GPUs on a manual clock; nodes are never judged lost here.
+async fn cluster(b: Backend, tweak: impl FnOnce(&mut autodl_server::config::Settings)) -> Cluster {
+    let (app, clock) = spawn_app_on_clock(b, |s| {
+        s.node_lost_timeout_secs = 10_000_000;
+        tweak(s)
+    })
+    .await;
+    let op = app.operator().await;
+    let agent = FakeAgent::join(&app, &op, "n1", "A100-40G", "z1").await;
+    let runner = app.runner();
+    let t0 = clock.now_ms();
+    Cluster {
+        app,
+        clock,
+        t0,
+        running: Default::default(),
+        runner,
+        op,
+        agent,
+    }
+}
+
+impl Cluster {
+    fn at(&self, s: i64) {
+        self.clock.set(self.t0 + s * 1000);
+    }
+
+    async fn cycle(&mut self) {
+        self.runner.cycle(self.clock.now_ms()).await.unwrap();
+    }
+
+    async fn submit(&self, s: &Session, spec: Value) -> String {
+        let res = s
+            .send(&self.app, Method::POST, "/api/v1/tasks", Some(spec))
+            .await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+        res.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Polls the agent: (assignments as (task, attempt), tasks it is told to stop).
+    async fn poll(&self) -> (Vec<(String, u64)>, Vec<String>) {
+        let running = self.running.lock().unwrap().clone();
+        let work = self.agent.poll(&running, 0).await;
+        let assigned = work["assignments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                (
+                    a["task_id"].as_str().unwrap().to_owned(),
+                    a["attempt"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let stop = work["stop"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["task_id"].as_str().unwrap().to_owned())
+            .collect();
+        (assigned, stop)
+    }
+
+    async fn started(&self, task: &str, attempt: u64) {
+        let r = self
+            .agent
+            .call(
+                &format!("/api/v1/agent/tasks/{task}/started"),
+                json!({"attempt": attempt}),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+        self.running
+            .lock()
+            .unwrap()
+            .push((task.to_owned(), attempt));
+    }
+
+    async fn finished(&self, task: &str, attempt: u64, reason: &str) {
+        let code = if reason == "success" { 0 } else { 1 };
+        let r = self
+            .agent
+            .call(
+                &format!("/api/v1/agent/tasks/{task}/finished"),
+                json!({"attempt": attempt, "exit_code": code, "reason": reason}),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+        self.running
+            .lock()
+            .unwrap()
+            .retain(|(t, a)| !(t == task && *a == attempt));
+    }
+
+    /// Cycles once and starts whatever was assigned; returns the assignments.
+    async fn cycle_and_start(&mut self) -> Vec<(String, u64)> {
+        self.cycle().await;
+        let (assigned, _) = self.poll().await;
+        for (t, a) in &assigned {
+            self.started(t, *a).await;
+        }
+        assigned
+    }
+
+    async fn task(&self, s: &Session, id: &str) -> Value {
+        s.get(&self.app, &format!("/api/v1/tasks/{id}")).await
+    }
+
+    async fn snapshot(&self) -> autodl_scheduler::ClusterState {
+        let nodes = self
+            .app
+            .state
+            .scheduler
+            .nodes(self.app.state.store.as_ref())
+            .await
+            .unwrap();
+        snapshot::load(self.app.state.store.as_ref(), nodes.as_ref().clone())
+            .await
+            .unwrap()
+            .snapshot
+            .state()
+            .clone()
+    }
+
+    async fn user_usage(&self, user: &str) -> (f64, f64, f64) {
+        let rows = self.app.state.store.load_usage().await.unwrap();
+        rows.iter()
+            .find(|r| r.scope == "user" && r.subject_id == user)
+            .map_or((0.0, 0.0, 0.0), |r| {
+                (
+                    r.decayed_gpu_seconds,
+                    r.window_alloc_gpu_seconds,
+                    r.window_busy_gpu_seconds,
+                )
+            })
+    }
+}
+
+fn whole_node(name: &str, priority: f64) -> Value {
+    json!({"name": name, "image": "i", "command": "train", "priority": priority,
+           "resources": {"gpu": {"type": "A100", "count": 4}}, "retry_policy": {"max_retries": 2}})
+}
+
+fn half_node(name: &str, priority: f64) -> Value {
+    json!({"name": name, "image": "i", "command": "train", "priority": priority,
+           "resources": {"gpu": {"type": "A100", "count": 2}}})
+}
+
+async fn a_new_run_is_judged_from_its_own_start(b: Backend) {
+    let mut c = cluster(b, |_| {}).await;
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    let y = c.app.signup("y@example.com", "Lab Y").await;
+    c.at(0);
+    let a = c.submit(&x, whole_node("a", 0.0)).await;
+    assert_eq!(c.cycle_and_start().await, vec![(a.clone(), 1)]);
+    // Attempt 1 saves a checkpoint late in its run, then fails and is retried at once.
+    c.at(1990);
+    c.agent
+        .save(&a, 1, "checkpoint", 10, &[("w.pt", b"weights")])
+        .await;
+    c.at(2000);
+    c.finished(&a, 1, "error").await;
+    assert_eq!(c.cycle_and_start().await, vec![(a.clone(), 2)]);
+    // The input the server builds: attempt 2 from its own start, without attempt 1's
+    // checkpoint, and with attempt 1's service as the task's.
+    let state = c.snapshot().await;
+    let run = &state.running[0];
+    let t0 = (c.t0 / 1000) as u64;
+    assert_eq!(run.started_at, t0 + 2000);
+    assert_eq!(run.last_checkpoint_at, None);
+    assert_eq!(run.request.attained_gpu_seconds, 4.0 * 2000.0);
+    // A minute into attempt 2 a higher-priority task arrives: the new run is protected by
+    // `min_runtime_s` (600 s), as in the simulator.
+    c.at(2060);
+    let bee = c.submit(&y, whole_node("b", 1.0)).await;
+    c.cycle().await;
+    let (_, stop) = c.poll().await;
+    assert!(stop.is_empty(), "the fresh run was preempted: {stop:?}");
+    assert_eq!(c.task(&y, &bee).await["state"], "pending");
+}
+
+async fn usage_is_charged_once_whoever_charges_it(b: Backend) {
+    let mut c = cluster(b, |_| {}).await;
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    c.at(0);
+    let a = c.submit(&x, half_node("a", 0.5)).await;
+    c.cycle_and_start().await;
+    c.at(100);
+    c.cycle().await;
+    // Another runner (a restarted server, or another replica that took over) goes on
+    // from where the store says the run was charged to.
+    let mut other = c.app.runner();
+    c.at(200);
+    other.cycle(c.clock.now_ms()).await.unwrap();
+    let user = x.id();
+    let (used, _, _) = c.user_usage(&user).await;
+    // (Usage decays with a week's half-life: 100 s of it are a few hundredths.)
+    assert!((used - 400.0).abs() < 0.1, "2 GPUs x 200 s, got {used}");
+    let attempts = x.get(&c.app, &format!("/api/v1/tasks/{a}/attempts")).await;
+    assert_eq!(attempts[0]["gpu_seconds"], 400.0);
+    // While it runs, the task's own service is that of ended runs only (none).
+    assert_eq!(
+        c.snapshot().await.running[0].request.attained_gpu_seconds,
+        0.0
+    );
+    // It ends between two cycles: the next cycle charges its tail, once.
+    c.at(250);
+    c.finished(&a, 1, "success").await;
+    c.at(300);
+    c.cycle().await;
+    other.cycle(c.clock.now_ms()).await.unwrap();
+    let (used, _, _) = c.user_usage(&user).await;
+    assert!((used - 500.0).abs() < 0.1, "2 GPUs x 250 s, got {used}");
+    let attempts = x.get(&c.app, &format!("/api/v1/tasks/{a}/attempts")).await;
+    assert_eq!(attempts[0]["gpu_seconds"], 500.0);
+}
+
+async fn victims_already_stopping_are_not_replaced(b: Backend) {
+    let mut c = cluster(b, |_| {}).await;
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    let y = c.app.signup("y@example.com", "Lab Y").await;
+    c.at(0);
+    let first = c.submit(&x, half_node("first", 0.0)).await;
+    let second = c.submit(&x, half_node("second", 0.0)).await;
+    assert_eq!(c.cycle_and_start().await.len(), 2);
+    c.at(900);
+    for t in [&first, &second] {
+        c.agent.save(t, 1, "checkpoint", 1, &[("w.pt", b"w")]).await;
+    }
+    c.at(1000);
+    let bee = c.submit(&y, half_node("urgent", 1.0)).await;
+    c.cycle().await;
+    let (_, stop) = c.poll().await;
+    assert_eq!(stop.len(), 1, "one victim makes room: {stop:?}");
+    let victim = stop[0].clone();
+    let other = if victim == first { &second } else { &first };
+    // The victim takes its time to stop. Meanwhile the other task checkpoints, so it is now
+    // the cheaper victim, and the victim's own checkpoint grows old.
+    c.at(1650);
+    c.agent
+        .save(other, 1, "checkpoint", 2, &[("w.pt", b"w")])
+        .await;
+    c.at(1700);
+    c.cycle().await;
+    let state = c.snapshot().await;
+    let v = state
+        .running
+        .iter()
+        .find(|r| r.request.id == victim)
+        .unwrap();
+    assert!(v.preempting, "the policy is told the victim is stopping");
+    let (_, stop) = c.poll().await;
+    assert_eq!(stop, vec![victim.clone()], "no second victim");
+    assert_eq!(c.task(&x, other).await["state"], "running");
+    // Once the victim stops, the waiting task takes its GPUs.
+    c.finished(&victim, 1, "stopped").await;
+    c.cycle().await;
+    let (assigned, _) = c.poll().await;
+    assert_eq!(assigned, vec![(bee, 1)]);
+}
+
+async fn utilization_comes_from_the_store_and_unmeasured_time_is_neutral(b: Backend) {
+    let mut c = cluster(b, |_| {}).await;
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    let y = c.app.signup("y@example.com", "Lab Y").await;
+    c.at(0);
+    let measured = c.submit(&x, half_node("measured", 0.5)).await;
+    c.submit(&y, half_node("unmeasured", 0.5)).await;
+    c.cycle_and_start().await;
+    let gpus: Vec<u64> = c.task(&x, &measured).await["placement"][0]["gpu_indices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_u64().unwrap())
+        .collect();
+    for s in [20, 40, 60, 80, 100] {
+        c.at(s);
+        let at = time::OffsetDateTime::from_unix_timestamp(c.clock.now_ms() / 1000)
+            .unwrap()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap();
+        let samples: Vec<Value> = gpus
+            .iter()
+            .map(|g| json!({"at": at, "gpu_index": g, "util": 0.25, "mem_used": 1, "mem_total": 42949672960u64, "task_id": measured}))
+            .collect();
+        let r = c
+            .agent
+            .call("/api/v1/agent/metrics", json!({"samples": samples}))
+            .await;
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    }
+    // A runner that never saw these samples arrive (they went to the store, as they would
+    // on another replica) charges them.
+    let mut elsewhere = c.app.runner();
+    elsewhere.cycle(c.clock.now_ms()).await.unwrap();
+    let (_, alloc, busy) = c.user_usage(&x.id()).await;
+    assert!(
+        alloc > 0.0 && (busy / alloc - 0.25).abs() < 1e-6,
+        "{busy} / {alloc}"
+    );
+    // No samples: the time counts as usage but says nothing about utilisation.
+    let (used, alloc, busy) = c.user_usage(&y.id()).await;
+    assert!(used > 0.0);
+    assert_eq!((alloc, busy), (0.0, 0.0));
+}
+
+async fn the_policy_and_shares_come_from_configuration(b: Backend) {
+    let mut c = cluster(b, |s| {
+        s.policy.preempt_margin = 0.3;
+        s.policy.weights.declared = 0.0;
+    })
+    .await;
+    let policy = c.op.get(&c.app, "/api/v1/admin/policy").await;
+    assert_eq!(policy["policy"]["preempt_margin"], 0.3);
+    assert_eq!(policy["policy"]["weights"]["declared"], 0.0);
+    assert!(policy["applies"].as_str().unwrap().contains("restart"));
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    let y = c.app.signup("y@example.com", "Lab Y").await;
+    // An administrator gives Lab X four times Lab Y's share.
+    let tenant_x = x.user["tenant_id"].as_str().unwrap().to_owned();
+    let res =
+        c.op.send(
+            &c.app,
+            Method::PUT,
+            &format!("/api/v1/admin/tenants/{tenant_x}/quota"),
+            Some(json!({"share": 4.0})),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    // Both labs use the same GPU time, then both wait behind a full node.
+    c.at(0);
+    let a = c.submit(&x, half_node("a", 0.5)).await;
+    let bee = c.submit(&y, half_node("b", 0.5)).await;
+    c.cycle_and_start().await;
+    c.at(3600);
+    c.cycle().await;
+    let wx = c.submit(&x, half_node("x2", 0.5)).await;
+    let wy = c.submit(&y, half_node("y2", 0.5)).await;
+    c.cycle().await;
+    let fx = c.task(&x, &wx).await["waiting"]["priority"]["fair_share"]
+        .as_f64()
+        .unwrap();
+    let fy = c.task(&y, &wy).await["waiting"]["priority"]["fair_share"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        fx > fy + 0.1,
+        "a larger share ranks higher at equal use: {fx} vs {fy}"
+    );
+    let _ = (a, bee);
+}
