@@ -209,7 +209,11 @@ impl Agent {
                 );
             }
         }
-        if let Err(e) = inner.runtime.cleanup(&inner.config.node_id, &[]).await {
+        if let Err(e) = inner
+            .runtime
+            .cleanup(&inner.config.node_id, &inner.config.state_dir, &[])
+            .await
+        {
             tracing::warn!(error = %e, "could not clean up leftovers of earlier runs");
         }
 

@@ -88,7 +88,7 @@ impl AgentConfig {
             poll_wait: Duration::from_secs(20),
             metrics_listen: None,
             backoff_initial: Duration::from_millis(500),
-            backoff_max: Duration::from_secs(30),
+            backoff_max: Duration::from_secs(10),
             log_flush_interval: Duration::from_millis(200),
             log_flush_lines: 500,
             log_buffer_lines: 50_000,

@@ -26,6 +26,8 @@ pub struct Application {
     port: u16,
     server: Server,
     pub state: web::Data<AppState>,
+    /// The scheduler runner and other loops: they end with the server.
+    background: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Application {
@@ -79,12 +81,13 @@ impl Application {
             settings: settings.clone(),
             clock,
         });
+        let mut background = Vec::new();
         if settings.run_scheduler {
             let runner = Runner::new(
                 &state,
                 Duration::from_millis(settings.schedule_interval_ms.max(50)),
             );
-            tokio::spawn(runner.run());
+            background.push(tokio::spawn(runner.run()));
         }
 
         let leptos = crate::web_app::WebApp::new(&settings, port);
@@ -107,18 +110,19 @@ impl Application {
         .run();
 
         let limiter_state = state.clone();
-        tokio::spawn(async move {
+        background.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(60));
             loop {
                 tick.tick().await;
                 limiter_state.login_limiter.shrink();
             }
-        });
+        }));
 
         Ok(Application {
             port,
             server,
             state,
+            background,
         })
     }
 
@@ -126,9 +130,19 @@ impl Application {
         self.port
     }
 
-    /// Serves until SIGINT/SIGTERM (actix handles both and drains open requests).
+    /// A handle that stops the server (and with it everything it runs) from elsewhere.
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
+    }
+
+    /// Serves until SIGINT/SIGTERM (actix handles both and drains open requests) or until
+    /// stopped through [`Application::handle`]; the scheduler and other loops stop with it.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
+        let result = self.server.await;
+        for b in self.background {
+            b.abort();
+        }
+        result
     }
 }
 

@@ -225,7 +225,12 @@ impl Runtime for DockerRuntime {
         crate::isolation::is_root()
     }
 
-    async fn cleanup(&self, node_id: &str, keep: &[(String, u32)]) -> Result<(), RuntimeError> {
+    async fn cleanup(
+        &self,
+        node_id: &str,
+        _state_dir: &std::path::Path,
+        keep: &[(String, u32)],
+    ) -> Result<(), RuntimeError> {
         let filters = HashMap::from([("label", vec![format!("{LABEL_NODE}={node_id}")])]);
         let opts = ListContainersOptionsBuilder::default()
             .all(true)
@@ -501,7 +506,9 @@ mod tests {
             )
             .await
             .unwrap();
-        rt.cleanup(&node, &[]).await.unwrap();
+        rt.cleanup(&node, std::path::Path::new("/nonexistent"), &[])
+            .await
+            .unwrap();
         assert!(rt.docker.inspect_container(&leftover, None).await.is_err());
 
         let dir = tempfile::tempdir().unwrap();
@@ -639,6 +646,8 @@ mod tests {
             .unwrap();
         assert!(o.oom_killed, "{o:?}");
         assert_eq!(o.exit_code, 137);
-        rt.cleanup(&node, &[]).await.unwrap();
+        rt.cleanup(&node, std::path::Path::new("/nonexistent"), &[])
+            .await
+            .unwrap();
     }
 }

@@ -2,6 +2,7 @@
 //! (hosts without Docker, the in-process demo, tests).
 
 mod docker;
+pub mod leftovers;
 mod process;
 
 use std::collections::BTreeMap;
@@ -70,6 +71,8 @@ pub struct TaskLaunch {
     pub checkpoint_mount: Option<String>,
     /// The unprivileged user the task runs as (isolated nodes); `None` runs it as the agent.
     pub user: Option<crate::isolation::TaskUser>,
+    /// The agent's state folder (its own: tasks cannot write there).
+    pub state_dir: PathBuf,
 }
 
 /// Variables only the runtime sets: a task's own `env` cannot point them elsewhere.
@@ -136,6 +139,7 @@ impl TaskLaunch {
                 .and_then(|c| c.save_to.clone())
                 .filter(|p| p.starts_with('/') && !p.contains(':') && p != "/"),
             user: None,
+            state_dir,
         }
     }
 
@@ -303,11 +307,14 @@ pub trait Runtime: Send + Sync {
         )
     }
 
-    /// Removes what earlier agent runs left behind on `node_id` (containers of attempts not
-    /// in `keep`), e.g. after an agent crash.
-    async fn cleanup(&self, _node_id: &str, _keep: &[(String, u32)]) -> Result<(), RuntimeError> {
-        Ok(())
-    }
+    /// Removes what earlier agent runs left behind on `node_id` (containers or process
+    /// groups of attempts not in `keep`, noted under `state_dir`), e.g. after an agent crash.
+    async fn cleanup(
+        &self,
+        node_id: &str,
+        state_dir: &Path,
+        keep: &[(String, u32)],
+    ) -> Result<(), RuntimeError>;
 
     /// Runs one attempt to its end. Returns an error only when the task could not be started;
     /// a task that ran and failed is an `Ok` outcome with its exit code.

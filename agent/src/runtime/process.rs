@@ -18,6 +18,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use super::leftovers::Leftovers;
 use super::{RunOutcome, Runtime, RuntimeError, Started, TaskIo, TaskLaunch};
 use crate::isolation::sandbox::{write_env_file, SandboxLaunch};
 use crate::isolation::{
@@ -251,6 +252,19 @@ impl Runtime for ProcessRuntime {
         }
     }
 
+    async fn cleanup(
+        &self,
+        _node_id: &str,
+        state_dir: &Path,
+        _keep: &[(String, u32)],
+    ) -> Result<(), RuntimeError> {
+        let killed = Leftovers::new(state_dir).reap();
+        if killed > 0 {
+            tracing::warn!(killed, "stopped tasks an earlier agent run left running");
+        }
+        Ok(())
+    }
+
     async fn run(&self, launch: TaskLaunch, io: TaskIo) -> Result<RunOutcome, RuntimeError> {
         let mut cmd = self.command(&launch)?;
         if launch.user.is_none() {
@@ -264,6 +278,15 @@ impl Runtime for ProcessRuntime {
         let user = launch.user;
         let mut child = cmd.spawn().map_err(RuntimeError::Spawn)?;
         let pid = child.id().unwrap_or(0);
+        // Noted until the attempt ends, for an agent that dies before it can stop it.
+        let _record =
+            match Leftovers::new(&launch.state_dir).record(&launch.task_id, launch.attempt, pid) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not note the task's process group");
+                    None
+                }
+            };
         let _ = io.started.send(Started {
             pid: (pid != 0).then_some(pid),
         });

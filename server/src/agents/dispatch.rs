@@ -15,6 +15,65 @@ use crate::tasks::{placement_of, spec_of};
 const MASTER_PORT: u16 = 29500;
 pub const HEARTBEAT_S: u64 = 5;
 
+/// Runs the server believes this node has but its agent does not report (its agent was
+/// restarted, or lost them some other way) go back to the queue at once, each as a lost
+/// attempt rather than as a failure of its task, and resume from their newest checkpoint.
+///
+/// Only runs the agent said it started are judged: the agent lists an attempt from the moment
+/// it takes the assignment, before it reports the start, and its polls are sequential, so a
+/// poll that misses a started attempt comes from an agent that no longer has it.
+pub async fn reconcile(
+    state: &AppState,
+    node: &NodeRecord,
+    running: &[RunningRef],
+) -> Result<usize, ApiError> {
+    let reported: HashSet<(&str, u32)> = running
+        .iter()
+        .map(|r| (r.task_id.as_str(), r.attempt))
+        .collect();
+    let mut lost = 0;
+    for t in state.store.active_tasks().await? {
+        if t.state != "running" {
+            continue;
+        }
+        let Some(placement) = placement_of(&t) else {
+            continue;
+        };
+        let attempt = t.attempts as u32;
+        if !placement.iter().any(|p| p.node == node.id)
+            || reported.contains(&(t.id.as_str(), attempt))
+        {
+            continue;
+        }
+        tracing::warn!(task = %t.id, attempt, node = %node.id, "the node no longer runs this attempt; requeueing it");
+        let (reason, message) = match &t.stop_reason {
+            // It was being stopped anyway: it stopped, unreported.
+            Some(r) => (
+                r.clone(),
+                format!("{r}: the node stopped attempt {attempt}"),
+            ),
+            None => (
+                "lost".to_owned(),
+                format!(
+                    "node {} no longer runs attempt {attempt} (its agent restarted)",
+                    node.id
+                ),
+            ),
+        };
+        if state
+            .store
+            .requeue_task(&t.id, &reason, &message, state.clock.now_ms())
+            .await?
+        {
+            lost += 1;
+        }
+    }
+    if lost > 0 {
+        state.scheduler.wake();
+    }
+    Ok(lost)
+}
+
 pub async fn work_for(
     state: &AppState,
     node: &NodeRecord,

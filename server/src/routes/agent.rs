@@ -326,6 +326,8 @@ pub async fn poll(
         state.scheduler.invalidate_nodes();
         state.scheduler.wake();
     }
+    // Once, as the poll arrives: what it says the agent runs is what it runs now.
+    crate::agents::dispatch::reconcile(&state, &node.node, &body.running).await?;
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         // Register interest before looking, so a notification between the look and the wait
@@ -488,9 +490,20 @@ pub async fn finished(
         }
         (Some(kind), None) => {
             let spec = spec_of(&t.task)?;
+            let earlier_failures = state
+                .store
+                .task_attempts(&id)
+                .await?
+                .iter()
+                .filter(|a| {
+                    a.number < i64::from(body.attempt)
+                        && matches!(a.reason.as_deref(), Some("error" | "oom"))
+                })
+                .count() as u32;
             let end = after_attempt(
                 &spec,
                 body.attempt,
+                earlier_failures,
                 t.task.batch_size.map(|b| b as u32),
                 body.exit_code,
                 kind,

@@ -23,11 +23,13 @@ impl ExitKind {
     }
 }
 
-/// `attempt` is the number of the attempt that ended (1 for the first run); `batch_size` the
-/// one it ran with.
+/// `attempt` is the number of the attempt that ended (1 for the first run), `earlier_failures`
+/// how many attempts before it failed (errors and OOMs: preempted, lost or drained runs are
+/// not the task's failures and do not spend its retries); `batch_size` the one it ran with.
 pub fn after_attempt(
     spec: &TaskSpec,
     attempt: u32,
+    earlier_failures: u32,
     batch_size: Option<u32>,
     exit_code: Option<i64>,
     kind: ExitKind,
@@ -49,7 +51,7 @@ pub fn after_attempt(
     } else {
         "failed"
     };
-    let retries_used = attempt.saturating_sub(1);
+    let retries_used = earlier_failures;
     if retries_used >= spec.retry_policy.max_retries {
         return AttemptEnd {
             exit_code,
@@ -103,7 +105,7 @@ mod tests {
 
     #[test]
     fn success_completes() {
-        let e = after_attempt(&spec(3, true), 1, Some(64), Some(0), ExitKind::Success);
+        let e = after_attempt(&spec(3, true), 1, 0, Some(64), Some(0), ExitKind::Success);
         assert_eq!(e.next_state, "completed");
         assert_eq!(e.reason, None);
     }
@@ -112,35 +114,40 @@ mod tests {
     fn failures_retry_until_the_budget_is_spent() {
         let s = spec(2, false);
         assert_eq!(
-            after_attempt(&s, 1, None, Some(1), ExitKind::Error).next_state,
+            after_attempt(&s, 1, 0, None, Some(1), ExitKind::Error).next_state,
             "pending"
         );
         assert_eq!(
-            after_attempt(&s, 2, None, Some(1), ExitKind::Error).next_state,
+            after_attempt(&s, 2, 1, None, Some(1), ExitKind::Error).next_state,
             "pending"
         );
-        let last = after_attempt(&s, 3, None, Some(1), ExitKind::Error);
+        let last = after_attempt(&s, 3, 2, None, Some(1), ExitKind::Error);
         assert_eq!(last.next_state, "failed");
         assert_eq!(last.reason.as_deref(), Some("error"));
         assert_eq!(
-            after_attempt(&spec(0, false), 1, None, Some(1), ExitKind::Error).next_state,
+            after_attempt(&spec(0, false), 1, 0, None, Some(1), ExitKind::Error).next_state,
             "failed"
+        );
+        // Runs that were preempted or lost before do not count: attempt 4 is the first failure.
+        assert_eq!(
+            after_attempt(&spec(1, false), 4, 0, None, Some(1), ExitKind::Error).next_state,
+            "pending"
         );
     }
 
     #[test]
     fn oom_recovery_halves_the_batch() {
-        let e = after_attempt(&spec(3, true), 1, Some(64), Some(137), ExitKind::Oom);
+        let e = after_attempt(&spec(3, true), 1, 0, Some(64), Some(137), ExitKind::Oom);
         assert_eq!(e.next_state, "pending");
         assert_eq!(e.next_batch_size, Some(32));
         assert_eq!(e.reason.as_deref(), Some("oom"));
         assert_eq!(
-            after_attempt(&spec(3, true), 2, Some(1), None, ExitKind::Oom).next_batch_size,
+            after_attempt(&spec(3, true), 2, 1, Some(1), None, ExitKind::Oom).next_batch_size,
             Some(1)
         );
         // Without oom_recovery the batch stays.
         assert_eq!(
-            after_attempt(&spec(3, false), 1, Some(64), None, ExitKind::Oom).next_batch_size,
+            after_attempt(&spec(3, false), 1, 0, Some(64), None, ExitKind::Oom).next_batch_size,
             Some(64)
         );
     }

@@ -41,6 +41,24 @@ pub async fn start_agent_with(
     runtime: Arc<dyn autodl_agent::Runtime>,
     data_roots: &[std::path::PathBuf],
 ) -> RunningAgent {
+    start_agent_configured(app, op, node, gpus, runtime, |mut c| {
+        for r in data_roots {
+            c = c.data_root(r);
+        }
+        c
+    })
+    .await
+}
+
+/// An agent whose configuration `tweak` adjusts, registered and polling.
+pub async fn start_agent_configured(
+    app: &TestApp,
+    op: &Session,
+    node: &str,
+    gpus: &str,
+    runtime: Arc<dyn autodl_agent::Runtime>,
+    tweak: impl FnOnce(AgentConfig) -> AgentConfig,
+) -> RunningAgent {
     let token = app.registration_token(op, node).await;
     let dir = tempfile::tempdir().unwrap();
     let mut config = AgentConfig::new(app.address.clone())
@@ -52,9 +70,7 @@ pub async fn start_agent_with(
         .memory(64 << 30)
         .sample_interval(Duration::from_millis(300))
         .shutdown_grace(Duration::from_secs(2));
-    for r in data_roots {
-        config = config.data_root(r);
-    }
+    config = tweak(config);
     let agent = Agent::new(
         config,
         Arc::new(SimulatedBackend::from_spec(gpus, 7).unwrap()),
@@ -189,7 +205,7 @@ async fn commands_run_to_completion_with_logs_metrics_and_retries(b: Backend) {
 }
 
 /// The `autodl-agent` binary next to this test's executable (scripts/test.sh builds it).
-fn agent_binary() -> std::path::PathBuf {
+pub fn agent_binary() -> std::path::PathBuf {
     if let Ok(p) = std::env::var("AUTODL_AGENT_BIN") {
         return p.into();
     }
@@ -329,7 +345,8 @@ async fn docker_runtime_runs_tasks_with_limits(b: Backend) {
     let token = app.registration_token(&op, "docker").await;
     let dir = tempfile::tempdir().unwrap();
     let config = AgentConfig::new(app.address.clone())
-        .node_id("docker-1")
+        // Per backend: both share one Docker engine, and an agent removes its node's leftovers.
+        .node_id(format!("docker-{b:?}").to_lowercase())
         .registration_token(&token)
         .state_dir(dir.path().to_path_buf())
         .cpu(4)

@@ -21,7 +21,9 @@ pub enum Backend {
 pub struct TestApp {
     pub address: String,
     pub state: actix_web::web::Data<AppState>,
-    _dir: tempfile::TempDir,
+    /// Stops the server and its scheduler.
+    pub server: actix_web::dev::ServerHandle,
+    pub dir: std::sync::Arc<tempfile::TempDir>,
 }
 
 pub const PASSWORD: &str = "Tr41n-all-the-things";
@@ -100,11 +102,13 @@ async fn spawn_app_on(
         .expect("build app");
     let address = format!("http://127.0.0.1:{}", app.port());
     let state = app.state.clone();
+    let server = app.handle();
     tokio::spawn(app.run_until_stopped());
     TestApp {
         address,
         state,
-        _dir: dir,
+        server,
+        dir: std::sync::Arc::new(dir),
     }
 }
 
@@ -117,6 +121,32 @@ pub struct Session {
 }
 
 impl TestApp {
+    /// Stops this server at once, as a crash would: open requests are cut and its scheduler
+    /// ends (the database stays).
+    pub async fn kill(&self) {
+        self.server.stop(false).await;
+    }
+
+    /// A new server on the same database, address and clock, as after a restart.
+    pub async fn restart(&self) -> TestApp {
+        let settings = self.state.settings.clone();
+        let store = store::open(&settings.database_url, settings.db_max_connections)
+            .await
+            .expect("open store");
+        let app = Application::build_with(settings, store, self.state.clock.clone())
+            .await
+            .expect("restart app");
+        let state = app.state.clone();
+        let server = app.handle();
+        tokio::spawn(app.run_until_stopped());
+        TestApp {
+            address: self.address.clone(),
+            state,
+            server,
+            dir: self.dir.clone(),
+        }
+    }
+
     /// A scheduler runner on this server's state, for tests that drive cycles themselves.
     pub fn runner(&self) -> Runner {
         Runner::new(&self.state, std::time::Duration::from_millis(200))

@@ -89,7 +89,10 @@ async fn tasks_of_another_organization_reach_nothing_on_the_host(b: Backend) {
 async fn attack_on(b: Backend, mode: &str, runtime: Arc<dyn Runtime>, image: &str) {
     let app = spawn_app(b).await;
     let op = app.operator().await;
-    let agent = start_agent_with(&app, &op, "shared-host", "2xA100-40G", runtime, &[]).await;
+    // One node id per backend: a Docker agent starting removes containers its node id left
+    // behind, and both backends' tests share one engine.
+    let node = format!("shared-host-{b:?}").to_lowercase();
+    let agent = start_agent_with(&app, &op, &node, "2xA100-40G", runtime, &[]).await;
     let a = app.signup("a@example.com", "Org A").await;
     let bee = app.signup("b@example.com", "Org B").await;
 
@@ -232,10 +235,11 @@ async fn datasets_on(b: Backend, mode: &str, runtime: Arc<dyn Runtime>, image: &
 
     let app = spawn_app(b).await;
     let op = app.operator().await;
+    let node = format!("data-host-{b:?}").to_lowercase();
     let agent = start_agent_with(
         &app,
         &op,
-        "data-host",
+        &node,
         "1xA100-40G",
         runtime,
         std::slice::from_ref(&root),

@@ -7,6 +7,7 @@ mod admin_cli;
 mod agents;
 mod api_keys;
 mod e2e;
+mod faults;
 mod isolation;
 mod leader;
 #[path = "../support/s3_server.rs"]

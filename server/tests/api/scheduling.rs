@@ -19,6 +19,7 @@ crate::on_both_backends!(
     victims_already_stopping_are_not_replaced,
     utilization_comes_from_the_store_and_unmeasured_time_is_neutral,
     the_policy_and_shares_come_from_configuration,
+    a_run_its_node_no_longer_has_is_requeued_at_once,
 );
 
 struct Cluster {
@@ -386,4 +387,34 @@ async fn the_policy_and_shares_come_from_configuration(b: Backend) {
         "a larger share ranks higher at equal use: {fx} vs {fy}"
     );
     let _ = (a, bee);
+}
+
+async fn a_run_its_node_no_longer_has_is_requeued_at_once(b: Backend) {
+    let mut c = cluster(b, |_| {}).await;
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    c.at(0);
+    let a = c
+        .submit(
+            &x,
+            json!({"name": "a", "image": "i", "command": "train", "retry_policy": {"max_retries": 1},
+                   "resources": {"gpu": {"type": "A100", "count": 1}}}),
+        )
+        .await;
+    assert_eq!(c.cycle_and_start().await, vec![(a.clone(), 1)]);
+    // The agent restarts and has forgotten the run: its first poll says so.
+    c.at(60);
+    c.running.lock().unwrap().clear();
+    let (assigned, _) = c.poll().await;
+    assert!(assigned.is_empty());
+    let t = c.task(&x, &a).await;
+    assert_eq!(t["state"], "pending", "requeued by that one poll: {t}");
+    let attempts = x.get(&c.app, &format!("/api/v1/tasks/{a}/attempts")).await;
+    assert_eq!(attempts[0]["reason"], "lost");
+    // It runs again; a lost run is not the task's failure, so one real failure still
+    // leaves it its retry.
+    assert_eq!(c.cycle_and_start().await, vec![(a.clone(), 2)]);
+    c.at(120);
+    c.finished(&a, 2, "error").await;
+    assert_eq!(c.task(&x, &a).await["state"], "pending");
+    assert_eq!(c.cycle_and_start().await, vec![(a.clone(), 3)]);
 }

@@ -584,9 +584,17 @@ async fn end_attempt(app: &TestApp, id: &str, exit: ExitKind, code: i64) {
     let t = store.task(None, id).await.unwrap().unwrap().task;
     assert!(store.mark_running(id, t.attempts, 1).await.unwrap());
     let spec = spec_of(&t).unwrap();
+    let earlier_failures = store
+        .task_attempts(id)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|a| matches!(a.reason.as_deref(), Some("error" | "oom")))
+        .count() as u32;
     let end = after_attempt(
         &spec,
         t.attempts as u32,
+        earlier_failures,
         t.batch_size.map(|b| b as u32),
         Some(code),
         exit,

@@ -62,6 +62,7 @@ async fn usage_report_counts_gpu_hours_per_tenant_and_user(b: Backend) {
     let end = after_attempt(
         &spec_of(&t).unwrap(),
         t.attempts as u32,
+        0,
         None,
         Some(0),
         ExitKind::Success,
@@ -308,6 +309,7 @@ async fn metric_stream_sends_samples_and_ends_with_the_task(b: Backend) {
     let end = after_attempt(
         &spec_of(&t).unwrap(),
         t.attempts as u32,
+        0,
         None,
         Some(0),
         ExitKind::Success,
