@@ -33,6 +33,11 @@ use crate::state::{load_credential, save_credential, SavedCredential};
 
 /// Protocol limits per call.
 const MAX_LOG_LINES_PER_CALL: usize = 1000;
+/// JSON bytes of log lines per call: well inside the server's default 256 KiB body limit. A
+/// server configured tighter answers 413, and the agent halves this until batches fit.
+const LOG_BATCH_BYTES: usize = 192 * 1024;
+/// Below this a refused batch is a single line, which is cut instead.
+const MIN_LOG_BATCH_BYTES: usize = 4 * 1024;
 const MAX_SAMPLES_PER_CALL: usize = 10_000;
 
 type TaskKey = (String, u32);
@@ -59,6 +64,10 @@ struct Inner {
     data_lock: tokio::sync::Mutex<()>,
     /// Task uids, when the runtime runs each task as its own user.
     uids: Option<UidPool>,
+    /// Current byte budget of one log batch (see `LOG_BATCH_BYTES`).
+    log_batch_bytes: std::sync::atomic::AtomicUsize,
+    /// Current number of GPU samples per call, halved when the server finds a batch too large.
+    samples_per_call: std::sync::atomic::AtomicUsize,
 }
 
 /// One node agent. Cheap to clone (all clones share the same state); run it once.
@@ -109,6 +118,8 @@ enum Delivery {
     },
     /// Given up because the agent is shutting down.
     Abandoned,
+    /// 413: the body is over the server's limit; the caller splits it and sends it again.
+    TooLarge,
 }
 
 impl Agent {
@@ -144,6 +155,8 @@ impl Agent {
                 tracker: TaskTracker::new(),
                 data_lock: tokio::sync::Mutex::new(()),
                 uids,
+                log_batch_bytes: std::sync::atomic::AtomicUsize::new(LOG_BATCH_BYTES),
+                samples_per_call: std::sync::atomic::AtomicUsize::new(MAX_SAMPLES_PER_CALL),
             }),
         })
     }
@@ -575,6 +588,10 @@ impl Inner {
                     self.set_reachable(true);
                     return Delivery::Delivered;
                 }
+                Err(e) if e.is_too_large() => {
+                    tracing::info!(what, "server refused a report as too large; splitting it");
+                    return Delivery::TooLarge;
+                }
                 Err(e) if e.is_conflict() => {
                     tracing::info!(what, "server says the attempt is no longer current");
                     return Delivery::Rejected { stale: true };
@@ -603,7 +620,9 @@ impl Inner {
         log: &LogBuffer,
         shutdown: &CancellationToken,
     ) -> bool {
-        let lines = log.take_batch(MAX_LOG_LINES_PER_CALL);
+        use std::sync::atomic::Ordering;
+        let budget = self.log_batch_bytes.load(Ordering::Relaxed);
+        let lines = log.take_within(MAX_LOG_LINES_PER_CALL, budget);
         if lines.is_empty() {
             return true;
         }
@@ -615,6 +634,22 @@ impl Inner {
         {
             Delivery::Delivered => {
                 self.metrics.log_lines_sent.inc_by(n);
+                true
+            }
+            Delivery::TooLarge => {
+                // Never lose output to a body limit: put the lines back and send less at a time.
+                let mut lines = batch.lines;
+                if lines.len() > 1 || budget > MIN_LOG_BATCH_BYTES {
+                    self.log_batch_bytes
+                        .store((budget / 2).max(MIN_LOG_BATCH_BYTES), Ordering::Relaxed);
+                } else if let Some(only) = lines.first_mut() {
+                    let mut cut = only.line.len() / 2;
+                    while !only.line.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    only.line.truncate(cut);
+                }
+                log.requeue_front(lines);
                 true
             }
             Delivery::Rejected { stale } => !stale,
@@ -636,7 +671,10 @@ impl Inner {
         loop {
             let batch: Vec<MetricSample> = {
                 let mut q = lock(&self.samples);
-                let n = q.len().min(MAX_SAMPLES_PER_CALL);
+                let per_call = self
+                    .samples_per_call
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                let n = q.len().min(per_call);
                 q.drain(..n).collect()
             };
             if batch.is_empty() {
@@ -647,6 +685,17 @@ impl Inner {
                 Ok(()) => {
                     self.set_reachable(true);
                     self.metrics.samples_sent.inc_by(body.samples.len() as u64);
+                }
+                Err(e) if e.is_too_large() && body.samples.len() > 1 => {
+                    // Send fewer at a time; the samples go back where they were.
+                    self.samples_per_call.store(
+                        (body.samples.len() / 2).max(1),
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                    let mut q = lock(&self.samples);
+                    for s in body.samples.into_iter().rev() {
+                        q.push_front(s);
+                    }
                 }
                 Err(e) if e.is_transient() || e.is_unauthorized() => {
                     if matches!(e, ClientError::Transport(_)) {

@@ -126,7 +126,8 @@ impl ServerClient {
     }
 
     pub async fn logs(&self, task_id: &str, batch: &LogBatch) -> Result<(), ClientError> {
-        self.post_unit(&task_path(task_id, "logs"), batch).await
+        self.post_unit(&task_path(task_id, "logs"), &Stamped::now(batch))
+            .await
     }
 
     pub async fn finished(
@@ -139,7 +140,8 @@ impl ServerClient {
     }
 
     pub async fn metrics(&self, batch: &MetricsBatch) -> Result<(), ClientError> {
-        self.post_unit("/api/v1/agent/metrics", batch).await
+        self.post_unit("/api/v1/agent/metrics", &Stamped::now(batch))
+            .await
     }
 
     fn authorized(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -337,5 +339,23 @@ mod tests {
             .await
             .unwrap_err();
         assert!(e.is_transient(), "{e}");
+    }
+}
+
+/// A batch with the agent's clock at the moment of sending (each retry stamps anew), from
+/// which the server corrects the times in it for this node's clock skew.
+#[derive(Serialize)]
+struct Stamped<'a, T: Serialize> {
+    #[serde(flatten)]
+    body: &'a T,
+    sent_at: String,
+}
+
+impl<'a, T: Serialize> Stamped<'a, T> {
+    fn now(body: &'a T) -> Self {
+        Stamped {
+            body,
+            sent_at: crate::protocol::now_rfc3339(),
+        }
     }
 }

@@ -56,6 +56,11 @@ impl ClientError {
         self.status() == Some(409)
     }
 
+    /// 413: the body is over the server's limit; a smaller one may pass.
+    pub fn is_too_large(&self) -> bool {
+        self.status() == Some(413)
+    }
+
     pub fn is_unauthorized(&self) -> bool {
         matches!(self.status(), Some(401 | 403))
     }

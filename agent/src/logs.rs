@@ -120,6 +120,13 @@ impl LogBuffer {
 
     /// Takes up to `max` lines, oldest first, starting with a marker when lines were dropped.
     pub fn take_batch(&self, max: usize) -> Vec<LogLine> {
+        self.take_within(max, usize::MAX)
+    }
+
+    /// Takes up to `max` lines whose JSON encoding stays within `max_bytes` (at least one line,
+    /// so a single long line still moves): the server refuses bodies over its limit, and a batch
+    /// it refuses must not cost the lines.
+    pub fn take_within(&self, max: usize, max_bytes: usize) -> Vec<LogLine> {
         let mut q = self.lock();
         let mut out = Vec::with_capacity(max.min(q.lines.len() + 1));
         if q.dropped > 0 && max > 0 {
@@ -133,11 +140,15 @@ impl LogBuffer {
             });
             q.dropped = 0;
         }
+        let mut bytes = out.iter().map(encoded_len).sum::<usize>();
         while out.len() < max {
-            match q.lines.pop_front() {
-                Some(l) => out.push(l),
-                None => break,
+            let Some(next) = q.lines.front() else { break };
+            let len = encoded_len(next);
+            if !out.is_empty() && bytes + len > max_bytes {
+                break;
             }
+            bytes += len;
+            out.extend(q.lines.pop_front());
         }
         out
     }
@@ -185,6 +196,11 @@ impl LogBuffer {
             }
         }
     }
+}
+
+/// Bytes a line adds to a batch's JSON body (its encoding plus a separator).
+pub fn encoded_len(line: &LogLine) -> usize {
+    serde_json::to_vec(line).map_or(line.line.len() * 6 + 64, |v| v.len() + 1)
 }
 
 #[cfg(test)]

@@ -26,6 +26,12 @@ struct State {
     down: bool,
     /// Answer polls with 401 once (a revoked credential).
     reject_next_poll: bool,
+    /// Log bodies over this many bytes get 413, as a server with a tight body limit answers.
+    log_body_limit: Option<usize>,
+    /// Log batches refused as too large.
+    refused_logs: usize,
+    /// Every log and metric batch carried the agent's clock at sending.
+    unstamped: usize,
     registrations: Vec<RegisterRequest>,
     polls: Vec<(Option<String>, PollRequest)>,
     queued: VecDeque<Value>,
@@ -181,16 +187,27 @@ async fn route(
     if path == "/api/v1/agent/metrics" {
         let b: MetricsBatch = serde_json::from_value(v.clone()).unwrap();
         assert!(!b.samples.is_empty());
-        state
-            .lock()
-            .unwrap()
-            .samples
+        let mut s = state.lock().unwrap();
+        if v["sent_at"].as_str().is_none() {
+            s.unstamped += 1;
+        }
+        s.samples
             .extend(v["samples"].as_array().unwrap().iter().cloned());
         return (200, json!({}));
     }
     let rest = path.strip_prefix("/api/v1/agent/tasks/").unwrap_or("");
     let (task, what) = rest.split_once('/').unwrap_or(("", ""));
     let mut s = state.lock().unwrap();
+    if what == "logs" && s.log_body_limit.is_some_and(|l| body.len() > l) {
+        s.refused_logs += 1;
+        return (
+            413,
+            json!({"error": {"code": "payload_too_large", "message": "too large"}}),
+        );
+    }
+    if (what == "logs" || path == "/api/v1/agent/metrics") && v["sent_at"].as_str().is_none() {
+        s.unstamped += 1;
+    }
     s.events.push(format!("{what}:{task}"));
     match what {
         "started" => s
@@ -449,6 +466,58 @@ async fn stop_order_and_oom_reasons() {
         ]
     );
     fake.with(|s| assert!(log_text(s, "long").contains(&"checkpointing".to_string())));
+    stop.cancel();
+    handle.await.unwrap().unwrap();
+}
+
+/// A server whose body limit is far below the agent's batches refuses them with 413: the
+/// agent sends less at a time and loses no line (it used to drop the refused batch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_refused_as_too_large_are_split_not_dropped() {
+    let fake = Fake::start().await;
+    fake.with(|s| s.log_body_limit = Some(24 * 1024));
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::new(
+        config(&fake, dir.path(), "node-l").registration_token("adlreg_good"),
+        Arc::new(SimulatedBackend::from_spec("1xA40", 1).unwrap()),
+        Arc::new(ProcessRuntime::trusted()),
+    )
+    .unwrap();
+    let (stop, handle) = start(&agent);
+    // 2,000 lines of 300 characters, then one line longer than the whole limit.
+    fake.with(|s| {
+        s.queued.push_back(assignment(
+            "chatty",
+            "i=0; while [ $i -lt 2000 ]; do printf 'line %05d %0290d\n' $i 0; i=$((i+1)); done; \
+             head -c 40000 /dev/zero | tr '\\0' x; echo",
+            &[],
+        ))
+    });
+    fake.until("the task finished", |s| {
+        (!s.finished.is_empty()).then_some(())
+    })
+    .await;
+    fake.with(|s| {
+        let lines = log_text(s, "chatty");
+        assert!(s.refused_logs > 0, "the limit was never hit");
+        for (i, l) in lines.iter().take(2000).enumerate() {
+            assert!(
+                l.starts_with(&format!("line {i:05} ")),
+                "line {i} is {l:.20}"
+            );
+        }
+        // The runtime reads a line longer than 16 KiB in pieces; each piece that alone is
+        // over the limit is cut, never dropped.
+        let rest = &lines[2000..];
+        assert!(!rest.is_empty(), "the long line arrives");
+        assert!(
+            rest.iter()
+                .all(|l| l.len() >= 4096 && l.bytes().all(|b| b == b'x')),
+            "the long line is cut, not lost: {:?}",
+            rest.iter().map(String::len).collect::<Vec<_>>()
+        );
+        assert_eq!(s.unstamped, 0, "batches carry the agent's clock");
+    });
     stop.cancel();
     handle.await.unwrap().unwrap();
 }

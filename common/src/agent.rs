@@ -212,6 +212,10 @@ pub struct AgentLogLine {
 pub struct LogBatch {
     pub attempt: u32,
     pub lines: Vec<AgentLogLine>,
+    /// The agent's clock when it sent the batch (RFC 3339): the server corrects line times by
+    /// the difference to its own clock, so a node whose clock is off keeps its output in order.
+    #[serde(default)]
+    pub sent_at: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -256,6 +260,9 @@ pub struct GpuSample {
 #[serde(deny_unknown_fields)]
 pub struct MetricBatch {
     pub samples: Vec<GpuSample>,
+    /// The agent's clock when it sent the batch; see [`LogBatch::sent_at`].
+    #[serde(default)]
+    pub sent_at: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

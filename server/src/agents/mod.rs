@@ -3,6 +3,7 @@
 
 pub mod dispatch;
 pub mod node_caller;
+pub mod skew;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -15,6 +15,7 @@ use serde::Deserialize;
 
 use crate::agents::dispatch::work_for;
 use crate::agents::node_caller::NodeCaller;
+use crate::agents::skew::ClockSkew;
 use crate::agents::{NODE_CREDENTIAL_PREFIX, REGISTRATION_TOKEN_PREFIX};
 use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::Caller;
@@ -425,7 +426,7 @@ pub async fn logs(
         ));
     }
     current(&state, &node, &id, body.attempt).await?;
-    let now = state.clock.now_ms();
+    let skew = ClockSkew::of_batch(body.sent_at.as_deref(), state.clock.now_ms());
     let mut lines = Vec::with_capacity(body.lines.len());
     for l in &body.lines {
         let stream = match l.stream.as_str() {
@@ -437,7 +438,7 @@ pub async fn logs(
                 ))
             }
         };
-        let at = parse_time_ms(&l.at).unwrap_or(now);
+        let at = skew.correct(parse_time_ms(&l.at));
         let mut line = l.line.clone();
         if line.len() > MAX_LINE_BYTES {
             let mut cut = MAX_LINE_BYTES;
@@ -576,7 +577,7 @@ pub async fn metrics(
         ));
     }
     let gpus: Vec<Gpu> = serde_json::from_str(&node.node.gpus).map_err(anyhow::Error::from)?;
-    let now = state.clock.now_ms();
+    let skew = ClockSkew::of_batch(body.sent_at.as_deref(), state.clock.now_ms());
     let ran_here = gpus_of_tasks_here(&state, &node.node.id, &body.samples).await?;
     let mut rows = Vec::with_capacity(body.samples.len());
     let mut per_task: std::collections::HashMap<&str, (f64, u32)> =
@@ -597,9 +598,8 @@ pub async fn metrics(
         }
         let at = parse_time_ms(&s.at)
             .ok_or_else(|| ApiError::invalid("samples", "sample time is not RFC 3339"))?;
-        // A clock running ahead of the server's does not cost the samples: they count as
-        // taken now.
-        let at = at.min(now);
+        // A node's clock being off does not cost its samples: they move onto the server's.
+        let at = skew.correct(Some(at));
         let mem_total = s.mem_total.max(gpu.mem_bytes);
         if let Some(t) = &s.task_id {
             // A node speaks only for the tasks it ran: samples naming another node's task

@@ -7,12 +7,15 @@ use std::time::{Duration, Instant};
 use autodl_agent::{IsolationConfig, ProcessRuntime};
 use serde_json::json;
 
-use crate::e2e::{agent_binary, log_text, start_agent_configured, submit, wait_for};
+use crate::agents::FakeAgent;
+use crate::e2e::{agent_binary, log_text, start_agent, start_agent_configured, submit, wait_for};
 use crate::helpers::{spawn_app_with, Backend};
 
 crate::on_both_backends!(
     an_agent_killed_mid_task_leaves_nothing_running,
     a_server_killed_mid_run_loses_nothing,
+    a_burst_of_output_over_the_body_limit_loses_no_line,
+    a_node_clock_minutes_off_loses_nothing_and_is_corrected,
 );
 
 /// Alive and not a zombie.
@@ -193,4 +196,143 @@ async fn a_server_killed_mid_run_loses_nothing(b: Backend) {
     );
     agent.shutdown.cancel();
     let _ = agent.handle.await;
+}
+
+/// 3,000 lines of 400 characters come out at once: over 1 MiB, four times the server's body
+/// limit per batch. Every line is stored, in order (the agent used to lose the refused batches:
+/// 2,434 of 3,000 lines).
+async fn a_burst_of_output_over_the_body_limit_loses_no_line(b: Backend) {
+    let app = spawn_app_with(b, |_| {}).await;
+    let op = app.operator().await;
+    let agent = start_agent(&app, &op, "burst-1", "1xA100-40G").await;
+    let s = app.signup("b@example.com", "Lab").await;
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "chatty", "image": "none",
+        "command": "i=0; while [ $i -lt 3000 ]; do printf 'line %05d %0389d\\n' $i 0; i=$((i+1)); done",
+        "resources": {"gpu": {"type": "A100", "count": 1}}}),
+    )
+    .await;
+    wait_for(&app, &s, &id, &["completed"], 60).await;
+    let mut lines = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = s
+            .get(
+                &app,
+                &format!("/api/v1/tasks/{id}/logs?after={after}&limit=5000"),
+            )
+            .await;
+        let got = page["lines"].as_array().unwrap().clone();
+        let Some(last) = got.last() else { break };
+        after = last["seq"].as_i64().unwrap();
+        lines.extend(got.iter().map(|l| l["line"].as_str().unwrap().to_owned()));
+    }
+    assert_eq!(lines.len(), 3000, "every line is stored once");
+    for (i, l) in lines.iter().enumerate() {
+        assert!(
+            l.starts_with(&format!("line {i:05} ")),
+            "line {i} is {l:.20}"
+        );
+        assert_eq!(l.len(), 400);
+    }
+    agent.shutdown.cancel();
+    let _ = agent.handle.await;
+}
+
+/// A node whose clock runs two minutes ahead (and one whose clock says 2099): its samples
+/// count, its log lines keep their order and land at the server's time, nothing is refused.
+async fn a_node_clock_minutes_off_loses_nothing_and_is_corrected(b: Backend) {
+    let app = spawn_app_with(b, |_| {}).await;
+    let op = app.operator().await;
+    let agent = FakeAgent::join(&app, &op, "skewed-1", "A100-40G", "z1").await;
+    let s = app.signup("k@example.com", "Lab").await;
+    let (id, attempt, work) = agent
+        .placed(
+            &app,
+            &s,
+            json!({"name": "skewed", "image": "none", "command": "true",
+                "resources": {"gpu": {"type": "A100", "count": 1}}}),
+        )
+        .await;
+    let gpu = work["gpu_indices"][0].as_u64().unwrap();
+    let res = agent
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/started"),
+            json!({"attempt": attempt}),
+        )
+        .await;
+    assert!(res.status().is_success());
+    let rfc = |d: time::Duration| {
+        (time::OffsetDateTime::now_utc() + d)
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    let ahead = time::Duration::minutes(2);
+    let sample = |back_s: i64| {
+        json!({"at": rfc(ahead - time::Duration::seconds(back_s)), "gpu_index": gpu,
+               "util": 0.74, "mem_used": 1000, "mem_total": 42949672960u64, "task_id": id})
+    };
+    let before = time::OffsetDateTime::now_utc().unix_timestamp();
+    let res = agent
+        .call(
+            "/api/v1/agent/metrics",
+            json!({"sent_at": rfc(ahead), "samples": [sample(3), sample(2), sample(1)]}),
+        )
+        .await;
+    assert_eq!(
+        res.status(),
+        reqwest::StatusCode::NO_CONTENT,
+        "the batch is taken"
+    );
+    let res = agent
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/logs"),
+            json!({"attempt": attempt, "sent_at": rfc(ahead), "lines": [
+                {"at": rfc(ahead - time::Duration::seconds(2)), "stream": "stdout", "line": "first"},
+                {"at": rfc(ahead - time::Duration::seconds(1)), "stream": "stdout", "line": "second"}]}),
+        )
+        .await;
+    assert_eq!(res.status(), reqwest::StatusCode::NO_CONTENT);
+    // An older agent that does not stamp its batches, with a clock in 2099.
+    let res = agent
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/logs"),
+            json!({"attempt": attempt, "lines": [
+                {"at": "2099-01-01T00:00:00Z", "stream": "stdout", "line": "third"}]}),
+        )
+        .await;
+    assert_eq!(res.status(), reqwest::StatusCode::NO_CONTENT);
+    let after = time::OffsetDateTime::now_utc().unix_timestamp();
+    let secs = |v: &serde_json::Value| {
+        time::OffsetDateTime::parse(
+            v.as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap()
+        .unix_timestamp()
+    };
+    let m = s.get(&app, &format!("/api/v1/tasks/{id}/metrics")).await;
+    let samples = m["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 3, "no sample is lost: {m}");
+    for x in samples {
+        let at = secs(&x["at"]);
+        assert!(
+            at >= before - 5 && at <= after,
+            "sample time is on the server's clock: {x}"
+        );
+    }
+    let logs = s.get(&app, &format!("/api/v1/tasks/{id}/logs")).await;
+    let lines = logs["lines"].as_array().unwrap();
+    let text: Vec<&str> = lines.iter().map(|l| l["line"].as_str().unwrap()).collect();
+    assert_eq!(text, ["first", "second", "third"]);
+    for l in lines {
+        let at = secs(&l["at"]);
+        assert!(
+            at >= before - 5 && at <= after,
+            "line time is on the server's clock: {l}"
+        );
+    }
+    assert!(secs(&lines[0]["at"]) < secs(&lines[1]["at"]) || lines[0]["at"] == lines[1]["at"]);
 }
