@@ -282,8 +282,15 @@ pub struct AdminUpdateUserRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Health {
+    /// "ok", or "degraded" (503) when the database cannot be reached or cannot write.
     pub status: String,
     pub database: String,
+    /// A write to the database just succeeded: a full or read-only disk shows here.
+    #[serde(default)]
+    pub writable: bool,
+    /// Why the database is not usable, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// The scheduling policy this server runs, as its configuration sets it (`[policy]`).

@@ -43,6 +43,9 @@ pub enum ApiError {
     /// Object storage did not answer or failed; the caller may retry.
     #[error("{0}")]
     StorageUnavailable(String),
+    /// The database cannot write for now (full or read-only disk); the caller may retry.
+    #[error("{0}; try again later")]
+    DatabaseUnavailable(crate::store::fault::StoreFault),
     #[error("too many attempts; try again in {retry_after_secs} s")]
     RateLimited { retry_after_secs: u64 },
     #[error("internal error")]
@@ -70,6 +73,7 @@ impl ApiError {
             ApiError::Quota(_) => "quota",
             ApiError::NoResults(_) => "no_results",
             ApiError::StorageUnavailable(_) => "storage_unavailable",
+            ApiError::DatabaseUnavailable(_) => "database_unavailable",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Internal(_) => "internal",
         }
@@ -81,6 +85,7 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::NotFound => ApiError::NotFound("not found".into()),
             StoreError::Conflict(what) => ApiError::Conflict(what),
+            StoreError::Unavailable(fault) => ApiError::DatabaseUnavailable(fault),
             other => ApiError::Internal(other.into()),
         }
     }
@@ -110,7 +115,9 @@ impl ResponseError for ApiError {
             }
             ApiError::Quota(_) => StatusCode::FORBIDDEN,
             ApiError::NoResults(_) => StatusCode::NOT_FOUND,
-            ApiError::StorageUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::StorageUnavailable(_) | ApiError::DatabaseUnavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) | ApiError::Refused { .. } => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,

@@ -1,6 +1,7 @@
 //! Persistence behind one trait, with a SQLite backend (the embedded default) and a
 //! PostgreSQL backend (production), chosen by the database URL.
 
+pub mod fault;
 mod records;
 mod sql;
 
@@ -19,10 +20,25 @@ pub enum StoreError {
     Conflict(String),
     #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://...")]
     UnsupportedUrl(String),
+    /// The database cannot write for now (disk full, read-only, I/O error); retry later.
+    #[error("{0}")]
+    Unavailable(fault::StoreFault),
     #[error(transparent)]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     #[error(transparent)]
     Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        match fault::StoreFault::of(&e) {
+            Some(f) => {
+                fault::record(f);
+                StoreError::Unavailable(f)
+            }
+            None => StoreError::Database(e),
+        }
+    }
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -53,6 +69,8 @@ pub struct UsageUtilRecord {
 pub trait Store: Send + Sync + 'static {
     fn backend(&self) -> &'static str;
     async fn ping(&self) -> StoreResult<()>;
+    /// Writes one row: the health check's proof that the database takes writes now.
+    async fn probe_write(&self, now_ms: i64) -> StoreResult<()>;
 
     // Tenants and users.
     async fn create_tenant_with_owner(

@@ -32,12 +32,14 @@ impl SqliteStore {
         if let Some(parent) = std::path::Path::new(opts.get_filename()).parent() {
             if !parent.as_os_str().is_empty() {
                 std::fs::create_dir_all(parent)
-                    .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
+                    .map_err(|e| StoreError::from(sqlx::Error::Io(e)))?;
             }
         }
         let file = std::path::PathBuf::from(opts.get_filename());
         let pool = SqlitePoolOptions::new()
             .max_connections(max_connections.max(1))
+            .before_acquire(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
+            .after_release(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
             .connect_with(opts)
             .await?;
         // The database holds every secret digest and all tenants' data: only the server's
@@ -87,6 +89,8 @@ impl PostgresStore {
     pub async fn open(url: &str, max_connections: u32) -> StoreResult<Self> {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
+            .before_acquire(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
+            .after_release(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
             .acquire_timeout(Duration::from_secs(10))
             .connect(url)
             .await?;
@@ -101,7 +105,7 @@ fn conflict(what: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
         sqlx::Error::Database(ref db) if db.is_unique_violation() => {
             StoreError::Conflict(what.to_owned())
         }
-        other => StoreError::Database(other),
+        other => other.into(),
     }
 }
 
@@ -139,6 +143,17 @@ macro_rules! impl_store {
 
             async fn ping(&self) -> StoreResult<()> {
                 sqlx::query("SELECT 1").execute(&self.pool).await?;
+                Ok(())
+            }
+
+            async fn probe_write(&self, now_ms: i64) -> StoreResult<()> {
+                sqlx::query(
+                    "INSERT INTO store_probe (id, at) VALUES (1, $1) \
+                     ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+                )
+                .bind(now_ms)
+                .execute(&self.pool)
+                .await?;
                 Ok(())
             }
 

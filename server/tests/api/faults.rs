@@ -336,3 +336,141 @@ async fn a_node_clock_minutes_off_loses_nothing_and_is_corrected(b: Backend) {
     }
     assert!(secs(&lines[0]["at"]) < secs(&lines[1]["at"]) || lines[0]["at"] == lines[1]["at"]);
 }
+
+/// A small filesystem of its own for a database, mounted for one test and unmounted after it.
+/// `None` where this process may not mount (not root): the caller skips.
+struct SmallDisk {
+    path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(size: &str) -> Option<SmallDisk> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| SmallDisk {
+            path: dir.path().to_path_buf(),
+            _dir: dir,
+        })
+    }
+
+    /// Writes zeros until the disk is full.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let p = self.path.join("filler");
+        let mut f = std::fs::File::create(&p).unwrap();
+        let block = vec![0u8; 64 * 1024];
+        while f.write_all(&block).is_ok() {}
+        // The last partial block too.
+        while f.write_all(&[0u8; 512]).is_ok() {}
+        let _ = f.sync_all();
+        p
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.path)
+            .status();
+    }
+}
+
+/// The database's disk fills up: writes answer 503 with a clear error and `/healthz` says the
+/// store cannot write; once space is freed, the server writes again by itself (it used to stay
+/// broken until restarted), and nothing stored before is lost.
+#[tokio::test]
+async fn a_full_database_disk_is_reported_and_recovered_from() {
+    let Some(disk) = SmallDisk::mount("8m") else {
+        eprintln!("skipped: mounting a small filesystem needs root (CI runs as root)");
+        return;
+    };
+    let url = format!("sqlite://{}/autodl.db", disk.path.display());
+    let app = spawn_app_with(Backend::Sqlite, |s| s.database_url = url).await;
+    let s = app.signup("f@example.com", "Lab").await;
+    let task = |i: usize| {
+        json!({"name": format!("t{i}"), "image": "none", "command": "true",
+               "env": {"PAD": "x".repeat(1024)},
+               "resources": {"gpu": {"type": "A100", "count": 1}}})
+    };
+    let mut stored = Vec::new();
+    for i in 0..3 {
+        stored.push(submit(&app, &s, task(i)).await);
+    }
+    let health = |app: &crate::helpers::TestApp| {
+        let url = app.url("/healthz");
+        async move {
+            let res = reqwest::get(url).await.unwrap();
+            let code = res.status();
+            (code, res.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    assert_eq!(health(&app).await.0, reqwest::StatusCode::OK);
+
+    let filler = disk.fill();
+    let mut refused = None;
+    for i in 3..3000 {
+        let res = s
+            .send(&app, reqwest::Method::POST, "/api/v1/tasks", Some(task(i)))
+            .await;
+        if res.status() == reqwest::StatusCode::CREATED {
+            stored.push(
+                res.json::<serde_json::Value>().await.unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            );
+            continue;
+        }
+        refused = Some((res.status(), res.json::<serde_json::Value>().await.unwrap()));
+        break;
+    }
+    let (code, body) = refused.expect("a full disk refuses writes");
+    assert_eq!(code, reqwest::StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("full"),
+        "{body}"
+    );
+    let (code, body) = health(&app).await;
+    assert_eq!(code, reqwest::StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["writable"], false);
+
+    std::fs::remove_file(filler).unwrap();
+    let freed = Instant::now();
+    loop {
+        let (code, _) = health(&app).await;
+        let res = s
+            .send(
+                &app,
+                reqwest::Method::POST,
+                "/api/v1/tasks",
+                Some(task(999)),
+            )
+            .await;
+        if code == reqwest::StatusCode::OK && res.status() == reqwest::StatusCode::CREATED {
+            break;
+        }
+        assert!(
+            freed.elapsed() < Duration::from_secs(10),
+            "still broken after the disk has room again: {}",
+            res.text().await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for id in &stored {
+        let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+        assert_eq!(
+            t["id"],
+            id.as_str(),
+            "task {id} stored before the fault is kept"
+        );
+    }
+    app.kill().await;
+}
