@@ -196,6 +196,7 @@ pub async fn upload_folder(
     ));
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging)?;
+    let mut opened: Option<String> = None;
     let result = async {
         let (src, dst, listed) = (req.dir.to_path_buf(), staging.clone(), files.clone());
         let files = blocking(move || snapshot(&src, &dst, &listed)).await?;
@@ -209,6 +210,7 @@ pub async fn upload_folder(
             client.start_artifact(req.task_id, &start)
         })
         .await?;
+        opened = Some(created.id.clone());
         let mut sent = Vec::with_capacity(files.len());
         let mut bytes = 0;
         for (rel, size, mtime) in &files {
@@ -243,6 +245,18 @@ pub async fn upload_folder(
     }
     .await;
     let _ = std::fs::remove_dir_all(&staging);
+    if let (Err(e), Some(id)) = (&result, &opened) {
+        // What reached storage of a failed save is of no use: have it deleted now rather than
+        // hold space (a full store is a common reason) until the server's sweep.
+        match client.abandon_artifact(id).await {
+            Ok(()) => {
+                tracing::info!(artifact = id, error = %e, "gave up an upload; its files are deleted")
+            }
+            Err(a) => {
+                tracing::debug!(artifact = id, error = %a, "could not abandon an upload; the server sweeps it")
+            }
+        }
+    }
     result
 }
 

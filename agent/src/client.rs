@@ -223,6 +223,15 @@ impl ServerClient {
         self.post_unit(&path, commit).await
     }
 
+    /// Gives up an upload: the server deletes what it received of it.
+    pub async fn abandon_artifact(&self, artifact_id: &str) -> Result<(), ClientError> {
+        let path = format!(
+            "/api/v1/agent/artifacts/{}/abandon",
+            encode_segment(artifact_id)
+        );
+        self.post_unit(&path, &serde_json::json!({})).await
+    }
+
     /// Downloads `path` (below `/api/v1/agent/`) into `dest`, through a temporary file so a
     /// broken transfer never leaves a partial file under the real name.
     pub async fn download(&self, path: &str, dest: &std::path::Path) -> Result<u64, ClientError> {

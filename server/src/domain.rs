@@ -122,6 +122,41 @@ pub fn parse_name(field: &'static str, raw: &str, max: usize) -> Result<String, 
     Ok(s.to_owned())
 }
 
+/// What an agent saves for a task: a checkpoint to resume from, or the task's results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArtifactKind {
+    Checkpoint,
+    Results,
+}
+
+impl ArtifactKind {
+    pub fn parse(raw: &str) -> Result<Self, ApiError> {
+        match raw {
+            "checkpoint" => Ok(ArtifactKind::Checkpoint),
+            "results" => Ok(ArtifactKind::Results),
+            other => Err(ApiError::invalid(
+                "kind",
+                format!("kind is \"checkpoint\" or \"results\", not {other:?}"),
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ArtifactKind::Checkpoint => "checkpoint",
+            ArtifactKind::Results => "results",
+        }
+    }
+
+    /// The folder of an organization's objects that holds artifacts of this kind.
+    pub fn folder(self) -> &'static str {
+        match self {
+            ArtifactKind::Checkpoint => "checkpoints",
+            ArtifactKind::Results => "results",
+        }
+    }
+}
+
 /// A node id, as agents and administrators name nodes: it appears in URLs, logs and task
 /// placements, so only 1..=128 letters, digits, '-', '_' or '.'.
 pub fn parse_node_id(field: &'static str, raw: &str) -> Result<String, ApiError> {

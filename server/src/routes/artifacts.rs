@@ -21,10 +21,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::agents::node_caller::NodeCaller;
 use crate::auth::Caller;
+use crate::domain::ArtifactKind;
 use crate::error::ApiError;
 use crate::json::Json;
 use crate::routes::agent::current;
 use crate::routes::tasks::find;
+use crate::scheduling::housekeeping::discard_upload;
 use crate::state::{rfc3339, AppState};
 use crate::storage::{clean_path, delete_prefix, put_bytes, usage, ByteStream, StorageError};
 use crate::store::{ArtifactRecord, TaskRecord};
@@ -155,23 +157,14 @@ pub async fn start_upload(
     body: Json<ArtifactStart>,
 ) -> Result<HttpResponse, ApiError> {
     let t = current(&state, &node, &id, body.attempt).await?;
-    let kind = match body.kind.as_str() {
-        "checkpoint" => "checkpoint",
-        "results" => "results",
-        other => {
-            return Err(ApiError::invalid(
-                "kind",
-                format!("kind is \"checkpoint\" or \"results\", not {other:?}"),
-            ))
-        }
-    };
+    let kind = ArtifactKind::parse(&body.kind)?;
     if body.epoch.is_some_and(|e| !e.is_finite()) {
         return Err(ApiError::invalid("epoch", "epoch must be a finite number"));
     }
     let spec = spec_of(&t.task)?;
     let task = &t.task;
     if usage::room(state.store.as_ref(), &task.tenant_id).await? == Some(0) {
-        let what = format!("{kind} not saved");
+        let what = format!("{} not saved", kind.as_str());
         let e = usage::over_quota(0, None);
         let _ = state
             .store
@@ -188,7 +181,7 @@ pub async fn start_upload(
     // per-object files named after the whole key. The store links each artifact to its task.
     let artifact_id = uuid::Uuid::new_v4().simple().to_string();
     let (bucket, prefix) = match spec.checkpoint.as_ref().and_then(|c| c.save_to.as_deref()) {
-        Some(url) if kind == "checkpoint" && url.starts_with("s3://") => {
+        Some(url) if kind == ArtifactKind::Checkpoint && url.starts_with("s3://") => {
             let (b, p) = state
                 .storage
                 .resolve(&task.tenant_id, url)
@@ -198,8 +191,9 @@ pub async fn start_upload(
         _ => (
             state.storage.default_bucket.clone(),
             format!(
-                "{}{kind}s/{artifact_id}/",
+                "{}{}/{artifact_id}/",
                 state.storage.tenant_prefix(&task.tenant_id),
+                kind.folder(),
             ),
         ),
     };
@@ -209,7 +203,7 @@ pub async fn start_upload(
         task_id: task.id.clone(),
         tenant_id: task.tenant_id.clone(),
         attempt: i64::from(body.attempt),
-        kind: kind.to_owned(),
+        kind: kind.as_str().to_owned(),
         state: "uploading".into(),
         bucket,
         manifest: None,
@@ -220,8 +214,41 @@ pub async fn start_upload(
         created_at: state.clock.now_ms(),
         completed_at: None,
     };
+    // An upload of the same kind that an earlier try left open (its agent gave up or died)
+    // is replaced by this one: its files go now, not at the daily sweep.
+    let superseded = state.store.open_uploads(&task.id, kind.as_str()).await?;
     state.store.create_artifact(&rec).await?;
+    if !superseded.is_empty() {
+        let st = state.clone();
+        actix_web::rt::spawn(async move {
+            for old in superseded {
+                discard_upload(st.store.as_ref(), &st.storage, &old).await;
+            }
+        });
+    }
     Ok(HttpResponse::Created().json(ArtifactCreated { id: artifact_id }))
+}
+
+/// The agent gives up on an upload (storage full, the file changed, shutting down): its files
+/// are deleted now. Repeating it is harmless; a committed upload cannot be abandoned.
+#[utoipa::path(params(("id" = String, Path)), responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+#[post("/agent/artifacts/{id}/abandon")]
+#[tracing::instrument(skip(state, node), fields(node = %node.node.id))]
+pub async fn abandon(
+    state: web::Data<AppState>,
+    node: NodeCaller,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let a = artifact(&state, &id).await?;
+    match a.state.as_str() {
+        "uploading" => {
+            current(&state, &node, &a.task_id, a.attempt as u32).await?;
+            discard_upload(state.store.as_ref(), &state.storage, &a).await;
+            Ok(HttpResponse::NoContent().finish())
+        }
+        "deleting" | "deleted" => Ok(HttpResponse::NoContent().finish()),
+        other => Err(ApiError::Conflict(format!("upload {} is {other}", a.id))),
+    }
 }
 
 /// An artifact still being uploaded by the node that runs its attempt.

@@ -78,6 +78,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(artifacts::start_upload)
             .service(artifacts::put_file)
             .service(artifacts::commit)
+            .service(artifacts::abandon)
             .service(artifacts::get_file)
             .service(artifacts::data_manifest)
             .service(artifacts::data_file)

@@ -25,7 +25,7 @@ use super::{
         tasks::logs, tasks::log_stream, tasks::metrics, streams::metric_stream, tasks::report_metrics,
         artifacts::results, artifacts::checkpoints, artifacts::list_objects, artifacts::put_object,
         artifacts::get_object, artifacts::delete_object, artifacts::start_upload, artifacts::put_file,
-        artifacts::commit, artifacts::get_file, artifacts::data_manifest, artifacts::data_file,
+        artifacts::commit, artifacts::abandon, artifacts::get_file, artifacts::data_manifest, artifacts::data_file,
         nodes::list, nodes::register, nodes::remove, nodes::set_status,
         agent::create_token, agent::list_tokens, agent::revoke_token, agent::register, agent::poll,
         agent::started, agent::logs, agent::finished, agent::metrics,

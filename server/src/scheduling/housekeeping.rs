@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::config::Settings;
 use crate::storage::Storage;
-use crate::store::Store;
+use crate::store::{ArtifactRecord, Store};
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -41,26 +41,37 @@ pub async fn run(
     let (store, storage) = (store.clone(), storage.clone());
     tokio::spawn(async move {
         for a in stale {
-            // Claim it first, so a commit arriving now cannot complete it.
-            if a.state == "uploading"
-                && !store
-                    .set_artifact_state(&a.id, "uploading", "deleting")
-                    .await
-                    .unwrap_or(false)
-            {
-                continue;
-            }
-            match crate::storage::delete_prefix(storage.backend.as_ref(), &a.bucket, &a.prefix)
-                .await
-            {
-                Ok(_) => {
-                    let _ = store.set_artifact_state(&a.id, "deleting", "deleted").await;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, artifact = a.id, "could not delete an abandoned upload")
-                }
-            }
+            discard_upload(store.as_ref(), &storage, &a).await;
         }
     });
     Ok(())
+}
+
+/// Deletes the objects of an upload that will never be completed (its agent gave up, a newer
+/// upload replaced it, or it is a day old), so a failed save does not hold storage. Claimed
+/// first (uploading → deleting), so that a commit arriving meanwhile cannot complete it; a
+/// deletion that fails stays `deleting` and the next sweep finishes it. `false` when the upload
+/// was not there to discard (completed, or already gone).
+pub async fn discard_upload(store: &dyn Store, storage: &Storage, a: &ArtifactRecord) -> bool {
+    if a.state == "uploading"
+        && !store
+            .set_artifact_state(&a.id, "uploading", "deleting")
+            .await
+            .unwrap_or(false)
+    {
+        return false;
+    }
+    if a.state != "uploading" && a.state != "deleting" {
+        return false;
+    }
+    match crate::storage::delete_prefix(storage.backend.as_ref(), &a.bucket, &a.prefix).await {
+        Ok(_) => store
+            .set_artifact_state(&a.id, "deleting", "deleted")
+            .await
+            .unwrap_or(false),
+        Err(e) => {
+            tracing::warn!(error = %e, artifact = a.id, "could not delete an abandoned upload");
+            false
+        }
+    }
 }

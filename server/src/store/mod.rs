@@ -283,6 +283,8 @@ pub trait Store: Send + Sync + 'static {
     async fn complete_artifact(&self, a: &ArtifactRecord, now: i64) -> StoreResult<bool>;
     /// Complete artifacts of a task of one kind, newest first.
     async fn task_artifacts(&self, task_id: &str, kind: &str) -> StoreResult<Vec<ArtifactRecord>>;
+    /// Uploads of a task and kind still in progress (not committed), oldest first.
+    async fn open_uploads(&self, task_id: &str, kind: &str) -> StoreResult<Vec<ArtifactRecord>>;
     /// Moves an artifact from state `from` to `to`; `false` if it was not in `from`.
     async fn set_artifact_state(&self, id: &str, from: &str, to: &str) -> StoreResult<bool>;
     /// Uploads started before `before` and never completed (their agent went away), and

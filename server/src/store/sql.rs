@@ -1264,6 +1264,17 @@ macro_rules! impl_store {
                 .await?)
             }
 
+            async fn open_uploads(&self, task_id: &str, kind: &str) -> StoreResult<Vec<ArtifactRecord>> {
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {ARTIFACT_COLS} FROM artifacts WHERE task_id = $1 AND kind = $2 AND state = 'uploading'
+                     ORDER BY created_at, id"
+                ))
+                .bind(task_id)
+                .bind(kind)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
             async fn set_artifact_state(&self, id: &str, from: &str, to: &str) -> StoreResult<bool> {
                 let r = sqlx::query("UPDATE artifacts SET state = $1 WHERE id = $2 AND state = $3")
                     .bind(to)

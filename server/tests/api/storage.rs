@@ -24,6 +24,7 @@ crate::on_both_backends!(
     bad_storage_input_is_refused,
     unreachable_storage_is_reported_not_fatal,
     checkpoints_survive_a_drain_and_results_come_back,
+    given_up_and_replaced_uploads_free_their_space_at_once,
 );
 
 fn s3_settings(endpoint: &str) -> Settings {
@@ -849,4 +850,136 @@ head -c 200000 /dev/zero | tr '\0' 'x' > "$AUTODL_RESULTS_DIR/plots/loss.csv"
         agent.shutdown.cancel();
         let _ = agent.handle.await;
     }
+}
+
+/// Every file under `root`, relative, sorted.
+fn files_under(root: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p.strip_prefix(root).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// An upload the agent gives up on (storage full, a file changed) is deleted at once, and so
+/// is one that a newer upload of the same kind replaces (its agent died): neither holds space
+/// until the daily sweep. Results live under `results/` (the key used to say `resultss/`).
+async fn given_up_and_replaced_uploads_free_their_space_at_once(b: Backend) {
+    let app = spawn_app_with(b, |_| {}).await;
+    let op = app.operator().await;
+    let agent = FakeAgent::join(&app, &op, "up-1", "A100-40G", "z1").await;
+    let s = app.signup("u@example.com", "Lab").await;
+    let (id, attempt) = running_task(
+        &app,
+        &s,
+        &agent,
+        json!({"name": "saver", "image": "none", "command": "true",
+               "resources": {"gpu": {"type": "A100", "count": 1}}}),
+    )
+    .await;
+    let objects = app.dir.path().join("objects");
+    let start = |kind: &'static str| {
+        let (agent, id) = (&agent, id.clone());
+        async move {
+            let res = agent
+                .call(
+                    &format!("/api/v1/agent/tasks/{id}/artifacts"),
+                    json!({"attempt": attempt, "kind": kind}),
+                )
+                .await;
+            assert_eq!(res.status(), StatusCode::CREATED);
+            res.json::<Value>().await.unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    let holding = |upload: &str| {
+        files_under(&objects)
+            .into_iter()
+            .filter(|f| f.contains(upload))
+            .collect::<Vec<_>>()
+    };
+
+    // Given up: two of three files arrived, then the agent abandons it.
+    let first = start("results").await;
+    for name in ["a.bin", "b.bin"] {
+        let res = agent.put_file(&first, name, vec![7u8; 100_000]).await;
+        assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    }
+    let held = holding(&first);
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(
+        held.iter()
+            .all(|f| f.contains(&format!("/results/{first}/"))),
+        "{held:?}"
+    );
+    let res = agent
+        .call(
+            &format!("/api/v1/agent/artifacts/{first}/abandon"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    assert!(
+        holding(&first).is_empty(),
+        "abandoned files are deleted at once"
+    );
+    let res = agent
+        .call(
+            &format!("/api/v1/agent/artifacts/{first}/abandon"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        res.status(),
+        StatusCode::NO_CONTENT,
+        "abandoning twice is harmless"
+    );
+    let res = agent
+        .call(
+            &format!("/api/v1/agent/artifacts/{first}/commit"),
+            json!({"files": [{"path": "a.bin", "size": 100000}]}),
+        )
+        .await;
+    assert_eq!(
+        res.status(),
+        StatusCode::CONFLICT,
+        "an abandoned upload cannot be committed"
+    );
+
+    // Replaced: an upload left open is deleted when the next one of its kind starts.
+    let second = start("checkpoint").await;
+    let res = agent.put_file(&second, "model.pt", vec![1u8; 50_000]).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    assert_eq!(holding(&second).len(), 1);
+    let third = start("checkpoint").await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !holding(&second).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replaced upload still holds space"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // The new one is untouched and completes.
+    let res = agent.put_file(&third, "model.pt", vec![2u8; 50_000]).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let res = agent
+        .call(
+            &format!("/api/v1/agent/artifacts/{third}/commit"),
+            json!({"files": [{"path": "model.pt", "size": 50000}]}),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(holding(&third).iter().any(|f| f.ends_with("/model.pt")));
 }
