@@ -288,6 +288,9 @@ pub struct Health {
     /// A write to the database just succeeded: a full or read-only disk shows here.
     #[serde(default)]
     pub writable: bool,
+    /// "leader" on the server that schedules, "follower" on the others of its database.
+    #[serde(default)]
+    pub role: String,
     /// Why the database is not usable, when it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,

@@ -81,7 +81,7 @@ impl Application {
             settings: settings.clone(),
             clock,
         });
-        let mut background = Vec::new();
+        let mut background = crate::replicas::connect(&state).await?;
         if settings.run_scheduler {
             let runner = Runner::new(
                 &state,

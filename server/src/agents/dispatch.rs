@@ -62,7 +62,7 @@ pub async fn reconcile(
         };
         if state
             .store
-            .requeue_task(&t.id, &reason, &message, state.clock.now_ms())
+            .requeue_task(None, &t.id, &reason, &message, state.clock.now_ms())
             .await?
         {
             lost += 1;
@@ -115,6 +115,7 @@ pub async fn work_for(
                 state
                     .store
                     .requeue_task(
+                        None,
                         &t.id,
                         reason,
                         &format!("{reason} before it started"),

@@ -17,8 +17,8 @@ pub const REGISTRATION_TOKEN_PREFIX: &str = "adlreg_";
 /// within a second instead of at its next poll.
 pub struct AgentHub {
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
-    /// Latest measured utilisation (0..1) of each task's GPUs, for the fair-share ledger.
-    task_util: Mutex<HashMap<String, f64>>,
+    /// The other servers of the database: an agent may poll any of them.
+    peers: std::sync::OnceLock<crate::replicas::Peers>,
     /// Bumped whenever samples, reported metrics or log lines are stored, so live streams
     /// read them at once instead of at their next poll (the chart-delay goal is under 1 s).
     data: watch::Sender<u64>,
@@ -28,7 +28,7 @@ impl Default for AgentHub {
     fn default() -> Self {
         Self {
             waiters: Mutex::default(),
-            task_util: Mutex::default(),
+            peers: std::sync::OnceLock::new(),
             data: watch::Sender::new(0),
         }
     }
@@ -36,7 +36,22 @@ impl Default for AgentHub {
 
 impl AgentHub {
     pub fn data_stored(&self) {
+        self.data_stored_here();
+        self.tell(crate::replicas::Signal::Data);
+    }
+
+    pub(crate) fn data_stored_here(&self) {
         self.data.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    pub(crate) fn connect_peers(&self, peers: crate::replicas::Peers) {
+        let _ = self.peers.set(peers);
+    }
+
+    fn tell(&self, signal: crate::replicas::Signal) {
+        if let Some(p) = self.peers.get() {
+            p.tell(signal);
+        }
     }
 
     /// A receiver that sees every later `data_stored`; streams wait on it with `wait_for_data`.
@@ -49,23 +64,14 @@ impl AgentHub {
         w.entry(node.to_owned()).or_default().clone()
     }
 
+    /// Wakes the node's long poll, on whichever server the agent polls.
     pub fn notify(&self, node: &str) {
+        self.notify_here(node);
+        self.tell(crate::replicas::Signal::Node(node.to_owned()));
+    }
+
+    pub(crate) fn notify_here(&self, node: &str) {
         self.waiter(node).notify_one();
-    }
-
-    pub fn record_util(&self, task: &str, util: f64) {
-        let mut m = self.task_util.lock().unwrap_or_else(|p| p.into_inner());
-        m.insert(task.to_owned(), util.clamp(0.0, 1.0));
-    }
-
-    pub fn task_util(&self, task: &str) -> Option<f64> {
-        let m = self.task_util.lock().unwrap_or_else(|p| p.into_inner());
-        m.get(task).copied()
-    }
-
-    pub fn forget_task(&self, task: &str) {
-        let mut m = self.task_util.lock().unwrap_or_else(|p| p.into_inner());
-        m.remove(task);
     }
 }
 

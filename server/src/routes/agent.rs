@@ -480,13 +480,12 @@ pub async fn finished(
     };
     let t = current(&state, &node, &id, body.attempt).await?;
     let now = state.clock.now_ms();
-    state.agents.forget_task(&id);
     match (kind, t.task.stop_reason.as_deref()) {
         // Stopped on the scheduler's request (preempted, drained): back to the queue.
         (_, Some(reason)) => {
             state
                 .store
-                .requeue_task(&id, reason, &format!("stopped: {reason}"), now)
+                .requeue_task(None, &id, reason, &format!("stopped: {reason}"), now)
                 .await?;
         }
         (Some(kind), None) => {
@@ -518,7 +517,7 @@ pub async fn finished(
         (None, None) => {
             state
                 .store
-                .requeue_task(&id, "node_lost", "the agent stopped the task", now)
+                .requeue_task(None, &id, "node_lost", "the agent stopped the task", now)
                 .await?;
         }
     }
@@ -580,8 +579,6 @@ pub async fn metrics(
     let skew = ClockSkew::of_batch(body.sent_at.as_deref(), state.clock.now_ms());
     let ran_here = gpus_of_tasks_here(&state, &node.node.id, &body.samples).await?;
     let mut rows = Vec::with_capacity(body.samples.len());
-    let mut per_task: std::collections::HashMap<&str, (f64, u32)> =
-        std::collections::HashMap::new();
     for s in &body.samples {
         // A node reports only its own GPUs.
         let Some(gpu) = gpus.iter().find(|g| g.index == s.gpu_index) else {
@@ -615,9 +612,6 @@ pub async fn metrics(
                     message: format!("task {t} did not run on GPU {} of this node", s.gpu_index),
                 });
             }
-            let e = per_task.entry(t.as_str()).or_default();
-            e.0 += s.util;
-            e.1 += 1;
         }
         rows.push(GpuSampleRecord {
             node_id: node.node.id.clone(),
@@ -633,9 +627,6 @@ pub async fn metrics(
     }
     state.store.insert_gpu_samples(&rows).await?;
     state.agents.data_stored();
-    for (task, (sum, n)) in per_task {
-        state.agents.record_util(task, sum / f64::from(n.max(1)));
-    }
     for s in &body.samples {
         let labels = [node.node.id.as_str(), &s.gpu_index.to_string()];
         state

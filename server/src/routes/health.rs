@@ -21,6 +21,12 @@ pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
         status: if problem.is_none() { "ok" } else { "degraded" }.into(),
         database: state.store.backend().into(),
         writable: problem.is_none(),
+        role: if state.scheduler.is_leader() {
+            "leader"
+        } else {
+            "follower"
+        }
+        .into(),
         problem,
     };
     if body.writable {

@@ -293,11 +293,17 @@ pub async fn set_status(
                 continue;
             }
             if node.credential_hash.is_some() {
-                state.store.set_stop_reason(&t.id, "drained").await?;
+                state.store.set_stop_reason(None, &t.id, "drained").await?;
             } else {
                 state
                     .store
-                    .requeue_task(&t.id, "drained", &format!("node {id} is draining"), now)
+                    .requeue_task(
+                        None,
+                        &t.id,
+                        "drained",
+                        &format!("node {id} is draining"),
+                        now,
+                    )
                     .await?;
             }
         }

@@ -88,11 +88,6 @@ pub(crate) async fn find(
         .ok_or_else(|| ApiError::NotFound("no such task".into()))
 }
 
-fn task_json(state: &AppState, t: TaskWithUser) -> Result<Task, ApiError> {
-    let waiting = state.scheduler.waiting(&t.task.id);
-    to_api(t, waiting)
-}
-
 /// Submits a task. With an `Idempotency-Key` header, repeating the request returns the task the
 /// first one created (200) instead of creating another.
 #[utoipa::path(
@@ -206,6 +201,7 @@ pub async fn submit(
         started_at: None,
         finished_at: None,
         stop_reason: None,
+        waiting: None,
     };
 
     // Admission: refuse what can never fit. With no nodes registered yet nothing is known, so
@@ -244,9 +240,9 @@ pub async fn submit(
                 task: rec,
                 user_email: caller.user.email.clone(),
             };
-            Ok(HttpResponse::Created().json(task_json(&state, t)?))
+            Ok(HttpResponse::Created().json(to_api(t)?))
         }
-        TaskCreated::Existing(t) => Ok(HttpResponse::Ok().json(task_json(&state, *t)?)),
+        TaskCreated::Existing(t) => Ok(HttpResponse::Ok().json(to_api(*t)?)),
     }
 }
 
@@ -327,7 +323,7 @@ pub async fn list(
     };
     let items = rows
         .into_iter()
-        .map(|t| task_json(&state, t))
+        .map(|t| to_api(t))
         .collect::<Result<_, _>>()?;
     Ok(web::Json(TaskPage { items, next_cursor }))
 }
@@ -340,7 +336,7 @@ pub async fn show(
     id: web::Path<String>,
 ) -> Result<web::Json<Task>, ApiError> {
     let t = find(&state, &caller, &id).await?;
-    Ok(web::Json(task_json(&state, t)?))
+    Ok(web::Json(to_api(t)?))
 }
 
 /// Cancels a task that has not finished; its resources are freed at the next cycle.
@@ -364,7 +360,7 @@ pub async fn cancel(
         }
     }
     let t = find(&state, &caller, &id).await?;
-    Ok(web::Json(task_json(&state, t)?))
+    Ok(web::Json(to_api(t)?))
 }
 
 #[utoipa::path(params(("id" = String, Path)), responses((status = 200, body = [TaskEvent]), (status = 404, body = ErrorBody)))]

@@ -1,5 +1,6 @@
-//! What request handlers share with the runner: wake-ups, the latest explanations of why
-//! tasks wait, and a short-lived cache of the nodes for admission checks.
+//! What request handlers share with the runner: wake-ups (also from the other servers of the
+//! database), whether this server leads, and a short-lived cache of the nodes for admission
+//! checks. Why tasks wait is kept in the store, so any server can answer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -15,7 +16,11 @@ use crate::store::Store;
 /// Shared between handlers and the runner: wake-ups, the last explanations, cached nodes.
 pub struct SchedulerHandle {
     pub(super) notify: Notify,
-    waiting: RwLock<HashMap<String, Waiting>>,
+    /// Explanations as this leader last wrote them, so a cycle writes only what changed.
+    pub(super) written: std::sync::Mutex<HashMap<String, (Waiting, i64)>>,
+    leading: std::sync::atomic::AtomicBool,
+    /// Other servers of the database, told of wake-ups and node changes.
+    peers: crate::replicas::Peers,
     nodes: RwLock<(Option<Instant>, Arc<Vec<Node>>)>,
     /// Bumped by every invalidation, so a read that raced with a node change does not put a
     /// stale list back into the cache.
@@ -30,30 +35,46 @@ impl SchedulerHandle {
     pub fn new(config: PolicyConfig) -> Arc<Self> {
         Arc::new(SchedulerHandle {
             notify: Notify::new(),
-            waiting: RwLock::new(HashMap::new()),
+            written: std::sync::Mutex::new(HashMap::new()),
+            leading: std::sync::atomic::AtomicBool::new(false),
+            peers: crate::replicas::Peers::default(),
             nodes: RwLock::new((None, Arc::new(Vec::new()))),
             config,
             nodes_generation: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
-    /// Asks for a cycle soon; many wake-ups before it runs make one cycle.
+    /// Asks for a cycle soon, wherever the leader runs; many wake-ups before it runs make
+    /// one cycle.
     pub fn wake(&self) {
+        self.wake_here();
+        self.peers.tell(crate::replicas::Signal::Wake);
+    }
+
+    pub(crate) fn wake_here(&self) {
         self.notify.notify_one();
     }
 
-    pub fn waiting(&self, task: &str) -> Option<Waiting> {
-        self.waiting.read().ok()?.get(task).cloned()
+    pub fn is_leader(&self) -> bool {
+        self.leading.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The latest cycle's explanations, replacing the previous ones.
-    pub fn set_waiting(&self, waiting: HashMap<String, Waiting>) {
-        if let Ok(mut w) = self.waiting.write() {
-            *w = waiting;
-        }
+    pub(super) fn set_leader(&self, leading: bool) {
+        self.leading
+            .store(leading, std::sync::atomic::Ordering::Relaxed);
     }
 
+    pub(crate) fn peers(&self) -> &crate::replicas::Peers {
+        &self.peers
+    }
+
+    /// Nodes changed (joined, drained, lost): every server re-reads them.
     pub fn invalidate_nodes(&self) {
+        self.invalidate_nodes_here();
+        self.peers.tell(crate::replicas::Signal::Nodes);
+    }
+
+    pub(crate) fn invalidate_nodes_here(&self) {
         self.nodes_generation
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let Ok(mut n) = self.nodes.write() {

@@ -17,7 +17,7 @@ use crate::clock::Clock;
 use crate::config::Settings;
 use crate::metrics::Metrics;
 use crate::state::AppState;
-use crate::store::{LeaderGuard, NodeRecord, SchedulingTaskRecord, Store};
+use crate::store::{LeaderGuard, NodeRecord, SchedulingTaskRecord, Store, StoreError, Term};
 use crate::tasks::placement_of;
 
 pub struct Runner {
@@ -33,9 +33,21 @@ pub struct Runner {
     /// When this server became the leader: nodes are judged silent only over time it has
     /// been listening for them (not while it was down, or another server led).
     leader_since: Option<i64>,
+    /// Held while this server leads; its term fences every scheduling write.
+    guard: Option<LeaderGuard>,
+    /// This server, as the leader table names it (host and process).
+    holder: String,
     last_housekeeping: Option<Instant>,
     interval: Duration,
 }
+
+/// A follower asks for the leadership this often, so a dead leader is replaced within it (plus
+/// the time PostgreSQL takes to see the leader's connection gone).
+const FOLLOWER_RETRY: Duration = Duration::from_secs(1);
+
+/// Explanations whose reason, message and position stay the same are rewritten this often
+/// (their priority factors drift with age and usage), not every cycle.
+const WAITING_REFRESH_MS: i64 = 30_000;
 
 /// Shortest time between the starts of two scheduling cycles.
 const MIN_CYCLE_GAP: Duration = Duration::from_millis(100);
@@ -57,15 +69,67 @@ impl Runner {
             storage: state.storage.clone(),
             clock: state.clock.clone(),
             leader_since: None,
+            guard: None,
+            holder: format!(
+                "{}:{}",
+                std::env::var("HOSTNAME").unwrap_or_else(|_| "server".into()),
+                std::process::id()
+            ),
             last_housekeeping: None,
             interval,
         }
+    }
+
+    fn take_lead(&mut self, guard: LeaderGuard, now_ms: i64) -> Term {
+        let term = guard.term;
+        tracing::info!(term = term.0, "this server is now the scheduler leader");
+        self.guard = Some(guard);
+        self.leader_since = Some(now_ms);
+        self.handle.set_leader(true);
+        // A new term writes every explanation afresh.
+        self.handle
+            .written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        term
+    }
+
+    fn step_down(&mut self, why: &str) {
+        if self.guard.take().is_some() {
+            tracing::warn!(why, "this server no longer leads the scheduler");
+        }
+        self.leader_since = None;
+        self.handle.set_leader(false);
+    }
+
+    /// Hands the leadership over now (another server, or a test's next runner, takes it at
+    /// once).
+    pub async fn resign(&mut self) -> anyhow::Result<()> {
+        if let Some(g) = self.guard.take() {
+            self.store.resign(g).await?;
+        }
+        self.step_down("resigned");
+        Ok(())
+    }
+
+    /// The current term, becoming the leader first if nobody is; `None` while another server
+    /// leads.
+    async fn term(&mut self, now_ms: i64) -> anyhow::Result<Option<Term>> {
+        if let Some(g) = &self.guard {
+            return Ok(Some(g.term));
+        }
+        Ok(match self.store.try_lead(&self.holder, now_ms).await? {
+            Some(g) => Some(self.take_lead(g, now_ms)),
+            None => None,
+        })
     }
 
     /// Nodes whose agent stopped polling are lost: their tasks go back to the queue (and resume
     /// from their last checkpoint when they start again).
     async fn detect_lost_nodes(
         &self,
+        term: Term,
         records: &[NodeRecord],
         tasks: &[SchedulingTaskRecord],
         now_ms: i64,
@@ -89,7 +153,7 @@ impl Runner {
             for t in tasks.iter().filter(on_node) {
                 let msg = format!("node {} stopped answering", n.id);
                 self.store
-                    .requeue_task(&t.task.id, "node_lost", &msg, now_ms)
+                    .requeue_task(Some(term), &t.task.id, "node_lost", &msg, now_ms)
                     .await?;
             }
             any = true;
@@ -102,8 +166,10 @@ impl Runner {
 
     /// Stops a placed task: through its agent (which lets it checkpoint) when it has one,
     /// otherwise by putting it back in the queue at once.
+    #[allow(clippy::too_many_arguments)]
     async fn stop_task(
         &self,
+        term: Term,
         task: &str,
         reason: &str,
         message: &str,
@@ -121,38 +187,87 @@ impl Runner {
             .iter()
             .any(|n| agent_nodes.get(n).copied().unwrap_or(false))
         {
-            if self.store.set_stop_reason(task, reason).await? {
+            if self.store.set_stop_reason(Some(term), task, reason).await? {
                 for n in &nodes {
                     self.agents.notify(n);
                 }
             }
         } else {
             self.store
-                .requeue_task(task, reason, message, now_ms)
+                .requeue_task(Some(term), task, reason, message, now_ms)
                 .await?;
         }
         Ok(())
     }
 
+    /// Stores why tasks wait, so that every server answers with it: only what changed, and
+    /// the rest every `WAITING_REFRESH_MS`.
+    async fn store_waiting(
+        &self,
+        term: Term,
+        waiting: HashMap<String, Waiting>,
+        now_ms: i64,
+    ) -> anyhow::Result<()> {
+        let changes: Vec<(String, Option<String>)> = {
+            let written = self
+                .handle
+                .written
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let mut changes = Vec::new();
+            for (id, w) in &waiting {
+                let same = written.get(id).is_some_and(|(old, at): &(Waiting, i64)| {
+                    old.reason == w.reason
+                        && old.message == w.message
+                        && old.position == w.position
+                        && now_ms - at < WAITING_REFRESH_MS
+                });
+                if !same {
+                    changes.push((id.clone(), Some(serde_json::to_string(w)?)));
+                }
+            }
+            changes.extend(
+                written
+                    .keys()
+                    .filter(|id| !waiting.contains_key(*id))
+                    .map(|id| (id.clone(), None)),
+            );
+            changes
+        };
+        self.store.set_waiting(term, &changes).await?;
+        let mut written = self
+            .handle
+            .written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let kept: HashMap<String, (Waiting, i64)> = waiting
+            .into_iter()
+            .map(|(id, w)| {
+                let at = match written.remove(&id) {
+                    Some((_, at)) if !changes.iter().any(|(c, _)| *c == id) => at,
+                    _ => now_ms,
+                };
+                (id, (w, at))
+            })
+            .collect();
+        *written = kept;
+        Ok(())
+    }
+
     /// Runs forever: waits for leadership, then cycles on every wake-up and on the timer.
     pub async fn run(mut self) {
-        let mut guard: Option<LeaderGuard> = None;
         let mut last_started: Option<Instant> = None;
         loop {
-            if guard.is_none() {
-                match self.store.try_lead().await {
-                    Ok(Some(g)) => {
-                        tracing::info!("this server is now the scheduler leader");
-                        guard = Some(g);
-                        self.leader_since = Some(self.clock.now_ms());
-                    }
+            if self.guard.is_none() {
+                match self.term(self.clock.now_ms()).await {
+                    Ok(Some(_)) => {}
                     Ok(None) => {
-                        tokio::time::sleep(self.interval).await;
+                        tokio::time::sleep(self.interval.min(FOLLOWER_RETRY)).await;
                         continue;
                     }
                     Err(e) => {
                         tracing::error!(error = ?e, "leader election failed");
-                        tokio::time::sleep(self.interval).await;
+                        tokio::time::sleep(self.interval.min(FOLLOWER_RETRY)).await;
                         continue;
                     }
                 }
@@ -170,6 +285,16 @@ impl Runner {
                     tokio::time::sleep(MIN_CYCLE_GAP - since).await;
                 }
             }
+            // The lock may have gone with its connection (cut, or the database restarted)
+            // while this server was not looking: ask before acting on the cluster.
+            let leads = match self.guard.as_mut() {
+                Some(g) => self.store.still_leads(g).await.unwrap_or(false),
+                None => false,
+            };
+            if !leads {
+                self.step_down("the leader lock is gone");
+                continue;
+            }
             let started = Instant::now();
             last_started = Some(started);
             match self.cycle(self.clock.now_ms()).await {
@@ -181,14 +306,17 @@ impl Runner {
                     );
                     if placed > 0 {
                         // Freed or newly placed resources may let more tasks in.
-                        self.handle.wake();
+                        self.handle.wake_here();
                     }
                 }
                 Err(e) => {
-                    tracing::error!(error = ?e, "scheduling cycle failed");
-                    // A broken connection may have taken the advisory lock with it.
-                    guard = None;
-                    self.leader_since = None;
+                    if matches!(e.downcast_ref::<StoreError>(), Some(StoreError::Fenced)) {
+                        self.step_down("another server started a newer term");
+                    } else {
+                        tracing::error!(error = ?e, "scheduling cycle failed");
+                        // A broken connection may have taken the advisory lock with it.
+                        self.step_down("a cycle failed");
+                    }
                 }
             }
         }
@@ -198,13 +326,16 @@ impl Runner {
     /// which drive cycles on a manual clock instead of waiting for the timer.
     pub async fn cycle(&mut self, now_ms: i64) -> anyhow::Result<usize> {
         let cycle_started = Instant::now();
-        if self.leader_since.is_none() {
-            self.leader_since = Some(now_ms);
-        }
+        let Some(term) = self.term(now_ms).await? else {
+            return Ok(0);
+        };
         let now = secs(now_ms);
         let records = self.store.list_nodes().await?;
         let listed = self.store.scheduling_tasks().await?;
-        if self.detect_lost_nodes(&records, &listed, now_ms).await? {
+        if self
+            .detect_lost_nodes(term, &records, &listed, now_ms)
+            .await?
+        {
             self.handle.invalidate_nodes();
         }
         let nodes = self.handle.nodes(self.store.as_ref()).await?;
@@ -246,6 +377,7 @@ impl Runner {
                     if self
                         .store
                         .place_task(
+                            term,
                             &task,
                             &serde_json::to_string(&api)?,
                             &node,
@@ -265,12 +397,12 @@ impl Runner {
                         "preempted for task {} (priority {:.2} over {:.2})",
                         reason.for_task, reason.preemptor_priority, reason.victim_priority
                     );
-                    self.stop_task(&task, "preempted", &msg, &agent_nodes, tasks, now_ms)
+                    self.stop_task(term, &task, "preempted", &msg, &agent_nodes, tasks, now_ms)
                         .await?;
                 }
                 Decision::Migrate { task, for_task, .. } => {
                     let msg = format!("moved to make room for task {for_task}");
-                    self.stop_task(&task, "migrated", &msg, &agent_nodes, tasks, now_ms)
+                    self.stop_task(term, &task, "migrated", &msg, &agent_nodes, tasks, now_ms)
                         .await?;
                 }
             }
@@ -280,7 +412,7 @@ impl Runner {
             .into_iter()
             .map(|p| (p.task.clone(), super::explain(p)))
             .collect();
-        self.handle.set_waiting(waiting);
+        self.store_waiting(term, waiting, now_ms).await?;
         if self
             .last_housekeeping
             .is_none_or(|t| t.elapsed() >= HOUSEKEEPING_EVERY)

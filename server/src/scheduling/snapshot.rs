@@ -239,6 +239,7 @@ fn empty_task() -> crate::store::TaskRecord {
         started_at: None,
         finished_at: None,
         stop_reason: None,
+        waiting: None,
     }
 }
 

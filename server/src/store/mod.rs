@@ -23,6 +23,9 @@ pub enum StoreError {
     /// The database cannot write for now (disk full, read-only, I/O error); retry later.
     #[error("{0}")]
     Unavailable(fault::StoreFault),
+    /// A scheduling write of a leader whose term is over: another server leads now.
+    #[error("another server leads the scheduler now")]
+    Fenced,
     #[error(transparent)]
     Database(sqlx::Error),
     #[error(transparent)]
@@ -180,6 +183,7 @@ pub trait Store: Send + Sync + 'static {
     /// longer pending (so a task is never placed twice).
     async fn place_task(
         &self,
+        term: Term,
         id: &str,
         placement: &str,
         node: &str,
@@ -189,6 +193,7 @@ pub trait Store: Send + Sync + 'static {
     /// Puts a scheduled or running task back to pending, closing its attempt with `reason`.
     async fn requeue_task(
         &self,
+        fence: Option<Term>,
         id: &str,
         reason: &str,
         message: &str,
@@ -253,7 +258,18 @@ pub trait Store: Send + Sync + 'static {
     async fn touch_node(&self, id: &str, now: i64) -> StoreResult<()>;
     async fn set_node_status(&self, id: &str, status: &str) -> StoreResult<bool>;
     /// Marks a placed task to be stopped by its agent; `false` if it is not placed.
-    async fn set_stop_reason(&self, id: &str, reason: &str) -> StoreResult<bool>;
+    async fn set_stop_reason(
+        &self,
+        fence: Option<Term>,
+        id: &str,
+        reason: &str,
+    ) -> StoreResult<bool>;
+    /// Replaces the explanations of these tasks (`None`: no longer waiting).
+    async fn set_waiting(
+        &self,
+        term: Term,
+        changes: &[(String, Option<String>)],
+    ) -> StoreResult<()>;
     async fn insert_gpu_samples(&self, samples: &[GpuSampleRecord]) -> StoreResult<()>;
     async fn task_gpu_samples(
         &self,
@@ -270,8 +286,20 @@ pub trait Store: Send + Sync + 'static {
     /// rollups older than `rollups_before`.
     async fn compact_gpu_samples(&self, before: i64, rollups_before: i64) -> StoreResult<u64>;
 
-    /// Tries to become the one scheduler of this database; `None` if another server is.
-    async fn try_lead(&self) -> StoreResult<Option<LeaderGuard>>;
+    /// Tries to become the one scheduler of this database, starting a new term; `None` if
+    /// another server is the leader.
+    async fn try_lead(&self, holder: &str, now: i64) -> StoreResult<Option<LeaderGuard>>;
+    /// Whether `guard` still holds the leadership (its lock alive, its term current); checked
+    /// before every cycle.
+    async fn still_leads(&self, guard: &mut LeaderGuard) -> StoreResult<bool>;
+    /// Gives the leadership up now (a clean handover), rather than when the lock's
+    /// connection is noticed gone.
+    async fn resign(&self, guard: LeaderGuard) -> StoreResult<()>;
+    /// Tells the other servers on this database (PostgreSQL NOTIFY); nothing on SQLite, which
+    /// one server serves.
+    async fn publish(&self, payload: &str) -> StoreResult<()>;
+    /// What the other servers publish, as it arrives; `None` where there are none (SQLite).
+    async fn subscribe(&self) -> StoreResult<Option<tokio::sync::mpsc::Receiver<String>>>;
 
     // Checkpoints and results in object storage.
     async fn create_artifact(&self, a: &ArtifactRecord) -> StoreResult<()>;

@@ -154,6 +154,8 @@ pub struct TaskRecord {
     pub finished_at: Option<i64>,
     /// Why the scheduler wants this placed task stopped (preempted, migrated, drained).
     pub stop_reason: Option<String>,
+    /// Why it waits (JSON of `Waiting`), as the leader's latest cycle explained it.
+    pub waiting: Option<String>,
 }
 
 /// An active task with what the scheduler needs of its current run (none while pending).
@@ -299,8 +301,18 @@ pub struct AttemptEnd {
     pub message: String,
 }
 
+/// A leader's term: every server that becomes the leader starts a new, larger one, and the
+/// store refuses scheduling writes of any other term (fencing a leader that lost its lock
+/// without noticing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Term(pub i64);
+
 /// Held while this server is the scheduler leader; dropping it gives leadership up.
-pub struct LeaderGuard(#[allow(dead_code)] pub Box<dyn std::any::Any + Send + Sync>);
+pub struct LeaderGuard {
+    pub term: Term,
+    /// What holds the lock (PostgreSQL: the connection that took the advisory lock).
+    pub(super) hold: Box<dyn std::any::Any + Send + Sync>,
+}
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct RegistrationTokenRecord {

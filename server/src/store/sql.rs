@@ -61,11 +61,42 @@ impl SqliteStore {
 }
 
 impl SqliteStore {
-    /// SQLite serves one server process, which is therefore always the leader.
-    async fn try_lead_impl(&self) -> StoreResult<Option<LeaderGuard>> {
-        Ok(Some(LeaderGuard(Box::new(()))))
+    /// SQLite serves one server process, which is therefore always the leader; each start is
+    /// a new term all the same, so writes of a runner left over from before are refused.
+    async fn try_lead_impl(&self, holder: &str, now: i64) -> StoreResult<Option<LeaderGuard>> {
+        let (term,): (i64,) = sqlx::query_as(NEW_TERM)
+            .bind(holder)
+            .bind(now)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(Some(LeaderGuard {
+            term: Term(term),
+            hold: Box::new(()),
+        }))
+    }
+
+    async fn still_leads_impl(&self, guard: &mut LeaderGuard) -> StoreResult<bool> {
+        let (term,): (i64,) = sqlx::query_as(CURRENT_TERM).fetch_one(&self.pool).await?;
+        Ok(term == guard.term.0)
+    }
+
+    async fn resign_impl(&self, _guard: LeaderGuard) -> StoreResult<()> {
+        Ok(())
+    }
+
+    async fn publish_impl(&self, _payload: &str) -> StoreResult<()> {
+        Ok(())
+    }
+
+    async fn subscribe_impl(&self) -> StoreResult<Option<tokio::sync::mpsc::Receiver<String>>> {
+        Ok(None)
     }
 }
+
+const NEW_TERM: &str = "UPDATE scheduler_leader SET term = term + 1, holder = $1, since = $2 WHERE id = 1 RETURNING term";
+const CURRENT_TERM: &str = "SELECT term FROM scheduler_leader WHERE id = 1";
+/// The channel of PostgreSQL notifications between the servers of one database.
+const CHANNEL: &str = "autodl";
 
 /// Key of the PostgreSQL advisory lock that elects the scheduler leader among replicas.
 const LEADER_LOCK_KEY: i64 = 0x6175_746f_646c;
@@ -73,17 +104,91 @@ const LEADER_LOCK_KEY: i64 = 0x6175_746f_646c;
 impl PostgresStore {
     /// Takes the advisory lock on a connection of its own, kept out of the pool: the lock lives
     /// as long as that connection, so a crashed leader's lock goes with its connection.
-    async fn try_lead_impl(&self) -> StoreResult<Option<LeaderGuard>> {
+    async fn try_lead_impl(&self, holder: &str, now: i64) -> StoreResult<Option<LeaderGuard>> {
         let mut conn = self.pool.acquire().await?;
         let (ok,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_lock($1)")
             .bind(LEADER_LOCK_KEY)
             .fetch_one(&mut *conn)
             .await?;
-        if ok {
-            Ok(Some(LeaderGuard(Box::new(conn.detach()))))
-        } else {
-            Ok(None)
+        if !ok {
+            return Ok(None);
         }
+        let mut conn = conn.detach();
+        let (term,): (i64,) = sqlx::query_as(NEW_TERM)
+            .bind(holder)
+            .bind(now)
+            .fetch_one(&mut conn)
+            .await?;
+        Ok(Some(LeaderGuard {
+            term: Term(term),
+            hold: Box::new(tokio::sync::Mutex::new(conn)),
+        }))
+    }
+
+    /// Asked on the lock's own connection: if that connection was cut (the lock with it),
+    /// the query fails and this server is no longer the leader.
+    async fn still_leads_impl(&self, guard: &mut LeaderGuard) -> StoreResult<bool> {
+        let Some(conn) = guard
+            .hold
+            .downcast_ref::<tokio::sync::Mutex<sqlx::PgConnection>>()
+        else {
+            return Ok(false);
+        };
+        let mut conn = conn.lock().await;
+        let asked = tokio::time::timeout(
+            Duration::from_secs(5),
+            sqlx::query_as::<_, (i64,)>(CURRENT_TERM).fetch_one(&mut *conn),
+        )
+        .await;
+        Ok(matches!(asked, Ok(Ok((term,))) if term == guard.term.0))
+    }
+
+    async fn resign_impl(&self, guard: LeaderGuard) -> StoreResult<()> {
+        if let Ok(conn) = guard
+            .hold
+            .downcast::<tokio::sync::Mutex<sqlx::PgConnection>>()
+        {
+            use sqlx::Connection;
+            conn.into_inner().close().await?;
+        }
+        Ok(())
+    }
+
+    async fn publish_impl(&self, payload: &str) -> StoreResult<()> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(CHANNEL)
+            .bind(payload)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// A listening connection of its own; sqlx reconnects it when it breaks (notifications
+    /// sent meanwhile are lost, which costs a wake-up, never a task: polls and cycles also run
+    /// on timers).
+    async fn subscribe_impl(&self) -> StoreResult<Option<tokio::sync::mpsc::Receiver<String>>> {
+        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+        listener.listen(CHANNEL).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4096);
+        tokio::spawn(async move {
+            loop {
+                match listener.recv().await {
+                    Ok(n) => {
+                        if tx.send(n.payload().to_owned()).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        if tx.is_closed() {
+                            return;
+                        }
+                        tracing::warn!(error = %e, "lost the notification connection; reconnecting");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        });
+        Ok(Some(rx))
     }
 
     pub async fn open(url: &str, max_connections: u32) -> StoreResult<Self> {
@@ -111,7 +216,7 @@ fn conflict(what: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
 
 const TASK_COLS: &str = "t.id, t.tenant_id, t.user_id, t.name, t.state, t.spec, t.gpus_total, t.idempotency_key, \
      t.attempts, t.batch_size, t.placement, t.attained_gpu_seconds, t.last_checkpoint_at, t.created_at, \
-     t.updated_at, t.started_at, t.finished_at, t.stop_reason";
+     t.updated_at, t.started_at, t.finished_at, t.stop_reason, t.waiting";
 
 const API_KEY_COLS: &str =
     "id, user_id, name, prefix, key_hash, created_at, last_used_at, expires_at, revoked";
@@ -757,10 +862,12 @@ macro_rules! impl_store {
                 Ok(CancelOutcome::Cancelled)
             }
 
-            async fn place_task(&self, id: &str, placement: &str, node: &str, gpus: i64, now: i64) -> StoreResult<bool> {
+            async fn place_task(&self, term: Term, id: &str, placement: &str, node: &str, gpus: i64, now: i64) -> StoreResult<bool> {
                 let mut tx = self.pool.begin().await?;
+                fence!(&mut *tx, term);
                 let r = sqlx::query(
-                    "UPDATE tasks SET state = 'scheduled', placement = $1, attempts = attempts + 1, updated_at = $2, stop_reason = NULL
+                    "UPDATE tasks SET state = 'scheduled', placement = $1, attempts = attempts + 1, updated_at = $2, stop_reason = NULL,
+                        waiting = NULL
                      WHERE id = $3 AND state = 'pending'",
                 )
                 .bind(placement)
@@ -787,8 +894,11 @@ macro_rules! impl_store {
                 Ok(true)
             }
 
-            async fn requeue_task(&self, id: &str, reason: &str, message: &str, now: i64) -> StoreResult<bool> {
+            async fn requeue_task(&self, fence: Option<Term>, id: &str, reason: &str, message: &str, now: i64) -> StoreResult<bool> {
                 let mut tx = self.pool.begin().await?;
+                if let Some(term) = fence {
+                    fence!(&mut *tx, term);
+                }
                 let r = sqlx::query(
                     "UPDATE tasks SET state = 'pending', placement = NULL, updated_at = $1, stop_reason = NULL
                      WHERE id = $2 AND state IN ('scheduled', 'running')",
@@ -1140,15 +1250,37 @@ macro_rules! impl_store {
                 Ok(r.rows_affected() == 1)
             }
 
-            async fn set_stop_reason(&self, id: &str, reason: &str) -> StoreResult<bool> {
+            async fn set_stop_reason(&self, fence: Option<Term>, id: &str, reason: &str) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                if let Some(term) = fence {
+                    fence!(&mut *tx, term);
+                }
                 let r = sqlx::query(
                     "UPDATE tasks SET stop_reason = $1 WHERE id = $2 AND state IN ('scheduled', 'running') AND stop_reason IS NULL",
                 )
                 .bind(reason)
                 .bind(id)
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await?;
+                tx.commit().await?;
                 Ok(r.rows_affected() == 1)
+            }
+
+            async fn set_waiting(&self, term: Term, changes: &[(String, Option<String>)]) -> StoreResult<()> {
+                if changes.is_empty() {
+                    return Ok(());
+                }
+                let mut tx = self.pool.begin().await?;
+                fence!(&mut *tx, term);
+                for (id, waiting) in changes {
+                    sqlx::query("UPDATE tasks SET waiting = $1 WHERE id = $2 AND state = 'pending'")
+                        .bind(waiting)
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(())
             }
 
             async fn insert_gpu_samples(&self, samples: &[GpuSampleRecord]) -> StoreResult<()> {
@@ -1371,9 +1503,41 @@ macro_rules! impl_store {
                 Ok(r.rows_affected())
             }
 
-            async fn try_lead(&self) -> StoreResult<Option<LeaderGuard>> {
-                self.try_lead_impl().await
+            async fn still_leads(&self, guard: &mut LeaderGuard) -> StoreResult<bool> {
+                self.still_leads_impl(guard).await
             }
+
+            async fn resign(&self, guard: LeaderGuard) -> StoreResult<()> {
+                self.resign_impl(guard).await
+            }
+
+            async fn publish(&self, payload: &str) -> StoreResult<()> {
+                self.publish_impl(payload).await
+            }
+
+            async fn subscribe(&self) -> StoreResult<Option<tokio::sync::mpsc::Receiver<String>>> {
+                self.subscribe_impl().await
+            }
+
+            async fn try_lead(&self, holder: &str, now: i64) -> StoreResult<Option<LeaderGuard>> {
+                self.try_lead_impl(holder, now).await
+            }
+        }
+    };
+}
+
+/// Refuses the transaction unless `term` is still the leader's: the row lock it takes also
+/// orders it against a new leader's start, so no write of a deposed leader lands after it.
+macro_rules! fence {
+    ($conn:expr, $term:expr) => {
+        if sqlx::query("UPDATE scheduler_leader SET term = term WHERE id = 1 AND term = $1")
+            .bind($term.0)
+            .execute($conn)
+            .await?
+            .rows_affected()
+            != 1
+        {
+            return Err(StoreError::Fenced);
         }
     };
 }

@@ -58,7 +58,13 @@ pub fn to_request(
     }
 }
 
-pub fn to_api(t: TaskWithUser, waiting: Option<Waiting>) -> Result<Task, ApiError> {
+/// The task as the API shows it; why it waits is what the leader's latest cycle stored.
+pub fn to_api(t: TaskWithUser) -> Result<Task, ApiError> {
+    let waiting: Option<Waiting> = t
+        .task
+        .waiting
+        .as_deref()
+        .and_then(|w| serde_json::from_str(w).ok());
     let spec = spec_of(&t.task)?;
     let state = TaskState::parse(&t.task.state).ok_or_else(|| {
         ApiError::Internal(anyhow::anyhow!(

@@ -1,37 +1,73 @@
-//! One scheduler leader per database: the PostgreSQL advisory lock admits a single holder.
+//! One scheduler leader per database: the PostgreSQL advisory lock admits a single holder, each
+//! leader has a newer term, and the writes of a leader whose term is over are refused (fencing),
+//! also when its lock was cut without it noticing.
 
-use autodl_server::store;
+use autodl_server::store::{self, StoreError};
 
 use crate::helpers::{database_url, Backend};
 
-crate::on_both_backends!(one_leader_at_a_time);
+crate::on_both_backends!(one_leader_at_a_time_and_deposed_leaders_are_fenced);
 
-async fn one_leader_at_a_time(b: Backend) {
+async fn one_leader_at_a_time_and_deposed_leaders_are_fenced(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let url = database_url(b, dir.path()).await;
     let first = store::open(&url, 2).await.unwrap();
     let second = store::open(&url, 2).await.unwrap();
-    let guard = first.try_lead().await.unwrap();
-    assert!(guard.is_some());
-    match b {
-        // SQLite serves a single server process, which always leads.
-        Backend::Sqlite => assert!(second.try_lead().await.unwrap().is_some()),
+    let mut old = first.try_lead("first", 1).await.unwrap().expect("leads");
+    assert!(first.still_leads(&mut old).await.unwrap());
+    let mut new = match b {
+        // SQLite serves a single server process, which always leads; a restarted one starts
+        // a newer term.
+        Backend::Sqlite => second.try_lead("second", 2).await.unwrap().expect("leads"),
         Backend::Postgres => {
             assert!(
-                second.try_lead().await.unwrap().is_none(),
+                second.try_lead("second", 2).await.unwrap().is_none(),
                 "a second replica must not lead"
             );
-            drop(guard);
-            // The lock goes with the leader's connection; the other replica takes over.
-            let mut took_over = false;
+            // Cut the leader's lock connection, as a network cut or an operator would: the
+            // leader learns it before its next cycle.
+            let admin = sqlx::PgPool::connect(&url).await.unwrap();
+            let cut: Vec<(bool,)> = sqlx::query_as(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            )
+            .fetch_all(&admin)
+            .await
+            .unwrap();
+            assert_eq!(cut.len(), 1);
+            admin.close().await;
+            assert!(!first.still_leads(&mut old).await.unwrap());
+            // The lock went with the connection; the other replica takes over.
+            let mut took_over = None;
             for _ in 0..50 {
-                if second.try_lead().await.unwrap().is_some() {
-                    took_over = true;
+                if let Some(g) = second.try_lead("second", 2).await.unwrap() {
+                    took_over = Some(g);
                     break;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
-            assert!(took_over);
+            took_over.expect("the other replica takes over")
         }
-    }
+    };
+    assert!(new.term > old.term);
+    assert!(second.still_leads(&mut new).await.unwrap());
+    assert!(!first.still_leads(&mut old).await.unwrap());
+    // Whatever the deposed leader still tries is refused.
+    let waiting = first
+        .set_waiting(old.term, &[("some-task".to_owned(), None)])
+        .await;
+    assert!(matches!(waiting, Err(StoreError::Fenced)), "{waiting:?}");
+    let placed = first
+        .place_task(old.term, "some-task", "[]", "n1", 1, 3)
+        .await;
+    assert!(matches!(placed, Err(StoreError::Fenced)), "{placed:?}");
+    let stopped = first
+        .set_stop_reason(Some(old.term), "some-task", "preempted")
+        .await;
+    assert!(matches!(stopped, Err(StoreError::Fenced)), "{stopped:?}");
+    // The new leader's writes go through.
+    second
+        .set_waiting(new.term, &[("some-task".to_owned(), None)])
+        .await
+        .unwrap();
 }

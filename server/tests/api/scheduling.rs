@@ -228,9 +228,10 @@ async fn usage_is_charged_once_whoever_charges_it(b: Backend) {
     c.cycle().await;
     // Another runner (a restarted server, or another replica that took over) goes on
     // from where the store says the run was charged to.
-    let mut other = c.app.runner();
+    c.runner.resign().await.unwrap();
+    c.runner = c.app.runner();
     c.at(200);
-    other.cycle(c.clock.now_ms()).await.unwrap();
+    c.cycle().await;
     let user = x.id();
     let (used, _, _) = c.user_usage(&user).await;
     // (Usage decays with a week's half-life: 100 s of it are a few hundredths.)
@@ -247,7 +248,9 @@ async fn usage_is_charged_once_whoever_charges_it(b: Backend) {
     c.finished(&a, 1, "success").await;
     c.at(300);
     c.cycle().await;
-    other.cycle(c.clock.now_ms()).await.unwrap();
+    c.runner.resign().await.unwrap();
+    c.runner = c.app.runner();
+    c.cycle().await;
     let (used, _, _) = c.user_usage(&user).await;
     assert!((used - 500.0).abs() < 0.1, "2 GPUs x 250 s, got {used}");
     let attempts = x.get(&c.app, &format!("/api/v1/tasks/{a}/attempts")).await;
@@ -330,8 +333,9 @@ async fn utilization_comes_from_the_store_and_unmeasured_time_is_neutral(b: Back
     }
     // A runner that never saw these samples arrive (they went to the store, as they would
     // on another replica) charges them.
-    let mut elsewhere = c.app.runner();
-    elsewhere.cycle(c.clock.now_ms()).await.unwrap();
+    c.runner.resign().await.unwrap();
+    c.runner = c.app.runner();
+    c.cycle().await;
     let (_, alloc, busy) = c.user_usage(&x.id()).await;
     assert!(
         alloc > 0.0 && (busy / alloc - 0.25).abs() < 1e-6,

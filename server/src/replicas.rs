@@ -1,0 +1,130 @@
+//! Several servers on one PostgreSQL database. Any of them takes user requests and agent
+//! polls; one (the leader) schedules. What one server does that another must react to at once
+//! travels through the database (PostgreSQL LISTEN/NOTIFY), not through a new service:
+//! a submission wakes the leader's scheduler, a placement or stop order wakes the long poll of
+//! the node's agent wherever it polls, stored logs and samples wake live streams, node changes
+//! drop cached node lists. Timers stay as the safety net: a lost notification delays, never
+//! loses, anything.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::mpsc;
+
+use crate::state::AppState;
+
+/// Something the other servers should react to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Signal {
+    /// Run a scheduling cycle soon (the leader).
+    Wake,
+    /// Nodes changed: re-read them.
+    Nodes,
+    /// New work or a stop order for this node: answer its long poll.
+    Node(String),
+    /// Logs or samples were stored: live streams read them.
+    Data,
+}
+
+impl Signal {
+    fn encode(&self) -> String {
+        match self {
+            Signal::Wake => "wake".into(),
+            Signal::Nodes => "nodes".into(),
+            Signal::Data => "data".into(),
+            Signal::Node(n) => format!("node:{n}"),
+        }
+    }
+
+    fn decode(s: &str) -> Option<Signal> {
+        match s {
+            "wake" => Some(Signal::Wake),
+            "nodes" => Some(Signal::Nodes),
+            "data" => Some(Signal::Data),
+            _ => s.strip_prefix("node:").map(|n| Signal::Node(n.to_owned())),
+        }
+    }
+}
+
+/// The way out to the other servers; silent until [`connect`] runs (and on SQLite, which one
+/// server serves). Cheap to clone: the request handlers' side of it.
+#[derive(Debug, Clone, Default)]
+pub struct Peers(Arc<OnceLock<mpsc::UnboundedSender<Signal>>>);
+
+impl Peers {
+    pub fn tell(&self, signal: Signal) {
+        if let Some(tx) = self.0.get() {
+            let _ = tx.send(signal);
+        }
+    }
+}
+
+/// Starts telling and listening, where the store has other servers to reach. Returns the
+/// background tasks (none on SQLite).
+pub async fn connect(state: &AppState) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let Some(mut incoming) = state.store.subscribe().await? else {
+        return Ok(Vec::new());
+    };
+    let me = uuid::Uuid::new_v4().simple().to_string();
+    let (tx, mut outgoing) = mpsc::unbounded_channel::<Signal>();
+    let peers = state.scheduler.peers().clone();
+    if peers.0.set(tx.clone()).is_err() {
+        anyhow::bail!("this server is already connected to its peers");
+    }
+    state.agents.connect_peers(peers);
+
+    let store = state.store.clone();
+    let sender = me.clone();
+    let publisher = tokio::spawn(async move {
+        while let Some(first) = outgoing.recv().await {
+            // Whatever queued up meanwhile goes out once: a burst of submissions is one wake-up.
+            let mut batch = BTreeSet::from([first]);
+            while let Ok(more) = outgoing.try_recv() {
+                batch.insert(more);
+            }
+            for s in batch {
+                if let Err(e) = store.publish(&format!("{sender}|{}", s.encode())).await {
+                    tracing::warn!(error = %e, "could not tell the other servers");
+                }
+            }
+        }
+    });
+
+    let (scheduler, agents) = (state.scheduler.clone(), state.agents.clone());
+    let listener = tokio::spawn(async move {
+        while let Some(payload) = incoming.recv().await {
+            let Some((from, what)) = payload.split_once('|') else {
+                continue;
+            };
+            if from == me {
+                continue;
+            }
+            match Signal::decode(what) {
+                Some(Signal::Wake) => scheduler.wake_here(),
+                Some(Signal::Nodes) => scheduler.invalidate_nodes_here(),
+                Some(Signal::Node(n)) => agents.notify_here(&n),
+                Some(Signal::Data) => agents.data_stored_here(),
+                None => tracing::debug!(payload, "unknown signal from another server"),
+            }
+        }
+    });
+    Ok(vec![publisher, listener])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_survive_the_wire() {
+        for s in [
+            Signal::Wake,
+            Signal::Nodes,
+            Signal::Data,
+            Signal::Node("gpu-1.rack:3".into()),
+        ] {
+            assert_eq!(Signal::decode(&s.encode()), Some(s));
+        }
+        assert_eq!(Signal::decode("bogus"), None);
+    }
+}

@@ -1,0 +1,275 @@
+//! Three servers on one PostgreSQL database, two of them real processes: any of them takes
+//! submissions and agent polls, a placement made by the leader reaches an agent polling another
+//! server within a second (LISTEN/NOTIFY), explanations are the same everywhere, and killing
+//! the leader (SIGKILL) hands scheduling to another within ten seconds; no task is placed twice.
+
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::agents::FakeAgent;
+use crate::helpers::{spawn_app_with, Backend, Session, TestApp};
+
+/// A server process on the test's database, killed (SIGKILL) when dropped.
+struct Replica {
+    child: std::process::Child,
+    address: String,
+}
+
+impl Replica {
+    fn start(app: &TestApp) -> Replica {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let s = &app.state.settings;
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_autodl-server"))
+            .arg("serve")
+            .env("AUTODL_LISTEN", format!("127.0.0.1:{port}"))
+            .env("AUTODL_DATABASE_URL", &s.database_url)
+            .env("AUTODL_JWT_SECRET", &s.jwt_secret)
+            .env("AUTODL_STORAGE_URL", &s.storage_url)
+            .env("AUTODL_SITE_ROOT", &s.site_root)
+            // The timer alone would take up to 2 s: what is faster comes from the wake-ups.
+            .env("AUTODL_SCHEDULE_INTERVAL_MS", "2000")
+            .env("AUTODL_DB_MAX_CONNECTIONS", "4")
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start a server process");
+        Replica {
+            child,
+            address: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    async fn role(&self) -> Option<String> {
+        let res = reqwest::get(format!("{}/healthz", self.address))
+            .await
+            .ok()?;
+        let body: Value = res.json().await.ok()?;
+        body["role"].as_str().map(str::to_owned)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits until exactly one of `replicas` leads; returns its index.
+async fn leader_of(replicas: &[&Replica], within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut leaders = Vec::new();
+        for (i, r) in replicas.iter().enumerate() {
+            if r.role().await.as_deref() == Some("leader") {
+                leaders.push(i);
+            }
+        }
+        if leaders.len() == 1 {
+            return leaders[0];
+        }
+        assert!(leaders.len() < 2, "two servers lead at once");
+        assert!(Instant::now() < deadline, "no server leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Submits on `app` and long-polls `agent` until the task arrives; returns the task id and
+/// the time from the submission's answer to the assignment.
+async fn submit_and_receive(
+    app: &TestApp,
+    s: &Session,
+    agent: &FakeAgent,
+    name: &str,
+    finish: bool,
+) -> (String, Duration) {
+    let poller = {
+        let agent = FakeAgent {
+            base: agent.base.clone(),
+            credential: agent.credential.clone(),
+            http: agent.http.clone(),
+        };
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let work = agent.poll(&[], 20).await;
+                let got = work["assignments"].as_array().cloned().unwrap_or_default();
+                if !got.is_empty() {
+                    return (got, Instant::now());
+                }
+                assert!(Instant::now() < deadline, "nothing arrived");
+            }
+        })
+    };
+    // The poll is waiting before the task exists.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let res = s
+        .send(
+            app,
+            Method::POST,
+            "/api/v1/tasks",
+            Some(json!({"name": name, "image": "none", "command": "true",
+                "resources": {"gpu": {"type": "A100", "count": 1}}})),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let submitted = Instant::now();
+    let id = res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (got, at) = poller.await.unwrap();
+    assert_eq!(got.len(), 1, "one assignment: {got:?}");
+    assert_eq!(got[0]["task_id"], id.as_str());
+    // It ran (and finished, freeing its GPU).
+    let attempt = got[0]["attempt"].as_u64().unwrap();
+    let mut reports = vec![("started", json!({"attempt": attempt}))];
+    if finish {
+        reports.push((
+            "finished",
+            json!({"attempt": attempt, "exit_code": 0, "reason": "success"}),
+        ));
+    }
+    for (what, body) in reports {
+        let r = agent
+            .call(&format!("/api/v1/agent/tasks/{id}/{what}"), body)
+            .await;
+        assert!(r.status().is_success(), "{what}: {}", r.status());
+    }
+    (id, at.saturating_duration_since(submitted))
+}
+
+#[tokio::test]
+async fn replicas_share_the_work_and_survive_the_leader() {
+    // An in-process server that never schedules: it takes the submissions.
+    let app = spawn_app_with(Backend::Postgres, |s| s.run_scheduler = false).await;
+    let op = app.operator().await;
+    let s = app.signup("r@example.com", "Lab").await;
+    let mut reps = [Replica::start(&app), Replica::start(&app)];
+    let first = leader_of(&[&reps[0], &reps[1]], Duration::from_secs(30)).await;
+    let follower = reps[1 - first].address.clone();
+    assert_eq!(
+        app.state.scheduler.is_leader(),
+        false,
+        "the in-process server does not schedule"
+    );
+    // The agent joins through one server and polls another that does not lead.
+    let mut agent = FakeAgent::join(&app, &op, "rep-1", "A100-40G", "z1").await;
+    agent.base = follower.clone();
+
+    // Explanations come from the store: the follower and the in-process server agree.
+    let mut placed = Vec::new();
+    let mut latencies = Vec::new();
+    for i in 0..5 {
+        let (id, took) = submit_and_receive(&app, &s, &agent, &format!("t{i}"), true).await;
+        placed.push(id);
+        latencies.push(took);
+    }
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    eprintln!("submission on one server to assignment on another: {latencies:?}");
+    assert!(
+        median < Duration::from_secs(1),
+        "a placement reaches an agent polling another server within a second: {latencies:?}"
+    );
+
+    // A task that cannot fit beside a running one waits, and every server says why, the same
+    // way. (No poll meanwhile: the agent's next poll would not list the blocker.)
+    let (blocker, _) = submit_and_receive(&app, &s, &agent, "blocker", false).await;
+    let res = s
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/tasks",
+            Some(
+                json!({"name": "too-big", "image": "none", "command": "true",
+                "resources": {"gpu": {"type": "A100", "count": 4}}}),
+            ),
+        )
+        .await;
+    let waiting_id = res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let explained = loop {
+        let t = s.get(&app, &format!("/api/v1/tasks/{waiting_id}")).await;
+        if t["waiting"]["reason"].is_string() {
+            break t["waiting"].clone();
+        }
+        assert!(Instant::now() < deadline, "never explained: {t}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let via_follower: Value = s
+        .client
+        .get(format!("{follower}/api/v1/tasks/{waiting_id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(via_follower["waiting"]["message"], explained["message"]);
+    for id in [&waiting_id, &blocker] {
+        let res = s
+            .send(
+                &app,
+                Method::POST,
+                &format!("/api/v1/tasks/{id}/cancel"),
+                None,
+            )
+            .await;
+        assert!(res.status().is_success());
+    }
+
+    // The leader's lock connection is cut (split brain, before fencing: both scheduled and a
+    // task was charged twice). One server leads again, never two; tasks are placed once.
+    let admin = sqlx::PgPool::connect(&app.state.settings.database_url)
+        .await
+        .unwrap();
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .execute(&admin)
+    .await
+    .unwrap();
+    admin.close().await;
+    for i in 0..3 {
+        leader_of(&[&reps[0], &reps[1]], Duration::from_secs(10)).await;
+        let (id, _) = submit_and_receive(&app, &s, &agent, &format!("cut{i}"), true).await;
+        placed.push(id);
+    }
+
+    // The leader dies without a word; the other takes over.
+    let leading = leader_of(&[&reps[0], &reps[1]], Duration::from_secs(10)).await;
+    agent.base = reps[1 - leading].address.clone();
+    reps[leading].kill();
+    let killed = Instant::now();
+    leader_of(&[&reps[1 - leading]], Duration::from_secs(10)).await;
+    let (id, _) = submit_and_receive(&app, &s, &agent, "after", true).await;
+    let failover = killed.elapsed();
+    eprintln!("leader killed to the next task placed by the new leader: {failover:?}");
+    assert!(
+        failover < Duration::from_secs(10),
+        "failover took {failover:?}"
+    );
+    placed.push(id);
+
+    // None was placed twice.
+    for id in &placed {
+        let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+        assert_eq!(t["attempts"], 1, "{t}");
+        assert_eq!(t["state"], "completed", "{t}");
+    }
+}
