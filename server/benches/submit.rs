@@ -82,7 +82,7 @@ async fn main() -> anyhow::Result<()> {
         let active = state.store.active_tasks().await?;
         let unexplained = active
             .iter()
-            .filter(|t| t.state == "pending" && state.scheduler.waiting(&t.id).is_none())
+            .filter(|t| t.state == "pending" && t.waiting.is_none())
             .count();
         if unexplained == 0 || considered_by.elapsed() > Duration::from_secs(60) {
             println!(

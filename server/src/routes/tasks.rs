@@ -323,7 +323,7 @@ pub async fn list(
     };
     let items = rows
         .into_iter()
-        .map(|t| to_api(t))
+        .map(to_api)
         .collect::<Result<_, _>>()?;
     Ok(web::Json(TaskPage { items, next_cursor }))
 }

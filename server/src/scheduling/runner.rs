@@ -119,10 +119,8 @@ impl Runner {
         if let Some(g) = &self.guard {
             return Ok(Some(g.term));
         }
-        Ok(match self.store.try_lead(&self.holder, now_ms).await? {
-            Some(g) => Some(self.take_lead(g, now_ms)),
-            None => None,
-        })
+        let guard = self.store.try_lead(&self.holder, now_ms).await?;
+        Ok(guard.map(|g| self.take_lead(g, now_ms)))
     }
 
     /// Nodes whose agent stopped polling are lost: their tasks go back to the queue (and resume
