@@ -321,10 +321,7 @@ pub async fn list(
     } else {
         None
     };
-    let items = rows
-        .into_iter()
-        .map(to_api)
-        .collect::<Result<_, _>>()?;
+    let items = rows.into_iter().map(to_api).collect::<Result<_, _>>()?;
     Ok(web::Json(TaskPage { items, next_cursor }))
 }
 
