@@ -175,10 +175,13 @@ pub fn kill_all(uid: u32) -> usize {
     if uid == 0 {
         return 0;
     }
+    // A killed process stays listed until it has exited, which takes longer on a loaded
+    // host: keep at it for a few seconds rather than a fixed number of rounds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let mut total = 0;
-    for _ in 0..100 {
+    loop {
         let n = signal_uid(uid, Signal::SIGKILL);
-        if n == 0 {
+        if n == 0 || std::time::Instant::now() >= deadline {
             break;
         }
         total += n;
