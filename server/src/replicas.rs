@@ -7,7 +7,7 @@
 //! loses, anything.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use tokio::sync::mpsc;
 
@@ -47,15 +47,20 @@ impl Signal {
 }
 
 /// The way out to the other servers; silent until [`connect`] runs (and on SQLite, which one
-/// server serves). Cheap to clone: the request handlers' side of it.
-#[derive(Debug, Clone, Default)]
-pub struct Peers(Arc<OnceLock<mpsc::UnboundedSender<Signal>>>);
+/// server serves).
+#[derive(Debug, Default)]
+pub struct Peers(OnceLock<mpsc::UnboundedSender<Signal>>);
 
 impl Peers {
     pub fn tell(&self, signal: Signal) {
         if let Some(tx) = self.0.get() {
             let _ = tx.send(signal);
         }
+    }
+
+    /// `false` when already connected.
+    fn connect(&self, tx: mpsc::UnboundedSender<Signal>) -> bool {
+        self.0.set(tx).is_ok()
     }
 }
 
@@ -67,11 +72,9 @@ pub async fn connect(state: &AppState) -> anyhow::Result<Vec<tokio::task::JoinHa
     };
     let me = uuid::Uuid::new_v4().simple().to_string();
     let (tx, mut outgoing) = mpsc::unbounded_channel::<Signal>();
-    let peers = state.scheduler.peers().clone();
-    if peers.0.set(tx.clone()).is_err() {
+    if !state.scheduler.peers().connect(tx.clone()) || !state.agents.peers().connect(tx) {
         anyhow::bail!("this server is already connected to its peers");
     }
-    state.agents.connect_peers(peers);
 
     let store = state.store.clone();
     let sender = me.clone();

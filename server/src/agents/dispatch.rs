@@ -26,17 +26,18 @@ pub async fn reconcile(
     state: &AppState,
     node: &NodeRecord,
     running: &[RunningRef],
+    active: &[TaskRecord],
 ) -> Result<usize, ApiError> {
     let reported: HashSet<(&str, u32)> = running
         .iter()
         .map(|r| (r.task_id.as_str(), r.attempt))
         .collect();
     let mut lost = 0;
-    for t in state.store.active_tasks().await? {
+    for t in active {
         if t.state != "running" {
             continue;
         }
-        let Some(placement) = placement_of(&t) else {
+        let Some(placement) = placement_of(t) else {
             continue;
         };
         let attempt = t.attempts as u32;
@@ -74,10 +75,12 @@ pub async fn reconcile(
     Ok(lost)
 }
 
+/// `active` is the store's active tasks, read for this look.
 pub async fn work_for(
     state: &AppState,
     node: &NodeRecord,
     running: &[RunningRef],
+    active: &[TaskRecord],
 ) -> Result<PollResponse, ApiError> {
     let running_set: HashSet<(&str, u32)> = running
         .iter()
@@ -89,7 +92,7 @@ pub async fn work_for(
         ..Default::default()
     };
     let mut expected: HashSet<(String, u32)> = HashSet::new();
-    for t in state.store.active_tasks().await? {
+    for t in active {
         if t.state == "pending" {
             continue;
         }

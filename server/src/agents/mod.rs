@@ -18,7 +18,7 @@ pub const REGISTRATION_TOKEN_PREFIX: &str = "adlreg_";
 pub struct AgentHub {
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
     /// The other servers of the database: an agent may poll any of them.
-    peers: std::sync::OnceLock<crate::replicas::Peers>,
+    peers: crate::replicas::Peers,
     /// Bumped whenever samples, reported metrics or log lines are stored, so live streams
     /// read them at once instead of at their next poll (the chart-delay goal is under 1 s).
     data: watch::Sender<u64>,
@@ -28,7 +28,7 @@ impl Default for AgentHub {
     fn default() -> Self {
         Self {
             waiters: Mutex::default(),
-            peers: std::sync::OnceLock::new(),
+            peers: crate::replicas::Peers::default(),
             data: watch::Sender::new(0),
         }
     }
@@ -44,14 +44,12 @@ impl AgentHub {
         self.data.send_modify(|v| *v = v.wrapping_add(1));
     }
 
-    pub(crate) fn connect_peers(&self, peers: crate::replicas::Peers) {
-        let _ = self.peers.set(peers);
+    pub(crate) fn peers(&self) -> &crate::replicas::Peers {
+        &self.peers
     }
 
     fn tell(&self, signal: crate::replicas::Signal) {
-        if let Some(p) = self.peers.get() {
-            p.tell(signal);
-        }
+        self.peers.tell(signal);
     }
 
     /// A receiver that sees every later `data_stored`; streams wait on it with `wait_for_data`.

@@ -327,14 +327,22 @@ pub async fn poll(
         state.scheduler.invalidate_nodes();
         state.scheduler.wake();
     }
-    // Once, as the poll arrives: what it says the agent runs is what it runs now.
-    crate::agents::dispatch::reconcile(&state, &node.node, &body.running).await?;
+    // Once, as the poll arrives: what it says the agent runs is what it runs now. The first
+    // look at its work reuses that read unless it requeued something.
+    let active = state.store.active_tasks().await?;
+    let requeued =
+        crate::agents::dispatch::reconcile(&state, &node.node, &body.running, &active).await?;
+    let mut fresh = (requeued == 0).then_some(active);
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         // Register interest before looking, so a notification between the look and the wait
         // is not lost.
         let notified = waiter.notified();
-        let work = work_for(&state, &node.node, &body.running).await?;
+        let active = match fresh.take() {
+            Some(a) => a,
+            None => state.store.active_tasks().await?,
+        };
+        let work = work_for(&state, &node.node, &body.running, &active).await?;
         if !work.assignments.is_empty()
             || !work.stop.is_empty()
             || tokio::time::Instant::now() >= deadline

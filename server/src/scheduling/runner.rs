@@ -206,49 +206,40 @@ impl Runner {
         waiting: HashMap<String, Waiting>,
         now_ms: i64,
     ) -> anyhow::Result<()> {
-        let changes: Vec<(String, Option<String>)> = {
-            let written = self
+        // What is stored for each task and when it was written, after this cycle.
+        let mut next: HashMap<String, (Waiting, i64)> = HashMap::with_capacity(waiting.len());
+        let mut changes: Vec<(String, Option<String>)> = Vec::new();
+        {
+            let mut written = self
                 .handle
                 .written
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            let mut changes = Vec::new();
-            for (id, w) in &waiting {
-                let same = written.get(id).is_some_and(|(old, at): &(Waiting, i64)| {
-                    old.reason == w.reason
-                        && old.message == w.message
-                        && old.position == w.position
-                        && now_ms - at < WAITING_REFRESH_MS
-                });
-                if !same {
-                    changes.push((id.clone(), Some(serde_json::to_string(w)?)));
+            for (id, w) in waiting {
+                match written.remove(&id) {
+                    Some((old, at))
+                        if old.reason == w.reason
+                            && old.message == w.message
+                            && old.position == w.position
+                            && now_ms - at < WAITING_REFRESH_MS =>
+                    {
+                        next.insert(id, (old, at));
+                    }
+                    _ => {
+                        changes.push((id.clone(), Some(serde_json::to_string(&w)?)));
+                        next.insert(id, (w, now_ms));
+                    }
                 }
             }
-            changes.extend(
-                written
-                    .keys()
-                    .filter(|id| !waiting.contains_key(*id))
-                    .map(|id| (id.clone(), None)),
-            );
-            changes
-        };
+            // Those left no longer wait.
+            changes.extend(written.drain().map(|(id, _)| (id, None)));
+        }
         self.store.set_waiting(term, &changes).await?;
-        let mut written = self
+        *self
             .handle
             .written
             .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let kept: HashMap<String, (Waiting, i64)> = waiting
-            .into_iter()
-            .map(|(id, w)| {
-                let at = match written.remove(&id) {
-                    Some((_, at)) if !changes.iter().any(|(c, _)| *c == id) => at,
-                    _ => now_ms,
-                };
-                (id, (w, at))
-            })
-            .collect();
-        *written = kept;
+            .unwrap_or_else(|p| p.into_inner()) = next;
         Ok(())
     }
 
@@ -328,16 +319,21 @@ impl Runner {
             return Ok(0);
         };
         let now = secs(now_ms);
-        let records = self.store.list_nodes().await?;
-        let listed = self.store.scheduling_tasks().await?;
+        let mut records = self.store.list_nodes().await?;
+        let mut listed = self.store.scheduling_tasks().await?;
         if self
             .detect_lost_nodes(term, &records, &listed, now_ms)
             .await?
         {
-            self.handle.invalidate_nodes();
+            // Nodes went lost and their tasks back to the queue: read what changed.
+            records = self.store.list_nodes().await?;
+            listed = self.store.scheduling_tasks().await?;
         }
-        let nodes = self.handle.nodes(self.store.as_ref()).await?;
-        let mut loaded = snapshot::load(self.store.as_ref(), nodes.as_ref().clone()).await?;
+        let nodes = records
+            .iter()
+            .map(snapshot::to_node)
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut loaded = snapshot::load(self.store.as_ref(), nodes, listed).await?;
         if !snapshot::charge(self.store.as_ref(), &mut loaded, now_ms, &self.config).await? {
             tracing::debug!("a run changed while it was charged; charging again next cycle");
         }

@@ -119,8 +119,13 @@ pub struct Loaded {
     charged_from: HashMap<(String, u32), i64>,
 }
 
-/// Reads everything the policy looks at.
-pub async fn load(store: &dyn Store, nodes: Vec<Node>) -> anyhow::Result<Loaded> {
+/// Reads everything else the policy looks at, beside the nodes and active tasks the caller
+/// has just read.
+pub async fn load(
+    store: &dyn Store,
+    nodes: Vec<Node>,
+    tasks: Vec<SchedulingTaskRecord>,
+) -> anyhow::Result<Loaded> {
     let quotas = load_quotas(store).await?;
     let mut usage = UsageLedger::default();
     for r in store.load_usage().await? {
@@ -131,7 +136,6 @@ pub async fn load(store: &dyn Store, nodes: Vec<Node>) -> anyhow::Result<Loaded>
         };
     }
     let trusted: HashSet<String> = store.trusted_tenants().await?.into_iter().collect();
-    let tasks = store.scheduling_tasks().await?;
     let mut snapshot = Snapshot::new(nodes.clone(), quotas, usage);
     let mut charged_from = HashMap::new();
     for rec in &tasks {

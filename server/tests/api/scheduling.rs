@@ -153,7 +153,8 @@ impl Cluster {
             .nodes(self.app.state.store.as_ref())
             .await
             .unwrap();
-        snapshot::load(self.app.state.store.as_ref(), nodes.as_ref().clone())
+        let tasks = self.app.state.store.scheduling_tasks().await.unwrap();
+        snapshot::load(self.app.state.store.as_ref(), nodes.as_ref().clone(), tasks)
             .await
             .unwrap()
             .snapshot

@@ -852,24 +852,6 @@ head -c 200000 /dev/zero | tr '\0' 'x' > "$AUTODL_RESULTS_DIR/plots/loss.csv"
     }
 }
 
-/// Every file under `root`, relative, sorted.
-fn files_under(root: &std::path::Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut todo = vec![root.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                todo.push(p);
-            } else {
-                out.push(p.strip_prefix(root).unwrap().display().to_string());
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 /// An upload the agent gives up on (storage full, a file changed) is deleted at once, and so
 /// is one that a newer upload of the same kind replaces (its agent died): neither holds space
 /// until the daily sweep. Results live under `results/` (the key used to say `resultss/`).
@@ -904,7 +886,7 @@ async fn given_up_and_replaced_uploads_free_their_space_at_once(b: Backend) {
         }
     };
     let holding = |upload: &str| {
-        files_under(&objects)
+        walk(&objects)
             .into_iter()
             .filter(|f| f.contains(upload))
             .collect::<Vec<_>>()
