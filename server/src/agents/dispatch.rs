@@ -96,7 +96,7 @@ pub async fn work_for(
         if t.state == "pending" {
             continue;
         }
-        let Some(placement) = placement_of(&t) else {
+        let Some(placement) = placement_of(t) else {
             continue;
         };
         if !placement.iter().any(|p| p.node == node.id) {
@@ -130,8 +130,8 @@ pub async fn work_for(
             continue;
         }
         if t.state == "scheduled" && !runs_here {
-            let spec = spec_of(&t)?;
-            let mut a = assignment(state, &t, &spec, node, &placement)?;
+            let spec = spec_of(t)?;
+            let mut a = assignment(state, t, &spec, node, &placement)?;
             a.restore =
                 crate::tasks::checkpoints::latest_checkpoint(state.store.as_ref(), &t.id).await?;
             out.assignments.push(a);
