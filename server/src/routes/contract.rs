@@ -615,5 +615,28 @@ pub fn apply(doc: &mut Value) -> Vec<String> {
         Some(s) => *s = reported_metrics(),
         None => missing.push("post /api/v1/tasks/{id}/metrics body".into()),
     }
+    bound_integer_formats(doc);
     missing
+}
+
+/// `format: int32` and `int64` bound an integer to those ranges in clients' eyes, but the
+/// validator of request bodies does not read formats: the bounds are written out, so a value
+/// the document calls out of range (an attempt of 2^31) is refused instead of taken.
+fn bound_integer_formats(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            let bounds = match map.get("format").and_then(Value::as_str) {
+                Some("int32") => Some((json!(i32::MIN), json!(i32::MAX))),
+                Some("int64") => Some((json!(i64::MIN), json!(i64::MAX))),
+                _ => None,
+            };
+            if let Some((min, max)) = bounds {
+                map.entry("minimum").or_insert(min);
+                map.entry("maximum").or_insert(max);
+            }
+            map.values_mut().for_each(bound_integer_formats);
+        }
+        Value::Array(items) => items.iter_mut().for_each(bound_integer_formats),
+        _ => {}
+    }
 }

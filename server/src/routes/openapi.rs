@@ -337,6 +337,10 @@ mod tests {
         ] {
             assert!(check_body("POST", "/api/v1/tasks", &bad).is_err(), "{bad}");
         }
+        // Integer formats bound values: an attempt is an int32.
+        let poll = |attempt: u64| json!({"running": [{"task_id": "t", "attempt": attempt}]});
+        assert!(check_body("POST", "/api/v1/agent/poll", &poll(2_147_483_647)).is_ok());
+        assert!(check_body("POST", "/api/v1/agent/poll", &poll(2_147_483_648)).is_err());
         // Errors name the form field (no item index) and say what is wrong in words.
         let said = |method: &str, path: &str, body: serde_json::Value| match check_body(
             method, path, &body,
