@@ -838,10 +838,13 @@ impl Cycle<'_> {
                 if cands.is_empty() {
                     continue;
                 }
+                // Ties go by task id, not by where a run sits in the input: the server and
+                // the simulator list running tasks in different orders.
+                let running = &self.state.running;
                 cands.sort_by(|a, b| {
                     a.0.total_cmp(&b.0)
                         .then(a.1.total_cmp(&b.1))
-                        .then(a.2.cmp(&b.2))
+                        .then_with(|| running[a.2].request.id.cmp(&running[b.2].request.id))
                 });
                 // Release victims one by one until the worker fits, then undo.
                 let mut tmp: Vec<Alloc> = Vec::new();
@@ -972,7 +975,11 @@ impl Cycle<'_> {
             if movable.is_empty() {
                 continue;
             }
-            movable.sort_by_key(|&v| (self.state.running[v].request.gpu_mem_bytes, v));
+            let running = &self.state.running;
+            movable.sort_by(|&a, &b| {
+                let (ra, rb) = (&running[a].request, &running[b].request);
+                (ra.gpu_mem_bytes, &ra.id).cmp(&(rb.gpu_mem_bytes, &rb.id))
+            });
             let mut released: Vec<(usize, Alloc)> = Vec::new();
             for &v in &movable {
                 for a in self.cap.allocs_of(&self.state.running[v], margin) {

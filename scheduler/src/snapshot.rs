@@ -81,7 +81,10 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn new(nodes: Vec<Node>, quotas: Quotas, usage: UsageLedger) -> Snapshot {
+    /// Nodes are kept in order of id, whatever order they come in: where the policy breaks
+    /// ties by position, every caller then breaks them alike.
+    pub fn new(mut nodes: Vec<Node>, quotas: Quotas, usage: UsageLedger) -> Snapshot {
+        nodes.sort_by(|a, b| a.id.cmp(&b.id));
         let node_at = nodes
             .iter()
             .enumerate()

@@ -202,4 +202,45 @@ proptest! {
         apply(&mut state, &d, 50);
         check_no_overcommit(&state, cfg.share_margin_bytes)?;
     }
+
+    /// The server lists running and waiting tasks in the store's order, the simulator in its
+    /// own: the policy must decide the same either way (ties go by id, never by position).
+    #[test]
+    fn decisions_do_not_depend_on_the_order_of_the_input(
+        state in arb_state(),
+        more in prop::collection::vec(arb_task(100), 0..10),
+        turn in 0usize..7,
+    ) {
+        let sched = Scheduler::new(PolicyConfig::default());
+        let mut state = state;
+        // Alike in everything the policy weighs, so that victims tie.
+        for t in &mut state.pending {
+            t.user = "u0".into();
+            t.priority = 0.1;
+            t.submitted_at = 0;
+        }
+        let d = sched.schedule(&state, 1_000);
+        apply(&mut state, &d, 1_000);
+        // Urgent newcomers, so some of the running tasks may be preempted for them.
+        for (k, mut t) in more.into_iter().enumerate() {
+            t.id = format!("m{k}");
+            t.priority = 1.0;
+            state.pending.push(t);
+        }
+        let mut other = state.clone();
+        other.running.reverse();
+        other.pending.reverse();
+        if !other.running.is_empty() {
+            let n = turn % other.running.len();
+            other.running.rotate_left(n);
+        }
+        if !other.pending.is_empty() {
+            let n = turn % other.pending.len();
+            other.pending.rotate_left(n);
+        }
+        prop_assert_eq!(
+            sched.schedule(&state, 1_600).decisions,
+            sched.schedule(&other, 1_600).decisions
+        );
+    }
 }

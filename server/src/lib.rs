@@ -9,6 +9,7 @@ pub mod domain;
 pub mod error;
 pub mod json;
 pub mod metrics;
+pub mod replay;
 pub mod replicas;
 pub mod routes;
 pub mod scheduling;

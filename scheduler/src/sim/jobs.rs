@@ -7,7 +7,7 @@ use crate::config::{Backfill, PolicyConfig};
 use crate::scheduler::{Decision, Scheduler};
 use crate::sim::SimError;
 use crate::snapshot::Snapshot;
-use crate::types::{Gpu, Node, TaskRequest, Time, WorkerPlacement};
+use crate::types::{Gpu, Node, TaskId, TaskRequest, Time, WorkerPlacement};
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -130,6 +130,34 @@ pub fn read_itp<R: Read>(r: R, user: &str) -> Result<Vec<Job>, SimError> {
     Ok(out)
 }
 
+/// `n` jobs of `users` users arriving over time (0 to 15 minutes apart), of 1 to 8 GPUs and
+/// 5 minutes to 4 hours of work, from a fixed seed: the same trace on every machine, for
+/// tests and benchmarks that need contention without a trace file.
+pub fn synthetic(n: usize, users: usize, seed: u64) -> Vec<Job> {
+    let mut x = seed;
+    let mut next = move |m: u64| {
+        // SplitMix64.
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % m.max(1)
+    };
+    let mut at = 0;
+    (0..n)
+        .map(|i| {
+            at += next(900);
+            Job {
+                id: format!("j{i}"),
+                user: format!("u{}", next(users as u64)),
+                submit: at,
+                gpus: [1, 1, 2, 2, 4, 8][next(6) as usize],
+                runtime: 300 + next(14_000),
+            }
+        })
+        .collect()
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobsConfig {
     pub nodes: u32,
@@ -142,6 +170,7 @@ pub struct JobsConfig {
     /// Re-run the cycle at least this often while jobs wait, so time-driven priority changes
     /// (age, attained service) take effect without an arrival or a completion.
     pub tick_s: u64,
+    pub hardware: Hardware,
 }
 
 impl Default for JobsConfig {
@@ -153,6 +182,33 @@ impl Default for JobsConfig {
             checkpoint_s: 3_600,
             restart_s: 60,
             tick_s: 600,
+            hardware: Hardware::default(),
+        }
+    }
+}
+
+/// What every node has and every job asks for beside whole GPUs. Traces record GPUs only; the
+/// defaults make CPU and memory never bind. A replay through a live server names what its
+/// simulated agents register and its tasks ask for, so both sides decide on the same input.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hardware {
+    pub gpu_type: String,
+    pub gpu_mem_bytes: u64,
+    pub node_cpu_millis: u64,
+    pub node_mem_bytes: u64,
+    pub job_cpu_millis: u64,
+    pub job_mem_bytes: u64,
+}
+
+impl Default for Hardware {
+    fn default() -> Self {
+        Hardware {
+            gpu_type: "GPU".into(),
+            gpu_mem_bytes: 80 << 30,
+            node_cpu_millis: 1 << 40,
+            node_mem_bytes: 1 << 50,
+            job_cpu_millis: 0,
+            job_mem_bytes: 0,
         }
     }
 }
@@ -186,24 +242,166 @@ struct JobState {
     attained: f64,
     finish: Option<Time>,
     allocated: u64,
+    /// The checkpoint of the current run last told to the decider.
+    reported_checkpoint: Option<Time>,
 }
 
-fn request(job: &Job, idx: usize, gpn: u32) -> TaskRequest {
+/// Who decides where and when jobs run. The simulator's world (arrivals, true run times,
+/// checkpoints, restarts) is the same whoever decides: the policy in this process
+/// ([`InProcess`]), or a live server the trace is replayed through, whose decisions are then
+/// compared with the simulator's (`autodl-server`'s `replay`).
+///
+/// A task's id is the world's: the job's position in arrival order, zero-padded, so ids sort
+/// as the tasks were submitted (a server that hands out time-ordered ids sorts them alike).
+pub trait Decider {
+    /// A job is submitted at `now`.
+    fn submit(&mut self, request: TaskRequest, now: Time);
+    /// The current run of `task` saved a checkpoint at `at` (no later than the next call's
+    /// `now`, and reported before anything else happens at a later time).
+    fn checkpoint(&mut self, task: &str, at: Time);
+    /// The current run of `task` did all its work at `now`.
+    fn finish(&mut self, task: &str, now: Time);
+    /// One scheduling cycle at `now`. Runs it preempts have ended at `now` and their tasks wait
+    /// again when it returns.
+    fn cycle(&mut self, now: Time) -> Round;
+}
+
+/// What one cycle did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Round {
+    pub placed: Vec<(TaskId, Vec<WorkerPlacement>)>,
+    pub preempted: Vec<TaskId>,
+}
+
+/// One decision, as the replay log keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Decided {
+    pub at: Time,
+    /// Cycles at the same time are numbered from 0 (a preemption is followed by another).
+    pub round: u32,
+    pub task: TaskId,
+    pub what: Action,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum Action {
+    /// (node, GPU indices) per worker, by node.
+    Place(Vec<(String, Vec<u32>)>),
+    Preempt,
+}
+
+/// A whole run: the benchmark's metrics and every decision in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replay {
+    pub report: JobsReport,
+    pub log: Vec<Decided>,
+}
+
+/// The policy of this process on the same input builder the server uses ([`Snapshot`]).
+pub struct InProcess {
+    sched: Scheduler,
+    policy: PolicyConfig,
+    snap: Snapshot,
+}
+
+impl InProcess {
+    pub fn new(cfg: &JobsConfig) -> InProcess {
+        let policy = cfg.policy.config();
+        InProcess {
+            sched: Scheduler::new(policy.clone()),
+            snap: Snapshot::new(nodes(cfg), Default::default(), Default::default()),
+            policy,
+        }
+    }
+}
+
+impl Decider for InProcess {
+    fn submit(&mut self, request: TaskRequest, _now: Time) {
+        self.snap.add_pending(request);
+    }
+
+    fn checkpoint(&mut self, task: &str, at: Time) {
+        if let Some(r) = self.snap.running_mut().find(|r| r.request.id == task) {
+            r.last_checkpoint_at = Some(at);
+        }
+    }
+
+    fn finish(&mut self, task: &str, now: Time) {
+        self.snap.end_run(task, now, None, &self.policy);
+    }
+
+    fn cycle(&mut self, now: Time) -> Round {
+        // Accounting up to now, exactly as the server's cycle does it.
+        self.snap.charge(now, |_| None, &self.policy);
+        let d = self.sched.schedule(self.snap.state(), now);
+        let mut round = Round::default();
+        for dec in d.decisions {
+            match dec {
+                Decision::Preempt { task, .. } => {
+                    if let Some(req) = self.snap.end_run(&task, now, None, &self.policy) {
+                        self.snap.add_pending(req);
+                        round.preempted.push(task);
+                    }
+                }
+                Decision::Place {
+                    task, placements, ..
+                } => round.placed.push((task, placements)),
+                Decision::Migrate { .. } => {}
+            }
+        }
+        self.snap.place(round.placed.clone(), now);
+        round
+    }
+}
+
+/// The simulated cluster: `cfg.nodes` nodes named `n0000`, `n0001`, ... in one zone.
+pub fn nodes(cfg: &JobsConfig) -> Vec<Node> {
+    let hw = &cfg.hardware;
+    (0..cfg.nodes)
+        .map(|i| Node {
+            id: node_name(i),
+            zone: String::new(),
+            labels: Default::default(),
+            cpu_millis: hw.node_cpu_millis,
+            mem_bytes: hw.node_mem_bytes,
+            gpus: (0..cfg.gpus_per_node)
+                .map(|g| Gpu {
+                    index: g,
+                    gpu_type: hw.gpu_type.clone(),
+                    mem_bytes: hw.gpu_mem_bytes,
+                    util: 1.0,
+                })
+                .collect(),
+            schedulable: true,
+            taints: vec![],
+            features: vec![],
+        })
+        .collect()
+}
+
+pub fn node_name(i: u32) -> String {
+    format!("n{i:04}")
+}
+
+/// The request a job makes: whole nodes' worth of GPUs per worker when it needs more than one
+/// node, otherwise one worker.
+pub fn request(job: &Job, id: TaskId, cfg: &JobsConfig) -> TaskRequest {
+    let gpn = cfg.gpus_per_node;
     let (gpus_per_worker, workers) = if job.gpus <= gpn {
         (job.gpus, 1)
     } else {
         (gpn, job.gpus.div_ceil(gpn))
     };
     TaskRequest {
-        id: idx.to_string(),
+        id,
         user: job.user.clone(),
         tenant: String::new(),
         gpu_types: Vec::new(),
         gpus_per_worker,
         workers,
         gpu_mem_bytes: None,
-        cpu_millis: 0,
-        mem_bytes: 0,
+        cpu_millis: cfg.hardware.job_cpu_millis,
+        mem_bytes: cfg.hardware.job_mem_bytes,
         priority: 0.5,
         deadline: None,
         submitted_at: job.submit,
@@ -218,29 +416,13 @@ fn request(job: &Job, idx: usize, gpn: u32) -> TaskRequest {
 
 /// Simulates the whole trace and reports the benchmark's metrics.
 pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
+    replay(jobs, cfg, &mut InProcess::new(cfg)).report
+}
+
+/// Runs the trace's world with `decider` deciding; the log holds every decision.
+pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Replay {
     let policy = cfg.policy.config();
-    let sched = Scheduler::new(policy.clone());
     let gpn = cfg.gpus_per_node;
-    let nodes: Vec<Node> = (0..cfg.nodes)
-        .map(|i| Node {
-            id: format!("n{i:04}"),
-            zone: String::new(),
-            labels: Default::default(),
-            cpu_millis: 1 << 40,
-            mem_bytes: 1 << 50,
-            gpus: (0..gpn)
-                .map(|g| Gpu {
-                    index: g,
-                    gpu_type: "GPU".into(),
-                    mem_bytes: 80 << 30,
-                    util: 1.0,
-                })
-                .collect(),
-            schedulable: true,
-            taints: vec![],
-            features: vec![],
-        })
-        .collect();
     let capacity = u64::from(cfg.nodes * gpn);
     let mut order: Vec<usize> = (0..jobs.len()).collect();
     order.sort_by_key(|&i| (jobs[i].submit, i));
@@ -252,11 +434,16 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
         }
         ok
     });
-    let admitted: Vec<usize> = order.clone();
+    // Task ids are positions in `order`; their width keeps them sorted as numbers.
+    let width = order.len().to_string().len();
+    let id_of = |seq: usize| format!("{seq:0width$}");
+    let seq_of = |id: &str| -> usize { id.parse().expect("a task id the world gave") };
 
-    let mut st = vec![JobState::default(); jobs.len()];
-    // The same input the server builds from its store: see `crate::snapshot`.
-    let mut snap = Snapshot::new(nodes, Default::default(), Default::default());
+    let mut st = vec![JobState::default(); order.len()];
+    let mut log: Vec<Decided> = Vec::new();
+    let mut running: Vec<usize> = Vec::new();
+    let mut waiting = 0usize;
+    let mut used_gpus = 0u64;
     let mut completions: BinaryHeap<Reverse<(Time, usize, u32)>> = BinaryHeap::new();
     let mut next_arrival = 0usize;
     let mut preemptions = 0u64;
@@ -271,23 +458,40 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
         // Next event: arrival, completion, or a tick while jobs wait.
         let na = order.get(next_arrival).map(|&i| jobs[i].submit);
         let nc = completions.peek().map(|Reverse((t, _, _))| *t);
-        let nt = (!snap.state().pending.is_empty()).then_some(last_cycle + cfg.tick_s);
+        let nt = (waiting > 0).then_some(last_cycle + cfg.tick_s);
         let Some(t) = [na, nc, nt].into_iter().flatten().min() else {
             break;
         };
         now = now.max(t);
+        if policy.preemption {
+            // Checkpoints saved since the last event come first: they happened earlier.
+            let mut saved: Vec<(Time, usize)> = running
+                .iter()
+                .filter_map(|&s| {
+                    let at = last_checkpoint(&st[s], now, cfg.checkpoint_s)?;
+                    (st[s].reported_checkpoint != Some(at)).then_some((at, s))
+                })
+                .collect();
+            saved.sort_unstable();
+            for (at, s) in saved {
+                st[s].reported_checkpoint = Some(at);
+                decider.checkpoint(&id_of(s), at);
+            }
+        }
         let mut changed = false;
-        while let Some(&Reverse((t, j, attempt))) = completions.peek() {
+        while let Some(&Reverse((t, s, attempt))) = completions.peek() {
             if t > now {
                 break;
             }
             completions.pop();
-            if st[j].attempt != attempt || st[j].run_start.is_none() {
+            if st[s].attempt != attempt || st[s].run_start.is_none() {
                 continue;
             }
-            finish_run(&mut st[j], now);
-            st[j].finish = Some(now);
-            snap.end_run(&j.to_string(), now, None, &policy);
+            used_gpus -= st[s].allocated;
+            finish_run(&mut st[s], now);
+            running.retain(|&r| r != s);
+            st[s].finish = Some(now);
+            decider.finish(&id_of(s), now);
             changed = true;
             freed = true;
         }
@@ -295,13 +499,14 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
             if jobs[j].submit > now {
                 break;
             }
-            snap.add_pending(request(&jobs[j], j, gpn));
+            decider.submit(request(&jobs[j], id_of(next_arrival), cfg), now);
             next_arrival += 1;
+            waiting += 1;
             changed = true;
             min_new = Some(min_new.map_or(jobs[j].gpus, |m: u32| m.min(jobs[j].gpus)));
         }
         let tick = nt.is_some_and(|x| x <= now);
-        if !(changed || tick) || snap.state().pending.is_empty() {
+        if !(changed || tick) || waiting == 0 {
             continue;
         }
         // Without preemption, and with an order-independent backfill, a cycle can only start
@@ -309,13 +514,7 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
         // what is free: everything older already failed on at least this much room. Skipping
         // the other cycles changes no decision and keeps long queues cheap to simulate.
         if skippable && !freed && blocked_after_last {
-            let used: u32 = snap
-                .state()
-                .running
-                .iter()
-                .map(|r| r.request.total_gpus())
-                .sum();
-            let free = capacity.saturating_sub(u64::from(used));
+            let free = capacity.saturating_sub(used_gpus);
             let new_may_fit =
                 policy.backfill != Backfill::None && min_new.is_some_and(|g| u64::from(g) <= free);
             if !new_may_fit {
@@ -326,57 +525,59 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
         }
         freed = false;
         min_new = None;
-        if policy.preemption {
-            for r in snap.running_mut() {
-                let j: usize = r.request.id.parse().expect("id");
-                r.last_checkpoint_at = last_checkpoint(&st[j], now, cfg.checkpoint_s);
-            }
-        }
-        for _round in 0..4 {
+        for round in 0..4u32 {
             cycles += 1;
             last_cycle = now;
-            // Accounting up to now, exactly as the server's cycle does it.
-            snap.charge(now, |_| None, &policy);
-            let d = sched.schedule(snap.state(), now);
-            let mut preempted = false;
-            let mut placed: Vec<(String, Vec<WorkerPlacement>)> = Vec::new();
-            for dec in d.decisions {
-                match dec {
-                    Decision::Preempt { task, .. } => {
-                        let j: usize = task.parse().expect("id");
-                        let Some(req) = snap.end_run(&task, now, None, &policy) else {
-                            continue;
-                        };
-                        preempt(&mut st[j], now, cfg.checkpoint_s);
-                        snap.add_pending(req);
-                        preemptions += 1;
-                        preempted = true;
-                    }
-                    Decision::Place {
-                        task, placements, ..
-                    } => placed.push((task, placements_sorted(placements))),
-                    Decision::Migrate { .. } => {}
+            let r = decider.cycle(now);
+            let mut decided: Vec<Decided> = Vec::new();
+            for task in &r.preempted {
+                let s = seq_of(task);
+                if st[s].run_start.is_none() {
+                    continue;
                 }
+                used_gpus -= st[s].allocated;
+                preempt(&mut st[s], now, cfg.checkpoint_s);
+                running.retain(|&x| x != s);
+                waiting += 1;
+                preemptions += 1;
+                decided.push(Decided {
+                    at: now,
+                    round,
+                    task: task.clone(),
+                    what: Action::Preempt,
+                });
             }
-            for (task, placements) in &placed {
-                let j: usize = task.parse().expect("id");
-                let s = &mut st[j];
-                s.run_start = Some(now);
-                s.overhead = if s.attempt > 0 { cfg.restart_s } else { 0 };
-                s.attempt += 1;
-                s.allocated = placements.iter().map(|w| w.gpu_indices.len() as u64).sum();
-                let remaining = jobs[j].runtime.saturating_sub(s.ckpt_progress) + s.overhead;
-                completions.push(Reverse((now + remaining, j, s.attempt)));
+            for (task, placements) in &r.placed {
+                let s = seq_of(task);
+                let j = order[s];
+                let st = &mut st[s];
+                st.run_start = Some(now);
+                st.overhead = if st.attempt > 0 { cfg.restart_s } else { 0 };
+                st.attempt += 1;
+                st.allocated = placements.iter().map(|w| w.gpu_indices.len() as u64).sum();
+                st.reported_checkpoint = None;
+                used_gpus += st.allocated;
+                running.push(s);
+                waiting -= 1;
+                let remaining = jobs[j].runtime.saturating_sub(st.ckpt_progress) + st.overhead;
+                completions.push(Reverse((now + remaining, s, st.attempt)));
+                decided.push(Decided {
+                    at: now,
+                    round,
+                    task: task.clone(),
+                    what: Action::Place(placements_sorted(placements)),
+                });
             }
-            snap.place(placed, now);
-            if !preempted {
+            // Within a cycle, decisions are a set: the log keeps them in one order.
+            decided.sort();
+            log.extend(decided);
+            if r.preempted.is_empty() {
                 break;
             }
             freed = true;
         }
-        blocked_after_last = !snap.state().pending.is_empty();
-        if snap.state().running.is_empty() && completions.is_empty() && next_arrival == order.len()
-        {
+        blocked_after_last = waiting > 0;
+        if running.is_empty() && completions.is_empty() && next_arrival == order.len() {
             // Nothing runs and nothing will arrive: whatever still waits can never start.
             break;
         }
@@ -387,15 +588,15 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
     let mut wait = Vec::new();
     let mut per_user: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
     let mut alloc_gpu_s = 0.0;
-    let first_submit = admitted.iter().map(|&i| jobs[i].submit).min().unwrap_or(0);
+    let first_submit = order.iter().map(|&i| jobs[i].submit).min().unwrap_or(0);
     let mut last_finish = first_submit;
-    for &i in &admitted {
-        let s = &st[i];
-        let Some(f) = s.finish else { continue };
+    for (s, &i) in order.iter().enumerate() {
+        let st = &st[s];
+        let Some(f) = st.finish else { continue };
         let c = (f - jobs[i].submit) as f64;
         jct.push(c);
-        wait.push(c - s.ran as f64);
-        alloc_gpu_s += s.attained;
+        wait.push(c - st.ran as f64);
+        alloc_gpu_s += st.attained;
         last_finish = last_finish.max(f);
         let e = per_user.entry(jobs[i].user.as_str()).or_default();
         e.0 += c / (jobs[i].runtime.max(60) as f64);
@@ -405,7 +606,7 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
     let sum: f64 = means.iter().sum();
     let sq: f64 = means.iter().map(|x| x * x).sum();
     let makespan = last_finish - first_submit;
-    JobsReport {
+    let report = JobsReport {
         policy: cfg.policy,
         jobs: jct.len(),
         rejected,
@@ -428,12 +629,21 @@ pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
         },
         worst_user_slowdown: means.iter().copied().fold(0.0, f64::max),
         cycles,
-    }
+    };
+    Replay { report, log }
 }
 
-fn placements_sorted(mut p: Vec<WorkerPlacement>) -> Vec<WorkerPlacement> {
-    p.sort_by(|a, b| a.node.cmp(&b.node));
-    p
+fn placements_sorted(p: &[WorkerPlacement]) -> Vec<(String, Vec<u32>)> {
+    let mut v: Vec<(String, Vec<u32>)> = p
+        .iter()
+        .map(|w| {
+            let mut g = w.gpu_indices.clone();
+            g.sort_unstable();
+            (w.node.clone(), g)
+        })
+        .collect();
+    v.sort();
+    v
 }
 
 fn finish_run(s: &mut JobState, now: Time) {

@@ -32,20 +32,7 @@ pub async fn start_with(tweak: impl FnOnce(&mut Settings)) -> anyhow::Result<Ben
         autodl_server::telemetry::init();
     }
     let dir = tempfile::tempdir()?;
-    let (backend, url) = match std::env::var("AUTODL_BENCH_PG_URL") {
-        Ok(base) => {
-            let name = format!("bench_{}", uuid::Uuid::new_v4().simple());
-            let admin = sqlx::PgPool::connect(&format!("{base}/postgres")).await?;
-            sqlx::query(&format!("CREATE DATABASE {name}"))
-                .execute(&admin)
-                .await?;
-            ("postgres", format!("{base}/{name}"))
-        }
-        Err(_) => (
-            "sqlite",
-            format!("sqlite://{}/bench.db", dir.path().display()),
-        ),
-    };
+    let (backend, url) = database(dir.path()).await?;
     let mut settings = Settings {
         listen: "127.0.0.1:0".parse()?,
         database_url: url,
@@ -100,4 +87,20 @@ pub async fn operator(server: &BenchServer, http: &reqwest::Client) -> anyhow::R
         )
         .await?;
     Ok(op["token"].as_str().unwrap_or_default().to_owned())
+}
+
+/// A fresh database: a new one in the PostgreSQL cluster `AUTODL_BENCH_PG_URL` names, or a
+/// SQLite file in `dir`. Returns the backend's name and the URL.
+pub async fn database(dir: &std::path::Path) -> anyhow::Result<(&'static str, String)> {
+    Ok(match std::env::var("AUTODL_BENCH_PG_URL") {
+        Ok(base) => {
+            let name = format!("bench_{}", uuid::Uuid::new_v4().simple());
+            let admin = sqlx::PgPool::connect(&format!("{base}/postgres")).await?;
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&admin)
+                .await?;
+            ("postgres", format!("{base}/{name}"))
+        }
+        Err(_) => ("sqlite", format!("sqlite://{}/bench.db", dir.display())),
+    })
 }

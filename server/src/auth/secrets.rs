@@ -27,3 +27,9 @@ pub fn digest(secret: &str) -> String {
 pub fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
+
+/// A task's id: it sorts as tasks were created (UUIDv7, ordered within this process), so where
+/// the policy breaks a tie by id it breaks it by age, as the simulator's arrival-ordered ids do.
+pub fn time_ordered_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}

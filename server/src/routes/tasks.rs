@@ -15,7 +15,7 @@ use autodl_scheduler::{admission_check, gpu_type_matches, ClusterView, Quotas};
 use serde::Deserialize;
 
 use crate::auth::caller::{LiveCaller, STREAM_REVOKED};
-use crate::auth::secrets::new_id;
+use crate::auth::secrets::time_ordered_id;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::json::Json;
@@ -183,7 +183,7 @@ pub async fn submit(
     }
 
     let rec = TaskRecord {
-        id: new_id(),
+        id: time_ordered_id(),
         tenant_id: caller.tenant_id().to_owned(),
         user_id: caller.user.id.clone(),
         name: spec.name.clone(),

@@ -474,3 +474,157 @@ async fn a_full_database_disk_is_reported_and_recovered_from() {
     }
     app.kill().await;
 }
+
+/// `chattr`: root may write any file it can open, but not an immutable one.
+fn immutable(path: &std::path::Path, on: bool) -> bool {
+    std::process::Command::new("chattr")
+        .arg(if on { "+i" } else { "-i" })
+        .arg(path)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The database file cannot be opened for writing for a while (made read-only, or immutable:
+/// root ignores file modes). Connections opened meanwhile are read-only for life: writes
+/// answer 503 with a clear error (never 500), `/healthz` says the store cannot write, and once
+/// the file is writable again the server writes by itself (it used to answer "readonly
+/// database" until restarted); nothing stored before is lost.
+#[tokio::test]
+async fn a_read_only_database_file_is_reported_and_recovered_from() {
+    let Some(disk) = SmallDisk::mount("64m") else {
+        eprintln!("skipped: mounting a small filesystem needs root (CI runs as root)");
+        return;
+    };
+    let db = disk.path.join("autodl.db");
+    let url = format!("sqlite://{}", db.display());
+    let app = spawn_app_with(Backend::Sqlite, |s| {
+        s.database_url = url;
+        s.db_max_connections = 8;
+    })
+    .await;
+    let s = app.signup("ro@example.com", "Lab").await;
+    let task = |i: usize| {
+        json!({"name": format!("t{i}"), "image": "none", "command": "true",
+               "resources": {"gpu": {"type": "A100", "count": 1}}})
+    };
+    let mut stored = Vec::new();
+    for i in 0..3 {
+        stored.push(submit(&app, &s, task(i)).await);
+    }
+    if !immutable(&db, true) {
+        eprintln!("skipped: this filesystem cannot make a file immutable");
+        return;
+    }
+    struct Restore(std::path::PathBuf);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            immutable(&self.0, false);
+        }
+    }
+    let guard = Restore(db.clone());
+
+    // Submissions in parallel make the pool open connections, which now open read-only (or
+    // reuse a descriptor SQLite kept open for writing, which still writes): every answer is a
+    // success or a clear 503, never a 500.
+    let (mut refused, mut unhealthy) = (None, None);
+    let started = Instant::now();
+    while (refused.is_none() || unhealthy.is_none()) && started.elapsed() < Duration::from_secs(20)
+    {
+        let answers = futures_util::future::join_all((0..8).map(|i| {
+            s.send(
+                &app,
+                reqwest::Method::POST,
+                "/api/v1/tasks",
+                Some(task(100 + i)),
+            )
+        }))
+        .await;
+        for res in answers {
+            let code = res.status();
+            let body: serde_json::Value = res.json().await.unwrap();
+            match code {
+                reqwest::StatusCode::CREATED => {
+                    stored.push(body["id"].as_str().unwrap().to_owned())
+                }
+                _ => {
+                    assert_eq!(code, reqwest::StatusCode::SERVICE_UNAVAILABLE, "{body}");
+                    assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
+                    refused = Some(body);
+                }
+            }
+        }
+        let health = reqwest::get(app.url("/healthz")).await.unwrap();
+        let code = health.status();
+        let health: serde_json::Value = health.json().await.unwrap();
+        assert_eq!(
+            health["writable"],
+            code == reqwest::StatusCode::OK,
+            "{health}"
+        );
+        if code != reqwest::StatusCode::OK {
+            unhealthy = Some(health);
+        }
+    }
+    let refused = refused.expect("a read-only database refuses writes");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("read-only"),
+        "{refused}"
+    );
+    let unhealthy = unhealthy.expect("/healthz tells that the database cannot write");
+    assert!(
+        unhealthy["problem"]
+            .as_str()
+            .unwrap()
+            .contains("cannot write"),
+        "{unhealthy}"
+    );
+
+    drop(guard);
+    // Recovered: health says so and every connection the pool hands out writes again (a
+    // connection opened read-only during the fault would keep refusing).
+    let fixed = Instant::now();
+    let mut clean_rounds = 0;
+    while clean_rounds < 5 {
+        let healthy = reqwest::get(app.url("/healthz")).await.unwrap().status();
+        let answers = futures_util::future::join_all((0..8).map(|i| {
+            s.send(
+                &app,
+                reqwest::Method::POST,
+                "/api/v1/tasks",
+                Some(task(900 + i)),
+            )
+        }))
+        .await;
+        let mut failed = None;
+        for res in answers {
+            if res.status() != reqwest::StatusCode::CREATED {
+                failed = Some(res.text().await.unwrap());
+            }
+        }
+        match failed {
+            None if healthy == reqwest::StatusCode::OK => clean_rounds += 1,
+            _ => clean_rounds = 0,
+        }
+        assert!(
+            fixed.elapsed() < Duration::from_secs(10),
+            "still broken after the file is writable again: {failed:?}"
+        );
+    }
+    eprintln!(
+        "recovered {} ms after the file became writable",
+        fixed.elapsed().as_millis()
+    );
+    for id in &stored {
+        let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+        assert_eq!(
+            t["id"],
+            id.as_str(),
+            "task {id} stored before the fault is kept"
+        );
+    }
+    app.kill().await;
+}

@@ -10,6 +10,7 @@ mod e2e;
 mod faults;
 mod isolation;
 mod leader;
+mod replay;
 mod replicas;
 #[path = "../support/s3_server.rs"]
 mod s3_server;

@@ -1,0 +1,567 @@
+//! Proof that the live server runs the policy as the simulator measures it: a job trace is
+//! replayed through a real server (its store, scheduler runner and agent protocol, with
+//! simulated agents and a manual clock) and through the simulator, on the same world (arrivals,
+//! true run times, checkpoints, restarts), and the two decision logs are compared.
+//!
+//! The world is the simulator's ([`jobs::replay`]); only who decides differs. Here the
+//! decider is the server: jobs are submitted over the API by their users, every cycle is the
+//! runner's own, and placements and stop orders reach the simulated agents through their
+//! polls, which report starts, checkpoints and ends back as real agents do.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use autodl_agent::client::ServerClient;
+use autodl_agent::protocol::{
+    ArtifactCommit, ArtifactFile, ArtifactStart, ExitReason, FinishedReport, GpuInfo, HostReport,
+    NodeReport, PollRequest, RegisterRequest, RunningTask,
+};
+use autodl_scheduler::sim::jobs::{self, Decided, Decider, Job, JobsConfig, Replay, Round};
+use autodl_scheduler::{TaskRequest, Time, WorkerPlacement};
+use serde_json::{json, Value};
+use tokio::runtime::Handle;
+
+use crate::agents::REGISTRATION_TOKEN_PREFIX;
+use crate::auth::secrets::{digest, new_id, random_hex};
+use crate::clock::{Clock, ManualClock, SystemClock};
+use crate::config::Settings;
+use crate::scheduling::Runner;
+use crate::startup::Application;
+use crate::store::{self, RegistrationTokenRecord};
+
+/// What the simulated nodes have and the jobs ask for, beside whole GPUs: real enough for the
+/// server's validation (a task asks for some CPU and memory), never binding.
+pub fn hardware() -> jobs::Hardware {
+    jobs::Hardware {
+        gpu_type: "A100-80G".into(),
+        gpu_mem_bytes: 80 << 30,
+        node_cpu_millis: 128_000,
+        node_mem_bytes: 1 << 40,
+        job_cpu_millis: 1_000,
+        job_mem_bytes: 1 << 30,
+    }
+}
+
+/// Both runs of one trace.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    /// Jobs submitted (those that fit the cluster).
+    pub tasks: usize,
+    pub simulated: Replay,
+    pub live: Replay,
+    /// Decisions (placements and preemptions) that are the same in both logs, position by
+    /// position, up to the first difference.
+    pub agreeing: usize,
+    /// The first decision that differs: (simulator's, server's); `None` when the logs are equal.
+    pub first_difference: Option<(Option<Decided>, Option<Decided>)>,
+}
+
+impl Comparison {
+    pub fn identical(&self) -> bool {
+        self.first_difference.is_none()
+    }
+}
+
+/// Replays `jobs` through a fresh server on `database_url` (an empty database) and through the
+/// simulator, and compares. `dir` holds the server's object storage and scratch files.
+///
+/// Must run on a multi-threaded runtime: the world runs on a blocking thread and waits for the
+/// server's answers.
+pub async fn compare(
+    jobs_in: &[Job],
+    cfg: &JobsConfig,
+    database_url: &str,
+    dir: &Path,
+) -> anyhow::Result<Comparison> {
+    // Both sides see the trace at the same absolute times, starting at the manual clock's start
+    // (accounting keeps months; the server's own records want plausible dates).
+    let start = SystemClock.now_ms() / 1000;
+    let first = jobs_in.iter().map(|j| j.submit).min().unwrap_or(0);
+    let shifted: Vec<Job> = jobs_in
+        .iter()
+        .map(|j| Job {
+            submit: j.submit - first + start as u64,
+            ..j.clone()
+        })
+        .collect();
+    let simulated = {
+        let (jobs, cfg) = (shifted.clone(), cfg.clone());
+        tokio::task::spawn_blocking(move || {
+            jobs::replay(&jobs, &cfg, &mut jobs::InProcess::new(&cfg))
+        })
+        .await?
+    };
+    let mut live = LiveCluster::start(&shifted, cfg, database_url, dir, start * 1000).await?;
+    let live_result = {
+        let (jobs, cfg) = (shifted.clone(), cfg.clone());
+        tokio::task::spawn_blocking(move || {
+            let replay = jobs::replay(&jobs, &cfg, &mut live);
+            (replay, live)
+        })
+        .await?
+    };
+    let (live_replay, live) = live_result;
+    live.server.stop(false).await;
+    if let Some(e) = live.error {
+        return Err(e.context("the live server failed during the replay"));
+    }
+    let agreeing = simulated
+        .log
+        .iter()
+        .zip(&live_replay.log)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let first_difference = (agreeing < simulated.log.len().max(live_replay.log.len())).then(|| {
+        (
+            simulated.log.get(agreeing).cloned(),
+            live_replay.log.get(agreeing).cloned(),
+        )
+    });
+    Ok(Comparison {
+        tasks: live.ids.len(),
+        simulated,
+        live: live_replay,
+        agreeing,
+        first_difference,
+    })
+}
+
+/// One simulated node: its agent's client and what it runs, as it tells the server.
+struct Agent {
+    node: String,
+    client: ServerClient,
+    gpus: Vec<GpuInfo>,
+    running: Vec<RunningTask>,
+}
+
+/// The live server as the world's decider. Calls come from the world's blocking thread and
+/// wait on the runtime the server runs on.
+struct LiveCluster {
+    rt: Handle,
+    clock: Arc<ManualClock>,
+    runner: Runner,
+    server: actix_web::dev::ServerHandle,
+    base: String,
+    http: reqwest::Client,
+    /// Bearer token per trace user.
+    users: HashMap<String, String>,
+    agents: Vec<Agent>,
+    /// World id -> server id, and back.
+    ids: HashMap<String, String>,
+    world_id: HashMap<String, String>,
+    /// Server id -> (attempt, nodes) of its current run.
+    runs: HashMap<String, (u32, Vec<usize>)>,
+    checkpoint_file: PathBuf,
+    /// The first failure: the world cannot be told, so the replay ends with it.
+    error: Option<anyhow::Error>,
+}
+
+fn ms(t: Time) -> i64 {
+    (t as i64) * 1000
+}
+
+impl LiveCluster {
+    async fn start(
+        jobs_in: &[Job],
+        cfg: &JobsConfig,
+        database_url: &str,
+        dir: &Path,
+        start_ms: i64,
+    ) -> anyhow::Result<LiveCluster> {
+        let clock = Arc::new(ManualClock::new(start_ms));
+        let mut policy = cfg.policy.config();
+        policy.explain_pending = true;
+        let settings = Settings {
+            listen: "127.0.0.1:0".parse()?,
+            database_url: database_url.to_owned(),
+            jwt_secret: random_hex(32),
+            site_root: dir.join("site"),
+            storage_url: format!("file://{}/objects", dir.display()),
+            db_max_connections: 4,
+            // Cycles are the world's: the runner runs only when asked.
+            run_scheduler: false,
+            // Nodes answer whenever asked; sessions outlive any trace.
+            node_lost_timeout_secs: 1 << 40,
+            session_ttl_secs: 1 << 40,
+            signups_per_minute_per_address: u32::MAX,
+            policy,
+            ..Settings::default()
+        };
+        let store = store::open(&settings.database_url, settings.db_max_connections).await?;
+        let app = Application::build_with(settings, store, clock.clone()).await?;
+        let state = app.state.clone();
+        let base = format!("http://127.0.0.1:{}", app.port());
+        let server = app.handle();
+        tokio::spawn(app.run_until_stopped());
+        let runner = Runner::new(&state, Duration::from_secs(3600));
+        let http = reqwest::Client::new();
+
+        // The trace's users, all in one organization: the first signs up, the others are
+        // invited.
+        let mut names: Vec<&str> = jobs_in.iter().map(|j| j.user.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let mut users = HashMap::new();
+        let password = format!("Replay-{}", random_hex(8));
+        let mut owner: Option<String> = None;
+        let mut owner_id = String::new();
+        for (i, name) in names.iter().enumerate() {
+            let email = format!("user{i}@replay.example");
+            let mut body = json!({"email": email, "password": password});
+            match &owner {
+                None => body["tenant_name"] = json!("Replay"),
+                Some(token) => {
+                    let inv = call(
+                        &http,
+                        &base,
+                        token,
+                        "/api/v1/tenant/invitations",
+                        json!({"email": email, "role": "member"}),
+                    )
+                    .await?;
+                    body["invitation"] = inv["token"].clone();
+                }
+            }
+            let res = http
+                .post(format!("{base}/api/v1/auth/signup"))
+                .json(&body)
+                .send()
+                .await?;
+            let res = answer(res).await.context("signing up a trace user")?;
+            let token = res["token"]
+                .as_str()
+                .context("signup answered without a token")?
+                .to_owned();
+            if owner.is_none() {
+                owner = Some(token.clone());
+                owner_id = res["user"]["id"].as_str().unwrap_or_default().to_owned();
+            }
+            users.insert((*name).to_owned(), token);
+        }
+
+        // The simulator's nodes, each registered by its own agent.
+        let hw = &cfg.hardware;
+        let mut agents = Vec::new();
+        for node in jobs::nodes(cfg) {
+            let token = format!("{REGISTRATION_TOKEN_PREFIX}{}", random_hex(24));
+            state
+                .store
+                .create_registration_token(&RegistrationTokenRecord {
+                    id: new_id(),
+                    name: format!("replay agent {}", node.id),
+                    token_hash: digest(&token),
+                    created_by: owner_id.clone(),
+                    created_at: start_ms,
+                    expires_at: start_ms + 3_600_000,
+                    revoked: false,
+                    max_uses: 1,
+                    uses: 0,
+                    node_id: Some(node.id.clone()),
+                })
+                .await?;
+            let gpus: Vec<GpuInfo> = node
+                .gpus
+                .iter()
+                .map(|g| GpuInfo {
+                    index: g.index,
+                    gpu_type: g.gpu_type.clone(),
+                    uuid: format!("GPU-{}-{}", node.id, g.index),
+                    memory: g.mem_bytes,
+                })
+                .collect();
+            let client = ServerClient::new(&base)?;
+            let reg = client
+                .register(&RegisterRequest {
+                    token,
+                    node: NodeReport {
+                        id: node.id.clone(),
+                        zone: node.zone.clone(),
+                        labels: BTreeMap::new(),
+                        cpu: (hw.node_cpu_millis / 1000) as u32,
+                        memory: hw.node_mem_bytes,
+                        gpus: gpus.clone(),
+                        host: host(),
+                    },
+                })
+                .await
+                .with_context(|| format!("registering node {}", node.id))?;
+            client.set_credential(Some(reg.credential));
+            agents.push(Agent {
+                node: node.id,
+                client,
+                gpus,
+                running: Vec::new(),
+            });
+        }
+        let checkpoint_file = dir.join("replay-checkpoint.bin");
+        tokio::fs::write(&checkpoint_file, b"checkpoint").await?;
+        Ok(LiveCluster {
+            rt: Handle::current(),
+            clock,
+            runner,
+            server,
+            base,
+            http,
+            users,
+            agents,
+            ids: HashMap::new(),
+            world_id: HashMap::new(),
+            runs: HashMap::new(),
+            checkpoint_file,
+            error: None,
+        })
+    }
+
+    /// Runs `f` unless an earlier step failed; keeps its failure.
+    fn step<T: Default>(
+        &mut self,
+        f: impl for<'a> FnOnce(
+            &'a mut LiveCluster,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = anyhow::Result<T>> + 'a>,
+        >,
+    ) -> T {
+        if self.error.is_some() {
+            return T::default();
+        }
+        let rt = self.rt.clone();
+        match rt.block_on(f(self)) {
+            Ok(v) => v,
+            Err(e) => {
+                self.error = Some(e);
+                T::default()
+            }
+        }
+    }
+
+    async fn submit_job(&mut self, request: TaskRequest) -> anyhow::Result<()> {
+        let token = self
+            .users
+            .get(&request.user)
+            .context("a job of a user the trace did not name")?;
+        let body = json!({
+            "name": format!("job-{}", request.id),
+            "image": "replay",
+            "command": "true",
+            "num_workers": request.workers,
+            "gpu_per_worker": request.gpus_per_worker,
+            "resources": {
+                "cpu": request.cpu_millis as f64 / 1000.0,
+                "memory": request.mem_bytes,
+            },
+            "priority": request.priority,
+            "preemptible": request.preemptible,
+        });
+        let task = call(&self.http, &self.base, token, "/api/v1/tasks", body)
+            .await
+            .with_context(|| format!("submitting job {}", request.id))?;
+        let id = task["id"]
+            .as_str()
+            .context("the task has no id")?
+            .to_owned();
+        self.world_id.insert(id.clone(), request.id.clone());
+        self.ids.insert(request.id, id);
+        Ok(())
+    }
+
+    fn server_id(&self, world: &str) -> anyhow::Result<String> {
+        self.ids
+            .get(world)
+            .cloned()
+            .with_context(|| format!("job {world} was never submitted"))
+    }
+
+    async fn save_checkpoint(&mut self, world: String) -> anyhow::Result<()> {
+        let id = self.server_id(&world)?;
+        let Some((attempt, nodes)) = self.runs.get(&id).cloned() else {
+            anyhow::bail!("job {world} checkpointed while not running");
+        };
+        let agent = &self.agents[nodes[0]].client;
+        let created = agent
+            .start_artifact(
+                &id,
+                &ArtifactStart {
+                    attempt,
+                    kind: "checkpoint".into(),
+                    step: None,
+                    epoch: None,
+                },
+            )
+            .await?;
+        agent
+            .put_artifact_file(&created.id, "model.bin", &self.checkpoint_file)
+            .await?;
+        let size = tokio::fs::metadata(&self.checkpoint_file).await?.len();
+        agent
+            .commit_artifact(
+                &created.id,
+                &ArtifactCommit {
+                    files: vec![ArtifactFile {
+                        path: "model.bin".into(),
+                        size,
+                    }],
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The run of `id` ended on its nodes: one of them reports it, all forget it.
+    async fn end_run(&mut self, id: &str, reason: ExitReason) -> anyhow::Result<()> {
+        let Some((attempt, nodes)) = self.runs.remove(id) else {
+            anyhow::bail!("task {id} ended while not running");
+        };
+        for &n in &nodes {
+            self.agents[n].running.retain(|r| r.task_id != id);
+        }
+        let exit_code = match reason {
+            ExitReason::Success => Some(0),
+            _ => None,
+        };
+        self.agents[nodes[0]]
+            .client
+            .finished(
+                id,
+                &FinishedReport {
+                    attempt,
+                    exit_code,
+                    reason,
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn run_cycle(&mut self, now: Time) -> anyhow::Result<Round> {
+        self.clock.set(ms(now));
+        self.runner.cycle(ms(now)).await?;
+        let mut round = Round::default();
+        // Every agent polls once: stop orders end runs at once (the world's preemption is
+        // immediate); assignments start once every agent has heard its own.
+        let mut assigned: BTreeMap<String, (u32, Vec<(usize, WorkerPlacement)>)> = BTreeMap::new();
+        for a in 0..self.agents.len() {
+            let agent = &self.agents[a];
+            let work = agent
+                .client
+                .poll(
+                    Duration::ZERO,
+                    &PollRequest {
+                        running: agent.running.clone(),
+                        gpus: agent.gpus.clone(),
+                        host: host(),
+                    },
+                )
+                .await
+                .with_context(|| format!("polling as {}", agent.node))?;
+            for stop in work.stop {
+                if self.runs.contains_key(&stop.task_id) {
+                    self.end_run(&stop.task_id, ExitReason::Stopped).await?;
+                    let world = self
+                        .world_id
+                        .get(&stop.task_id)
+                        .cloned()
+                        .context("a stop order for a task the replay did not submit")?;
+                    round.preempted.push(world);
+                }
+            }
+            for asg in work.assignments {
+                let e = assigned
+                    .entry(asg.task_id)
+                    .or_insert((asg.attempt, Vec::new()));
+                e.1.push((
+                    a,
+                    WorkerPlacement {
+                        node: self.agents[a].node.clone(),
+                        gpu_indices: asg.gpu_indices,
+                    },
+                ));
+            }
+        }
+        for (id, (attempt, workers)) in assigned {
+            for (a, _) in &workers {
+                let agent = &mut self.agents[*a];
+                agent.client.started(&id, attempt).await?;
+                agent.running.push(RunningTask {
+                    task_id: id.clone(),
+                    attempt,
+                });
+            }
+            let world = self
+                .world_id
+                .get(&id)
+                .cloned()
+                .context("an assignment of a task the replay did not submit")?;
+            self.runs
+                .insert(id, (attempt, workers.iter().map(|(a, _)| *a).collect()));
+            round
+                .placed
+                .push((world, workers.into_iter().map(|(_, p)| p).collect()));
+        }
+        Ok(round)
+    }
+}
+
+impl Decider for LiveCluster {
+    fn submit(&mut self, request: TaskRequest, now: Time) {
+        self.clock.set(ms(now));
+        self.step(|c| Box::pin(c.submit_job(request)));
+    }
+
+    fn checkpoint(&mut self, task: &str, at: Time) {
+        self.clock.set(ms(at));
+        let task = task.to_owned();
+        self.step(|c| Box::pin(c.save_checkpoint(task)));
+    }
+
+    fn finish(&mut self, task: &str, now: Time) {
+        self.clock.set(ms(now));
+        let task = task.to_owned();
+        self.step(|c| {
+            Box::pin(async move {
+                let id = c.server_id(&task)?;
+                c.end_run(&id, ExitReason::Success).await
+            })
+        });
+    }
+
+    fn cycle(&mut self, now: Time) -> Round {
+        self.step(|c| Box::pin(c.run_cycle(now)))
+    }
+}
+
+fn host() -> HostReport {
+    HostReport {
+        runtime: "docker".into(),
+        isolation: "container".into(),
+        data_roots: Vec::new(),
+    }
+}
+
+/// A user's API call; the answer's JSON, or its error.
+async fn call(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    path: &str,
+    body: Value,
+) -> anyhow::Result<Value> {
+    let res = http
+        .post(format!("{base}{path}"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await?;
+    answer(res).await
+}
+
+async fn answer(res: reqwest::Response) -> anyhow::Result<Value> {
+    let status = res.status();
+    let body = res.text().await?;
+    if !status.is_success() {
+        anyhow::bail!("{status}: {body}");
+    }
+    Ok(serde_json::from_str(&body).unwrap_or(Value::Null))
+}

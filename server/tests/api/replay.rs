@@ -1,0 +1,55 @@
+//! Live equals simulated: a trace with contention (users competing, jobs of 1 to 8 GPUs,
+//! preemptions through checkpoints) replayed through the real server and through the
+//! simulator gives the same placements and preemptions, decision by decision.
+
+use autodl_scheduler::sim::jobs::{self, Action, JobPolicy, JobsConfig};
+use autodl_server::replay;
+
+use crate::helpers::{database_url, Backend};
+
+fn config() -> JobsConfig {
+    JobsConfig {
+        nodes: 2,
+        gpus_per_node: 4,
+        policy: JobPolicy::Autodl,
+        checkpoint_s: 1_800,
+        restart_s: 60,
+        tick_s: 600,
+        hardware: replay::hardware(),
+    }
+}
+
+async fn the_server_decides_as_the_simulator(b: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs = jobs::synthetic(40, 3, 7);
+    let url = database_url(b, dir.path()).await;
+    let c = replay::compare(&jobs, &config(), &url, dir.path())
+        .await
+        .expect("replay");
+    assert_eq!(c.tasks, 40);
+    assert_eq!(
+        c.first_difference, None,
+        "the server and the simulator differ after {} equal decisions",
+        c.agreeing
+    );
+    assert_eq!(c.simulated.report, c.live.report);
+    let preemptions = c
+        .live
+        .log
+        .iter()
+        .filter(|d| d.what == Action::Preempt)
+        .count();
+    assert!(preemptions >= 1, "the trace must exercise preemption");
+    assert_eq!(c.live.report.jobs, 40, "every job finished");
+}
+
+mod the_server_decides_as_the_simulator {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        super::the_server_decides_as_the_simulator(crate::helpers::Backend::Sqlite).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        super::the_server_decides_as_the_simulator(crate::helpers::Backend::Postgres).await
+    }
+}
