@@ -17,15 +17,14 @@ use crate::backoff::{entropy_seed, Backoff};
 use crate::client::ServerClient;
 use crate::config::AgentConfig;
 use crate::error::{AgentError, ClientError, RuntimeError};
-use crate::gpu::{GpuAllocation, GpuBackend, GpuInfo};
+use crate::gpu::{AgentGpu, GpuAllocation, GpuBackend};
 use crate::hostinfo;
 use crate::isolation::{IsolationLevel, UidLease, UidPool};
 use crate::logs::LogBuffer;
 use crate::metrics::AgentMetrics;
 use crate::protocol::{
-    now_rfc3339, Assignment, ExitReason, FinishedReport, HostReport, LogBatch, MetricSample,
-    MetricsBatch, NodeReport, PollRequest, PollResponse, RegisterRequest, RestoreRef, RunningTask,
-    Stream,
+    now_rfc3339, AgentHost, AgentNode, Assignment, ExitReason, FinishedReport, GpuSample, LogBatch,
+    MetricBatch, PollRequest, PollResponse, RegisterRequest, RestoreRef, RunningRef, Stream,
 };
 use crate::runtime::DataMount;
 use crate::runtime::{classify_exit, Runtime, TaskIo, TaskLaunch};
@@ -57,8 +56,8 @@ struct Inner {
     client: ServerClient,
     metrics: AgentMetrics,
     tasks: Mutex<HashMap<TaskKey, TaskEntry>>,
-    samples: Mutex<VecDeque<MetricSample>>,
-    inventory: Mutex<Vec<GpuInfo>>,
+    samples: Mutex<VecDeque<GpuSample>>,
+    inventory: Mutex<Vec<AgentGpu>>,
     tracker: TaskTracker,
     /// Serialises dataset downloads, so two tasks on one node do not fetch the same data twice.
     data_lock: tokio::sync::Mutex<()>,
@@ -175,7 +174,7 @@ impl Agent {
     }
 
     /// Attempts this agent runs (or has finished but not yet reported), sorted.
-    pub fn running_tasks(&self) -> Vec<RunningTask> {
+    pub fn running_tasks(&self) -> Vec<RunningRef> {
         self.inner.running_list()
     }
 
@@ -290,8 +289,8 @@ impl Inner {
         )
     }
 
-    fn host_report(&self) -> HostReport {
-        HostReport {
+    fn host_report(&self) -> AgentHost {
+        AgentHost {
             runtime: self.runtime.name().to_string(),
             isolation: self.runtime.isolation().as_str().to_string(),
             data_roots: self
@@ -307,10 +306,10 @@ impl Inner {
         self.metrics.server_reachable.set(i64::from(up));
     }
 
-    fn running_list(&self) -> Vec<RunningTask> {
-        let mut v: Vec<RunningTask> = lock(&self.tasks)
+    fn running_list(&self) -> Vec<RunningRef> {
+        let mut v: Vec<RunningRef> = lock(&self.tasks)
             .keys()
-            .map(|(task_id, attempt)| RunningTask {
+            .map(|(task_id, attempt)| RunningRef {
                 task_id: task_id.clone(),
                 attempt: *attempt,
             })
@@ -402,8 +401,8 @@ impl Inner {
 
             let req = PollRequest {
                 running: self.running_list(),
-                gpus: lock(&self.inventory).clone(),
-                host: self.host_report(),
+                gpus: Some(lock(&self.inventory).clone()),
+                host: Some(self.host_report()),
             };
             let answer = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
@@ -416,10 +415,10 @@ impl Inner {
                     }
                     self.set_reachable(true);
                     backoff.reset();
-                    wait = resp
-                        .heartbeat_s
-                        .filter(|h| *h > 0)
-                        .map_or(cfg.poll_wait, |h| Duration::from_secs(h).min(cfg.poll_wait));
+                    wait = match resp.heartbeat_s {
+                        0 => cfg.poll_wait,
+                        h => Duration::from_secs(h).min(cfg.poll_wait),
+                    };
                     self.apply(resp, shutdown);
                 }
                 Err(e) if e.is_unauthorized() => {
@@ -454,14 +453,14 @@ impl Inner {
 
     async fn register(&self, token: String) -> Result<(), ClientError> {
         let cfg = &self.config;
-        let node = NodeReport {
+        let node = AgentNode {
             id: cfg.node_id.clone(),
             zone: cfg.zone.clone(),
             labels: cfg.labels.clone(),
-            cpu: cfg.cpu.unwrap_or_else(hostinfo::cpu_count),
+            cpu: f64::from(cfg.cpu.unwrap_or_else(hostinfo::cpu_count)),
             memory: cfg.memory.unwrap_or_else(hostinfo::memory_bytes),
             gpus: lock(&self.inventory).clone(),
-            host: self.host_report(),
+            host: Some(self.host_report()),
         };
         let resp = self
             .client
@@ -627,7 +626,11 @@ impl Inner {
             return true;
         }
         let n = lines.len() as u64;
-        let batch = LogBatch { attempt, lines };
+        let batch = LogBatch {
+            attempt,
+            lines,
+            sent_at: None,
+        };
         match self
             .deliver("logs", shutdown, || self.client.logs(task_id, &batch))
             .await
@@ -669,7 +672,7 @@ impl Inner {
 
     async fn flush_samples(&self) {
         loop {
-            let batch: Vec<MetricSample> = {
+            let batch: Vec<GpuSample> = {
                 let mut q = lock(&self.samples);
                 let per_call = self
                     .samples_per_call
@@ -680,7 +683,10 @@ impl Inner {
             if batch.is_empty() {
                 return;
             }
-            let body = MetricsBatch { samples: batch };
+            let body = MetricBatch {
+                samples: batch,
+                sent_at: None,
+            };
             match self.client.metrics(&body).await {
                 Ok(()) => {
                     self.set_reachable(true);
@@ -719,7 +725,7 @@ impl Inner {
         }
     }
 
-    fn trim_samples(&self, q: &mut VecDeque<MetricSample>) {
+    fn trim_samples(&self, q: &mut VecDeque<GpuSample>) {
         let cap = self.config.metrics_buffer_samples.max(1);
         let excess = q.len().saturating_sub(cap);
         if excess > 0 {
@@ -1165,7 +1171,7 @@ async fn report(
     let (exit_code, reason) = done.unwrap_or((None, ExitReason::Error));
     let body = FinishedReport {
         attempt,
-        exit_code,
+        exit_code: exit_code.map(i64::from),
         reason,
     };
     inner
@@ -1201,13 +1207,13 @@ async fn sample_loop(inner: Arc<Inner>, stop: CancellationToken) {
         {
             let mut q = lock(&inner.samples);
             for s in samples {
-                q.push_back(MetricSample {
+                q.push_back(GpuSample {
                     at: at.clone(),
                     gpu_index: s.gpu_index,
                     util: s.util,
                     mem_used: s.mem_used,
                     mem_total: s.mem_total,
-                    temperature: s.temperature,
+                    temperature: s.temperature.map(f64::from),
                     power_w: s.power_w,
                     processes: s.processes,
                     task_id: holders.get(&s.gpu_index).cloned(),

@@ -8,8 +8,8 @@ use serde::Serialize;
 
 use crate::error::ClientError;
 use crate::protocol::{
-    ArtifactCommit, ArtifactCreated, ArtifactStart, DataManifest, FinishedReport, LogBatch,
-    MetricsBatch, PollRequest, PollResponse, RegisterRequest, RegisterResponse, StartedReport,
+    ArtifactCommit, ArtifactCreated, ArtifactStart, AttemptRef, DataManifest, FinishedReport,
+    LogBatch, MetricBatch, PollRequest, PollResponse, RegisterRequest, RegisterResponse,
 };
 
 /// Time allowed for an ordinary report; a long poll gets its wait on top.
@@ -121,7 +121,7 @@ impl ServerClient {
     }
 
     pub async fn started(&self, task_id: &str, attempt: u32) -> Result<(), ClientError> {
-        self.post_unit(&task_path(task_id, "started"), &StartedReport { attempt })
+        self.post_unit(&task_path(task_id, "started"), &AttemptRef { attempt })
             .await
     }
 
@@ -139,7 +139,7 @@ impl ServerClient {
             .await
     }
 
-    pub async fn metrics(&self, batch: &MetricsBatch) -> Result<(), ClientError> {
+    pub async fn metrics(&self, batch: &MetricBatch) -> Result<(), ClientError> {
         self.post_unit("/api/v1/agent/metrics", &Stamped::now(batch))
             .await
     }
@@ -337,12 +337,12 @@ mod tests {
                 Duration::from_secs(1),
                 &PollRequest {
                     running: vec![],
-                    gpus: vec![],
-                    host: crate::protocol::HostReport {
+                    gpus: Some(vec![]),
+                    host: Some(crate::protocol::AgentHost {
                         runtime: "process".into(),
                         isolation: "none".into(),
                         data_roots: vec![],
-                    },
+                    }),
                 },
             )
             .await

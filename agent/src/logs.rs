@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::protocol::{now_rfc3339, LogLine, Stream};
+use crate::protocol::{now_rfc3339, AgentLogLine, Stream};
 
 /// Longest line kept; longer ones (progress bars without newlines, binary junk) are cut so a
 /// single line cannot exhaust the buffer or exceed the server's body limit.
@@ -35,7 +35,7 @@ pub fn is_oom_line(line: &str) -> bool {
 
 #[derive(Debug, Default)]
 struct Queue {
-    lines: VecDeque<LogLine>,
+    lines: VecDeque<AgentLogLine>,
     /// Lines dropped since the last batch was taken; reported in a marker line.
     dropped: u64,
     closed: bool,
@@ -79,7 +79,7 @@ impl LogBuffer {
             line.truncate(cut);
         }
         let mut q = self.lock();
-        q.lines.push_back(LogLine {
+        q.lines.push_back(AgentLogLine {
             at: now_rfc3339(),
             stream,
             line,
@@ -119,18 +119,18 @@ impl LogBuffer {
     }
 
     /// Takes up to `max` lines, oldest first, starting with a marker when lines were dropped.
-    pub fn take_batch(&self, max: usize) -> Vec<LogLine> {
+    pub fn take_batch(&self, max: usize) -> Vec<AgentLogLine> {
         self.take_within(max, usize::MAX)
     }
 
     /// Takes up to `max` lines whose JSON encoding stays within `max_bytes` (at least one line,
     /// so a single long line still moves): the server refuses bodies over its limit, and a batch
     /// it refuses must not cost the lines.
-    pub fn take_within(&self, max: usize, max_bytes: usize) -> Vec<LogLine> {
+    pub fn take_within(&self, max: usize, max_bytes: usize) -> Vec<AgentLogLine> {
         let mut q = self.lock();
         let mut out = Vec::with_capacity(max.min(q.lines.len() + 1));
         if q.dropped > 0 && max > 0 {
-            out.push(LogLine {
+            out.push(AgentLogLine {
                 at: now_rfc3339(),
                 stream: Stream::Stderr,
                 line: format!(
@@ -154,7 +154,7 @@ impl LogBuffer {
     }
 
     /// Puts back a batch that could not be delivered, ahead of newer lines.
-    pub fn requeue_front(&self, lines: Vec<LogLine>) {
+    pub fn requeue_front(&self, lines: Vec<AgentLogLine>) {
         let mut q = self.lock();
         for l in lines.into_iter().rev() {
             q.lines.push_front(l);
@@ -199,7 +199,7 @@ impl LogBuffer {
 }
 
 /// Bytes a line adds to a batch's JSON body (its encoding plus a separator).
-pub fn encoded_len(line: &LogLine) -> usize {
+pub fn encoded_len(line: &AgentLogLine) -> usize {
     serde_json::to_vec(line).map_or(line.line.len() * 6 + 64, |v| v.len() + 1)
 }
 

@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::gpu::{GpuInfo, GpuSample};
+use crate::gpu::{AgentGpu, GpuSample};
 
 #[derive(Clone)]
 pub struct AgentMetrics {
@@ -97,7 +97,7 @@ impl AgentMetrics {
         }
     }
 
-    pub fn observe(&self, inventory: &[GpuInfo], samples: &[GpuSample]) {
+    pub fn observe(&self, inventory: &[AgentGpu], samples: &[GpuSample]) {
         for s in samples {
             let gpu = s.gpu_index.to_string();
             let ty = inventory
@@ -192,10 +192,10 @@ mod tests {
     #[tokio::test]
     async fn exposes_metrics_over_http() {
         let m = AgentMetrics::new("n1");
-        let inv = vec![GpuInfo {
+        let inv = vec![AgentGpu {
             index: 0,
             gpu_type: "A40".into(),
-            uuid: "GPU-x".into(),
+            uuid: Some("GPU-x".into()),
             memory: 100,
         }];
         m.observe(

@@ -6,9 +6,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use autodl_agent::protocol::{
-    FinishedReport, LogBatch, MetricsBatch, PollRequest, RegisterRequest,
-};
+use autodl_agent::protocol::{FinishedReport, LogBatch, MetricBatch, PollRequest, RegisterRequest};
 use autodl_agent::{
     Agent, AgentConfig, CancellationToken, IsolationConfig, ProcessRuntime, SimulatedBackend,
 };
@@ -185,7 +183,7 @@ async fn route(
         }
     }
     if path == "/api/v1/agent/metrics" {
-        let b: MetricsBatch = serde_json::from_value(v.clone()).unwrap();
+        let b: MetricBatch = serde_json::from_value(v.clone()).unwrap();
         assert!(!b.samples.is_empty());
         let mut s = state.lock().unwrap();
         if v["sent_at"].as_str().is_none() {
@@ -295,12 +293,13 @@ async fn joins_runs_reports_and_samples() {
     assert_eq!(reg.node.id, "node-a");
     assert_eq!(reg.node.zone, "z1");
     assert_eq!(reg.node.labels["rack"], "3");
-    assert_eq!((reg.node.cpu, reg.node.memory), (64, 512 << 30));
+    assert_eq!((reg.node.cpu, reg.node.memory), (64.0, 512 << 30));
     assert_eq!(reg.node.gpus.len(), 2);
     assert_eq!(reg.node.gpus[1].gpu_type, "A100-40G");
-    assert_eq!(reg.node.host.runtime, "process");
+    let host = reg.node.host.as_ref().expect("the agent reports its host");
+    assert_eq!(host.runtime, "process");
     let expected = if nix_is_root() { "sandbox" } else { "none" };
-    assert_eq!(reg.node.host.isolation, expected);
+    assert_eq!(host.isolation, expected);
     fake.until("a poll", |s| (!s.polls.is_empty()).then_some(()))
         .await;
     let cred_file = dir.path().join("credential.json");

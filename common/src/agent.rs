@@ -1,4 +1,7 @@
-//! Wire types between agents and the server (docs/agent-protocol.md).
+//! Wire types between agents and the server (docs/agent-protocol.md), the one definition both
+//! sides compile against. What the agent sends is parsed strictly by the server (unknown
+//! fields refused); what the server sends fills defaults, so an older agent keeps working when
+//! a newer server adds a field.
 
 use std::collections::BTreeMap;
 
@@ -71,7 +74,7 @@ pub struct RegisterResponse {
     pub credential: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct RunningRef {
     pub task_id: String,
@@ -89,21 +92,37 @@ pub struct PollRequest {
     pub host: Option<AgentHost>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Work for a node. Only `task_id` and `attempt` are required, so that a sparse assignment
+/// (a process-runtime demo task without an image) still parses.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Assignment {
     pub task_id: String,
     pub attempt: u32,
+    #[serde(default)]
     pub image: String,
+    #[serde(default)]
     pub command: Vec<String>,
+    #[serde(default)]
     pub env: BTreeMap<String, String>,
+    #[serde(default)]
     pub gpu_indices: Vec<u32>,
-    /// Declared GPU memory per GPU (bytes) when the task shares GPUs.
+    /// Declared GPU memory per GPU (bytes) when the task shares GPUs; `None`: whole cards.
+    #[serde(default)]
     pub gpu_memory: Option<u64>,
+    /// Cores per worker; 0: no limit.
+    #[serde(default)]
     pub cpu: f64,
+    /// Bytes of RAM per worker; 0: no limit.
+    #[serde(default)]
     pub memory: u64,
+    #[serde(default)]
     pub data_path: Option<String>,
+    #[serde(default)]
     pub checkpoint: Option<CheckpointSpec>,
+    /// Also accepted outside `env` (the env entry wins when both are present).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<u32>,
     /// The latest complete checkpoint, to download before the task starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreRef>,
@@ -114,8 +133,11 @@ pub struct Assignment {
 pub struct RestoreRef {
     pub checkpoint_id: String,
     /// The attempt that saved it.
+    #[serde(default)]
     pub attempt: u32,
+    #[serde(default)]
     pub step: Option<i64>,
+    #[serde(default)]
     pub files: Vec<ArtifactFile>,
 }
 
@@ -136,9 +158,9 @@ pub struct ArtifactStart {
     pub attempt: u32,
     /// "checkpoint" or "results".
     pub kind: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<i64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<f64>,
 }
 
@@ -157,11 +179,13 @@ pub struct ArtifactCommit {
 }
 
 /// `GET /agent/tasks/{id}/data`: the objects under the task's `s3://` data path.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct DataManifest {
     /// Names where the files come from (bucket and tenant key prefix): the agent's cache key.
+    #[serde(default)]
     pub source: String,
+    #[serde(default)]
     pub files: Vec<DataFile>,
 }
 
@@ -170,7 +194,12 @@ pub struct DataManifest {
 pub struct DataFile {
     pub path: String,
     pub size: u64,
+    #[serde(default)]
     pub etag: String,
+}
+
+fn default_grace() -> u64 {
+    30
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -178,16 +207,23 @@ pub struct DataFile {
 pub struct StopOrder {
     pub task_id: String,
     pub attempt: u32,
+    #[serde(default = "default_grace")]
     pub grace_s: u64,
-    /// "preempted", "cancelled", "drained", "migrated" or "moved".
+    /// "preempted", "cancelled", "drained", "migrated" or "moved"; informational for the agent.
+    #[serde(default)]
     pub reason: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct PollResponse {
+    #[serde(default)]
     pub assignments: Vec<Assignment>,
+    #[serde(default)]
     pub stop: Vec<StopOrder>,
+    /// How often the server wants to hear from the agent (caps the long-poll wait); 0: the
+    /// agent's own default.
+    #[serde(default)]
     pub heartbeat_s: u64,
 }
 
@@ -198,11 +234,30 @@ pub struct AttemptRef {
     pub attempt: u32,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
 pub struct AgentLogLine {
+    /// RFC 3339, taken when the line was read, not when it was shipped.
     pub at: String,
-    pub stream: String,
+    pub stream: Stream,
     pub line: String,
 }
 
@@ -214,7 +269,7 @@ pub struct LogBatch {
     pub lines: Vec<AgentLogLine>,
     /// The agent's clock when it sent the batch (RFC 3339): the server corrects line times by
     /// the difference to its own clock, so a node whose clock is off keeps its output in order.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sent_at: Option<String>,
 }
 
@@ -223,20 +278,43 @@ pub struct LogBatch {
 #[serde(deny_unknown_fields)]
 pub struct FinishedReport {
     pub attempt: u32,
+    /// `null` when the task never started (bad image, missing command).
     #[serde(default)]
     pub exit_code: Option<i64>,
-    /// "success", "error", "oom" or "stopped".
-    pub reason: String,
+    pub reason: ExitReason,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// Why a run ended, as its agent saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum ExitReason {
+    Success,
+    Error,
+    Oom,
+    /// Stopped when told to (preempted, cancelled, drained).
+    Stopped,
+}
+
+impl ExitReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExitReason::Success => "success",
+            ExitReason::Error => "error",
+            ExitReason::Oom => "oom",
+            ExitReason::Stopped => "stopped",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct ProcessMemory {
     pub pid: u32,
     pub mem_used: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct GpuSample {
     pub at: String,
@@ -261,7 +339,7 @@ pub struct GpuSample {
 pub struct MetricBatch {
     pub samples: Vec<GpuSample>,
     /// The agent's clock when it sent the batch; see [`LogBatch::sent_at`].
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sent_at: Option<String>,
 }
 

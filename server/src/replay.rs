@@ -16,8 +16,8 @@ use std::time::Duration;
 use anyhow::Context;
 use autodl_agent::client::ServerClient;
 use autodl_agent::protocol::{
-    ArtifactCommit, ArtifactFile, ArtifactStart, ExitReason, FinishedReport, GpuInfo, HostReport,
-    NodeReport, PollRequest, RegisterRequest, RunningTask,
+    AgentGpu, AgentHost, AgentNode, ArtifactCommit, ArtifactFile, ArtifactStart, ExitReason,
+    FinishedReport, PollRequest, RegisterRequest, RunningRef,
 };
 use autodl_scheduler::sim::jobs::{self, Decided, Decider, Job, JobsConfig, Replay, Round};
 use autodl_scheduler::{TaskRequest, Time, WorkerPlacement};
@@ -133,8 +133,8 @@ pub async fn compare(
 struct Agent {
     node: String,
     client: ServerClient,
-    gpus: Vec<GpuInfo>,
-    running: Vec<RunningTask>,
+    gpus: Vec<AgentGpu>,
+    running: Vec<RunningRef>,
 }
 
 /// The live server as the world's decider. Calls come from the world's blocking thread and
@@ -262,13 +262,13 @@ impl LiveCluster {
                     node_id: Some(node.id.clone()),
                 })
                 .await?;
-            let gpus: Vec<GpuInfo> = node
+            let gpus: Vec<AgentGpu> = node
                 .gpus
                 .iter()
-                .map(|g| GpuInfo {
+                .map(|g| AgentGpu {
                     index: g.index,
                     gpu_type: g.gpu_type.clone(),
-                    uuid: format!("GPU-{}-{}", node.id, g.index),
+                    uuid: Some(format!("GPU-{}-{}", node.id, g.index)),
                     memory: g.mem_bytes,
                 })
                 .collect();
@@ -276,14 +276,14 @@ impl LiveCluster {
             let reg = client
                 .register(&RegisterRequest {
                     token,
-                    node: NodeReport {
+                    node: AgentNode {
                         id: node.id.clone(),
                         zone: node.zone.clone(),
                         labels: BTreeMap::new(),
-                        cpu: (hw.node_cpu_millis / 1000) as u32,
+                        cpu: hw.node_cpu_millis as f64 / 1000.0,
                         memory: hw.node_mem_bytes,
                         gpus: gpus.clone(),
-                        host: host(),
+                        host: Some(host()),
                     },
                 })
                 .await
@@ -450,8 +450,8 @@ impl LiveCluster {
                     Duration::ZERO,
                     &PollRequest {
                         running: agent.running.clone(),
-                        gpus: agent.gpus.clone(),
-                        host: host(),
+                        gpus: Some(agent.gpus.clone()),
+                        host: Some(host()),
                     },
                 )
                 .await
@@ -484,7 +484,7 @@ impl LiveCluster {
             for (a, _) in &workers {
                 let agent = &mut self.agents[*a];
                 agent.client.started(&id, attempt).await?;
-                agent.running.push(RunningTask {
+                agent.running.push(RunningRef {
                     task_id: id.clone(),
                     attempt,
                 });
@@ -532,8 +532,8 @@ impl Decider for LiveCluster {
     }
 }
 
-fn host() -> HostReport {
-    HostReport {
+fn host() -> AgentHost {
+    AgentHost {
         runtime: "docker".into(),
         isolation: "container".into(),
         data_roots: Vec::new(),

@@ -12,7 +12,7 @@ pub use nvml::NvmlBackend;
 pub use sim::{known_gpu_types, parse_simulate_spec, SimulatedBackend, SimulatedGpu};
 
 pub use crate::error::GpuError;
-pub use crate::protocol::{GpuInfo, ProcessMem};
+pub use crate::protocol::{AgentGpu, ProcessMemory};
 
 /// One reading of one GPU. The agent adds the time and the task holding the GPU.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,7 +24,7 @@ pub struct GpuSample {
     pub mem_total: u64,
     pub temperature: Option<u32>,
     pub power_w: Option<f64>,
-    pub processes: Vec<ProcessMem>,
+    pub processes: Vec<ProcessMemory>,
 }
 
 /// What a running task holds, so a simulated backend can make its numbers follow the work.
@@ -42,7 +42,7 @@ pub struct GpuAllocation {
 /// Source of GPU facts. Methods are blocking (NVML calls are); the agent calls them from a
 /// blocking thread.
 pub trait GpuBackend: Send + Sync {
-    fn inventory(&self) -> Result<Vec<GpuInfo>, GpuError>;
+    fn inventory(&self) -> Result<Vec<AgentGpu>, GpuError>;
     fn sample(&self) -> Result<Vec<GpuSample>, GpuError>;
 
     /// Simulated GPUs cannot be handed to a container as devices; runtimes only set the

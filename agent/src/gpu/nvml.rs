@@ -5,7 +5,7 @@ use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::Nvml;
 
-use super::{naming::gpu_type_from_name, GpuBackend, GpuError, GpuInfo, GpuSample, ProcessMem};
+use super::{naming::gpu_type_from_name, AgentGpu, GpuBackend, GpuError, GpuSample, ProcessMemory};
 
 pub struct NvmlBackend {
     nvml: Nvml,
@@ -29,7 +29,7 @@ impl NvmlBackend {
 }
 
 impl GpuBackend for NvmlBackend {
-    fn inventory(&self) -> Result<Vec<GpuInfo>, GpuError> {
+    fn inventory(&self) -> Result<Vec<AgentGpu>, GpuError> {
         let count = self
             .nvml
             .device_count()
@@ -42,10 +42,10 @@ impl GpuBackend for NvmlBackend {
                 .map_err(|e| nvml_err("device", e))?;
             let name = d.name().map_err(|e| nvml_err("name", e))?;
             let memory = d.memory_info().map_err(|e| nvml_err("memory", e))?.total;
-            gpus.push(GpuInfo {
+            gpus.push(AgentGpu {
                 index,
                 gpu_type: gpu_type_from_name(&name, memory),
-                uuid: d.uuid().map_err(|e| nvml_err("uuid", e))?,
+                uuid: Some(d.uuid().map_err(|e| nvml_err("uuid", e))?),
                 memory,
             });
         }
@@ -74,7 +74,7 @@ impl GpuBackend for NvmlBackend {
                 .running_compute_processes()
                 .map(|ps| {
                     ps.into_iter()
-                        .map(|p| ProcessMem {
+                        .map(|p| ProcessMemory {
                             pid: p.pid,
                             mem_used: match p.used_gpu_memory {
                                 UsedGpuMemory::Used(b) => b,
@@ -118,10 +118,13 @@ mod tests {
         for (g, s) in inv.iter().zip(&samples) {
             eprintln!(
                 "GPU {}: {} {} {} bytes; sample {s:?}",
-                g.index, g.gpu_type, g.uuid, g.memory
+                g.index,
+                g.gpu_type,
+                g.uuid.as_deref().unwrap_or_default(),
+                g.memory
             );
             assert!(!g.gpu_type.is_empty());
-            assert!(g.uuid.starts_with("GPU-"));
+            assert!(g.uuid.as_deref().is_some_and(|u| u.starts_with("GPU-")));
             assert_eq!(s.mem_total, g.memory);
             assert!((0.0..=1.0).contains(&s.util));
         }

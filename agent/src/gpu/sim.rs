@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::backoff::mix64;
 
-use super::{GpuAllocation, GpuBackend, GpuError, GpuInfo, GpuSample, ProcessMem};
+use super::{AgentGpu, GpuAllocation, GpuBackend, GpuError, GpuSample, ProcessMemory};
 
 const GIB: u64 = 1 << 30;
 
@@ -201,7 +201,7 @@ impl SimulatedBackend {
                         (unit(mix64(self.seed ^ (u64::from(index) << 40) ^ tick)) - 0.5) * 0.04;
                     util += (self.plateau(&a.task_id) + noise) * ramp;
                     if let Some(pid) = a.pid {
-                        processes.push(ProcessMem { pid, mem_used: mem });
+                        processes.push(ProcessMemory { pid, mem_used: mem });
                     }
                 }
                 let util = util.clamp(0.0, 1.0);
@@ -225,15 +225,15 @@ fn unit(h: u64) -> f64 {
 }
 
 impl GpuBackend for SimulatedBackend {
-    fn inventory(&self) -> Result<Vec<GpuInfo>, GpuError> {
+    fn inventory(&self) -> Result<Vec<AgentGpu>, GpuError> {
         Ok(self
             .gpus
             .iter()
             .enumerate()
-            .map(|(i, g)| GpuInfo {
+            .map(|(i, g)| AgentGpu {
                 index: i as u32,
                 gpu_type: g.gpu_type.clone(),
-                uuid: self.uuid(i as u32),
+                uuid: Some(self.uuid(i as u32)),
                 memory: g.memory,
             })
             .collect())
@@ -306,11 +306,8 @@ mod tests {
         uuids.sort();
         uuids.dedup();
         assert_eq!(uuids.len(), 4);
-        assert!(
-            inv[0].uuid.starts_with("GPU-") && inv[0].uuid.len() == 40,
-            "{}",
-            inv[0].uuid
-        );
+        let uuid = inv[0].uuid.as_deref().unwrap_or_default();
+        assert!(uuid.starts_with("GPU-") && uuid.len() == 40, "{uuid}");
         let other = SimulatedBackend::from_spec("2xA100-40G,2xA40", 43).unwrap();
         assert_ne!(other.inventory().unwrap()[0].uuid, inv[0].uuid);
     }
@@ -346,7 +343,7 @@ mod tests {
         assert_eq!(s[0].mem_used, 10 * GIB);
         assert_eq!(
             s[0].processes,
-            vec![ProcessMem {
+            vec![ProcessMemory {
                 pid: 4242,
                 mem_used: 10 * GIB
             }]

@@ -401,8 +401,8 @@ mod tests {
             image: "img:1".into(),
             command: vec!["python".into(), "train.py".into()],
             gpu_indices: vec![0, 2],
-            cpu: Some(1.5),
-            memory: Some(1 << 30),
+            cpu: 1.5,
+            memory: 1 << 30,
             data_path: Some("/datasets/x".into()),
             ..Default::default()
         };
@@ -524,8 +524,8 @@ mod tests {
                     .into(),
             ],
             gpu_indices: vec![1],
-            cpu: Some(0.5),
-            memory: Some(64 << 20),
+            cpu: 0.5,
+            memory: 64 << 20,
             ..Default::default()
         };
         let pool = crate::isolation::UidPool::new(
@@ -627,7 +627,7 @@ mod tests {
                 "-c".into(),
                 "x=a; while true; do x=\"$x$x\"; done".into(),
             ],
-            memory: Some(16 << 20),
+            memory: 16 << 20,
             ..Default::default()
         };
         let l = TaskLaunch::from_assignment(&a3, &node, dir.path(), false);

@@ -125,8 +125,9 @@ impl TaskLaunch {
             env,
             gpu_indices: a.gpu_indices.clone(),
             real_gpus,
-            cpu: a.cpu,
-            memory: a.memory,
+            // 0 in the assignment: no limit.
+            cpu: (a.cpu > 0.0).then_some(a.cpu),
+            memory: (a.memory > 0).then_some(a.memory),
             data_path: a.data_path.clone(),
             data: None,
             checkpoint_dir: task_dir.join("checkpoints"),

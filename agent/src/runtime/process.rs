@@ -347,7 +347,7 @@ impl Runtime for ProcessRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Assignment, ExitReason, LogLine};
+    use crate::protocol::{AgentLogLine, Assignment, ExitReason};
     use crate::runtime::classify_exit;
     use std::path::Path;
     use std::time::Instant;
@@ -397,7 +397,7 @@ mod tests {
         )
     }
 
-    fn lines(h: &Harness) -> Vec<LogLine> {
+    fn lines(h: &Harness) -> Vec<AgentLogLine> {
         h.output.take_batch(usize::MAX)
     }
 

@@ -222,6 +222,7 @@ fn assignment(
         memory: spec.memory.saturating_mul(workers_here),
         data_path: spec.data_path.clone(),
         checkpoint: spec.checkpoint.clone(),
+        batch_size: t.batch_size.and_then(|b| u32::try_from(b).ok()),
         restore: None,
     })
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use actix_web::{delete, get, post, web, HttpResponse};
 use autodl_common::agent::{
-    AgentHost, AttemptRef, CreateRegistrationToken, FinishedReport, LogBatch, MetricBatch,
-    PollRequest, PollResponse, RegisterRequest, RegisterResponse, RegistrationToken,
+    AgentHost, AttemptRef, CreateRegistrationToken, ExitReason, FinishedReport, LogBatch,
+    MetricBatch, PollRequest, PollResponse, RegisterRequest, RegisterResponse, RegistrationToken,
 };
 use autodl_common::api::ErrorBody;
 use autodl_scheduler::Gpu;
@@ -437,15 +437,7 @@ pub async fn logs(
     let skew = ClockSkew::of_batch(body.sent_at.as_deref(), state.clock.now_ms());
     let mut lines = Vec::with_capacity(body.lines.len());
     for l in &body.lines {
-        let stream = match l.stream.as_str() {
-            "stdout" | "stderr" => l.stream.clone(),
-            other => {
-                return Err(ApiError::invalid(
-                    "stream",
-                    format!("stream is stdout or stderr, not {other:?}"),
-                ))
-            }
-        };
+        let stream = l.stream.as_str().to_owned();
         let at = skew.correct(parse_time_ms(&l.at));
         let mut line = l.line.clone();
         if line.len() > MAX_LINE_BYTES {
@@ -474,17 +466,11 @@ pub async fn finished(
     id: web::Path<String>,
     body: Json<FinishedReport>,
 ) -> Result<HttpResponse, ApiError> {
-    let kind = match body.reason.as_str() {
-        "success" => Some(ExitKind::Success),
-        "error" => Some(ExitKind::Error),
-        "oom" => Some(ExitKind::Oom),
-        "stopped" => None,
-        other => {
-            return Err(ApiError::invalid(
-                "reason",
-                format!("unknown reason {other:?}"),
-            ))
-        }
+    let kind = match body.reason {
+        ExitReason::Success => Some(ExitKind::Success),
+        ExitReason::Error => Some(ExitKind::Error),
+        ExitReason::Oom => Some(ExitKind::Oom),
+        ExitReason::Stopped => None,
     };
     let t = current(&state, &node, &id, body.attempt).await?;
     let now = state.clock.now_ms();
