@@ -1,0 +1,38 @@
+//! GPU hosts and how their agents join: nodes, registration tokens, agent credentials and
+//! liveness.
+
+use async_trait::async_trait;
+
+use super::*;
+
+#[async_trait]
+pub trait Nodes: Send + Sync {
+    async fn upsert_node(&self, node: &NodeRecord) -> StoreResult<()>;
+    async fn list_nodes(&self) -> StoreResult<Vec<NodeRecord>>;
+    async fn delete_node(&self, id: &str) -> StoreResult<bool>;
+    /// What the node's agent reports about how it runs tasks (`data_roots`: JSON array).
+    async fn set_node_host(
+        &self,
+        id: &str,
+        runtime: &str,
+        isolation: &str,
+        data_roots: &str,
+    ) -> StoreResult<()>;
+    async fn set_node_open_to_all(&self, id: &str, open: bool) -> StoreResult<bool>;
+    async fn create_registration_token(&self, t: &RegistrationTokenRecord) -> StoreResult<()>;
+    async fn list_registration_tokens(&self) -> StoreResult<Vec<RegistrationTokenRecord>>;
+    async fn registration_token_by_hash(
+        &self,
+        hash: &str,
+    ) -> StoreResult<Option<RegistrationTokenRecord>>;
+    /// Counts one registration of `node_id` against the token; `false` when it is revoked,
+    /// expired, used up or bound to another node (checked and counted in one statement, so
+    /// two agents cannot both take a token's last use).
+    async fn use_registration_token(&self, id: &str, node_id: &str, now: i64) -> StoreResult<bool>;
+    async fn revoke_registration_token(&self, id: &str) -> StoreResult<bool>;
+    async fn set_node_credential(&self, id: &str, hash: &str) -> StoreResult<()>;
+    async fn node_by_credential(&self, hash: &str) -> StoreResult<Option<NodeRecord>>;
+    /// Records a heartbeat; a node that was lost is ready again.
+    async fn touch_node(&self, id: &str, now: i64) -> StoreResult<()>;
+    async fn set_node_status(&self, id: &str, status: &str) -> StoreResult<bool>;
+}

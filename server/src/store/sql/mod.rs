@@ -1,0 +1,169 @@
+//! The two SQL backends. Their SQL is the same text (`$n` placeholders work in SQLite and
+//! PostgreSQL alike), so one macro per aggregate (in the module named after it) writes both
+//! implementations and they cannot drift apart; only connecting, migrating and leading differ.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use super::*;
+
+/// Refuses the transaction unless `term` is still the leader's: the row lock it takes also
+/// orders it against a new leader's start, so no write of a deposed leader lands after it.
+macro_rules! fence {
+    ($conn:expr, $term:expr) => {
+        if sqlx::query("UPDATE scheduler_leader SET term = term WHERE id = 1 AND term = $1")
+            .bind($term.0)
+            .execute($conn)
+            .await?
+            .rows_affected()
+            != 1
+        {
+            return Err(StoreError::Fenced);
+        }
+    };
+}
+
+macro_rules! insert_event {
+    ($conn:expr, $task:expr, $at:expr, $kind:expr, $msg:expr) => {
+        sqlx::query("INSERT INTO task_events (task_id, at, kind, message) VALUES ($1, $2, $3, $4)")
+            .bind($task)
+            .bind($at)
+            .bind($kind)
+            .bind($msg)
+            .execute($conn)
+            .await?
+    };
+}
+
+macro_rules! insert_user {
+    ($conn:expr, $u:expr) => {
+        sqlx::query(
+            "INSERT INTO users (id, email, password_hash, tenant_id, role, platform_admin, disabled, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&$u.id)
+        .bind(&$u.email)
+        .bind(&$u.password_hash)
+        .bind(&$u.tenant_id)
+        .bind(&$u.role)
+        .bind($u.platform_admin)
+        .bind($u.disabled)
+        .bind($u.created_at)
+        .execute($conn)
+        .await
+        .map_err(conflict("an account with this email already exists"))?
+    };
+}
+
+// The helper macros above are in scope in these modules: they come after them.
+mod accounts;
+mod artifacts;
+mod leadership;
+mod nodes;
+mod tasks;
+mod usage;
+
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl SqliteStore {
+    pub async fn open(url: &str, max_connections: u32) -> StoreResult<Self> {
+        let opts = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        if let Some(parent) = std::path::Path::new(opts.get_filename()).parent() {
+            if !parent.as_os_str().is_empty() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| StoreError::from(sqlx::Error::Io(e)))?;
+            }
+        }
+        let file = std::path::PathBuf::from(opts.get_filename());
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .before_acquire(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
+            .after_release(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
+            .connect_with(opts)
+            .await?;
+        // The database holds every secret digest and all tenants' data: only the server's
+        // user may read it, whatever the umask (tasks may run on the same host).
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = file.clone().into_os_string();
+            p.push(suffix);
+            if let Err(e) =
+                std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = ?p, error = %e, "could not make the database private");
+                }
+            }
+        }
+        sqlx::migrate!("../migrations/sqlite").run(&pool).await?;
+        Ok(SqliteStore { pool })
+    }
+}
+
+impl PostgresStore {
+    pub async fn open(url: &str, max_connections: u32) -> StoreResult<Self> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .before_acquire(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
+            .after_release(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(url)
+            .await?;
+        sqlx::migrate!("../migrations/postgres").run(&pool).await?;
+        Ok(PostgresStore { pool })
+    }
+}
+
+/// Maps a unique-constraint failure to a conflict the caller can show.
+fn conflict(what: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
+    move |e| match e {
+        sqlx::Error::Database(ref db) if db.is_unique_violation() => {
+            StoreError::Conflict(what.to_owned())
+        }
+        other => other.into(),
+    }
+}
+
+macro_rules! impl_core {
+    ($store:ty, $backend:literal) => {
+        #[async_trait]
+        impl Store for $store {
+            fn backend(&self) -> &'static str {
+                $backend
+            }
+            async fn ping(&self) -> StoreResult<()> {
+                sqlx::query("SELECT 1").execute(&self.pool).await?;
+                Ok(())
+            }
+            async fn probe_write(&self, now_ms: i64) -> StoreResult<()> {
+                sqlx::query(
+                    "INSERT INTO store_probe (id, at) VALUES (1, $1) \
+                     ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+                )
+                .bind(now_ms)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+        }
+    };
+}
+
+impl_core!(SqliteStore, "sqlite");
+impl_core!(PostgresStore, "postgres");

@@ -1,0 +1,419 @@
+//! The SQL of [`Tasks`], for both backends.
+
+use super::*;
+
+const TASK_COLS: &str = "t.id, t.tenant_id, t.user_id, t.name, t.state, t.spec, t.gpus_total, t.idempotency_key, \
+     t.attempts, t.batch_size, t.placement, t.attained_gpu_seconds, t.last_checkpoint_at, t.created_at, \
+     t.updated_at, t.started_at, t.finished_at, t.stop_reason, t.waiting";
+
+/// States the scheduler still acts on.
+const ACTIVE: &str = "('pending', 'scheduled', 'running')";
+
+macro_rules! impl_tasks {
+    ($store:ty, $db:ty) => {
+        #[async_trait]
+        impl Tasks for $store {
+            async fn create_task(&self, t: &TaskRecord, labels: &[(String, String)]) -> StoreResult<TaskCreated> {
+                let mut tx = self.pool.begin().await?;
+                let inserted = sqlx::query(
+                    "INSERT INTO tasks (id, tenant_id, user_id, name, state, spec, gpus_total, idempotency_key, attempts,
+                        batch_size, placement, attained_gpu_seconds, last_checkpoint_at, created_at, updated_at, started_at, finished_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+                )
+                .bind(&t.id)
+                .bind(&t.tenant_id)
+                .bind(&t.user_id)
+                .bind(&t.name)
+                .bind(&t.state)
+                .bind(&t.spec)
+                .bind(t.gpus_total)
+                .bind(&t.idempotency_key)
+                .bind(t.attempts)
+                .bind(t.batch_size)
+                .bind(&t.placement)
+                .bind(t.attained_gpu_seconds)
+                .bind(t.last_checkpoint_at)
+                .bind(t.created_at)
+                .bind(t.updated_at)
+                .bind(t.started_at)
+                .bind(t.finished_at)
+                .execute(&mut *tx)
+                .await;
+                match inserted {
+                    Ok(_) => {}
+                    Err(sqlx::Error::Database(ref e)) if e.is_unique_violation() && t.idempotency_key.is_some() => {
+                        drop(tx);
+                        let existing: Option<TaskWithUser> = sqlx::query_as(&format!(
+                            "SELECT {TASK_COLS}, u.email AS user_email FROM tasks t JOIN users u ON u.id = t.user_id
+                             WHERE t.user_id = $1 AND t.idempotency_key = $2"
+                        ))
+                        .bind(&t.user_id)
+                        .bind(&t.idempotency_key)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                        return existing
+                            .map(|e| TaskCreated::Existing(Box::new(e)))
+                            .ok_or_else(|| StoreError::Conflict("idempotency key clash; retry".into()));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+                for (k, v) in labels {
+                    sqlx::query("INSERT INTO task_labels (task_id, key, value) VALUES ($1, $2, $3)")
+                        .bind(&t.id)
+                        .bind(k)
+                        .bind(v)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                insert_event!(&mut *tx, &t.id, t.created_at, "submitted", "task submitted");
+                tx.commit().await?;
+                Ok(TaskCreated::Created)
+            }
+
+            async fn task(&self, tenant_id: Option<&str>, id: &str) -> StoreResult<Option<TaskWithUser>> {
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {TASK_COLS}, u.email AS user_email FROM tasks t JOIN users u ON u.id = t.user_id
+                     WHERE t.id = $1 AND ($2 IS NULL OR t.tenant_id = $2)"
+                ))
+                .bind(id)
+                .bind(tenant_id)
+                .fetch_optional(&self.pool)
+                .await?)
+            }
+
+            async fn list_tasks(&self, f: &TaskFilter) -> StoreResult<Vec<TaskWithUser>> {
+                let mut q = sqlx::QueryBuilder::<$db>::new(format!(
+                    "SELECT {TASK_COLS}, u.email AS user_email FROM tasks t JOIN users u ON u.id = t.user_id WHERE t.tenant_id = "
+                ));
+                q.push_bind(&f.tenant_id);
+                if let Some(state) = &f.state {
+                    q.push(" AND t.state = ").push_bind(state);
+                }
+                if let Some(user) = &f.user_id {
+                    q.push(" AND t.user_id = ").push_bind(user);
+                }
+                if let Some((k, v)) = &f.label {
+                    q.push(" AND EXISTS (SELECT 1 FROM task_labels l WHERE l.task_id = t.id AND l.key = ")
+                        .push_bind(k)
+                        .push(" AND l.value = ")
+                        .push_bind(v)
+                        .push(")");
+                }
+                if let Some((at, id)) = &f.before {
+                    q.push(" AND (t.created_at < ")
+                        .push_bind(*at)
+                        .push(" OR (t.created_at = ")
+                        .push_bind(*at)
+                        .push(" AND t.id < ")
+                        .push_bind(id)
+                        .push("))");
+                }
+                q.push(" ORDER BY t.created_at DESC, t.id DESC LIMIT ").push_bind(f.limit);
+                Ok(q.build_query_as().fetch_all(&self.pool).await?)
+            }
+
+            async fn count_pending(&self, user_id: &str, tenant_id: &str) -> StoreResult<(i64, i64)> {
+                let (u, t): (i64, i64) = sqlx::query_as(
+                    "SELECT COALESCE(SUM(CASE WHEN user_id = $1 THEN 1 ELSE 0 END), 0), COUNT(*)
+                     FROM tasks WHERE tenant_id = $2 AND state = 'pending'",
+                )
+                .bind(user_id)
+                .bind(tenant_id)
+                .fetch_one(&self.pool)
+                .await?;
+                Ok((u, t))
+            }
+
+            async fn active_tasks(&self) -> StoreResult<Vec<TaskRecord>> {
+                Ok(sqlx::query_as(&format!("SELECT {TASK_COLS} FROM tasks t WHERE t.state IN {ACTIVE} ORDER BY t.created_at, t.id"))
+                    .fetch_all(&self.pool)
+                    .await?)
+            }
+
+            async fn cancel_task(&self, tenant_id: &str, id: &str, now: i64) -> StoreResult<CancelOutcome> {
+                let mut tx = self.pool.begin().await?;
+                let r = sqlx::query(&format!(
+                    "UPDATE tasks SET state = 'cancelled', placement = NULL, updated_at = $1, finished_at = $1
+                     WHERE id = $2 AND tenant_id = $3 AND state IN {ACTIVE}"
+                ))
+                .bind(now)
+                .bind(id)
+                .bind(tenant_id)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() == 0 {
+                    let state: Option<(String,)> = sqlx::query_as("SELECT state FROM tasks WHERE id = $1 AND tenant_id = $2")
+                        .bind(id)
+                        .bind(tenant_id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    return Ok(match state {
+                        None => CancelOutcome::NotFound,
+                        Some((s,)) => CancelOutcome::AlreadyFinished(s),
+                    });
+                }
+                // The ending run's service joins the task's (runs still open count apart).
+                sqlx::query(
+                    "UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + COALESCE(
+                        (SELECT SUM(a.gpu_seconds) FROM attempts a WHERE a.task_id = tasks.id AND a.ended_at IS NULL), 0)
+                     WHERE id = $1",
+                )
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query("UPDATE attempts SET ended_at = $1, reason = 'cancelled' WHERE task_id = $2 AND ended_at IS NULL")
+                    .bind(now)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                insert_event!(&mut *tx, id, now, "cancelled", "cancelled by the user");
+                tx.commit().await?;
+                Ok(CancelOutcome::Cancelled)
+            }
+
+            async fn place_task(&self, term: Term, id: &str, placement: &str, node: &str, gpus: i64, now: i64) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                fence!(&mut *tx, term);
+                let r = sqlx::query(
+                    "UPDATE tasks SET state = 'scheduled', placement = $1, attempts = attempts + 1, updated_at = $2, stop_reason = NULL,
+                        waiting = NULL
+                     WHERE id = $3 AND state = 'pending'",
+                )
+                .bind(placement)
+                .bind(now)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() != 1 {
+                    return Ok(false);
+                }
+                sqlx::query(
+                    "INSERT INTO attempts (task_id, number, node, placement, gpus, started_at, batch_size)
+                     SELECT id, attempts, $1, $2, $3, $4, batch_size FROM tasks WHERE id = $5",
+                )
+                .bind(node)
+                .bind(placement)
+                .bind(gpus)
+                .bind(now)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+                insert_event!(&mut *tx, id, now, "scheduled", &format!("placed on {node}"));
+                tx.commit().await?;
+                Ok(true)
+            }
+
+            async fn requeue_task(&self, fence: Option<Term>, id: &str, reason: &str, message: &str, now: i64) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                if let Some(term) = fence {
+                    fence!(&mut *tx, term);
+                }
+                let r = sqlx::query(
+                    "UPDATE tasks SET state = 'pending', placement = NULL, updated_at = $1, stop_reason = NULL
+                     WHERE id = $2 AND state IN ('scheduled', 'running')",
+                )
+                .bind(now)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() != 1 {
+                    return Ok(false);
+                }
+                // The ending run's service joins the task's (runs still open count apart).
+                sqlx::query(
+                    "UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + COALESCE(
+                        (SELECT SUM(a.gpu_seconds) FROM attempts a WHERE a.task_id = tasks.id AND a.ended_at IS NULL), 0)
+                     WHERE id = $1",
+                )
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query("UPDATE attempts SET ended_at = $1, reason = $2 WHERE task_id = $3 AND ended_at IS NULL")
+                    .bind(now)
+                    .bind(reason)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                insert_event!(&mut *tx, id, now, reason, message);
+                tx.commit().await?;
+                Ok(true)
+            }
+
+            async fn mark_running(&self, id: &str, attempt: i64, now: i64) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                let r = sqlx::query(
+                    "UPDATE tasks SET state = 'running', started_at = COALESCE(started_at, $1), updated_at = $1
+                     WHERE id = $2 AND state = 'scheduled' AND attempts = $3",
+                )
+                .bind(now)
+                .bind(id)
+                .bind(attempt)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() != 1 {
+                    return Ok(false);
+                }
+                insert_event!(&mut *tx, id, now, "running", &format!("attempt {attempt} started"));
+                tx.commit().await?;
+                Ok(true)
+            }
+
+            async fn finish_attempt(&self, id: &str, attempt: i64, end: &AttemptEnd, now: i64) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                let finished = if end.next_state == "pending" { None } else { Some(now) };
+                let r = sqlx::query(
+                    "UPDATE tasks SET state = $1, placement = NULL, batch_size = $2, updated_at = $3, finished_at = $4, stop_reason = NULL
+                     WHERE id = $5 AND attempts = $6 AND state IN ('scheduled', 'running')",
+                )
+                .bind(&end.next_state)
+                .bind(end.next_batch_size)
+                .bind(now)
+                .bind(finished)
+                .bind(id)
+                .bind(attempt)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() != 1 {
+                    return Ok(false);
+                }
+                // The ending run's service joins the task's (runs still open count apart).
+                sqlx::query(
+                    "UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + COALESCE(
+                        (SELECT SUM(a.gpu_seconds) FROM attempts a WHERE a.task_id = tasks.id AND a.ended_at IS NULL), 0)
+                     WHERE id = $1",
+                )
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query("UPDATE attempts SET ended_at = $1, exit_code = $2, reason = $3 WHERE task_id = $4 AND number = $5")
+                    .bind(now)
+                    .bind(end.exit_code)
+                    .bind(&end.reason)
+                    .bind(id)
+                    .bind(attempt)
+                    .execute(&mut *tx)
+                    .await?;
+                let kind = if end.next_state == "pending" { "retrying" } else { end.next_state.as_str() };
+                insert_event!(&mut *tx, id, now, kind, &end.message);
+                tx.commit().await?;
+                Ok(true)
+            }
+
+            async fn scheduling_tasks(&self) -> StoreResult<Vec<SchedulingTaskRecord>> {
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {TASK_COLS}, a.started_at AS run_started_at, a.charged_until AS run_charged_until,
+                            a.gpu_seconds AS run_gpu_seconds
+                     FROM tasks t LEFT JOIN attempts a ON a.task_id = t.id AND a.number = t.attempts AND a.ended_at IS NULL
+                     WHERE t.state IN {ACTIVE} ORDER BY t.created_at, t.id"
+                ))
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn task_events(&self, id: &str) -> StoreResult<Vec<EventRecord>> {
+                Ok(sqlx::query_as("SELECT at, kind, message FROM task_events WHERE task_id = $1 ORDER BY id")
+                    .bind(id)
+                    .fetch_all(&self.pool)
+                    .await?)
+            }
+
+            async fn task_attempts(&self, id: &str) -> StoreResult<Vec<AttemptRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT task_id, number, node, placement, gpus, started_at, ended_at, exit_code, reason, batch_size, gpu_seconds
+                     FROM attempts WHERE task_id = $1 ORDER BY number",
+                )
+                .bind(id)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn append_logs(&self, id: &str, attempt: i64, lines: &[(i64, String, String)]) -> StoreResult<()> {
+                if lines.is_empty() {
+                    return Ok(());
+                }
+                let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_logs (task_id, attempt, at, stream, line) ");
+                q.push_values(lines, |mut b, (at, stream, line)| {
+                    b.push_bind(id).push_bind(attempt).push_bind(*at).push_bind(stream).push_bind(line);
+                });
+                q.build().execute(&self.pool).await?;
+                Ok(())
+            }
+
+            async fn task_logs(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT id, at, stream, line FROM task_logs WHERE task_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+                )
+                .bind(id)
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn add_metrics(&self, id: &str, samples: &[(i64, String)]) -> StoreResult<()> {
+                if samples.is_empty() {
+                    return Ok(());
+                }
+                let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_metrics (task_id, at, sample) ");
+                q.push_values(samples, |mut b, (at, sample)| {
+                    b.push_bind(id).push_bind(*at).push_bind(sample);
+                });
+                q.build().execute(&self.pool).await?;
+                Ok(())
+            }
+
+            async fn task_metrics(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<MetricRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT at, sample FROM (SELECT id, at, sample FROM task_metrics WHERE task_id = $1 AND at > $2
+                     ORDER BY at DESC, id DESC LIMIT $3) AS recent ORDER BY at, id",
+                )
+                .bind(id)
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn set_stop_reason(&self, fence: Option<Term>, id: &str, reason: &str) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                if let Some(term) = fence {
+                    fence!(&mut *tx, term);
+                }
+                let r = sqlx::query(
+                    "UPDATE tasks SET stop_reason = $1 WHERE id = $2 AND state IN ('scheduled', 'running') AND stop_reason IS NULL",
+                )
+                .bind(reason)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn set_waiting(&self, term: Term, changes: &[(String, Option<String>)]) -> StoreResult<()> {
+                if changes.is_empty() {
+                    return Ok(());
+                }
+                let mut tx = self.pool.begin().await?;
+                fence!(&mut *tx, term);
+                for (id, waiting) in changes {
+                    sqlx::query("UPDATE tasks SET waiting = $1 WHERE id = $2 AND state = 'pending'")
+                        .bind(waiting)
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn add_event(&self, task_id: &str, kind: &str, message: &str, now: i64) -> StoreResult<()> {
+                insert_event!(&self.pool, task_id, now, kind, message);
+                Ok(())
+            }
+        }
+    };
+}
+
+impl_tasks!(SqliteStore, sqlx::Sqlite);
+impl_tasks!(PostgresStore, sqlx::Postgres);

@@ -1,0 +1,208 @@
+//! The SQL of [`Usage`], for both backends.
+
+use super::*;
+
+const SAMPLE_COLS: &str =
+    "node_id, gpu_index, at, util, mem_used, mem_total, temperature, power_w, task_id";
+
+macro_rules! impl_usage {
+    ($store:ty, $db:ty) => {
+        #[async_trait]
+        impl Usage for $store {
+            async fn unsettled_runs(&self) -> StoreResult<Vec<UnsettledRunRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT a.task_id, a.number, t.user_id, t.tenant_id, t.spec, a.placement, a.started_at, a.ended_at,
+                            a.charged_until, a.gpu_seconds
+                     FROM attempts a JOIN tasks t ON t.id = a.task_id
+                     WHERE a.settled = FALSE AND a.ended_at IS NOT NULL",
+                )
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn task_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<(String, f64)>> {
+                Ok(sqlx::query_as(
+                    "SELECT task_id, AVG(util) FROM gpu_samples
+                     WHERE at > $1 AND at <= $2 AND task_id IS NOT NULL GROUP BY task_id",
+                )
+                .bind(from)
+                .bind(to)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn save_charges(&self, charges: &[RunChargeRecord], usage: &[UsageRecord]) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                for c in charges {
+                    // Only as the scheduler read it: charged up to `from`, and (while it is
+                    // charged as running) not ended since.
+                    let r = sqlx::query(
+                        "UPDATE attempts SET charged_until = $1, gpu_seconds = $2, settled = $3
+                         WHERE task_id = $4 AND number = $5 AND COALESCE(charged_until, started_at) = $6
+                           AND settled = FALSE AND (($3 AND ended_at IS NOT NULL) OR (NOT $3 AND ended_at IS NULL))",
+                    )
+                    .bind(c.charged_until)
+                    .bind(c.gpu_seconds)
+                    .bind(c.settles)
+                    .bind(&c.task_id)
+                    .bind(c.number)
+                    .bind(c.from)
+                    .execute(&mut *tx)
+                    .await?;
+                    if r.rows_affected() != 1 {
+                        tx.rollback().await?;
+                        return Ok(false);
+                    }
+                    if c.settles {
+                        sqlx::query("UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + $1 WHERE id = $2")
+                            .bind(c.added)
+                            .bind(&c.task_id)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                }
+                for r in usage {
+                    sqlx::query(
+                        "INSERT INTO usage (scope, subject_id, decayed_gpu_seconds, updated_at, window_alloc_gpu_seconds,
+                            window_busy_gpu_seconds, month, month_gpu_seconds)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                         ON CONFLICT (scope, subject_id) DO UPDATE SET decayed_gpu_seconds = excluded.decayed_gpu_seconds,
+                            updated_at = excluded.updated_at, window_alloc_gpu_seconds = excluded.window_alloc_gpu_seconds,
+                            window_busy_gpu_seconds = excluded.window_busy_gpu_seconds, month = excluded.month,
+                            month_gpu_seconds = excluded.month_gpu_seconds",
+                    )
+                    .bind(&r.scope)
+                    .bind(&r.subject_id)
+                    .bind(r.decayed_gpu_seconds)
+                    .bind(r.updated_at)
+                    .bind(r.window_alloc_gpu_seconds)
+                    .bind(r.window_busy_gpu_seconds)
+                    .bind(&r.month)
+                    .bind(r.month_gpu_seconds)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(true)
+            }
+
+            async fn load_usage(&self) -> StoreResult<Vec<UsageRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT scope, subject_id, decayed_gpu_seconds, updated_at, window_alloc_gpu_seconds,
+                            window_busy_gpu_seconds, month, month_gpu_seconds FROM usage",
+                )
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn insert_gpu_samples(&self, samples: &[GpuSampleRecord]) -> StoreResult<()> {
+                let mut tx = self.pool.begin().await?;
+                // Parameters per statement are bounded (SQLite allows 32766): chunk the batch.
+                for chunk in samples.chunks(3000) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new(format!("INSERT INTO gpu_samples ({SAMPLE_COLS}) "));
+                    q.push_values(chunk, |mut b, s| {
+                        b.push_bind(&s.node_id)
+                            .push_bind(s.gpu_index)
+                            .push_bind(s.at)
+                            .push_bind(s.util)
+                            .push_bind(s.mem_used)
+                            .push_bind(s.mem_total)
+                            .push_bind(s.temperature)
+                            .push_bind(s.power_w)
+                            .push_bind(&s.task_id);
+                    });
+                    q.build().execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn task_gpu_samples(&self, task_id: &str, after: i64, limit: i64) -> StoreResult<Vec<GpuSampleRecord>> {
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {SAMPLE_COLS} FROM (SELECT {SAMPLE_COLS} FROM gpu_samples WHERE task_id = $1 AND at > $2
+                     ORDER BY at DESC LIMIT $3) AS recent ORDER BY at, gpu_index"
+                ))
+                .bind(task_id)
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn usage_attempts(&self, from: i64, to: i64) -> StoreResult<Vec<UsageAttemptRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT t.tenant_id, n.name AS tenant_name, t.user_id, u.email AS user_email,
+                            a.gpus, a.started_at, a.ended_at
+                     FROM attempts a
+                     JOIN tasks t ON t.id = a.task_id
+                     JOIN users u ON u.id = t.user_id
+                     JOIN tenants n ON n.id = t.tenant_id
+                     WHERE a.started_at < $2 AND (a.ended_at IS NULL OR a.ended_at > $1)
+                     ORDER BY n.name, u.email",
+                )
+                .bind(from)
+                .bind(to)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn usage_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<UsageUtilRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT user_id, SUM(s * u) / CAST(SUM(s) AS DOUBLE PRECISION) AS avg_util, CAST(SUM(s) AS BIGINT) AS samples
+                     FROM (
+                        SELECT t.user_id, g.util AS u, CAST(1 AS BIGINT) AS s
+                        FROM gpu_samples g JOIN tasks t ON t.id = g.task_id
+                        WHERE g.at >= $1 AND g.at < $2
+                        UNION ALL
+                        SELECT t.user_id, r.avg_util AS u, r.samples AS s
+                        FROM task_util_rollups r JOIN tasks t ON t.id = r.task_id
+                        WHERE r.hour >= $1 AND r.hour < $2
+                     ) x
+                     GROUP BY user_id",
+                )
+                .bind(from)
+                .bind(to)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn compact_gpu_samples(&self, before: i64, rollups_before: i64) -> StoreResult<u64> {
+                let mut tx = self.pool.begin().await?;
+                sqlx::query(
+                    "INSERT INTO gpu_rollups (node_id, gpu_index, hour, samples, avg_util, max_mem)
+                     SELECT node_id, gpu_index, (at / 3600000) * 3600000, COUNT(*), AVG(util), MAX(mem_used)
+                     FROM gpu_samples WHERE at < $1 GROUP BY node_id, gpu_index, (at / 3600000) * 3600000
+                     ON CONFLICT (node_id, gpu_index, hour) DO UPDATE SET
+                        avg_util = (gpu_rollups.avg_util * gpu_rollups.samples + excluded.avg_util * excluded.samples)
+                                   / (gpu_rollups.samples + excluded.samples),
+                        samples = gpu_rollups.samples + excluded.samples,
+                        max_mem = CASE WHEN excluded.max_mem > gpu_rollups.max_mem THEN excluded.max_mem ELSE gpu_rollups.max_mem END",
+                )
+                .bind(before)
+                .execute(&mut *tx)
+                .await?;
+                // Per task too: usage reports of past months need each user's utilization.
+                sqlx::query(
+                    "INSERT INTO task_util_rollups (task_id, hour, samples, avg_util)
+                     SELECT task_id, (at / 3600000) * 3600000, COUNT(*), AVG(util)
+                     FROM gpu_samples WHERE at < $1 AND task_id IS NOT NULL GROUP BY task_id, (at / 3600000) * 3600000
+                     ON CONFLICT (task_id, hour) DO UPDATE SET
+                        avg_util = (task_util_rollups.avg_util * task_util_rollups.samples + excluded.avg_util * excluded.samples)
+                                   / (task_util_rollups.samples + excluded.samples),
+                        samples = task_util_rollups.samples + excluded.samples",
+                )
+                .bind(before)
+                .execute(&mut *tx)
+                .await?;
+                let r = sqlx::query("DELETE FROM gpu_samples WHERE at < $1").bind(before).execute(&mut *tx).await?;
+                sqlx::query("DELETE FROM gpu_rollups WHERE hour < $1").bind(rollups_before).execute(&mut *tx).await?;
+                sqlx::query("DELETE FROM task_util_rollups WHERE hour < $1").bind(rollups_before).execute(&mut *tx).await?;
+                tx.commit().await?;
+                Ok(r.rows_affected())
+            }
+        }
+    };
+}
+
+impl_usage!(SqliteStore, sqlx::Sqlite);
+impl_usage!(PostgresStore, sqlx::Postgres);

@@ -1,0 +1,89 @@
+//! Tasks through their life: submission, placement (fenced by the leader's term), runs
+//! (attempts), stops, requeues, and what they leave behind: events, logs and metrics.
+
+use async_trait::async_trait;
+
+use super::*;
+
+#[async_trait]
+pub trait Tasks: Send + Sync {
+    async fn create_task(
+        &self,
+        task: &TaskRecord,
+        labels: &[(String, String)],
+    ) -> StoreResult<TaskCreated>;
+    /// A task of `tenant_id` (any tenant when `None`).
+    async fn task(&self, tenant_id: Option<&str>, id: &str) -> StoreResult<Option<TaskWithUser>>;
+    async fn list_tasks(&self, filter: &TaskFilter) -> StoreResult<Vec<TaskWithUser>>;
+    /// Pending tasks of a user, and of their tenant.
+    async fn count_pending(&self, user_id: &str, tenant_id: &str) -> StoreResult<(i64, i64)>;
+    /// Tasks that are pending, scheduled or running: what the scheduler looks at.
+    async fn active_tasks(&self) -> StoreResult<Vec<TaskRecord>>;
+    async fn cancel_task(&self, tenant_id: &str, id: &str, now: i64) -> StoreResult<CancelOutcome>;
+    /// Moves a pending task to scheduled and opens its next attempt; `false` if it was no
+    /// longer pending (so a task is never placed twice).
+    async fn place_task(
+        &self,
+        term: Term,
+        id: &str,
+        placement: &str,
+        node: &str,
+        gpus: i64,
+        now: i64,
+    ) -> StoreResult<bool>;
+    /// Puts a scheduled or running task back to pending, closing its attempt with `reason`.
+    async fn requeue_task(
+        &self,
+        fence: Option<Term>,
+        id: &str,
+        reason: &str,
+        message: &str,
+        now: i64,
+    ) -> StoreResult<bool>;
+    async fn mark_running(&self, id: &str, attempt: i64, now: i64) -> StoreResult<bool>;
+    async fn finish_attempt(
+        &self,
+        id: &str,
+        attempt: i64,
+        end: &AttemptEnd,
+        now: i64,
+    ) -> StoreResult<bool>;
+    /// Active tasks with their current run, for the scheduler.
+    async fn scheduling_tasks(&self) -> StoreResult<Vec<SchedulingTaskRecord>>;
+    async fn task_events(&self, id: &str) -> StoreResult<Vec<EventRecord>>;
+    async fn task_attempts(&self, id: &str) -> StoreResult<Vec<AttemptRecord>>;
+    async fn append_logs(
+        &self,
+        id: &str,
+        attempt: i64,
+        lines: &[(i64, String, String)],
+    ) -> StoreResult<()>;
+    async fn task_logs(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>>;
+    async fn add_metrics(&self, id: &str, samples: &[(i64, String)]) -> StoreResult<()>;
+    async fn task_metrics(
+        &self,
+        id: &str,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<MetricRecord>>;
+    /// Marks a placed task to be stopped by its agent; `false` if it is not placed.
+    async fn set_stop_reason(
+        &self,
+        fence: Option<Term>,
+        id: &str,
+        reason: &str,
+    ) -> StoreResult<bool>;
+    /// Replaces the explanations of these tasks (`None`: no longer waiting).
+    async fn set_waiting(
+        &self,
+        term: Term,
+        changes: &[(String, Option<String>)],
+    ) -> StoreResult<()>;
+    async fn add_event(
+        &self,
+        task_id: &str,
+        kind: &str,
+        message: &str,
+        now: i64,
+    ) -> StoreResult<()>;
+}

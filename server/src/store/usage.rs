@@ -1,0 +1,37 @@
+//! What tasks cost and how busy they kept their GPUs: the usage ledger and each run's charges,
+//! raw GPU samples and their rollups, and the figures of usage reports.
+
+use async_trait::async_trait;
+
+use super::*;
+
+#[async_trait]
+pub trait Usage: Send + Sync {
+    /// Runs that ended before they were charged up to their end.
+    async fn unsettled_runs(&self) -> StoreResult<Vec<UnsettledRunRecord>>;
+    /// Mean measured GPU utilisation (0..1) per task over samples in `(from, to]`.
+    async fn task_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<(String, f64)>>;
+    /// Keeps one cycle's charges and the usage rows they changed, all or nothing: `false`
+    /// (and nothing kept) when a run was charged or ended by someone else meanwhile.
+    async fn save_charges(
+        &self,
+        charges: &[RunChargeRecord],
+        usage: &[UsageRecord],
+    ) -> StoreResult<bool>;
+    async fn load_usage(&self) -> StoreResult<Vec<UsageRecord>>;
+    async fn insert_gpu_samples(&self, samples: &[GpuSampleRecord]) -> StoreResult<()>;
+    async fn task_gpu_samples(
+        &self,
+        task_id: &str,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<GpuSampleRecord>>;
+    /// Attempts that ran at some time in `[from, to)`, with their task's tenant and user
+    /// (usage reports).
+    async fn usage_attempts(&self, from: i64, to: i64) -> StoreResult<Vec<UsageAttemptRecord>>;
+    /// Mean GPU utilization (0..1) per user over the raw samples of their tasks in `[from, to)`.
+    async fn usage_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<UsageUtilRecord>>;
+    /// Folds raw samples older than `before` into hourly rollups and deletes them; drops
+    /// rollups older than `rollups_before`.
+    async fn compact_gpu_samples(&self, before: i64, rollups_before: i64) -> StoreResult<u64>;
+}
