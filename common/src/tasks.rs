@@ -208,11 +208,30 @@ impl TaskState {
         TaskState::ALL.into_iter().find(|t| t.as_str() == s)
     }
 
+    /// Pending, scheduled or running: the scheduler still acts on it.
+    pub fn is_active(self) -> bool {
+        !self.is_finished()
+    }
+
+    /// Scheduled or running: it holds a placement.
+    pub fn is_placed(self) -> bool {
+        matches!(self, TaskState::Scheduled | TaskState::Running)
+    }
+
     pub fn is_finished(self) -> bool {
         matches!(
             self,
             TaskState::Completed | TaskState::Failed | TaskState::Cancelled
         )
+    }
+}
+
+/// As a database column holds it.
+impl TryFrom<String> for TaskState {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        TaskState::parse(&s).ok_or_else(|| format!("unknown task state {s:?}"))
     }
 }
 

@@ -17,6 +17,7 @@ use autodl_agent::artifacts::{upload_folder, UploadRequest};
 use autodl_agent::backoff::Backoff;
 use autodl_agent::client::ServerClient;
 use autodl_agent::CancellationToken;
+use autodl_common::tasks::TaskState;
 use serde_json::{json, Value};
 
 mod support;
@@ -195,10 +196,10 @@ while true; do sleep 0.1; done
                 .ok_or_else(|| anyhow::anyhow!("gone"))?;
             let saved = !state
                 .store
-                .task_artifacts(&id, "checkpoint")
+                .task_artifacts(&id, autodl_server::domain::ArtifactKind::Checkpoint)
                 .await?
                 .is_empty();
-            if t.task.state == "running" && saved {
+            if t.task.state == TaskState::Running && saved {
                 break autodl_server::tasks::placement_of(&t.task)
                     .and_then(|p| p.first().map(|w| w.node.clone()))
                     .unwrap_or_default();

@@ -53,7 +53,7 @@ async fn main() -> anyhow::Result<()> {
                 .task(None, &id)
                 .await?
                 .ok_or_else(|| anyhow::anyhow!("task vanished"))?;
-            if rec.task.state == "completed" || rec.task.state == "failed" {
+            if rec.task.state.is_finished() {
                 break rec;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

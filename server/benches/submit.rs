@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use autodl_common::tasks::TaskState;
 use serde_json::{json, Value};
 
 mod support;
@@ -82,7 +83,7 @@ async fn main() -> anyhow::Result<()> {
         let active = state.store.active_tasks().await?;
         let unexplained = active
             .iter()
-            .filter(|t| t.state == "pending" && t.waiting.is_none())
+            .filter(|t| t.state == TaskState::Pending && t.waiting.is_none())
             .count();
         if unexplained == 0 || considered_by.elapsed() > Duration::from_secs(60) {
             println!(

@@ -157,6 +157,65 @@ impl ArtifactKind {
     }
 }
 
+impl std::fmt::Display for ArtifactKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// As a database column holds it.
+impl TryFrom<String> for ArtifactKind {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        ArtifactKind::parse(&s).map_err(|_| format!("unknown artifact kind {s:?}"))
+    }
+}
+
+/// Where an artifact is in its life: its files arrive while uploading; a commit makes it
+/// complete (visible, restorable); retention or an abandoned upload has it deleting, then
+/// deleted once its objects are gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArtifactState {
+    Uploading,
+    Complete,
+    Deleting,
+    Deleted,
+}
+
+impl ArtifactState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ArtifactState::Uploading => "uploading",
+            ArtifactState::Complete => "complete",
+            ArtifactState::Deleting => "deleting",
+            ArtifactState::Deleted => "deleted",
+        }
+    }
+}
+
+impl std::fmt::Display for ArtifactState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl TryFrom<String> for ArtifactState {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        [
+            ArtifactState::Uploading,
+            ArtifactState::Complete,
+            ArtifactState::Deleting,
+            ArtifactState::Deleted,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
+        .ok_or_else(|| format!("unknown artifact state {s:?}"))
+    }
+}
+
 /// A node id, as agents and administrators name nodes: it appears in URLs, logs and task
 /// placements, so only 1..=128 letters, digits, '-', '_' or '.'.
 pub fn parse_node_id(field: &'static str, raw: &str) -> Result<String, ApiError> {
@@ -196,36 +255,7 @@ pub fn parse_quota(q: &Quota) -> Result<QuotaRecord, ApiError> {
             "max_queued_tasks is unreasonably large",
         ));
     }
-    let types = match &q.allowed_gpu_types {
-        None => None,
-        Some(list) => {
-            if list.len() > 64 {
-                return Err(ApiError::invalid(
-                    "allowed_gpu_types",
-                    "at most 64 GPU types",
-                ));
-            }
-            let mut clean = Vec::with_capacity(list.len());
-            for t in list {
-                let t = t.trim();
-                if t.is_empty()
-                    || t.len() > 64
-                    || !t
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "-_. ".contains(c))
-                {
-                    return Err(ApiError::invalid(
-                        "allowed_gpu_types",
-                        format!("{t:?} is not a GPU type name"),
-                    ));
-                }
-                if !clean.iter().any(|c: &String| c.eq_ignore_ascii_case(t)) {
-                    clean.push(t.to_owned());
-                }
-            }
-            Some(serde_json::to_string(&clean).map_err(anyhow::Error::from)?)
-        }
-    };
+    let allowed_gpu_types = AllowedGpuTypes::parse(q.allowed_gpu_types.as_deref())?;
     let max_storage_bytes = match q.max_storage_bytes {
         Some(b) => Some(i64::try_from(b).map_err(|_| {
             ApiError::invalid(
@@ -248,7 +278,7 @@ pub fn parse_quota(q: &Quota) -> Result<QuotaRecord, ApiError> {
         max_gpus: q.max_gpus.map(i64::from),
         gpu_hours_per_month: q.gpu_hours_per_month,
         max_queued_tasks: q.max_queued_tasks.map(i64::from),
-        allowed_gpu_types: types,
+        allowed_gpu_types,
         max_storage_bytes,
     })
 }
@@ -258,21 +288,106 @@ pub fn quota_to_api(r: &QuotaRecord) -> Quota {
         max_gpus: r.max_gpus.map(|n| n as u32),
         gpu_hours_per_month: r.gpu_hours_per_month,
         max_queued_tasks: r.max_queued_tasks.map(|n| n as u32),
-        allowed_gpu_types: r
-            .allowed_gpu_types
-            .as_deref()
-            .and_then(|s| serde_json::from_str(s).ok()),
+        allowed_gpu_types: r.allowed_gpu_types.list().map(<[String]>::to_vec),
         max_storage_bytes: r.max_storage_bytes.map(|b| b.max(0) as u64),
         share: r.share,
     }
 }
 
-/// A GPU type is covered by an allowed entry when equal to it or of its family
-/// ("A100" covers "A100-40G"), by the same rule the scheduler matches requests with.
-pub fn gpu_type_covered(allowed: &[String], t: &str) -> bool {
-    allowed
-        .iter()
-        .any(|a| autodl_scheduler::gpu_type_matches(a, t))
+/// Which GPU types a quota allows: every type (no list), or those of the listed families.
+/// Parsed once, from the API or from the database column, and asked through the rules below,
+/// which use the scheduler's own family match ("A100" covers "A100-40G").
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AllowedGpuTypes(Option<Vec<String>>);
+
+impl AllowedGpuTypes {
+    /// Names are trimmed, kept once (ignoring case), and must look like GPU type names.
+    pub fn parse(list: Option<&[String]>) -> Result<Self, ApiError> {
+        let Some(list) = list else {
+            return Ok(AllowedGpuTypes(None));
+        };
+        if list.len() > 64 {
+            return Err(ApiError::invalid(
+                "allowed_gpu_types",
+                "at most 64 GPU types",
+            ));
+        }
+        let mut clean: Vec<String> = Vec::with_capacity(list.len());
+        for t in list {
+            let t = t.trim();
+            if t.is_empty()
+                || t.len() > 64
+                || !t
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_. ".contains(c))
+            {
+                return Err(ApiError::invalid(
+                    "allowed_gpu_types",
+                    format!("{t:?} is not a GPU type name"),
+                ));
+            }
+            if !clean.iter().any(|c| c.eq_ignore_ascii_case(t)) {
+                clean.push(t.to_owned());
+            }
+        }
+        Ok(AllowedGpuTypes(Some(clean)))
+    }
+
+    /// The list; `None` when every type is allowed.
+    pub fn list(&self) -> Option<&[String]> {
+        self.0.as_deref()
+    }
+
+    /// A GPU of type `t` (or every type of the family `t`) is allowed.
+    pub fn covers(&self, t: &str) -> bool {
+        self.list()
+            .is_none_or(|l| l.iter().any(|a| autodl_scheduler::gpu_type_matches(a, t)))
+    }
+
+    /// A task asking for `requested` (a type, or a family) may run on some allowed type: the
+    /// request names an allowed family or a type of one ("A100" allows "A100-40G"), or a
+    /// family an allowed type is of (asking for "A100" with only "A100-40G" allowed: the
+    /// scheduler then places it on the allowed variant only).
+    pub fn admits_request(&self, requested: &str) -> bool {
+        self.list().is_none_or(|l| {
+            l.iter().any(|a| {
+                autodl_scheduler::gpu_type_matches(a, requested)
+                    || autodl_scheduler::gpu_type_matches(requested, a)
+            })
+        })
+    }
+
+    /// Every type listed here is allowed by `wider`; otherwise the first that is not. No list
+    /// here narrows nothing: the wider list still applies.
+    pub fn within<'a>(&'a self, wider: &Self) -> Result<(), &'a str> {
+        match self.list() {
+            None => Ok(()),
+            Some(l) => match l.iter().find(|t| !wider.covers(t)) {
+                Some(bad) => Err(bad),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// As the database column holds it: a JSON array, or NULL for every type.
+    pub fn to_column(&self) -> Option<String> {
+        self.0
+            .as_ref()
+            .map(|l| serde_json::to_string(l).unwrap_or_else(|_| "[]".into()))
+    }
+}
+
+impl TryFrom<Option<String>> for AllowedGpuTypes {
+    type Error = String;
+
+    fn try_from(column: Option<String>) -> Result<Self, Self::Error> {
+        match column {
+            None => Ok(AllowedGpuTypes(None)),
+            Some(s) => serde_json::from_str(&s)
+                .map(|l| AllowedGpuTypes(Some(l)))
+                .map_err(|e| format!("allowed GPU types {s:?}: {e}")),
+        }
+    }
 }
 
 /// A user's quota may only narrow the tenant's: every cap the tenant sets bounds the user's.
@@ -302,24 +417,11 @@ pub fn check_within(user: &QuotaRecord, tenant: &QuotaRecord) -> Result<(), ApiE
             message: "max_queued_tasks exceeds the organization's cap".into(),
         });
     }
-    let list = |s: &Option<String>| -> Option<Vec<String>> {
-        s.as_deref().and_then(|s| serde_json::from_str(s).ok())
-    };
-    if let Some(tenant_types) = list(&tenant.allowed_gpu_types) {
-        match list(&user.allowed_gpu_types) {
-            None => {}
-            Some(user_types) => {
-                if let Some(bad) = user_types
-                    .iter()
-                    .find(|t| !gpu_type_covered(&tenant_types, t))
-                {
-                    return Err(ApiError::Refused {
-                        field: "allowed_gpu_types",
-                        message: format!("GPU type {bad:?} is not allowed for the organization"),
-                    });
-                }
-            }
-        }
+    if let Err(bad) = user.allowed_gpu_types.within(&tenant.allowed_gpu_types) {
+        return Err(ApiError::Refused {
+            field: "allowed_gpu_types",
+            message: format!("GPU type {bad:?} is not allowed for the organization"),
+        });
     }
     Ok(())
 }
@@ -421,5 +523,24 @@ mod tests {
         })
         .unwrap();
         assert!(check_within(&wrong_type, &tenant).is_err());
+    }
+
+    #[test]
+    fn allowed_gpu_types_one_rule() {
+        let a100 = AllowedGpuTypes::parse(Some(&["A100".into(), " a100 ".into()])).unwrap();
+        assert_eq!(a100.list(), Some(&["A100".to_owned()][..]));
+        assert!(a100.covers("A100-40G") && !a100.covers("A40"));
+        let variant = AllowedGpuTypes::parse(Some(&["A100-40G".into()])).unwrap();
+        assert!(variant.admits_request("A100") && !variant.covers("A100"));
+        assert!(!variant.admits_request("H100"));
+        assert_eq!(variant.within(&a100), Ok(()));
+        assert_eq!(a100.within(&variant), Err("A100"));
+        let all = AllowedGpuTypes::default();
+        assert!(all.covers("anything") && all.within(&a100).is_ok());
+        for t in [all, a100, variant] {
+            assert_eq!(AllowedGpuTypes::try_from(t.to_column()), Ok(t));
+        }
+        assert!(AllowedGpuTypes::try_from(Some("not json".to_owned())).is_err());
+        assert!(AllowedGpuTypes::parse(Some(&["A100;".into()])).is_err());
     }
 }

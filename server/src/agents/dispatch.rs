@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use autodl_common::agent::{Assignment, PollResponse, RunningRef, StopOrder};
-use autodl_common::tasks::TaskSpec;
+use autodl_common::tasks::{TaskSpec, TaskState};
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -34,7 +34,7 @@ pub async fn reconcile(
         .collect();
     let mut lost = 0;
     for t in active {
-        if t.state != "running" {
+        if t.state != TaskState::Running {
             continue;
         }
         let Some(placement) = placement_of(t) else {
@@ -93,7 +93,7 @@ pub async fn work_for(
     };
     let mut expected: HashSet<(String, u32)> = HashSet::new();
     for t in active {
-        if t.state == "pending" {
+        if t.state == TaskState::Pending {
             continue;
         }
         let Some(placement) = placement_of(t) else {
@@ -113,7 +113,7 @@ pub async fn work_for(
                     grace_s,
                     reason: reason.clone(),
                 });
-            } else if t.state == "scheduled" {
+            } else if t.state == TaskState::Scheduled {
                 // Never started: nothing to checkpoint, back to the queue at once.
                 state
                     .store
@@ -129,7 +129,7 @@ pub async fn work_for(
             }
             continue;
         }
-        if t.state == "scheduled" && !runs_here {
+        if t.state == TaskState::Scheduled && !runs_here {
             let spec = spec_of(t)?;
             let mut a = assignment(state, t, &spec, node, &placement)?;
             a.restore =
@@ -141,7 +141,7 @@ pub async fn work_for(
         if !expected.contains(&(r.task_id.clone(), r.attempt)) {
             // Cancelled, or moved elsewhere while this agent was away.
             let reason = match state.store.task(None, &r.task_id).await? {
-                Some(t) if t.task.state == "cancelled" => "cancelled",
+                Some(t) if t.task.state == TaskState::Cancelled => "cancelled",
                 _ => "moved",
             };
             out.stop.push(StopOrder {

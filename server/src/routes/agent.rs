@@ -10,6 +10,7 @@ use autodl_common::agent::{
     MetricBatch, PollRequest, PollResponse, RegisterRequest, RegisterResponse, RegistrationToken,
 };
 use autodl_common::api::ErrorBody;
+use autodl_common::tasks::TaskState;
 use autodl_scheduler::Gpu;
 use serde::Deserialize;
 
@@ -378,7 +379,7 @@ pub(crate) async fn current(
     }
     let here = match placement_of(&t.task) {
         Some(p) => p.iter().any(|w| w.node == node.node.id),
-        None if t.task.state == "cancelled" => {
+        None if t.task.state == TaskState::Cancelled => {
             let attempts = state.store.task_attempts(task_id).await?;
             attempts.iter().any(|a| {
                 a.number == i64::from(attempt)
@@ -405,7 +406,7 @@ pub async fn started(
     body: Json<AttemptRef>,
 ) -> Result<HttpResponse, ApiError> {
     let t = current(&state, &node, &id, body.attempt).await?;
-    if t.task.state == "scheduled" {
+    if t.task.state == TaskState::Scheduled {
         let placed_at = t.task.updated_at;
         state
             .store

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agents::node_caller::NodeCaller;
 use crate::auth::Caller;
-use crate::domain::ArtifactKind;
+use crate::domain::{ArtifactKind, ArtifactState};
 use crate::error::ApiError;
 use crate::json::Json;
 use crate::routes::agent::current;
@@ -203,8 +203,8 @@ pub async fn start_upload(
         task_id: task.id.clone(),
         tenant_id: task.tenant_id.clone(),
         attempt: i64::from(body.attempt),
-        kind: kind.as_str().to_owned(),
-        state: "uploading".into(),
+        kind,
+        state: ArtifactState::Uploading,
         bucket,
         manifest: None,
         files: 0,
@@ -216,7 +216,7 @@ pub async fn start_upload(
     };
     // An upload of the same kind that an earlier try left open (its agent gave up or died)
     // is replaced by this one: its files go now, not at the daily sweep.
-    let superseded = state.store.open_uploads(&task.id, kind.as_str()).await?;
+    let superseded = state.store.open_uploads(&task.id, kind).await?;
     state.store.create_artifact(&rec).await?;
     if !superseded.is_empty() {
         let st = state.clone();
@@ -240,14 +240,14 @@ pub async fn abandon(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let a = artifact(&state, &id).await?;
-    match a.state.as_str() {
-        "uploading" => {
+    match a.state {
+        ArtifactState::Uploading => {
             current(&state, &node, &a.task_id, a.attempt as u32).await?;
             discard_upload(state.store.as_ref(), &state.storage, &a).await;
             Ok(HttpResponse::NoContent().finish())
         }
-        "deleting" | "deleted" => Ok(HttpResponse::NoContent().finish()),
-        other => Err(ApiError::Conflict(format!("upload {} is {other}", a.id))),
+        ArtifactState::Deleting | ArtifactState::Deleted => Ok(HttpResponse::NoContent().finish()),
+        ArtifactState::Complete => Err(ApiError::Conflict(format!("upload {} is complete", a.id))),
     }
 }
 
@@ -275,7 +275,7 @@ async fn check_open(
     node: &NodeCaller,
     a: &ArtifactRecord,
 ) -> Result<(), ApiError> {
-    if a.state != "uploading" {
+    if a.state != ArtifactState::Uploading {
         return Err(ApiError::Conflict(format!(
             "upload {} is {}",
             a.id, a.state
@@ -348,7 +348,7 @@ pub async fn commit(
     let a = artifact(&state, &id).await?;
     let files = body.files;
     // A commit repeated after a lost answer gets the same answer.
-    if a.state == "complete"
+    if a.state == ArtifactState::Complete
         && a.manifest.as_deref() == serde_json::to_string(&files).ok().as_deref()
     {
         return Ok(HttpResponse::Ok().json(Committed {
@@ -428,7 +428,7 @@ pub async fn commit(
         .store
         .add_storage_bytes(&a.tenant_id, size as i64)
         .await?;
-    let keep = if a.kind == "checkpoint" {
+    let keep = if a.kind == ArtifactKind::Checkpoint {
         let task = state.store.task(None, &a.task_id).await?;
         task.and_then(|t| spec_of(&t.task).ok())
             .and_then(|s| s.checkpoint.and_then(|c| c.keep))
@@ -438,8 +438,8 @@ pub async fn commit(
         1
     };
     // Deleting old checkpoints can take a while on S3: after answering.
-    let (st, task_id, kind) = (state.clone(), a.task_id.clone(), a.kind.clone());
-    actix_web::rt::spawn(async move { retire(&st, &task_id, &kind, keep).await });
+    let (st, task_id, kind) = (state.clone(), a.task_id.clone(), a.kind);
+    actix_web::rt::spawn(async move { retire(&st, &task_id, kind, keep).await });
     Ok(HttpResponse::Ok().json(Committed {
         id: a.id,
         files: files.len() as u64,
@@ -449,7 +449,7 @@ pub async fn commit(
 
 /// Deletes all but the newest `keep` complete artifacts of a kind. A failed deletion leaves
 /// the row `deleting` (never restored from); the server's hourly sweep tries it again.
-async fn retire(state: &AppState, task_id: &str, kind: &str, keep: usize) {
+async fn retire(state: &AppState, task_id: &str, kind: ArtifactKind, keep: usize) {
     let all = match state.store.task_artifacts(task_id, kind).await {
         Ok(a) => a,
         Err(e) => {
@@ -460,7 +460,7 @@ async fn retire(state: &AppState, task_id: &str, kind: &str, keep: usize) {
     for old in all.into_iter().skip(keep) {
         if !state
             .store
-            .set_artifact_state(&old.id, "complete", "deleting")
+            .set_artifact_state(&old.id, ArtifactState::Complete, ArtifactState::Deleting)
             .await
             .unwrap_or(false)
         {
@@ -475,7 +475,7 @@ async fn retire(state: &AppState, task_id: &str, kind: &str, keep: usize) {
             Ok(_) => {
                 let _ = state
                     .store
-                    .set_artifact_state(&old.id, "deleting", "deleted")
+                    .set_artifact_state(&old.id, ArtifactState::Deleting, ArtifactState::Deleted)
                     .await;
             }
             Err(e) => {
@@ -530,7 +530,7 @@ pub async fn get_file(
         .store
         .artifact(&id)
         .await?
-        .filter(|a| a.state == "complete" && a.kind == "checkpoint")
+        .filter(|a| a.state == ArtifactState::Complete && a.kind == ArtifactKind::Checkpoint)
         .ok_or_else(|| ApiError::NotFound("no such checkpoint".into()))?;
     placed_here(&state, &node, &a.task_id).await?;
     let (size, body) = state
@@ -615,7 +615,7 @@ pub async fn checkpoints(
     let tenant_prefix = state.storage.tenant_prefix(caller.tenant_id());
     let list: Vec<Checkpoint> = state
         .store
-        .task_artifacts(&t.task.id, "checkpoint")
+        .task_artifacts(&t.task.id, ArtifactKind::Checkpoint)
         .await?
         .into_iter()
         .map(|a| Checkpoint {
@@ -689,7 +689,7 @@ pub async fn results(
     let t = find(&state, &caller, &id).await?;
     let Some(a) = state
         .store
-        .task_artifacts(&t.task.id, "results")
+        .task_artifacts(&t.task.id, ArtifactKind::Results)
         .await?
         .into_iter()
         .next()

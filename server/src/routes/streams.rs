@@ -6,7 +6,7 @@ use std::time::Duration;
 use actix_web::web::Bytes;
 use actix_web::{get, web, HttpResponse};
 use autodl_common::api::ErrorBody;
-use autodl_common::tasks::{MetricSample, TaskState};
+use autodl_common::tasks::MetricSample;
 use serde::Deserialize;
 
 use crate::auth::caller::{LiveCaller, STREAM_REVOKED};
@@ -122,9 +122,7 @@ pub async fn metric_stream(
                     }
                     // Read the state first: what is stored by then is all there will be.
                     let finished = match state.store.task(None, &task_id).await {
-                        Ok(Some(t)) => {
-                            TaskState::parse(&t.task.state).is_none_or(TaskState::is_finished)
-                        }
+                        Ok(Some(t)) => t.task.state.is_finished(),
                         _ => true,
                     };
                     let fetched = async {

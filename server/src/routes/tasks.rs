@@ -11,7 +11,7 @@ use autodl_common::tasks::{
     Attempt, LogLine, LogPage, MetricSample, MetricSeries, Task, TaskEvent, TaskPage,
     TaskSpecInput, TaskState, WorkerPlacement,
 };
-use autodl_scheduler::{admission_check, gpu_type_matches, ClusterView, Quotas};
+use autodl_scheduler::{admission_check, ClusterView, Quotas};
 use serde::Deserialize;
 
 use crate::auth::caller::{LiveCaller, STREAM_REVOKED};
@@ -25,15 +25,6 @@ use crate::store::{CancelOutcome, QuotaScope, TaskCreated, TaskFilter, TaskRecor
 use crate::tasks::{access, spec, to_api, to_request};
 
 const IDEMPOTENCY_HEADER: &str = "idempotency-key";
-
-/// A requested type is permitted when an allowed entry covers it ("A100" allows "A100-40G"),
-/// or when it is a family holding an allowed type (asking for "A100" with only "A100-40G"
-/// allowed: the scheduler then places it on the allowed variant only).
-fn type_permitted(allowed: &[String], requested: &str) -> bool {
-    allowed
-        .iter()
-        .any(|a| gpu_type_matches(a, requested) || gpu_type_matches(requested, a))
-}
 
 /// `checkpoint.save_to` and an `s3://` `data_path` must name a bucket tenants may use, and one
 /// that exists (when object storage answers; an outage does not block submissions).
@@ -153,12 +144,9 @@ pub async fn submit(
 
     // Caps that hold at submission; GPUs at once and GPU-hours keep a task pending instead.
     for (whose, q) in [("your organization's", &tenant_q), ("your", &user_q)] {
-        if let Some(allowed) = q
-            .allowed_gpu_types
-            .as_deref()
-            .and_then(|s| serde_json::from_str::<Vec<String>>(s).ok())
-        {
-            if let Some(bad) = spec.gpu_types.iter().find(|t| !type_permitted(&allowed, t)) {
+        if let Some(allowed) = q.allowed_gpu_types.list() {
+            let permitted = &q.allowed_gpu_types;
+            if let Some(bad) = spec.gpu_types.iter().find(|t| !permitted.admits_request(t)) {
                 return Err(ApiError::Quota(format!(
                     "GPU type {bad} is not allowed by {whose} quota (allowed: {})",
                     allowed.join(", ")
@@ -187,7 +175,7 @@ pub async fn submit(
         tenant_id: caller.tenant_id().to_owned(),
         user_id: caller.user.id.clone(),
         name: spec.name.clone(),
-        state: TaskState::Pending.as_str().to_owned(),
+        state: TaskState::Pending,
         spec: serde_json::to_string(&spec).map_err(anyhow::Error::from)?,
         gpus_total: i64::from(spec.gpus_per_worker) * i64::from(spec.num_workers),
         idempotency_key,
@@ -269,10 +257,14 @@ pub async fn list(
     q: web::Query<ListQuery>,
 ) -> Result<web::Json<TaskPage>, ApiError> {
     let q = q.into_inner();
-    if let Some(s) = &q.state {
-        TaskState::parse(s)
-            .ok_or_else(|| ApiError::invalid("state", format!("unknown state {s:?}")))?;
-    }
+    let in_state = q
+        .state
+        .as_deref()
+        .map(|s| {
+            TaskState::parse(s)
+                .ok_or_else(|| ApiError::invalid("state", format!("unknown state {s:?}")))
+        })
+        .transpose()?;
     let limit = q.limit.unwrap_or(50);
     if !(1..=200).contains(&limit) {
         return Err(ApiError::invalid(
@@ -307,7 +299,7 @@ pub async fn list(
     };
     let filter = TaskFilter {
         tenant_id: caller.tenant_id().to_owned(),
-        state: q.state,
+        state: in_state,
         user_id,
         label,
         before,
@@ -502,9 +494,7 @@ pub async fn log_stream(
                         return Some((Ok(Bytes::from(out)), (next, false, rx, live)));
                     }
                     let finished = match state.store.task(None, &task_id).await {
-                        Ok(Some(t)) => {
-                            TaskState::parse(&t.task.state).is_none_or(TaskState::is_finished)
-                        }
+                        Ok(Some(t)) => t.task.state.is_finished(),
                         _ => true,
                     };
                     if finished {

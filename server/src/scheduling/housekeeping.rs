@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Settings;
+use crate::domain::ArtifactState;
 use crate::storage::Storage;
 use crate::store::{ArtifactRecord, Store};
 
@@ -53,20 +54,20 @@ pub async fn run(
 /// deletion that fails stays `deleting` and the next sweep finishes it. `false` when the upload
 /// was not there to discard (completed, or already gone).
 pub async fn discard_upload(store: &dyn Store, storage: &Storage, a: &ArtifactRecord) -> bool {
-    if a.state == "uploading"
+    if a.state == ArtifactState::Uploading
         && !store
-            .set_artifact_state(&a.id, "uploading", "deleting")
+            .set_artifact_state(&a.id, ArtifactState::Uploading, ArtifactState::Deleting)
             .await
             .unwrap_or(false)
     {
         return false;
     }
-    if a.state != "uploading" && a.state != "deleting" {
+    if !matches!(a.state, ArtifactState::Uploading | ArtifactState::Deleting) {
         return false;
     }
     match crate::storage::delete_prefix(storage.backend.as_ref(), &a.bucket, &a.prefix).await {
         Ok(_) => store
-            .set_artifact_state(&a.id, "deleting", "deleted")
+            .set_artifact_state(&a.id, ArtifactState::Deleting, ArtifactState::Deleted)
             .await
             .unwrap_or(false),
         Err(e) => {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use autodl_common::tasks::{Waiting, WorkerPlacement as ApiPlacement};
+use autodl_common::tasks::{TaskState, Waiting, WorkerPlacement as ApiPlacement};
 use autodl_scheduler::{Decision, PolicyConfig, Scheduler};
 
 use super::handle::SchedulerHandle;
@@ -341,10 +341,10 @@ impl Runner {
             .iter()
             .map(|n| (n.id.clone(), n.credential_hash.is_some()))
             .collect();
-        for st in ["pending", "scheduled", "running"] {
+        for st in [TaskState::Pending, TaskState::Scheduled, TaskState::Running] {
             self.metrics
                 .tasks
-                .with_label_values(&[st])
+                .with_label_values(&[st.as_str()])
                 .set(loaded.tasks.iter().filter(|t| t.task.state == st).count() as i64);
         }
 

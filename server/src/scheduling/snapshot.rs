@@ -37,8 +37,8 @@ pub fn to_quota(q: &QuotaRecord) -> Quota {
         max_gpu_hours_per_month: q.gpu_hours_per_month,
         allowed_gpu_types: q
             .allowed_gpu_types
-            .as_deref()
-            .and_then(|s| serde_json::from_str(s).ok())
+            .list()
+            .map(<[String]>::to_vec)
             .unwrap_or_default(),
         share: q.share,
     }
@@ -229,7 +229,7 @@ fn empty_task() -> crate::store::TaskRecord {
         tenant_id: String::new(),
         user_id: String::new(),
         name: String::new(),
-        state: String::new(),
+        state: autodl_common::tasks::TaskState::Pending,
         spec: String::new(),
         gpus_total: 0,
         idempotency_key: None,

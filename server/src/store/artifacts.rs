@@ -4,6 +4,7 @@
 use async_trait::async_trait;
 
 use super::*;
+use crate::domain::{ArtifactKind, ArtifactState};
 
 #[async_trait]
 pub trait Artifacts: Send + Sync {
@@ -19,11 +20,24 @@ pub trait Artifacts: Send + Sync {
     /// `last_checkpoint_at`.
     async fn complete_artifact(&self, a: &ArtifactRecord, now: i64) -> StoreResult<bool>;
     /// Complete artifacts of a task of one kind, newest first.
-    async fn task_artifacts(&self, task_id: &str, kind: &str) -> StoreResult<Vec<ArtifactRecord>>;
+    async fn task_artifacts(
+        &self,
+        task_id: &str,
+        kind: ArtifactKind,
+    ) -> StoreResult<Vec<ArtifactRecord>>;
     /// Uploads of a task and kind still in progress (not committed), oldest first.
-    async fn open_uploads(&self, task_id: &str, kind: &str) -> StoreResult<Vec<ArtifactRecord>>;
+    async fn open_uploads(
+        &self,
+        task_id: &str,
+        kind: ArtifactKind,
+    ) -> StoreResult<Vec<ArtifactRecord>>;
     /// Moves an artifact from state `from` to `to`; `false` if it was not in `from`.
-    async fn set_artifact_state(&self, id: &str, from: &str, to: &str) -> StoreResult<bool>;
+    async fn set_artifact_state(
+        &self,
+        id: &str,
+        from: ArtifactState,
+        to: ArtifactState,
+    ) -> StoreResult<bool>;
     /// Uploads started before `before` and never completed (their agent went away), and
     /// artifacts whose deletion did not finish.
     async fn stale_uploads(&self, before: i64) -> StoreResult<Vec<ArtifactRecord>>;

@@ -1,4 +1,9 @@
-//! Rows as the store keeps them. Times are Unix milliseconds.
+//! Rows as the store keeps them, with states and kinds as types (parsed when read). Times are
+//! Unix milliseconds.
+
+use autodl_common::tasks::TaskState;
+
+use crate::domain::{AllowedGpuTypes, ArtifactKind, ArtifactState};
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct TenantRecord {
@@ -94,8 +99,8 @@ pub struct QuotaRecord {
     pub max_gpus: Option<i64>,
     pub gpu_hours_per_month: Option<f64>,
     pub max_queued_tasks: Option<i64>,
-    /// JSON array of GPU type names; NULL allows every type.
-    pub allowed_gpu_types: Option<String>,
+    #[sqlx(try_from = "Option<String>")]
+    pub allowed_gpu_types: AllowedGpuTypes,
     /// Bytes of object storage (tenant scope only).
     pub max_storage_bytes: Option<i64>,
     /// Relative share in fair-share (1 when unset).
@@ -137,7 +142,8 @@ pub struct TaskRecord {
     pub tenant_id: String,
     pub user_id: String,
     pub name: String,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: TaskState,
     /// JSON of the normalised `TaskSpec`.
     pub spec: String,
     pub gpus_total: i64,
@@ -211,7 +217,7 @@ pub struct TaskWithUser {
 #[derive(Debug, Clone, Default)]
 pub struct TaskFilter {
     pub tenant_id: String,
-    pub state: Option<String>,
+    pub state: Option<TaskState>,
     pub user_id: Option<String>,
     pub label: Option<(String, String)>,
     /// Keyset cursor: only tasks strictly older than (created_at, id).
@@ -295,8 +301,8 @@ pub struct AttemptEnd {
     pub exit_code: Option<i64>,
     /// "oom", "error", "preempted", "node_lost", "cancelled", or None for success.
     pub reason: Option<String>,
-    /// The task's next state: "completed", "failed" or "pending" (a retry).
-    pub next_state: String,
+    /// Completed, failed, or pending again (a retry).
+    pub next_state: TaskState,
     pub next_batch_size: Option<i64>,
     pub message: String,
 }
@@ -349,10 +355,10 @@ pub struct ArtifactRecord {
     pub task_id: String,
     pub tenant_id: String,
     pub attempt: i64,
-    /// checkpoint or results.
-    pub kind: String,
-    /// uploading, complete or deleted.
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub kind: ArtifactKind,
+    #[sqlx(try_from = "String")]
+    pub state: ArtifactState,
     pub bucket: String,
     /// Key prefix of its files (ends in `/`).
     pub prefix: String,

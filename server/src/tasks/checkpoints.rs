@@ -2,6 +2,7 @@
 
 use autodl_common::agent::{ArtifactFile, RestoreRef};
 
+use crate::domain::ArtifactKind;
 use crate::store::{ArtifactRecord, Store, StoreResult};
 
 /// The files of a complete artifact, from its manifest.
@@ -17,7 +18,9 @@ pub async fn latest_checkpoint(
     store: &dyn Store,
     task_id: &str,
 ) -> StoreResult<Option<RestoreRef>> {
-    let list = store.task_artifacts(task_id, "checkpoint").await?;
+    let list = store
+        .task_artifacts(task_id, ArtifactKind::Checkpoint)
+        .await?;
     Ok(list.into_iter().next().map(|a| RestoreRef {
         files: files_of(&a),
         checkpoint_id: a.id,

@@ -1,7 +1,7 @@
 //! What happens to a task when an attempt ends: the retry policy, and OOM recovery that halves
 //! the batch size. Pure rules, so they are tested without a store.
 
-use autodl_common::tasks::TaskSpec;
+use autodl_common::tasks::{TaskSpec, TaskState};
 
 use crate::store::AttemptEnd;
 
@@ -41,7 +41,7 @@ pub fn after_attempt(
         return AttemptEnd {
             exit_code,
             reason: None,
-            next_state: "completed".into(),
+            next_state: TaskState::Completed,
             next_batch_size: batch_size.map(i64::from),
             message: format!("attempt {attempt} completed{code}"),
         };
@@ -56,7 +56,7 @@ pub fn after_attempt(
         return AttemptEnd {
             exit_code,
             reason: kind.reason().map(str::to_owned),
-            next_state: "failed".into(),
+            next_state: TaskState::Failed,
             next_batch_size: batch_size.map(i64::from),
             message: format!("attempt {attempt} {what}{code}; no retries left"),
         };
@@ -74,7 +74,7 @@ pub fn after_attempt(
     AttemptEnd {
         exit_code,
         reason: kind.reason().map(str::to_owned),
-        next_state: "pending".into(),
+        next_state: TaskState::Pending,
         next_batch_size: next_batch.map(i64::from),
         message: format!("attempt {attempt} {what}{code}{note}"),
     }
@@ -106,7 +106,7 @@ mod tests {
     #[test]
     fn success_completes() {
         let e = after_attempt(&spec(3, true), 1, 0, Some(64), Some(0), ExitKind::Success);
-        assert_eq!(e.next_state, "completed");
+        assert_eq!(e.next_state, TaskState::Completed);
         assert_eq!(e.reason, None);
     }
 
@@ -115,30 +115,30 @@ mod tests {
         let s = spec(2, false);
         assert_eq!(
             after_attempt(&s, 1, 0, None, Some(1), ExitKind::Error).next_state,
-            "pending"
+            TaskState::Pending
         );
         assert_eq!(
             after_attempt(&s, 2, 1, None, Some(1), ExitKind::Error).next_state,
-            "pending"
+            TaskState::Pending
         );
         let last = after_attempt(&s, 3, 2, None, Some(1), ExitKind::Error);
-        assert_eq!(last.next_state, "failed");
+        assert_eq!(last.next_state, TaskState::Failed);
         assert_eq!(last.reason.as_deref(), Some("error"));
         assert_eq!(
             after_attempt(&spec(0, false), 1, 0, None, Some(1), ExitKind::Error).next_state,
-            "failed"
+            TaskState::Failed
         );
         // Runs that were preempted or lost before do not count: attempt 4 is the first failure.
         assert_eq!(
             after_attempt(&spec(1, false), 4, 0, None, Some(1), ExitKind::Error).next_state,
-            "pending"
+            TaskState::Pending
         );
     }
 
     #[test]
     fn oom_recovery_halves_the_batch() {
         let e = after_attempt(&spec(3, true), 1, 0, Some(64), Some(137), ExitKind::Oom);
-        assert_eq!(e.next_state, "pending");
+        assert_eq!(e.next_state, TaskState::Pending);
         assert_eq!(e.next_batch_size, Some(32));
         assert_eq!(e.reason.as_deref(), Some("oom"));
         assert_eq!(

@@ -66,13 +66,7 @@ pub fn to_api(t: TaskWithUser) -> Result<Task, ApiError> {
         .as_deref()
         .and_then(|w| serde_json::from_str(w).ok());
     let spec = spec_of(&t.task)?;
-    let state = TaskState::parse(&t.task.state).ok_or_else(|| {
-        ApiError::Internal(anyhow::anyhow!(
-            "task {} has unknown state {}",
-            t.task.id,
-            t.task.state
-        ))
-    })?;
+    let state = t.task.state;
     let waiting = (state == TaskState::Pending).then(|| {
         waiting.unwrap_or(Waiting {
             reason: None,

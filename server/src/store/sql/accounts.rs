@@ -338,7 +338,7 @@ macro_rules! impl_accounts {
                 .bind(q.max_gpus)
                 .bind(q.gpu_hours_per_month)
                 .bind(q.max_queued_tasks)
-                .bind(&q.allowed_gpu_types)
+                .bind(q.allowed_gpu_types.to_column())
                 .bind(q.max_storage_bytes)
                 .bind(now)
                 .bind(q.share)

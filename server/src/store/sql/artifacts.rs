@@ -1,6 +1,7 @@
 //! The SQL of [`Artifacts`], for both backends.
 
 use super::*;
+use crate::domain::{ArtifactKind, ArtifactState};
 
 const ARTIFACT_COLS: &str = "id, task_id, tenant_id, attempt, kind, state, bucket, prefix, manifest, files, size_bytes, step, epoch, created_at, completed_at";
 
@@ -42,8 +43,8 @@ macro_rules! impl_artifacts {
                 .bind(&a.task_id)
                 .bind(&a.tenant_id)
                 .bind(a.attempt)
-                .bind(&a.kind)
-                .bind(&a.state)
+                .bind(a.kind.as_str())
+                .bind(a.state.as_str())
                 .bind(&a.bucket)
                 .bind(&a.prefix)
                 .bind(&a.manifest)
@@ -86,7 +87,7 @@ macro_rules! impl_artifacts {
                 }
                 let size = bytesize::ByteSize(a.size_bytes.max(0) as u64).display().si().to_string();
                 let step = a.step.map(|s| format!(", step {s}")).unwrap_or_default();
-                let message = if a.kind == "checkpoint" {
+                let message = if a.kind == ArtifactKind::Checkpoint {
                     sqlx::query("UPDATE tasks SET last_checkpoint_at = $1 WHERE id = $2")
                         .bind(now)
                         .bind(&a.task_id)
@@ -96,39 +97,39 @@ macro_rules! impl_artifacts {
                 } else {
                     format!("results saved: {} files, {size}", a.files)
                 };
-                let kind = if a.kind == "checkpoint" { "checkpoint" } else { "results" };
+                let kind = a.kind.as_str();
                 insert_event!(&mut *tx, &a.task_id, now, kind, &message);
                 tx.commit().await?;
                 Ok(true)
             }
 
-            async fn task_artifacts(&self, task_id: &str, kind: &str) -> StoreResult<Vec<ArtifactRecord>> {
+            async fn task_artifacts(&self, task_id: &str, kind: ArtifactKind) -> StoreResult<Vec<ArtifactRecord>> {
                 Ok(sqlx::query_as(&format!(
                     "SELECT {ARTIFACT_COLS} FROM artifacts WHERE task_id = $1 AND kind = $2 AND state = 'complete'
                      ORDER BY completed_at DESC, created_at DESC"
                 ))
                 .bind(task_id)
-                .bind(kind)
+                .bind(kind.as_str())
                 .fetch_all(&self.pool)
                 .await?)
             }
 
-            async fn open_uploads(&self, task_id: &str, kind: &str) -> StoreResult<Vec<ArtifactRecord>> {
+            async fn open_uploads(&self, task_id: &str, kind: ArtifactKind) -> StoreResult<Vec<ArtifactRecord>> {
                 Ok(sqlx::query_as(&format!(
                     "SELECT {ARTIFACT_COLS} FROM artifacts WHERE task_id = $1 AND kind = $2 AND state = 'uploading'
                      ORDER BY created_at, id"
                 ))
                 .bind(task_id)
-                .bind(kind)
+                .bind(kind.as_str())
                 .fetch_all(&self.pool)
                 .await?)
             }
 
-            async fn set_artifact_state(&self, id: &str, from: &str, to: &str) -> StoreResult<bool> {
+            async fn set_artifact_state(&self, id: &str, from: ArtifactState, to: ArtifactState) -> StoreResult<bool> {
                 let r = sqlx::query("UPDATE artifacts SET state = $1 WHERE id = $2 AND state = $3")
-                    .bind(to)
+                    .bind(to.as_str())
                     .bind(id)
-                    .bind(from)
+                    .bind(from.as_str())
                     .execute(&self.pool)
                     .await?;
                 Ok(r.rows_affected() == 1)

@@ -1,6 +1,7 @@
 //! The SQL of [`Tasks`], for both backends.
 
 use super::*;
+use autodl_common::tasks::TaskState;
 
 const TASK_COLS: &str = "t.id, t.tenant_id, t.user_id, t.name, t.state, t.spec, t.gpus_total, t.idempotency_key, \
      t.attempts, t.batch_size, t.placement, t.attained_gpu_seconds, t.last_checkpoint_at, t.created_at, \
@@ -24,7 +25,7 @@ macro_rules! impl_tasks {
                 .bind(&t.tenant_id)
                 .bind(&t.user_id)
                 .bind(&t.name)
-                .bind(&t.state)
+                .bind(t.state.as_str())
                 .bind(&t.spec)
                 .bind(t.gpus_total)
                 .bind(&t.idempotency_key)
@@ -87,7 +88,7 @@ macro_rules! impl_tasks {
                 ));
                 q.push_bind(&f.tenant_id);
                 if let Some(state) = &f.state {
-                    q.push(" AND t.state = ").push_bind(state);
+                    q.push(" AND t.state = ").push_bind(state.as_str());
                 }
                 if let Some(user) = &f.user_id {
                     q.push(" AND t.user_id = ").push_bind(user);
@@ -260,12 +261,12 @@ macro_rules! impl_tasks {
 
             async fn finish_attempt(&self, id: &str, attempt: i64, end: &AttemptEnd, now: i64) -> StoreResult<bool> {
                 let mut tx = self.pool.begin().await?;
-                let finished = if end.next_state == "pending" { None } else { Some(now) };
+                let finished = if end.next_state == TaskState::Pending { None } else { Some(now) };
                 let r = sqlx::query(
                     "UPDATE tasks SET state = $1, placement = NULL, batch_size = $2, updated_at = $3, finished_at = $4, stop_reason = NULL
                      WHERE id = $5 AND attempts = $6 AND state IN ('scheduled', 'running')",
                 )
-                .bind(&end.next_state)
+                .bind(end.next_state.as_str())
                 .bind(end.next_batch_size)
                 .bind(now)
                 .bind(finished)
@@ -293,7 +294,7 @@ macro_rules! impl_tasks {
                     .bind(attempt)
                     .execute(&mut *tx)
                     .await?;
-                let kind = if end.next_state == "pending" { "retrying" } else { end.next_state.as_str() };
+                let kind = if end.next_state == TaskState::Pending { "retrying" } else { end.next_state.as_str() };
                 insert_event!(&mut *tx, id, now, kind, &end.message);
                 tx.commit().await?;
                 Ok(true)
