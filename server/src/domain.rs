@@ -122,6 +122,32 @@ pub fn parse_name(field: &'static str, raw: &str, max: usize) -> Result<String, 
     Ok(s.to_owned())
 }
 
+/// A client's key that makes retrying a submission safe (the `Idempotency-Key` header): 1 to
+/// 128 printable ASCII characters, surrounding blanks ignored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    pub fn parse(raw: &str) -> Result<Self, ApiError> {
+        let k = raw.trim();
+        if k.is_empty() || k.len() > 128 {
+            return Err(ApiError::BadRequest(
+                "Idempotency-Key must be 1 to 128 characters".into(),
+            ));
+        }
+        if !k.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return Err(ApiError::BadRequest(
+                "Idempotency-Key must be printable ASCII".into(),
+            ));
+        }
+        Ok(IdempotencyKey(k.to_owned()))
+    }
+
+    pub fn into_inner(self) -> String {
+        self.0
+    }
+}
+
 /// What an agent saves for a task: a checkpoint to resume from, or the task's results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ArtifactKind {

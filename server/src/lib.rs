@@ -1,6 +1,7 @@
 //! autodl server: REST API, web app host, the scheduler runner and the agents' side of it.
 
 pub mod agents;
+pub mod app;
 pub mod auth;
 pub mod clock;
 pub mod config;

@@ -18,16 +18,17 @@ use crate::agents::dispatch::work_for;
 use crate::agents::node_caller::NodeCaller;
 use crate::agents::skew::ClockSkew;
 use crate::agents::{NODE_CREDENTIAL_PREFIX, REGISTRATION_TOKEN_PREFIX};
+use crate::app::runs::current_run;
 use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::Caller;
 use crate::domain::{parse_name, parse_node_id};
 use crate::error::ApiError;
 use crate::json::Json;
 use crate::state::{rfc3339, AppState};
-use crate::store::{GpuSampleRecord, NodeRecord, RegistrationTokenRecord, TaskWithUser};
+use crate::store::{GpuSampleRecord, NodeRecord, RegistrationTokenRecord};
 use crate::tasks::access::{self, Isolation};
 use crate::tasks::lifecycle::{after_attempt, ExitKind};
-use crate::tasks::{placement_of, spec::parse_time_ms, spec_of};
+use crate::tasks::{spec::parse_time_ms, spec_of};
 
 const MAX_LOG_LINES: usize = 1000;
 const MAX_LINE_BYTES: usize = 16 * 1024;
@@ -356,47 +357,6 @@ pub async fn poll(
     }
 }
 
-/// The task whose latest attempt ran on this node, or 409. A cancelled task has lost its
-/// placement but its last attempt still reports (its last log lines, its exit).
-pub(crate) async fn current(
-    state: &AppState,
-    node: &NodeCaller,
-    task_id: &str,
-    attempt: u32,
-) -> Result<TaskWithUser, ApiError> {
-    let t = state
-        .store
-        .task(None, task_id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound("no such task".into()))?;
-    let stale = || {
-        ApiError::Conflict(format!(
-            "attempt {attempt} of task {task_id} is not current on this node"
-        ))
-    };
-    if t.task.attempts as u32 != attempt {
-        return Err(stale());
-    }
-    let here = match placement_of(&t.task) {
-        Some(p) => p.iter().any(|w| w.node == node.node.id),
-        None if t.task.state == TaskState::Cancelled => {
-            let attempts = state.store.task_attempts(task_id).await?;
-            attempts.iter().any(|a| {
-                a.number == i64::from(attempt)
-                    && serde_json::from_str::<Vec<autodl_common::tasks::WorkerPlacement>>(
-                        &a.placement,
-                    )
-                    .is_ok_and(|p| p.iter().any(|w| w.node == node.node.id))
-            })
-        }
-        None => false,
-    };
-    if !here {
-        return Err(stale());
-    }
-    Ok(t)
-}
-
 #[utoipa::path(params(("id" = String, Path)), request_body = AttemptRef, responses((status = 204), (status = 409, body = ErrorBody)))]
 #[post("/agent/tasks/{id}/started")]
 pub async fn started(
@@ -405,7 +365,7 @@ pub async fn started(
     id: web::Path<String>,
     body: Json<AttemptRef>,
 ) -> Result<HttpResponse, ApiError> {
-    let t = current(&state, &node, &id, body.attempt).await?;
+    let t = current_run(&state, &node.node.id, &id, body.attempt).await?;
     if t.task.state == TaskState::Scheduled {
         let placed_at = t.task.updated_at;
         state
@@ -434,7 +394,7 @@ pub async fn logs(
             format!("at most {MAX_LOG_LINES} lines a call"),
         ));
     }
-    current(&state, &node, &id, body.attempt).await?;
+    current_run(&state, &node.node.id, &id, body.attempt).await?;
     let skew = ClockSkew::of_batch(body.sent_at.as_deref(), state.clock.now_ms());
     let mut lines = Vec::with_capacity(body.lines.len());
     for l in &body.lines {
@@ -473,7 +433,7 @@ pub async fn finished(
         ExitReason::Oom => Some(ExitKind::Oom),
         ExitReason::Stopped => None,
     };
-    let t = current(&state, &node, &id, body.attempt).await?;
+    let t = current_run(&state, &node.node.id, &id, body.attempt).await?;
     let now = state.clock.now_ms();
     match (kind, t.task.stop_reason.as_deref()) {
         // Stopped on the scheduler's request (preempted, drained): back to the queue.

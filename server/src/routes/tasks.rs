@@ -11,61 +11,19 @@ use autodl_common::tasks::{
     Attempt, LogLine, LogPage, MetricSample, MetricSeries, Task, TaskEvent, TaskPage,
     TaskSpecInput, TaskState, WorkerPlacement,
 };
-use autodl_scheduler::{admission_check, ClusterView, Quotas};
 use serde::Deserialize;
 
+use crate::app::submit::Submitted;
 use crate::auth::caller::{LiveCaller, STREAM_REVOKED};
-use crate::auth::secrets::time_ordered_id;
 use crate::auth::Caller;
+use crate::domain::IdempotencyKey;
 use crate::error::ApiError;
 use crate::json::Json;
-use crate::scheduling::to_quota;
 use crate::state::{rfc3339, AppState};
-use crate::store::{CancelOutcome, QuotaScope, TaskCreated, TaskFilter, TaskRecord, TaskWithUser};
-use crate::tasks::{access, spec, to_api, to_request};
+use crate::store::{CancelOutcome, TaskFilter, TaskWithUser};
+use crate::tasks::{spec, to_api};
 
 const IDEMPOTENCY_HEADER: &str = "idempotency-key";
-
-/// `checkpoint.save_to` and an `s3://` `data_path` must name a bucket tenants may use, and one
-/// that exists (when object storage answers; an outage does not block submissions).
-async fn check_storage_urls(
-    state: &AppState,
-    tenant_id: &str,
-    spec: &autodl_common::tasks::TaskSpec,
-) -> Result<(), ApiError> {
-    // An absolute path is where the task sees its checkpoint folder inside its container
-    // (the seed articles' `checkpoint_path: "/checkpoints"`); the platform still stores it.
-    let save_to = spec
-        .checkpoint
-        .as_ref()
-        .and_then(|c| c.save_to.as_deref())
-        .filter(|p| !p.starts_with('/'));
-    let data = spec.data_path.as_deref().filter(|p| p.starts_with("s3://"));
-    for (field, url) in [("checkpoint.save_to", save_to), ("data_path", data)] {
-        let Some(url) = url else { continue };
-        if !url.starts_with("s3://") {
-            return Err(ApiError::invalid(
-                field,
-                format!("{field} is an s3://bucket/path URL or an absolute path in the container"),
-            ));
-        }
-        let (bucket, _) = state
-            .storage
-            .resolve(tenant_id, url)
-            .map_err(|m| ApiError::invalid(field, format!("{field}: {m}")))?;
-        match state.storage.backend.bucket_exists(&bucket).await {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(ApiError::invalid(
-                    field,
-                    format!("{field}: bucket {bucket:?} does not exist"),
-                ))
-            }
-            Err(e) => tracing::warn!(error = %e, bucket, "could not check a bucket at submission"),
-        }
-    }
-    Ok(())
-}
 
 pub(crate) async fn find(
     state: &AppState,
@@ -97,141 +55,21 @@ pub async fn submit(
     req: HttpRequest,
     body: Json<TaskSpecInput>,
 ) -> Result<HttpResponse, ApiError> {
-    let idempotency_key = match req.headers().get(IDEMPOTENCY_HEADER) {
-        None => None,
-        Some(v) => {
-            let k = v
-                .to_str()
-                .map_err(|_| {
-                    ApiError::BadRequest("Idempotency-Key must be printable ASCII".into())
-                })?
-                .trim();
-            if k.is_empty() || k.len() > 128 {
-                return Err(ApiError::BadRequest(
-                    "Idempotency-Key must be 1 to 128 characters".into(),
-                ));
-            }
-            Some(k.to_owned())
-        }
-    };
-    let now = state.clock.now_ms();
-    let spec = spec::normalise(body.into_inner(), now / 1000)?;
-    check_storage_urls(&state, caller.tenant_id(), &spec).await?;
-    let store = state.store.as_ref();
-    let nodes = state.scheduler.nodes(store).await?;
-    if let Some(p) = access::host_data_path(&spec) {
-        if access::root_for(p, &nodes).is_none() {
-            let roots: std::collections::BTreeSet<&str> = nodes
-                .iter()
-                .flat_map(|n| n.features.iter())
-                .filter_map(|f| f.strip_prefix("data-root:"))
-                .collect();
-            return Err(ApiError::invalid(
-                "data_path",
-                format!(
-                    "data_path {p} is not inside a dataset root of any node ({}); use platform storage (s3://...) or a folder an administrator shares",
-                    if roots.is_empty() {
-                        "no node shares one".to_string()
-                    } else {
-                        format!("roots: {}", roots.into_iter().collect::<Vec<_>>().join(", "))
-                    }
-                ),
-            ));
-        }
-    }
-    let tenant_q = store.quota(QuotaScope::Tenant, caller.tenant_id()).await?;
-    let user_q = store.quota(QuotaScope::User, &caller.user.id).await?;
-
-    // Caps that hold at submission; GPUs at once and GPU-hours keep a task pending instead.
-    for (whose, q) in [("your organization's", &tenant_q), ("your", &user_q)] {
-        if let Some(allowed) = q.allowed_gpu_types.list() {
-            let permitted = &q.allowed_gpu_types;
-            if let Some(bad) = spec.gpu_types.iter().find(|t| !permitted.admits_request(t)) {
-                return Err(ApiError::Quota(format!(
-                    "GPU type {bad} is not allowed by {whose} quota (allowed: {})",
-                    allowed.join(", ")
-                )));
-            }
-        }
-    }
-    if tenant_q.max_queued_tasks.is_some() || user_q.max_queued_tasks.is_some() {
-        let (mine, tenant) = store
-            .count_pending(&caller.user.id, caller.tenant_id())
-            .await?;
-        if let Some(cap) = user_q.max_queued_tasks.filter(|cap| mine >= *cap) {
-            return Err(ApiError::Quota(format!(
-                "you already have {mine} queued tasks (your cap is {cap})"
-            )));
-        }
-        if let Some(cap) = tenant_q.max_queued_tasks.filter(|cap| tenant >= *cap) {
-            return Err(ApiError::Quota(format!(
-                "your organization already has {tenant} queued tasks (cap {cap})"
-            )));
-        }
-    }
-
-    let rec = TaskRecord {
-        id: time_ordered_id(),
-        tenant_id: caller.tenant_id().to_owned(),
-        user_id: caller.user.id.clone(),
-        name: spec.name.clone(),
-        state: TaskState::Pending,
-        spec: serde_json::to_string(&spec).map_err(anyhow::Error::from)?,
-        gpus_total: i64::from(spec.gpus_per_worker) * i64::from(spec.num_workers),
-        idempotency_key,
-        attempts: 0,
-        batch_size: spec.batch_size.map(i64::from),
-        placement: None,
-        attained_gpu_seconds: 0.0,
-        last_checkpoint_at: None,
-        created_at: now,
-        updated_at: now,
-        started_at: None,
-        finished_at: None,
-        stop_reason: None,
-        waiting: None,
-    };
-
-    // Admission: refuse what can never fit. With no nodes registered yet nothing is known, so
-    // the task waits for capacity instead.
-    if !nodes.is_empty() {
-        let mut quotas = Quotas::default();
-        quotas
-            .tenants
-            .insert(caller.tenant_id().to_owned(), to_quota(&tenant_q));
-        quotas
-            .users
-            .insert(caller.user.id.clone(), to_quota(&user_q));
-        let view = ClusterView {
-            nodes: &nodes,
-            quotas: &quotas,
-            config: &state.scheduler.config,
-        };
-        let trusted = store
-            .tenant(caller.tenant_id())
-            .await?
-            .is_some_and(|t| t.trusted);
-        let access = access::task_access(trusted, &spec, &nodes);
-        admission_check(&view, &to_request(&rec, &spec, access))
-            .map_err(|e| ApiError::Unschedulable(e.to_string()))?;
-    }
-
-    let labels: Vec<(String, String)> = spec
-        .labels
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    match store.create_task(&rec, &labels).await? {
-        TaskCreated::Created => {
-            state.scheduler.wake();
-            let t = TaskWithUser {
-                task: rec,
-                user_email: caller.user.email.clone(),
-            };
-            Ok(HttpResponse::Created().json(to_api(t)?))
-        }
-        TaskCreated::Existing(t) => Ok(HttpResponse::Ok().json(to_api(*t)?)),
-    }
+    let key = req
+        .headers()
+        .get(IDEMPOTENCY_HEADER)
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| ApiError::BadRequest("Idempotency-Key must be printable ASCII".into()))
+                .and_then(IdempotencyKey::parse)
+        })
+        .transpose()?;
+    Ok(
+        match crate::app::submit::submit(&state, &caller, body.into_inner(), key).await? {
+            Submitted::Created(t) => HttpResponse::Created().json(to_api(t)?),
+            Submitted::Existing(t) => HttpResponse::Ok().json(to_api(t)?),
+        },
+    )
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

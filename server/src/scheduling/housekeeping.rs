@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::app::uploads::discard_upload;
 use crate::config::Settings;
-use crate::domain::ArtifactState;
 use crate::storage::Storage;
-use crate::store::{ArtifactRecord, Store};
+use crate::store::Store;
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -46,33 +46,4 @@ pub async fn run(
         }
     });
     Ok(())
-}
-
-/// Deletes the objects of an upload that will never be completed (its agent gave up, a newer
-/// upload replaced it, or it is a day old), so a failed save does not hold storage. Claimed
-/// first (uploading → deleting), so that a commit arriving meanwhile cannot complete it; a
-/// deletion that fails stays `deleting` and the next sweep finishes it. `false` when the upload
-/// was not there to discard (completed, or already gone).
-pub async fn discard_upload(store: &dyn Store, storage: &Storage, a: &ArtifactRecord) -> bool {
-    if a.state == ArtifactState::Uploading
-        && !store
-            .set_artifact_state(&a.id, ArtifactState::Uploading, ArtifactState::Deleting)
-            .await
-            .unwrap_or(false)
-    {
-        return false;
-    }
-    if !matches!(a.state, ArtifactState::Uploading | ArtifactState::Deleting) {
-        return false;
-    }
-    match crate::storage::delete_prefix(storage.backend.as_ref(), &a.bucket, &a.prefix).await {
-        Ok(_) => store
-            .set_artifact_state(&a.id, ArtifactState::Deleting, ArtifactState::Deleted)
-            .await
-            .unwrap_or(false),
-        Err(e) => {
-            tracing::warn!(error = %e, artifact = a.id, "could not delete an abandoned upload");
-            false
-        }
-    }
 }

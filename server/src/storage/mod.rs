@@ -8,6 +8,7 @@
 
 mod local;
 mod s3;
+pub mod tar;
 pub mod usage;
 
 use std::pin::Pin;

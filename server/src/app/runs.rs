@@ -1,0 +1,69 @@
+//! Which runs a node may speak for: an agent reports on, uploads for and fetches for tasks
+//! placed on its own node only, so a node's credential reaches no other node's tasks.
+
+use autodl_common::tasks::{TaskState, WorkerPlacement};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::store::{TaskRecord, TaskWithUser};
+use crate::tasks::placement_of;
+
+/// The task whose latest attempt ran on `node`, or 409. A cancelled task has lost its
+/// placement but its last attempt still reports (its last log lines, its exit).
+pub async fn current_run(
+    state: &AppState,
+    node: &str,
+    task_id: &str,
+    attempt: u32,
+) -> Result<TaskWithUser, ApiError> {
+    let t = state
+        .store
+        .task(None, task_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("no such task".into()))?;
+    let stale = || {
+        ApiError::Conflict(format!(
+            "attempt {attempt} of task {task_id} is not current on this node"
+        ))
+    };
+    if t.task.attempts as u32 != attempt {
+        return Err(stale());
+    }
+    let here = match placement_of(&t.task) {
+        Some(p) => p.iter().any(|w| w.node == node),
+        None if t.task.state == TaskState::Cancelled => {
+            let attempts = state.store.task_attempts(task_id).await?;
+            attempts.iter().any(|a| {
+                a.number == i64::from(attempt)
+                    && serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement)
+                        .is_ok_and(|p| p.iter().any(|w| w.node == node))
+            })
+        }
+        None => false,
+    };
+    if !here {
+        return Err(stale());
+    }
+    Ok(t)
+}
+
+/// A task placed on `node` (any attempt): restores and data are fetched before it starts.
+pub async fn placed_on(
+    state: &AppState,
+    node: &str,
+    task_id: &str,
+) -> Result<TaskRecord, ApiError> {
+    let t = state
+        .store
+        .task(None, task_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("no such task".into()))?;
+    let here = t.task.state.is_placed()
+        && placement_of(&t.task).is_some_and(|p| p.iter().any(|w| w.node == node));
+    if !here {
+        return Err(ApiError::Conflict(format!(
+            "task {task_id} is not placed on this node"
+        )));
+    }
+    Ok(t.task)
+}

@@ -1,0 +1,232 @@
+//! Submitting a task: the spec is normalised, then checked against what the platform and the
+//! caller's quotas allow, and refused at once if it could never run; an idempotency key makes a
+//! retried submission return the task the first one created.
+
+use std::collections::BTreeSet;
+
+use autodl_common::tasks::{TaskSpec, TaskSpecInput, TaskState};
+use autodl_scheduler::{admission_check, ClusterView, Node, Quotas};
+
+use crate::auth::secrets::time_ordered_id;
+use crate::auth::Caller;
+use crate::domain::IdempotencyKey;
+use crate::error::ApiError;
+use crate::scheduling::to_quota;
+use crate::state::AppState;
+use crate::store::{QuotaRecord, QuotaScope, TaskCreated, TaskRecord, TaskWithUser};
+use crate::tasks::{access, spec, to_request};
+
+/// What a submission did.
+pub enum Submitted {
+    Created(TaskWithUser),
+    /// The idempotency key was used before: the task that first request created.
+    Existing(TaskWithUser),
+}
+
+pub async fn submit(
+    state: &AppState,
+    caller: &Caller,
+    input: TaskSpecInput,
+    key: Option<IdempotencyKey>,
+) -> Result<Submitted, ApiError> {
+    let now = state.clock.now_ms();
+    let spec = spec::normalise(input, now / 1000)?;
+    check_storage_urls(state, caller.tenant_id(), &spec).await?;
+    let store = state.store.as_ref();
+    let nodes = state.scheduler.nodes(store).await?;
+    check_host_data_path(&spec, &nodes)?;
+    let tenant_q = store.quota(QuotaScope::Tenant, caller.tenant_id()).await?;
+    let user_q = store.quota(QuotaScope::User, &caller.user.id).await?;
+    check_gpu_types(&spec, &tenant_q, &user_q)?;
+    check_queue_caps(state, caller, &tenant_q, &user_q).await?;
+
+    let rec = TaskRecord {
+        id: time_ordered_id(),
+        tenant_id: caller.tenant_id().to_owned(),
+        user_id: caller.user.id.clone(),
+        name: spec.name.clone(),
+        state: TaskState::Pending,
+        spec: serde_json::to_string(&spec).map_err(anyhow::Error::from)?,
+        gpus_total: i64::from(spec.gpus_per_worker) * i64::from(spec.num_workers),
+        idempotency_key: key.map(IdempotencyKey::into_inner),
+        attempts: 0,
+        batch_size: spec.batch_size.map(i64::from),
+        placement: None,
+        attained_gpu_seconds: 0.0,
+        last_checkpoint_at: None,
+        created_at: now,
+        updated_at: now,
+        started_at: None,
+        finished_at: None,
+        stop_reason: None,
+        waiting: None,
+    };
+    admit(state, caller, &rec, &spec, &nodes, &tenant_q, &user_q).await?;
+
+    let labels: Vec<(String, String)> = spec
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Ok(match store.create_task(&rec, &labels).await? {
+        TaskCreated::Created => {
+            state.scheduler.wake();
+            Submitted::Created(TaskWithUser {
+                task: rec,
+                user_email: caller.user.email.clone(),
+            })
+        }
+        TaskCreated::Existing(t) => Submitted::Existing(*t),
+    })
+}
+
+/// `checkpoint.save_to` and an `s3://` `data_path` must name a bucket tenants may use, and one
+/// that exists (when object storage answers; an outage does not block submissions).
+async fn check_storage_urls(
+    state: &AppState,
+    tenant_id: &str,
+    spec: &TaskSpec,
+) -> Result<(), ApiError> {
+    // An absolute path is where the task sees its checkpoint folder inside its container
+    // (the seed articles' `checkpoint_path: "/checkpoints"`); the platform still stores it.
+    let save_to = spec
+        .checkpoint
+        .as_ref()
+        .and_then(|c| c.save_to.as_deref())
+        .filter(|p| !p.starts_with('/'));
+    let data = spec.data_path.as_deref().filter(|p| p.starts_with("s3://"));
+    for (field, url) in [("checkpoint.save_to", save_to), ("data_path", data)] {
+        let Some(url) = url else { continue };
+        if !url.starts_with("s3://") {
+            return Err(ApiError::invalid(
+                field,
+                format!("{field} is an s3://bucket/path URL or an absolute path in the container"),
+            ));
+        }
+        let (bucket, _) = state
+            .storage
+            .resolve(tenant_id, url)
+            .map_err(|m| ApiError::invalid(field, format!("{field}: {m}")))?;
+        match state.storage.backend.bucket_exists(&bucket).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("{field}: bucket {bucket:?} does not exist"),
+                ))
+            }
+            Err(e) => tracing::warn!(error = %e, bucket, "could not check a bucket at submission"),
+        }
+    }
+    Ok(())
+}
+
+/// A host folder as `data_path` must be inside a dataset root some node shares.
+fn check_host_data_path(spec: &TaskSpec, nodes: &[Node]) -> Result<(), ApiError> {
+    let Some(p) = access::host_data_path(spec) else {
+        return Ok(());
+    };
+    if access::root_for(p, nodes).is_some() {
+        return Ok(());
+    }
+    let roots: BTreeSet<&str> = nodes
+        .iter()
+        .flat_map(|n| n.features.iter())
+        .filter_map(|f| f.strip_prefix("data-root:"))
+        .collect();
+    Err(ApiError::invalid(
+        "data_path",
+        format!(
+            "data_path {p} is not inside a dataset root of any node ({}); use platform storage (s3://...) or a folder an administrator shares",
+            if roots.is_empty() {
+                "no node shares one".to_string()
+            } else {
+                format!("roots: {}", roots.into_iter().collect::<Vec<_>>().join(", "))
+            }
+        ),
+    ))
+}
+
+/// Requested GPU types must be allowed by the organization's quota and the user's. (GPUs at
+/// once and GPU-hours keep a task pending instead: they change as other tasks end.)
+fn check_gpu_types(
+    spec: &TaskSpec,
+    tenant_q: &QuotaRecord,
+    user_q: &QuotaRecord,
+) -> Result<(), ApiError> {
+    for (whose, q) in [("your organization's", tenant_q), ("your", user_q)] {
+        let permitted = &q.allowed_gpu_types;
+        if let Some(allowed) = permitted.list() {
+            if let Some(bad) = spec.gpu_types.iter().find(|t| !permitted.admits_request(t)) {
+                return Err(ApiError::Quota(format!(
+                    "GPU type {bad} is not allowed by {whose} quota (allowed: {})",
+                    allowed.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// At most `max_queued_tasks` pending tasks per user and per organization.
+async fn check_queue_caps(
+    state: &AppState,
+    caller: &Caller,
+    tenant_q: &QuotaRecord,
+    user_q: &QuotaRecord,
+) -> Result<(), ApiError> {
+    if tenant_q.max_queued_tasks.is_none() && user_q.max_queued_tasks.is_none() {
+        return Ok(());
+    }
+    let (mine, tenant) = state
+        .store
+        .count_pending(&caller.user.id, caller.tenant_id())
+        .await?;
+    if let Some(cap) = user_q.max_queued_tasks.filter(|cap| mine >= *cap) {
+        return Err(ApiError::Quota(format!(
+            "you already have {mine} queued tasks (your cap is {cap})"
+        )));
+    }
+    if let Some(cap) = tenant_q.max_queued_tasks.filter(|cap| tenant >= *cap) {
+        return Err(ApiError::Quota(format!(
+            "your organization already has {tenant} queued tasks (cap {cap})"
+        )));
+    }
+    Ok(())
+}
+
+/// Admission: refuse what can never fit, by the scheduler's own check. With no nodes
+/// registered yet nothing is known, so the task waits for capacity instead.
+async fn admit(
+    state: &AppState,
+    caller: &Caller,
+    rec: &TaskRecord,
+    spec: &TaskSpec,
+    nodes: &[Node],
+    tenant_q: &QuotaRecord,
+    user_q: &QuotaRecord,
+) -> Result<(), ApiError> {
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    let mut quotas = Quotas::default();
+    quotas
+        .tenants
+        .insert(caller.tenant_id().to_owned(), to_quota(tenant_q));
+    quotas
+        .users
+        .insert(caller.user.id.clone(), to_quota(user_q));
+    let view = ClusterView {
+        nodes,
+        quotas: &quotas,
+        config: &state.scheduler.config,
+    };
+    let trusted = state
+        .store
+        .tenant(caller.tenant_id())
+        .await?
+        .is_some_and(|t| t.trusted);
+    let access = access::task_access(trusted, spec, nodes);
+    admission_check(&view, &to_request(rec, spec, access))
+        .map_err(|e| ApiError::Unschedulable(e.to_string()))
+}
