@@ -5,6 +5,8 @@
 //!
 //! [`ApiError`]: crate::error::ApiError
 
+pub mod agents;
+pub mod reports;
 pub mod runs;
 pub mod submit;
 pub mod uploads;

@@ -1,38 +1,28 @@
 //! The agent API: registration with a one-time token, then long polls and reports with the
 //! node credential. Reports about attempts that are no longer current change nothing (409).
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use actix_web::{delete, get, post, web, HttpResponse};
 use autodl_common::agent::{
-    AgentHost, AttemptRef, CreateRegistrationToken, ExitReason, FinishedReport, LogBatch,
-    MetricBatch, PollRequest, PollResponse, RegisterRequest, RegisterResponse, RegistrationToken,
+    AttemptRef, CreateRegistrationToken, FinishedReport, LogBatch, MetricBatch, PollRequest,
+    PollResponse, RegisterRequest, RegisterResponse, RegistrationToken,
 };
 use autodl_common::api::ErrorBody;
-use autodl_common::tasks::TaskState;
-use autodl_scheduler::Gpu;
 use serde::Deserialize;
 
 use crate::agents::dispatch::work_for;
 use crate::agents::node_caller::NodeCaller;
-use crate::agents::skew::ClockSkew;
-use crate::agents::{NODE_CREDENTIAL_PREFIX, REGISTRATION_TOKEN_PREFIX};
-use crate::app::runs::current_run;
+use crate::agents::REGISTRATION_TOKEN_PREFIX;
+use crate::app::{agents, reports};
 use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::Caller;
 use crate::domain::{parse_name, parse_node_id};
 use crate::error::ApiError;
 use crate::json::Json;
 use crate::state::{rfc3339, AppState};
-use crate::store::{GpuSampleRecord, NodeRecord, RegistrationTokenRecord};
-use crate::tasks::access::{self, Isolation};
-use crate::tasks::lifecycle::{after_attempt, ExitKind};
-use crate::tasks::{spec::parse_time_ms, spec_of};
+use crate::store::RegistrationTokenRecord;
 
-const MAX_LOG_LINES: usize = 1000;
-const MAX_LINE_BYTES: usize = 16 * 1024;
-const MAX_SAMPLES: usize = 10_000;
 pub const METRIC_BODY_LIMIT: usize = 8 * 1024 * 1024;
 
 fn token_info(t: &RegistrationTokenRecord, token: Option<String>) -> RegistrationToken {
@@ -51,40 +41,6 @@ fn token_info(t: &RegistrationTokenRecord, token: Option<String>) -> Registratio
 /// What an agent says about how it runs tasks, checked and in the stored form
 /// (runtime, isolation, JSON of the dataset roots). An agent that says nothing is a node
 /// that cannot isolate tasks.
-fn host_fields(h: Option<&AgentHost>) -> Result<(String, String, String), ApiError> {
-    let Some(h) = h else {
-        return Ok((String::new(), Isolation::None.as_str().into(), "[]".into()));
-    };
-    if !matches!(h.runtime.as_str(), "docker" | "process") {
-        return Err(ApiError::invalid(
-            "host.runtime",
-            "runtime is docker or process",
-        ));
-    }
-    let isolation = Isolation::parse(&h.isolation);
-    if isolation == Isolation::Declared || isolation.as_str() != h.isolation {
-        return Err(ApiError::invalid(
-            "host.isolation",
-            "isolation is container, sandbox, uid or none",
-        ));
-    }
-    if h.data_roots.len() > 64
-        || h.data_roots
-            .iter()
-            .any(|r| r == "/" || r.len() > 1024 || !access::is_clean_absolute(r))
-    {
-        return Err(ApiError::invalid(
-            "host.data_roots",
-            "at most 64 dataset roots, each a normalised absolute folder other than /",
-        ));
-    }
-    Ok((
-        h.runtime.clone(),
-        isolation.as_str().into(),
-        serde_json::to_string(&h.data_roots).map_err(anyhow::Error::from)?,
-    ))
-}
-
 #[utoipa::path(request_body = CreateRegistrationToken, responses((status = 201, body = RegistrationToken), (status = 403, body = ErrorBody)))]
 #[post("/admin/registration-tokens")]
 pub async fn create_token(
@@ -171,110 +127,8 @@ pub async fn register(
     state: web::Data<AppState>,
     body: Json<RegisterRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let now = state.clock.now_ms();
-    let token = state
-        .store
-        .registration_token_by_hash(&digest(&body.token))
-        .await?
-        .filter(|t| !t.revoked && t.expires_at > now && t.uses < t.max_uses)
-        .ok_or_else(|| {
-            ApiError::Unauthorized("invalid, revoked, expired or used-up registration token".into())
-        })?;
-    let n = &body.node;
-    parse_node_id("node.id", &n.id)?;
-    if token.node_id.as_deref().is_some_and(|bound| bound != n.id) {
-        return Err(ApiError::Forbidden(format!(
-            "this registration token is for node {}",
-            token.node_id.as_deref().unwrap_or_default()
-        )));
-    }
-    // Taking over an existing node (its credential, the tasks placed on it) needs an
-    // administrator's token made for that node.
-    let existing = state
-        .store
-        .list_nodes()
-        .await?
-        .into_iter()
-        .find(|x| x.id == n.id);
-    if existing.is_some() && token.node_id.is_none() {
-        return Err(ApiError::Conflict(format!(
-            "node {} is already registered; to register it again an administrator makes a registration token for this node (node_id) or removes the node",
-            n.id
-        )));
-    }
-    let (runtime, isolation, data_roots) = host_fields(n.host.as_ref())?;
-    if !n.cpu.is_finite() || n.cpu <= 0.0 || n.memory == 0 {
-        return Err(ApiError::invalid("node", "cpu and memory must be positive"));
-    }
-    if n.gpus.len() > 64
-        || n.gpus
-            .iter()
-            .any(|g| g.gpu_type.is_empty() || g.gpu_type.len() > 64 || g.memory == 0)
-    {
-        return Err(ApiError::invalid(
-            "node.gpus",
-            "at most 64 GPUs, each with a type and memory",
-        ));
-    }
-    let indices: HashSet<u32> = n.gpus.iter().map(|g| g.index).collect();
-    if indices.len() != n.gpus.len() {
-        return Err(ApiError::invalid(
-            "node.gpus",
-            "GPU indices must be distinct",
-        ));
-    }
-    // Counted only now that everything else is valid, in one statement with its checks.
-    if !state
-        .store
-        .use_registration_token(&token.id, &n.id, now)
-        .await?
-    {
-        return Err(ApiError::Unauthorized(
-            "invalid, revoked, expired or used-up registration token".into(),
-        ));
-    }
-    let gpus: Vec<Gpu> = n
-        .gpus
-        .iter()
-        .map(|g| Gpu {
-            index: g.index,
-            gpu_type: g.gpu_type.clone(),
-            mem_bytes: g.memory,
-            util: 0.0,
-        })
-        .collect();
-    let rec = NodeRecord {
-        id: n.id.clone(),
-        zone: n.zone.clone(),
-        labels: serde_json::to_string(&n.labels).map_err(anyhow::Error::from)?,
-        cpu_millis: (n.cpu * 1000.0).round() as i64,
-        mem_bytes: n.memory as i64,
-        gpus: serde_json::to_string(&gpus).map_err(anyhow::Error::from)?,
-        schedulable: true,
-        created_at: now,
-        updated_at: now,
-        credential_hash: None,
-        last_seen: Some(now),
-        status: "ready".into(),
-        runtime,
-        isolation,
-        data_roots,
-        open_to_all: false,
-    };
-    state.store.upsert_node(&rec).await?;
-    let credential = format!("{NODE_CREDENTIAL_PREFIX}{}", random_hex(24));
-    state
-        .store
-        .set_node_credential(&rec.id, &digest(&credential))
-        .await?;
-    state.store.touch_node(&rec.id, now).await?;
-    state.scheduler.invalidate_nodes();
-    state.scheduler.wake();
-    tracing::info!(node = %rec.id, gpus = gpus.len(), isolation = %rec.isolation, "agent registered");
-    Ok(HttpResponse::Created().json(RegisterResponse {
-        node_id: rec.id,
-        credential,
-    }))
+    let joined = agents::register(&state, &body).await?;
+    Ok(HttpResponse::Created().json(joined))
 }
 
 /// Longest a poll is held.
@@ -313,7 +167,7 @@ pub async fn poll(
     // An agent restarted with other settings (Docker gone, isolation off, new dataset roots)
     // says so in its polls; an agent that says nothing keeps what it said at registration.
     if body.host.is_some() {
-        let (runtime, isolation, data_roots) = host_fields(body.host.as_ref())?;
+        let (runtime, isolation, data_roots) = agents::host_fields(body.host.as_ref())?;
         let n = &node.node;
         if (&runtime, &isolation, &data_roots) != (&n.runtime, &n.isolation, &n.data_roots) {
             tracing::info!(node = %n.id, %runtime, %isolation, "node reports a change in how it runs tasks");
@@ -365,18 +219,7 @@ pub async fn started(
     id: web::Path<String>,
     body: Json<AttemptRef>,
 ) -> Result<HttpResponse, ApiError> {
-    let t = current_run(&state, &node.node.id, &id, body.attempt).await?;
-    if t.task.state == TaskState::Scheduled {
-        let placed_at = t.task.updated_at;
-        state
-            .store
-            .mark_running(&id, i64::from(body.attempt), state.clock.now_ms())
-            .await?;
-        state
-            .metrics
-            .dispatch_latency
-            .observe((state.clock.now_ms() - placed_at).max(0) as f64 / 1000.0);
-    }
+    reports::started(&state, &node.node.id, &id, body.attempt).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -388,33 +231,7 @@ pub async fn logs(
     id: web::Path<String>,
     body: Json<LogBatch>,
 ) -> Result<HttpResponse, ApiError> {
-    if body.lines.len() > MAX_LOG_LINES {
-        return Err(ApiError::invalid(
-            "lines",
-            format!("at most {MAX_LOG_LINES} lines a call"),
-        ));
-    }
-    current_run(&state, &node.node.id, &id, body.attempt).await?;
-    let skew = ClockSkew::of_batch(body.sent_at.as_deref(), state.clock.now_ms());
-    let mut lines = Vec::with_capacity(body.lines.len());
-    for l in &body.lines {
-        let stream = l.stream.as_str().to_owned();
-        let at = skew.correct(parse_time_ms(&l.at));
-        let mut line = l.line.clone();
-        if line.len() > MAX_LINE_BYTES {
-            let mut cut = MAX_LINE_BYTES;
-            while !line.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            line.truncate(cut);
-        }
-        lines.push((at, stream, line));
-    }
-    state
-        .store
-        .append_logs(&id, i64::from(body.attempt), &lines)
-        .await?;
-    state.agents.data_stored();
+    reports::logs(&state, &node.node.id, &id, &body).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -427,90 +244,8 @@ pub async fn finished(
     id: web::Path<String>,
     body: Json<FinishedReport>,
 ) -> Result<HttpResponse, ApiError> {
-    let kind = match body.reason {
-        ExitReason::Success => Some(ExitKind::Success),
-        ExitReason::Error => Some(ExitKind::Error),
-        ExitReason::Oom => Some(ExitKind::Oom),
-        ExitReason::Stopped => None,
-    };
-    let t = current_run(&state, &node.node.id, &id, body.attempt).await?;
-    let now = state.clock.now_ms();
-    match (kind, t.task.stop_reason.as_deref()) {
-        // Stopped on the scheduler's request (preempted, drained): back to the queue.
-        (_, Some(reason)) => {
-            state
-                .store
-                .requeue_task(None, &id, reason, &format!("stopped: {reason}"), now)
-                .await?;
-        }
-        (Some(kind), None) => {
-            let spec = spec_of(&t.task)?;
-            let earlier_failures = state
-                .store
-                .task_attempts(&id)
-                .await?
-                .iter()
-                .filter(|a| {
-                    a.number < i64::from(body.attempt)
-                        && matches!(a.reason.as_deref(), Some("error" | "oom"))
-                })
-                .count() as u32;
-            let end = after_attempt(
-                &spec,
-                body.attempt,
-                earlier_failures,
-                t.task.batch_size.map(|b| b as u32),
-                body.exit_code,
-                kind,
-            );
-            state
-                .store
-                .finish_attempt(&id, i64::from(body.attempt), &end, now)
-                .await?;
-        }
-        // Stopped without being asked (the agent shut down): run it again elsewhere.
-        (None, None) => {
-            state
-                .store
-                .requeue_task(None, &id, "node_lost", "the agent stopped the task", now)
-                .await?;
-        }
-    }
-    state.scheduler.wake();
+    reports::finished(&state, &node.node.id, &id, &body).await?;
     Ok(HttpResponse::NoContent().finish())
-}
-
-/// How long after an attempt ended its node may still deliver samples taken during it (an
-/// agent that was away sends what it buffered).
-const LATE_SAMPLES_MS: i64 = 3_600_000;
-
-/// For each task the samples name: the GPUs of this node its attempts held, and until when
-/// samples are accepted (`None` while the attempt runs).
-async fn gpus_of_tasks_here<'a>(
-    state: &AppState,
-    node_id: &str,
-    samples: &'a [autodl_common::agent::GpuSample],
-) -> Result<std::collections::HashMap<&'a str, Vec<(u32, Option<i64>)>>, ApiError> {
-    let mut out = std::collections::HashMap::new();
-    for s in samples {
-        let Some(t) = s.task_id.as_deref() else {
-            continue;
-        };
-        if out.contains_key(t) {
-            continue;
-        }
-        let mut spans = Vec::new();
-        for a in state.store.task_attempts(t).await? {
-            let until = a.ended_at.map(|e| e + LATE_SAMPLES_MS);
-            let placed: Vec<autodl_common::tasks::WorkerPlacement> =
-                serde_json::from_str(&a.placement).unwrap_or_default();
-            for w in placed.iter().filter(|w| w.node == node_id) {
-                spans.extend(w.gpu_indices.iter().map(|g| (*g, until)));
-            }
-        }
-        out.insert(t, spans);
-    }
-    Ok(out)
 }
 
 /// GPU samples in batches. A sample for a GPU the node does not have, or naming a task that
@@ -524,77 +259,6 @@ pub async fn metrics(
     node: NodeCaller,
     body: Json<MetricBatch>,
 ) -> Result<HttpResponse, ApiError> {
-    if body.samples.len() > MAX_SAMPLES {
-        return Err(ApiError::invalid(
-            "samples",
-            format!("at most {MAX_SAMPLES} samples a call"),
-        ));
-    }
-    let gpus: Vec<Gpu> = serde_json::from_str(&node.node.gpus).map_err(anyhow::Error::from)?;
-    let skew = ClockSkew::of_batch(body.sent_at.as_deref(), state.clock.now_ms());
-    let ran_here = gpus_of_tasks_here(&state, &node.node.id, &body.samples).await?;
-    let mut rows = Vec::with_capacity(body.samples.len());
-    for s in &body.samples {
-        // A node reports only its own GPUs.
-        let Some(gpu) = gpus.iter().find(|g| g.index == s.gpu_index) else {
-            return Err(ApiError::Refused {
-                field: "samples",
-                message: format!("this node has no GPU {}", s.gpu_index),
-            });
-        };
-        if !s.util.is_finite() || !(0.0..=1.0).contains(&s.util) {
-            return Err(ApiError::invalid(
-                "samples",
-                format!("sample for GPU {} is out of range", s.gpu_index),
-            ));
-        }
-        let at = parse_time_ms(&s.at)
-            .ok_or_else(|| ApiError::invalid("samples", "sample time is not RFC 3339"))?;
-        // A node's clock being off does not cost its samples: they move onto the server's.
-        let at = skew.correct(Some(at));
-        let mem_total = s.mem_total.max(gpu.mem_bytes);
-        if let Some(t) = &s.task_id {
-            // A node speaks only for the tasks it ran: samples naming another node's task
-            // would count in that task's utilization and its organization's usage.
-            let ok = ran_here.get(t.as_str()).is_some_and(|spans| {
-                spans
-                    .iter()
-                    .any(|(g, until)| *g == s.gpu_index && until.is_none_or(|u| at <= u))
-            });
-            if !ok {
-                return Err(ApiError::Refused {
-                    field: "samples",
-                    message: format!("task {t} did not run on GPU {} of this node", s.gpu_index),
-                });
-            }
-        }
-        rows.push(GpuSampleRecord {
-            node_id: node.node.id.clone(),
-            gpu_index: i64::from(s.gpu_index),
-            at,
-            util: s.util,
-            mem_used: s.mem_used.min(mem_total) as i64,
-            mem_total: mem_total as i64,
-            temperature: s.temperature.filter(|v| v.is_finite()),
-            power_w: s.power_w.filter(|v| v.is_finite()),
-            task_id: s.task_id.clone(),
-        });
-    }
-    state.store.insert_gpu_samples(&rows).await?;
-    state.agents.data_stored();
-    for s in &body.samples {
-        let labels = [node.node.id.as_str(), &s.gpu_index.to_string()];
-        state
-            .metrics
-            .gpu_util
-            .with_label_values(&labels)
-            .set(s.util);
-        state
-            .metrics
-            .gpu_mem
-            .with_label_values(&labels)
-            .set(s.mem_used as f64);
-    }
-    state.metrics.samples_ingested.inc_by(rows.len() as u64);
+    reports::metrics(&state, &node.node, &body).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -1,0 +1,164 @@
+//! How a GPU host joins: its agent presents a registration token once and gets a credential
+//! of its own; what it says about the node (GPUs, CPU, memory, how it isolates tasks, which
+//! dataset folders it shares) is checked here before the scheduler relies on it.
+
+use std::collections::HashSet;
+
+use autodl_common::agent::{AgentHost, RegisterRequest, RegisterResponse};
+use autodl_scheduler::Gpu;
+
+use crate::agents::NODE_CREDENTIAL_PREFIX;
+use crate::auth::secrets::{digest, random_hex};
+use crate::domain::parse_node_id;
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::store::NodeRecord;
+use crate::tasks::access::{self, Isolation};
+
+/// Registers (or, with a token made for it, re-registers) the node and hands its agent a new
+/// credential. The token is counted only once everything else is valid.
+pub async fn register(
+    state: &AppState,
+    req: &RegisterRequest,
+) -> Result<RegisterResponse, ApiError> {
+    let now = state.clock.now_ms();
+    let token = state
+        .store
+        .registration_token_by_hash(&digest(&req.token))
+        .await?
+        .filter(|t| !t.revoked && t.expires_at > now && t.uses < t.max_uses)
+        .ok_or_else(|| {
+            ApiError::Unauthorized("invalid, revoked, expired or used-up registration token".into())
+        })?;
+    let n = &req.node;
+    parse_node_id("node.id", &n.id)?;
+    if token.node_id.as_deref().is_some_and(|bound| bound != n.id) {
+        return Err(ApiError::Forbidden(format!(
+            "this registration token is for node {}",
+            token.node_id.as_deref().unwrap_or_default()
+        )));
+    }
+    // Taking over an existing node (its credential, the tasks placed on it) needs an
+    // administrator's token made for that node.
+    let existing = state
+        .store
+        .list_nodes()
+        .await?
+        .into_iter()
+        .find(|x| x.id == n.id);
+    if existing.is_some() && token.node_id.is_none() {
+        return Err(ApiError::Conflict(format!(
+            "node {} is already registered; to register it again an administrator makes a registration token for this node (node_id) or removes the node",
+            n.id
+        )));
+    }
+    let (runtime, isolation, data_roots) = host_fields(n.host.as_ref())?;
+    if !n.cpu.is_finite() || n.cpu <= 0.0 || n.memory == 0 {
+        return Err(ApiError::invalid("node", "cpu and memory must be positive"));
+    }
+    if n.gpus.len() > 64
+        || n.gpus
+            .iter()
+            .any(|g| g.gpu_type.is_empty() || g.gpu_type.len() > 64 || g.memory == 0)
+    {
+        return Err(ApiError::invalid(
+            "node.gpus",
+            "at most 64 GPUs, each with a type and memory",
+        ));
+    }
+    let indices: HashSet<u32> = n.gpus.iter().map(|g| g.index).collect();
+    if indices.len() != n.gpus.len() {
+        return Err(ApiError::invalid(
+            "node.gpus",
+            "GPU indices must be distinct",
+        ));
+    }
+    // Counted only now that everything else is valid, in one statement with its checks.
+    if !state
+        .store
+        .use_registration_token(&token.id, &n.id, now)
+        .await?
+    {
+        return Err(ApiError::Unauthorized(
+            "invalid, revoked, expired or used-up registration token".into(),
+        ));
+    }
+    let gpus: Vec<Gpu> = n
+        .gpus
+        .iter()
+        .map(|g| Gpu {
+            index: g.index,
+            gpu_type: g.gpu_type.clone(),
+            mem_bytes: g.memory,
+            util: 0.0,
+        })
+        .collect();
+    let rec = NodeRecord {
+        id: n.id.clone(),
+        zone: n.zone.clone(),
+        labels: serde_json::to_string(&n.labels).map_err(anyhow::Error::from)?,
+        cpu_millis: (n.cpu * 1000.0).round() as i64,
+        mem_bytes: n.memory as i64,
+        gpus: serde_json::to_string(&gpus).map_err(anyhow::Error::from)?,
+        schedulable: true,
+        created_at: now,
+        updated_at: now,
+        credential_hash: None,
+        last_seen: Some(now),
+        status: "ready".into(),
+        runtime,
+        isolation,
+        data_roots,
+        open_to_all: false,
+    };
+    state.store.upsert_node(&rec).await?;
+    let credential = format!("{NODE_CREDENTIAL_PREFIX}{}", random_hex(24));
+    state
+        .store
+        .set_node_credential(&rec.id, &digest(&credential))
+        .await?;
+    state.store.touch_node(&rec.id, now).await?;
+    state.scheduler.invalidate_nodes();
+    state.scheduler.wake();
+    tracing::info!(node = %rec.id, gpus = gpus.len(), isolation = %rec.isolation, "agent registered");
+    Ok(RegisterResponse {
+        node_id: rec.id,
+        credential,
+    })
+}
+
+/// How a node runs tasks, as its agent reports it: runtime, isolation level and dataset roots
+/// (as the node row keeps them). An agent that says nothing runs nothing untrusted.
+pub(crate) fn host_fields(h: Option<&AgentHost>) -> Result<(String, String, String), ApiError> {
+    let Some(h) = h else {
+        return Ok((String::new(), Isolation::None.as_str().into(), "[]".into()));
+    };
+    if !matches!(h.runtime.as_str(), "docker" | "process") {
+        return Err(ApiError::invalid(
+            "host.runtime",
+            "runtime is docker or process",
+        ));
+    }
+    let isolation = Isolation::parse(&h.isolation);
+    if isolation == Isolation::Declared || isolation.as_str() != h.isolation {
+        return Err(ApiError::invalid(
+            "host.isolation",
+            "isolation is container, sandbox, uid or none",
+        ));
+    }
+    if h.data_roots.len() > 64
+        || h.data_roots
+            .iter()
+            .any(|r| r == "/" || r.len() > 1024 || !access::is_clean_absolute(r))
+    {
+        return Err(ApiError::invalid(
+            "host.data_roots",
+            "at most 64 dataset roots, each a normalised absolute folder other than /",
+        ));
+    }
+    Ok((
+        h.runtime.clone(),
+        isolation.as_str().into(),
+        serde_json::to_string(&h.data_roots).map_err(anyhow::Error::from)?,
+    ))
+}

@@ -1,0 +1,262 @@
+//! What agents report about the runs they hold: a start, output, the end, GPU samples. A node
+//! speaks only for runs placed on it ([`current_run`]); times it sends are moved onto the
+//! server's clock by the skew of its batch, so a node whose clock is off loses nothing.
+
+use std::collections::HashMap;
+
+use autodl_common::agent::{ExitReason, FinishedReport, GpuSample, LogBatch, MetricBatch};
+use autodl_common::tasks::{TaskState, WorkerPlacement};
+use autodl_scheduler::Gpu;
+
+use crate::agents::skew::ClockSkew;
+use crate::app::runs::current_run;
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::store::{GpuSampleRecord, NodeRecord};
+use crate::tasks::lifecycle::{after_attempt, ExitKind};
+use crate::tasks::{spec::parse_time_ms, spec_of};
+
+const MAX_LOG_LINES: usize = 1000;
+const MAX_LINE_BYTES: usize = 16 * 1024;
+const MAX_SAMPLES: usize = 10_000;
+
+/// The run's process started: the task is running (reported again, nothing changes).
+pub async fn started(
+    state: &AppState,
+    node: &str,
+    task_id: &str,
+    attempt: u32,
+) -> Result<(), ApiError> {
+    let t = current_run(state, node, task_id, attempt).await?;
+    if t.task.state == TaskState::Scheduled {
+        let placed_at = t.task.updated_at;
+        state
+            .store
+            .mark_running(task_id, i64::from(attempt), state.clock.now_ms())
+            .await?;
+        state
+            .metrics
+            .dispatch_latency
+            .observe((state.clock.now_ms() - placed_at).max(0) as f64 / 1000.0);
+    }
+    Ok(())
+}
+
+/// Lines of output, kept in order, each at most 16 KiB.
+pub async fn logs(
+    state: &AppState,
+    node: &str,
+    task_id: &str,
+    report: &LogBatch,
+) -> Result<(), ApiError> {
+    if report.lines.len() > MAX_LOG_LINES {
+        return Err(ApiError::invalid(
+            "lines",
+            format!("at most {MAX_LOG_LINES} lines a call"),
+        ));
+    }
+    current_run(state, node, task_id, report.attempt).await?;
+    let skew = ClockSkew::of_batch(report.sent_at.as_deref(), state.clock.now_ms());
+    let mut lines = Vec::with_capacity(report.lines.len());
+    for l in &report.lines {
+        let stream = l.stream.as_str().to_owned();
+        let at = skew.correct(parse_time_ms(&l.at));
+        let mut line = l.line.clone();
+        if line.len() > MAX_LINE_BYTES {
+            let mut cut = MAX_LINE_BYTES;
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            line.truncate(cut);
+        }
+        lines.push((at, stream, line));
+    }
+    state
+        .store
+        .append_logs(task_id, i64::from(report.attempt), &lines)
+        .await?;
+    state.agents.data_stored();
+    Ok(())
+}
+
+/// The run ended: asked to stop (back to the queue), or by itself (success, or a failure that
+/// is retried within the task's budget, an out-of-memory one with a smaller batch).
+pub async fn finished(
+    state: &AppState,
+    node: &str,
+    task_id: &str,
+    report: &FinishedReport,
+) -> Result<(), ApiError> {
+    let kind = match report.reason {
+        ExitReason::Success => Some(ExitKind::Success),
+        ExitReason::Error => Some(ExitKind::Error),
+        ExitReason::Oom => Some(ExitKind::Oom),
+        ExitReason::Stopped => None,
+    };
+    let t = current_run(state, node, task_id, report.attempt).await?;
+    let now = state.clock.now_ms();
+    match (kind, t.task.stop_reason.as_deref()) {
+        // Stopped on the scheduler's request (preempted, drained): back to the queue.
+        (_, Some(reason)) => {
+            state
+                .store
+                .requeue_task(None, task_id, reason, &format!("stopped: {reason}"), now)
+                .await?;
+        }
+        (Some(kind), None) => {
+            let spec = spec_of(&t.task)?;
+            let earlier_failures = state
+                .store
+                .task_attempts(task_id)
+                .await?
+                .iter()
+                .filter(|a| {
+                    a.number < i64::from(report.attempt)
+                        && matches!(a.reason.as_deref(), Some("error" | "oom"))
+                })
+                .count() as u32;
+            let end = after_attempt(
+                &spec,
+                report.attempt,
+                earlier_failures,
+                t.task.batch_size.map(|b| b as u32),
+                report.exit_code,
+                kind,
+            );
+            state
+                .store
+                .finish_attempt(task_id, i64::from(report.attempt), &end, now)
+                .await?;
+        }
+        // Stopped without being asked (the agent shut down): run it again elsewhere.
+        (None, None) => {
+            state
+                .store
+                .requeue_task(
+                    None,
+                    task_id,
+                    "node_lost",
+                    "the agent stopped the task",
+                    now,
+                )
+                .await?;
+        }
+    }
+    state.scheduler.wake();
+    Ok(())
+}
+
+/// How long after an attempt ended its node may still deliver samples taken during it (an
+/// agent that was away sends what it buffered).
+const LATE_SAMPLES_MS: i64 = 3_600_000;
+
+/// For each task the samples name: the GPUs of this node its attempts held, and until when
+/// samples are accepted (`None` while the attempt runs).
+async fn gpus_of_tasks_here<'a>(
+    state: &AppState,
+    node_id: &str,
+    samples: &'a [GpuSample],
+) -> Result<HashMap<&'a str, Vec<(u32, Option<i64>)>>, ApiError> {
+    let mut out = HashMap::new();
+    for s in samples {
+        let Some(t) = s.task_id.as_deref() else {
+            continue;
+        };
+        if out.contains_key(t) {
+            continue;
+        }
+        let mut spans = Vec::new();
+        for a in state.store.task_attempts(t).await? {
+            let until = a.ended_at.map(|e| e + LATE_SAMPLES_MS);
+            let placed: Vec<WorkerPlacement> =
+                serde_json::from_str(&a.placement).unwrap_or_default();
+            for w in placed.iter().filter(|w| w.node == node_id) {
+                spans.extend(w.gpu_indices.iter().map(|g| (*g, until)));
+            }
+        }
+        out.insert(t, spans);
+    }
+    Ok(out)
+}
+
+/// GPU samples in batches. A sample for a GPU the node does not have, or naming a task that
+/// did not run on that GPU of this node, rejects the whole batch (nothing is stored).
+pub async fn metrics(
+    state: &AppState,
+    node: &NodeRecord,
+    report: &MetricBatch,
+) -> Result<(), ApiError> {
+    if report.samples.len() > MAX_SAMPLES {
+        return Err(ApiError::invalid(
+            "samples",
+            format!("at most {MAX_SAMPLES} samples a call"),
+        ));
+    }
+    let gpus: Vec<Gpu> = serde_json::from_str(&node.gpus).map_err(anyhow::Error::from)?;
+    let skew = ClockSkew::of_batch(report.sent_at.as_deref(), state.clock.now_ms());
+    let ran_here = gpus_of_tasks_here(state, &node.id, &report.samples).await?;
+    let mut rows = Vec::with_capacity(report.samples.len());
+    for s in &report.samples {
+        // A node reports only its own GPUs.
+        let Some(gpu) = gpus.iter().find(|g| g.index == s.gpu_index) else {
+            return Err(ApiError::Refused {
+                field: "samples",
+                message: format!("this node has no GPU {}", s.gpu_index),
+            });
+        };
+        if !s.util.is_finite() || !(0.0..=1.0).contains(&s.util) {
+            return Err(ApiError::invalid(
+                "samples",
+                format!("sample for GPU {} is out of range", s.gpu_index),
+            ));
+        }
+        let at = parse_time_ms(&s.at)
+            .ok_or_else(|| ApiError::invalid("samples", "sample time is not RFC 3339"))?;
+        // A node's clock being off does not cost its samples: they move onto the server's.
+        let at = skew.correct(Some(at));
+        let mem_total = s.mem_total.max(gpu.mem_bytes);
+        if let Some(t) = &s.task_id {
+            // A node speaks only for the tasks it ran: samples naming another node's task
+            // would count in that task's utilization and its organization's usage.
+            let ok = ran_here.get(t.as_str()).is_some_and(|spans| {
+                spans
+                    .iter()
+                    .any(|(g, until)| *g == s.gpu_index && until.is_none_or(|u| at <= u))
+            });
+            if !ok {
+                return Err(ApiError::Refused {
+                    field: "samples",
+                    message: format!("task {t} did not run on GPU {} of this node", s.gpu_index),
+                });
+            }
+        }
+        rows.push(GpuSampleRecord {
+            node_id: node.id.clone(),
+            gpu_index: i64::from(s.gpu_index),
+            at,
+            util: s.util,
+            mem_used: s.mem_used.min(mem_total) as i64,
+            mem_total: mem_total as i64,
+            temperature: s.temperature.filter(|v| v.is_finite()),
+            power_w: s.power_w.filter(|v| v.is_finite()),
+            task_id: s.task_id.clone(),
+        });
+    }
+    state.store.insert_gpu_samples(&rows).await?;
+    state.agents.data_stored();
+    for s in &report.samples {
+        let labels = [node.id.as_str(), &s.gpu_index.to_string()];
+        state
+            .metrics
+            .gpu_util
+            .with_label_values(&labels)
+            .set(s.util);
+        state
+            .metrics
+            .gpu_mem
+            .with_label_values(&labels)
+            .set(s.mem_used as f64);
+    }
+    state.metrics.samples_ingested.inc_by(rows.len() as u64);
+    Ok(())
+}
