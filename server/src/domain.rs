@@ -148,6 +148,51 @@ impl IdempotencyKey {
     }
 }
 
+/// Whether a node takes new tasks: ready, cordoned or draining by an administrator (draining
+/// also stops what runs there), or lost (its agent stopped polling; ready again when it polls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeStatus {
+    Ready,
+    Cordoned,
+    Draining,
+    Lost,
+}
+
+impl NodeStatus {
+    pub const ALL: [NodeStatus; 4] = [
+        NodeStatus::Ready,
+        NodeStatus::Cordoned,
+        NodeStatus::Draining,
+        NodeStatus::Lost,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeStatus::Ready => "ready",
+            NodeStatus::Cordoned => "cordoned",
+            NodeStatus::Draining => "draining",
+            NodeStatus::Lost => "lost",
+        }
+    }
+
+    /// The scheduler places new tasks only on ready nodes.
+    pub fn takes_new_tasks(self) -> bool {
+        self == NodeStatus::Ready
+    }
+}
+
+/// As a database column holds it.
+impl TryFrom<String> for NodeStatus {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        NodeStatus::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| format!("unknown node status {s:?}"))
+    }
+}
+
 /// What an agent saves for a task: a checkpoint to resume from, or the task's results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ArtifactKind {

@@ -9,7 +9,7 @@ use autodl_scheduler::Gpu;
 
 use crate::agents::NODE_CREDENTIAL_PREFIX;
 use crate::auth::secrets::{digest, random_hex};
-use crate::domain::parse_node_id;
+use crate::domain::{parse_node_id, NodeStatus};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::NodeRecord;
@@ -105,7 +105,7 @@ pub async fn register(
         updated_at: now,
         credential_hash: None,
         last_seen: Some(now),
-        status: "ready".into(),
+        status: NodeStatus::Ready,
         runtime,
         isolation,
         data_roots,

@@ -17,6 +17,7 @@ use crate::agents::REGISTRATION_TOKEN_PREFIX;
 use crate::app::{agents, reports};
 use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::Caller;
+use crate::domain::NodeStatus;
 use crate::domain::{parse_name, parse_node_id};
 use crate::error::ApiError;
 use crate::json::Json;
@@ -179,7 +180,7 @@ pub async fn poll(
             state.scheduler.wake();
         }
     }
-    if node.node.status == "lost" {
+    if node.node.status == NodeStatus::Lost {
         state.scheduler.invalidate_nodes();
         state.scheduler.wake();
     }

@@ -8,7 +8,7 @@ use autodl_common::tasks::{GpuInventoryInput, NodeGpu, NodeInfo, NodeInput};
 use autodl_scheduler::Gpu;
 
 use crate::auth::Caller;
-use crate::domain::parse_node_id;
+use crate::domain::{parse_node_id, NodeStatus};
 use crate::error::ApiError;
 use crate::json::Json;
 use crate::scheduling::to_node;
@@ -188,7 +188,7 @@ pub async fn register(
         updated_at: now,
         credential_hash: None,
         last_seen: None,
-        status: "ready".into(),
+        status: NodeStatus::Ready,
         runtime: String::new(),
         isolation: Isolation::Declared.as_str().into(),
         data_roots: serde_json::to_string(&input.data_roots).map_err(anyhow::Error::from)?,
@@ -266,9 +266,9 @@ pub async fn set_status(
         return Ok(HttpResponse::NoContent().finish());
     }
     let status = match action.as_str() {
-        "cordon" => "cordoned",
-        "uncordon" => "ready",
-        "drain" => "draining",
+        "cordon" => NodeStatus::Cordoned,
+        "uncordon" => NodeStatus::Ready,
+        "drain" => NodeStatus::Draining,
         other => {
             return Err(ApiError::invalid(
                 "action",
@@ -286,7 +286,7 @@ pub async fn set_status(
         .find(|n| n.id == id)
         .ok_or_else(|| ApiError::NotFound("no such node".into()))?;
     state.store.set_node_status(&id, status).await?;
-    if status == "draining" {
+    if status == NodeStatus::Draining {
         let now = state.clock.now_ms();
         for t in state.store.active_tasks().await? {
             if !placement_of(&t).is_some_and(|p| p.iter().any(|w| w.node == id)) {

@@ -15,6 +15,7 @@ use super::snapshot::{self, secs};
 use crate::agents::AgentHub;
 use crate::clock::Clock;
 use crate::config::Settings;
+use crate::domain::NodeStatus;
 use crate::metrics::Metrics;
 use crate::state::AppState;
 use crate::store::{LeaderGuard, NodeRecord, SchedulingTaskRecord, Store, StoreError, Term};
@@ -137,14 +138,14 @@ impl Runner {
         let mut any = false;
         for n in records {
             let silent = n.credential_hash.is_some()
-                && n.status != "lost"
+                && n.status != NodeStatus::Lost
                 && n.last_seen
                     .is_some_and(|t| now_ms - t.max(listening_since) > timeout);
             if !silent {
                 continue;
             }
             tracing::warn!(node = %n.id, "no heartbeat: node lost, requeueing its tasks");
-            self.store.set_node_status(&n.id, "lost").await?;
+            self.store.set_node_status(&n.id, NodeStatus::Lost).await?;
             let on_node = |t: &&SchedulingTaskRecord| {
                 placement_of(&t.task).is_some_and(|p| p.iter().any(|w| w.node == n.id))
             };

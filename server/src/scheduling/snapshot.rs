@@ -25,7 +25,7 @@ pub fn to_node(r: &NodeRecord) -> anyhow::Result<Node> {
         mem_bytes: r.mem_bytes.max(0) as u64,
         gpus: serde_json::from_str::<Vec<Gpu>>(&r.gpus)?,
         // Cordoned, draining and lost nodes keep their tasks but get no new ones.
-        schedulable: r.schedulable && r.status == "ready",
+        schedulable: r.schedulable && r.status.takes_new_tasks(),
         taints: crate::tasks::access::node_taints(r),
         features: crate::tasks::access::node_features(r),
     })

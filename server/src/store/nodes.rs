@@ -4,6 +4,7 @@
 use async_trait::async_trait;
 
 use super::*;
+use crate::domain::NodeStatus;
 
 #[async_trait]
 pub trait Nodes: Send + Sync {
@@ -34,5 +35,5 @@ pub trait Nodes: Send + Sync {
     async fn node_by_credential(&self, hash: &str) -> StoreResult<Option<NodeRecord>>;
     /// Records a heartbeat; a node that was lost is ready again.
     async fn touch_node(&self, id: &str, now: i64) -> StoreResult<()>;
-    async fn set_node_status(&self, id: &str, status: &str) -> StoreResult<bool>;
+    async fn set_node_status(&self, id: &str, status: NodeStatus) -> StoreResult<bool>;
 }

@@ -3,7 +3,7 @@
 
 use autodl_common::tasks::TaskState;
 
-use crate::domain::{AllowedGpuTypes, ArtifactKind, ArtifactState};
+use crate::domain::{AllowedGpuTypes, ArtifactKind, ArtifactState, NodeStatus};
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct TenantRecord {
@@ -124,7 +124,8 @@ pub struct NodeRecord {
     pub credential_hash: Option<String>,
     pub last_seen: Option<i64>,
     /// ready, cordoned, draining or lost.
-    pub status: String,
+    #[sqlx(try_from = "String")]
+    pub status: NodeStatus,
     /// "docker" or "process" as the agent reports it; empty for nodes registered by hand.
     pub runtime: String,
     /// "container", "sandbox", "uid", "none" (trusted-only) or "declared" (registered by hand).

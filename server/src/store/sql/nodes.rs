@@ -1,6 +1,7 @@
 //! The SQL of [`Nodes`], for both backends.
 
 use super::*;
+use crate::domain::NodeStatus;
 
 const REG_TOKEN_COLS: &str =
     "id, name, token_hash, created_by, created_at, expires_at, revoked, max_uses, uses, node_id";
@@ -32,7 +33,7 @@ macro_rules! impl_nodes {
                 .bind(n.schedulable)
                 .bind(n.created_at)
                 .bind(n.updated_at)
-                .bind(&n.status)
+                .bind(n.status.as_str())
                 .bind(&n.runtime)
                 .bind(&n.isolation)
                 .bind(&n.data_roots)
@@ -162,9 +163,9 @@ macro_rules! impl_nodes {
                 Ok(())
             }
 
-            async fn set_node_status(&self, id: &str, status: &str) -> StoreResult<bool> {
+            async fn set_node_status(&self, id: &str, status: NodeStatus) -> StoreResult<bool> {
                 let r = sqlx::query("UPDATE nodes SET status = $1 WHERE id = $2")
-                    .bind(status)
+                    .bind(status.as_str())
                     .bind(id)
                     .execute(&self.pool)
                     .await?;
