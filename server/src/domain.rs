@@ -365,6 +365,25 @@ pub fn quota_to_api(r: &QuotaRecord) -> Quota {
     }
 }
 
+/// A GPU type name as users, quotas and administrators write it ("A100", "A100-40G",
+/// "H200-141G"): 1 to 64 letters, digits, `-`, `_` or `.`, so that every name a task can ask
+/// for can also be allowed, declared and matched by family.
+pub fn parse_gpu_type(field: &'static str, raw: &str) -> Result<String, ApiError> {
+    let t = raw.trim();
+    if t.is_empty()
+        || t.len() > 64
+        || !t
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(ApiError::invalid(
+            field,
+            format!("{raw:?} is not a GPU type name"),
+        ));
+    }
+    Ok(t.to_owned())
+}
+
 /// Which GPU types a quota allows: every type (no list), or those of the listed families.
 /// Parsed once, from the API or from the database column, and asked through the rules below,
 /// which use the scheduler's own family match ("A100" covers "A100-40G").
@@ -385,20 +404,9 @@ impl AllowedGpuTypes {
         }
         let mut clean: Vec<String> = Vec::with_capacity(list.len());
         for t in list {
-            let t = t.trim();
-            if t.is_empty()
-                || t.len() > 64
-                || !t
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_. ".contains(c))
-            {
-                return Err(ApiError::invalid(
-                    "allowed_gpu_types",
-                    format!("{t:?} is not a GPU type name"),
-                ));
-            }
-            if !clean.iter().any(|c| c.eq_ignore_ascii_case(t)) {
-                clean.push(t.to_owned());
+            let t = parse_gpu_type("allowed_gpu_types", t)?;
+            if !clean.iter().any(|c| c.eq_ignore_ascii_case(&t)) {
+                clean.push(t);
             }
         }
         Ok(AllowedGpuTypes(Some(clean)))

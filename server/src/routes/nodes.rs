@@ -8,7 +8,7 @@ use autodl_common::tasks::{GpuInventoryInput, NodeGpu, NodeInfo, NodeInput};
 use autodl_scheduler::Gpu;
 
 use crate::auth::Caller;
-use crate::domain::{parse_node_id, NodeStatus};
+use crate::domain::{parse_gpu_type, parse_node_id, NodeStatus};
 use crate::error::ApiError;
 use crate::json::Json;
 use crate::scheduling::to_node;
@@ -123,18 +123,10 @@ pub async fn register(
     if gpu_list.len() > 64 {
         return Err(ApiError::invalid("gpus", "at most 64 GPUs per node"));
     }
-    if let Some((t, _)) = gpu_list.iter().find(|(t, _)| {
-        t.is_empty()
-            || t.len() > 64
-            || !t
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    }) {
-        return Err(ApiError::invalid(
-            "gpus",
-            format!("{t:?} is not a GPU type name"),
-        ));
-    }
+    let gpu_list = gpu_list
+        .into_iter()
+        .map(|(t, m)| Ok((parse_gpu_type("gpus", &t)?, m)))
+        .collect::<Result<Vec<_>, ApiError>>()?;
     if input.data_roots.len() > 64
         || input
             .data_roots

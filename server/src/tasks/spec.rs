@@ -7,6 +7,7 @@ use autodl_common::tasks::{Command, OneOrMany, RetryPolicy, Size, TaskSpec, Task
 use time::format_description::well_known::Rfc3339;
 use time::{OffsetDateTime, PrimitiveDateTime};
 
+use crate::domain::parse_gpu_type;
 use crate::error::ApiError;
 
 const MAX_GPUS_PER_WORKER: u32 = 64;
@@ -177,19 +178,10 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         Some(OneOrMany::One(t)) => vec![t],
         Some(OneOrMany::Many(v)) => v,
     };
-    for t in &gpu_types {
-        if t.trim().is_empty()
-            || t.len() > 64
-            || !t
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            return Err(ApiError::invalid(
-                "resources.gpu.type",
-                format!("{t:?} is not a GPU type name"),
-            ));
-        }
-    }
+    let gpu_types = gpu_types
+        .iter()
+        .map(|t| parse_gpu_type("resources.gpu.type", t))
+        .collect::<Result<Vec<_>, _>>()?;
     let gpus_per_worker = input.gpu_per_worker.or(gpu.count).unwrap_or(1);
     if gpus_per_worker > MAX_GPUS_PER_WORKER {
         return Err(ApiError::invalid(
