@@ -7,6 +7,7 @@ use autodl_common::api::ErrorBody;
 use autodl_common::tasks::{GpuInventoryInput, NodeGpu, NodeInfo, NodeInput};
 use autodl_scheduler::Gpu;
 
+use crate::app::nodes::{self, NodeAction};
 use crate::auth::Caller;
 use crate::domain::{parse_gpu_type, parse_node_id, NodeStatus};
 use crate::error::ApiError;
@@ -244,64 +245,7 @@ pub async fn set_status(
 ) -> Result<HttpResponse, ApiError> {
     caller.require_platform_admin()?;
     let (id, action) = path.into_inner();
-    if let Some(open) = match action.as_str() {
-        "open-to-all" => Some(true),
-        "trusted-only" => Some(false),
-        _ => None,
-    } {
-        if !state.store.set_node_open_to_all(&id, open).await? {
-            return Err(ApiError::NotFound("no such node".into()));
-        }
-        tracing::warn!(node = %id, open, "trusted-only node opened or closed to all organizations");
-        state.scheduler.invalidate_nodes();
-        state.scheduler.wake();
-        return Ok(HttpResponse::NoContent().finish());
-    }
-    let status = match action.as_str() {
-        "cordon" => NodeStatus::Cordoned,
-        "uncordon" => NodeStatus::Ready,
-        "drain" => NodeStatus::Draining,
-        other => {
-            return Err(ApiError::invalid(
-                "action",
-                format!(
-                    "unknown node action {other:?} (cordon, uncordon, drain, open-to-all, trusted-only)"
-                ),
-            ))
-        }
-    };
-    let node = state
-        .store
-        .list_nodes()
-        .await?
-        .into_iter()
-        .find(|n| n.id == id)
-        .ok_or_else(|| ApiError::NotFound("no such node".into()))?;
-    state.store.set_node_status(&id, status).await?;
-    if status == NodeStatus::Draining {
-        let now = state.clock.now_ms();
-        for t in state.store.active_tasks().await? {
-            if !placement_of(&t).is_some_and(|p| p.iter().any(|w| w.node == id)) {
-                continue;
-            }
-            if node.credential_hash.is_some() {
-                state.store.set_stop_reason(None, &t.id, "drained").await?;
-            } else {
-                state
-                    .store
-                    .requeue_task(
-                        None,
-                        &t.id,
-                        "drained",
-                        &format!("node {id} is draining"),
-                        now,
-                    )
-                    .await?;
-            }
-        }
-        state.agents.notify(&id);
-    }
-    state.scheduler.invalidate_nodes();
-    state.scheduler.wake();
+    let action = NodeAction::parse(&action)?;
+    nodes::act(&state, &id, action).await?;
     Ok(HttpResponse::NoContent().finish())
 }
