@@ -1,0 +1,17 @@
+//! Values parsed into types that can only hold valid data, each in a module named after what
+//! it is, so handlers, use cases and the store never see an unchecked email, a weak password,
+//! a GPU type no task could ask for or a nonsensical quota.
+
+mod account;
+mod artifact;
+mod gpu_type;
+mod idempotency_key;
+mod node;
+mod quota;
+
+pub use account::{parse_name, Email, Password};
+pub use artifact::{ArtifactKind, ArtifactState};
+pub use gpu_type::{parse_gpu_type, AllowedGpuTypes};
+pub use idempotency_key::IdempotencyKey;
+pub use node::{parse_node_id, NodeStatus};
+pub use quota::{check_within, parse_quota, quota_to_api};
