@@ -523,6 +523,17 @@ async fn a_read_only_database_file_is_reported_and_recovered_from() {
         }
     }
     let guard = Restore(db.clone());
+    // Eight submissions at once, so the pool opens connections.
+    let burst = |from: usize| {
+        futures_util::future::join_all((0..8).map(|i| {
+            s.send(
+                &app,
+                reqwest::Method::POST,
+                "/api/v1/tasks",
+                Some(task(from + i)),
+            )
+        }))
+    };
 
     // Submissions in parallel make the pool open connections, which now open read-only (or
     // reuse a descriptor SQLite kept open for writing, which still writes): every answer is a
@@ -531,15 +542,7 @@ async fn a_read_only_database_file_is_reported_and_recovered_from() {
     let started = Instant::now();
     while (refused.is_none() || unhealthy.is_none()) && started.elapsed() < Duration::from_secs(20)
     {
-        let answers = futures_util::future::join_all((0..8).map(|i| {
-            s.send(
-                &app,
-                reqwest::Method::POST,
-                "/api/v1/tasks",
-                Some(task(100 + i)),
-            )
-        }))
-        .await;
+        let answers = burst(100).await;
         for res in answers {
             let code = res.status();
             let body: serde_json::Value = res.json().await.unwrap();
@@ -590,15 +593,7 @@ async fn a_read_only_database_file_is_reported_and_recovered_from() {
     let mut clean_rounds = 0;
     while clean_rounds < 5 {
         let healthy = reqwest::get(app.url("/healthz")).await.unwrap().status();
-        let answers = futures_util::future::join_all((0..8).map(|i| {
-            s.send(
-                &app,
-                reqwest::Method::POST,
-                "/api/v1/tasks",
-                Some(task(900 + i)),
-            )
-        }))
-        .await;
+        let answers = burst(900).await;
         let mut failed = None;
         for res in answers {
             if res.status() != reqwest::StatusCode::CREATED {

@@ -29,6 +29,21 @@ macro_rules! fence {
     };
 }
 
+/// The ending run's service joins its task's (runs still open count apart): called in the
+/// transaction that ends the run, before the attempt is closed.
+macro_rules! settle_service {
+    ($conn:expr, $task:expr) => {
+        sqlx::query(
+            "UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + COALESCE(
+                (SELECT SUM(a.gpu_seconds) FROM attempts a WHERE a.task_id = tasks.id AND a.ended_at IS NULL), 0)
+             WHERE id = $1",
+        )
+        .bind($task)
+        .execute($conn)
+        .await?
+    };
+}
+
 macro_rules! insert_event {
     ($conn:expr, $task:expr, $at:expr, $kind:expr, $msg:expr) => {
         sqlx::query("INSERT INTO task_events (task_id, at, kind, message) VALUES ($1, $2, $3, $4)")

@@ -153,15 +153,7 @@ macro_rules! impl_tasks {
                         Some((s,)) => CancelOutcome::AlreadyFinished(s),
                     });
                 }
-                // The ending run's service joins the task's (runs still open count apart).
-                sqlx::query(
-                    "UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + COALESCE(
-                        (SELECT SUM(a.gpu_seconds) FROM attempts a WHERE a.task_id = tasks.id AND a.ended_at IS NULL), 0)
-                     WHERE id = $1",
-                )
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
+                settle_service!(&mut *tx, id);
                 sqlx::query("UPDATE attempts SET ended_at = $1, reason = 'cancelled' WHERE task_id = $2 AND ended_at IS NULL")
                     .bind(now)
                     .bind(id)
@@ -220,15 +212,7 @@ macro_rules! impl_tasks {
                 if r.rows_affected() != 1 {
                     return Ok(false);
                 }
-                // The ending run's service joins the task's (runs still open count apart).
-                sqlx::query(
-                    "UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + COALESCE(
-                        (SELECT SUM(a.gpu_seconds) FROM attempts a WHERE a.task_id = tasks.id AND a.ended_at IS NULL), 0)
-                     WHERE id = $1",
-                )
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
+                settle_service!(&mut *tx, id);
                 sqlx::query("UPDATE attempts SET ended_at = $1, reason = $2 WHERE task_id = $3 AND ended_at IS NULL")
                     .bind(now)
                     .bind(reason)
@@ -277,15 +261,7 @@ macro_rules! impl_tasks {
                 if r.rows_affected() != 1 {
                     return Ok(false);
                 }
-                // The ending run's service joins the task's (runs still open count apart).
-                sqlx::query(
-                    "UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + COALESCE(
-                        (SELECT SUM(a.gpu_seconds) FROM attempts a WHERE a.task_id = tasks.id AND a.ended_at IS NULL), 0)
-                     WHERE id = $1",
-                )
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
+                settle_service!(&mut *tx, id);
                 sqlx::query("UPDATE attempts SET ended_at = $1, exit_code = $2, reason = $3 WHERE task_id = $4 AND number = $5")
                     .bind(now)
                     .bind(end.exit_code)
