@@ -464,14 +464,7 @@ async fn a_full_database_disk_is_reported_and_recovered_from() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    for id in &stored {
-        let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
-        assert_eq!(
-            t["id"],
-            id.as_str(),
-            "task {id} stored before the fault is kept"
-        );
-    }
+    assert_kept(&app, &s, &stored).await;
     app.kill().await;
 }
 
@@ -613,13 +606,18 @@ async fn a_read_only_database_file_is_reported_and_recovered_from() {
         "recovered {} ms after the file became writable",
         fixed.elapsed().as_millis()
     );
-    for id in &stored {
-        let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+    assert_kept(&app, &s, &stored).await;
+    app.kill().await;
+}
+
+/// Every task stored before a fault is still there after it.
+async fn assert_kept(app: &crate::helpers::TestApp, s: &crate::helpers::Session, ids: &[String]) {
+    for id in ids {
+        let t = s.get(app, &format!("/api/v1/tasks/{id}")).await;
         assert_eq!(
             t["id"],
             id.as_str(),
             "task {id} stored before the fault is kept"
         );
     }
-    app.kill().await;
 }
