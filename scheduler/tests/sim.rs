@@ -76,9 +76,10 @@ fn itp_format_reads_the_same_jobs() {
 
 /// Preemption by hand: one 1-GPU node. A long job (10,000 s) starts at 0; a 100 s job arrives at
 /// 3,700, just after the long job's first checkpoint (3,600 s of progress). The autodl policy
-/// preempts the long job (it has had far more service), which keeps its checkpoint and pays
-/// 60 s to restart: the short job runs 3,700..3,800, the long one resumes at 3,800 with 6,400 s
-/// left plus 60 s of restart, finishing at 10,260.
+/// preempts the long job (it has had far more service); it stops at the end of the 120 s grace
+/// period (3,820), keeps its checkpoint and pays 60 s to restart: the short job runs
+/// 3,820..3,920, the long one resumes at 3,920 with 6,400 s left plus 60 s of restart, finishing
+/// at 10,380. Wasted: the 220 s past the checkpoint and the 60 s restart.
 #[test]
 fn preemption_keeps_the_last_checkpoint() {
     let js = vec![
@@ -105,8 +106,9 @@ fn preemption_keeps_the_last_checkpoint() {
     };
     let r = jobs::run(&js, &cfg);
     assert_eq!(r.preemptions, 1, "{r:?}");
-    assert_eq!(r.makespan, 10_260);
-    assert!(close(r.avg_jct, (10_260.0 + 100.0) / 2.0), "{r:?}");
+    assert_eq!(r.makespan, 10_380);
+    assert!(close(r.avg_jct, (10_380.0 + 220.0) / 2.0), "{r:?}");
+    assert!(close(r.wasted_gpu_s, 220.0 + 60.0), "{r:?}");
     // FIFO makes the short job wait for the long one.
     let f = jobs::run(
         &js,

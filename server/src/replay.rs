@@ -154,6 +154,8 @@ struct LiveCluster {
     world_id: HashMap<String, String>,
     /// Server id -> (attempt, nodes) of its current run.
     runs: HashMap<String, (u32, Vec<usize>)>,
+    /// Runs told to stop, still holding their GPUs until the world says they stopped.
+    stopping: std::collections::HashSet<String>,
     checkpoint_file: PathBuf,
     /// The first failure: the world cannot be told, so the replay ends with it.
     error: Option<anyhow::Error>,
@@ -310,6 +312,7 @@ impl LiveCluster {
             ids: HashMap::new(),
             world_id: HashMap::new(),
             runs: HashMap::new(),
+            stopping: Default::default(),
             checkpoint_file,
             error: None,
         })
@@ -411,6 +414,7 @@ impl LiveCluster {
 
     /// The run of `id` ended on its nodes: one of them reports it, all forget it.
     async fn end_run(&mut self, id: &str, reason: ExitReason) -> anyhow::Result<()> {
+        self.stopping.remove(id);
         let Some((attempt, nodes)) = self.runs.remove(id) else {
             anyhow::bail!("task {id} ended while not running");
         };
@@ -439,8 +443,9 @@ impl LiveCluster {
         self.clock.set(ms(now));
         self.runner.cycle(ms(now)).await?;
         let mut round = Round::default();
-        // Every agent polls once: stop orders end runs at once (the world's preemption is
-        // immediate); assignments start once every agent has heard its own.
+        // Every agent polls once: a stop order is a preemption (the run stops when the world
+        // says, as a real task checkpoints within its grace period); assignments start once
+        // every agent has heard its own.
         let mut assigned: BTreeMap<String, (u32, Vec<(usize, WorkerPlacement)>)> = BTreeMap::new();
         for a in 0..self.agents.len() {
             let agent = &self.agents[a];
@@ -457,8 +462,9 @@ impl LiveCluster {
                 .await
                 .with_context(|| format!("polling as {}", agent.node))?;
             for stop in work.stop {
-                if self.runs.contains_key(&stop.task_id) {
-                    self.end_run(&stop.task_id, ExitReason::Stopped).await?;
+                if self.runs.contains_key(&stop.task_id)
+                    && self.stopping.insert(stop.task_id.clone())
+                {
                     let world = self
                         .world_id
                         .get(&stop.task_id)
@@ -529,6 +535,17 @@ impl Decider for LiveCluster {
 
     fn cycle(&mut self, now: Time) -> Round {
         self.step(|c| Box::pin(c.run_cycle(now)))
+    }
+
+    fn stopped(&mut self, task: &str, at: Time) {
+        self.clock.set(ms(at));
+        let task = task.to_owned();
+        self.step(|c| {
+            Box::pin(async move {
+                let id = c.server_id(&task)?;
+                c.end_run(&id, ExitReason::Stopped).await
+            })
+        });
     }
 }
 

@@ -161,7 +161,7 @@ fn main() -> Result<()> {
                     job_list.len()
                 );
                 println!(
-                    "{:<14} {:>9} {:>9} {:>10} {:>9} {:>10} {:>6} {:>9} {:>7} {:>6} {:>8} {:>6}",
+                    "{:<14} {:>9} {:>9} {:>10} {:>9} {:>10} {:>6} {:>9} {:>7} {:>6} {:>6} {:>8} {:>6}",
                     "policy",
                     "avg_jct",
                     "p50_jct",
@@ -171,6 +171,7 @@ fn main() -> Result<()> {
                     "util",
                     "makespan",
                     "preempt",
+                    "wasted",
                     "jain",
                     "worst_sd",
                     "secs"
@@ -191,15 +192,18 @@ fn main() -> Result<()> {
                         "policy": r.policy, "jobs": r.jobs, "avg_jct": r.avg_jct, "p50_jct": r.p50_jct,
                         "p99_jct": r.p99_jct, "avg_wait": r.avg_wait, "p99_wait": r.p99_wait,
                         "utilization": r.utilization, "makespan": r.makespan, "preemptions": r.preemptions,
+                        "wasted_gpu_s": r.wasted_gpu_s, "allocated_gpu_s": r.allocated_gpu_s,
                         "jain_slowdown": r.jain_slowdown, "worst_user_slowdown": r.worst_user_slowdown,
                         "rejected": r.rejected, "sim_seconds": secs,
                     });
                     println!("{v}");
                 } else {
                     println!(
-                        "{:<14} {:>9.0} {:>9.0} {:>10.0} {:>9.0} {:>10.0} {:>6.3} {:>9} {:>7} {:>6.3} {:>8.2} {:>6.1}",
+                        "{:<14} {:>9.0} {:>9.0} {:>10.0} {:>9.0} {:>10.0} {:>6.3} {:>9} {:>7} {:>6.3} {:>6.3} {:>8.2} {:>6.1}",
                         p.to_string(), r.avg_jct, r.p50_jct, r.p99_jct, r.avg_wait, r.p99_wait, r.utilization,
-                        r.makespan, r.preemptions, r.jain_slowdown, r.worst_user_slowdown, secs
+                        r.makespan, r.preemptions,
+                        if r.allocated_gpu_s > 0.0 { r.wasted_gpu_s / r.allocated_gpu_s } else { 0.0 },
+                        r.jain_slowdown, r.worst_user_slowdown, secs
                     );
                 }
             }

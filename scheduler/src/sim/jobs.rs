@@ -227,6 +227,10 @@ pub struct JobsReport {
     pub utilization: f64,
     pub makespan: u64,
     pub preemptions: u64,
+    /// GPU-seconds of work lost to preemption (done again after a restart) and of restarts.
+    pub wasted_gpu_s: f64,
+    /// GPU-seconds allocated to jobs, wasted ones included.
+    pub allocated_gpu_s: f64,
     pub jain_slowdown: f64,
     pub worst_user_slowdown: f64,
     pub cycles: u64,
@@ -244,6 +248,11 @@ struct JobState {
     allocated: u64,
     /// The checkpoint of the current run last told to the decider.
     reported_checkpoint: Option<Time>,
+    /// Told to stop: the run ends then, holding its GPUs until it does (the grace period).
+    stopping: Option<Time>,
+    /// GPU-seconds of work lost to preemption (progress past the last checkpoint) and paid
+    /// again in restarts.
+    wasted: f64,
 }
 
 /// Who decides where and when jobs run. The simulator's world (arrivals, true run times,
@@ -261,9 +270,11 @@ pub trait Decider {
     fn checkpoint(&mut self, task: &str, at: Time);
     /// The current run of `task` did all its work at `now`.
     fn finish(&mut self, task: &str, now: Time);
-    /// One scheduling cycle at `now`. Runs it preempts have ended at `now` and their tasks wait
-    /// again when it returns.
+    /// One scheduling cycle at `now`. Runs it preempts are told to stop: each keeps its GPUs
+    /// until [`Decider::stopped`] (the policy's grace period later, or at once without one).
     fn cycle(&mut self, now: Time) -> Round;
+    /// A run told to stop has stopped at `at`; its task waits again.
+    fn stopped(&mut self, task: &str, at: Time);
 }
 
 /// What one cycle did.
@@ -338,8 +349,8 @@ impl Decider for InProcess {
         for dec in d.decisions {
             match dec {
                 Decision::Preempt { task, .. } => {
-                    if let Some(req) = self.snap.end_run(&task, now, None, &self.policy) {
-                        self.snap.add_pending(req);
+                    if let Some(r) = self.snap.running_mut().find(|r| r.request.id == task) {
+                        r.preempting = true;
                         round.preempted.push(task);
                     }
                 }
@@ -351,6 +362,12 @@ impl Decider for InProcess {
         }
         self.snap.place(round.placed.clone(), now);
         round
+    }
+
+    fn stopped(&mut self, task: &str, at: Time) {
+        if let Some(req) = self.snap.end_run(task, at, None, &self.policy) {
+            self.snap.add_pending(req);
+        }
     }
 }
 
@@ -445,6 +462,8 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
     let mut waiting = 0usize;
     let mut used_gpus = 0u64;
     let mut completions: BinaryHeap<Reverse<(Time, usize, u32)>> = BinaryHeap::new();
+    // Runs told to stop, by when they stop.
+    let mut stops: BinaryHeap<Reverse<(Time, usize, u32)>> = BinaryHeap::new();
     let mut next_arrival = 0usize;
     let mut preemptions = 0u64;
     let mut cycles = 0u64;
@@ -458,8 +477,9 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
         // Next event: arrival, completion, or a tick while jobs wait.
         let na = order.get(next_arrival).map(|&i| jobs[i].submit);
         let nc = completions.peek().map(|Reverse((t, _, _))| *t);
+        let ns = stops.peek().map(|Reverse((t, _, _))| *t);
         let nt = (waiting > 0).then_some(last_cycle + cfg.tick_s);
-        let Some(t) = [na, nc, nt].into_iter().flatten().min() else {
+        let Some(t) = [na, nc, ns, nt].into_iter().flatten().min() else {
             break;
         };
         now = now.max(t);
@@ -492,6 +512,23 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
             running.retain(|&r| r != s);
             st[s].finish = Some(now);
             decider.finish(&id_of(s), now);
+            changed = true;
+            freed = true;
+        }
+        // Runs told to stop stop now (unless they finished first).
+        while let Some(&Reverse((t, s, attempt))) = stops.peek() {
+            if t > now {
+                break;
+            }
+            stops.pop();
+            if st[s].attempt != attempt || st[s].run_start.is_none() {
+                continue;
+            }
+            used_gpus -= st[s].allocated;
+            preempt(&mut st[s], t, cfg.checkpoint_s);
+            running.retain(|&x| x != s);
+            waiting += 1;
+            decider.stopped(&id_of(s), t);
             changed = true;
             freed = true;
         }
@@ -532,14 +569,22 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
             let mut decided: Vec<Decided> = Vec::new();
             for task in &r.preempted {
                 let s = seq_of(task);
-                if st[s].run_start.is_none() {
+                if st[s].run_start.is_none() || st[s].stopping.is_some() {
                     continue;
                 }
-                used_gpus -= st[s].allocated;
-                preempt(&mut st[s], now, cfg.checkpoint_s);
-                running.retain(|&x| x != s);
-                waiting += 1;
                 preemptions += 1;
+                if policy.grace_s > 0 {
+                    // It checkpoints and stops within the grace period, holding its GPUs.
+                    let at = now + policy.grace_s;
+                    st[s].stopping = Some(at);
+                    stops.push(Reverse((at, s, st[s].attempt)));
+                } else {
+                    used_gpus -= st[s].allocated;
+                    preempt(&mut st[s], now, cfg.checkpoint_s);
+                    running.retain(|&x| x != s);
+                    waiting += 1;
+                    decider.stopped(task, now);
+                }
                 decided.push(Decided {
                     at: now,
                     round,
@@ -556,6 +601,7 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
                 st.attempt += 1;
                 st.allocated = placements.iter().map(|w| w.gpu_indices.len() as u64).sum();
                 st.reported_checkpoint = None;
+                st.stopping = None;
                 used_gpus += st.allocated;
                 running.push(s);
                 waiting -= 1;
@@ -571,13 +617,18 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
             // Within a cycle, decisions are a set: the log keeps them in one order.
             decided.sort();
             log.extend(decided);
-            if r.preempted.is_empty() {
+            // Only GPUs freed at once are worth another cycle now.
+            if r.preempted.is_empty() || policy.grace_s > 0 {
                 break;
             }
             freed = true;
         }
         blocked_after_last = waiting > 0;
-        if running.is_empty() && completions.is_empty() && next_arrival == order.len() {
+        if running.is_empty()
+            && completions.is_empty()
+            && stops.is_empty()
+            && next_arrival == order.len()
+        {
             // Nothing runs and nothing will arrive: whatever still waits can never start.
             break;
         }
@@ -588,6 +639,7 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
     let mut wait = Vec::new();
     let mut per_user: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
     let mut alloc_gpu_s = 0.0;
+    let mut wasted_gpu_s = 0.0;
     let first_submit = order.iter().map(|&i| jobs[i].submit).min().unwrap_or(0);
     let mut last_finish = first_submit;
     for (s, &i) in order.iter().enumerate() {
@@ -597,6 +649,7 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
         jct.push(c);
         wait.push(c - st.ran as f64);
         alloc_gpu_s += st.attained;
+        wasted_gpu_s += st.wasted;
         last_finish = last_finish.max(f);
         let e = per_user.entry(jobs[i].user.as_str()).or_default();
         e.0 += c / (jobs[i].runtime.max(60) as f64);
@@ -622,6 +675,8 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
         },
         makespan,
         preemptions,
+        wasted_gpu_s,
+        allocated_gpu_s: alloc_gpu_s,
         jain_slowdown: if sq > 0.0 {
             sum * sum / (means.len() as f64 * sq)
         } else {
@@ -651,13 +706,19 @@ fn finish_run(s: &mut JobState, now: Time) {
     let d = now - start;
     s.ran += d;
     s.attained += d as f64 * s.allocated as f64;
+    // A restart after a preemption does no work.
+    s.wasted += d.min(s.overhead) as f64 * s.allocated as f64;
 }
 
 fn preempt(s: &mut JobState, now: Time, ckpt: u64) {
     let start = s.run_start.expect("running");
     let progress = s.ckpt_progress + (now - start).saturating_sub(s.overhead);
+    let gpus = s.allocated as f64;
     finish_run(s, now);
-    s.ckpt_progress = s.ckpt_progress.max(progress / ckpt * ckpt);
+    let kept = s.ckpt_progress.max(progress / ckpt * ckpt);
+    // Work past the last checkpoint is done again.
+    s.wasted += (progress - kept) as f64 * gpus;
+    s.ckpt_progress = kept;
 }
 
 /// Wall time of the latest checkpoint in the current run, if it has reached one.

@@ -96,14 +96,15 @@ pub async fn finished(
     let t = current_run(state, node, task_id, report.attempt).await?;
     let now = state.clock.now_ms();
     match (kind, t.task.stop_reason.as_deref()) {
-        // Stopped on the scheduler's request (preempted, drained): back to the queue.
-        (_, Some(reason)) => {
+        // Stopped on the scheduler's request (preempted, drained), or failed while stopping:
+        // back to the queue. A run that completed its work before it stopped is done.
+        (None | Some(ExitKind::Error | ExitKind::Oom), Some(reason)) => {
             state
                 .store
                 .requeue_task(None, task_id, reason, &format!("stopped: {reason}"), now)
                 .await?;
         }
-        (Some(kind), None) => {
+        (Some(kind), _) => {
             let spec = spec_of(&t.task)?;
             let earlier_failures = state
                 .store

@@ -20,6 +20,7 @@ crate::on_both_backends!(
     utilization_comes_from_the_store_and_unmeasured_time_is_neutral,
     the_policy_and_shares_come_from_configuration,
     a_run_its_node_no_longer_has_is_requeued_at_once,
+    a_run_that_completes_while_it_is_being_stopped_is_done,
 );
 
 struct Cluster {
@@ -422,4 +423,29 @@ async fn a_run_its_node_no_longer_has_is_requeued_at_once(b: Backend) {
     c.finished(&a, 2, "error").await;
     assert_eq!(c.task(&x, &a).await["state"], "pending");
     assert_eq!(c.cycle_and_start().await, vec![(a.clone(), 3)]);
+}
+
+/// A victim told to stop that finishes its work within its grace period is done, not requeued
+/// (the simulator's world completes it too).
+async fn a_run_that_completes_while_it_is_being_stopped_is_done(b: Backend) {
+    let mut c = cluster(b, |_| {}).await;
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    let y = c.app.signup("y@example.com", "Lab Y").await;
+    c.at(0);
+    let a = c.submit(&x, whole_node("a", 0.0)).await;
+    assert_eq!(c.cycle_and_start().await, vec![(a.clone(), 1)]);
+    c.at(4_900);
+    c.agent
+        .save(&a, 1, "checkpoint", 1, &[("w.pt", b"w")])
+        .await;
+    c.at(5_000);
+    let bee = c.submit(&y, whole_node("b", 1.0)).await;
+    c.cycle().await;
+    let (_, stop) = c.poll().await;
+    assert_eq!(stop, vec![a.clone()], "the older run is preempted");
+    c.at(5_030);
+    c.finished(&a, 1, "success").await;
+    let t = c.task(&x, &a).await;
+    assert_eq!(t["state"], "completed", "{t}");
+    assert_eq!(c.cycle_and_start().await, vec![(bee, 1)]);
 }
