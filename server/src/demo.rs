@@ -10,10 +10,9 @@ use autodl_agent::{
     SimulatedBackend,
 };
 
-use crate::agents::REGISTRATION_TOKEN_PREFIX;
-use crate::auth::secrets::{digest, new_id, random_hex};
+use crate::app::agents::{issue_registration_token, TokenGrant};
+use crate::auth::secrets::new_id;
 use crate::state::AppState;
-use crate::store::RegistrationTokenRecord;
 
 pub const DEMO_NODES: [(&str, &str); 2] = [("demo-a100", "4xA100-40G"), ("demo-a40", "4xA40")];
 
@@ -50,23 +49,18 @@ pub async fn start_agents(
         // A single-use token per node, made directly in the store (the demo has no
         // administrator yet) and bound to the node, so a restarted demo whose agent state was
         // deleted may register the node again.
-        let token = format!("{REGISTRATION_TOKEN_PREFIX}{}", random_hex(24));
-        let now = state.clock.now_ms();
-        state
-            .store
-            .create_registration_token(&RegistrationTokenRecord {
-                id: new_id(),
+        let (token, _) = issue_registration_token(
+            state.store.as_ref(),
+            TokenGrant {
                 name: format!("demo agent {node}"),
-                token_hash: digest(&token),
                 created_by: owner.clone(),
-                created_at: now,
-                expires_at: now + 3_600_000,
-                revoked: false,
-                max_uses: 1,
-                uses: 0,
                 node_id: Some(node.to_string()),
-            })
-            .await?;
+                max_uses: 1,
+                valid_ms: 3_600_000,
+            },
+            state.clock.now_ms(),
+        )
+        .await?;
         let mut config = AgentConfig::new(state.settings.public_url())
             .node_id(*node)
             .zone("demo")

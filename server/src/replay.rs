@@ -24,13 +24,13 @@ use autodl_scheduler::{TaskRequest, Time, WorkerPlacement};
 use serde_json::{json, Value};
 use tokio::runtime::Handle;
 
-use crate::agents::REGISTRATION_TOKEN_PREFIX;
-use crate::auth::secrets::{digest, new_id, random_hex};
+use crate::app::agents::{issue_registration_token, TokenGrant};
+use crate::auth::secrets::random_hex;
 use crate::clock::{Clock, ManualClock, SystemClock};
 use crate::config::Settings;
 use crate::scheduling::Runner;
 use crate::startup::Application;
-use crate::store::{self, RegistrationTokenRecord};
+use crate::store;
 
 /// What the simulated nodes have and the jobs ask for, beside whole GPUs: real enough for the
 /// server's validation (a task asks for some CPU and memory), never binding.
@@ -248,22 +248,18 @@ impl LiveCluster {
         let hw = &cfg.hardware;
         let mut agents = Vec::new();
         for node in jobs::nodes(cfg) {
-            let token = format!("{REGISTRATION_TOKEN_PREFIX}{}", random_hex(24));
-            state
-                .store
-                .create_registration_token(&RegistrationTokenRecord {
-                    id: new_id(),
+            let (token, _) = issue_registration_token(
+                state.store.as_ref(),
+                TokenGrant {
                     name: format!("replay agent {}", node.id),
-                    token_hash: digest(&token),
                     created_by: owner_id.clone(),
-                    created_at: start_ms,
-                    expires_at: start_ms + 3_600_000,
-                    revoked: false,
-                    max_uses: 1,
-                    uses: 0,
                     node_id: Some(node.id.clone()),
-                })
-                .await?;
+                    max_uses: 1,
+                    valid_ms: 3_600_000,
+                },
+                start_ms,
+            )
+            .await?;
             let gpus: Vec<AgentGpu> = node
                 .gpus
                 .iter()

@@ -7,13 +7,46 @@ use std::collections::HashSet;
 use autodl_common::agent::{AgentHost, RegisterRequest, RegisterResponse};
 use autodl_scheduler::Gpu;
 
-use crate::agents::NODE_CREDENTIAL_PREFIX;
-use crate::auth::secrets::{digest, random_hex};
+use crate::agents::{NODE_CREDENTIAL_PREFIX, REGISTRATION_TOKEN_PREFIX};
+use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::domain::{parse_node_id, NodeStatus};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::NodeRecord;
+use crate::store::{NodeRecord, RegistrationTokenRecord, Store, StoreResult};
 use crate::tasks::access::{self, Isolation};
+
+/// What a new registration token allows.
+pub struct TokenGrant {
+    pub name: String,
+    pub created_by: String,
+    /// Only this node may register with it (and take the node over if it exists).
+    pub node_id: Option<String>,
+    pub max_uses: u32,
+    pub valid_ms: i64,
+}
+
+/// Makes a registration token: only its digest is stored, the token itself is returned once.
+pub async fn issue_registration_token(
+    store: &dyn Store,
+    grant: TokenGrant,
+    now: i64,
+) -> StoreResult<(String, RegistrationTokenRecord)> {
+    let token = format!("{REGISTRATION_TOKEN_PREFIX}{}", random_hex(24));
+    let rec = RegistrationTokenRecord {
+        id: new_id(),
+        name: grant.name,
+        token_hash: digest(&token),
+        created_by: grant.created_by,
+        created_at: now,
+        expires_at: now + grant.valid_ms,
+        revoked: false,
+        max_uses: i64::from(grant.max_uses),
+        uses: 0,
+        node_id: grant.node_id,
+    };
+    store.create_registration_token(&rec).await?;
+    Ok((token, rec))
+}
 
 /// Registers (or, with a token made for it, re-registers) the node and hands its agent a new
 /// credential. The token is counted only once everything else is valid.

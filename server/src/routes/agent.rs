@@ -13,9 +13,7 @@ use serde::Deserialize;
 
 use crate::agents::dispatch::work_for;
 use crate::agents::node_caller::NodeCaller;
-use crate::agents::REGISTRATION_TOKEN_PREFIX;
 use crate::app::{agents, reports};
-use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::Caller;
 use crate::domain::NodeStatus;
 use crate::domain::{parse_name, parse_node_id};
@@ -74,21 +72,18 @@ pub async fn create_token(
             ));
         }
     }
-    let now = state.clock.now_ms();
-    let token = format!("{REGISTRATION_TOKEN_PREFIX}{}", random_hex(24));
-    let rec = RegistrationTokenRecord {
-        id: new_id(),
-        name,
-        token_hash: digest(&token),
-        created_by: caller.user.id.clone(),
-        created_at: now,
-        expires_at: now + i64::from(hours) * 3_600_000,
-        revoked: false,
-        max_uses: i64::from(max_uses),
-        uses: 0,
-        node_id: body.node_id.clone(),
-    };
-    state.store.create_registration_token(&rec).await?;
+    let (token, rec) = agents::issue_registration_token(
+        state.store.as_ref(),
+        agents::TokenGrant {
+            name,
+            created_by: caller.user.id.clone(),
+            node_id: body.node_id.clone(),
+            max_uses,
+            valid_ms: i64::from(hours) * 3_600_000,
+        },
+        state.clock.now_ms(),
+    )
+    .await?;
     Ok(HttpResponse::Created().json(token_info(&rec, Some(token))))
 }
 
