@@ -396,8 +396,9 @@ pub struct FragModel {
 
 impl FragModel {
     /// Keeps the most frequent shapes that together make up `coverage` of the weight, so the
-    /// per-node cost stays bounded; weights are renormalised. Shapes without GPUs are dropped:
-    /// they cannot use GPU capacity, so they would add the same constant to every node.
+    /// per-node cost stays bounded; weights are renormalised. This is autodl's own model:
+    /// shapes without GPUs are dropped, because the stranded-capacity term already charges a
+    /// node for running out of CPU or memory. The `fgd` baseline uses [`FragModel::paper`].
     pub fn from_counts(
         mut counts: Vec<(WorkerNeed, f64)>,
         coverage: f64,
@@ -434,6 +435,40 @@ impl FragModel {
             shapes,
             cpu_per_unit: cpu / units,
             mem_per_unit: mem / units,
+        }
+    }
+
+    /// The typical-task model as the FGD paper defines it, for the `fgd` baseline. Its shapes
+    /// are CPU, GPU count, GPU share and type (the caller leaves memory out, as the paper's
+    /// "cannot fit" names only type, CPU and GPUs). CPU-only tasks stay in the model: one that
+    /// fits sees no fragment, one whose CPU ran out sees every idle GPU as one, so using up a
+    /// node's CPU is charged. The most popular shapes are kept until they cover `coverage` of
+    /// the tasks, however many that takes.
+    pub fn paper(mut counts: Vec<(WorkerNeed, f64)>, coverage: f64) -> FragModel {
+        counts.retain(|(_, w)| *w > 0.0);
+        counts.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let total: f64 = counts.iter().map(|c| c.1).sum();
+        let mut acc = 0.0;
+        let mut shapes = Vec::new();
+        for (n, w) in counts {
+            if acc >= coverage * total {
+                break;
+            }
+            acc += w;
+            shapes.push((n, w / total));
+        }
+        let sum: f64 = shapes
+            .iter()
+            .map(|s| s.1)
+            .sum::<f64>()
+            .max(f64::MIN_POSITIVE);
+        for s in &mut shapes {
+            s.1 /= sum;
+        }
+        FragModel {
+            shapes,
+            cpu_per_unit: 0.0,
+            mem_per_unit: 0.0,
         }
     }
 
@@ -974,5 +1009,27 @@ mod tests {
             .place_worker(&mut cap, &need, &|_| true, &mut rng)
             .is_none());
         assert_eq!(cap.nodes[0].gpus[0].free, 200);
+    }
+
+    /// The paper's model keeps CPU-only tasks: taking the CPU they need strands the node's idle
+    /// GPUs for them, which the fragmentation FGD minimises has to show.
+    #[test]
+    fn paper_model_charges_cpu_only_tasks_for_exhausted_cpu() {
+        let nodes = vec![node("a", 2, "T4")];
+        let mut cap = Capacity::new(&nodes, &[], 0);
+        let cpu_only = WorkerNeed {
+            gpus: 0,
+            demand: GpuDemand::Share(0),
+            cpu_millis: 8_000,
+            mem_bytes: 0,
+            types: cap.type_mask(&[]),
+            classes: cap.class_mask(&[], &[]),
+        };
+        let paper = FragModel::paper(vec![(cpu_only.clone(), 1.0)], 0.95);
+        assert_eq!(paper.node_frag(&cap.nodes[0]), 0.0);
+        let ours = FragModel::from_counts(vec![(cpu_only, 1.0)], 0.95, 64, 1000);
+        assert!(ours.shapes.is_empty());
+        cap.nodes[0].cpu_free = 4_000;
+        assert_eq!(paper.node_frag(&cap.nodes[0]), 2000.0);
     }
 }

@@ -147,15 +147,25 @@ fn need_of(cap: &Capacity, p: &Pod) -> WorkerNeed {
 
 /// The typical-task model FGD needs: task shapes of the trace weighted by how often they occur,
 /// covering 95% of the tasks.
-pub fn frag_model(cap: &Capacity, pods: &[Pod]) -> FragModel {
+pub fn frag_model(cap: &Capacity, pods: &[Pod], policy: PlacementPolicy) -> FragModel {
+    let paper = policy == PlacementPolicy::Fgd;
     let mut counts: HashMap<WorkerNeed, f64> = HashMap::new();
     for p in pods {
-        *counts.entry(need_of(cap, p)).or_default() += 1.0;
+        let mut need = need_of(cap, p);
+        if paper {
+            // The paper's task shapes carry no memory.
+            need.mem_bytes = 0;
+        }
+        *counts.entry(need).or_default() += 1.0;
     }
     let mut v: Vec<(WorkerNeed, f64)> = counts.into_iter().collect();
-    // Deterministic order before the stable sort inside `from_counts`.
+    // Deterministic order before the stable sorts inside the constructors.
     v.sort_by(|a, b| a.0.cmp(&b.0));
-    FragModel::from_counts(v, 0.95, 64, MILLI)
+    if paper {
+        FragModel::paper(v, 0.95)
+    } else {
+        FragModel::from_counts(v, 0.95, 64, MILLI)
+    }
 }
 
 /// The arrival sequence for one seed: sorted by name, shuffled, inflated (or thinned) to 130%
@@ -237,7 +247,7 @@ pub fn replay(
     seed: u64,
 ) -> Replay {
     let mut cap = Capacity::new(nodes, &[], 0);
-    let model = frag_model(&cap, pods);
+    let model = frag_model(&cap, pods, policy);
     let mut placer = Placer::new(policy, model);
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
     let (mut arrived, mut used) = (0u64, 0u64);
