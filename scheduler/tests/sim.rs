@@ -120,6 +120,67 @@ fn preemption_keeps_the_last_checkpoint() {
     assert!(close(f.avg_jct, (10_000.0 + 6_400.0) / 2.0), "{f:?}");
 }
 
+/// The clairvoyant reference pays the same for a preemption as the policies: on the scenario
+/// above it preempts too (the long job would still need 6,400 s + 60 s after stopping, the short
+/// one 100 s) and gets the same numbers. When the running job is nearly done, it does not.
+#[test]
+fn srtf_oracle_preempts_only_for_a_shorter_job() {
+    let job = |id: &str, submit, runtime| jobs::Job {
+        id: id.into(),
+        user: id.into(),
+        submit,
+        gpus: 1,
+        runtime,
+    };
+    let cfg = JobsConfig {
+        nodes: 1,
+        gpus_per_node: 1,
+        policy: JobPolicy::SrtfOracle,
+        ..JobsConfig::default()
+    };
+    let r = jobs::run(&[job("long", 0, 10_000), job("short", 3_700, 100)], &cfg);
+    assert_eq!(r.preemptions, 1, "{r:?}");
+    assert_eq!(r.makespan, 10_380);
+    assert!(close(r.wasted_gpu_s, 220.0 + 60.0), "{r:?}");
+    // Stopped at 3,700 the 4,000 s job would still need 460 s: the 1,000 s job waits for it.
+    let r = jobs::run(&[job("long", 0, 4_000), job("short", 3_700, 1_000)], &cfg);
+    assert_eq!(r.preemptions, 0, "{r:?}");
+    assert_eq!(r.makespan, 5_000);
+}
+
+/// Every job of a dense mixed trace (multi-node jobs included) finishes under the oracle, and
+/// its average JCT is no worse than the policy's, which does not know run times.
+#[test]
+fn srtf_oracle_finishes_every_job() {
+    let mut js = Vec::new();
+    for i in 0..400u64 {
+        js.push(jobs::Job {
+            id: i.to_string(),
+            user: format!("u{}", i % 5),
+            submit: i * 41 % 20_000,
+            gpus: [1, 1, 2, 4, 8, 16][(i % 6) as usize] as u32,
+            runtime: 200 + (i * 7_919) % 30_000,
+        });
+    }
+    let cfg = JobsConfig {
+        nodes: 4,
+        gpus_per_node: 8,
+        policy: JobPolicy::SrtfOracle,
+        ..JobsConfig::default()
+    };
+    let oracle = jobs::run(&js, &cfg);
+    assert_eq!(oracle.jobs, 400, "{oracle:?}");
+    assert!(oracle.preemptions > 0);
+    let autodl = jobs::run(
+        &js,
+        &JobsConfig {
+            policy: JobPolicy::Autodl,
+            ..cfg
+        },
+    );
+    assert!(oracle.avg_jct <= autodl.avg_jct, "{oracle:?} vs {autodl:?}");
+}
+
 #[test]
 fn job_simulation_is_deterministic() {
     let mut js = Vec::new();

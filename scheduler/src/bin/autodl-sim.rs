@@ -151,6 +151,7 @@ fn main() -> Result<()> {
                     JobPolicy::FifoBackfill,
                     JobPolicy::Multifactor,
                     JobPolicy::Autodl,
+                    JobPolicy::SrtfOracle,
                 ]
             } else {
                 vec![policy.parse().map_err(anyhow::Error::msg)?]

@@ -31,6 +31,8 @@ pub enum JobPolicy {
     Multifactor,
     #[default]
     Autodl,
+    /// Not a policy: the clairvoyant reference ([`crate::sim::oracle`]).
+    SrtfOracle,
 }
 
 impl JobPolicy {
@@ -39,7 +41,9 @@ impl JobPolicy {
             JobPolicy::Fifo => PolicyConfig::fifo(),
             JobPolicy::FifoBackfill => PolicyConfig::fifo_backfill(),
             JobPolicy::Multifactor => PolicyConfig::multifactor(),
-            JobPolicy::Autodl => PolicyConfig::default(),
+            // The oracle decides itself; the world takes the grace period and checkpoint
+            // rules from autodl's, so both pay the same for a preemption.
+            JobPolicy::Autodl | JobPolicy::SrtfOracle => PolicyConfig::default(),
         };
         c.explain_pending = false;
         c
@@ -54,8 +58,9 @@ impl std::str::FromStr for JobPolicy {
             "fifo-backfill" => Ok(Self::FifoBackfill),
             "multifactor" => Ok(Self::Multifactor),
             "autodl" => Ok(Self::Autodl),
+            "srtf-oracle" => Ok(Self::SrtfOracle),
             _ => Err(format!(
-                "unknown job policy {s:?} (fifo, fifo-backfill, multifactor, autodl)"
+                "unknown job policy {s:?} (fifo, fifo-backfill, multifactor, autodl, srtf-oracle)"
             )),
         }
     }
@@ -68,6 +73,7 @@ impl std::fmt::Display for JobPolicy {
             JobPolicy::FifoBackfill => "fifo-backfill",
             JobPolicy::Multifactor => "multifactor",
             JobPolicy::Autodl => "autodl",
+            JobPolicy::SrtfOracle => "srtf-oracle",
         })
     }
 }
@@ -433,7 +439,24 @@ pub fn request(job: &Job, id: TaskId, cfg: &JobsConfig) -> TaskRequest {
 
 /// Simulates the whole trace and reports the benchmark's metrics.
 pub fn run(jobs: &[Job], cfg: &JobsConfig) -> JobsReport {
+    if cfg.policy == JobPolicy::SrtfOracle {
+        let (order, _) = admitted(jobs, cfg);
+        let mut oracle = crate::sim::oracle::Clairvoyant::new(jobs, &order, cfg);
+        return replay(jobs, cfg, &mut oracle).report;
+    }
     replay(jobs, cfg, &mut InProcess::new(cfg)).report
+}
+
+/// The jobs the world submits, in submission order (task id `k` is job `order[k]`), and how
+/// many it refuses because they need more nodes than the cluster has.
+pub fn admitted(jobs: &[Job], cfg: &JobsConfig) -> (Vec<usize>, usize) {
+    let gpn = cfg.gpus_per_node;
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by_key(|&i| (jobs[i].submit, i));
+    let before = order.len();
+    order.retain(|&i| jobs[i].gpus.div_ceil(gpn) <= cfg.nodes);
+    let rejected = before - order.len();
+    (order, rejected)
 }
 
 /// Runs the trace's world with `decider` deciding; the log holds every decision.
@@ -441,16 +464,7 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
     let policy = cfg.policy.config();
     let gpn = cfg.gpus_per_node;
     let capacity = u64::from(cfg.nodes * gpn);
-    let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by_key(|&i| (jobs[i].submit, i));
-    let mut rejected = 0;
-    order.retain(|&i| {
-        let ok = jobs[i].gpus.div_ceil(gpn) <= cfg.nodes;
-        if !ok {
-            rejected += 1;
-        }
-        ok
-    });
+    let (order, rejected) = admitted(jobs, cfg);
     // Task ids are positions in `order`; their width keeps them sorted as numbers.
     let width = order.len().to_string().len();
     let id_of = |seq: usize| format!("{seq:0width$}");

@@ -2,6 +2,7 @@
 //! deterministic for a given input and seed; the `autodl-sim` binary is a thin wrapper.
 
 pub mod jobs;
+pub mod oracle;
 pub mod packing;
 
 /// Errors reading a trace.
