@@ -118,6 +118,16 @@ fn main() -> Result<()> {
                         r.frag_130
                     );
                 }
+                if policy == "all" {
+                    let t = Instant::now();
+                    let (a100, a130) = packing::offline(&node_list, &pod_list, &seeds);
+                    eprintln!("offline: {:.1} s", t.elapsed().as_secs_f64());
+                    println!(
+                        "{:<8} {:>10.2} {:>10.2} {:>10}",
+                        "offline*", a100, a130, "-"
+                    );
+                    println!("* a reference: sees every task in advance (see scheduler/README.md)");
+                }
             }
         }
         Cmd::Jobs {
