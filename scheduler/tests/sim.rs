@@ -266,3 +266,57 @@ fn seed_ranges_parse() {
     );
     assert!(autodl_scheduler::sim::parse_seeds("5-1").is_err());
 }
+
+/// Two users with the same jobs competing for one node: with utilisation drawn per user, the
+/// factor moves the busier user's jobs ahead; without it, both fare alike.
+#[test]
+fn utilization_factor_favours_the_busier_user() {
+    let mut js = Vec::new();
+    for i in 0..60u64 {
+        js.push(jobs::Job {
+            id: i.to_string(),
+            user: format!("u{}", i % 2),
+            submit: i * 10,
+            gpus: 8,
+            runtime: 1_000,
+        });
+    }
+    let seed = 7;
+    let util = jobs::user_utilization(&js, seed);
+    assert_eq!(util, jobs::user_utilization(&js, seed));
+    assert!(util.values().all(|u| (0.0..=1.0).contains(u)));
+    let (busy, idle) = if util["u0"] > util["u1"] {
+        ("u0", "u1")
+    } else {
+        ("u1", "u0")
+    };
+    assert!(util[busy] - util[idle] > 0.1, "{util:?}");
+    let cfg = JobsConfig {
+        nodes: 1,
+        gpus_per_node: 8,
+        policy: JobPolicy::Autodl,
+        util_seed: Some(seed),
+        ..JobsConfig::default()
+    };
+    let avg_of = |r: &jobs::JobsReport, u: f64| -> f64 {
+        let b = r
+            .util_bands
+            .iter()
+            .find(|b| u >= b.from && (u < b.to || b.to >= 1.0))
+            .unwrap();
+        b.avg_jct
+    };
+    let on = jobs::run(&js, &cfg);
+    assert_eq!(on.util_bands.iter().map(|b| b.jobs).sum::<usize>(), 60);
+    let off = jobs::run(
+        &js,
+        &JobsConfig {
+            util_factor: false,
+            ..cfg
+        },
+    );
+    assert!(
+        avg_of(&on, util[busy]) < avg_of(&off, util[busy]),
+        "{on:?}\n{off:?}"
+    );
+}

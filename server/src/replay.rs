@@ -174,7 +174,7 @@ impl LiveCluster {
         start_ms: i64,
     ) -> anyhow::Result<LiveCluster> {
         let clock = Arc::new(ManualClock::new(start_ms));
-        let mut policy = cfg.policy.config();
+        let mut policy = cfg.policy_config();
         policy.explain_pending = true;
         let settings = Settings {
             listen: "127.0.0.1:0".parse()?,

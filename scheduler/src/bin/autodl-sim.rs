@@ -48,9 +48,14 @@ enum Cmd {
         nodes: u32,
         #[arg(long, default_value_t = 8)]
         gpus_per_node: u32,
-        /// fifo, fifo-backfill, multifactor, autodl, or `all`.
+        /// fifo, fifo-backfill, multifactor, autodl, srtf-oracle, or `all`.
         #[arg(long, default_value = "autodl")]
         policy: String,
+        /// Draw each user's GPU utilisation with this seed (Beta(2, 2), see the README) and
+        /// report average JCT per utilisation band; autodl also runs without its utilisation
+        /// factor, as `autodl-no-util`.
+        #[arg(long)]
+        util_seed: Option<u64>,
         #[arg(long)]
         json: bool,
     },
@@ -136,6 +141,7 @@ fn main() -> Result<()> {
             nodes,
             gpus_per_node,
             policy,
+            util_seed,
             json,
         } => {
             let mut job_list = Vec::new();
@@ -188,13 +194,26 @@ fn main() -> Result<()> {
                     "secs"
                 );
             }
+            let mut runs: Vec<(String, JobsConfig)> = Vec::new();
             for p in policies {
                 let cfg = JobsConfig {
                     nodes,
                     gpus_per_node,
                     policy: p,
+                    util_seed,
                     ..JobsConfig::default()
                 };
+                runs.push((p.to_string(), cfg.clone()));
+                if util_seed.is_some() && p == JobPolicy::Autodl {
+                    let off = JobsConfig {
+                        util_factor: false,
+                        ..cfg
+                    };
+                    runs.push(("autodl-no-util".into(), off));
+                }
+            }
+            let mut bands: Vec<(String, Vec<jobs::UtilBand>)> = Vec::new();
+            for (name, cfg) in runs {
                 let t = Instant::now();
                 let r = jobs::run(&job_list, &cfg);
                 let secs = t.elapsed().as_secs_f64();
@@ -205,17 +224,31 @@ fn main() -> Result<()> {
                         "utilization": r.utilization, "makespan": r.makespan, "preemptions": r.preemptions,
                         "wasted_gpu_s": r.wasted_gpu_s, "allocated_gpu_s": r.allocated_gpu_s,
                         "jain_slowdown": r.jain_slowdown, "worst_user_slowdown": r.worst_user_slowdown,
-                        "rejected": r.rejected, "sim_seconds": secs,
+                        "rejected": r.rejected, "sim_seconds": secs, "util_bands": r.util_bands,
+                        "name": name,
                     });
                     println!("{v}");
                 } else {
                     println!(
                         "{:<14} {:>9.0} {:>9.0} {:>10.0} {:>9.0} {:>10.0} {:>6.3} {:>9} {:>7} {:>6.3} {:>6.3} {:>8.2} {:>6.1}",
-                        p.to_string(), r.avg_jct, r.p50_jct, r.p99_jct, r.avg_wait, r.p99_wait, r.utilization,
+                        name.clone(), r.avg_jct, r.p50_jct, r.p99_jct, r.avg_wait, r.p99_wait, r.utilization,
                         r.makespan, r.preemptions,
                         if r.allocated_gpu_s > 0.0 { r.wasted_gpu_s / r.allocated_gpu_s } else { 0.0 },
                         r.jain_slowdown, r.worst_user_slowdown, secs
                     );
+                }
+                bands.push((name, r.util_bands));
+            }
+            if util_seed.is_some() && !json {
+                println!("average JCT by the user's GPU utilisation (jobs in band):");
+                for (name, b) in &bands {
+                    let cells: Vec<String> = b
+                        .iter()
+                        .map(|b| {
+                            format!("{:.2}-{:.2}: {:.0} ({})", b.from, b.to, b.avg_jct, b.jobs)
+                        })
+                        .collect();
+                    println!("{name:<14} {}", cells.join("   "));
                 }
             }
         }

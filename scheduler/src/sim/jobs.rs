@@ -177,7 +177,56 @@ pub struct JobsConfig {
     /// (age, attained service) take effect without an arrival or a completion.
     pub tick_s: u64,
     pub hardware: Hardware,
+    /// Seed of the per-user GPU utilisation ([`user_utilization`]); without one every job
+    /// keeps its GPUs fully busy and the utilisation factor never acts.
+    pub util_seed: Option<u64>,
+    /// Whether the policy weighs measured utilisation (off: its weight is zero), to measure
+    /// what the factor does.
+    pub util_factor: bool,
 }
+
+impl JobsConfig {
+    /// The policy as this run uses it.
+    pub fn policy_config(&self) -> PolicyConfig {
+        let mut c = self.policy.config();
+        if !self.util_factor {
+            c.weights.utilization = 0.0;
+        }
+        c
+    }
+}
+
+/// Each user's GPU utilisation, drawn once per user from Beta(2, 2) and held for all their jobs.
+/// Why this distribution: in published studies of shared training clusters (Microsoft's Philly,
+/// ATC'19), job GPU utilisation spreads across the whole range with a median near one half, and
+/// what sets it (input pipeline, model size, code) belongs to the user more than to the job.
+/// Beta(2, 2) has mean 0.5 and standard deviation 0.22, with few users at either extreme. Users
+/// are drawn in name order, so the result depends only on the seed and the set of users.
+pub fn user_utilization(jobs: &[Job], seed: u64) -> BTreeMap<String, f64> {
+    use rand::SeedableRng;
+    use rand_distr::Distribution;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let beta = rand_distr::Beta::new(2.0, 2.0).expect("valid parameters");
+    let users: std::collections::BTreeSet<&str> = jobs.iter().map(|j| j.user.as_str()).collect();
+    users
+        .into_iter()
+        .map(|u| (u.to_owned(), beta.sample(&mut rng)))
+        .collect()
+}
+
+/// Average JCT of the jobs whose user's utilisation falls in one band.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UtilBand {
+    /// Lower and upper utilisation of the band; the upper bound is exclusive but for 1.0.
+    pub from: f64,
+    pub to: f64,
+    pub jobs: usize,
+    pub avg_jct: f64,
+}
+
+/// The bands JCT is reported in: a third of the range each.
+pub const UTIL_BANDS: [(f64, f64); 3] =
+    [(0.0, 1.0 / 3.0), (1.0 / 3.0, 2.0 / 3.0), (2.0 / 3.0, 1.0)];
 
 impl Default for JobsConfig {
     fn default() -> Self {
@@ -189,6 +238,8 @@ impl Default for JobsConfig {
             restart_s: 60,
             tick_s: 600,
             hardware: Hardware::default(),
+            util_seed: None,
+            util_factor: true,
         }
     }
 }
@@ -240,6 +291,8 @@ pub struct JobsReport {
     pub jain_slowdown: f64,
     pub worst_user_slowdown: f64,
     pub cycles: u64,
+    /// Average JCT per band of user utilisation ([`UTIL_BANDS`]), when utilisation is drawn.
+    pub util_bands: Vec<UtilBand>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -281,6 +334,9 @@ pub trait Decider {
     fn cycle(&mut self, now: Time) -> Round;
     /// A run told to stop has stopped at `at`; its task waits again.
     fn stopped(&mut self, task: &str, at: Time);
+    /// The agents measure the current run of `task` at `util` GPU utilisation (as long as it
+    /// runs, until told otherwise). Deciders that do not weigh utilisation ignore it.
+    fn utilization(&mut self, _task: &str, _util: f64) {}
 }
 
 /// What one cycle did.
@@ -319,15 +375,18 @@ pub struct InProcess {
     sched: Scheduler,
     policy: PolicyConfig,
     snap: Snapshot,
+    /// Measured utilisation of running tasks, as the server keeps its agents' samples.
+    busy: BTreeMap<TaskId, f64>,
 }
 
 impl InProcess {
     pub fn new(cfg: &JobsConfig) -> InProcess {
-        let policy = cfg.policy.config();
+        let policy = cfg.policy_config();
         InProcess {
             sched: Scheduler::new(policy.clone()),
             snap: Snapshot::new(nodes(cfg), Default::default(), Default::default()),
             policy,
+            busy: BTreeMap::new(),
         }
     }
 }
@@ -344,12 +403,15 @@ impl Decider for InProcess {
     }
 
     fn finish(&mut self, task: &str, now: Time) {
-        self.snap.end_run(task, now, None, &self.policy);
+        let busy = self.busy.remove(task);
+        self.snap.end_run(task, now, busy, &self.policy);
     }
 
     fn cycle(&mut self, now: Time) -> Round {
         // Accounting up to now, exactly as the server's cycle does it.
-        self.snap.charge(now, |_| None, &self.policy);
+        let busy = &self.busy;
+        self.snap
+            .charge(now, |t| busy.get(t).copied(), &self.policy);
         let d = self.sched.schedule(self.snap.state(), now);
         let mut round = Round::default();
         for dec in d.decisions {
@@ -371,9 +433,14 @@ impl Decider for InProcess {
     }
 
     fn stopped(&mut self, task: &str, at: Time) {
-        if let Some(req) = self.snap.end_run(task, at, None, &self.policy) {
+        let busy = self.busy.remove(task);
+        if let Some(req) = self.snap.end_run(task, at, busy, &self.policy) {
             self.snap.add_pending(req);
         }
+    }
+
+    fn utilization(&mut self, task: &str, util: f64) {
+        self.busy.insert(task.to_owned(), util);
     }
 }
 
@@ -461,7 +528,8 @@ pub fn admitted(jobs: &[Job], cfg: &JobsConfig) -> (Vec<usize>, usize) {
 
 /// Runs the trace's world with `decider` deciding; the log holds every decision.
 pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Replay {
-    let policy = cfg.policy.config();
+    let policy = cfg.policy_config();
+    let user_util = cfg.util_seed.map(|seed| user_utilization(jobs, seed));
     let gpn = cfg.gpus_per_node;
     let capacity = u64::from(cfg.nodes * gpn);
     let (order, rejected) = admitted(jobs, cfg);
@@ -619,6 +687,9 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
                 used_gpus += st.allocated;
                 running.push(s);
                 waiting -= 1;
+                if let Some(u) = user_util.as_ref().and_then(|m| m.get(&jobs[j].user)) {
+                    decider.utilization(task, *u);
+                }
                 let remaining = jobs[j].runtime.saturating_sub(st.ckpt_progress) + st.overhead;
                 completions.push(Reverse((now + remaining, s, st.attempt)));
                 decided.push(Decided {
@@ -669,6 +740,28 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
         e.0 += c / (jobs[i].runtime.max(60) as f64);
         e.1 += 1;
     }
+    let util_bands = user_util.as_ref().map_or_else(Vec::new, |m| {
+        UTIL_BANDS
+            .iter()
+            .map(|&(from, to)| {
+                let in_band: Vec<f64> = order
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(s, &i)| {
+                        let u = m.get(&jobs[i].user).copied()?;
+                        let inside = u >= from && (u < to || (to >= 1.0 && u <= 1.0));
+                        Some((st[s].finish? - jobs[i].submit) as f64).filter(|_| inside)
+                    })
+                    .collect();
+                UtilBand {
+                    from,
+                    to,
+                    jobs: in_band.len(),
+                    avg_jct: mean(&in_band),
+                }
+            })
+            .collect()
+    });
     let means: Vec<f64> = per_user.values().map(|(s, n)| s / *n as f64).collect();
     let sum: f64 = means.iter().sum();
     let sq: f64 = means.iter().map(|x| x * x).sum();
@@ -698,6 +791,7 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
         },
         worst_user_slowdown: means.iter().copied().fold(0.0, f64::max),
         cycles,
+        util_bands,
     };
     Replay { report, log }
 }

@@ -16,6 +16,7 @@ fn config() -> JobsConfig {
         restart_s: 60,
         tick_s: 600,
         hardware: replay::hardware(),
+        ..JobsConfig::default()
     }
 }
 
