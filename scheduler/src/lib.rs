@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod config;
 mod fasthash;
+pub mod forecast;
 pub mod placement;
 pub mod priority;
 pub mod scheduler;

@@ -56,6 +56,10 @@ enum Cmd {
         /// factor, as `autodl-no-util`.
         #[arg(long)]
         util_seed: Option<u64>,
+        /// Predict each job's start when it arrives and has to wait, and report how far off
+        /// the predictions were.
+        #[arg(long)]
+        forecast: bool,
         #[arg(long)]
         json: bool,
     },
@@ -142,6 +146,7 @@ fn main() -> Result<()> {
             gpus_per_node,
             policy,
             util_seed,
+            forecast,
             json,
         } => {
             let mut job_list = Vec::new();
@@ -201,6 +206,7 @@ fn main() -> Result<()> {
                     gpus_per_node,
                     policy: p,
                     util_seed,
+                    forecast,
                     ..JobsConfig::default()
                 };
                 runs.push((p.to_string(), cfg.clone()));
@@ -224,7 +230,7 @@ fn main() -> Result<()> {
                         "utilization": r.utilization, "makespan": r.makespan, "preemptions": r.preemptions,
                         "wasted_gpu_s": r.wasted_gpu_s, "allocated_gpu_s": r.allocated_gpu_s,
                         "jain_slowdown": r.jain_slowdown, "worst_user_slowdown": r.worst_user_slowdown,
-                        "rejected": r.rejected, "sim_seconds": secs, "util_bands": r.util_bands,
+                        "rejected": r.rejected, "sim_seconds": secs, "util_bands": r.util_bands, "forecast": r.forecast,
                         "name": name,
                     });
                     println!("{v}");
@@ -235,6 +241,13 @@ fn main() -> Result<()> {
                         r.makespan, r.preemptions,
                         if r.allocated_gpu_s > 0.0 { r.wasted_gpu_s / r.allocated_gpu_s } else { 0.0 },
                         r.jain_slowdown, r.worst_user_slowdown, secs
+                    );
+                }
+                if let (Some(f), false) = (&r.forecast, json) {
+                    println!(
+                        "  start forecast at arrival: {} waiting jobs predicted ({} beyond the horizon, {} started at once); abs error median {:.0} s, p90 {:.0} s; median error / wait {:.2}; mean wait {:.0} s",
+                        f.predicted, f.beyond_horizon, f.started_at_once, f.median_abs_error_s,
+                        f.p90_abs_error_s, f.median_rel_error, f.mean_wait_s
                     );
                 }
                 bands.push((name, r.util_bands));

@@ -4,6 +4,7 @@
 //! when a job finishes.
 
 use crate::config::{Backfill, PolicyConfig};
+use crate::forecast::{estimate_starts, RuntimeHistory};
 use crate::scheduler::{Decision, Scheduler};
 use crate::sim::SimError;
 use crate::snapshot::Snapshot;
@@ -183,6 +184,9 @@ pub struct JobsConfig {
     /// Whether the policy weighs measured utilisation (off: its weight is zero), to measure
     /// what the factor does.
     pub util_factor: bool,
+    /// Ask the decider, when a job arrives and has to wait, when it will start; the report
+    /// then says how far off that was.
+    pub forecast: bool,
 }
 
 impl JobsConfig {
@@ -240,6 +244,7 @@ impl Default for JobsConfig {
             hardware: Hardware::default(),
             util_seed: None,
             util_factor: true,
+            forecast: false,
         }
     }
 }
@@ -293,6 +298,27 @@ pub struct JobsReport {
     pub cycles: u64,
     /// Average JCT per band of user utilisation ([`UTIL_BANDS`]), when utilisation is drawn.
     pub util_bands: Vec<UtilBand>,
+    /// With `forecast`: how good the start times predicted at arrival were.
+    pub forecast: Option<ForecastAccuracy>,
+}
+
+/// Start times predicted when a job arrived and could not start at once, against when it did
+/// start.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ForecastAccuracy {
+    /// Jobs that had to wait and got a prediction.
+    pub predicted: usize,
+    /// Jobs that had to wait but were beyond the forward run's horizon.
+    pub beyond_horizon: usize,
+    /// Jobs that started at arrival (no prediction needed).
+    pub started_at_once: usize,
+    /// Absolute error of the prediction, seconds.
+    pub median_abs_error_s: f64,
+    pub p90_abs_error_s: f64,
+    /// The same errors relative to the actual wait (error / wait).
+    pub median_rel_error: f64,
+    /// Mean actual wait of the predicted jobs, for scale.
+    pub mean_wait_s: f64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -337,6 +363,10 @@ pub trait Decider {
     /// The agents measure the current run of `task` at `util` GPU utilisation (as long as it
     /// runs, until told otherwise). Deciders that do not weigh utilisation ignore it.
     fn utilization(&mut self, _task: &str, _util: f64) {}
+    /// Estimated start of waiting tasks, after the cycle at `now`.
+    fn estimates(&mut self, _now: Time) -> BTreeMap<TaskId, Time> {
+        BTreeMap::new()
+    }
 }
 
 /// What one cycle did.
@@ -377,6 +407,9 @@ pub struct InProcess {
     snap: Snapshot,
     /// Measured utilisation of running tasks, as the server keeps its agents' samples.
     busy: BTreeMap<TaskId, f64>,
+    /// Start of the current run and time run before it, per task, for the run-time history.
+    runs: BTreeMap<TaskId, (Time, u64)>,
+    history: RuntimeHistory,
 }
 
 impl InProcess {
@@ -385,8 +418,10 @@ impl InProcess {
         InProcess {
             sched: Scheduler::new(policy.clone()),
             snap: Snapshot::new(nodes(cfg), Default::default(), Default::default()),
+            history: RuntimeHistory::new(policy.default_runtime_s),
             policy,
             busy: BTreeMap::new(),
+            runs: BTreeMap::new(),
         }
     }
 }
@@ -404,7 +439,11 @@ impl Decider for InProcess {
 
     fn finish(&mut self, task: &str, now: Time) {
         let busy = self.busy.remove(task);
-        self.snap.end_run(task, now, busy, &self.policy);
+        if let Some(req) = self.snap.end_run(task, now, busy, &self.policy) {
+            if let Some((start, before)) = self.runs.remove(task) {
+                self.history.record(&req.user, before + (now - start));
+            }
+        }
     }
 
     fn cycle(&mut self, now: Time) -> Round {
@@ -428,11 +467,18 @@ impl Decider for InProcess {
                 Decision::Migrate { .. } => {}
             }
         }
+        for (task, _) in &round.placed {
+            let before = self.runs.get(task).map_or(0, |r| r.1);
+            self.runs.insert(task.clone(), (now, before));
+        }
         self.snap.place(round.placed.clone(), now);
         round
     }
 
     fn stopped(&mut self, task: &str, at: Time) {
+        if let Some((start, before)) = self.runs.get_mut(task) {
+            *before += at - *start;
+        }
         let busy = self.busy.remove(task);
         if let Some(req) = self.snap.end_run(task, at, busy, &self.policy) {
             self.snap.add_pending(req);
@@ -442,7 +488,21 @@ impl Decider for InProcess {
     fn utilization(&mut self, task: &str, util: f64) {
         self.busy.insert(task.to_owned(), util);
     }
+
+    fn estimates(&mut self, now: Time) -> BTreeMap<TaskId, Time> {
+        let history = &self.history;
+        estimate_starts(
+            &self.snap,
+            now,
+            &self.policy,
+            &|r| history.estimate(r),
+            FORECAST_STEPS,
+        )
+    }
 }
+
+/// How far the forward run looks, in moments when runs end.
+pub const FORECAST_STEPS: usize = 256;
 
 /// The simulated cluster: `cfg.nodes` nodes named `n0000`, `n0001`, ... in one zone.
 pub fn nodes(cfg: &JobsConfig) -> Vec<Node> {
@@ -554,6 +614,10 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
     let skippable =
         !policy.preemption && matches!(policy.backfill, Backfill::None | Backfill::FirstFit);
     let (mut freed, mut blocked_after_last, mut min_new) = (false, false, None::<u32>);
+    // Per task: the start predicted at arrival (None: beyond the horizon), and the first start.
+    let mut predicted: Vec<Option<Option<Time>>> = vec![None; order.len()];
+    let mut first_start: Vec<Option<Time>> = vec![None; order.len()];
+    let mut arrived_now: Vec<usize> = Vec::new();
 
     loop {
         // Next event: arrival, completion, or a tick while jobs wait.
@@ -619,6 +683,7 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
                 break;
             }
             decider.submit(request(&jobs[j], id_of(next_arrival), cfg), now);
+            arrived_now.push(next_arrival);
             next_arrival += 1;
             waiting += 1;
             changed = true;
@@ -677,6 +742,7 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
             for (task, placements) in &r.placed {
                 let s = seq_of(task);
                 let j = order[s];
+                first_start[s].get_or_insert(now);
                 let st = &mut st[s];
                 st.run_start = Some(now);
                 st.overhead = if st.attempt > 0 { cfg.restart_s } else { 0 };
@@ -709,6 +775,19 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
             freed = true;
         }
         blocked_after_last = waiting > 0;
+        if cfg.forecast {
+            let waited: Vec<usize> = arrived_now
+                .drain(..)
+                .filter(|&s| first_start[s].is_none())
+                .collect();
+            if !waited.is_empty() {
+                let est = decider.estimates(now);
+                for s in waited {
+                    predicted[s] = Some(est.get(&id_of(s)).copied());
+                }
+            }
+        }
+        arrived_now.clear();
         if running.is_empty()
             && completions.is_empty()
             && stops.is_empty()
@@ -762,6 +841,38 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
             })
             .collect()
     });
+    let forecast = cfg.forecast.then(|| {
+        let mut abs = Vec::new();
+        let mut rel = Vec::new();
+        let mut waits = Vec::new();
+        let (mut beyond, mut at_once) = (0, 0);
+        for s in 0..order.len() {
+            let Some(start) = first_start[s] else {
+                continue;
+            };
+            let submit = jobs[order[s]].submit;
+            match predicted[s] {
+                None => at_once += 1,
+                Some(None) => beyond += 1,
+                Some(Some(p)) => {
+                    let e = (p as f64 - start as f64).abs();
+                    let wait = (start - submit) as f64;
+                    abs.push(e);
+                    rel.push(e / wait.max(1.0));
+                    waits.push(wait);
+                }
+            }
+        }
+        ForecastAccuracy {
+            predicted: abs.len(),
+            beyond_horizon: beyond,
+            started_at_once: at_once,
+            median_abs_error_s: percentile(&mut abs.clone(), 50.0),
+            p90_abs_error_s: percentile(&mut abs, 90.0),
+            median_rel_error: percentile(&mut rel, 50.0),
+            mean_wait_s: mean(&waits),
+        }
+    });
     let means: Vec<f64> = per_user.values().map(|(s, n)| s / *n as f64).collect();
     let sum: f64 = means.iter().sum();
     let sq: f64 = means.iter().map(|x| x * x).sum();
@@ -792,6 +903,7 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
         worst_user_slowdown: means.iter().copied().fold(0.0, f64::max),
         cycles,
         util_bands,
+        forecast,
     };
     Replay { report, log }
 }
