@@ -264,6 +264,11 @@ pub struct Waiting {
     /// Rank in the queue, 0 first.
     pub position: Option<usize>,
     pub priority: Option<PriorityFactors>,
+    /// When the scheduler expects it to start (RFC 3339), from running its policy forward with
+    /// each run's estimated run time; null until estimated, or when it would start beyond the
+    /// forecast's horizon (or never, as the cluster stands).
+    #[serde(default)]
+    pub estimated_start: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -215,6 +215,8 @@ test("a waiting task says why; the dashboard and cluster show the load; cancel f
   const second = await submitThroughForm(page, "big-two", "sleep 120", "A100-40G", 4);
   await page.waitForSelector("[data-testid=waiting]", { timeout: 15000 });
   await page.waitForSelector("[data-testid=priority] .bar-row", { timeout: 15000 });
+  // The scheduler's forecast says when it should start (the first runs an hour by default).
+  await page.waitForSelector("[data-testid=estimated-start] strong:text-matches('^[0-9]{4}-[0-9]{2}-[0-9]{2} ')", { timeout: 30000 });
   assert.ok((await page.textContent("[data-testid=waiting]")).length > 20);
   await shot(page, "18-task-waiting");
 

@@ -54,3 +54,31 @@ def test_article_spelling_alias():
     import autodl
 
     assert aotodl.Client is autodl.Client and TaskRequest is autodl.TaskRequest
+
+
+def test_show_prints_the_estimated_start():
+    import io
+
+    from autodl.task import Task
+
+    info = {
+        "id": "t1",
+        "name": "n",
+        "state": "pending",
+        "spec": {"gpus_per_worker": 1, "num_workers": 1, "gpu_types": []},
+        "waiting": {
+            "reason": "resources",
+            "message": "waiting for free resources",
+            "position": 0,
+            "estimated_start": "2026-12-01T17:00:00Z",
+        },
+    }
+    task = Task(None, info)  # type: ignore[arg-type]
+    out = io.StringIO()
+    cli._print_task(task, out)
+    assert "starts:   2026-12-01T17:00:00Z" in out.getvalue()
+    assert task.estimated_start == "2026-12-01T17:00:00Z"
+    info["waiting"]["estimated_start"] = None
+    out = io.StringIO()
+    cli._print_task(task, out)
+    assert "starts:   not estimated yet" in out.getvalue()

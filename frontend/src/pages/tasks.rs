@@ -373,6 +373,7 @@ fn TaskView(id: String) -> impl IntoView {
                             <h2>"Why it waits"</h2>
                             <p>{w.message.clone()}</p>
                             {w.position.map(|p| view! { <p class="muted">"Position in the queue: " <strong>{p + 1}</strong></p> })}
+                            <p class="muted" data-testid="estimated-start">"Expected to start: " <strong>{w.estimated_start.as_deref().map_or_else(|| "not estimated yet".to_owned(), short_date)}</strong></p>
                             {w.priority.clone().map(priority_bars)}
                         </section>
                     })}

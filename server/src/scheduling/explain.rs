@@ -69,6 +69,7 @@ pub fn explain(p: PendingTask) -> Waiting {
         reason: Some(reason.to_owned()),
         message,
         position: Some(p.position),
+        estimated_start: None,
         priority: Some(PriorityFactors {
             fair_share: b.fair_share,
             utilization: b.utilization,

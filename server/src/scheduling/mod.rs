@@ -3,6 +3,7 @@
 //! at the clock's `now`, and applies them.
 
 pub mod explain;
+pub mod forecast;
 pub mod handle;
 pub mod housekeeping;
 pub mod runner;

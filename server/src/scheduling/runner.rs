@@ -40,6 +40,7 @@ pub struct Runner {
     holder: String,
     last_housekeeping: Option<Instant>,
     interval: Duration,
+    forecaster: super::forecast::Forecaster,
 }
 
 /// A follower asks for the leadership this often, so a dead leader is replaced within it (plus
@@ -78,6 +79,7 @@ impl Runner {
             ),
             last_housekeeping: None,
             interval,
+            forecaster: Default::default(),
         }
     }
 
@@ -222,6 +224,11 @@ impl Runner {
                         if old.reason == w.reason
                             && old.message == w.message
                             && old.position == w.position
+                            && super::forecast::close_enough(
+                                old.estimated_start.as_deref(),
+                                w.estimated_start.as_deref(),
+                                now_ms,
+                            )
                             && now_ms - at < WAITING_REFRESH_MS =>
                     {
                         next.insert(id, (old, at));
@@ -352,6 +359,7 @@ impl Runner {
         let decisions = self.scheduler.schedule(loaded.snapshot.state(), now);
         let tasks = &loaded.tasks;
         let mut placed = 0;
+        let mut started: Vec<(String, Vec<autodl_scheduler::WorkerPlacement>)> = Vec::new();
         for d in decisions.decisions {
             match d {
                 Decision::Place {
@@ -385,6 +393,7 @@ impl Runner {
                         for p in &placements {
                             self.agents.notify(&p.node);
                         }
+                        started.push((task, placements));
                     }
                 }
                 Decision::Preempt { task, reason, .. } => {
@@ -402,11 +411,26 @@ impl Runner {
                 }
             }
         }
+        self.forecaster.collect().await;
+        let starts = &self.forecaster.starts;
         let waiting: HashMap<String, Waiting> = decisions
             .pending
             .into_iter()
-            .map(|p| (p.task.clone(), super::explain(p)))
+            .map(|p| {
+                let id = p.task.clone();
+                let mut w = super::explain(p);
+                w.estimated_start = starts.get(&id).map(|&ms| crate::state::rfc3339(ms));
+                (id, w)
+            })
             .collect();
+        if !waiting.is_empty() && self.forecaster.due(now_ms) {
+            let runs = self
+                .store
+                .recent_run_times(super::forecast::HISTORY_TASKS)
+                .await?;
+            self.forecaster
+                .start(loaded.snapshot.clone(), started, now_ms, &self.config, runs);
+        }
         self.store_waiting(term, waiting, now_ms).await?;
         if self
             .last_housekeeping

@@ -19,6 +19,9 @@ pub trait Tasks: Send + Sync {
     async fn count_pending(&self, user_id: &str, tenant_id: &str) -> StoreResult<(i64, i64)>;
     /// Tasks that are pending, scheduled or running: what the scheduler looks at.
     async fn active_tasks(&self) -> StoreResult<Vec<TaskRecord>>;
+    /// (user id, seconds from start to finish) of the `limit` tasks that completed last,
+    /// newest first: the history behind start-time estimates.
+    async fn recent_run_times(&self, limit: i64) -> StoreResult<Vec<(String, i64)>>;
     async fn cancel_task(&self, tenant_id: &str, id: &str, now: i64) -> StoreResult<CancelOutcome>;
     /// Moves a pending task to scheduled and opens its next attempt; `false` if it was no
     /// longer pending (so a task is never placed twice).

@@ -73,6 +73,7 @@ pub fn to_api(t: TaskWithUser) -> Result<Task, ApiError> {
             message: "waiting for the scheduler's next cycle".into(),
             position: None,
             priority: None,
+            estimated_start: None,
         })
     });
     Ok(Task {

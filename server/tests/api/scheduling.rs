@@ -21,6 +21,7 @@ crate::on_both_backends!(
     the_policy_and_shares_come_from_configuration,
     a_run_its_node_no_longer_has_is_requeued_at_once,
     a_run_that_completes_while_it_is_being_stopped_is_done,
+    a_waiting_task_says_when_it_should_start,
 );
 
 struct Cluster {
@@ -448,4 +449,42 @@ async fn a_run_that_completes_while_it_is_being_stopped_is_done(b: Backend) {
     let t = c.task(&x, &a).await;
     assert_eq!(t["state"], "completed", "{t}");
     assert_eq!(c.cycle_and_start().await, vec![(bee, 1)]);
+}
+
+/// Cycles until the forecast running beside them has been published for `task` (it runs on a
+/// blocking thread, so it lands a cycle or more after it started).
+async fn estimated_start(c: &mut Cluster, s: &Session, task: &str) -> Value {
+    for _ in 0..200 {
+        c.cycle().await;
+        let w = c.task(s, task).await["waiting"]["estimated_start"].clone();
+        if !w.is_null() {
+            return w;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("no estimated start for {task}");
+}
+
+async fn a_waiting_task_says_when_it_should_start(b: Backend) {
+    let mut c = cluster(b, |_| {}).await;
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    c.at(0);
+    let mut first = whole_node("first", 0.5);
+    first["estimated_runtime"] = json!(1_000);
+    let first = c.submit(&x, first).await;
+    let second = c.submit(&x, whole_node("second", 0.5)).await;
+    assert_eq!(c.cycle_and_start().await, vec![(first.clone(), 1)]);
+    // The first said it takes 1,000 s: the second should start then.
+    let t0 = c.t0;
+    let at = |s: i64| Value::from(autodl_server::state::rfc3339(t0 + s * 1000));
+    assert_eq!(estimated_start(&mut c, &x, &second).await, at(1_000));
+    // It finished early, after 500 s: the second starts, with no estimate of its own, so its
+    // user's history (500 s) says when the third will.
+    c.at(500);
+    c.finished(&first, 1, "success").await;
+    assert_eq!(c.cycle_and_start().await, vec![(second.clone(), 1)]);
+    assert!(c.task(&x, &second).await["waiting"].is_null());
+    c.at(510);
+    let third = c.submit(&x, whole_node("third", 0.5)).await;
+    assert_eq!(estimated_start(&mut c, &x, &third).await, at(1_000));
 }

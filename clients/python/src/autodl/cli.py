@@ -93,6 +93,7 @@ def _print_task(task: Task, out: TextIO) -> None:
         out.write(
             f"waiting:  {waiting.get('reason') or '-'}{where}: {waiting.get('message', '')}\n"
         )
+        out.write(f"starts:   {waiting.get('estimated_start') or 'not estimated yet'}\n")
 
 
 # Commands --------------------------------------------------------------------------------

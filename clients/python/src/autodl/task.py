@@ -73,8 +73,15 @@ class Task:
 
     @property
     def waiting(self) -> Optional[Dict[str, Any]]:
-        """Why a pending task waits (``reason``, ``message``, ``position``), else None."""
+        """Why a pending task waits (``reason``, ``message``, ``position``,
+        ``estimated_start``), else None."""
         return self.info.get("waiting")
+
+    @property
+    def estimated_start(self) -> Optional[str]:
+        """When the scheduler expects a pending task to start (RFC 3339, UTC), or None: not
+        pending, not estimated yet, or beyond the forecast's horizon."""
+        return (self.info.get("waiting") or {}).get("estimated_start")
 
     @property
     def finished(self) -> bool:

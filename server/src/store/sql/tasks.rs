@@ -125,6 +125,17 @@ macro_rules! impl_tasks {
                 Ok((u, t))
             }
 
+            async fn recent_run_times(&self, limit: i64) -> StoreResult<Vec<(String, i64)>> {
+                Ok(sqlx::query_as(
+                    "SELECT user_id, (finished_at - started_at) / 1000 FROM tasks
+                     WHERE state = 'completed' AND started_at IS NOT NULL AND finished_at >= started_at
+                     ORDER BY finished_at DESC LIMIT $1",
+                )
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
             async fn active_tasks(&self) -> StoreResult<Vec<TaskRecord>> {
                 Ok(sqlx::query_as(&format!("SELECT {TASK_COLS} FROM tasks t WHERE t.state IN {ACTIVE} ORDER BY t.created_at, t.id"))
                     .fetch_all(&self.pool)
