@@ -1,5 +1,7 @@
 //! What a node should be doing, derived from the store on every poll: the store is the single
-//! source of truth, so a lost answer or a restarted agent converges on the next poll.
+//! source of truth, so a lost answer or a restarted agent converges on the next poll. A poll
+//! reads only its node's tasks, by the store's index of placements, so a thousand agents
+//! polling cost a thousand small reads, not a thousand scans of the queue.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -21,19 +23,20 @@ pub const HEARTBEAT_S: u64 = 5;
 ///
 /// Only runs the agent said it started are judged: the agent lists an attempt from the moment
 /// it takes the assignment, before it reports the start, and its polls are sequential, so a
-/// poll that misses a started attempt comes from an agent that no longer has it.
+/// poll that misses a started attempt comes from an agent that no longer has it. `here` is the
+/// node's placed tasks, as for [`work_for`].
 pub async fn reconcile(
     state: &AppState,
     node: &NodeRecord,
     running: &[RunningRef],
-    active: &[TaskRecord],
+    here: &[TaskRecord],
 ) -> Result<usize, ApiError> {
     let reported: HashSet<(&str, u32)> = running
         .iter()
         .map(|r| (r.task_id.as_str(), r.attempt))
         .collect();
     let mut lost = 0;
-    for t in active {
+    for t in here {
         if t.state != TaskState::Running {
             continue;
         }
@@ -75,12 +78,12 @@ pub async fn reconcile(
     Ok(lost)
 }
 
-/// `active` is the store's active tasks, read for this look.
+/// `here` is the node's placed tasks ([`crate::store::Tasks::node_tasks`]), read for this look.
 pub async fn work_for(
     state: &AppState,
     node: &NodeRecord,
     running: &[RunningRef],
-    active: &[TaskRecord],
+    here: &[TaskRecord],
 ) -> Result<PollResponse, ApiError> {
     let running_set: HashSet<(&str, u32)> = running
         .iter()
@@ -92,7 +95,7 @@ pub async fn work_for(
         ..Default::default()
     };
     let mut expected: HashSet<(String, u32)> = HashSet::new();
-    for t in active {
+    for t in here {
         if t.state == TaskState::Pending {
             continue;
         }

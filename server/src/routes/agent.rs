@@ -181,7 +181,7 @@ pub async fn poll(
     }
     // Once, as the poll arrives: what it says the agent runs is what it runs now. The first
     // look at its work reuses that read unless it requeued something.
-    let active = state.store.active_tasks().await?;
+    let active = state.store.node_tasks(&node.node.id).await?;
     let requeued =
         crate::agents::dispatch::reconcile(&state, &node.node, &body.running, &active).await?;
     let mut fresh = (requeued == 0).then_some(active);
@@ -192,7 +192,7 @@ pub async fn poll(
         let notified = waiter.notified();
         let active = match fresh.take() {
             Some(a) => a,
-            None => state.store.active_tasks().await?,
+            None => state.store.node_tasks(&node.node.id).await?,
         };
         let work = work_for(&state, &node.node, &body.running, &active).await?;
         if !work.assignments.is_empty()

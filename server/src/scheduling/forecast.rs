@@ -120,7 +120,7 @@ mod tests {
         ));
         assert!(!close_enough(
             Some(&at(now + hour)),
-            Some(&at(now + hour + 400_000)),
+            Some(&at(now + hour + 500_000)),
             now
         ));
     }

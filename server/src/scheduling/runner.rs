@@ -373,17 +373,19 @@ impl Runner {
                         })
                         .collect();
                     let gpus: usize = placements.iter().map(|p| p.gpu_indices.len()).sum();
-                    let node = placements
-                        .first()
-                        .map(|p| p.node.clone())
-                        .unwrap_or_default();
+                    let mut nodes: Vec<String> = Vec::new();
+                    for p in &placements {
+                        if !nodes.contains(&p.node) {
+                            nodes.push(p.node.clone());
+                        }
+                    }
                     if self
                         .store
                         .place_task(
                             term,
                             &task,
                             &serde_json::to_string(&api)?,
-                            &node,
+                            &nodes,
                             gpus as i64,
                             now_ms,
                         )

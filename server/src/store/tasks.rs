@@ -30,10 +30,13 @@ pub trait Tasks: Send + Sync {
         term: Term,
         id: &str,
         placement: &str,
-        node: &str,
+        nodes: &[String],
         gpus: i64,
         now: i64,
     ) -> StoreResult<bool>;
+    /// The scheduled and running tasks placed (in part) on `node`: an agent's work, read by
+    /// an index.
+    async fn node_tasks(&self, node: &str) -> StoreResult<Vec<TaskRecord>>;
     /// Puts a scheduled or running task back to pending, closing its attempt with `reason`.
     async fn requeue_task(
         &self,

@@ -22,6 +22,7 @@ crate::on_both_backends!(
     a_run_its_node_no_longer_has_is_requeued_at_once,
     a_run_that_completes_while_it_is_being_stopped_is_done,
     a_waiting_task_says_when_it_should_start,
+    a_node_reads_its_work_by_the_placement_index,
 );
 
 struct Cluster {
@@ -487,4 +488,45 @@ async fn a_waiting_task_says_when_it_should_start(b: Backend) {
     c.at(510);
     let third = c.submit(&x, whole_node("third", 0.5)).await;
     assert_eq!(estimated_start(&mut c, &x, &third).await, at(1_000));
+}
+
+/// An agent's poll reads only its node's tasks, from the index of placements, which follows
+/// every way a placement ends: a finish, a requeue, a cancel.
+async fn a_node_reads_its_work_by_the_placement_index(b: Backend) {
+    let mut c = cluster(b, |_| {}).await;
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    let store = c.app.state.store.clone();
+    let ids = |v: Vec<autodl_server::store::TaskRecord>| -> Vec<String> {
+        v.into_iter().map(|t| t.id).collect()
+    };
+    c.at(0);
+    let a = c.submit(&x, half_node("a", 0.5)).await;
+    let b2 = c.submit(&x, half_node("b", 0.5)).await;
+    let waits = c.submit(&x, whole_node("waits", 0.5)).await;
+    assert_eq!(c.cycle_and_start().await.len(), 2);
+    let mut here = ids(store.node_tasks("n1").await.unwrap());
+    here.sort();
+    let mut want = vec![a.clone(), b2.clone()];
+    want.sort();
+    assert_eq!(here, want, "the pending task is on no node");
+    assert!(store.node_tasks("elsewhere").await.unwrap().is_empty());
+    c.at(100);
+    c.finished(&a, 1, "success").await;
+    assert_eq!(ids(store.node_tasks("n1").await.unwrap()), vec![b2.clone()]);
+    let res = x
+        .send(
+            &c.app,
+            Method::POST,
+            &format!("/api/v1/tasks/{b2}/cancel"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(store.node_tasks("n1").await.unwrap().is_empty());
+    // The whole-node task now fits; the agent stops the cancelled one and gets the new one.
+    c.cycle().await;
+    let (assigned, stop) = c.poll().await;
+    assert_eq!(assigned, vec![(waits.clone(), 1)]);
+    assert_eq!(stop, vec![b2.clone()]);
+    assert_eq!(ids(store.node_tasks("n1").await.unwrap()), vec![waits]);
 }

@@ -44,6 +44,17 @@ macro_rules! settle_service {
     };
 }
 
+/// The task no longer occupies any node: its rows in the poll index go, in the transaction
+/// that clears its placement.
+macro_rules! unplace {
+    ($conn:expr, $task:expr) => {
+        sqlx::query("DELETE FROM task_nodes WHERE task_id = $1")
+            .bind($task)
+            .execute($conn)
+            .await?
+    };
+}
+
 macro_rules! insert_event {
     ($conn:expr, $task:expr, $at:expr, $kind:expr, $msg:expr) => {
         sqlx::query("INSERT INTO task_events (task_id, at, kind, message) VALUES ($1, $2, $3, $4)")

@@ -136,6 +136,16 @@ macro_rules! impl_tasks {
                 .await?)
             }
 
+            async fn node_tasks(&self, node: &str) -> StoreResult<Vec<TaskRecord>> {
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {TASK_COLS} FROM task_nodes n JOIN tasks t ON t.id = n.task_id
+                     WHERE n.node_id = $1 AND t.state IN ('scheduled', 'running') ORDER BY t.created_at, t.id"
+                ))
+                .bind(node)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
             async fn active_tasks(&self) -> StoreResult<Vec<TaskRecord>> {
                 Ok(sqlx::query_as(&format!("SELECT {TASK_COLS} FROM tasks t WHERE t.state IN {ACTIVE} ORDER BY t.created_at, t.id"))
                     .fetch_all(&self.pool)
@@ -165,6 +175,7 @@ macro_rules! impl_tasks {
                     });
                 }
                 settle_service!(&mut *tx, id);
+                unplace!(&mut *tx, id);
                 sqlx::query("UPDATE attempts SET ended_at = $1, reason = 'cancelled' WHERE task_id = $2 AND ended_at IS NULL")
                     .bind(now)
                     .bind(id)
@@ -175,7 +186,8 @@ macro_rules! impl_tasks {
                 Ok(CancelOutcome::Cancelled)
             }
 
-            async fn place_task(&self, term: Term, id: &str, placement: &str, node: &str, gpus: i64, now: i64) -> StoreResult<bool> {
+            async fn place_task(&self, term: Term, id: &str, placement: &str, nodes: &[String], gpus: i64, now: i64) -> StoreResult<bool> {
+                let node = nodes.first().map_or("", String::as_str);
                 let mut tx = self.pool.begin().await?;
                 fence!(&mut *tx, term);
                 let r = sqlx::query(
@@ -202,6 +214,13 @@ macro_rules! impl_tasks {
                 .bind(id)
                 .execute(&mut *tx)
                 .await?;
+                for n in nodes {
+                    sqlx::query("INSERT INTO task_nodes (node_id, task_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+                        .bind(n)
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 insert_event!(&mut *tx, id, now, "scheduled", &format!("placed on {node}"));
                 tx.commit().await?;
                 Ok(true)
@@ -224,6 +243,7 @@ macro_rules! impl_tasks {
                     return Ok(false);
                 }
                 settle_service!(&mut *tx, id);
+                unplace!(&mut *tx, id);
                 sqlx::query("UPDATE attempts SET ended_at = $1, reason = $2 WHERE task_id = $3 AND ended_at IS NULL")
                     .bind(now)
                     .bind(reason)
@@ -273,6 +293,7 @@ macro_rules! impl_tasks {
                     return Ok(false);
                 }
                 settle_service!(&mut *tx, id);
+                unplace!(&mut *tx, id);
                 sqlx::query("UPDATE attempts SET ended_at = $1, exit_code = $2, reason = $3 WHERE task_id = $4 AND number = $5")
                     .bind(now)
                     .bind(end.exit_code)
