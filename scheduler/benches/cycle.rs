@@ -1,5 +1,9 @@
 //! One scheduling cycle at the scale the live server must handle: 10,000 pending tasks on
 //! 1,000 nodes x 8 GPUs, half of the GPUs busy, with the full explanation of every pending task.
+//! The `varied` runs give every task its own CPU, memory and GPU memory, as real users' tasks
+//! differ, so nearly every task is a request shape of its own; `exhaustive` is the same cycle
+//! trying every blocked shape, which is what skipping futile attempts saves; the last run is
+//! the scale goal, 50,000 pending on 2,000 nodes.
 
 use autodl_scheduler::*;
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -8,7 +12,7 @@ use rand_chacha::ChaCha8Rng;
 
 const GIB: u64 = 1 << 30;
 
-pub fn fixture(nodes: usize, pending: usize, seed: u64) -> ClusterState {
+pub fn fixture(nodes: usize, pending: usize, seed: u64, varied: bool) -> ClusterState {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let types = [
         ("A100-80G", 80),
@@ -38,12 +42,16 @@ pub fn fixture(nodes: usize, pending: usize, seed: u64) -> ClusterState {
             features: vec![],
         });
     }
-    let mk = |rng: &mut ChaCha8Rng, id: String, at: u64| {
+    let mk = move |rng: &mut ChaCha8Rng, id: String, at: u64| {
         let r: f64 = rng.gen();
         let (gpus, workers, shared) = if r < 0.55 {
             (1, 1, None)
         } else if r < 0.75 {
-            (1, 1, Some(rng.gen_range(8..32) * GIB))
+            (
+                1,
+                1,
+                Some(rng.gen_range(8..32) * GIB + varied as u64 * rng.gen_range(0..GIB)),
+            )
         } else if r < 0.88 {
             ([2, 4][rng.gen_range(0..2)], 1, None)
         } else if r < 0.97 {
@@ -64,8 +72,16 @@ pub fn fixture(nodes: usize, pending: usize, seed: u64) -> ClusterState {
             gpus_per_worker: gpus,
             workers,
             gpu_mem_bytes: shared,
-            cpu_millis: 4_000 * u64::from(gpus),
-            mem_bytes: 32 * GIB * u64::from(gpus),
+            cpu_millis: if varied {
+                rng.gen_range(1_000..8_000) * u64::from(gpus)
+            } else {
+                4_000 * u64::from(gpus)
+            },
+            mem_bytes: if varied {
+                rng.gen_range(8 * GIB..64 * GIB) * u64::from(gpus)
+            } else {
+                32 * GIB * u64::from(gpus)
+            },
             priority: rng.gen_range(0.0..1.0),
             deadline: (rng.gen_range(0..10) == 0).then(|| at + rng.gen_range(3_600..86_400)),
             submitted_at: at,
@@ -120,24 +136,42 @@ pub fn fixture(nodes: usize, pending: usize, seed: u64) -> ClusterState {
     state
 }
 
-fn cycle(c: &mut Criterion) {
-    let state = fixture(1_000, 10_000, 7);
-    let sched = Scheduler::default();
-    let d = sched.schedule(&state, 100_000);
+fn report(name: &str, d: &Decisions) {
     let placed = d
         .decisions
         .iter()
         .filter(|x| matches!(x, Decision::Place { .. }))
         .count();
     eprintln!(
-        "cycle: {placed} placed, {} decisions, {} pending explained",
+        "{name}: {placed} placed, {} decisions, {} pending explained",
         d.decisions.len(),
         d.pending.len()
     );
+}
+
+fn cycle(c: &mut Criterion) {
+    let sched = Scheduler::default();
     let mut g = c.benchmark_group("cycle");
     g.sample_size(10);
+    let state = fixture(1_000, 10_000, 7, false);
+    report("10k_pending_1000x8", &sched.schedule(&state, 100_000));
     g.bench_function("10k_pending_1000x8", |b| {
         b.iter(|| sched.schedule(std::hint::black_box(&state), 100_000))
+    });
+    let varied = fixture(1_000, 10_000, 7, true);
+    let d = sched.schedule(&varied, 100_000);
+    assert_eq!(d, sched.schedule_exhaustively(&varied, 100_000));
+    report("10k_pending_1000x8_varied", &d);
+    g.bench_function("10k_pending_1000x8_varied", |b| {
+        b.iter(|| sched.schedule(std::hint::black_box(&varied), 100_000))
+    });
+    g.bench_function("10k_pending_1000x8_varied_exhaustive", |b| {
+        b.iter(|| sched.schedule_exhaustively(std::hint::black_box(&varied), 100_000))
+    });
+    let goal = fixture(2_000, 50_000, 7, true);
+    report("50k_pending_2000x8_varied", &sched.schedule(&goal, 100_000));
+    g.bench_function("50k_pending_2000x8_varied", |b| {
+        b.iter(|| sched.schedule(std::hint::black_box(&goal), 100_000))
     });
     g.finish();
 }

@@ -601,6 +601,10 @@ pub struct Placer {
     index: Vec<ShapeIndex>,
     by_state: FastMap<(usize, u64), Option<Choice>>,
     sigs: Vec<(u32, u64)>,
+    /// Per shape, whether it was placed before: a shape's ranked index is built on its second
+    /// placement, since when every task is a shape of its own (CPU, memory and GPU memory all
+    /// vary) most shapes are placed once, and one scan costs less than building an index.
+    placed_before: Vec<bool>,
 }
 
 impl Placer {
@@ -613,6 +617,7 @@ impl Placer {
             index: Vec::new(),
             by_state: FastMap::default(),
             sigs: Vec::new(),
+            placed_before: Vec::new(),
         }
     }
 
@@ -670,6 +675,24 @@ impl Placer {
             return Some(self.commit(cap, p, gpus, need));
         }
         let shape = self.shape_id(need);
+        if !std::mem::replace(&mut self.placed_before[shape], true) {
+            // The best (score, position) among allowed nodes, as the index would rank them.
+            let mut best: Option<(u64, usize, Choice)> = None;
+            for p in 0..cap.nodes.len() {
+                if !allowed(&cap.nodes[p]) {
+                    continue;
+                }
+                if let Some(c) = self.cached_choice(cap, p, shape, need) {
+                    let k = score_key(c.score);
+                    if best.is_none_or(|b| k < b.0) {
+                        best = Some((k, p, c));
+                    }
+                }
+            }
+            let (_, p, c) = best?;
+            let gpus: Vec<usize> = (0..64).filter(|b| c.gpus & (1u64 << b) != 0).collect();
+            return Some(self.commit(cap, p, gpus, need));
+        }
         self.refresh(cap, shape, need);
         let mut p = self.select(cap, shape, allowed)?;
         if !cap.nodes[p].fits(need) {
@@ -781,6 +804,7 @@ impl Placer {
         let i = self.index.len();
         self.shapes.insert(need.clone(), i);
         self.index.push(ShapeIndex::default());
+        self.placed_before.push(false);
         i
     }
 

@@ -140,6 +140,13 @@ struct Cycle<'a> {
     /// Running tasks already chosen as victims or migrated this cycle.
     taken: FastSet<usize>,
     descriptions: FastMap<ShapeKey, String>,
+    /// Largest card of each GPU type, for requests that declare GPU memory.
+    largest_card: Vec<u64>,
+    /// Nodes of each node class, counted on the first explanation that needs it.
+    nodes_per_class: Vec<usize>,
+    /// Skip attempts that a failed attempt of an easier request proves futile (see
+    /// [`Futile`]); off only to check that skipping changes no decision.
+    prune: bool,
 }
 
 impl Scheduler {
@@ -149,9 +156,21 @@ impl Scheduler {
 
     /// Runs one cycle on a snapshot taken at `now`.
     pub fn schedule(&self, state: &ClusterState, now: Time) -> Decisions {
+        self.cycle(state, now, true)
+    }
+
+    /// The same cycle, trying every blocked request shape however hopeless: what
+    /// [`Scheduler::schedule`] must decide identically (a property test checks it).
+    #[doc(hidden)]
+    pub fn schedule_exhaustively(&self, state: &ClusterState, now: Time) -> Decisions {
+        self.cycle(state, now, false)
+    }
+
+    fn cycle(&self, state: &ClusterState, now: Time, prune: bool) -> Decisions {
         let cfg = &self.config;
         let cap = Capacity::new(&state.nodes, &state.running, cfg.share_margin_bytes);
-        let model = workload_model(&cap, state, cfg.share_margin_bytes);
+        let largest_card = largest_card_by_type(&cap);
+        let model = workload_model(&cap, state, cfg.share_margin_bytes, &largest_card);
         let mut cy = Cycle {
             cfg,
             state,
@@ -164,13 +183,21 @@ impl Scheduler {
             victims_on_node: None,
             taken: FastSet::default(),
             descriptions: FastMap::default(),
+            largest_card,
+            nodes_per_class: Vec::new(),
+            prune,
         };
         cy.run()
     }
 }
 
 /// The typical-task model for fragmentation: the shapes of what is queued and running now.
-fn workload_model(cap: &Capacity, state: &ClusterState, margin: u64) -> FragModel {
+fn workload_model(
+    cap: &Capacity,
+    state: &ClusterState,
+    margin: u64,
+    largest_card: &[u64],
+) -> FragModel {
     // Group identical requests first: the need of each distinct request is computed once.
     type Sig<'a> = (&'a [String], Option<u64>, u32, u64, u64);
     let mut sigs: FastMap<Sig<'_>, (&TaskRequest, f64)> = FastMap::default();
@@ -192,7 +219,7 @@ fn workload_model(cap: &Capacity, state: &ClusterState, margin: u64) -> FragMode
     let everywhere = cap.class_mask_all();
     for (t, n) in sigs.into_values() {
         // The model describes shapes; which nodes admit them is the placement's concern.
-        let mut need = worker_need(cap, t, None, margin);
+        let mut need = worker_need(cap, t, None, margin, largest_card);
         need.classes = everywhere.clone();
         *counts.entry(need).or_default() += n;
     }
@@ -208,6 +235,18 @@ fn workload_model(cap: &Capacity, state: &ClusterState, margin: u64) -> FragMode
     FragModel::from_counts(v, 0.95, 16, card)
 }
 
+/// The largest card of each GPU type in the cluster, whatever its state: computed once per
+/// cycle, so a request shape that declares GPU memory costs a pass over the types, not over
+/// every GPU of the cluster.
+fn largest_card_by_type(cap: &Capacity) -> Vec<u64> {
+    let mut largest = vec![0; cap.types.len()];
+    for g in cap.nodes.iter().flat_map(|n| n.gpus.iter()) {
+        let l = &mut largest[g.type_id as usize];
+        *l = (*l).max(g.capacity);
+    }
+    largest
+}
+
 /// One worker's need in this cluster's coordinates. A shared request is expressed against the
 /// smallest card it accepts; on a bigger card it still takes only its declared memory.
 fn worker_need(
@@ -215,6 +254,7 @@ fn worker_need(
     t: &TaskRequest,
     allowed_types: Option<&[String]>,
     margin: u64,
+    largest_card: &[u64],
 ) -> WorkerNeed {
     let mut types = cap.type_mask(&t.gpu_types);
     if let Some(allowed) = allowed_types.filter(|a| !a.is_empty()) {
@@ -224,12 +264,7 @@ fn worker_need(
     if let Some(m) = t.gpu_mem_bytes {
         // Cards smaller than the declared memory cannot run the task at all.
         let big_enough: Vec<u16> = (0..cap.types.len() as u16)
-            .filter(|&ty| {
-                cap.nodes
-                    .iter()
-                    .flat_map(|n| n.gpus.iter())
-                    .any(|g| g.type_id == ty && g.capacity >= m)
-            })
+            .filter(|&ty| largest_card[ty as usize] >= m)
             .collect();
         types = intersect(&types, &TypeMask::from_ids(&big_enough), cap.types.len());
     }
@@ -255,7 +290,13 @@ fn intersect(
     crate::placement::TypeMask::from_ids(&ids)
 }
 
-fn describe(cap: &Capacity, t: &TaskRequest, need: &WorkerNeed) -> String {
+/// `nodes_per_class` counts the nodes of each node class (taints and features).
+fn describe(
+    cap: &Capacity,
+    nodes_per_class: &[usize],
+    t: &TaskRequest,
+    need: &WorkerNeed,
+) -> String {
     let types: Vec<&str> = cap
         .types
         .iter()
@@ -270,11 +311,12 @@ fn describe(cap: &Capacity, t: &TaskRequest, need: &WorkerNeed) -> String {
             m as f64 / f64::from(1u32 << 30)
         ),
     };
-    let admitting = cap
-        .nodes
+    let admitting: usize = nodes_per_class
         .iter()
-        .filter(|n| need.classes.contains(n.class))
-        .count();
+        .enumerate()
+        .filter(|(c, _)| need.classes.contains(*c as u16))
+        .map(|(_, n)| n)
+        .sum();
     let restricted = if admitting < cap.nodes.len() {
         format!(
             ", on the {admitting} of {} nodes open to it (trusted-only nodes, dataset roots)",
@@ -337,7 +379,13 @@ impl Cycle<'_> {
                     (t.tolerations.as_slice(), t.requires.as_slice()),
                 );
                 *sig_ids.entry(sig).or_insert_with(|| {
-                    shapes.push(worker_need(&self.cap, t, allowed, cfg.share_margin_bytes));
+                    shapes.push(worker_need(
+                        &self.cap,
+                        t,
+                        allowed,
+                        cfg.share_margin_bytes,
+                        &self.largest_card,
+                    ));
                     shapes.len() - 1
                 })
             })
@@ -391,6 +439,10 @@ impl Cycle<'_> {
         let mut failed: FastSet<ShapeKey> = FastSet::default();
         let mut preempt_failed: FastSet<ShapeKey> = FastSet::default();
         let mut migrate_failed: FastSet<ShapeKey> = FastSet::default();
+        let (mut place_futile, mut preempt_futile, mut migrate_futile) =
+            (Futile::default(), Futile::default(), Futile::default());
+        // Requests that fit on no node even ignoring reservations (for explanations).
+        let mut unfit = Futile::default();
         let mut fits_memo: FastMap<ShapeKey, bool> = FastMap::default();
         let has_shared = state
             .running
@@ -454,7 +506,11 @@ impl Cycle<'_> {
                 );
                 continue;
             }
-            if !failed.contains(&key) {
+            let prune = self.prune;
+            let hard = Hardness::of(need, t, prio.total);
+            if failed.contains(&key) || (prune && place_futile.proves(&hard)) {
+                failed.insert(key);
+            } else {
                 if let Some(allocs) = self.place_gang(t, need, true) {
                     let placements = self.to_placements(&allocs);
                     *in_use
@@ -471,10 +527,14 @@ impl Cycle<'_> {
                     continue;
                 }
                 failed.insert(key);
+                place_futile.note(hard.clone());
                 // Capacity only shrinks within a cycle, so once no GPU is free none will be.
                 cluster_full = cluster_full || self.cap.total_gpu_free() == 0;
             }
             // Blocked.
+            if prune && !preempt_failed.contains(&key) && preempt_futile.proves(&hard) {
+                preempt_failed.insert(key);
+            }
             if cfg.preemption
                 && preemptions < cfg.max_preemptions_per_cycle
                 && !preempt_failed.contains(&key)
@@ -509,8 +569,13 @@ impl Cycle<'_> {
                     }
                     None => {
                         preempt_failed.insert(key);
+                        preempt_futile.note(hard.clone());
                     }
                 }
+            }
+            if prune && !migrate_failed.contains(&key) && migrate_futile.proves(&hard) {
+                migrate_failed.insert(key);
+                migrate_futile.note(hard.clone());
             }
             if cfg.migration
                 && t.workers <= 1
@@ -569,17 +634,24 @@ impl Cycle<'_> {
                     if !explain {
                         continue;
                     }
-                    let reason = match blocked_by {
-                        Some(b)
-                            if *fits_memo
-                                .entry(key)
-                                .or_insert_with(|| self.fits_ignoring_reservations(t, need)) =>
-                        {
-                            PendingReason::BehindHigherPriority {
-                                position,
-                                blocked_by: b.clone(),
+                    let fits = match fits_memo.get(&key) {
+                        Some(&f) => f,
+                        None if blocked_by.is_none() => false,
+                        None => {
+                            let f = !(self.prune && unfit.proves(&hard))
+                                && self.fits_ignoring_reservations(t, need);
+                            if !f {
+                                unfit.note(hard.clone());
                             }
+                            fits_memo.insert(key, f);
+                            f
                         }
+                    };
+                    let reason = match blocked_by {
+                        Some(b) if fits => PendingReason::BehindHigherPriority {
+                            position,
+                            blocked_by: b.clone(),
+                        },
                         _ => PendingReason::NoFit {
                             waiting_for: self.describe_cached(key, t, need),
                         },
@@ -595,7 +667,15 @@ impl Cycle<'_> {
         if let Some(d) = self.descriptions.get(&key) {
             return d.clone();
         }
-        let d = describe(&self.cap, t, need);
+        if self.nodes_per_class.is_empty() {
+            self.nodes_per_class = vec![0; self.cap.classes.len().max(1)];
+            for n in &self.cap.nodes {
+                if let Some(c) = self.nodes_per_class.get_mut(n.class as usize) {
+                    *c += 1;
+                }
+            }
+        }
+        let d = describe(&self.cap, &self.nodes_per_class, t, need);
         self.descriptions.insert(key, d.clone());
         d
     }
@@ -1090,6 +1170,99 @@ impl Cycle<'_> {
             nodes.push(self.state.nodes[self.cap.nodes[pos].node].id.clone());
         }
         nodes
+    }
+}
+
+/// How hard a blocked request is to satisfy, for [`Futile`]: requests of one class (same GPU
+/// count, workers, zone affinity, whole or shared cards, acceptable types and node classes)
+/// are ordered by CPU, memory and shared-card memory; a lower priority can claim fewer victims.
+#[derive(Debug, Clone)]
+struct Hardness {
+    class: (
+        u32,
+        u32,
+        bool,
+        bool,
+        crate::placement::TypeMask,
+        crate::placement::TypeMask,
+    ),
+    cpu: u64,
+    mem: u64,
+    share: u64,
+    priority: f64,
+}
+
+impl Hardness {
+    fn of(need: &WorkerNeed, t: &TaskRequest, priority: f64) -> Hardness {
+        let (whole, share) = match need.demand {
+            GpuDemand::Whole => (true, 0),
+            GpuDemand::Share(m) => (false, m),
+        };
+        Hardness {
+            class: (
+                need.gpus,
+                t.workers.max(1),
+                t.zone_affinity,
+                whole,
+                need.types.clone(),
+                need.classes.clone(),
+            ),
+            cpu: need.cpu_millis,
+            mem: need.mem_bytes,
+            share,
+            priority,
+        }
+    }
+
+    fn at_least(&self, easier: &Hardness) -> bool {
+        self.cpu >= easier.cpu
+            && self.mem >= easier.mem
+            && self.share >= easier.share
+            && self.priority <= easier.priority
+    }
+}
+
+/// Attempts (place, preempt, migrate) that failed in this cycle, kept per class as the easiest
+/// ones. Within a cycle free capacity only shrinks, reservations and chosen victims only grow,
+/// and the queue is in falling priority: so a request at least as hard as one that failed
+/// fails too, and its attempt, which costs a pass over the nodes and the running tasks, is
+/// skipped. When request shapes vary (CPU, memory and GPU memory differ per user) this keeps a
+/// cycle from trying every blocked shape; it changes no decision.
+#[derive(Default)]
+struct Futile {
+    by_class: FastMap<
+        (
+            u32,
+            u32,
+            bool,
+            bool,
+            crate::placement::TypeMask,
+            crate::placement::TypeMask,
+        ),
+        Vec<Hardness>,
+    >,
+}
+
+/// Failed attempts kept per class: enough to cover the usual spread of shapes, and a bound on
+/// the cost of the check.
+const FUTILE_PER_CLASS: usize = 16;
+
+impl Futile {
+    fn proves(&self, h: &Hardness) -> bool {
+        self.by_class
+            .get(&h.class)
+            .is_some_and(|v| v.iter().any(|f| h.at_least(f)))
+    }
+
+    fn note(&mut self, h: Hardness) {
+        let v = self.by_class.entry(h.class.clone()).or_default();
+        if v.iter().any(|f| h.at_least(f)) {
+            return;
+        }
+        v.retain(|f| !f.at_least(&h));
+        if v.len() < FUTILE_PER_CLASS {
+            v.push(h);
+        }
     }
 }
 

@@ -74,6 +74,27 @@ fn arb_task(i: usize) -> impl Strategy<Value = TaskRequest> {
         })
 }
 
+/// Tasks from a few classes (1 or 2 GPUs, whole or shared, any type) that differ in CPU,
+/// memory, GPU memory and priority, as real users' tasks do: many are blocked in one cycle, and
+/// many are at least as hard as another blocked one.
+fn arb_crowded_task() -> impl Strategy<Value = TaskRequest> {
+    (
+        1u32..=2,
+        prop::option::of(1u64..40),
+        0u64..32_000,
+        0u64..128,
+        0.0f64..=1.0,
+    )
+        .prop_map(|(g, shared, cpu, mem, prio)| {
+            let mut t = task("x", "u", g, 0);
+            t.gpu_mem_bytes = shared.map(|m| m * GIB);
+            t.cpu_millis = cpu;
+            t.mem_bytes = mem * GIB;
+            t.priority = prio;
+            t
+        })
+}
+
 fn arb_state() -> impl Strategy<Value = ClusterState> {
     let nodes = (1usize..6).prop_flat_map(|n| (0..n).map(arb_node).collect::<Vec<_>>());
     let tasks = (0usize..25).prop_flat_map(|n| (0..n).map(arb_task).collect::<Vec<_>>());
@@ -241,6 +262,31 @@ proptest! {
         prop_assert_eq!(
             sched.schedule(&state, 1_600).decisions,
             sched.schedule(&other, 1_600).decisions
+        );
+    }
+
+    /// A cycle skips attempts that a failed attempt of an easier request (same class, no more
+    /// CPU, memory or GPU memory, no lower priority) proves futile. It must decide and explain
+    /// exactly what the cycle that tries every blocked shape does.
+    #[test]
+    fn skipping_futile_attempts_changes_no_decision(
+        state in arb_state(),
+        more in prop::collection::vec(arb_crowded_task(), 8..40),
+        explain in any::<bool>(),
+    ) {
+        let cfg = PolicyConfig { explain_pending: explain, ..PolicyConfig::default() };
+        let sched = Scheduler::new(cfg);
+        let mut state = state;
+        let d = sched.schedule(&state, 1_000);
+        apply(&mut state, &d, 1_000);
+        for (k, mut t) in more.into_iter().enumerate() {
+            t.id = format!("m{k}");
+            t.user = format!("v{}", k % 3);
+            state.pending.push(t);
+        }
+        prop_assert_eq!(
+            sched.schedule(&state, 1_600),
+            sched.schedule_exhaustively(&state, 1_600)
         );
     }
 }
