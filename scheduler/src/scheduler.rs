@@ -1173,19 +1173,22 @@ impl Cycle<'_> {
     }
 }
 
+/// GPUs per worker, workers, zone affinity, whole cards, acceptable types, node classes.
+type ShapeClass = (
+    u32,
+    u32,
+    bool,
+    bool,
+    crate::placement::TypeMask,
+    crate::placement::TypeMask,
+);
+
 /// How hard a blocked request is to satisfy, for [`Futile`]: requests of one class (same GPU
 /// count, workers, zone affinity, whole or shared cards, acceptable types and node classes)
 /// are ordered by CPU, memory and shared-card memory; a lower priority can claim fewer victims.
 #[derive(Debug, Clone)]
 struct Hardness {
-    class: (
-        u32,
-        u32,
-        bool,
-        bool,
-        crate::placement::TypeMask,
-        crate::placement::TypeMask,
-    ),
+    class: ShapeClass,
     cpu: u64,
     mem: u64,
     share: u64,
@@ -1230,17 +1233,7 @@ impl Hardness {
 /// cycle from trying every blocked shape; it changes no decision.
 #[derive(Default)]
 struct Futile {
-    by_class: FastMap<
-        (
-            u32,
-            u32,
-            bool,
-            bool,
-            crate::placement::TypeMask,
-            crate::placement::TypeMask,
-        ),
-        Vec<Hardness>,
-    >,
+    by_class: FastMap<ShapeClass, Vec<Hardness>>,
 }
 
 /// Failed attempts kept per class: enough to cover the usual spread of shapes, and a bound on
