@@ -26,7 +26,10 @@ impl Metrics {
         )?;
         let cycle_seconds = Histogram::with_opts(
             HistogramOpts::new("scheduling_cycle_seconds", "Time of one scheduling cycle").buckets(
-                vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
+                vec![
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+                    1.0, 1.5, 2.5, 5.0, 10.0,
+                ],
             ),
         )?;
         let dispatch_latency = Histogram::with_opts(
@@ -34,7 +37,9 @@ impl Metrics {
                 "dispatch_latency_seconds",
                 "From placement to the agent starting the task",
             )
-            .buckets(vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]),
+            .buckets(vec![
+                0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
+            ]),
         )?;
         let gpu_util = GaugeVec::new(
             Opts::new(

@@ -51,6 +51,11 @@ const FOLLOWER_RETRY: Duration = Duration::from_secs(1);
 /// (their priority factors drift with age and usage), not every cycle.
 const WAITING_REFRESH_MS: i64 = 30_000;
 
+/// Placements written per transaction: a commit each would make a cycle that starts thousands
+/// of tasks take seconds, and one transaction for all would hold the database's write lock as
+/// long.
+const PLACE_BATCH: usize = 256;
+
 /// Shortest time between the starts of two scheduling cycles.
 const MIN_CYCLE_GAP: Duration = Duration::from_millis(100);
 
@@ -359,6 +364,8 @@ impl Runner {
         let decisions = self.scheduler.schedule(loaded.snapshot.state(), now);
         let tasks = &loaded.tasks;
         let mut placed = 0;
+        let mut placing: Vec<crate::store::Placing> = Vec::new();
+        let mut to_start: Vec<(String, Vec<autodl_scheduler::WorkerPlacement>)> = Vec::new();
         let mut started: Vec<(String, Vec<autodl_scheduler::WorkerPlacement>)> = Vec::new();
         for d in decisions.decisions {
             match d {
@@ -379,24 +386,13 @@ impl Runner {
                             nodes.push(p.node.clone());
                         }
                     }
-                    if self
-                        .store
-                        .place_task(
-                            term,
-                            &task,
-                            &serde_json::to_string(&api)?,
-                            &nodes,
-                            gpus as i64,
-                            now_ms,
-                        )
-                        .await?
-                    {
-                        placed += 1;
-                        for p in &placements {
-                            self.agents.notify(&p.node);
-                        }
-                        started.push((task, placements));
-                    }
+                    placing.push(crate::store::Placing {
+                        task: task.clone(),
+                        placement: serde_json::to_string(&api)?,
+                        nodes,
+                        gpus: gpus as i64,
+                    });
+                    to_start.push((task, placements));
                 }
                 Decision::Preempt { task, reason, .. } => {
                     let msg = format!(
@@ -410,6 +406,21 @@ impl Runner {
                     let msg = format!("moved to make room for task {for_task}");
                     self.stop_task(term, &task, "migrated", &msg, &agent_nodes, tasks, now_ms)
                         .await?;
+                }
+            }
+        }
+        // The cycle's placements, in a few transactions rather than one each.
+        let mut to_start = to_start.into_iter();
+        for chunk in placing.chunks(PLACE_BATCH) {
+            let done = self.store.place_tasks(term, chunk, now_ms).await?;
+            for ok in done {
+                let (task, placements) = to_start.next().expect("one per placement");
+                if ok {
+                    placed += 1;
+                    for p in &placements {
+                        self.agents.notify(&p.node);
+                    }
+                    started.push((task, placements));
                 }
             }
         }

@@ -165,6 +165,16 @@ pub struct TaskRecord {
     pub waiting: Option<String>,
 }
 
+/// One placement the scheduler writes: the task, its placement (JSON of worker placements), the
+/// distinct nodes it occupies (first: the one its attempt names) and its GPU count.
+#[derive(Debug, Clone)]
+pub struct Placing {
+    pub task: String,
+    pub placement: String,
+    pub nodes: Vec<String>,
+    pub gpus: i64,
+}
+
 /// An active task with what the scheduler needs of its current run (none while pending).
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct SchedulingTaskRecord {

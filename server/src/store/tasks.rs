@@ -33,7 +33,24 @@ pub trait Tasks: Send + Sync {
         nodes: &[String],
         gpus: i64,
         now: i64,
-    ) -> StoreResult<bool>;
+    ) -> StoreResult<bool> {
+        let one = Placing {
+            task: id.to_owned(),
+            placement: placement.to_owned(),
+            nodes: nodes.to_vec(),
+            gpus,
+        };
+        Ok(self.place_tasks(term, &[one], now).await?[0])
+    }
+    /// Places a cycle's tasks in one transaction (one commit, one fence check): a cycle that
+    /// starts thousands of tasks must not pay a commit for each. For each, whether it was
+    /// still pending and is now placed.
+    async fn place_tasks(
+        &self,
+        term: Term,
+        placing: &[Placing],
+        now: i64,
+    ) -> StoreResult<Vec<bool>>;
     /// The scheduled and running tasks placed (in part) on `node`: an agent's work, read by
     /// an index.
     async fn node_tasks(&self, node: &str) -> StoreResult<Vec<TaskRecord>>;

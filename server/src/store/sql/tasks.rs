@@ -186,44 +186,49 @@ macro_rules! impl_tasks {
                 Ok(CancelOutcome::Cancelled)
             }
 
-            async fn place_task(&self, term: Term, id: &str, placement: &str, nodes: &[String], gpus: i64, now: i64) -> StoreResult<bool> {
-                let node = nodes.first().map_or("", String::as_str);
+            async fn place_tasks(&self, term: Term, placing: &[Placing], now: i64) -> StoreResult<Vec<bool>> {
                 let mut tx = self.pool.begin().await?;
                 fence!(&mut *tx, term);
-                let r = sqlx::query(
-                    "UPDATE tasks SET state = 'scheduled', placement = $1, attempts = attempts + 1, updated_at = $2, stop_reason = NULL,
-                        waiting = NULL
-                     WHERE id = $3 AND state = 'pending'",
-                )
-                .bind(placement)
-                .bind(now)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-                if r.rows_affected() != 1 {
-                    return Ok(false);
+                let mut out = Vec::with_capacity(placing.len());
+                for p in placing {
+                    let node = p.nodes.first().map_or("", String::as_str);
+                    let r = sqlx::query(
+                        "UPDATE tasks SET state = 'scheduled', placement = $1, attempts = attempts + 1, updated_at = $2, stop_reason = NULL,
+                            waiting = NULL
+                         WHERE id = $3 AND state = 'pending'",
+                    )
+                    .bind(&p.placement)
+                    .bind(now)
+                    .bind(&p.task)
+                    .execute(&mut *tx)
+                    .await?;
+                    if r.rows_affected() != 1 {
+                        out.push(false);
+                        continue;
+                    }
+                    sqlx::query(
+                        "INSERT INTO attempts (task_id, number, node, placement, gpus, started_at, batch_size)
+                         SELECT id, attempts, $1, $2, $3, $4, batch_size FROM tasks WHERE id = $5",
+                    )
+                    .bind(node)
+                    .bind(&p.placement)
+                    .bind(p.gpus)
+                    .bind(now)
+                    .bind(&p.task)
+                    .execute(&mut *tx)
+                    .await?;
+                    for n in &p.nodes {
+                        sqlx::query("INSERT INTO task_nodes (node_id, task_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+                            .bind(n)
+                            .bind(&p.task)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    insert_event!(&mut *tx, &p.task, now, "scheduled", &format!("placed on {node}"));
+                    out.push(true);
                 }
-                sqlx::query(
-                    "INSERT INTO attempts (task_id, number, node, placement, gpus, started_at, batch_size)
-                     SELECT id, attempts, $1, $2, $3, $4, batch_size FROM tasks WHERE id = $5",
-                )
-                .bind(node)
-                .bind(placement)
-                .bind(gpus)
-                .bind(now)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-                for n in nodes {
-                    sqlx::query("INSERT INTO task_nodes (node_id, task_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-                        .bind(n)
-                        .bind(id)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                insert_event!(&mut *tx, id, now, "scheduled", &format!("placed on {node}"));
                 tx.commit().await?;
-                Ok(true)
+                Ok(out)
             }
 
             async fn requeue_task(&self, fence: Option<Term>, id: &str, reason: &str, message: &str, now: i64) -> StoreResult<bool> {
