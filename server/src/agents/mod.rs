@@ -80,3 +80,39 @@ pub async fn wait_for_data(rx: &mut watch::Receiver<u64>, max: std::time::Durati
         tokio::time::sleep(max).await;
     }
 }
+
+/// Whether a poll must record the node as seen: a node is judged lost after
+/// `lost_timeout_secs` of silence, so its last-seen time needs to be only that fresh, within a
+/// sixth of the timeout (at most 5 s). Writing it on every poll would be one write per agent
+/// every few seconds, which on a thousand nodes competes with submissions for the database.
+/// A node marked lost is always recorded, so that it comes back at once.
+pub fn last_seen_is_stale(
+    status: crate::domain::NodeStatus,
+    last_seen: Option<i64>,
+    now_ms: i64,
+    lost_timeout_secs: u64,
+) -> bool {
+    let fresh_ms = (lost_timeout_secs as i64 * 1000 / 6).min(5_000);
+    status == crate::domain::NodeStatus::Lost
+        || last_seen.is_none_or(|t| now_ms - t >= fresh_ms || now_ms < t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::NodeStatus;
+
+    #[test]
+    fn last_seen_is_written_only_when_it_matters() {
+        let ready = NodeStatus::Ready;
+        assert!(last_seen_is_stale(ready, None, 1_000_000, 30), "never seen");
+        let seen = Some(1_000_000);
+        assert!(!last_seen_is_stale(ready, seen, 1_004_999, 30));
+        assert!(last_seen_is_stale(ready, seen, 1_005_000, 30));
+        // A short timeout asks for fresher times.
+        assert!(last_seen_is_stale(ready, seen, 1_001_000, 6));
+        // A clock that went back is no reason to trust the old time.
+        assert!(last_seen_is_stale(ready, seen, 999_000, 30));
+        assert!(last_seen_is_stale(NodeStatus::Lost, seen, 1_000_001, 30));
+    }
+}

@@ -156,10 +156,16 @@ pub async fn poll(
         }
     };
     let waiter = state.agents.waiter(&node.node.id);
-    state
-        .store
-        .touch_node(&node.node.id, state.clock.now_ms())
-        .await?;
+    let now_ms = state.clock.now_ms();
+    let n = &node.node;
+    if crate::agents::last_seen_is_stale(
+        n.status,
+        n.last_seen,
+        now_ms,
+        state.settings.node_lost_timeout_secs,
+    ) {
+        state.store.touch_node(&node.node.id, now_ms).await?;
+    }
     // An agent restarted with other settings (Docker gone, isolation off, new dataset roots)
     // says so in its polls; an agent that says nothing keeps what it said at registration.
     if body.host.is_some() {
