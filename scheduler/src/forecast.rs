@@ -58,7 +58,8 @@ impl RuntimeHistory {
 }
 
 /// Estimated start of each pending task that the forward run placed within `max_steps` steps
-/// (each step is the moment one or more runs end). Tasks left out would start later than the
+/// (each step is the moment one or more runs end), while `go_on` says so (the caller's budget:
+/// on a long queue each step is a full cycle). Tasks left out would start later than the
 /// forward run looked, or never on this cluster.
 ///
 /// The forward run differs from the live policy in two ways, both to keep it stable: it does
@@ -71,6 +72,7 @@ pub fn estimate_starts(
     cfg: &PolicyConfig,
     runtime: &dyn Fn(&TaskRequest) -> u64,
     max_steps: usize,
+    go_on: &mut dyn FnMut() -> bool,
 ) -> BTreeMap<TaskId, Time> {
     let mut starts = BTreeMap::new();
     if snapshot.state().pending.is_empty() {
@@ -100,6 +102,9 @@ pub fn estimate_starts(
     }
     let sched = Scheduler::new(cfg.clone());
     for _ in 0..max_steps {
+        if !go_on() {
+            break;
+        }
         let Some(&Reverse((t, _))) = ends.peek() else {
             break;
         };

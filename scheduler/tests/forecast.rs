@@ -31,15 +31,30 @@ fn waiting_tasks_start_as_the_runs_ahead_of_them_end() {
         explain_pending: false,
         ..PolicyConfig::default()
     };
-    let est = estimate_starts(&snap, 100, &cfg, &|r| history.estimate(r), 64);
+    let est = estimate_starts(&snap, 100, &cfg, &|r| history.estimate(r), 64, &mut || true);
     assert_eq!(est.get("a"), Some(&1_000), "{est:?}");
     assert_eq!(est.get("b"), Some(&1_500), "{est:?}");
     // A run already past its estimate is taken to end a tenth of its estimate later.
-    let est = estimate_starts(&snap, 1_200, &cfg, &|r| history.estimate(r), 64);
+    let est = estimate_starts(
+        &snap,
+        1_200,
+        &cfg,
+        &|r| history.estimate(r),
+        64,
+        &mut || true,
+    );
     assert_eq!(est.get("a"), Some(&1_300), "{est:?}");
     assert_eq!(est.get("b"), Some(&1_800), "{est:?}");
     // The horizon bounds the work: one step sees only the first start.
-    let est = estimate_starts(&snap, 100, &cfg, &|r| history.estimate(r), 1);
+    let est = estimate_starts(&snap, 100, &cfg, &|r| history.estimate(r), 1, &mut || true);
+    assert_eq!(est.len(), 1);
+    // So does the caller's budget.
+    let mut steps = 0;
+    let mut budget = || {
+        steps += 1;
+        steps <= 1
+    };
+    let est = estimate_starts(&snap, 100, &cfg, &|r| history.estimate(r), 64, &mut budget);
     assert_eq!(est.len(), 1);
 }
 

@@ -497,6 +497,7 @@ impl Decider for InProcess {
             &self.policy,
             &|r| history.estimate(r),
             FORECAST_STEPS,
+            &mut || true,
         )
     }
 }

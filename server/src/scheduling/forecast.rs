@@ -12,6 +12,10 @@ use tokio::task::JoinHandle;
 pub const FORECAST_EVERY_MS: i64 = 10_000;
 /// How far the forward run looks, in moments when runs end.
 pub const FORECAST_STEPS: usize = 128;
+/// Wall time one forecast may take: each step is a full cycle of the policy, and on a long queue
+/// the forecast must not take the CPU the cycles need. Every `FORECAST_EVERY_MS`, so at most a
+/// tenth of a core.
+pub const FORECAST_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
 /// Completed tasks whose run times make the users' histories.
 pub const HISTORY_TASKS: i64 = 2_000;
 
@@ -65,12 +69,14 @@ impl Forecaster {
             for (user, secs) in runs.iter().rev() {
                 history.record(user, (*secs).max(1) as u64);
             }
+            let until = std::time::Instant::now() + FORECAST_BUDGET;
             estimate_starts(
                 &snapshot,
                 now,
                 &config,
                 &|r| history.estimate(r),
                 FORECAST_STEPS,
+                &mut || std::time::Instant::now() < until,
             )
             .into_iter()
             .map(|(id, t)| (id, (t as i64).saturating_mul(1000)))
