@@ -347,6 +347,7 @@ impl Runner {
             .map(snapshot::to_node)
             .collect::<anyhow::Result<Vec<_>>>()?;
         let mut loaded = snapshot::load(self.store.as_ref(), nodes, listed).await?;
+        let loaded_at = cycle_started.elapsed();
         if !snapshot::charge(self.store.as_ref(), &mut loaded, now_ms, &self.config).await? {
             tracing::debug!("a run changed while it was charged; charging again next cycle");
         }
@@ -361,7 +362,9 @@ impl Runner {
                 .set(loaded.tasks.iter().filter(|t| t.task.state == st).count() as i64);
         }
 
+        let charged_at = cycle_started.elapsed();
         let decisions = self.scheduler.schedule(loaded.snapshot.state(), now);
+        let decided_at = cycle_started.elapsed();
         let tasks = &loaded.tasks;
         let mut placed = 0;
         let mut placing: Vec<crate::store::Placing> = Vec::new();
@@ -452,9 +455,19 @@ impl Runner {
             super::housekeeping::run(&self.store, &self.storage, &self.settings, now_ms).await?;
             self.last_housekeeping = Some(Instant::now());
         }
-        self.metrics
-            .cycle_seconds
-            .observe(cycle_started.elapsed().as_secs_f64());
+        let total = cycle_started.elapsed();
+        self.metrics.cycle_seconds.observe(total.as_secs_f64());
+        // Where a cycle's time goes: reading the state, charging usage, the policy, writing.
+        tracing::debug!(
+            load_ms = loaded_at.as_millis() as u64,
+            charge_ms = (charged_at - loaded_at).as_millis() as u64,
+            policy_ms = (decided_at - charged_at).as_millis() as u64,
+            write_ms = (total - decided_at).as_millis() as u64,
+            placed,
+            pending = loaded.snapshot.state().pending.len(),
+            running = loaded.snapshot.state().running.len(),
+            "cycle phases"
+        );
         Ok(placed)
     }
 }
