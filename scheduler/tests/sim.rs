@@ -9,6 +9,21 @@ const ITP: &str = include_str!("../testdata/tiny_itp.csv");
 const NODES: &str = include_str!("../testdata/tiny_nodes.csv");
 const PODS: &str = include_str!("../testdata/tiny_pods.csv");
 
+/// `n` jobs of `users` users arriving within `spread` seconds, cycling through `sizes` GPUs
+/// (sizes above a node are multi-node jobs), with run times from `runtime.0` up to
+/// `runtime.0 + runtime.1`: a dense, mixed, deterministic trace.
+fn mixed(n: u64, users: u64, spread: u64, sizes: &[u32], runtime: (u64, u64)) -> Vec<jobs::Job> {
+    (0..n)
+        .map(|i| jobs::Job {
+            id: i.to_string(),
+            user: format!("u{}", i % users),
+            submit: i * (spread / 500 + 37) % spread,
+            gpus: sizes[(i % sizes.len() as u64) as usize],
+            runtime: runtime.0 + (i * 7_919) % runtime.1,
+        })
+        .collect()
+}
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9
 }
@@ -152,16 +167,7 @@ fn srtf_oracle_preempts_only_for_a_shorter_job() {
 /// its average JCT is no worse than the policy's, which does not know run times.
 #[test]
 fn srtf_oracle_finishes_every_job() {
-    let mut js = Vec::new();
-    for i in 0..400u64 {
-        js.push(jobs::Job {
-            id: i.to_string(),
-            user: format!("u{}", i % 5),
-            submit: i * 41 % 20_000,
-            gpus: [1, 1, 2, 4, 8, 16][(i % 6) as usize] as u32,
-            runtime: 200 + (i * 7_919) % 30_000,
-        });
-    }
+    let js = mixed(400, 5, 20_000, &[1, 1, 2, 4, 8, 16], (200, 30_000));
     let cfg = JobsConfig {
         nodes: 4,
         gpus_per_node: 8,
@@ -183,16 +189,7 @@ fn srtf_oracle_finishes_every_job() {
 
 #[test]
 fn job_simulation_is_deterministic() {
-    let mut js = Vec::new();
-    for i in 0..300u64 {
-        js.push(jobs::Job {
-            id: i.to_string(),
-            user: format!("u{}", i % 7),
-            submit: i * 37 % 5_000,
-            gpus: [1, 2, 4, 8, 16][(i % 5) as usize] as u32,
-            runtime: 60 + (i * 7_919) % 20_000,
-        });
-    }
+    let js = mixed(300, 7, 5_000, &[1, 2, 4, 8, 16], (60, 20_000));
     let cfg = JobsConfig {
         nodes: 4,
         gpus_per_node: 8,
