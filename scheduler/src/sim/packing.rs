@@ -249,6 +249,9 @@ pub fn replay(
     let mut cap = Capacity::new(nodes, &[], 0);
     let model = frag_model(&cap, pods, policy);
     let mut placer = Placer::new(policy, model);
+    if policy == PlacementPolicy::Fgd {
+        placer = placer.with_random_ties(seed);
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
     let (mut arrived, mut used) = (0u64, 0u64);
     let mut records = Vec::with_capacity(seq.len());
