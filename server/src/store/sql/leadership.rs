@@ -89,13 +89,20 @@ impl Leadership for PostgresStore {
         Ok(matches!(asked, Ok(Ok((term,))) if term == guard.term.0))
     }
 
+    /// Unlocks before closing: closing alone frees the lock only once PostgreSQL has ended the
+    /// connection's backend, a moment later, and a successor that asks in between is refused.
     async fn resign(&self, guard: LeaderGuard) -> StoreResult<()> {
         if let Ok(conn) = guard
             .hold
             .downcast::<tokio::sync::Mutex<sqlx::PgConnection>>()
         {
             use sqlx::Connection;
-            conn.into_inner().close().await?;
+            let mut conn = conn.into_inner();
+            sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(LEADER_LOCK_KEY)
+                .execute(&mut conn)
+                .await?;
+            conn.close().await?;
         }
         Ok(())
     }
