@@ -32,7 +32,13 @@ impl Forecaster {
     /// Takes a finished forecast's answer, if one finished since the last call.
     pub async fn collect(&mut self) {
         if self.running.as_ref().is_some_and(|j| j.is_finished()) {
-            let job = self.running.take().expect("checked");
+            self.settle().await;
+        }
+    }
+
+    /// Waits for the forecast under way, if any, and takes its answer.
+    pub async fn settle(&mut self) {
+        if let Some(job) = self.running.take() {
             match job.await {
                 Ok(starts) => self.starts = starts,
                 Err(e) => tracing::error!(error = %e, "the start-time forecast failed"),

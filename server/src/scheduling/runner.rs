@@ -131,6 +131,12 @@ impl Runner {
         Ok(guard.map(|g| self.take_lead(g, now_ms)))
     }
 
+    /// Waits for the start-time forecast under way; the next cycle publishes it. For tests and
+    /// replays, which drive cycles by hand and must not wait on a timer.
+    pub async fn settle_forecast(&mut self) {
+        self.forecaster.settle().await;
+    }
+
     /// Nodes whose agent stopped polling are lost: their tasks go back to the queue (and resume
     /// from their last checkpoint when they start again).
     async fn detect_lost_nodes(

@@ -23,28 +23,10 @@ pub trait Tasks: Send + Sync {
     /// newest first: the history behind start-time estimates.
     async fn recent_run_times(&self, limit: i64) -> StoreResult<Vec<(String, i64)>>;
     async fn cancel_task(&self, tenant_id: &str, id: &str, now: i64) -> StoreResult<CancelOutcome>;
-    /// Moves a pending task to scheduled and opens its next attempt; `false` if it was no
-    /// longer pending (so a task is never placed twice).
-    async fn place_task(
-        &self,
-        term: Term,
-        id: &str,
-        placement: &str,
-        nodes: &[String],
-        gpus: i64,
-        now: i64,
-    ) -> StoreResult<bool> {
-        let one = Placing {
-            task: id.to_owned(),
-            placement: placement.to_owned(),
-            nodes: nodes.to_vec(),
-            gpus,
-        };
-        Ok(self.place_tasks(term, &[one], now).await?[0])
-    }
-    /// Places a cycle's tasks in one transaction (one commit, one fence check): a cycle that
-    /// starts thousands of tasks must not pay a commit for each. For each, whether it was
-    /// still pending and is now placed.
+    /// Moves a cycle's pending tasks to scheduled and opens their next attempts, in one
+    /// transaction (one commit, one fence check): a cycle that starts thousands of tasks must
+    /// not pay a commit for each. For each, `false` if it was no longer pending (so a task is
+    /// never placed twice).
     async fn place_tasks(
         &self,
         term: Term,

@@ -58,7 +58,16 @@ async fn one_leader_at_a_time_and_deposed_leaders_are_fenced(b: Backend) {
         .await;
     assert!(matches!(waiting, Err(StoreError::Fenced)), "{waiting:?}");
     let placed = first
-        .place_task(old.term, "some-task", "[]", &["n1".to_owned()], 1, 3)
+        .place_tasks(
+            old.term,
+            &[autodl_server::store::Placing {
+                task: "some-task".into(),
+                placement: "[]".into(),
+                nodes: vec!["n1".into()],
+                gpus: 1,
+            }],
+            3,
+        )
         .await;
     assert!(matches!(placed, Err(StoreError::Fenced)), "{placed:?}");
     let stopped = first

@@ -452,18 +452,14 @@ async fn a_run_that_completes_while_it_is_being_stopped_is_done(b: Backend) {
     assert_eq!(c.cycle_and_start().await, vec![(bee, 1)]);
 }
 
-/// Cycles until the forecast running beside them has been published for `task` (it runs on a
-/// blocking thread, so it lands a cycle or more after it started).
+/// The estimate for `task` as the next cycles publish it: the forecast runs beside the cycles
+/// (on a blocking thread), so a cycle starts it, the test waits for it, and the next cycle
+/// publishes its answer.
 async fn estimated_start(c: &mut Cluster, s: &Session, task: &str) -> Value {
-    for _ in 0..200 {
-        c.cycle().await;
-        let w = c.task(s, task).await["waiting"]["estimated_start"].clone();
-        if !w.is_null() {
-            return w;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
-    panic!("no estimated start for {task}");
+    c.cycle().await;
+    c.runner.settle_forecast().await;
+    c.cycle().await;
+    c.task(s, task).await["waiting"]["estimated_start"].clone()
 }
 
 async fn a_waiting_task_says_when_it_should_start(b: Backend) {
