@@ -24,6 +24,8 @@ pub enum Signal {
     Node(String),
     /// Logs or samples were stored: live streams read them.
     Data,
+    /// Keys, members, roles, quotas or organizations changed: forget what was kept of them.
+    Accounts,
 }
 
 impl Signal {
@@ -32,6 +34,7 @@ impl Signal {
             Signal::Wake => "wake".into(),
             Signal::Nodes => "nodes".into(),
             Signal::Data => "data".into(),
+            Signal::Accounts => "accounts".into(),
             Signal::Node(n) => format!("node:{n}"),
         }
     }
@@ -41,6 +44,7 @@ impl Signal {
             "wake" => Some(Signal::Wake),
             "nodes" => Some(Signal::Nodes),
             "data" => Some(Signal::Data),
+            "accounts" => Some(Signal::Accounts),
             _ => s.strip_prefix("node:").map(|n| Signal::Node(n.to_owned())),
         }
     }
@@ -93,7 +97,11 @@ pub async fn connect(state: &AppState) -> anyhow::Result<Vec<tokio::task::JoinHa
         }
     });
 
-    let (scheduler, agents) = (state.scheduler.clone(), state.agents.clone());
+    let (scheduler, agents, accounts) = (
+        state.scheduler.clone(),
+        state.agents.clone(),
+        state.accounts.clone(),
+    );
     let listener = tokio::spawn(async move {
         while let Some(payload) = incoming.recv().await {
             let Some((from, what)) = payload.split_once('|') else {
@@ -107,6 +115,7 @@ pub async fn connect(state: &AppState) -> anyhow::Result<Vec<tokio::task::JoinHa
                 Some(Signal::Nodes) => scheduler.invalidate_nodes_here(),
                 Some(Signal::Node(n)) => agents.notify_here(&n),
                 Some(Signal::Data) => agents.data_stored_here(),
+                Some(Signal::Accounts) => accounts.clear(),
                 None => tracing::debug!(payload, "unknown signal from another server"),
             }
         }
@@ -124,6 +133,7 @@ mod tests {
             Signal::Wake,
             Signal::Nodes,
             Signal::Data,
+            Signal::Accounts,
             Signal::Node("gpu-1.rack:3".into()),
         ] {
             assert_eq!(Signal::decode(&s.encode()), Some(s));

@@ -61,9 +61,12 @@ impl Application {
         };
         let storage = crate::storage::Storage::from_settings(&settings)?;
         tracing::info!(storage = %storage.backend.describe(), bucket = storage.default_bucket, "object storage");
+        let (submissions, group_writer) = crate::store::GroupCommit::new(store.clone());
         let state = web::Data::new(AppState {
             storage,
             store,
+            submissions,
+            accounts: Default::default(),
             sessions: SessionKeys::new(
                 secret.as_bytes(),
                 settings.session_ttl_secs,
@@ -82,6 +85,7 @@ impl Application {
             clock,
         });
         let mut background = crate::replicas::connect(&state).await?;
+        background.push(tokio::spawn(group_writer));
         if settings.run_scheduler {
             let runner = Runner::new(
                 &state,

@@ -20,6 +20,21 @@ pub struct AppState {
     pub storage: crate::storage::Storage,
     /// Every decision by time asks this clock (a manual one in replays and tests).
     pub clock: Arc<dyn crate::clock::Clock>,
+    /// Callers' keys, quotas and organizations, kept for a moment (see `auth::cache`).
+    pub accounts: Arc<crate::auth::cache::AccountCache>,
+    /// New tasks, stored many to a transaction.
+    pub submissions: crate::store::GroupCommit,
+}
+
+impl AppState {
+    /// Keys, members, roles, quotas or organizations changed: no server may go on answering
+    /// from what it kept of them.
+    pub fn accounts_changed(&self) {
+        self.accounts.clear();
+        self.scheduler
+            .peers()
+            .tell(crate::replicas::Signal::Accounts);
+    }
 }
 
 /// RFC 3339 text of a millisecond timestamp, as every API answer shows times.

@@ -13,7 +13,7 @@ use crate::domain::IdempotencyKey;
 use crate::error::ApiError;
 use crate::scheduling::to_quota;
 use crate::state::AppState;
-use crate::store::{QuotaRecord, QuotaScope, TaskCreated, TaskRecord, TaskWithUser};
+use crate::store::{NewTask, QuotaRecord, QuotaScope, TaskCreated, TaskRecord, TaskWithUser};
 use crate::tasks::{access, spec, to_request};
 
 /// What a submission did.
@@ -35,8 +35,14 @@ pub async fn submit(
     let store = state.store.as_ref();
     let nodes = state.scheduler.nodes(store).await?;
     check_host_data_path(&spec, &nodes)?;
-    let tenant_q = store.quota(QuotaScope::Tenant, caller.tenant_id()).await?;
-    let user_q = store.quota(QuotaScope::User, &caller.user.id).await?;
+    let tenant_q = state
+        .accounts
+        .quota(store, QuotaScope::Tenant, caller.tenant_id())
+        .await?;
+    let user_q = state
+        .accounts
+        .quota(store, QuotaScope::User, &caller.user.id)
+        .await?;
     check_gpu_types(&spec, &tenant_q, &user_q)?;
     check_queue_caps(state, caller, &tenant_q, &user_q).await?;
 
@@ -68,7 +74,14 @@ pub async fn submit(
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    Ok(match store.create_task(&rec, &labels).await? {
+    let created = state
+        .submissions
+        .create(NewTask {
+            task: rec.clone(),
+            labels,
+        })
+        .await?;
+    Ok(match created {
         TaskCreated::Created => {
             state.scheduler.wake();
             Submitted::Created(TaskWithUser {
@@ -222,8 +235,8 @@ async fn admit(
         config: &state.scheduler.config,
     };
     let trusted = state
-        .store
-        .tenant(caller.tenant_id())
+        .accounts
+        .tenant(state.store.as_ref(), caller.tenant_id())
         .await?
         .is_some_and(|t| t.trusted);
     let access = access::task_access(trusted, spec, nodes);

@@ -230,11 +230,13 @@ async fn from_session(
 }
 
 async fn from_api_key(state: &AppState, token: &str, now: i64) -> Result<Caller, ApiError> {
-    let key = state
-        .store
-        .api_key_by_hash(&digest(token))
+    let hash = digest(token);
+    let found = state
+        .accounts
+        .api_key(state.store.as_ref(), &hash)
         .await?
         .ok_or_else(|| ApiError::Unauthorized("unknown API key".into()))?;
+    let key = found.key;
     if key.revoked {
         return Err(ApiError::Unauthorized(
             "this API key has been revoked".into(),
@@ -243,9 +245,10 @@ async fn from_api_key(state: &AppState, token: &str, now: i64) -> Result<Caller,
     if key.expires_at.is_some_and(|e| e <= now) {
         return Err(ApiError::Unauthorized("this API key has expired".into()));
     }
-    let user = active_user(state, &key.user_id).await?;
+    let user = usable(found.user)?;
     if key.last_used_at.is_none_or(|t| now - t > TOUCH_INTERVAL_MS) {
         state.store.touch_api_key(&key.id, now).await?;
+        state.accounts.key_used(&hash, now);
     }
     Ok(Caller {
         role: parse_role(&user.role)?,
@@ -255,11 +258,12 @@ async fn from_api_key(state: &AppState, token: &str, now: i64) -> Result<Caller,
 }
 
 async fn active_user(state: &AppState, id: &str) -> Result<UserRecord, ApiError> {
-    let user = state
-        .store
-        .user(id)
-        .await?
-        .ok_or_else(|| ApiError::Unauthorized("account not found".into()))?;
+    usable(state.store.user(id).await?)
+}
+
+/// The user a credential acts for, if they may still act.
+fn usable(user: Option<UserRecord>) -> Result<UserRecord, ApiError> {
+    let user = user.ok_or_else(|| ApiError::Unauthorized("account not found".into()))?;
     if user.disabled {
         return Err(ApiError::Unauthorized("this account is disabled".into()));
     }

@@ -1,5 +1,6 @@
 //! Who is calling: passwords, session tokens, API keys, CSRF and login throttling.
 
+pub mod cache;
 pub mod caller;
 pub mod password;
 pub mod rate_limit;

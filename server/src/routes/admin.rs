@@ -58,6 +58,7 @@ pub async fn update_tenant(
             return Err(ApiError::NotFound("no such tenant".into()));
         }
         tracing::info!(trusted, "organization trust changed");
+        state.accounts_changed();
         state.scheduler.wake();
     }
     let t = state
@@ -102,6 +103,7 @@ pub async fn set_tenant_quota(
         .store
         .set_quota(QuotaScope::Tenant, &id, &rec, state.clock.now_ms())
         .await?;
+    state.accounts_changed();
     Ok(web::Json(quota_to_api(&rec)))
 }
 
@@ -149,6 +151,7 @@ pub async fn update_user(
     {
         return Err(ApiError::NotFound("no such user".into()));
     }
+    state.accounts_changed();
     if body.disabled == Some(true) {
         state.store.revoke_user_sessions(&id, None).await?;
     }

@@ -93,6 +93,7 @@ pub async fn revoke(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     if state.store.revoke_api_key(&caller.user.id, &id).await? {
+        state.accounts_changed();
         Ok(HttpResponse::NoContent().finish())
     } else {
         Err(ApiError::NotFound("no such API key".into()))

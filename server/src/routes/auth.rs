@@ -232,6 +232,7 @@ pub async fn change_password(
     })?;
     let hash = password::hash(new_pw.into_inner()).await?;
     state.store.set_password(&caller.user.id, &hash).await?;
+    state.accounts_changed();
     state
         .store
         .revoke_user_sessions(&caller.user.id, caller.session_id())

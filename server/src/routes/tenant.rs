@@ -123,6 +123,7 @@ pub async fn update_member(
         .store
         .set_member_role(caller.tenant_id(), &target.id, body.role.as_str())
         .await?;
+    state.accounts_changed();
     let updated = member_of_tenant(&state, &caller, &id).await?;
     Ok(web::Json(member(&updated)?))
 }
@@ -158,6 +159,7 @@ pub async fn remove_member(
         .await?;
     state.store.revoke_user_sessions(&target.id, None).await?;
     state.store.revoke_user_api_keys(&target.id).await?;
+    state.accounts_changed();
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -330,5 +332,6 @@ pub async fn set_member_quota(
         .store
         .set_quota(QuotaScope::User, &target.id, &rec, state.clock.now_ms())
         .await?;
+    state.accounts_changed();
     Ok(web::Json(quota_to_api(&rec)))
 }

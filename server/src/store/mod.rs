@@ -4,6 +4,7 @@
 mod accounts;
 mod artifacts;
 pub mod fault;
+mod group_commit;
 mod leadership;
 mod nodes;
 mod records;
@@ -17,6 +18,7 @@ use async_trait::async_trait;
 
 pub use accounts::Accounts;
 pub use artifacts::Artifacts;
+pub use group_commit::GroupCommit;
 pub use leadership::Leadership;
 pub use nodes::Nodes;
 pub use records::*;

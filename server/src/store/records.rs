@@ -79,7 +79,7 @@ pub struct InvitationRecord {
     pub revoked: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuotaScope {
     Tenant,
     User,
@@ -234,6 +234,12 @@ pub struct TaskFilter {
     /// Keyset cursor: only tasks strictly older than (created_at, id).
     pub before: Option<(i64, String)>,
     pub limit: i64,
+}
+
+/// A task to store, with its labels.
+pub struct NewTask {
+    pub task: TaskRecord,
+    pub labels: Vec<(String, String)>,
 }
 
 pub enum TaskCreated {

@@ -7,11 +7,10 @@ use super::*;
 
 #[async_trait]
 pub trait Tasks: Send + Sync {
-    async fn create_task(
-        &self,
-        task: &TaskRecord,
-        labels: &[(String, String)],
-    ) -> StoreResult<TaskCreated>;
+    /// Stores new tasks in one transaction (group commit: a burst of submissions pays one
+    /// commit). Each answer says whether its task was stored or its idempotency key had
+    /// already made one; nothing is answered before the commit.
+    async fn create_tasks(&self, batch: &[NewTask]) -> StoreResult<Vec<StoreResult<TaskCreated>>>;
     /// A task of `tenant_id` (any tenant when `None`).
     async fn task(&self, tenant_id: Option<&str>, id: &str) -> StoreResult<Option<TaskWithUser>>;
     async fn list_tasks(&self, filter: &TaskFilter) -> StoreResult<Vec<TaskWithUser>>;

@@ -339,6 +339,61 @@ pub async fn assert_error(res: Response, status: StatusCode, code: &str) -> Valu
 }
 
 /// Writes one test function per backend for each named async test body.
+/// A server process (the real binary) on the test's database, killed (SIGKILL) when dropped:
+/// what a crash or a second server does, which an in-process server cannot show.
+pub struct ServerProcess {
+    child: std::process::Child,
+    pub address: String,
+}
+
+impl ServerProcess {
+    pub fn start(app: &TestApp) -> ServerProcess {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let s = &app.state.settings;
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_autodl-server"))
+            .arg("serve")
+            .env("AUTODL_LISTEN", format!("127.0.0.1:{port}"))
+            .env("AUTODL_DATABASE_URL", &s.database_url)
+            .env("AUTODL_JWT_SECRET", &s.jwt_secret)
+            .env("AUTODL_STORAGE_URL", &s.storage_url)
+            .env("AUTODL_SITE_ROOT", &s.site_root)
+            // The timer alone would take up to 2 s: what is faster comes from the wake-ups.
+            .env("AUTODL_SCHEDULE_INTERVAL_MS", "2000")
+            .env("AUTODL_DB_MAX_CONNECTIONS", "4")
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start a server process");
+        ServerProcess {
+            child,
+            address: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    pub async fn role(&self) -> Option<String> {
+        let res = reqwest::get(format!("{}/healthz", self.address))
+            .await
+            .ok()?;
+        let body: Value = res.json().await.ok()?;
+        body["role"].as_str().map(str::to_owned)
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 #[macro_export]
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {

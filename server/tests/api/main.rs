@@ -17,6 +17,7 @@ mod s3_server;
 mod scheduling;
 mod security;
 mod storage;
+mod submissions;
 mod tasks;
 mod tenancy;
 mod usage;

@@ -9,61 +9,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use crate::agents::FakeAgent;
-use crate::helpers::{spawn_app_with, Backend, Session, TestApp};
-
-/// A server process on the test's database, killed (SIGKILL) when dropped.
-struct Replica {
-    child: std::process::Child,
-    address: String,
-}
-
-impl Replica {
-    fn start(app: &TestApp) -> Replica {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let s = &app.state.settings;
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_autodl-server"))
-            .arg("serve")
-            .env("AUTODL_LISTEN", format!("127.0.0.1:{port}"))
-            .env("AUTODL_DATABASE_URL", &s.database_url)
-            .env("AUTODL_JWT_SECRET", &s.jwt_secret)
-            .env("AUTODL_STORAGE_URL", &s.storage_url)
-            .env("AUTODL_SITE_ROOT", &s.site_root)
-            // The timer alone would take up to 2 s: what is faster comes from the wake-ups.
-            .env("AUTODL_SCHEDULE_INTERVAL_MS", "2000")
-            .env("AUTODL_DB_MAX_CONNECTIONS", "4")
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("start a server process");
-        Replica {
-            child,
-            address: format!("http://127.0.0.1:{port}"),
-        }
-    }
-
-    async fn role(&self) -> Option<String> {
-        let res = reqwest::get(format!("{}/healthz", self.address))
-            .await
-            .ok()?;
-        let body: Value = res.json().await.ok()?;
-        body["role"].as_str().map(str::to_owned)
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+use crate::helpers::{spawn_app_with, Backend, ServerProcess as Replica, Session, TestApp};
 
 /// Waits until exactly one of `replicas` leads; returns its index.
 async fn leader_of(replicas: &[&Replica], within: Duration) -> usize {
@@ -270,5 +216,56 @@ async fn replicas_share_the_work_and_survive_the_leader() {
         let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
         assert_eq!(t["attempts"], 1, "{t}");
         assert_eq!(t["state"], "completed", "{t}");
+    }
+}
+
+#[tokio::test]
+async fn a_revoked_key_is_refused_by_every_server_at_once() {
+    let app = spawn_app_with(Backend::Postgres, |s| s.run_scheduler = false).await;
+    let s = app.signup("k@example.com", "Lab").await;
+    let res = s
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/api-keys",
+            Some(json!({"name": "ci"})),
+        )
+        .await;
+    let created: Value = res.json().await.unwrap();
+    let (key, key_id) = (
+        created["key"].as_str().unwrap().to_owned(),
+        created["info"]["id"].as_str().unwrap().to_owned(),
+    );
+    let other = Replica::start(&app);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while other.role().await.is_none() {
+        assert!(Instant::now() < deadline, "the other server did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let me = || {
+        reqwest::Client::new()
+            .get(format!("{}/api/v1/me", other.address))
+            .bearer_auth(&key)
+            .send()
+    };
+    // The other server has just read the key, and keeps it for a while...
+    assert_eq!(me().await.unwrap().status(), StatusCode::OK);
+    let res = s
+        .send(
+            &app,
+            Method::DELETE,
+            &format!("/api/v1/api-keys/{key_id}"),
+            None,
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    // ...but is told of the revocation, well before what it kept would expire.
+    let revoked = Instant::now();
+    while me().await.unwrap().status() != StatusCode::UNAUTHORIZED {
+        assert!(
+            revoked.elapsed() < Duration::from_secs(1),
+            "the other server still takes a revoked key"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -7,6 +7,9 @@ const TASK_COLS: &str = "t.id, t.tenant_id, t.user_id, t.name, t.state, t.spec, 
      t.attempts, t.batch_size, t.placement, t.attained_gpu_seconds, t.last_checkpoint_at, t.created_at, \
      t.updated_at, t.started_at, t.finished_at, t.stop_reason, t.waiting";
 
+/// Rows per multi-row INSERT: well inside both backends' limits on bound values (17 per task).
+const INSERT_ROWS: usize = 500;
+
 /// States the scheduler still acts on.
 const ACTIVE: &str = "('pending', 'scheduled', 'running')";
 
@@ -14,61 +17,85 @@ macro_rules! impl_tasks {
     ($store:ty, $db:ty) => {
         #[async_trait]
         impl Tasks for $store {
-            async fn create_task(&self, t: &TaskRecord, labels: &[(String, String)]) -> StoreResult<TaskCreated> {
+            async fn create_tasks(&self, batch: &[NewTask]) -> StoreResult<Vec<StoreResult<TaskCreated>>> {
                 let mut tx = self.pool.begin().await?;
-                let inserted = sqlx::query(
-                    "INSERT INTO tasks (id, tenant_id, user_id, name, state, spec, gpus_total, idempotency_key, attempts,
-                        batch_size, placement, attained_gpu_seconds, last_checkpoint_at, created_at, updated_at, started_at, finished_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
-                )
-                .bind(&t.id)
-                .bind(&t.tenant_id)
-                .bind(&t.user_id)
-                .bind(&t.name)
-                .bind(t.state.as_str())
-                .bind(&t.spec)
-                .bind(t.gpus_total)
-                .bind(&t.idempotency_key)
-                .bind(t.attempts)
-                .bind(t.batch_size)
-                .bind(&t.placement)
-                .bind(t.attained_gpu_seconds)
-                .bind(t.last_checkpoint_at)
-                .bind(t.created_at)
-                .bind(t.updated_at)
-                .bind(t.started_at)
-                .bind(t.finished_at)
-                .execute(&mut *tx)
-                .await;
-                match inserted {
-                    Ok(_) => {}
-                    Err(sqlx::Error::Database(ref e)) if e.is_unique_violation() && t.idempotency_key.is_some() => {
-                        drop(tx);
-                        let existing: Option<TaskWithUser> = sqlx::query_as(&format!(
-                            "SELECT {TASK_COLS}, u.email AS user_email FROM tasks t JOIN users u ON u.id = t.user_id
-                             WHERE t.user_id = $1 AND t.idempotency_key = $2"
-                        ))
-                        .bind(&t.user_id)
-                        .bind(&t.idempotency_key)
-                        .fetch_optional(&self.pool)
-                        .await?;
-                        return existing
-                            .map(|e| TaskCreated::Existing(Box::new(e)))
-                            .ok_or_else(|| StoreError::Conflict("idempotency key clash; retry".into()));
-                    }
-                    Err(e) => return Err(e.into()),
+                let mut stored: std::collections::HashSet<String> = std::collections::HashSet::new();
+                for chunk in batch.chunks(INSERT_ROWS) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO tasks (id, tenant_id, user_id, name, state, spec, gpus_total, idempotency_key, attempts,
+                            batch_size, placement, attained_gpu_seconds, last_checkpoint_at, created_at, updated_at, started_at, finished_at) ",
+                    );
+                    q.push_values(chunk, |mut b, n| {
+                        let t = &n.task;
+                        b.push_bind(&t.id)
+                            .push_bind(&t.tenant_id)
+                            .push_bind(&t.user_id)
+                            .push_bind(&t.name)
+                            .push_bind(t.state.as_str())
+                            .push_bind(&t.spec)
+                            .push_bind(t.gpus_total)
+                            .push_bind(&t.idempotency_key)
+                            .push_bind(t.attempts)
+                            .push_bind(t.batch_size)
+                            .push_bind(&t.placement)
+                            .push_bind(t.attained_gpu_seconds)
+                            .push_bind(t.last_checkpoint_at)
+                            .push_bind(t.created_at)
+                            .push_bind(t.updated_at)
+                            .push_bind(t.started_at)
+                            .push_bind(t.finished_at);
+                    });
+                    // A repeated idempotency key stores nothing; the task it made is read below.
+                    q.push(" ON CONFLICT DO NOTHING RETURNING id");
+                    let ids: Vec<(String,)> = q.build_query_as().fetch_all(&mut *tx).await?;
+                    stored.extend(ids.into_iter().map(|(id,)| id));
                 }
-                for (k, v) in labels {
-                    sqlx::query("INSERT INTO task_labels (task_id, key, value) VALUES ($1, $2, $3)")
-                        .bind(&t.id)
-                        .bind(k)
-                        .bind(v)
-                        .execute(&mut *tx)
-                        .await?;
+                let new: Vec<&NewTask> = batch.iter().filter(|n| stored.contains(&n.task.id)).collect();
+                let labels: Vec<(&str, &str, &str)> = new
+                    .iter()
+                    .flat_map(|n| n.labels.iter().map(|(k, v)| (n.task.id.as_str(), k.as_str(), v.as_str())))
+                    .collect();
+                for chunk in labels.chunks(INSERT_ROWS) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_labels (task_id, key, value) ");
+                    q.push_values(chunk, |mut b, (id, k, v)| {
+                        b.push_bind(*id).push_bind(*k).push_bind(*v);
+                    });
+                    q.build().execute(&mut *tx).await?;
                 }
-                insert_event!(&mut *tx, &t.id, t.created_at, "submitted", "task submitted");
+                for chunk in new.chunks(INSERT_ROWS) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_events (task_id, at, kind, message) ");
+                    q.push_values(chunk, |mut b, n| {
+                        b.push_bind(&n.task.id)
+                            .push_bind(n.task.created_at)
+                            .push_bind("submitted")
+                            .push_bind("task submitted");
+                    });
+                    q.build().execute(&mut *tx).await?;
+                }
                 tx.commit().await?;
-                Ok(TaskCreated::Created)
+                let mut out = Vec::with_capacity(batch.len());
+                for n in batch {
+                    let t = &n.task;
+                    if stored.contains(&t.id) {
+                        out.push(Ok(TaskCreated::Created));
+                        continue;
+                    }
+                    let existing: Option<TaskWithUser> = sqlx::query_as(&format!(
+                        "SELECT {TASK_COLS}, u.email AS user_email FROM tasks t JOIN users u ON u.id = t.user_id
+                         WHERE t.user_id = $1 AND t.idempotency_key = $2"
+                    ))
+                    .bind(&t.user_id)
+                    .bind(&t.idempotency_key)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                    out.push(
+                        existing
+                            .filter(|_| t.idempotency_key.is_some())
+                            .map(|e| TaskCreated::Existing(Box::new(e)))
+                            .ok_or_else(|| StoreError::Conflict("the task could not be stored (an id clash); submit it again".into())),
+                    );
+                }
+                Ok(out)
             }
 
             async fn task(&self, tenant_id: Option<&str>, id: &str) -> StoreResult<Option<TaskWithUser>> {
