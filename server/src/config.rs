@@ -34,6 +34,9 @@ pub struct Settings {
     pub db_max_connections: u32,
     /// Milliseconds between scheduling cycles when nothing wakes the scheduler earlier.
     pub schedule_interval_ms: u64,
+    /// Seconds between checks of the leader's kept task state against a full read
+    /// (`scheduling::active`).
+    pub scheduler_state_check_secs: u64,
     /// Run the scheduler in this process (tests that drive cycles by hand turn it off).
     pub run_scheduler: bool,
     /// Address tasks and agents use to reach this server; defaults to `http://<listen>`.
@@ -87,6 +90,7 @@ impl Default for Settings {
             invitation_ttl_days: 7,
             db_max_connections: 16,
             schedule_interval_ms: 2000,
+            scheduler_state_check_secs: 300,
             run_scheduler: true,
             public_url: None,
             node_lost_timeout_secs: 30,

@@ -15,6 +15,8 @@ pub struct Metrics {
     pub gpu_util: GaugeVec,
     pub gpu_mem: GaugeVec,
     pub samples_ingested: IntCounter,
+    /// Tasks the scheduler's kept state had wrong when checked against a full read.
+    pub state_drift: IntCounter,
 }
 
 impl Metrics {
@@ -59,7 +61,12 @@ impl Metrics {
         registry.register(Box::new(dispatch_latency.clone()))?;
         registry.register(Box::new(gpu_util.clone()))?;
         registry.register(Box::new(gpu_mem.clone()))?;
+        let state_drift = IntCounter::new(
+            "scheduler_state_drift_total",
+            "Tasks the leader's kept state had wrong when compared with a full read",
+        )?;
         registry.register(Box::new(samples_ingested.clone()))?;
+        registry.register(Box::new(state_drift.clone()))?;
         Ok(Metrics {
             registry,
             tasks,
@@ -68,6 +75,7 @@ impl Metrics {
             gpu_util,
             gpu_mem,
             samples_ingested,
+            state_drift,
         })
     }
 

@@ -2,6 +2,7 @@
 //! [`autodl_scheduler::Snapshot`] the simulator runs on), asks the pure policy for decisions
 //! at the clock's `now`, and applies them.
 
+pub mod active;
 pub mod explain;
 pub mod forecast;
 pub mod handle;

@@ -10,16 +10,16 @@ use std::time::{Duration, Instant};
 use autodl_common::tasks::{TaskState, Waiting, WorkerPlacement as ApiPlacement};
 use autodl_scheduler::{Decision, PolicyConfig, Scheduler};
 
+use super::active::ActiveTasks;
 use super::handle::SchedulerHandle;
-use super::snapshot::{self, secs};
+use super::snapshot::{self, secs, ActiveTask};
 use crate::agents::AgentHub;
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::domain::NodeStatus;
 use crate::metrics::Metrics;
 use crate::state::AppState;
-use crate::store::{LeaderGuard, NodeRecord, SchedulingTaskRecord, Store, StoreError, Term};
-use crate::tasks::placement_of;
+use crate::store::{LeaderGuard, NodeRecord, Store, StoreError, Term};
 
 pub struct Runner {
     store: Arc<dyn Store>,
@@ -41,6 +41,8 @@ pub struct Runner {
     last_housekeeping: Option<Instant>,
     interval: Duration,
     forecaster: super::forecast::Forecaster,
+    /// The active tasks, kept between cycles and updated by what changed.
+    active: ActiveTasks,
 }
 
 /// A follower asks for the leadership this often, so a dead leader is replaced within it (plus
@@ -85,6 +87,9 @@ impl Runner {
             last_housekeeping: None,
             interval,
             forecaster: Default::default(),
+            active: ActiveTasks::new(Duration::from_secs(
+                state.settings.scheduler_state_check_secs,
+            )),
         }
     }
 
@@ -94,6 +99,8 @@ impl Runner {
         self.guard = Some(guard);
         self.leader_since = Some(now_ms);
         self.handle.set_leader(true);
+        // What another leader did meanwhile is not in any change this one has seen.
+        self.active.forget();
         // A new term writes every explanation afresh.
         self.handle
             .written
@@ -143,7 +150,7 @@ impl Runner {
         &self,
         term: Term,
         records: &[NodeRecord],
-        tasks: &[SchedulingTaskRecord],
+        tasks: &[Arc<ActiveTask>],
         now_ms: i64,
     ) -> anyhow::Result<bool> {
         let timeout = (self.settings.node_lost_timeout_secs as i64) * 1000;
@@ -159,13 +166,15 @@ impl Runner {
             }
             tracing::warn!(node = %n.id, "no heartbeat: node lost, requeueing its tasks");
             self.store.set_node_status(&n.id, NodeStatus::Lost).await?;
-            let on_node = |t: &&SchedulingTaskRecord| {
-                placement_of(&t.task).is_some_and(|p| p.iter().any(|w| w.node == n.id))
+            let on_node = |t: &&Arc<ActiveTask>| {
+                t.placement
+                    .as_ref()
+                    .is_some_and(|p| p.iter().any(|w| w.node == n.id))
             };
             for t in tasks.iter().filter(on_node) {
                 let msg = format!("node {} stopped answering", n.id);
                 self.store
-                    .requeue_task(Some(term), &t.task.id, "node_lost", &msg, now_ms)
+                    .requeue_task(Some(term), t.id(), "node_lost", &msg, now_ms)
                     .await?;
             }
             any = true;
@@ -186,14 +195,14 @@ impl Runner {
         reason: &str,
         message: &str,
         agent_nodes: &HashMap<String, bool>,
-        tasks: &[SchedulingTaskRecord],
+        tasks: &[Arc<ActiveTask>],
         now_ms: i64,
     ) -> anyhow::Result<()> {
         let nodes: Vec<String> = tasks
             .iter()
-            .find(|t| t.task.id == task)
-            .and_then(|t| placement_of(&t.task))
-            .map(|p| p.into_iter().map(|w| w.node).collect())
+            .find(|t| t.id() == task)
+            .and_then(|t| t.placement.as_ref())
+            .map(|p| p.iter().map(|w| w.node.clone()).collect())
             .unwrap_or_default();
         if nodes
             .iter()
@@ -333,20 +342,35 @@ impl Runner {
     /// One cycle at `now_ms`; returns how many tasks it placed. Public for tests and replays,
     /// which drive cycles on a manual clock instead of waiting for the timer.
     pub async fn cycle(&mut self, now_ms: i64) -> anyhow::Result<usize> {
+        let done = self.cycle_once(now_ms).await;
+        if done.is_err() {
+            // What the failed cycle read or wrote is unknown: read everything next time.
+            self.active.forget();
+        }
+        done
+    }
+
+    async fn cycle_once(&mut self, now_ms: i64) -> anyhow::Result<usize> {
         let cycle_started = Instant::now();
         let Some(term) = self.term(now_ms).await? else {
             return Ok(0);
         };
         let now = secs(now_ms);
         let mut records = self.store.list_nodes().await?;
-        let mut listed = self.store.scheduling_tasks().await?;
+        self.active
+            .refresh(self.store.as_ref(), &self.metrics)
+            .await?;
+        let mut listed = self.active.tasks();
         if self
             .detect_lost_nodes(term, &records, &listed, now_ms)
             .await?
         {
             // Nodes went lost and their tasks back to the queue: read what changed.
             records = self.store.list_nodes().await?;
-            listed = self.store.scheduling_tasks().await?;
+            self.active
+                .refresh(self.store.as_ref(), &self.metrics)
+                .await?;
+            listed = self.active.tasks();
         }
         let nodes = records
             .iter()
@@ -354,18 +378,24 @@ impl Runner {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let mut loaded = snapshot::load(self.store.as_ref(), nodes, listed).await?;
         let loaded_at = cycle_started.elapsed();
-        if !snapshot::charge(self.store.as_ref(), &mut loaded, now_ms, &self.config).await? {
-            tracing::debug!("a run changed while it was charged; charging again next cycle");
+        match snapshot::charge(self.store.as_ref(), &mut loaded, now_ms, &self.config).await? {
+            Some(kept) => self.active.charged(kept),
+            None => {
+                tracing::debug!("a run changed while it was charged; charging again next cycle")
+            }
         }
         let agent_nodes: HashMap<String, bool> = records
             .iter()
             .map(|n| (n.id.clone(), n.credential_hash.is_some()))
             .collect();
         for st in [TaskState::Pending, TaskState::Scheduled, TaskState::Running] {
-            self.metrics
-                .tasks
-                .with_label_values(&[st.as_str()])
-                .set(loaded.tasks.iter().filter(|t| t.task.state == st).count() as i64);
+            self.metrics.tasks.with_label_values(&[st.as_str()]).set(
+                loaded
+                    .tasks
+                    .iter()
+                    .filter(|t| t.rec.task.state == st)
+                    .count() as i64,
+            );
         }
 
         let charged_at = cycle_started.elapsed();

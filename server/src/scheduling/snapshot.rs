@@ -4,6 +4,9 @@
 //! so whichever server schedules, after whatever restart, computes the same input.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use autodl_common::tasks::TaskSpec;
 
 use autodl_scheduler::{
     EndedRun, Gpu, Node, PolicyConfig, Quota, Quotas, RunAccount, RunningTask, Snapshot,
@@ -110,10 +113,38 @@ fn placements(p: Vec<autodl_common::tasks::WorkerPlacement>) -> Vec<WorkerPlacem
         .collect()
 }
 
+/// An active task as the scheduler reads it: the stored row, its spec and placement parsed
+/// once (the runner keeps these between cycles, see [`super::active`]).
+#[derive(Debug, Clone)]
+pub struct ActiveTask {
+    pub rec: SchedulingTaskRecord,
+    pub spec: TaskSpec,
+    pub placement: Option<Vec<autodl_common::tasks::WorkerPlacement>>,
+}
+
+impl ActiveTask {
+    pub fn parse(mut rec: SchedulingTaskRecord) -> anyhow::Result<ActiveTask> {
+        let spec = spec_of(&rec.task).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let placement = placement_of(&rec.task);
+        // Only what the scheduler reads is kept current (see migration 0011); the
+        // explanation is the scheduler's own output, so it is not kept at all.
+        rec.task.waiting = None;
+        Ok(ActiveTask {
+            rec,
+            spec,
+            placement,
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.rec.task.id
+    }
+}
+
 /// One cycle's input, and what the runner needs to act on the policy's decisions.
 pub struct Loaded {
     pub snapshot: Snapshot,
-    pub tasks: Vec<SchedulingTaskRecord>,
+    pub tasks: Vec<Arc<ActiveTask>>,
     /// What each run (task, attempt) had been charged up to in the store, exactly as read:
     /// its charge is kept only if that is still so.
     charged_from: HashMap<(String, u32), i64>,
@@ -124,7 +155,7 @@ pub struct Loaded {
 pub async fn load(
     store: &dyn Store,
     nodes: Vec<Node>,
-    tasks: Vec<SchedulingTaskRecord>,
+    tasks: Vec<Arc<ActiveTask>>,
 ) -> anyhow::Result<Loaded> {
     let quotas = load_quotas(store).await?;
     let mut usage = UsageLedger::default();
@@ -138,19 +169,13 @@ pub async fn load(
     let trusted: HashSet<String> = store.trusted_tenants().await?.into_iter().collect();
     let mut snapshot = Snapshot::new(nodes.clone(), quotas, usage);
     let mut charged_from = HashMap::new();
-    for rec in &tasks {
+    for active in &tasks {
+        let (rec, spec) = (&active.rec, &active.spec);
         let t = &rec.task;
-        let spec = match spec_of(t) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(task = %t.id, error = %e, "skipping a task with an unreadable spec");
-                continue;
-            }
-        };
         let access =
-            crate::tasks::access::task_access(trusted.contains(&t.tenant_id), &spec, &nodes);
-        let request = to_request(t, &spec, access);
-        let (Some(started), Some(place)) = (rec.run_started_at, placement_of(t)) else {
+            crate::tasks::access::task_access(trusted.contains(&t.tenant_id), spec, &nodes);
+        let request = to_request(t, spec, access);
+        let (Some(started), Some(place)) = (rec.run_started_at, active.placement.clone()) else {
             snapshot.add_pending(request);
             continue;
         };
@@ -248,14 +273,15 @@ fn empty_task() -> crate::store::TaskRecord {
 }
 
 /// Brings accounting up to `now` with the utilisation measured since each run was last
-/// charged, and keeps it: the charged runs and the usage rows they changed. Returns whether
-/// it was kept (`false`: a run changed meanwhile; the next cycle charges again from the store).
+/// charged, and keeps it: the charged runs and the usage rows they changed. Returns the runs'
+/// new charges as kept, or `None` when a run changed meanwhile (the next cycle charges again
+/// from the store).
 pub async fn charge(
     store: &dyn Store,
     loaded: &mut Loaded,
     now_ms: i64,
     cfg: &PolicyConfig,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<Option<Vec<RunChargeRecord>>> {
     let now = secs(now_ms);
     // Samples since the oldest uncharged moment (at most a window back).
     let from = now_ms - (cfg.util_window_s.min(3_600) as i64) * 1000;
@@ -268,7 +294,7 @@ pub async fn charge(
         .snapshot
         .charge(now, |task| util.get(task).copied(), cfg);
     if charges.is_empty() {
-        return Ok(true);
+        return Ok(Some(Vec::new()));
     }
     let mut users = HashSet::new();
     let mut tenants = HashSet::new();
@@ -302,5 +328,8 @@ pub async fn charge(
             .iter()
             .filter_map(|t| usage.tenants.get(t).map(|x| usage_record("tenant", t, x))),
     );
-    Ok(store.save_charges(&rows, &usage_rows).await?)
+    Ok(store
+        .save_charges(&rows, &usage_rows)
+        .await?
+        .then_some(rows))
 }

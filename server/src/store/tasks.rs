@@ -22,6 +22,16 @@ pub trait Tasks: Send + Sync {
     /// newest first: the history behind start-time estimates.
     async fn recent_run_times(&self, limit: i64) -> StoreResult<Vec<(String, i64)>>;
     async fn cancel_task(&self, tenant_id: &str, id: &str, now: i64) -> StoreResult<CancelOutcome>;
+    /// Where the change feed of scheduling columns stands now (see migration 0011): a full
+    /// read of [`Tasks::scheduling_tasks`] after this cursor, then
+    /// [`Tasks::scheduling_task_changes`] from it, miss nothing.
+    async fn task_change_cursor(&self) -> StoreResult<i64>;
+    /// Tasks in any state whose scheduling columns changed at or after `cursor` (and maybe a
+    /// few seen before), and the cursor to ask from next time.
+    async fn scheduling_task_changes(
+        &self,
+        cursor: i64,
+    ) -> StoreResult<(Vec<SchedulingTaskRecord>, i64)>;
     /// Moves a cycle's pending tasks to scheduled and opens their next attempts, in one
     /// transaction (one commit, one fence check): a cycle that starts thousands of tasks must
     /// not pay a commit for each. For each, `false` if it was no longer pending (so a task is

@@ -1,7 +1,8 @@
 //! The live scheduler is fed as the simulator is: each run judged from its own start, service
 //! counted once, victims already stopping not replaced, utilisation from the store, usage
 //! charged once whichever runner charges it, and the policy and shares from configuration.
-//! Time is a manual clock and cycles are driven by the test.
+//! Time is a manual clock and cycles are driven by the test. Every cycle here also checks the
+//! leader's kept task state (built from the change feed) against a full read: none may differ.
 
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ crate::on_both_backends!(
     a_run_that_completes_while_it_is_being_stopped_is_done,
     a_waiting_task_says_when_it_should_start,
     a_node_reads_its_work_by_the_placement_index,
+    a_change_the_feed_misses_is_found_and_repaired,
 );
 
 struct Cluster {
@@ -41,6 +43,7 @@ struct Cluster {
 async fn cluster(b: Backend, tweak: impl FnOnce(&mut autodl_server::config::Settings)) -> Cluster {
     let (app, clock) = spawn_app_on_clock(b, |s| {
         s.node_lost_timeout_secs = 10_000_000;
+        s.scheduler_state_check_secs = 0;
         tweak(s)
     })
     .await;
@@ -66,6 +69,11 @@ impl Cluster {
 
     async fn cycle(&mut self) {
         self.runner.cycle(self.clock.now_ms()).await.unwrap();
+        assert_eq!(self.drift(), 0, "the kept state missed a change");
+    }
+
+    fn drift(&self) -> u64 {
+        self.app.state.metrics.state_drift.get()
     }
 
     async fn submit(&self, s: &Session, spec: Value) -> String {
@@ -156,7 +164,16 @@ impl Cluster {
             .nodes(self.app.state.store.as_ref())
             .await
             .unwrap();
-        let tasks = self.app.state.store.scheduling_tasks().await.unwrap();
+        let tasks = self
+            .app
+            .state
+            .store
+            .scheduling_tasks()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| std::sync::Arc::new(snapshot::ActiveTask::parse(r).unwrap()))
+            .collect();
         snapshot::load(self.app.state.store.as_ref(), nodes.as_ref().clone(), tasks)
             .await
             .unwrap()
@@ -525,4 +542,46 @@ async fn a_node_reads_its_work_by_the_placement_index(b: Backend) {
     assert_eq!(assigned, vec![(waits.clone(), 1)]);
     assert_eq!(stop, vec![b2.clone()]);
     assert_eq!(ids(store.node_tasks("n1").await.unwrap()), vec![waits]);
+}
+
+/// A change the feed does not carry (here: its trigger dropped behind the server's back) is
+/// found by the next check and counted, and the policy then acts on the full read.
+async fn a_change_the_feed_misses_is_found_and_repaired(b: Backend) {
+    let mut c = cluster(b, |_| {}).await;
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    c.at(0);
+    let a = c.submit(&x, whole_node("a", 0.0)).await;
+    let bee = c.submit(&x, whole_node("b", 0.0)).await;
+    assert_eq!(c.cycle_and_start().await, vec![(a.clone(), 1)]);
+    c.at(10);
+    c.cycle().await;
+    let url = &c.app.state.settings.database_url;
+    match b {
+        Backend::Sqlite => {
+            let db = sqlx::SqlitePool::connect(url).await.unwrap();
+            sqlx::query("DROP TRIGGER tasks_rev_on_update")
+                .execute(&db)
+                .await
+                .unwrap();
+        }
+        Backend::Postgres => {
+            let db = sqlx::PgPool::connect(url).await.unwrap();
+            sqlx::query("DROP TRIGGER tasks_rev ON tasks")
+                .execute(&db)
+                .await
+                .unwrap();
+        }
+    }
+    // The run ends, and the feed does not say so: kept as it was, the node would look full.
+    c.at(20);
+    c.finished(&a, 1, "success").await;
+    c.at(30);
+    c.runner.cycle(c.clock.now_ms()).await.unwrap();
+    assert!(c.drift() >= 1, "the missed change is counted");
+    let (assigned, _) = c.poll().await;
+    assert_eq!(
+        assigned,
+        vec![(bee, 1)],
+        "placed on the freed node by the same cycle"
+    );
 }

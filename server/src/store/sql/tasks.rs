@@ -351,6 +351,26 @@ macro_rules! impl_tasks {
                 .await?)
             }
 
+            async fn task_change_cursor(&self) -> StoreResult<i64> {
+                Ok(sqlx::query_scalar(<$store>::CHANGE_CURSOR).fetch_one(&self.pool).await?)
+            }
+
+            async fn scheduling_task_changes(&self, cursor: i64) -> StoreResult<(Vec<SchedulingTaskRecord>, i64)> {
+                // Where the next read starts is taken before this one: whatever commits
+                // meanwhile is read (again) next time, never skipped.
+                let next = self.task_change_cursor().await?;
+                let rows = sqlx::query_as(&format!(
+                    "SELECT {TASK_COLS}, a.started_at AS run_started_at, a.charged_until AS run_charged_until,
+                            a.gpu_seconds AS run_gpu_seconds
+                     FROM tasks t LEFT JOIN attempts a ON a.task_id = t.id AND a.number = t.attempts AND a.ended_at IS NULL
+                     WHERE t.rev >= $1"
+                ))
+                .bind(cursor)
+                .fetch_all(&self.pool)
+                .await?;
+                Ok((rows, next))
+            }
+
             async fn task_events(&self, id: &str) -> StoreResult<Vec<EventRecord>> {
                 Ok(sqlx::query_as("SELECT at, kind, message FROM task_events WHERE task_id = $1 ORDER BY id")
                     .bind(id)
@@ -454,6 +474,17 @@ macro_rules! impl_tasks {
             }
         }
     };
+}
+
+impl SqliteStore {
+    /// Writers take turns, so every change committed later gets a higher revision.
+    const CHANGE_CURSOR: &'static str = "SELECT COALESCE(MAX(rev), 0) + 1 FROM tasks";
+}
+
+impl PostgresStore {
+    /// The oldest transaction still running: one that commits later has this id or a higher one.
+    const CHANGE_CURSOR: &'static str =
+        "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint";
 }
 
 impl_tasks!(SqliteStore, sqlx::Sqlite);

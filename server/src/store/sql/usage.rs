@@ -5,6 +5,9 @@ use super::*;
 const SAMPLE_COLS: &str =
     "node_id, gpu_index, at, util, mem_used, mem_total, temperature, power_w, task_id";
 
+/// Runs charged per statement: five bound values each, well inside both backends' limits.
+const CHARGE_ROWS: usize = 1000;
+
 macro_rules! impl_usage {
     ($store:ty, $db:ty) => {
         #[async_trait]
@@ -33,7 +36,33 @@ macro_rules! impl_usage {
 
             async fn save_charges(&self, charges: &[RunChargeRecord], usage: &[UsageRecord]) -> StoreResult<bool> {
                 let mut tx = self.pool.begin().await?;
-                for c in charges {
+                // Running runs, many to a statement: each cycle charges every one of them.
+                let running: Vec<&RunChargeRecord> = charges.iter().filter(|c| !c.settles).collect();
+                for chunk in running.chunks(CHARGE_ROWS) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new(
+                        "WITH v (task_id, number, from_ms, charged_until, gpu_seconds) AS (",
+                    );
+                    q.push_values(chunk, |mut b, c| {
+                        b.push_bind(&c.task_id)
+                            .push_bind(c.number)
+                            .push_bind(c.from)
+                            .push_bind(c.charged_until)
+                            .push_bind(c.gpu_seconds);
+                    });
+                    // Only as the scheduler read it: charged up to `from`, and not ended since.
+                    q.push(
+                        ") UPDATE attempts SET charged_until = v.charged_until, gpu_seconds = v.gpu_seconds FROM v
+                         WHERE attempts.task_id = v.task_id AND attempts.number = v.number
+                           AND COALESCE(attempts.charged_until, attempts.started_at) = v.from_ms
+                           AND attempts.settled = FALSE AND attempts.ended_at IS NULL",
+                    );
+                    let r = q.build().execute(&mut *tx).await?;
+                    if r.rows_affected() != chunk.len() as u64 {
+                        tx.rollback().await?;
+                        return Ok(false);
+                    }
+                }
+                for c in charges.iter().filter(|c| c.settles) {
                     // Only as the scheduler read it: charged up to `from`, and (while it is
                     // charged as running) not ended since.
                     let r = sqlx::query(

@@ -1,0 +1,190 @@
+//! The active tasks as the leader last read them, kept between cycles: each cycle applies
+//! only the rows whose scheduling columns changed since the last one (the store's change
+//! feed), so a cycle's read costs what changed, not what is queued. The kept state is not a
+//! second source of truth: it is read in full when this server becomes the leader, after a
+//! failed cycle, and every few minutes (`scheduler_state_check_secs`) as a check, which counts and reports any task the
+//! changes missed (`autodl_scheduler_state_drift_total`) and then keeps the full read.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use autodl_common::tasks::TaskState;
+
+use super::snapshot::ActiveTask;
+use crate::metrics::Metrics;
+use crate::store::{RunChargeRecord, SchedulingTaskRecord, Store};
+
+pub struct ActiveTasks {
+    /// In the order the policy is given them: by submission, then id.
+    tasks: BTreeMap<(i64, String), Arc<ActiveTask>>,
+    submitted_at: HashMap<String, i64>,
+    /// Where the next read of the change feed starts.
+    cursor: i64,
+    /// `None`: the next refresh reads everything.
+    read_in_full: Option<Instant>,
+    /// Charges kept by the last cycle, applied before the next (the cycle holds the tasks).
+    charged: Vec<RunChargeRecord>,
+    /// How often the kept state is compared with a full read.
+    check_every: Duration,
+}
+
+fn is_active(state: TaskState) -> bool {
+    matches!(
+        state,
+        TaskState::Pending | TaskState::Scheduled | TaskState::Running
+    )
+}
+
+/// The columns the scheduler reads, which the change feed follows.
+fn scheduling_view(r: &SchedulingTaskRecord) -> impl PartialEq + std::fmt::Debug + '_ {
+    let t = &r.task;
+    (
+        (
+            &t.id,
+            &t.tenant_id,
+            &t.user_id,
+            t.state,
+            &t.spec,
+            t.attempts,
+        ),
+        (t.batch_size, &t.placement, t.attained_gpu_seconds.to_bits()),
+        (t.last_checkpoint_at, &t.stop_reason, t.created_at),
+        (
+            r.run_started_at,
+            r.run_charged_until,
+            r.run_gpu_seconds.map(f64::to_bits),
+        ),
+    )
+}
+
+impl ActiveTasks {
+    pub fn new(check_every: Duration) -> ActiveTasks {
+        ActiveTasks {
+            tasks: BTreeMap::new(),
+            submitted_at: HashMap::new(),
+            cursor: 0,
+            read_in_full: None,
+            charged: Vec::new(),
+            check_every,
+        }
+    }
+
+    /// Reads everything at the next refresh (a new leader, a failed cycle).
+    pub fn forget(&mut self) {
+        self.read_in_full = None;
+        self.charged.clear();
+    }
+
+    /// The runs' charges the last cycle stored.
+    pub fn charged(&mut self, rows: Vec<RunChargeRecord>) {
+        self.charged.extend(rows.into_iter().filter(|c| !c.settles));
+    }
+
+    /// Brings the kept tasks up to date with the store.
+    pub async fn refresh(&mut self, store: &dyn Store, metrics: &Metrics) -> anyhow::Result<()> {
+        self.apply_charges();
+        match self.read_in_full {
+            None => self.read_all(store).await,
+            Some(at) if at.elapsed() >= self.check_every => self.check(store, metrics).await,
+            Some(_) => self.apply_changes(store).await,
+        }
+    }
+
+    /// Compares what the changes built with a full read, and keeps the full read.
+    async fn check(&mut self, store: &dyn Store, metrics: &Metrics) -> anyhow::Result<()> {
+        self.apply_changes(store).await?;
+        let since = self.cursor;
+        let kept = std::mem::take(&mut self.tasks);
+        self.read_all(store).await?;
+        // Tasks that changed after the changes were read may differ rightly.
+        let (moved, _) = store.scheduling_task_changes(since).await?;
+        let moved: HashSet<&str> = moved.iter().map(|r| r.task.id.as_str()).collect();
+        let kept: HashMap<&str, &ActiveTask> =
+            kept.values().map(|t| (t.id(), t.as_ref())).collect();
+        let read: HashMap<&str, &ActiveTask> =
+            self.tasks.values().map(|t| (t.id(), t.as_ref())).collect();
+        let mut drift = 0;
+        for id in kept
+            .keys()
+            .chain(read.keys().filter(|id| !kept.contains_key(*id)))
+        {
+            let (k, r) = (kept.get(id), read.get(id));
+            let same = match (k, r) {
+                (Some(k), Some(r)) => scheduling_view(&k.rec) == scheduling_view(&r.rec),
+                _ => false,
+            };
+            if !same && !moved.contains(id) {
+                tracing::warn!(
+                    task = id,
+                    kept = ?k.map(|t| scheduling_view(&t.rec)),
+                    read = ?r.map(|t| scheduling_view(&t.rec)),
+                    "the scheduler's kept state missed a change"
+                );
+                drift += 1;
+            }
+        }
+        if drift > 0 {
+            metrics.state_drift.inc_by(drift as u64);
+        }
+        Ok(())
+    }
+
+    /// Every active task, in the policy's order.
+    pub fn tasks(&self) -> Vec<Arc<ActiveTask>> {
+        self.tasks.values().cloned().collect()
+    }
+
+    async fn read_all(&mut self, store: &dyn Store) -> anyhow::Result<()> {
+        self.cursor = store.task_change_cursor().await?;
+        self.tasks.clear();
+        self.submitted_at.clear();
+        for row in store.scheduling_tasks().await? {
+            self.put(row);
+        }
+        self.read_in_full = Some(Instant::now());
+        Ok(())
+    }
+
+    async fn apply_changes(&mut self, store: &dyn Store) -> anyhow::Result<()> {
+        let (rows, next) = store.scheduling_task_changes(self.cursor).await?;
+        for row in rows {
+            if let Some(at) = self.submitted_at.remove(&row.task.id) {
+                self.tasks.remove(&(at, row.task.id.clone()));
+            }
+            if is_active(row.task.state) {
+                self.put(row);
+            }
+        }
+        self.cursor = next;
+        Ok(())
+    }
+
+    fn put(&mut self, row: SchedulingTaskRecord) {
+        let (id, at) = (row.task.id.clone(), row.task.created_at);
+        match ActiveTask::parse(row) {
+            Ok(t) => {
+                self.submitted_at.insert(id.clone(), at);
+                self.tasks.insert((at, id), Arc::new(t));
+            }
+            Err(e) => {
+                tracing::error!(task = %id, error = %e, "skipping a task with an unreadable spec")
+            }
+        }
+    }
+
+    fn apply_charges(&mut self) {
+        for c in std::mem::take(&mut self.charged) {
+            let Some(&at) = self.submitted_at.get(&c.task_id) else {
+                continue;
+            };
+            if let Some(t) = self.tasks.get_mut(&(at, c.task_id.clone())) {
+                if t.rec.task.attempts == c.number && t.rec.run_started_at.is_some() {
+                    let t = Arc::make_mut(t);
+                    t.rec.run_charged_until = Some(c.charged_until);
+                    t.rec.run_gpu_seconds = Some(c.gpu_seconds);
+                }
+            }
+        }
+    }
+}
