@@ -113,6 +113,18 @@ impl Application {
         .listen(listener)?
         .run();
 
+        let presence_state = state.clone();
+        background.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::agents::presence::FLUSH_EVERY);
+            loop {
+                tick.tick().await;
+                let s = &presence_state;
+                if let Err(e) = s.agents.presence.flush(s.store.as_ref()).await {
+                    tracing::warn!(error = %e, "could not record when nodes were last heard from");
+                }
+            }
+        }));
+
         let limiter_state = state.clone();
         background.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(60));

@@ -3,6 +3,7 @@
 
 pub mod dispatch;
 pub mod node_caller;
+pub mod presence;
 pub mod skew;
 
 use std::collections::HashMap;
@@ -22,6 +23,8 @@ pub struct AgentHub {
     /// Bumped whenever samples, reported metrics or log lines are stored, so live streams
     /// read them at once instead of at their next poll (the chart-delay goal is under 1 s).
     data: watch::Sender<u64>,
+    /// When nodes were last heard from, written in batches.
+    pub presence: presence::Presence,
 }
 
 impl Default for AgentHub {
@@ -30,6 +33,7 @@ impl Default for AgentHub {
             waiters: Mutex::default(),
             peers: crate::replicas::Peers::default(),
             data: watch::Sender::new(0),
+            presence: Default::default(),
         }
     }
 }

@@ -37,8 +37,8 @@ impl FromRequest for NodeCaller {
                     ApiError::Unauthorized("agents authenticate with their node credential".into())
                 })?;
             let node = state
-                .store
-                .node_by_credential(&digest(token))
+                .scheduler
+                .node_by_credential(state.store.as_ref(), &digest(token))
                 .await?
                 .ok_or_else(|| {
                     ApiError::Unauthorized("unknown or revoked node credential".into())

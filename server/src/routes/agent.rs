@@ -158,13 +158,13 @@ pub async fn poll(
     let waiter = state.agents.waiter(&node.node.id);
     let now_ms = state.clock.now_ms();
     let n = &node.node;
-    if crate::agents::last_seen_is_stale(
-        n.status,
-        n.last_seen,
-        now_ms,
-        state.settings.node_lost_timeout_secs,
-    ) {
-        state.store.touch_node(&node.node.id, now_ms).await?;
+    if n.status == NodeStatus::Lost {
+        state.store.touch_node(&n.id, now_ms).await?;
+    } else {
+        state
+            .agents
+            .presence
+            .heard(n, now_ms, state.settings.node_lost_timeout_secs);
     }
     // An agent restarted with other settings (Docker gone, isolation off, new dataset roots)
     // says so in its polls; an agent that says nothing keeps what it said at registration.

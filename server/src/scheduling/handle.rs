@@ -1,6 +1,8 @@
 //! What request handlers share with the runner: wake-ups (also from the other servers of the
-//! database), whether this server leads, and a short-lived cache of the nodes for admission
-//! checks. Why tasks wait is kept in the store, so any server can answer.
+//! database), whether this server leads, and short-lived caches of the nodes, for admission
+//! checks and for the agents' requests (each names its node by its credential; on a large
+//! cluster that is thousands of reads a second of rows that rarely change). Why tasks wait is
+//! kept in the store, so any server can answer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -11,7 +13,7 @@ use autodl_scheduler::{Node, PolicyConfig};
 use tokio::sync::Notify;
 
 use super::snapshot::to_node;
-use crate::store::Store;
+use crate::store::{NodeRecord, Store, StoreResult};
 
 /// Shared between handlers and the runner: wake-ups, the last explanations, cached nodes.
 pub struct SchedulerHandle {
@@ -25,6 +27,8 @@ pub struct SchedulerHandle {
     /// Bumped by every invalidation, so a read that raced with a node change does not put a
     /// stale list back into the cache.
     nodes_generation: std::sync::atomic::AtomicU64,
+    /// Node credential digest -> its node, for [`NODE_CACHE_TTL`] or until nodes change.
+    node_callers: moka::sync::Cache<String, Option<NodeRecord>>,
     pub config: PolicyConfig,
 }
 
@@ -41,6 +45,10 @@ impl SchedulerHandle {
             nodes: RwLock::new((None, Arc::new(Vec::new()))),
             config,
             nodes_generation: std::sync::atomic::AtomicU64::new(0),
+            node_callers: moka::sync::Cache::builder()
+                .max_capacity(1_000_000)
+                .time_to_live(NODE_CACHE_TTL)
+                .build(),
         })
     }
 
@@ -80,6 +88,30 @@ impl SchedulerHandle {
         if let Ok(mut n) = self.nodes.write() {
             n.0 = None;
         }
+        self.node_callers.invalidate_all();
+    }
+
+    /// The node whose credential has this digest.
+    pub async fn node_by_credential(
+        &self,
+        store: &dyn Store,
+        digest: &str,
+    ) -> StoreResult<Option<NodeRecord>> {
+        if let Some(n) = self.node_callers.get(digest) {
+            return Ok(n);
+        }
+        let generation = self
+            .nodes_generation
+            .load(std::sync::atomic::Ordering::SeqCst);
+        let node = store.node_by_credential(digest).await?;
+        if self
+            .nodes_generation
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == generation
+        {
+            self.node_callers.insert(digest.to_owned(), node.clone());
+        }
+        Ok(node)
     }
 
     pub async fn nodes(&self, store: &dyn Store) -> anyhow::Result<Arc<Vec<Node>>> {

@@ -356,6 +356,9 @@ impl Runner {
             return Ok(0);
         };
         let now = secs(now_ms);
+        // Nodes are judged by when they were last heard from: what this server heard is
+        // written first.
+        self.agents.presence.flush(self.store.as_ref()).await?;
         let mut records = self.store.list_nodes().await?;
         self.active
             .refresh(self.store.as_ref(), &self.metrics)

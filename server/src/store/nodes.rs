@@ -35,5 +35,7 @@ pub trait Nodes: Send + Sync {
     async fn node_by_credential(&self, hash: &str) -> StoreResult<Option<NodeRecord>>;
     /// Records a heartbeat; a node that was lost is ready again.
     async fn touch_node(&self, id: &str, now: i64) -> StoreResult<()>;
+    /// Records when each node was last heard from, in one statement (never moving a time back).
+    async fn touch_nodes(&self, seen: &[(String, i64)]) -> StoreResult<()>;
     async fn set_node_status(&self, id: &str, status: NodeStatus) -> StoreResult<bool>;
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, spawn_app_with, Backend, Session, TestApp};
+use crate::helpers::{assert_error, spawn_app_on_clock, spawn_app_with, Backend, Session, TestApp};
 
 crate::on_both_backends!(
     registration_and_credentials,
@@ -14,6 +14,7 @@ crate::on_both_backends!(
     metrics_batches_are_checked,
     lost_nodes_requeue_their_tasks,
     drain_and_cancel_reach_the_agent,
+    polls_are_recorded_in_batches_before_nodes_are_judged,
 );
 
 pub struct FakeAgent {
@@ -587,4 +588,35 @@ async fn drain_and_cancel_reach_the_agent(b: Backend) {
         .send(&app, Method::POST, "/api/v1/admin/nodes/gpu-9/cordon", None)
         .await;
     assert_error(res, StatusCode::NOT_FOUND, "not_found").await;
+}
+
+/// A poll only notes when its node was heard from; the note is written in a batch, and the
+/// leader writes what its server heard before it judges any node silent.
+async fn polls_are_recorded_in_batches_before_nodes_are_judged(b: Backend) {
+    use autodl_server::clock::Clock;
+    let (app, clock) = spawn_app_on_clock(b, |s| s.node_lost_timeout_secs = 30).await;
+    let op = app.operator().await;
+    let agent = FakeAgent::join(&app, &op, "n1", "A100-40G", "z1").await;
+    let t0 = clock.now_ms();
+    // The leader has listened since the node joined.
+    let mut runner = app.runner();
+    runner.cycle(t0).await.unwrap();
+    clock.set(t0 + 20_000);
+    agent.poll(&[], 0).await;
+    // 45 s after joining but 25 s after that poll: not silent for the timeout.
+    clock.set(t0 + 45_000);
+    runner.cycle(clock.now_ms()).await.unwrap();
+    let nodes = op.get(&app, "/api/v1/nodes").await;
+    assert_eq!(nodes[0]["schedulable"], true, "{nodes}");
+    let stored = app.state.store.list_nodes().await.unwrap();
+    assert_eq!(stored[0].last_seen, Some(t0 + 20_000));
+    // Silent from then on: judged lost once the timeout has passed since that poll.
+    clock.set(t0 + 51_000);
+    runner.cycle(clock.now_ms()).await.unwrap();
+    let nodes = op.get(&app, "/api/v1/nodes").await;
+    assert_eq!(nodes[0]["schedulable"], false, "lost: {nodes}");
+    // Its next poll brings it back at once.
+    agent.poll(&[], 0).await;
+    let nodes = op.get(&app, "/api/v1/nodes").await;
+    assert_eq!(nodes[0]["schedulable"], true, "{nodes}");
 }

@@ -163,6 +163,23 @@ macro_rules! impl_nodes {
                 Ok(())
             }
 
+            async fn touch_nodes(&self, seen: &[(String, i64)]) -> StoreResult<()> {
+                let mut tx = self.pool.begin().await?;
+                for chunk in seen.chunks(1000) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new("WITH v (id, at) AS (");
+                    q.push_values(chunk, |mut b, (id, at)| {
+                        b.push_bind(id).push_bind(*at);
+                    });
+                    q.push(
+                        ") UPDATE nodes SET last_seen = v.at FROM v
+                         WHERE nodes.id = v.id AND (nodes.last_seen IS NULL OR nodes.last_seen < v.at)",
+                    );
+                    q.build().execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
             async fn set_node_status(&self, id: &str, status: NodeStatus) -> StoreResult<bool> {
                 let r = sqlx::query("UPDATE nodes SET status = $1 WHERE id = $2")
                     .bind(status.as_str())
