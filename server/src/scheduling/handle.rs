@@ -27,13 +27,17 @@ pub struct SchedulerHandle {
     /// Bumped by every invalidation, so a read that raced with a node change does not put a
     /// stale list back into the cache.
     nodes_generation: std::sync::atomic::AtomicU64,
-    /// Node credential digest -> its node, for [`NODE_CACHE_TTL`] or until nodes change.
+    /// Node credential digest -> its node, for [`CREDENTIAL_CACHE_TTL`] or until nodes change.
     node_callers: moka::sync::Cache<String, Option<NodeRecord>>,
     pub config: PolicyConfig,
 }
 
 /// Nodes are re-read at most this often for admission checks.
 const NODE_CACHE_TTL: Duration = Duration::from_secs(2);
+
+/// How long an agent's node is believed without a change to nodes. Every change to a node
+/// clears it here and on the other servers; this bounds only a change nobody was told of.
+const CREDENTIAL_CACHE_TTL: Duration = Duration::from_secs(30);
 
 impl SchedulerHandle {
     pub fn new(config: PolicyConfig) -> Arc<Self> {
@@ -47,7 +51,7 @@ impl SchedulerHandle {
             nodes_generation: std::sync::atomic::AtomicU64::new(0),
             node_callers: moka::sync::Cache::builder()
                 .max_capacity(1_000_000)
-                .time_to_live(NODE_CACHE_TTL)
+                .time_to_live(CREDENTIAL_CACHE_TTL)
                 .build(),
         })
     }
@@ -89,6 +93,12 @@ impl SchedulerHandle {
             n.0 = None;
         }
         self.node_callers.invalidate_all();
+    }
+
+    /// Changes with every change to nodes (here, or told by another server).
+    pub fn nodes_generation(&self) -> u64 {
+        self.nodes_generation
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The node whose credential has this digest.

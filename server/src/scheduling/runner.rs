@@ -43,7 +43,21 @@ pub struct Runner {
     forecaster: super::forecast::Forecaster,
     /// The active tasks, kept between cycles and updated by what changed.
     active: ActiveTasks,
+    /// The nodes as last read, parsed, and the node generation then: read again when nodes
+    /// change (every change bumps the generation, here or on another server) and at least
+    /// every [`NODES_REREAD`].
+    nodes: Option<KeptNodes>,
 }
+
+struct KeptNodes {
+    generation: u64,
+    read_at: Instant,
+    records: Vec<NodeRecord>,
+    nodes: Vec<autodl_scheduler::Node>,
+}
+
+/// The longest the runner trusts its copy of the nodes without a change being announced.
+const NODES_REREAD: Duration = Duration::from_secs(10);
 
 /// A follower asks for the leadership this often, so a dead leader is replaced within it (plus
 /// the time PostgreSQL takes to see the leader's connection gone).
@@ -90,6 +104,7 @@ impl Runner {
             active: ActiveTasks::new(Duration::from_secs(
                 state.settings.scheduler_state_check_secs,
             )),
+            nodes: None,
         }
     }
 
@@ -101,6 +116,7 @@ impl Runner {
         self.handle.set_leader(true);
         // What another leader did meanwhile is not in any change this one has seen.
         self.active.forget();
+        self.nodes = None;
         // A new term writes every explanation afresh.
         self.handle
             .written
@@ -138,6 +154,30 @@ impl Runner {
         Ok(guard.map(|g| self.take_lead(g, now_ms)))
     }
 
+    /// Brings the kept nodes up to date when they may have changed.
+    async fn read_nodes(&mut self) -> anyhow::Result<()> {
+        let generation = self.handle.nodes_generation();
+        if self
+            .nodes
+            .as_ref()
+            .is_some_and(|k| k.generation == generation && k.read_at.elapsed() < NODES_REREAD)
+        {
+            return Ok(());
+        }
+        let records = self.store.list_nodes().await?;
+        let nodes = records
+            .iter()
+            .map(snapshot::to_node)
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        self.nodes = Some(KeptNodes {
+            generation,
+            read_at: Instant::now(),
+            records,
+            nodes,
+        });
+        Ok(())
+    }
+
     /// Waits for the start-time forecast under way; the next cycle publishes it. For tests and
     /// replays, which drive cycles by hand and must not wait on a timer.
     pub async fn settle_forecast(&mut self) {
@@ -149,14 +189,16 @@ impl Runner {
     async fn detect_lost_nodes(
         &self,
         term: Term,
-        records: &[NodeRecord],
         tasks: &[Arc<ActiveTask>],
         now_ms: i64,
     ) -> anyhow::Result<bool> {
         let timeout = (self.settings.node_lost_timeout_secs as i64) * 1000;
         let listening_since = self.leader_since.unwrap_or(now_ms);
+        if now_ms - listening_since <= timeout {
+            return Ok(false);
+        }
         let mut any = false;
-        for n in records {
+        for n in &self.store.silent_nodes(now_ms - timeout).await? {
             let silent = n.credential_hash.is_some()
                 && n.status != NodeStatus::Lost
                 && n.last_seen
@@ -346,6 +388,7 @@ impl Runner {
         if done.is_err() {
             // What the failed cycle read or wrote is unknown: read everything next time.
             self.active.forget();
+            self.nodes = None;
         }
         done
     }
@@ -359,26 +402,25 @@ impl Runner {
         // Nodes are judged by when they were last heard from: what this server heard is
         // written first.
         self.agents.presence.flush(self.store.as_ref()).await?;
-        let mut records = self.store.list_nodes().await?;
+        let flushed_at = cycle_started.elapsed();
+        self.read_nodes().await?;
+        let nodes_at = cycle_started.elapsed();
         self.active
             .refresh(self.store.as_ref(), &self.metrics)
             .await?;
         let mut listed = self.active.tasks();
-        if self
-            .detect_lost_nodes(term, &records, &listed, now_ms)
-            .await?
-        {
+        let tasks_at = cycle_started.elapsed();
+        if self.detect_lost_nodes(term, &listed, now_ms).await? {
             // Nodes went lost and their tasks back to the queue: read what changed.
-            records = self.store.list_nodes().await?;
+            self.nodes = None;
+            self.read_nodes().await?;
             self.active
                 .refresh(self.store.as_ref(), &self.metrics)
                 .await?;
             listed = self.active.tasks();
         }
-        let nodes = records
-            .iter()
-            .map(snapshot::to_node)
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let kept = self.nodes.as_ref().expect("read above");
+        let (records, nodes) = (&kept.records, kept.nodes.clone());
         let mut loaded = snapshot::load(self.store.as_ref(), nodes, listed).await?;
         let loaded_at = cycle_started.elapsed();
         match snapshot::charge(self.store.as_ref(), &mut loaded, now_ms, &self.config).await? {
@@ -499,6 +541,9 @@ impl Runner {
         // Where a cycle's time goes: reading the state, charging usage, the policy, writing.
         tracing::debug!(
             load_ms = loaded_at.as_millis() as u64,
+            flush_ms = flushed_at.as_millis() as u64,
+            nodes_ms = (nodes_at - flushed_at).as_millis() as u64,
+            tasks_ms = (tasks_at - nodes_at).as_millis() as u64,
             charge_ms = (charged_at - loaded_at).as_millis() as u64,
             policy_ms = (decided_at - charged_at).as_millis() as u64,
             write_ms = (total - decided_at).as_millis() as u64,

@@ -10,6 +10,8 @@ use crate::domain::NodeStatus;
 pub trait Nodes: Send + Sync {
     async fn upsert_node(&self, node: &NodeRecord) -> StoreResult<()>;
     async fn list_nodes(&self) -> StoreResult<Vec<NodeRecord>>;
+    /// Nodes with an agent, not already lost, last heard from before `before`.
+    async fn silent_nodes(&self, before: i64) -> StoreResult<Vec<NodeRecord>>;
     async fn delete_node(&self, id: &str) -> StoreResult<bool>;
     /// What the node's agent reports about how it runs tasks (`data_roots`: JSON array).
     async fn set_node_host(

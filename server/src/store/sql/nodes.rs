@@ -48,6 +48,16 @@ macro_rules! impl_nodes {
                 .await?)
             }
 
+            async fn silent_nodes(&self, before: i64) -> StoreResult<Vec<NodeRecord>> {
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {NODE_COLS} FROM nodes
+                     WHERE credential_hash IS NOT NULL AND status <> 'lost' AND last_seen < $1 ORDER BY id"
+                ))
+                .bind(before)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
             async fn delete_node(&self, id: &str) -> StoreResult<bool> {
                 let r = sqlx::query("DELETE FROM nodes WHERE id = $1").bind(id).execute(&self.pool).await?;
                 Ok(r.rows_affected() == 1)
