@@ -351,7 +351,7 @@ macro_rules! impl_accounts {
                 Ok(sqlx::query_as(
                     "SELECT scope, subject_id, max_gpus, gpu_hours_per_month, max_queued_tasks, allowed_gpu_types, max_storage_bytes, share FROM quotas",
                 )
-                .fetch_all(&self.pool)
+                .fetch_all(&self.sched)
                 .await?)
             }
 
@@ -366,7 +366,7 @@ macro_rules! impl_accounts {
 
             async fn trusted_tenants(&self) -> StoreResult<Vec<String>> {
                 let rows: Vec<(String,)> = sqlx::query_as("SELECT id FROM tenants WHERE trusted = TRUE")
-                    .fetch_all(&self.pool)
+                    .fetch_all(&self.sched)
                     .await?;
                 Ok(rows.into_iter().map(|r| r.0).collect())
             }

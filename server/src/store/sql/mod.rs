@@ -97,11 +97,19 @@ mod usage;
 
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// The scheduler's own few connections for its reads, so that a cycle does not queue
+    /// behind thousands of agent requests for a connection of `pool`.
+    sched: SqlitePool,
 }
 
 pub struct PostgresStore {
     pool: PgPool,
+    /// See [`SqliteStore::sched`].
+    sched: PgPool,
 }
+
+/// Connections of the scheduler's own pool.
+const SCHEDULER_CONNECTIONS: u32 = 2;
 
 impl SqliteStore {
     pub async fn open(url: &str, max_connections: u32) -> StoreResult<Self> {
@@ -118,12 +126,16 @@ impl SqliteStore {
             }
         }
         let file = std::path::PathBuf::from(opts.get_filename());
-        let pool = SqlitePoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .before_acquire(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
-            .after_release(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
-            .connect_with(opts)
+        let pool_of = |n: u32| {
+            SqlitePoolOptions::new()
+                .max_connections(n)
+                .before_acquire(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
+                .after_release(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
+        };
+        let pool = pool_of(max_connections.max(1))
+            .connect_with(opts.clone())
             .await?;
+        let sched = pool_of(SCHEDULER_CONNECTIONS).connect_lazy_with(opts);
         // The database holds every secret digest and all tenants' data: only the server's
         // user may read it, whatever the umask (tasks may run on the same host).
         for suffix in ["", "-wal", "-shm"] {
@@ -138,21 +150,23 @@ impl SqliteStore {
             }
         }
         sqlx::migrate!("../migrations/sqlite").run(&pool).await?;
-        Ok(SqliteStore { pool })
+        Ok(SqliteStore { pool, sched })
     }
 }
 
 impl PostgresStore {
     pub async fn open(url: &str, max_connections: u32) -> StoreResult<Self> {
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .before_acquire(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
-            .after_release(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
-            .acquire_timeout(Duration::from_secs(10))
-            .connect(url)
-            .await?;
+        let pool_of = |n: u32| {
+            PgPoolOptions::new()
+                .max_connections(n)
+                .before_acquire(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
+                .after_release(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
+                .acquire_timeout(Duration::from_secs(10))
+        };
+        let pool = pool_of(max_connections.max(1)).connect(url).await?;
+        let sched = pool_of(SCHEDULER_CONNECTIONS).connect_lazy(url)?;
         sqlx::migrate!("../migrations/postgres").run(&pool).await?;
-        Ok(PostgresStore { pool })
+        Ok(PostgresStore { pool, sched })
     }
 }
 

@@ -54,7 +54,7 @@ macro_rules! impl_nodes {
                      WHERE credential_hash IS NOT NULL AND status <> 'lost' AND last_seen < $1 ORDER BY id"
                 ))
                 .bind(before)
-                .fetch_all(&self.pool)
+                .fetch_all(&self.sched)
                 .await?)
             }
 

@@ -159,7 +159,7 @@ macro_rules! impl_tasks {
                      ORDER BY finished_at DESC LIMIT $1",
                 )
                 .bind(limit)
-                .fetch_all(&self.pool)
+                .fetch_all(&self.sched)
                 .await?)
             }
 
@@ -347,12 +347,12 @@ macro_rules! impl_tasks {
                      FROM tasks t LEFT JOIN attempts a ON a.task_id = t.id AND a.number = t.attempts AND a.ended_at IS NULL
                      WHERE t.state IN {ACTIVE} ORDER BY t.created_at, t.id"
                 ))
-                .fetch_all(&self.pool)
+                .fetch_all(&self.sched)
                 .await?)
             }
 
             async fn task_change_cursor(&self) -> StoreResult<i64> {
-                Ok(sqlx::query_scalar(<$store>::CHANGE_CURSOR).fetch_one(&self.pool).await?)
+                Ok(sqlx::query_scalar(<$store>::CHANGE_CURSOR).fetch_one(&self.sched).await?)
             }
 
             async fn scheduling_task_changes(&self, cursor: i64) -> StoreResult<(Vec<SchedulingTaskRecord>, i64)> {
@@ -366,7 +366,7 @@ macro_rules! impl_tasks {
                      WHERE t.rev >= $1"
                 ))
                 .bind(cursor)
-                .fetch_all(&self.pool)
+                .fetch_all(&self.sched)
                 .await?;
                 Ok((rows, next))
             }

@@ -19,7 +19,7 @@ macro_rules! impl_usage {
                      FROM attempts a JOIN tasks t ON t.id = a.task_id
                      WHERE a.settled = FALSE AND a.ended_at IS NOT NULL",
                 )
-                .fetch_all(&self.pool)
+                .fetch_all(&self.sched)
                 .await?)
             }
 
@@ -30,7 +30,7 @@ macro_rules! impl_usage {
                 )
                 .bind(from)
                 .bind(to)
-                .fetch_all(&self.pool)
+                .fetch_all(&self.sched)
                 .await?)
             }
 
@@ -120,7 +120,7 @@ macro_rules! impl_usage {
                     "SELECT scope, subject_id, decayed_gpu_seconds, updated_at, window_alloc_gpu_seconds,
                             window_busy_gpu_seconds, month, month_gpu_seconds FROM usage",
                 )
-                .fetch_all(&self.pool)
+                .fetch_all(&self.sched)
                 .await?)
             }
 
