@@ -216,46 +216,62 @@ macro_rules! impl_tasks {
             async fn place_tasks(&self, term: Term, placing: &[Placing], now: i64) -> StoreResult<Vec<bool>> {
                 let mut tx = self.pool.begin().await?;
                 fence!(&mut *tx, term);
-                let mut out = Vec::with_capacity(placing.len());
-                for p in placing {
-                    let node = p.nodes.first().map_or("", String::as_str);
-                    let r = sqlx::query(
-                        "UPDATE tasks SET state = 'scheduled', placement = $1, attempts = attempts + 1, updated_at = $2, stop_reason = NULL,
-                            waiting = NULL
-                         WHERE id = $3 AND state = 'pending'",
-                    )
-                    .bind(&p.placement)
-                    .bind(now)
-                    .bind(&p.task)
-                    .execute(&mut *tx)
-                    .await?;
-                    if r.rows_affected() != 1 {
-                        out.push(false);
-                        continue;
+                // A few statements for the whole batch: one per row would make a cycle that
+                // places thousands pay thousands of round trips.
+                let mut placed: std::collections::HashSet<String> = std::collections::HashSet::new();
+                for chunk in placing.chunks(INSERT_ROWS) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new("WITH v (id, placement) AS (");
+                    q.push_values(chunk, |mut b, p| {
+                        b.push_bind(&p.task).push_bind(&p.placement);
+                    });
+                    q.push(") UPDATE tasks SET state = 'scheduled', placement = v.placement, attempts = attempts + 1, updated_at = ");
+                    q.push_bind(now);
+                    q.push(", stop_reason = NULL, waiting = NULL FROM v WHERE tasks.id = v.id AND tasks.state = 'pending' RETURNING tasks.id");
+                    let ids: Vec<(String,)> = q.build_query_as().fetch_all(&mut *tx).await?;
+                    placed.extend(ids.into_iter().map(|(id,)| id));
+                }
+                let done: Vec<&Placing> = placing.iter().filter(|p| placed.contains(&p.task)).collect();
+                for chunk in done.chunks(INSERT_ROWS) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new("WITH v (id, node, placement, gpus) AS (");
+                    q.push_values(chunk, |mut b, p| {
+                        b.push_bind(&p.task)
+                            .push_bind(p.nodes.first().map_or("", String::as_str))
+                            .push_bind(&p.placement)
+                            .push_bind(p.gpus);
+                    });
+                    q.push(") INSERT INTO attempts (task_id, number, node, placement, gpus, started_at, batch_size) SELECT t.id, t.attempts, v.node, v.placement, v.gpus, ");
+                    q.push_bind(now);
+                    q.push(", t.batch_size FROM v JOIN tasks t ON t.id = v.id");
+                    q.build().execute(&mut *tx).await?;
+
+                    let on_nodes: Vec<(&str, &str)> = chunk
+                        .iter()
+                        .flat_map(|p| {
+                            let mut nodes: Vec<&str> = p.nodes.iter().map(String::as_str).collect();
+                            nodes.dedup();
+                            nodes.into_iter().map(|n| (n, p.task.as_str()))
+                        })
+                        .collect();
+                    for rows in on_nodes.chunks(INSERT_ROWS) {
+                        let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_nodes (node_id, task_id) ");
+                        q.push_values(rows, |mut b, (n, t)| {
+                            b.push_bind(*n).push_bind(*t);
+                        });
+                        q.push(" ON CONFLICT DO NOTHING");
+                        q.build().execute(&mut *tx).await?;
                     }
-                    sqlx::query(
-                        "INSERT INTO attempts (task_id, number, node, placement, gpus, started_at, batch_size)
-                         SELECT id, attempts, $1, $2, $3, $4, batch_size FROM tasks WHERE id = $5",
-                    )
-                    .bind(node)
-                    .bind(&p.placement)
-                    .bind(p.gpus)
-                    .bind(now)
-                    .bind(&p.task)
-                    .execute(&mut *tx)
-                    .await?;
-                    for n in &p.nodes {
-                        sqlx::query("INSERT INTO task_nodes (node_id, task_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-                            .bind(n)
-                            .bind(&p.task)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    insert_event!(&mut *tx, &p.task, now, "scheduled", &format!("placed on {node}"));
-                    out.push(true);
+
+                    let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_events (task_id, at, kind, message) ");
+                    q.push_values(chunk, |mut b, p| {
+                        b.push_bind(&p.task)
+                            .push_bind(now)
+                            .push_bind("scheduled")
+                            .push_bind(format!("placed on {}", p.nodes.first().map_or("", String::as_str)));
+                    });
+                    q.build().execute(&mut *tx).await?;
                 }
                 tx.commit().await?;
-                Ok(out)
+                Ok(placing.iter().map(|p| placed.contains(&p.task)).collect())
             }
 
             async fn requeue_task(&self, fence: Option<Term>, id: &str, reason: &str, message: &str, now: i64) -> StoreResult<bool> {
