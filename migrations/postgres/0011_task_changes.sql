@@ -9,8 +9,7 @@ CREATE INDEX tasks_rev_idx ON tasks (rev);
 
 CREATE FUNCTION tasks_rev() RETURNS trigger AS $$
 BEGIN
-    IF TG_OP = 'INSERT' OR (
-           NEW.state IS DISTINCT FROM OLD.state OR NEW.spec IS DISTINCT FROM OLD.spec
+    IF (   NEW.state IS DISTINCT FROM OLD.state OR NEW.spec IS DISTINCT FROM OLD.spec
         OR NEW.attempts IS DISTINCT FROM OLD.attempts OR NEW.batch_size IS DISTINCT FROM OLD.batch_size
         OR NEW.placement IS DISTINCT FROM OLD.placement
         OR NEW.attained_gpu_seconds IS DISTINCT FROM OLD.attained_gpu_seconds
@@ -24,5 +23,6 @@ BEGIN
 END;
 $$ LANGUAGE plpgsql;
 
-CREATE TRIGGER tasks_rev BEFORE INSERT OR UPDATE ON tasks
+-- New rows are given theirs by the INSERT itself.
+CREATE TRIGGER tasks_rev BEFORE UPDATE ON tasks
     FOR EACH ROW EXECUTE FUNCTION tasks_rev();

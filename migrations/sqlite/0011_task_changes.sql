@@ -8,11 +8,7 @@ ALTER TABLE tasks ADD COLUMN rev INTEGER NOT NULL DEFAULT 0;
 UPDATE tasks SET rev = rowid;
 CREATE INDEX tasks_rev_idx ON tasks (rev);
 
-CREATE TRIGGER tasks_rev_on_insert AFTER INSERT ON tasks
-BEGIN
-    UPDATE tasks SET rev = (SELECT COALESCE(MAX(rev), 0) + 1 FROM tasks) WHERE id = NEW.id;
-END;
-
+-- New rows are given theirs by the INSERT itself (a trigger would rewrite every new row).
 CREATE TRIGGER tasks_rev_on_update AFTER UPDATE ON tasks
 WHEN NEW.rev = OLD.rev AND (
        NEW.state IS NOT OLD.state OR NEW.spec IS NOT OLD.spec OR NEW.attempts IS NOT OLD.attempts

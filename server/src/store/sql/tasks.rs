@@ -23,7 +23,8 @@ macro_rules! impl_tasks {
                 for chunk in batch.chunks(INSERT_ROWS) {
                     let mut q = sqlx::QueryBuilder::<$db>::new(
                         "INSERT INTO tasks (id, tenant_id, user_id, name, state, spec, gpus_total, idempotency_key, attempts,
-                            batch_size, placement, attained_gpu_seconds, last_checkpoint_at, created_at, updated_at, started_at, finished_at) ",
+                            batch_size, placement, attained_gpu_seconds, last_checkpoint_at, created_at, updated_at, started_at, finished_at,
+                            rev) ",
                     );
                     q.push_values(chunk, |mut b, n| {
                         let t = &n.task;
@@ -43,7 +44,8 @@ macro_rules! impl_tasks {
                             .push_bind(t.created_at)
                             .push_bind(t.updated_at)
                             .push_bind(t.started_at)
-                            .push_bind(t.finished_at);
+                            .push_bind(t.finished_at)
+                            .push(<$store>::NEW_TASK_REV);
                     });
                     // A repeated idempotency key stores nothing; the task it made is read below.
                     q.push(" ON CONFLICT DO NOTHING RETURNING id");
@@ -495,12 +497,16 @@ macro_rules! impl_tasks {
 impl SqliteStore {
     /// Writers take turns, so every change committed later gets a higher revision.
     const CHANGE_CURSOR: &'static str = "SELECT COALESCE(MAX(rev), 0) + 1 FROM tasks";
+    /// Evaluated by the INSERT, which holds the write lock: later than every committed change.
+    const NEW_TASK_REV: &'static str = "(SELECT COALESCE(MAX(rev), 0) + 1 FROM tasks)";
 }
 
 impl PostgresStore {
     /// The oldest transaction still running: one that commits later has this id or a higher one.
     const CHANGE_CURSOR: &'static str =
         "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint";
+    /// The inserting transaction, as the update trigger records it.
+    const NEW_TASK_REV: &'static str = "pg_current_xact_id()::text::bigint";
 }
 
 impl_tasks!(SqliteStore, sqlx::Sqlite);
