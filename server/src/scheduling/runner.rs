@@ -198,14 +198,8 @@ impl Runner {
             return Ok(false);
         }
         let mut any = false;
+        // Silent for longer than the timeout, all of it while this server listened.
         for n in &self.store.silent_nodes(now_ms - timeout).await? {
-            let silent = n.credential_hash.is_some()
-                && n.status != NodeStatus::Lost
-                && n.last_seen
-                    .is_some_and(|t| now_ms - t.max(listening_since) > timeout);
-            if !silent {
-                continue;
-            }
             tracing::warn!(node = %n.id, "no heartbeat: node lost, requeueing its tasks");
             self.store.set_node_status(&n.id, NodeStatus::Lost).await?;
             let on_node = |t: &&Arc<ActiveTask>| {
@@ -411,8 +405,8 @@ impl Runner {
         let mut listed = self.active.tasks();
         let tasks_at = cycle_started.elapsed();
         if self.detect_lost_nodes(term, &listed, now_ms).await? {
-            // Nodes went lost and their tasks back to the queue: read what changed.
-            self.nodes = None;
+            // Nodes went lost (which bumped the node generation) and their tasks back to the
+            // queue: read what changed.
             self.read_nodes().await?;
             self.active
                 .refresh(self.store.as_ref(), &self.metrics)

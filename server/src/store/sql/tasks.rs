@@ -82,17 +82,20 @@ macro_rules! impl_tasks {
                         out.push(Ok(TaskCreated::Created));
                         continue;
                     }
-                    let existing: Option<TaskWithUser> = sqlx::query_as(&format!(
-                        "SELECT {TASK_COLS}, u.email AS user_email FROM tasks t JOIN users u ON u.id = t.user_id
-                         WHERE t.user_id = $1 AND t.idempotency_key = $2"
-                    ))
-                    .bind(&t.user_id)
-                    .bind(&t.idempotency_key)
-                    .fetch_optional(&self.pool)
-                    .await?;
+                    // Not stored: its idempotency key made a task before (else an id clash).
+                    let existing: Option<TaskWithUser> = match &t.idempotency_key {
+                        Some(key) => sqlx::query_as(&format!(
+                            "SELECT {TASK_COLS}, u.email AS user_email FROM tasks t JOIN users u ON u.id = t.user_id
+                             WHERE t.user_id = $1 AND t.idempotency_key = $2"
+                        ))
+                        .bind(&t.user_id)
+                        .bind(key)
+                        .fetch_optional(&self.pool)
+                        .await?,
+                        None => None,
+                    };
                     out.push(
                         existing
-                            .filter(|_| t.idempotency_key.is_some())
                             .map(|e| TaskCreated::Existing(Box::new(e)))
                             .ok_or_else(|| StoreError::Conflict("the task could not be stored (an id clash); submit it again".into())),
                     );
