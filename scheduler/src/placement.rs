@@ -438,8 +438,8 @@ impl FragModel {
         }
     }
 
-    /// The typical-task model as the FGD paper defines it, for the `fgd` baseline. Its shapes
-    /// are CPU, GPU count, GPU share and type (the caller leaves memory out, as the paper's
+    /// The typical-task model as the FGD paper defines it, for the `fgd` baseline: the caller
+    /// gives one shape per GPU demand with a representative CPU and no memory (the paper's
     /// "cannot fit" names only type, CPU and GPUs). CPU-only tasks stay in the model: one that
     /// fits sees no fragment, one whose CPU ran out sees every idle GPU as one, so using up a
     /// node's CPU is charged. The most popular shapes are kept until they cover `coverage` of

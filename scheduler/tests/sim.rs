@@ -317,3 +317,28 @@ fn utilization_factor_favours_the_busier_user() {
         "{on:?}\n{off:?}"
     );
 }
+
+/// FGD's typical tasks are GPU demands: three half-GPU tasks asking 1, 2 and 8 CPUs are one
+/// shape that asks the median, 2 CPUs; the CPU-only task is a shape of its own.
+#[test]
+fn fgd_typical_tasks_are_gpu_demands_with_their_median_cpu() {
+    let nodes = packing::read_nodes(NODES.as_bytes()).unwrap();
+    let pods = packing::read_pods(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n\
+         a,1000,1024,1,500,\n\
+         b,8000,4096,1,500,\n\
+         c,2000,2048,1,500,\n\
+         d,4000,1024,0,0,\n"
+            .as_bytes(),
+    )
+    .unwrap();
+    let cap = autodl_scheduler::placement::Capacity::new(&nodes, &[], 0);
+    let model = packing::frag_model(&cap, &pods, PlacementPolicy::Fgd);
+    let mut shapes: Vec<(u32, u64, u64, f64)> = model
+        .shapes
+        .iter()
+        .map(|(n, p)| (n.gpus, n.cpu_millis, n.mem_bytes, *p))
+        .collect();
+    shapes.sort_by_key(|s| s.0);
+    assert_eq!(shapes, vec![(0, 4000, 0, 0.25), (1, 2000, 0, 0.75)]);
+}
