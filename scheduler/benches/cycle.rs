@@ -2,8 +2,9 @@
 //! 1,000 nodes x 8 GPUs, half of the GPUs busy, with the full explanation of every pending task.
 //! The `varied` runs give every task its own CPU, memory and GPU memory, as real users' tasks
 //! differ, so nearly every task is a request shape of its own; `exhaustive` is the same cycle
-//! trying every blocked shape, which is what skipping futile attempts saves; the last run is
-//! the scale goal, 50,000 pending on 2,000 nodes.
+//! trying every blocked shape, which is what skipping futile attempts saves; `busy_shared` is
+//! a full cluster of 2,000 nodes with shared cards, where blocked tasks look for victims and
+//! migrations; the last run is the scale goal, 50,000 pending on 2,000 nodes.
 
 use autodl_scheduler::*;
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -136,6 +137,44 @@ pub fn fixture(nodes: usize, pending: usize, seed: u64, varied: bool) -> Cluster
     state
 }
 
+/// The cluster as it is when busy: every GPU taken, a quarter of them shared by two or three
+/// tasks of their own GPU memory, as in the scale harness once the queue has filled it.
+pub fn busy_shared(mut state: ClusterState, seed: u64) -> ClusterState {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xb05e);
+    let template = state.running[0].request.clone();
+    state.running.clear();
+    let mut k = 0;
+    for n in &state.nodes {
+        let card = n.gpus[0].mem_bytes;
+        for g in 0..8u32 {
+            let shared = rng.gen_range(0..4) == 0;
+            let parts = if shared { rng.gen_range(2..4) } else { 1 };
+            for _ in 0..parts {
+                let mut t = template.clone();
+                t.id = format!("run-{k}");
+                t.user = format!("user-{}", rng.gen_range(0..200));
+                t.tenant = format!("tenant-{}", k % 10);
+                t.gpu_mem_bytes = shared.then(|| card / 4 + rng.gen_range(0..GIB));
+                t.cpu_millis = rng.gen_range(1_000..8_000);
+                t.mem_bytes = rng.gen_range(8 * GIB..64 * GIB);
+                t.preemptible = rng.gen_range(0..5) != 0;
+                state.running.push(RunningTask {
+                    request: t,
+                    placements: vec![WorkerPlacement {
+                        node: n.id.clone(),
+                        gpu_indices: vec![g],
+                    }],
+                    started_at: rng.gen_range(0..50_000),
+                    last_checkpoint_at: None,
+                    preempting: false,
+                });
+                k += 1;
+            }
+        }
+    }
+    state
+}
+
 fn report(name: &str, d: &Decisions) {
     let placed = d
         .decisions
@@ -167,6 +206,14 @@ fn cycle(c: &mut Criterion) {
     });
     g.bench_function("10k_pending_1000x8_varied_exhaustive", |b| {
         b.iter(|| sched.schedule_exhaustively(std::hint::black_box(&varied), 100_000))
+    });
+    let busy = busy_shared(fixture(2_000, 5_000, 7, true), 7);
+    report(
+        "5k_pending_2000x8_busy_shared",
+        &sched.schedule(&busy, 100_000),
+    );
+    g.bench_function("5k_pending_2000x8_busy_shared", |b| {
+        b.iter(|| sched.schedule(std::hint::black_box(&busy), 100_000))
     });
     let goal = fixture(2_000, 50_000, 7, true);
     report("50k_pending_2000x8_varied", &sched.schedule(&goal, 100_000));

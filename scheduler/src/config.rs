@@ -90,12 +90,21 @@ pub struct PolicyConfig {
     /// Time a victim gets to checkpoint before it is killed.
     pub grace_s: u64,
     pub max_preemptions_per_cycle: usize,
+    /// Blocked tasks that may look for victims per cycle, highest priority first. An attempt
+    /// weighs every running task on every node; on a full cluster with thousands of blocked
+    /// tasks of their own shapes, unbounded attempts took most of a cycle.
+    pub max_preemption_attempts_per_cycle: usize,
     /// Only tasks that saved a checkpoint (or started) at most this long ago are preempted:
     /// everything since the checkpoint is lost, so a victim that just checkpointed is cheap
     /// and one an hour past its checkpoint is not worth it.
     pub victim_max_unsaved_s: u64,
     /// Move shared low-priority tasks to other GPUs when that frees a card for a blocked task.
     pub migration: bool,
+    /// Blocked tasks that may try migration per cycle, highest priority first. An attempt
+    /// looks at every node with movable tasks and places the tasks it would move, so unbounded
+    /// attempts make a busy cycle quadratic (4,000 blocked tasks of their own shapes beside
+    /// 20,000 running shared ones took over a minute); moves are disruptive anyway.
+    pub max_migration_attempts_per_cycle: usize,
     /// Produce a priority breakdown and reason for every pending task. The simulator turns it
     /// off for speed; the server wants it on.
     pub explain_pending: bool,
@@ -120,8 +129,10 @@ impl Default for PolicyConfig {
             min_runtime_s: 600,
             grace_s: 120,
             max_preemptions_per_cycle: 16,
+            max_preemption_attempts_per_cycle: 64,
             victim_max_unsaved_s: 600,
             migration: true,
+            max_migration_attempts_per_cycle: 16,
             explain_pending: true,
         }
     }

@@ -109,6 +109,27 @@ pub struct CapNode {
 }
 
 impl CapNode {
+    /// Takes an allocation's resources from this node alone, for a trial on a copy: placement
+    /// indexes never see it. [`Capacity::apply`] is the change they follow.
+    pub fn apply(&mut self, a: &Alloc) {
+        self.cpu_free = self.cpu_free.saturating_sub(a.cpu_millis);
+        self.mem_free = self.mem_free.saturating_sub(a.mem_bytes);
+        for &g in &a.gpu_pos {
+            let gpu = &mut self.gpus[g];
+            gpu.free = gpu.free.saturating_sub(gpu.take(a.demand));
+        }
+    }
+
+    /// Gives an allocation's resources back to this node alone; see [`CapNode::apply`].
+    pub fn release(&mut self, a: &Alloc) {
+        self.cpu_free += a.cpu_millis;
+        self.mem_free += a.mem_bytes;
+        for &g in &a.gpu_pos {
+            let gpu = &mut self.gpus[g];
+            gpu.free = (gpu.free + gpu.take(a.demand)).min(gpu.capacity);
+        }
+    }
+
     pub fn gpu_free_total(&self) -> u64 {
         self.gpus.iter().map(|g| g.free).sum()
     }
@@ -310,24 +331,14 @@ impl Capacity {
 
     pub fn apply(&mut self, a: &Alloc) {
         let n = &mut self.nodes[a.pos];
-        n.cpu_free = n.cpu_free.saturating_sub(a.cpu_millis);
-        n.mem_free = n.mem_free.saturating_sub(a.mem_bytes);
-        for &g in &a.gpu_pos {
-            let gpu = &mut n.gpus[g];
-            gpu.free = gpu.free.saturating_sub(gpu.take(a.demand));
-        }
+        n.apply(a);
         n.version = n.version.wrapping_add(1);
         self.log.push(a.pos);
     }
 
     pub fn release(&mut self, a: &Alloc) {
         let n = &mut self.nodes[a.pos];
-        n.cpu_free += a.cpu_millis;
-        n.mem_free += a.mem_bytes;
-        for &g in &a.gpu_pos {
-            let gpu = &mut n.gpus[g];
-            gpu.free = (gpu.free + gpu.take(a.demand)).min(gpu.capacity);
-        }
+        n.release(a);
         n.version = n.version.wrapping_add(1);
         self.log.push(a.pos);
     }
@@ -734,6 +745,27 @@ impl Placer {
         let mask = self.index[shape].entry[p].map(|(_, c)| c.gpus)?;
         let gpus: Vec<usize> = (0..64).filter(|b| mask & (1u64 << b) != 0).collect();
         Some(self.commit(cap, p, gpus, need))
+    }
+
+    /// Places one worker on the node at `pos`, as [`Placer::place_worker`] would if only that
+    /// node were allowed, without building or refreshing the shape's index: preemption and
+    /// migration place on the node they made room on, and an index over every node for each
+    /// such shape would cost a pass over the cluster per blocked task.
+    pub fn place_on<R: Rng>(
+        &mut self,
+        cap: &mut Capacity,
+        pos: usize,
+        need: &WorkerNeed,
+        rng: &mut R,
+    ) -> Option<Alloc> {
+        if self.policy == PlacementPolicy::Random {
+            let id = cap.nodes[pos].node;
+            return self.place_worker(cap, need, &|n: &CapNode| n.node == id, rng);
+        }
+        let shape = self.shape_id(need);
+        let c = self.cached_choice(cap, pos, shape, need)?;
+        let gpus: Vec<usize> = (0..64).filter(|b| c.gpus & (1u64 << b) != 0).collect();
+        Some(self.commit(cap, pos, gpus, need))
     }
 
     /// The best-ranked node of the shape's index that `allowed` admits.

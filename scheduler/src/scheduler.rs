@@ -137,6 +137,8 @@ struct Cycle<'a> {
     ctx: PriorityContext,
     running_prio: Vec<Option<PriorityBreakdown>>,
     victims_on_node: Option<Vec<Vec<usize>>>,
+    /// Shared running tasks that migration may move, by node position, with what they hold.
+    movable_on: Option<Vec<(usize, Vec<(usize, Alloc)>)>>,
     /// Running tasks already chosen as victims or migrated this cycle.
     taken: FastSet<usize>,
     descriptions: FastMap<ShapeKey, String>,
@@ -181,6 +183,7 @@ impl Scheduler {
             ctx: PriorityContext::new(state, now, cfg),
             running_prio: vec![None; state.running.len()],
             victims_on_node: None,
+            movable_on: None,
             taken: FastSet::default(),
             descriptions: FastMap::default(),
             largest_card,
@@ -439,8 +442,7 @@ impl Cycle<'_> {
         let mut failed: FastSet<ShapeKey> = FastSet::default();
         let mut preempt_failed: FastSet<ShapeKey> = FastSet::default();
         let mut migrate_failed: FastSet<ShapeKey> = FastSet::default();
-        let (mut place_futile, mut preempt_futile, mut migrate_futile) =
-            (Futile::default(), Futile::default(), Futile::default());
+        let (mut place_futile, mut preempt_futile) = (Futile::default(), Futile::default());
         // Requests that fit on no node even ignoring reservations (for explanations).
         let mut unfit = Futile::default();
         let mut fits_memo: FastMap<ShapeKey, bool> = FastMap::default();
@@ -451,6 +453,7 @@ impl Cycle<'_> {
         let mut blocked_by: Option<&TaskId> = None;
         let mut reserved = 0usize;
         let mut preemptions = 0usize;
+        let (mut preemption_attempts, mut migration_attempts) = (0usize, 0usize);
         let explain = cfg.explain_pending;
 
         let mut position = 0usize;
@@ -537,8 +540,10 @@ impl Cycle<'_> {
             }
             if cfg.preemption
                 && preemptions < cfg.max_preemptions_per_cycle
+                && preemption_attempts < cfg.max_preemption_attempts_per_cycle
                 && !preempt_failed.contains(&key)
             {
+                preemption_attempts += 1;
                 match self.try_preempt(t, need, prio.total) {
                     Some(victims) => {
                         let mut names = Vec::new();
@@ -573,16 +578,16 @@ impl Cycle<'_> {
                     }
                 }
             }
-            if prune && !migrate_failed.contains(&key) && migrate_futile.proves(&hard) {
-                migrate_failed.insert(key);
-                migrate_futile.note(hard.clone());
-            }
+            // Migration is not pruned by hardness: a lower priority may move fewer tasks and
+            // so succeed where a higher one failed. Its attempts are bounded per cycle instead.
             if cfg.migration
+                && migration_attempts < cfg.max_migration_attempts_per_cycle
                 && t.workers <= 1
                 && need.gpus > 0
                 && has_shared
                 && !migrate_failed.contains(&key)
             {
+                migration_attempts += 1;
                 if let Some(moves) = self.try_migrate(t, need, prio.total) {
                     let mut names = Vec::new();
                     for (v, to) in moves {
@@ -926,8 +931,10 @@ impl Cycle<'_> {
                         .then(a.1.total_cmp(&b.1))
                         .then_with(|| running[a.2].request.id.cmp(&running[b.2].request.id))
                 });
-                // Release victims one by one until the worker fits, then undo.
-                let mut tmp: Vec<Alloc> = Vec::new();
+                // Release victims one by one until the worker fits, on a copy of the node: a
+                // trial on the capacity itself would mark the node changed for every
+                // placement index.
+                let mut trial = self.cap.nodes[pos].clone();
                 let mut cost = 0.0;
                 let mut used = Vec::new();
                 let mut fits = false;
@@ -939,18 +946,16 @@ impl Cycle<'_> {
                         .cap
                         .allocs_of(&self.state.running[v], self.cfg.share_margin_bytes)
                     {
-                        self.cap.release(&a);
-                        tmp.push(a);
+                        if a.pos == pos {
+                            trial.release(&a);
+                        }
                     }
                     cost += lost;
                     used.push(v);
-                    if self.cap.nodes[pos].fits(need) {
+                    if trial.fits(need) {
                         fits = true;
                         break;
                     }
-                }
-                for a in tmp.iter().rev() {
-                    self.cap.apply(a);
                 }
                 if fits && best.as_ref().is_none_or(|b| cost < b.0) {
                     best = Some((cost, pos, used));
@@ -975,13 +980,10 @@ impl Cycle<'_> {
                 };
                 chosen.push((v, lost));
             }
-            let id = self.cap.nodes[pos].node;
-            match self.placer.place_worker(
-                &mut self.cap,
-                need,
-                &|n: &CapNode| n.node == id,
-                &mut self.rng,
-            ) {
+            match self
+                .placer
+                .place_on(&mut self.cap, pos, need, &mut self.rng)
+            {
                 Some(a) => placed.push(a),
                 None => {
                     ok = false;
@@ -1023,43 +1025,75 @@ impl Cycle<'_> {
         prio: f64,
     ) -> Option<Vec<(usize, Vec<WorkerPlacement>)>> {
         let margin = self.cfg.share_margin_bytes;
-        let mut movable_on: FastMap<usize, Vec<usize>> = FastMap::default();
-        for (i, r) in self.state.running.iter().enumerate() {
-            if r.placements.len() != 1
-                || !r.request.preemptible
-                || r.preempting
-                || self.taken.contains(&i)
-            {
-                continue;
+        if self.movable_on.is_none() {
+            // Which running tasks could move, by node: the same for every attempt of the
+            // cycle except for tasks already taken, which are skipped below.
+            let mut by_node: FastMap<usize, Vec<(usize, Alloc)>> = FastMap::default();
+            for (i, r) in self.state.running.iter().enumerate() {
+                if r.placements.len() != 1 || !r.request.preemptible || r.preempting {
+                    continue;
+                }
+                let Some(pos) = self.cap.node_position(&r.placements[0].node) else {
+                    continue;
+                };
+                let Some(a) = self.cap.allocs_of(r, margin).into_iter().next() else {
+                    continue;
+                };
+                if matches!(a.demand, GpuDemand::Share(_)) {
+                    by_node.entry(pos).or_default().push((i, a));
+                }
             }
-            let Some(pos) = self.cap.node_position(&r.placements[0].node) else {
-                continue;
-            };
-            let allocs = self.cap.allocs_of(r, margin);
-            if !matches!(allocs.first().map(|a| a.demand), Some(GpuDemand::Share(_))) {
-                continue;
-            }
-            movable_on.entry(pos).or_default().push(i);
+            let mut v: Vec<(usize, Vec<(usize, Alloc)>)> = by_node.into_iter().collect();
+            v.sort_unstable_by_key(|e| e.0);
+            self.movable_on = Some(v);
         }
-        let mut positions: Vec<usize> = movable_on.keys().copied().collect();
-        positions.sort_unstable();
-        for pos in positions {
+        let movable_on = self.movable_on.take().expect("built above");
+        let found = self.migrate_on(&movable_on, t, need, prio);
+        self.movable_on = Some(movable_on);
+        found
+    }
+
+    fn migrate_on(
+        &mut self,
+        movable_on: &[(usize, Vec<(usize, Alloc)>)],
+        t: &TaskRequest,
+        need: &WorkerNeed,
+        prio: f64,
+    ) -> Option<Vec<(usize, Vec<WorkerPlacement>)>> {
+        let margin = self.cfg.share_margin_bytes;
+        for (pos, on_node) in movable_on {
+            let pos = *pos;
             {
                 let n = &self.cap.nodes[pos];
                 if !n.admits(need) || n.reserved {
                     continue;
                 }
             }
-            let mut movable: Vec<usize> = movable_on[&pos].clone();
-            movable.retain(|&v| prio > self.running_priority(v).total);
+            let mut movable: Vec<(usize, &Alloc)> = on_node
+                .iter()
+                .filter(|(v, _)| !self.taken.contains(v))
+                .map(|(v, a)| (*v, a))
+                .collect();
+            movable.retain(|&(v, _)| prio > self.running_priority(v).total);
             if movable.is_empty() {
                 continue;
             }
             let running = &self.state.running;
-            movable.sort_by(|&a, &b| {
+            movable.sort_by(|&(a, _), &(b, _)| {
                 let (ra, rb) = (&running[a].request, &running[b].request);
                 (ra.gpu_mem_bytes, &ra.id).cmp(&(rb.gpu_mem_bytes, &rb.id))
             });
+            // Whether moving them makes room at all, on a copy of the node first: most nodes
+            // fail here, and a trial on the capacity itself would mark the node changed for
+            // every placement index.
+            let mut trial = self.cap.nodes[pos].clone();
+            if !movable.iter().any(|(_, a)| {
+                trial.release(a);
+                trial.fits(need)
+            }) {
+                continue;
+            }
+            let movable: Vec<usize> = movable.into_iter().map(|(v, _)| v).collect();
             let mut released: Vec<(usize, Alloc)> = Vec::new();
             for &v in &movable {
                 for a in self.cap.allocs_of(&self.state.running[v], margin) {
@@ -1075,13 +1109,9 @@ impl Cycle<'_> {
             let mut moved: Vec<(usize, Alloc)> = Vec::new();
             if success {
                 // Hold the room first so the moved tasks cannot land back in it.
-                let id = self.cap.nodes[pos].node;
-                target = self.placer.place_worker(
-                    &mut self.cap,
-                    need,
-                    &|n: &CapNode| n.node == id,
-                    &mut self.rng,
-                );
+                target = self
+                    .placer
+                    .place_on(&mut self.cap, pos, need, &mut self.rng);
                 success = target.is_some();
             }
             if success {

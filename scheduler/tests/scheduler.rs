@@ -514,6 +514,107 @@ fn defragments_by_migrating_shared_tasks() {
     ));
 }
 
+/// Migration and preemption attempts are bounded per cycle, highest priority first: with
+/// room for two moves but one attempt allowed, only the first blocked task gets one, and the
+/// next cycle gives the second its turn.
+#[test]
+fn migration_and_preemption_attempts_are_bounded_per_cycle() {
+    let cfg = PolicyConfig {
+        preemption: false,
+        max_migration_attempts_per_cycle: 1,
+        ..only(declared_only())
+    };
+    let mut state = ClusterState {
+        nodes: (0..4)
+            .map(|i| node(&format!("n{i}"), "", 1, "A100", 16))
+            .collect(),
+        ..Default::default()
+    };
+    let s = |id: &str| TaskRequest {
+        priority: 0.0,
+        gpu_mem_bytes: Some(4 * GIB),
+        ..task(id, "x", 1, 0)
+    };
+    for i in 0..4 {
+        state
+            .running
+            .push(running(s(&format!("s{i}")), &format!("n{i}"), &[0], 0));
+    }
+    for (id, p) in [("first", 0.9), ("second", 0.8)] {
+        state.pending.push(TaskRequest {
+            priority: p,
+            ..task(id, "u", 1, 5)
+        });
+    }
+    let migrating_for = |d: &Decisions| -> Vec<String> {
+        d.decisions
+            .iter()
+            .filter_map(|x| match x {
+                Decision::Migrate { for_task, .. } => Some(for_task.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let d = Scheduler::new(cfg.clone()).schedule(&state, 10);
+    assert_eq!(migrating_for(&d), vec!["first".to_string()], "{d:?}");
+    let d = Scheduler::new(PolicyConfig {
+        max_migration_attempts_per_cycle: 16,
+        ..cfg
+    })
+    .schedule(&state, 10);
+    let mut both = migrating_for(&d);
+    both.dedup();
+    assert_eq!(
+        both,
+        vec!["first".to_string(), "second".to_string()],
+        "{d:?}"
+    );
+
+    // Preemption: two urgent tasks, two victims, one attempt allowed.
+    let cfg = PolicyConfig {
+        migration: false,
+        min_runtime_s: 0,
+        max_preemption_attempts_per_cycle: 1,
+        ..only(declared_only())
+    };
+    let mut state = ClusterState {
+        nodes: vec![node("a", "", 1, "A100", 80), node("b", "", 1, "A100", 80)],
+        ..Default::default()
+    };
+    state.running.push(running(
+        TaskRequest {
+            priority: 0.0,
+            ..task("low-a", "x", 1, 0)
+        },
+        "a",
+        &[0],
+        0,
+    ));
+    state.running.push(running(
+        TaskRequest {
+            priority: 0.0,
+            ..task("low-b", "x", 1, 0)
+        },
+        "b",
+        &[0],
+        0,
+    ));
+    for (id, p) in [("urgent-1", 1.0), ("urgent-2", 0.9)] {
+        state.pending.push(TaskRequest {
+            priority: p,
+            ..task(id, "u", 1, 5)
+        });
+    }
+    let d = Scheduler::new(cfg.clone()).schedule(&state, 100);
+    assert_eq!(preempted(&d).len(), 1, "{d:?}");
+    let d = Scheduler::new(PolicyConfig {
+        max_preemption_attempts_per_cycle: 64,
+        ..cfg
+    })
+    .schedule(&state, 100);
+    assert_eq!(preempted(&d).len(), 2, "{d:?}");
+}
+
 #[test]
 fn idle_gpu_user_waits_behind_busy_user() {
     let cfg = only(Weights {
