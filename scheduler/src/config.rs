@@ -68,6 +68,11 @@ pub struct PolicyConfig {
     /// Window over which GPU utilisation is judged; the caller keeps the ledger's window sums
     /// over this span.
     pub util_window_s: u64,
+    /// A running run is charged once this long has passed since its last charge (an ended run
+    /// at once). Usage decays over days, so ten seconds late changes no priority that
+    /// matters, while charging every run every second was one row written per running task
+    /// per second: the largest write of a busy cluster's cycle.
+    pub charge_every_s: u64,
     /// GPU-seconds of allocation before measured utilisation counts fully; smooths new users.
     pub util_prior_gpu_s: f64,
     /// Wait after which the age factor is 1.
@@ -116,6 +121,7 @@ impl Default for PolicyConfig {
             weights: Weights::default(),
             usage_half_life_s: 7.0 * 86_400.0,
             util_window_s: 86_400,
+            charge_every_s: 10,
             util_prior_gpu_s: 3_600.0,
             max_age_s: 86_400.0,
             service_scale_gpu_s: 4.0 * 3_600.0,

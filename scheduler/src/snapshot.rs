@@ -158,7 +158,8 @@ impl Snapshot {
     }
 
     /// Charges every run for the GPUs it held since it was last charged, up to `now` (an ended
-    /// run up to its end). `busy` gives a task's measured GPU utilisation over that span, if
+    /// run up to its end). A running run is charged only once `charge_every_s` has passed
+    /// since its last charge. `busy` gives a task's measured GPU utilisation over that span, if
     /// any was measured.
     pub fn charge(
         &mut self,
@@ -172,7 +173,7 @@ impl Snapshot {
         for (i, r) in running.iter().enumerate() {
             let a = &mut self.accounts[i];
             let dt = now.saturating_sub(a.charged_until);
-            if dt == 0 {
+            if dt == 0 || dt < cfg.charge_every_s {
                 continue;
             }
             let gpu_s = self.held[i] * dt as f64;
@@ -434,6 +435,31 @@ mod tests {
             RunAccount::starting(1_000),
         );
         assert_eq!(s.state().running[0].last_checkpoint_at, None);
+    }
+
+    #[test]
+    fn running_runs_are_charged_every_charge_every_s() {
+        let cfg = PolicyConfig::default();
+        let mut s = Snapshot::new(vec![node("n")], Quotas::default(), UsageLedger::default());
+        s.add_running(
+            RunningTask {
+                request: req("a", None),
+                placements: on(0),
+                started_at: 100,
+                last_checkpoint_at: None,
+                preempting: false,
+            },
+            RunAccount::starting(100),
+        );
+        let every = cfg.charge_every_s;
+        assert!(every > 1);
+        assert!(s.charge(100 + every - 1, |_| None, &cfg).is_empty());
+        let c = s.charge(100 + every, |_| None, &cfg);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].gpu_seconds, every as f64);
+        // Ending it between charges charges the whole tail at once.
+        let ended = s.end_run("a", 100 + every + 3, None, &cfg).unwrap();
+        assert_eq!(ended.attained_gpu_seconds, (every + 3) as f64);
     }
 
     #[test]
