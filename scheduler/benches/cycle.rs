@@ -105,16 +105,9 @@ pub fn fixture(nodes: usize, pending: usize, seed: u64, varied: bool) -> Cluster
             t.zone_affinity = false;
             t.cpu_millis = 4_000;
             t.mem_bytes = 32 * GIB;
-            state.running.push(RunningTask {
-                request: t,
-                placements: vec![WorkerPlacement {
-                    node: n.id.clone(),
-                    gpu_indices: vec![g],
-                }],
-                started_at: rng.gen_range(0..50_000),
-                last_checkpoint_at: None,
-                preempting: false,
-            });
+            state
+                .running
+                .push(one_gpu_run(t, &n.id, g, rng.gen_range(0..50_000)));
             k += 1;
         }
     }
@@ -135,6 +128,19 @@ pub fn fixture(nodes: usize, pending: usize, seed: u64, varied: bool) -> Cluster
         );
     }
     state
+}
+
+fn one_gpu_run(request: TaskRequest, node: &str, gpu: u32, started_at: u64) -> RunningTask {
+    RunningTask {
+        request,
+        placements: vec![WorkerPlacement {
+            node: node.into(),
+            gpu_indices: vec![gpu],
+        }],
+        started_at,
+        last_checkpoint_at: None,
+        preempting: false,
+    }
 }
 
 /// The cluster as it is when busy: every GPU taken, a quarter of them shared by two or three
@@ -158,16 +164,9 @@ pub fn busy_shared(mut state: ClusterState, seed: u64) -> ClusterState {
                 t.cpu_millis = rng.gen_range(1_000..8_000);
                 t.mem_bytes = rng.gen_range(8 * GIB..64 * GIB);
                 t.preemptible = rng.gen_range(0..5) != 0;
-                state.running.push(RunningTask {
-                    request: t,
-                    placements: vec![WorkerPlacement {
-                        node: n.id.clone(),
-                        gpu_indices: vec![g],
-                    }],
-                    started_at: rng.gen_range(0..50_000),
-                    last_checkpoint_at: None,
-                    preempting: false,
-                });
+                state
+                    .running
+                    .push(one_gpu_run(t, &n.id, g, rng.gen_range(0..50_000)));
                 k += 1;
             }
         }

@@ -138,7 +138,7 @@ struct Cycle<'a> {
     running_prio: Vec<Option<PriorityBreakdown>>,
     victims_on_node: Option<Vec<Vec<usize>>>,
     /// Shared running tasks that migration may move, by node position, with what they hold.
-    movable_on: Option<Vec<(usize, Vec<(usize, Alloc)>)>>,
+    movable_on: Option<Vec<MovableOnNode>>,
     /// Running tasks already chosen as victims or migrated this cycle.
     taken: FastSet<usize>,
     descriptions: FastMap<ShapeKey, String>,
@@ -1043,7 +1043,7 @@ impl Cycle<'_> {
                     by_node.entry(pos).or_default().push((i, a));
                 }
             }
-            let mut v: Vec<(usize, Vec<(usize, Alloc)>)> = by_node.into_iter().collect();
+            let mut v: Vec<MovableOnNode> = by_node.into_iter().collect();
             v.sort_unstable_by_key(|e| e.0);
             self.movable_on = Some(v);
         }
@@ -1055,7 +1055,7 @@ impl Cycle<'_> {
 
     fn migrate_on(
         &mut self,
-        movable_on: &[(usize, Vec<(usize, Alloc)>)],
+        movable_on: &[MovableOnNode],
         t: &TaskRequest,
         need: &WorkerNeed,
         prio: f64,
@@ -1202,6 +1202,9 @@ impl Cycle<'_> {
         nodes
     }
 }
+
+/// A node's position and the running tasks on it that migration may move, with what they hold.
+type MovableOnNode = (usize, Vec<(usize, Alloc)>);
 
 /// GPUs per worker, workers, zone affinity, whole cards, acceptable types, node classes.
 type ShapeClass = (

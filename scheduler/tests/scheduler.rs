@@ -581,24 +581,13 @@ fn migration_and_preemption_attempts_are_bounded_per_cycle() {
         nodes: vec![node("a", "", 1, "A100", 80), node("b", "", 1, "A100", 80)],
         ..Default::default()
     };
-    state.running.push(running(
-        TaskRequest {
+    for n in ["a", "b"] {
+        let low = TaskRequest {
             priority: 0.0,
-            ..task("low-a", "x", 1, 0)
-        },
-        "a",
-        &[0],
-        0,
-    ));
-    state.running.push(running(
-        TaskRequest {
-            priority: 0.0,
-            ..task("low-b", "x", 1, 0)
-        },
-        "b",
-        &[0],
-        0,
-    ));
+            ..task(&format!("low-{n}"), "x", 1, 0)
+        };
+        state.running.push(running(low, n, &[0], 0));
+    }
     for (id, p) in [("urgent-1", 1.0), ("urgent-2", 0.9)] {
         state.pending.push(TaskRequest {
             priority: p,
