@@ -727,7 +727,7 @@ impl Placer {
                 }
             }
             let (_, p, c) = best?;
-            let gpus: Vec<usize> = (0..64).filter(|b| c.gpus & (1u64 << b) != 0).collect();
+            let gpus = mask_positions(c.gpus);
             return Some(self.commit(cap, p, gpus, need));
         }
         self.refresh(cap, shape, need);
@@ -743,7 +743,7 @@ impl Placer {
             }
         }
         let mask = self.index[shape].entry[p].map(|(_, c)| c.gpus)?;
-        let gpus: Vec<usize> = (0..64).filter(|b| mask & (1u64 << b) != 0).collect();
+        let gpus = mask_positions(mask);
         Some(self.commit(cap, p, gpus, need))
     }
 
@@ -764,7 +764,7 @@ impl Placer {
         }
         let shape = self.shape_id(need);
         let c = self.cached_choice(cap, pos, shape, need)?;
-        let gpus: Vec<usize> = (0..64).filter(|b| c.gpus & (1u64 << b) != 0).collect();
+        let gpus = mask_positions(c.gpus);
         Some(self.commit(cap, pos, gpus, need))
     }
 
@@ -1000,6 +1000,11 @@ fn choice_valid(n: &CapNode, need: &WorkerNeed, mask: u64) -> bool {
         }
     }
     k == need.gpus && (n.gpus.len() >= 64 || mask >> n.gpus.len() == 0)
+}
+
+/// The GPU positions a choice's mask names, in order.
+fn mask_positions(mask: u64) -> Vec<usize> {
+    (0..64).filter(|b| mask & (1u64 << b) != 0).collect()
 }
 
 fn take_sum(n: &CapNode, mask: u64, d: GpuDemand) -> u64 {

@@ -173,7 +173,7 @@ impl Snapshot {
         for (i, r) in running.iter().enumerate() {
             let a = &mut self.accounts[i];
             let dt = now.saturating_sub(a.charged_until);
-            if dt == 0 || dt < cfg.charge_every_s {
+            if dt < cfg.charge_every_s.max(1) {
                 continue;
             }
             let gpu_s = self.held[i] * dt as f64;

@@ -151,8 +151,8 @@ fn need_of(cap: &Capacity, p: &Pod) -> WorkerNeed {
 /// For `fgd` a shape is a GPU demand (count, share, type), as the paper's typical tasks are,
 /// and carries the weighted median CPU of the tasks that ask for it, so that "cannot fit for
 /// lack of CPU" is still judged. Keying shapes by CPU as well splits each GPU demand into many
-/// rare shapes, and the 95% cut then drops whole GPU demands: that model scored 0.6 to 1.75
-/// points lower on the openb lists (README of this crate).
+/// rare shapes, each with its own CPU, of which the 95% cut keeps an uneven sample: that model
+/// scored up to 1.75 points lower on the openb lists (README of this crate).
 pub fn frag_model(cap: &Capacity, pods: &[Pod], policy: PlacementPolicy) -> FragModel {
     if policy == PlacementPolicy::Fgd {
         let mut by_gpu: BTreeMap<WorkerNeed, BTreeMap<u64, f64>> = BTreeMap::new();
