@@ -60,10 +60,22 @@ async fn main() -> anyhow::Result<()> {
         );
         workers.push(tokio::spawn(async move {
             let mut i = 0u64;
+            // The load generator shares the server's two cores: it formats each body from a
+            // template instead of building a JSON value, as a load tool would.
+            let url = format!("{base}/api/v1/tasks");
+            let auth = format!("Bearer {key}");
             while Instant::now() < deadline {
-                let body = json!({"name": format!("bench-{c}-{i}"), "image": "pytorch:2", "command": "python train.py",
-                                  "resources": {"gpu": {"type": "A100", "count": 1, "memory": "10GiB"}}});
-                match http.post(format!("{base}/api/v1/tasks")).bearer_auth(&key).json(&body).send().await {
+                let body = format!(
+                    r#"{{"name":"bench-{c}-{i}","image":"pytorch:2","command":"python train.py","resources":{{"gpu":{{"type":"A100","count":1,"memory":"10GiB"}}}}}}"#
+                );
+                let sent = http
+                    .post(&url)
+                    .header("authorization", &auth)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await;
+                match sent {
                     Ok(r) if r.status().as_u16() == 201 => done.fetch_add(1, Ordering::Relaxed),
                     _ => failed.fetch_add(1, Ordering::Relaxed),
                 };

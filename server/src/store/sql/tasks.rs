@@ -478,12 +478,18 @@ macro_rules! impl_tasks {
                 }
                 let mut tx = self.pool.begin().await?;
                 fence!(&mut *tx, term);
-                for (id, waiting) in changes {
-                    sqlx::query("UPDATE tasks SET waiting = $1 WHERE id = $2 AND state = 'pending'")
-                        .bind(waiting)
-                        .bind(id)
-                        .execute(&mut *tx)
-                        .await?;
+                // Many rows to a statement: a cycle that explains thousands of new tasks
+                // would otherwise spend longer writing than deciding.
+                for chunk in changes.chunks(INSERT_ROWS) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new("WITH v (id, waiting) AS (");
+                    q.push_values(chunk, |mut b, (id, waiting)| {
+                        b.push_bind(id).push_bind(waiting);
+                    });
+                    q.push(
+                        ") UPDATE tasks SET waiting = v.waiting FROM v
+                         WHERE tasks.id = v.id AND tasks.state = 'pending'",
+                    );
+                    q.build().execute(&mut *tx).await?;
                 }
                 tx.commit().await?;
                 Ok(())
