@@ -78,9 +78,9 @@ const MIN_CYCLE_GAP: Duration = Duration::from_millis(100);
 /// How long a wake-up waits after the last cycle started. A cycle over a long queue costs
 /// hundreds of milliseconds even when it places nothing; run back to back under a burst of
 /// submissions, such cycles would take a whole core from the submissions that wake them.
-/// Resting after a cycle twice as long as it ran keeps wake-ups to a third of one core (on this
-/// 2-core bench: 4,100-4,700 submissions/s instead of 2,400-2,700), while a cheap cycle still
-/// follows a wake-up within [`MIN_CYCLE_GAP`]; the timer's cycles come no sooner either.
+/// Resting after a cycle twice as long as it ran keeps wake-ups to a third of one core (the
+/// README's submission figures), while a cheap cycle still follows a wake-up within
+/// [`MIN_CYCLE_GAP`]. The timer's cycles wait the same.
 fn wake_gap(last_cycle: Duration) -> Duration {
     MIN_CYCLE_GAP.max(last_cycle * 3)
 }
