@@ -1,11 +1,14 @@
-//! Calls to the JSON API from the browser. Session cookies travel by themselves; the CSRF
+//! Calls to the JSON API. In the browser, session cookies travel by themselves and the CSRF
 //! token is read from its cookie and echoed in a header, as the server requires for writes.
+//! While a page renders on the server, reads go through the [`ServerFetch`] the server
+//! provides for that request: the same REST API, as the same caller, so a page's HTML holds
+//! exactly what the browser would have fetched, and hydration reuses it.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// An API failure, shown next to the form field it names (if any).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct ApiErr {
     pub status: u16,
     pub code: String,
@@ -72,35 +75,73 @@ impl<'de> serde::Deserialize<'de> for NoContent {
 }
 
 #[cfg(feature = "hydrate")]
-async fn send<B: Serialize, T: DeserializeOwned>(
+fn send<B: Serialize, T: DeserializeOwned>(
     method: &str,
     path: &str,
     body: Option<&B>,
-) -> ApiResult<T> {
-    use autodl_common::api::ErrorBody;
+) -> impl std::future::Future<Output = ApiResult<T>> + Send {
     use gloo_net::http::{Method, RequestBuilder};
     use std::str::FromStr;
 
-    let method = Method::from_str(method).map_err(ApiErr::network)?;
-    let mut req = RequestBuilder::new(path)
-        .method(method)
-        .header("Accept", "application/json");
-    if let Some(token) = csrf_token() {
-        req = req.header("X-CSRF-Token", &token);
-    }
-    let resp = match body {
-        Some(b) => req.json(b).map_err(ApiErr::network)?.send().await,
-        None => req.send().await,
-    }
-    .map_err(ApiErr::network)?;
-    let status = resp.status();
-    let text = resp.text().await.map_err(ApiErr::network)?;
+    let request = Method::from_str(method)
+        .map_err(ApiErr::network)
+        .and_then(|method| {
+            let mut req = RequestBuilder::new(path)
+                .method(method)
+                .header("Accept", "application/json");
+            if let Some(token) = csrf_token() {
+                req = req.header("X-CSRF-Token", &token);
+            }
+            match body {
+                Some(b) => req.json(b).map_err(ApiErr::network),
+                None => req.build().map_err(ApiErr::network),
+            }
+        });
+    // The browser is single-threaded; resources only ask that futures could move.
+    send_wrapper::SendWrapper::new(async move {
+        let resp = request?.send().await.map_err(ApiErr::network)?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(ApiErr::network)?;
+        decode(status, &text)
+    })
+}
+
+/// How the server answers reads made while it renders a page: the path and query of a GET,
+/// answered with the status and body, as the caller whose request is being rendered.
+#[cfg(not(feature = "hydrate"))]
+#[derive(Clone)]
+pub struct ServerFetch(
+    #[allow(clippy::type_complexity)]
+    pub  std::sync::Arc<
+        dyn Fn(
+                String,
+            ) -> std::pin::Pin<
+                Box<dyn std::future::Future<Output = Result<(u16, String), String>> + Send>,
+            > + Send
+            + Sync,
+    >,
+);
+
+/// On the server, pages read through the [`ServerFetch`] of the request being rendered;
+/// writes only happen in the browser.
+#[cfg(not(feature = "hydrate"))]
+async fn send<B: Serialize, T: DeserializeOwned>(
+    method: &str,
+    path: &str,
+    _body: Option<&B>,
+) -> ApiResult<T> {
+    let fetch = leptos::prelude::use_context::<ServerFetch>()
+        .filter(|_| method == "GET")
+        .ok_or_else(|| ApiErr::network(format!("{method} {path} is made in the browser")))?;
+    let (status, text) = (fetch.0)(path.to_owned()).await.map_err(ApiErr::network)?;
+    decode(status, &text)
+}
+
+/// The API's answer as `T`, or its error.
+fn decode<T: DeserializeOwned>(status: u16, text: &str) -> ApiResult<T> {
+    use autodl_common::api::ErrorBody;
     if (200..300).contains(&status) {
-        let text = if text.trim().is_empty() {
-            "null"
-        } else {
-            text.as_str()
-        };
+        let text = if text.trim().is_empty() { "null" } else { text };
         serde_json::from_str(text).map_err(|e| ApiErr {
             status,
             code: "decode".into(),
@@ -108,7 +149,7 @@ async fn send<B: Serialize, T: DeserializeOwned>(
             field: None,
         })
     } else {
-        Err(match serde_json::from_str::<ErrorBody>(&text) {
+        Err(match serde_json::from_str::<ErrorBody>(text) {
             Ok(b) => ApiErr {
                 status,
                 code: b.error.code,
@@ -123,16 +164,6 @@ async fn send<B: Serialize, T: DeserializeOwned>(
             },
         })
     }
-}
-
-/// On the server, pages render without data and fetch it once hydrated; nothing calls this.
-#[cfg(not(feature = "hydrate"))]
-async fn send<B: Serialize, T: DeserializeOwned>(
-    _method: &str,
-    path: &str,
-    _body: Option<&B>,
-) -> ApiResult<T> {
-    Err(ApiErr::network(format!("{path} is fetched in the browser")))
 }
 
 #[cfg(feature = "hydrate")]
@@ -163,7 +194,6 @@ pub fn copy_to_clipboard(_text: &str) {
 pub async fn probe(path: &str) -> ApiResult<()> {
     #[cfg(feature = "hydrate")]
     {
-        use autodl_common::api::ErrorBody;
         let resp = gloo_net::http::Request::get(path)
             .send()
             .await
@@ -173,20 +203,7 @@ pub async fn probe(path: &str) -> ApiResult<()> {
             return Ok(());
         }
         let text = resp.text().await.unwrap_or_default();
-        Err(match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(b) => ApiErr {
-                status,
-                code: b.error.code,
-                message: b.error.message,
-                field: b.error.field,
-            },
-            Err(_) => ApiErr {
-                status,
-                code: "http".into(),
-                message: format!("the server answered {status}"),
-                field: None,
-            },
-        })
+        decode::<NoContent>(status, &text).map(|_| ())
     }
     #[cfg(not(feature = "hydrate"))]
     Err(ApiErr::network(format!("{path} is fetched in the browser")))

@@ -2,7 +2,7 @@ use autodl_common::api::Me;
 use leptos::prelude::*;
 use leptos_meta::{provide_meta_context, MetaTags, Title};
 use leptos_router::components::{Route, Router, Routes, A};
-use leptos_router::path;
+use leptos_router::{path, SsrMode};
 
 use crate::api;
 use crate::pages::{
@@ -30,19 +30,22 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
     }
 }
 
-/// Who is signed in, fetched once hydrated and refetched after sign-in or sign-out.
+/// Who is signed in: resolved on the server from the request's cookie, handed to hydration
+/// with the page, and refetched after sign-in or sign-out.
 #[derive(Clone, Copy)]
-pub struct Session(pub LocalResource<Option<Me>>);
+pub struct Session(pub Resource<Option<Me>>);
 
 impl Session {
     pub fn me(&self) -> Option<Me> {
         self.0.get().flatten()
     }
-    pub fn loaded(&self) -> bool {
-        self.0.get().is_some()
-    }
     pub fn refresh(&self) {
         self.0.refetch();
+    }
+    /// Forgets the caller at once (after signing out), rather than showing them until a
+    /// refetch answers.
+    pub fn clear(&self) {
+        self.0.set(Some(None));
     }
 }
 
@@ -53,9 +56,10 @@ pub fn use_session() -> Session {
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
-    let session = Session(LocalResource::new(|| async {
-        api::get::<Me>("/api/v1/me").await.ok()
-    }));
+    let session = Session(Resource::new(
+        || (),
+        |_| async { api::get::<Me>("/api/v1/me").await.ok() },
+    ));
     provide_context(session);
 
     view! {
@@ -64,16 +68,16 @@ pub fn App() -> impl IntoView {
             <Nav/>
             <main class="container">
                 <Routes fallback=|| view! { <section class="card"><h1>"Page not found"</h1><p><A href="/">"Back home"</A></p></section> }>
-                    <Route path=path!("/") view=HomePage/>
-                    <Route path=path!("/signup") view=SignupPage/>
-                    <Route path=path!("/login") view=LoginPage/>
-                    <Route path=path!("/account") view=AccountPage/>
-                    <Route path=path!("/organization") view=OrgPage/>
-                    <Route path=path!("/admin") view=AdminPage/>
-                    <Route path=path!("/tasks") view=TasksPage/>
-                    <Route path=path!("/tasks/:id") view=TaskPage/>
-                    <Route path=path!("/submit") view=SubmitPage/>
-                    <Route path=path!("/cluster") view=ClusterPage/>
+                    <Route path=path!("/") view=HomePage ssr=SsrMode::Async/>
+                    <Route path=path!("/signup") view=SignupPage ssr=SsrMode::Async/>
+                    <Route path=path!("/login") view=LoginPage ssr=SsrMode::Async/>
+                    <Route path=path!("/account") view=AccountPage ssr=SsrMode::Async/>
+                    <Route path=path!("/organization") view=OrgPage ssr=SsrMode::Async/>
+                    <Route path=path!("/admin") view=AdminPage ssr=SsrMode::Async/>
+                    <Route path=path!("/tasks") view=TasksPage ssr=SsrMode::Async/>
+                    <Route path=path!("/tasks/:id") view=TaskPage ssr=SsrMode::Async/>
+                    <Route path=path!("/submit") view=SubmitPage ssr=SsrMode::Async/>
+                    <Route path=path!("/cluster") view=ClusterPage ssr=SsrMode::Async/>
                 </Routes>
             </main>
         </Router>
@@ -89,7 +93,7 @@ fn Nav() -> impl IntoView {
     });
     Effect::new(move |_| {
         if logout.version().get() > 0 {
-            session.refresh();
+            session.clear();
             navigate("/login", Default::default());
         }
     });
@@ -98,6 +102,7 @@ fn Nav() -> impl IntoView {
             <nav class="container nav">
                 <a class="brand" href="/">"autodl"</a>
                 <div class="nav-links">
+                    <Transition>
                     {move || match session.me() {
                         Some(me) => view! {
                             <a href="/tasks" data-testid="nav-tasks">"Tasks"</a>
@@ -114,6 +119,7 @@ fn Nav() -> impl IntoView {
                             <a class="button small" href="/signup">"Create account"</a>
                         }.into_any(),
                     }}
+                    </Transition>
                 </div>
             </nav>
         </header>
@@ -151,27 +157,49 @@ pub fn Field(
     }
 }
 
-/// Shows a page's body only to signed-in users; others get a link to sign in.
+/// Shows a page's body only to signed-in users; others get a link to sign in that brings
+/// them back here.
+///
+/// The body is built once the session is known (a `Suspend`, not a re-run closure): pages
+/// create their resources as they are built, and a boundary that rebuilt them on every
+/// resolution would fetch forever while rendering on the server.
 #[component]
 pub fn RequireLogin(children: ChildrenFn) -> impl IntoView {
     let session = use_session();
     let children = StoredValue::new(children);
+    let location = leptos_router::hooks::use_location();
+    let here = move || {
+        let (path, query) = (location.pathname.get(), location.search.get());
+        if query.is_empty() {
+            path
+        } else {
+            format!("{path}?{query}")
+        }
+    };
     view! {
-        {move || {
-            if !session.loaded() {
-                view! { <p class="muted">"Loading…"</p> }.into_any()
-            } else if session.me().is_some() {
+        <Suspense fallback=|| view! { <p class="muted">"Loading…"</p> }>
+        {move || Suspend::new(async move {
+            if session.0.await.is_some() {
                 children.read_value()().into_any()
             } else {
+                let login = format!("/login?next={}", crate::pages::tasks::encode(&here()));
                 view! {
                     <section class="card">
                         <h1>"Please sign in"</h1>
-                        <p>"This page needs an account. " <a href="/login">"Sign in"</a> " or " <a href="/signup">"create one"</a> "."</p>
+                        <p>"This page needs an account. " <a href=login data-testid="sign-in-link">"Sign in"</a> " or " <a href="/signup">"create one"</a> "."</p>
                     </section>
                 }.into_any()
             }
-        }}
+        })}
+        </Suspense>
     }
+}
+
+/// Where to go after signing in: the `next` the sign-in link carried, if it is a path on
+/// this site (never another origin), else the dashboard.
+pub fn after_sign_in(next: Option<String>) -> String {
+    next.filter(|n| n.starts_with('/') && !n.starts_with("//") && !n.contains('\\'))
+        .unwrap_or_else(|| "/".into())
 }
 
 /// The error of the last attempt that is not about a form field, for a banner.

@@ -45,17 +45,20 @@ pub fn epoch_secs(at: &str) -> f64 {
     }
 }
 
-/// This month as `YYYY-MM` (UTC), in the browser; empty on the server.
+/// This month as `YYYY-MM` (UTC).
 pub fn this_month() -> String {
     #[cfg(feature = "hydrate")]
     {
         let d = js_sys::Date::new_0();
         format!("{:04}-{:02}", d.get_utc_full_year(), d.get_utc_month() + 1)
     }
-    #[cfg(not(feature = "hydrate"))]
+    #[cfg(all(feature = "ssr", not(feature = "hydrate")))]
     {
-        String::new()
+        let d = time::OffsetDateTime::now_utc();
+        format!("{:04}-{:02}", d.year(), u8::from(d.month()))
     }
+    #[cfg(not(any(feature = "ssr", feature = "hydrate")))]
+    String::new()
 }
 
 /// The state of a log tail.

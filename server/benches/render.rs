@@ -1,7 +1,8 @@
-//! Server time to answer what the dashboard and the task list need, with 10,000 tasks in the
-//! tenant: the server-rendered page (the HTML shell with the layout) and the API reads each page
-//! makes as it hydrates (the task pages, the quota). Timed from the client, one request at a
-//! time, after a warm-up.
+//! Server time to answer what the dashboard, the task list and a task's page need, with
+//! 10,000 tasks in the tenant: each server-rendered page with its data (the server reads the
+//! API as the signed-in caller while it renders; the bench checks the data is in the HTML),
+//! and the API reads behind it on their own. Timed from the client, one request at a time,
+//! after a warm-up.
 //!
 //!   cargo bench -p autodl-server --bench render
 //!   (AUTODL_BENCH_TASKS, default 10000; AUTODL_BENCH_ROUNDS, default 200;
@@ -90,48 +91,98 @@ async fn main() -> anyhow::Result<()> {
         .json()
         .await?;
     let cursor = first["next_cursor"].as_str().unwrap_or_default().to_owned();
-    let targets: Vec<(&str, String, bool)> = vec![
-        ("dashboard page (SSR)", format!("{base}/"), false),
+    let newest = &first["items"][0];
+    let (task_id, task_name) = (
+        newest["id"].as_str().unwrap_or_default().to_owned(),
+        newest["name"].as_str().unwrap_or_default().to_owned(),
+    );
+    let waiting: Value = http
+        .get(format!("{base}/api/v1/tasks?limit=1&state=pending&user=me"))
+        .bearer_auth(token.as_str())
+        .send()
+        .await?
+        .json()
+        .await?;
+    let waiting_name = waiting["items"][0]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    // (what, where, an API read, what a rendered page must hold)
+    let targets: Vec<(&str, String, bool, Option<&str>)> = vec![
+        (
+            "dashboard page (SSR)",
+            format!("{base}/"),
+            false,
+            Some(waiting_name.as_str()),
+        ),
         (
             "  running tasks (API)",
             format!("{base}/api/v1/tasks?user=me&state=running&limit=50"),
             true,
+            None,
         ),
         (
             "  waiting tasks (API)",
             format!("{base}/api/v1/tasks?user=me&state=pending&limit=50"),
             true,
+            None,
         ),
         (
             "  tenant quota (API)",
             format!("{base}/api/v1/tenant/quota"),
             true,
+            None,
         ),
-        ("task list page (SSR)", format!("{base}/tasks"), false),
+        (
+            "task list page (SSR)",
+            format!("{base}/tasks"),
+            false,
+            Some(task_name.as_str()),
+        ),
         (
             "  first 25 (API)",
             format!("{base}/api/v1/tasks?limit=25"),
             true,
+            None,
         ),
         (
             "  page 2 (API)",
             format!("{base}/api/v1/tasks?limit=25&cursor={cursor}"),
             true,
+            None,
         ),
         (
             "  state=cancelled (API)",
             format!("{base}/api/v1/tasks?limit=25&state=cancelled"),
             true,
+            None,
         ),
         (
             "  label sweep=s7 (API)",
             format!("{base}/api/v1/tasks?limit=25&label=sweep%3Ds7"),
             true,
+            None,
+        ),
+        (
+            "task page (SSR)",
+            format!("{base}/tasks/{task_id}"),
+            false,
+            Some(task_name.as_str()),
+        ),
+        (
+            "  the task (API)",
+            format!("{base}/api/v1/tasks/{task_id}"),
+            true,
+            None,
         ),
     ];
     println!("{backend}, {n_tasks} tasks in the tenant, {rounds} requests each:");
-    println!("{:<26} {:>9} {:>9} {:>9}", "", "p50 ms", "p95 ms", "max ms");
-    for (name, url, api) in targets {
+    println!(
+        "{:<26} {:>9} {:>9} {:>9} {:>9}",
+        "", "p50 ms", "p95 ms", "max ms", "bytes"
+    );
+    for (name, url, api, holds) in targets {
+        let mut size = 0;
         let mut times = Vec::with_capacity(rounds);
         for round in 0..rounds + 10 {
             let mut req = http.get(&url);
@@ -146,6 +197,12 @@ async fn main() -> anyhow::Result<()> {
             if !status.is_success() || body.is_empty() {
                 anyhow::bail!("{url}: {status}");
             }
+            if let Some(text) = holds {
+                if !String::from_utf8_lossy(&body).contains(text) {
+                    anyhow::bail!("{url} was rendered without its data ({text:?} missing)");
+                }
+            }
+            size = body.len();
             if round >= 10 {
                 times.push(took);
             }
@@ -154,10 +211,11 @@ async fn main() -> anyhow::Result<()> {
         let pct = |p: f64| times[((times.len() as f64 * p) as usize).min(times.len() - 1)];
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         println!(
-            "{name:<26} {:>9.2} {:>9.2} {:>9.2}",
+            "{name:<26} {:>9.2} {:>9.2} {:>9.2} {:>9}",
             ms(pct(0.50)),
             ms(pct(0.95)),
-            ms(*times.last().unwrap_or(&Duration::ZERO))
+            ms(*times.last().unwrap_or(&Duration::ZERO)),
+            size
         );
     }
     Ok(())

@@ -62,8 +62,23 @@ enum AdminCommand {
     },
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// Stack for threads that render pages. A page's view is one deeply nested type, and an
+/// unoptimized build renders the larger pages in frames that outgrow the 2 MiB default.
+const THREAD_STACK: &str = "16777216";
+
+fn main() -> anyhow::Result<()> {
+    // Read by std when a thread is spawned without a stack size (the HTTP workers are), so
+    // set before any thread starts; an operator's own setting wins.
+    if std::env::var_os("RUST_MIN_STACK").is_none() {
+        std::env::set_var("RUST_MIN_STACK", THREAD_STACK);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     autodl_server::telemetry::init();
     let cli = Cli::parse();
     let settings = Settings::load(cli.config).context("reading configuration")?;

@@ -94,7 +94,7 @@ impl Application {
             background.push(tokio::spawn(runner.run()));
         }
 
-        let leptos = crate::web_app::WebApp::new(&settings, port);
+        let leptos = crate::web_app::WebApp::new(&settings, port)?;
 
         let server_state = state.clone();
         let server = HttpServer::new(move || {
@@ -108,6 +108,13 @@ impl Application {
                 .app_data(web::QueryConfig::default().error_handler(query_error_handler))
                 .configure(crate::routes::configure)
                 .configure(|cfg| leptos.configure(cfg))
+        })
+        // Pages are written in several chunks as they render: without this, Nagle's
+        // algorithm holds the last one back until the client's delayed ACK (~40 ms).
+        .on_connect(|conn, _| {
+            if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+                let _ = tcp.set_nodelay(true);
+            }
         })
         .shutdown_timeout(10)
         .listen(listener)?

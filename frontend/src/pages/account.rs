@@ -35,7 +35,7 @@ fn Profile() -> impl IntoView {
 
 #[component]
 fn ApiKeys() -> impl IntoView {
-    let keys = LocalResource::new(|| api::get::<Vec<ApiKeyInfo>>("/api/v1/api-keys"));
+    let keys = Resource::new(|| (), |_| api::get::<Vec<ApiKeyInfo>>("/api/v1/api-keys"));
     let name = RwSignal::new(String::new());
     let expires = RwSignal::new(String::new());
     let error = RwSignal::new(None::<ApiErr>);
@@ -91,6 +91,7 @@ fn ApiKeys() -> impl IntoView {
     };
 
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <h2>"API keys"</h2>
             <p class="muted">"Programs (the Python client, the CLI) sign in with a key sent as "
@@ -141,6 +142,7 @@ fn ApiKeys() -> impl IntoView {
                 </tbody>
             </table>
         </section>
+        </Transition>
     }
 }
 

@@ -5,7 +5,7 @@ use autodl_common::api::{
 };
 use autodl_common::tasks::NodeInfo;
 use leptos::prelude::*;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::account::short_date;
 use super::quota::{quota_summary, QuotaEditor};
@@ -29,7 +29,10 @@ pub fn AdminPage() -> impl IntoView {
 
 #[component]
 fn Tenants() -> impl IntoView {
-    let tenants = LocalResource::new(|| api::get::<Vec<AdminTenant>>("/api/v1/admin/tenants"));
+    let tenants = Resource::new(
+        || (),
+        |_| api::get::<Vec<AdminTenant>>("/api/v1/admin/tenants"),
+    );
     let editing = RwSignal::new(None::<AdminTenant>);
     let error = RwSignal::new(None::<ApiErr>);
     let trust = Action::new_local(move |(id, trusted): &(String, bool)| {
@@ -48,6 +51,7 @@ fn Tenants() -> impl IntoView {
         None => {}
     });
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <h1>"Organizations"</h1>
             <p class="muted">"Trusted organizations may also run tasks on trusted-only nodes, which cannot isolate tasks from each other."</p>
@@ -93,6 +97,7 @@ fn Tenants() -> impl IntoView {
                 </section>
             }
         })}
+        </Transition>
     }
 }
 
@@ -116,8 +121,12 @@ fn policy_rows(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, Strin
 /// The scheduling policy in force, so an operator sees what the configuration set.
 #[component]
 fn Policy() -> impl IntoView {
-    let policy = LocalResource::new(|| api::get::<SchedulingPolicy>("/api/v1/admin/policy"));
+    let policy = Resource::new(
+        || (),
+        |_| api::get::<SchedulingPolicy>("/api/v1/admin/policy"),
+    );
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <h2>"Scheduling policy"</h2>
             {move || policy.get().map(|p| match p {
@@ -136,12 +145,13 @@ fn Policy() -> impl IntoView {
                 }
             })}
         </section>
+        </Transition>
     }
 }
 
 #[component]
 fn Users() -> impl IntoView {
-    let users = LocalResource::new(|| api::get::<Vec<AdminUser>>("/api/v1/admin/users"));
+    let users = Resource::new(|| (), |_| api::get::<Vec<AdminUser>>("/api/v1/admin/users"));
     let error = RwSignal::new(None::<ApiErr>);
     let update = Action::new_local(move |(id, req): &(String, AdminUpdateUserRequest)| {
         let (id, req) = (id.clone(), req.clone());
@@ -156,6 +166,7 @@ fn Users() -> impl IntoView {
         None => {}
     });
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <h2>"Users"</h2>
             <p class="banner error" role="alert">{move || general_error(error.get(), &[])}</p>
@@ -186,12 +197,13 @@ fn Users() -> impl IntoView {
                 </tbody>
             </table>
         </section>
+        </Transition>
     }
 }
 
 #[component]
 fn Nodes() -> impl IntoView {
-    let nodes = LocalResource::new(|| api::get::<Vec<NodeInfo>>("/api/v1/nodes"));
+    let nodes = Resource::new(|| (), |_| api::get::<Vec<NodeInfo>>("/api/v1/nodes"));
     let error = RwSignal::new(None::<ApiErr>);
     let act = Action::new_local(move |(id, action): &(String, &'static str)| {
         let path = format!("/api/v1/admin/nodes/{id}/{action}");
@@ -206,6 +218,7 @@ fn Nodes() -> impl IntoView {
         None => {}
     });
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <h2>"Nodes"</h2>
             <p class="banner error" role="alert">{move || general_error(error.get(), &[])}</p>
@@ -253,6 +266,7 @@ fn Nodes() -> impl IntoView {
                 </tbody>
             </table>
         </section>
+        </Transition>
     }
 }
 
@@ -277,9 +291,10 @@ fn isolation_text(runtime: &str, isolation: &str) -> String {
 
 #[component]
 fn RegistrationTokens() -> impl IntoView {
-    let tokens = LocalResource::new(|| {
-        api::get::<Vec<RegistrationToken>>("/api/v1/admin/registration-tokens")
-    });
+    let tokens = Resource::new(
+        || (),
+        |_| api::get::<Vec<RegistrationToken>>("/api/v1/admin/registration-tokens"),
+    );
     let created = RwSignal::new(None::<RegistrationToken>);
     let error = RwSignal::new(None::<ApiErr>);
     let uses = RwSignal::new("1".to_string());
@@ -331,6 +346,7 @@ fn RegistrationTokens() -> impl IntoView {
         }
     });
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <h2>"Agent registration tokens"</h2>
             <p class="muted">"A GPU host joins with " <code>"autodl-agent --server URL --token adlreg_…"</code>
@@ -362,25 +378,26 @@ fn RegistrationTokens() -> impl IntoView {
                 </tbody>
             </table>
         </section>
+        </Transition>
     }
 }
 
 /// `GET /api/v1/admin/usage` (the server's `UsageReport`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct UsageReport {
     total_gpu_hours: f64,
     tenants: Vec<TenantUsage>,
     users: Vec<UsageRow>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct TenantUsage {
     tenant_name: String,
     gpu_hours: f64,
     users: u64,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct UsageRow {
     tenant_name: String,
     user_email: String,
@@ -391,21 +408,21 @@ struct UsageRow {
 
 #[component]
 fn Usage() -> impl IntoView {
-    let month = RwSignal::new(String::new());
-    Effect::new(move |_| month.set(live::this_month()));
-    let report = LocalResource::new(move || {
-        let m = month.get();
-        async move {
+    let month = RwSignal::new(live::this_month());
+    let report = Resource::new(
+        move || month.get(),
+        |m| async move {
             if m.is_empty() {
                 return Ok(None);
             }
             api::get::<UsageReport>(&format!("/api/v1/admin/usage?month={m}"))
                 .await
                 .map(Some)
-        }
-    });
+        },
+    );
     let csv = move || format!("/api/v1/admin/usage?month={}&format=csv", month.get());
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <h2>"GPU usage"</h2>
             <div class="usage-form">
@@ -451,5 +468,6 @@ fn Usage() -> impl IntoView {
                 }.into_any(),
             }}
         </section>
+        </Transition>
     }
 }

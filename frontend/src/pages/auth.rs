@@ -3,7 +3,7 @@ use leptos::prelude::*;
 use leptos_router::hooks::{use_navigate, use_query_map};
 
 use crate::api::{self, ApiErr};
-use crate::app::{general_error, use_session, Field};
+use crate::app::{after_sign_in, general_error, use_session, Field};
 
 fn field_err(result: RwSignal<Option<ApiErr>>, field: &'static str) -> Signal<Option<String>> {
     Signal::derive(move || result.get().and_then(|e| e.for_field(field)))
@@ -26,16 +26,14 @@ fn check_email(email: &str) -> Option<ApiErr> {
 #[component]
 pub fn SignupPage() -> impl IntoView {
     let query = use_query_map();
+    let next = move || query.read_untracked().get("next");
     let invitation = move || query.read().get("invitation").filter(|t| !t.is_empty());
-    let preview = LocalResource::new(move || {
-        let token = invitation();
-        async move {
-            match token {
-                Some(t) => {
-                    Some(api::get::<InvitationPreview>(&format!("/api/v1/invitations/{t}")).await)
-                }
-                None => None,
+    let preview = Resource::new(invitation, |token| async move {
+        match token {
+            Some(t) => {
+                Some(api::get::<InvitationPreview>(&format!("/api/v1/invitations/{t}")).await)
             }
+            None => None,
         }
     });
 
@@ -59,7 +57,7 @@ pub fn SignupPage() -> impl IntoView {
     Effect::new(move |_| match submit.value().get() {
         Some(Ok(_)) => {
             session.refresh();
-            navigate("/account", Default::default());
+            navigate(&after_sign_in(next()), Default::default());
         }
         Some(Err(e)) => error.set(Some(e)),
         None => {}
@@ -91,6 +89,7 @@ pub fn SignupPage() -> impl IntoView {
     };
 
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card narrow">
             <h1>"Create your account"</h1>
             {move || match preview.get() {
@@ -115,16 +114,26 @@ pub fn SignupPage() -> impl IntoView {
             </form>
             <p class="muted">"Already have an account? " <a href="/login">"Sign in"</a></p>
         </section>
+        </Transition>
     }
 }
 
 #[component]
 pub fn LoginPage() -> impl IntoView {
+    let query = use_query_map();
+    let next = move || query.read_untracked().get("next");
     let email = RwSignal::new(String::new());
     let password = RwSignal::new(String::new());
     let error = RwSignal::new(None::<ApiErr>);
     let session = use_session();
     let navigate = use_navigate();
+    // Already signed in: nothing to do here.
+    let go = navigate.clone();
+    Effect::new(move |_| {
+        if session.me().is_some() {
+            go(&after_sign_in(next()), Default::default());
+        }
+    });
 
     let submit = Action::new_local(move |req: &LoginRequest| {
         let req = req.clone();
@@ -133,7 +142,7 @@ pub fn LoginPage() -> impl IntoView {
     Effect::new(move |_| match submit.value().get() {
         Some(Ok(_)) => {
             session.refresh();
-            navigate("/account", Default::default());
+            navigate(&after_sign_in(next()), Default::default());
         }
         Some(Err(e)) => error.set(Some(e)),
         None => {}

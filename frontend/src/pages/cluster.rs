@@ -61,11 +61,12 @@ pub fn IsolationNotice(#[prop(into)] nodes: Signal<Vec<NodeInfo>>) -> impl IntoV
 #[component]
 fn Cluster() -> impl IntoView {
     let tick = live::ticker(Duration::from_secs(3));
-    let nodes = LocalResource::new(move || {
-        tick.track();
-        api::get::<Vec<NodeInfo>>("/api/v1/nodes")
-    });
+    let nodes = Resource::new(
+        move || tick.get(),
+        |_| api::get::<Vec<NodeInfo>>("/api/v1/nodes"),
+    );
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <h1>"Cluster"</h1>
             <p class="muted">"Each square is a GPU, shaded by the share of its memory held by tasks. Updated every 3 s."</p>
@@ -111,5 +112,6 @@ fn Cluster() -> impl IntoView {
                 }
             }}
         </section>
+        </Transition>
     }
 }

@@ -15,7 +15,8 @@ use crate::live;
 pub fn HomePage() -> impl IntoView {
     let session = use_session();
     view! {
-        {move || match session.me() {
+        <Suspense>
+        {move || Suspend::new(async move { match session.0.await {
             Some(_) => view! { <Dashboard/> }.into_any(),
             None => view! {
                 <section class="hero">
@@ -30,7 +31,8 @@ pub fn HomePage() -> impl IntoView {
                     </p>
                 </section>
             }.into_any(),
-        }}
+        }})}
+        </Suspense>
     }
 }
 
@@ -61,16 +63,16 @@ fn fair_share_note(waiting: &[Task]) -> String {
 fn Dashboard() -> impl IntoView {
     let session = use_session();
     let tick = live::ticker(Duration::from_secs(5));
-    let running = LocalResource::new(move || {
-        tick.track();
-        api::get::<TaskPage>("/api/v1/tasks?user=me&state=running&limit=50")
-    });
-    let waiting = LocalResource::new(move || {
-        tick.track();
-        api::get::<TaskPage>("/api/v1/tasks?user=me&state=pending&limit=50")
-    });
-    let quota = LocalResource::new(|| api::get::<Quota>("/api/v1/tenant/quota"));
-    let list = move |r: LocalResource<Result<TaskPage, api::ApiErr>>| {
+    let running = Resource::new(
+        move || tick.get(),
+        |_| api::get::<TaskPage>("/api/v1/tasks?user=me&state=running&limit=50"),
+    );
+    let waiting = Resource::new(
+        move || tick.get(),
+        |_| api::get::<TaskPage>("/api/v1/tasks?user=me&state=pending&limit=50"),
+    );
+    let quota = Resource::new(|| (), |_| api::get::<Quota>("/api/v1/tenant/quota"));
+    let list = move |r: Resource<Result<TaskPage, api::ApiErr>>| {
         r.get()
             .and_then(|r| r.ok())
             .map(|p| p.items)
@@ -99,9 +101,10 @@ fn Dashboard() -> impl IntoView {
         }
     };
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <div class="title-row">
-                <h1>"Welcome back"</h1>
+                <h1>"Dashboard"</h1>
                 <div class="actions">
                     <a class="button" href="/submit">"Submit a task"</a>
                     <a class="button secondary" href="/tasks">"All tasks"</a>
@@ -124,5 +127,6 @@ fn Dashboard() -> impl IntoView {
             <h2>"Waiting"</h2>
             {move || table(list(waiting), "Nothing waiting.", "dash-waiting")}
         </section>
+        </Transition>
     }
 }

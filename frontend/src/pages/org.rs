@@ -17,9 +17,9 @@ pub fn OrgPage() -> impl IntoView {
 fn Org() -> impl IntoView {
     let session = use_session();
     let manager = move || session.me().is_some_and(|m| m.role.can_manage());
-    let tenant = LocalResource::new(|| api::get::<TenantInfo>("/api/v1/tenant"));
-    let quota = LocalResource::new(|| api::get::<Quota>("/api/v1/tenant/quota"));
-    let members = LocalResource::new(|| api::get::<Vec<Member>>("/api/v1/tenant/members"));
+    let tenant = Resource::new(|| (), |_| api::get::<TenantInfo>("/api/v1/tenant"));
+    let quota = Resource::new(|| (), |_| api::get::<Quota>("/api/v1/tenant/quota"));
+    let members = Resource::new(|| (), |_| api::get::<Vec<Member>>("/api/v1/tenant/members"));
     let error = RwSignal::new(None::<ApiErr>);
     let editing = RwSignal::new(None::<(String, String)>);
 
@@ -50,6 +50,7 @@ fn Org() -> impl IntoView {
     }
 
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <h1>{move || tenant.get().and_then(|t| t.ok()).map(|t| t.name).unwrap_or_else(|| "Organization".into())}</h1>
             <p class="muted">"Organization quota: "
@@ -109,6 +110,7 @@ fn Org() -> impl IntoView {
                 </tbody>
             </table>
         </section>
+        </Transition>
         {move || editing.get().map(|(id, email)| view! { <MemberQuota id email on_close=move || editing.set(None)/> })}
         <Show when=manager><Invitations/></Show>
     }
@@ -122,15 +124,16 @@ fn MemberQuota(
 ) -> impl IntoView {
     let path = format!("/api/v1/tenant/members/{id}/quota");
     let path2 = path.clone();
-    let current = LocalResource::new(move || {
-        let p = path.clone();
-        async move { api::get::<Quota>(&p).await }
-    });
+    let current = Resource::new(
+        move || path.clone(),
+        |p| async move { api::get::<Quota>(&p).await },
+    );
     let save = move |q: Quota| {
         let p = path2.clone();
         async move { api::put::<_, Quota>(&p, &q).await }
     };
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <h2>"Quota for " {email}</h2>
             <p class="muted">"Each cap must stay within the organization's. Empty means no cap of its own."</p>
@@ -139,12 +142,16 @@ fn MemberQuota(
                 Err(e) => view! { <p class="error">{e.message}</p> }.into_any(),
             })}
         </section>
+        </Transition>
     }
 }
 
 #[component]
 fn Invitations() -> impl IntoView {
-    let list = LocalResource::new(|| api::get::<Vec<Invitation>>("/api/v1/tenant/invitations"));
+    let list = Resource::new(
+        || (),
+        |_| api::get::<Vec<Invitation>>("/api/v1/tenant/invitations"),
+    );
     let email = RwSignal::new(String::new());
     let role = RwSignal::new("member".to_string());
     let error = RwSignal::new(None::<ApiErr>);
@@ -180,6 +187,7 @@ fn Invitations() -> impl IntoView {
         });
     };
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <h2>"Invitations"</h2>
             {move || created.get().and_then(|i| i.link).map(|link| view! {
@@ -220,5 +228,6 @@ fn Invitations() -> impl IntoView {
                 </tbody>
             </table>
         </section>
+        </Transition>
     }
 }

@@ -315,18 +315,18 @@ fn SubmitForm() -> impl IntoView {
     let error = RwSignal::new(None::<ApiErr>);
     let navigate = use_navigate();
     let query = use_query_map();
-    let nodes = LocalResource::new(|| api::get::<Vec<NodeInfo>>("/api/v1/nodes"));
+    let nodes = Resource::new(|| (), |_| api::get::<Vec<NodeInfo>>("/api/v1/nodes"));
     // Clone: prefill from ?from=ID.
     let from = Memo::new(move |_| query.with(|q| q.get("from")));
-    let source = LocalResource::new(move || {
-        let from = from.get();
-        async move {
+    let source = Resource::new(
+        move || from.get(),
+        |from| async move {
             match from {
                 Some(id) => api::get::<Task>(&format!("/api/v1/tasks/{id}")).await.ok(),
                 None => None,
             }
-        }
-    });
+        },
+    );
     Effect::new(move |_| {
         if let Some(Some(t)) = source.get() {
             let mut input = spec_to_input(&t.spec);
@@ -438,6 +438,7 @@ fn SubmitForm() -> impl IntoView {
     });
 
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <div class="submit-layout">
             <section class="card">
                 <h1>"Submit a task"</h1>
@@ -526,5 +527,6 @@ fn SubmitForm() -> impl IntoView {
                 }}</pre>
             </aside>
         </div>
+        </Transition>
     }
 }

@@ -148,21 +148,24 @@ fn TaskList() -> impl IntoView {
     let cursor = RwSignal::new(None::<String>);
     let back = RwSignal::new(Vec::<Option<String>>::new());
     let tick = live::ticker(Duration::from_secs(5));
-    let tasks = LocalResource::new(move || {
-        tick.track();
-        let path = list_path(
-            &state.get(),
-            &applied_label.get(),
-            mine.get(),
-            cursor.get().as_deref(),
-        );
-        async move { api::get::<TaskPage>(&path).await }
-    });
+    let tasks = Resource::new(
+        move || {
+            let path = list_path(
+                &state.get(),
+                &applied_label.get(),
+                mine.get(),
+                cursor.get().as_deref(),
+            );
+            (tick.get(), path)
+        },
+        |(_, path)| async move { api::get::<TaskPage>(&path).await },
+    );
     let reset = move || {
         cursor.set(None);
         back.set(Vec::new());
     };
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <div class="title-row">
                 <h1>"Tasks"</h1>
@@ -235,6 +238,7 @@ fn TaskList() -> impl IntoView {
                 </button>
             </div>
         </section>
+        </Transition>
     }
 }
 
@@ -260,14 +264,14 @@ fn TaskView(id: String) -> impl IntoView {
     let tick = live::ticker(Duration::from_secs(2));
     let finished = RwSignal::new(false);
     let tid = StoredValue::new(id.clone());
-    let task = LocalResource::new(move || {
-        // Once finished, a task no longer changes: stop polling.
-        if !finished.get() {
-            tick.track();
-        }
-        let path = format!("/api/v1/tasks/{}", tid.get_value());
-        async move { api::get::<Task>(&path).await }
-    });
+    let task = Resource::new(
+        move || {
+            // Once finished, a task no longer changes: stop polling.
+            let tick = if finished.get() { 0 } else { tick.get() };
+            (tick, format!("/api/v1/tasks/{}", tid.get_value()))
+        },
+        |(_, path)| async move { api::get::<Task>(&path).await },
+    );
     Effect::new(move |_| {
         if let Some(Ok(t)) = task.get() {
             if t.state.is_finished() && !finished.get_untracked() {
@@ -275,26 +279,47 @@ fn TaskView(id: String) -> impl IntoView {
             }
         }
     });
-    let version = Memo::new(move |_| {
-        task.get()
+    // Bumped when the task changes after the page was built, so its events, attempts and
+    // checkpoints are fetched again. A counter set by an effect, not a memo over the task:
+    // resources whose source is another resource would refetch while the server renders.
+    let version = RwSignal::new(0u64);
+    Effect::new(move |seen: Option<Option<(TaskState, u32, String)>>| {
+        let now = task
+            .get()
             .and_then(|r| r.ok())
-            .map(|t| (t.state, t.attempts, t.updated_at))
+            .map(|t| (t.state, t.attempts, t.updated_at));
+        if seen.is_some_and(|seen| seen != now) {
+            version.update(|v| *v += 1);
+        }
+        now
     });
-    let events = LocalResource::new(move || {
-        version.track();
-        let path = format!("/api/v1/tasks/{}/events", tid.get_value());
-        async move { api::get::<Vec<TaskEvent>>(&path).await }
-    });
-    let attempts = LocalResource::new(move || {
-        version.track();
-        let path = format!("/api/v1/tasks/{}/attempts", tid.get_value());
-        async move { api::get::<Vec<Attempt>>(&path).await }
-    });
-    let checkpoints = LocalResource::new(move || {
-        version.track();
-        let path = format!("/api/v1/tasks/{}/checkpoints", tid.get_value());
-        async move { api::get::<Vec<Checkpoint>>(&path).await }
-    });
+    let events = Resource::new(
+        move || {
+            (
+                version.get(),
+                format!("/api/v1/tasks/{}/events", tid.get_value()),
+            )
+        },
+        |(_, path)| async move { api::get::<Vec<TaskEvent>>(&path).await },
+    );
+    let attempts = Resource::new(
+        move || {
+            (
+                version.get(),
+                format!("/api/v1/tasks/{}/attempts", tid.get_value()),
+            )
+        },
+        |(_, path)| async move { api::get::<Vec<Attempt>>(&path).await },
+    );
+    let checkpoints = Resource::new(
+        move || {
+            (
+                version.get(),
+                format!("/api/v1/tasks/{}/checkpoints", tid.get_value()),
+            )
+        },
+        |(_, path)| async move { api::get::<Vec<Checkpoint>>(&path).await },
+    );
     let error = RwSignal::new(None::<ApiErr>);
     let navigate = use_navigate();
     let cancel = Action::new_local(move |_: &()| {
@@ -334,6 +359,7 @@ fn TaskView(id: String) -> impl IntoView {
     });
 
     view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         {move || match task.get() {
             None => view! { <section class="card"><p class="muted">"Loading…"</p></section> }.into_any(),
             Some(Err(e)) => view! { <section class="card"><h1>"Task"</h1><p class="banner error" role="alert">{e.message}</p><p><a href="/tasks">"All tasks"</a></p></section> }.into_any(),
@@ -446,6 +472,7 @@ fn TaskView(id: String) -> impl IntoView {
                 }).collect_view()}
             </ol>
         </section>
+        </Transition>
     }
 }
 

@@ -1,0 +1,101 @@
+// Pages are rendered on the server with their data: with JavaScript off, every reading page
+// shows what the API holds for the signed-in caller. A deep link survives signing in.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { startServer, startBrowser, hydrated, shot } from "./harness.mjs";
+
+let server, browser;
+before(async () => {
+  server = await startServer();
+  ({ browser } = await startBrowser());
+});
+after(async () => {
+  await browser?.close();
+  server?.stop();
+});
+
+const password = "Tr41n-all-the-things";
+
+/// Signs up through the API in `ctx` (its cookies are the browser's), returns the CSRF token.
+async function signUp(ctx, email, tenant) {
+  const r = await ctx.request.post(`${server.base}/api/v1/auth/signup`, {
+    data: { email, password, tenant_name: tenant },
+  });
+  assert.equal(r.status(), 201, await r.text());
+  return (await ctx.cookies()).find((c) => c.name === "autodl_csrf").value;
+}
+
+test("reading pages show their data with JavaScript off", async () => {
+  const ctx = await browser.newContext({ javaScriptEnabled: false, viewport: { width: 1280, height: 900 } });
+  const csrf = await signUp(ctx, "noscript@example.com", "Static Lab");
+  const headers = { "X-CSRF-Token": csrf };
+  const submitted = await ctx.request.post(`${server.base}/api/v1/tasks`, {
+    headers,
+    data: { name: "resnet-without-js", image: "python:3.12", command: "echo hi", resources: { gpu: { count: 0 } } },
+  });
+  assert.equal(submitted.status(), 201, await submitted.text());
+  const task = await submitted.json();
+  const key = await ctx.request.post(`${server.base}/api/v1/api-keys`, { headers, data: { name: "laptop-key" } });
+  assert.equal(key.status(), 201, await key.text());
+
+  const page = await ctx.newPage();
+  const expect = {
+    "/": ["Dashboard", "resnet-without-js", "noscript@example.com · Static Lab"],
+    "/tasks": ["resnet-without-js", "noscript@example.com"],
+    [`/tasks/${task.id}`]: ["resnet-without-js", "python:3.12", "Why it waits"],
+    "/account": ["laptop-key", "Static Lab"],
+    "/organization": ["Static Lab", "noscript@example.com"],
+    "/cluster": ["Cluster"],
+    "/submit": ["Submit"],
+  };
+  for (const [path, texts] of Object.entries(expect)) {
+    const res = await page.goto(`${server.base}${path}`);
+    assert.equal(res.status(), 200, path);
+    const body = await page.locator("body").innerText();
+    for (const t of texts) assert.ok(body.includes(t), `${path} shows "${t}" without JavaScript:\n${body}`);
+    assert.ok(!body.includes("Loading…"), `${path} is rendered, not loading:\n${body}`);
+    assert.equal(await page.getAttribute("body", "data-hydrated"), null, "JavaScript stayed off");
+    // The signed-in navigation is in the HTML: no signed-out flash before hydration.
+    assert.ok(body.includes("Sign out") && !body.includes("Create account"), `${path} has the signed-in nav`);
+  }
+  await shot(page, "40-task-page-without-js");
+
+  // Another organization's task is not shown, rendered or not.
+  const other = await browser.newContext({ javaScriptEnabled: false });
+  await signUp(other, "intruder@example.com", "Other Lab");
+  const peek = await other.newPage();
+  await peek.goto(`${server.base}/tasks/${task.id}`);
+  const seen = await peek.locator("body").innerText();
+  assert.ok(!seen.includes("resnet-without-js"), "another tenant's task stays hidden");
+  await other.close();
+  await ctx.close();
+});
+
+test("a deep link leads through sign-in back to the page", async () => {
+  const owner = await browser.newContext();
+  await signUp(owner, "deeplink@example.com", "Link Lab");
+  const r = await owner.request.get(`${server.base}/api/v1/tasks?limit=1`);
+  assert.equal(r.status(), 200);
+  await owner.close();
+
+  const ctx = await browser.newContext();
+  const page = await ctx.newPage();
+  await page.goto(`${server.base}/tasks?state=pending`);
+  await hydrated(page);
+  const link = page.locator("[data-testid=sign-in-link]");
+  assert.equal(await link.getAttribute("href"), "/login?next=%2Ftasks%3Fstate%3Dpending");
+  await link.click();
+  await page.waitForURL("**/login?next=*");
+  await hydrated(page);
+  await page.fill("#email", "deeplink@example.com");
+  await page.fill("#password", password);
+  await page.click("button[type=submit]");
+  await page.waitForURL((u) => new URL(u).pathname === "/tasks");
+  await page.waitForSelector("[data-testid=tasks]");
+
+  // A `next` that points off the site is ignored.
+  await page.goto(`${server.base}/login?next=//evil.example/x`);
+  await hydrated(page);
+  await page.waitForURL((u) => new URL(u).pathname === "/");
+  await ctx.close();
+});
