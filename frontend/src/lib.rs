@@ -1,11 +1,12 @@
 #![recursion_limit = "256"]
 //! The autodl web app. The same components render on the server (`ssr`) and hydrate in the
-//! browser (`hydrate`); data is fetched from the JSON API after hydration, so every page is
-//! served fast and stays correct for whoever is signed in.
+//! browser (`hydrate`): a page's data is read while the server renders it, as the signed-in
+//! caller, and handed to hydration with the HTML; live parts take over in the browser.
 
 pub mod api;
 pub mod app;
 mod chart;
+pub mod form;
 mod live;
 mod pages;
 

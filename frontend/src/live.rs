@@ -45,6 +45,22 @@ pub fn epoch_secs(at: &str) -> f64 {
     }
 }
 
+/// Asks the user to confirm an action that cannot be undone (the browser's own dialog, which
+/// keyboards and screen readers already handle). Never confirmed without a browser.
+pub fn confirm(question: &str) -> bool {
+    #[cfg(feature = "hydrate")]
+    {
+        web_sys::window()
+            .and_then(|w| w.confirm_with_message(question).ok())
+            .unwrap_or(false)
+    }
+    #[cfg(not(feature = "hydrate"))]
+    {
+        let _ = question;
+        false
+    }
+}
+
 /// This month as `YYYY-MM` (UTC).
 pub fn this_month() -> String {
     #[cfg(feature = "hydrate")]

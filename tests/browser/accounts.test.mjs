@@ -80,7 +80,15 @@ test("sign up, log in, create and revoke an API key", async () => {
   assert.equal((await res.json()).email, email);
 
   // Revoke it in the page; the row disappears without a reload and the key stops working.
+  // Revoking asks first: saying no keeps the key.
   await page.click("button:text('Done')");
+  let asked = "";
+  page.once("dialog", (d) => { asked = d.message(); d.dismiss(); });
+  await page.click("tr[data-key-name=laptop] button:text('Revoke')");
+  assert.match(asked, /Revoke the key "laptop"/);
+  res = await fetch(`${server.base}/api/v1/me`, { headers: { Authorization: `Bearer ${key}` } });
+  assert.equal(res.status, 200, "a dismissed revoke keeps the key working");
+  page.once("dialog", (d) => d.accept());
   await page.click("tr[data-key-name=laptop] button:text('Revoke')");
   await page.waitForSelector("tr[data-key-name=laptop]", { state: "detached" });
   res = await fetch(`${server.base}/api/v1/me`, { headers: { Authorization: `Bearer ${key}` } });

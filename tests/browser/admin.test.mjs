@@ -48,6 +48,7 @@ async function nodesOf(page, url) {
 test("set a member's quota, drain a node, see the tasks move", async () => {
   const adminCtx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
   const admin = await adminCtx.newPage();
+  admin.on("dialog", (d) => d.accept());
   const errors = [];
   admin.on("pageerror", (e) => errors.push(String(e)));
   await logIn(admin, server.base, "root@example.com", password);
@@ -61,6 +62,7 @@ test("set a member's quota, drain a node, see the tasks move", async () => {
 
   const researcherCtx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
   const researcher = await researcherCtx.newPage();
+  researcher.on("dialog", (d) => d.accept());
   researcher.on("pageerror", (e) => errors.push(String(e)));
   await researcher.goto(new URL(link, server.base).href);
   await hydrated(researcher);
@@ -135,6 +137,7 @@ test("set a member's quota, drain a node, see the tasks move", async () => {
 test("a node that cannot isolate tasks is trusted-only until opened, then the pages warn", async () => {
   const adminCtx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
   const admin = await adminCtx.newPage();
+  admin.on("dialog", (d) => d.accept());
   const errors = [];
   admin.on("pageerror", (e) => errors.push(String(e)));
   await logIn(admin, server.base, "root@example.com", password);

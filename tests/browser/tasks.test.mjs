@@ -37,6 +37,7 @@ async function points(page, testid) {
 
 test("submit through the form, watch logs and charts live, see it complete", async () => {
   const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  page.on("dialog", (d) => d.accept());
   const errors = [];
   page.on("pageerror", (e) => errors.push(String(e)));
   await signUp(page);
@@ -130,6 +131,7 @@ test("submit through the form, watch logs and charts live, see it complete", asy
   await page.waitForURL((u) => u.href !== taskUrl && /\/tasks\/[0-9a-f-]+$/.test(u.pathname));
   await page.waitForSelector("[data-testid=task-name]:text('live-demo')");
   await page.waitForSelector("[data-testid=cancel]");
+  assert.equal(await page.locator("[data-testid=retry]").count(), 0, "a task that has not finished offers no retry");
   await page.click("[data-testid=cancel]");
   await page.waitForSelector("[data-testid=task-name] [data-testid=state]:text('cancelled')", { timeout: 15000 });
   assert.equal(await page.evaluate(() => window.__noReload), 7, "retry navigates without a reload");
@@ -206,6 +208,7 @@ async function submitThroughForm(page, name, command, gpuType, count) {
 
 test("a waiting task says why; the dashboard and cluster show the load; cancel frees it", async () => {
   const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  page.on("dialog", (d) => d.accept());
   const errors = [];
   page.on("pageerror", (e) => errors.push(String(e)));
   await logIn(page, server.base, email, password);
@@ -275,6 +278,7 @@ test("a platform administrator sees the month's GPU usage and downloads it as CS
     stdio: ["ignore", "ignore", "inherit"],
   });
   const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  page.on("dialog", (d) => d.accept());
   await logIn(page, server.base, "ops@example.com", password);
   await page.click("a:text('Admin')");
   await page.waitForURL("**/admin");

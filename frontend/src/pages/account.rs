@@ -127,6 +127,7 @@ fn ApiKeys() -> impl IntoView {
                         Some(Ok(list)) => list.into_iter().map(|k| {
                             let id = k.id.clone();
                             let row_name = k.name.clone();
+                            let row_label = k.name.clone();
                             view! {
                                 <tr data-key-name=row_name>
                                     <td>{k.name}</td>
@@ -134,7 +135,9 @@ fn ApiKeys() -> impl IntoView {
                                     <td>{short_date(&k.created_at)}</td>
                                     <td>{k.last_used_at.as_deref().map(short_date).unwrap_or_else(|| "never".into())}</td>
                                     <td>{k.expires_at.as_deref().map(short_date).unwrap_or_else(|| "never".into())}</td>
-                                    <td><button type="button" class="small danger" on:click=move |_| { revoke.dispatch(id.clone()); }>"Revoke"</button></td>
+                                    <td><button type="button" class="small danger" on:click=move |_| {
+                                        if crate::live::confirm(&format!("Revoke the key \"{}\"? Programs using it stop working.", row_label)) { revoke.dispatch(id.clone()); }
+                                    }>"Revoke"</button></td>
                                 </tr>
                             }
                         }).collect_view().into_any(),

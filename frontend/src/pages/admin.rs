@@ -178,18 +178,25 @@ fn Users() -> impl IntoView {
                     let id2 = u.id.clone();
                     let disabled = u.disabled;
                     let admin = u.platform_admin;
+                    // No one locks themselves out from here.
+                    let me = use_session().me().is_some_and(|m| m.id == u.id);
+                    let who = u.email.clone();
                     view! {
                         <tr class:disabled=disabled>
                             <td>{u.email}</td><td>{u.tenant_name}</td>
                             <td>{u.role.as_str()}{admin.then_some(" · platform admin")}</td>
                             <td>{if disabled { "disabled" } else { "active" }}</td>
                             <td class="row-actions">
+                                {(!me).then(|| view! {
                                 <button type="button" class="small secondary" on:click=move |_| {
-                                    update.dispatch((id.clone(), AdminUpdateUserRequest { disabled: Some(!disabled), platform_admin: None }));
+                                    if disabled || crate::live::confirm(&format!("Disable {who}? They are signed out and cannot sign in.")) {
+                                        update.dispatch((id.clone(), AdminUpdateUserRequest { disabled: Some(!disabled), platform_admin: None }));
+                                    }
                                 }>{if disabled { "Enable" } else { "Disable" }}</button>
                                 <button type="button" class="small secondary" on:click=move |_| {
                                     update.dispatch((id2.clone(), AdminUpdateUserRequest { disabled: None, platform_admin: Some(!admin) }));
                                 }>{if admin { "Revoke admin" } else { "Make admin" }}</button>
+                                })}
                             </td>
                         </tr>
                     }
@@ -250,7 +257,9 @@ fn Nodes() -> impl IntoView {
                             <td class="row-actions">
                                 <button type="button" class="small secondary" on:click=move |_| { act.dispatch((id1.clone(), "cordon")); }>"Cordon"</button>
                                 <button type="button" class="small secondary" on:click=move |_| { act.dispatch((id2.clone(), "uncordon")); }>"Uncordon"</button>
-                                <button type="button" class="small danger" on:click=move |_| { act.dispatch((id3.clone(), "drain")); }>"Drain"</button>
+                                <button type="button" class="small danger" on:click=move |_| {
+                                    if crate::live::confirm(&format!("Drain {}? Its tasks are checkpointed and moved, and it takes no new work.", id3)) { act.dispatch((id3.clone(), "drain")); }
+                                }>"Drain"</button>
                                 {unisolated.then(|| {
                                     let action = if trusted_only { "open-to-all" } else { "trusted-only" };
                                     view! {
@@ -371,7 +380,9 @@ fn RegistrationTokens() -> impl IntoView {
                             <td>{t.name}</td><td>{format!("{} of {}", t.uses, t.max_uses)}</td>
                             <td>{t.node_id.unwrap_or_else(|| "any new node".into())}</td>
                             <td>{short_date(&t.created_at)}</td><td>{short_date(&t.expires_at)}</td>
-                            <td><button type="button" class="small danger" on:click=move |_| { revoke.dispatch(id.clone()); }>"Revoke"</button></td>
+                            <td><button type="button" class="small danger" on:click=move |_| {
+                                if crate::live::confirm("Revoke this registration token? Nodes not yet registered with it cannot use it.") { revoke.dispatch(id.clone()); }
+                            }>"Revoke"</button></td>
                         </tr>
                     }
                 }).collect_view()}

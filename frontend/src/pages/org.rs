@@ -69,6 +69,7 @@ fn Org() -> impl IntoView {
                         let id3 = m.id.clone();
                         let email = m.email.clone();
                         let role = m.role;
+                        let is_me = session.me().is_some_and(|me| me.id == m.id);
                         view! {
                             <tr class:disabled=m.disabled>
                                 <td>{m.email.clone()}{m.disabled.then_some(" (removed)")}</td>
@@ -99,7 +100,9 @@ fn Org() -> impl IntoView {
                                         }
                                         {
                                             let id3 = id3.clone();
-                                            view! { <button type="button" class="small danger" on:click=move |_| { remove.dispatch(id3.clone()); }>"Remove"</button> }
+                                            (!is_me).then(|| view! { <button type="button" class="small danger" on:click=move |_| {
+                                                if crate::live::confirm("Remove this member? They lose access to the organization and its tasks.") { remove.dispatch(id3.clone()); }
+                                            }>"Remove"</button> })
                                         }
                                     </Show>
                                 </td>
@@ -220,7 +223,9 @@ fn Invitations() -> impl IntoView {
                             <td>{i.email}</td><td>{i.role.as_str()}</td><td>{short_date(&i.expires_at)}</td>
                             <td>{if i.accepted { "accepted" } else { "pending" }}</td>
                             <td>{(!i.accepted).then(|| view! {
-                                <button type="button" class="small danger" on:click=move |_| { revoke.dispatch(id.clone()); }>"Revoke"</button>
+                                <button type="button" class="small danger" on:click=move |_| {
+                                    if crate::live::confirm("Revoke this invitation?") { revoke.dispatch(id.clone()); }
+                                }>"Revoke"</button>
                             })}</td>
                         </tr>
                     }

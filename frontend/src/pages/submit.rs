@@ -4,18 +4,15 @@
 
 use std::collections::BTreeMap;
 
-use autodl_common::tasks::{
-    Affinity, CheckpointSpec, Command, GpuRequest, NodeInfo, OneOrMany, Resources, RetryPolicy,
-    Size, Task, TaskSpecInput,
-};
+use autodl_common::tasks::{NodeInfo, Task, TaskSpecInput};
 use leptos::prelude::*;
 use leptos_router::hooks::{use_navigate, use_query_map};
 use serde_json::Value;
 
 use super::cluster::IsolationNotice;
-use super::tasks::spec_to_input;
 use crate::api::{self, ApiErr};
 use crate::app::{general_error, Field, RequireLogin};
+use crate::form::{invalid, spec_to_input, FormValues};
 use crate::live;
 
 const TEMPLATES_KEY: &str = "autodl.templates";
@@ -25,7 +22,7 @@ pub fn SubmitPage() -> impl IntoView {
     view! { <RequireLogin><SubmitForm/></RequireLogin> }
 }
 
-/// The form's state, one signal per input.
+/// The form's state, one signal per input (see [`FormValues`] for what each holds).
 #[derive(Clone, Copy)]
 struct Form {
     name: RwSignal<String>,
@@ -33,214 +30,122 @@ struct Form {
     command: RwSignal<String>,
     gpu_type: RwSignal<String>,
     gpu_count: RwSignal<String>,
+    workers: RwSignal<String>,
     gpu_memory: RwSignal<String>,
     cpu: RwSignal<String>,
     memory: RwSignal<String>,
     priority: RwSignal<String>,
     deadline: RwSignal<String>,
+    estimated_runtime: RwSignal<String>,
     ckpt_interval: RwSignal<String>,
     ckpt_to: RwSignal<String>,
+    ckpt_keep: RwSignal<String>,
     retries: RwSignal<String>,
-    oom: RwSignal<bool>,
-    zone_same: RwSignal<bool>,
+    bandwidth: RwSignal<String>,
+    data_path: RwSignal<String>,
+    batch_size: RwSignal<String>,
     env: RwSignal<String>,
     labels: RwSignal<String>,
-}
-
-fn invalid(field: &str, message: impl Into<String>) -> ApiErr {
-    ApiErr {
-        status: 400,
-        code: "validation".into(),
-        message: message.into(),
-        field: Some(field.into()),
-    }
-}
-
-fn pairs(text: &str, field: &str) -> Result<BTreeMap<String, String>, ApiErr> {
-    let mut out = BTreeMap::new();
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let (k, v) = line
-            .split_once('=')
-            .ok_or_else(|| invalid(field, format!("{line:?} is not key=value")))?;
-        out.insert(k.trim().to_string(), v.trim().to_string());
-    }
-    Ok(out)
-}
-
-fn opt_num<T: std::str::FromStr>(s: &str, field: &str, what: &str) -> Result<Option<T>, ApiErr> {
-    let s = s.trim();
-    if s.is_empty() {
-        return Ok(None);
-    }
-    s.parse()
-        .map(Some)
-        .map_err(|_| invalid(field, format!("{what} must be a number")))
-}
-
-fn size(s: &str) -> Option<Size> {
-    let s = s.trim();
-    if s.is_empty() {
-        None
-    } else if let Ok(n) = s.parse::<u64>() {
-        Some(Size::Bytes(n))
-    } else {
-        Some(Size::Text(s.to_string()))
-    }
-}
-
-fn size_text(s: &Size) -> String {
-    match s {
-        Size::Text(t) => t.clone(),
-        Size::Bytes(b) => {
-            const GIB: u64 = 1024 * 1024 * 1024;
-            const MIB: u64 = 1024 * 1024;
-            if b % GIB == 0 {
-                format!("{}GiB", b / GIB)
-            } else if b % MIB == 0 {
-                format!("{}MiB", b / MIB)
-            } else {
-                b.to_string()
-            }
-        }
-    }
+    argv: RwSignal<bool>,
+    oom: RwSignal<bool>,
+    zone_same: RwSignal<bool>,
+    preemptible: RwSignal<bool>,
 }
 
 impl Form {
     fn new() -> Self {
-        let s = |v: &str| RwSignal::new(v.to_string());
+        let v = FormValues::default();
         Form {
-            name: s(""),
-            image: s("pytorch/pytorch:2.1"),
-            command: s(""),
-            gpu_type: s(""),
-            gpu_count: s("1"),
-            gpu_memory: s(""),
-            cpu: s(""),
-            memory: s(""),
-            priority: s("0.5"),
-            deadline: s(""),
-            ckpt_interval: s(""),
-            ckpt_to: s(""),
-            retries: s("0"),
-            oom: RwSignal::new(false),
-            zone_same: RwSignal::new(false),
-            env: s(""),
-            labels: s(""),
+            name: RwSignal::new(v.name.clone()),
+            image: RwSignal::new(v.image.clone()),
+            command: RwSignal::new(v.command.clone()),
+            gpu_type: RwSignal::new(v.gpu_type.clone()),
+            gpu_count: RwSignal::new(v.gpu_count.clone()),
+            workers: RwSignal::new(v.workers.clone()),
+            gpu_memory: RwSignal::new(v.gpu_memory.clone()),
+            cpu: RwSignal::new(v.cpu.clone()),
+            memory: RwSignal::new(v.memory.clone()),
+            priority: RwSignal::new(v.priority.clone()),
+            deadline: RwSignal::new(v.deadline.clone()),
+            estimated_runtime: RwSignal::new(v.estimated_runtime.clone()),
+            ckpt_interval: RwSignal::new(v.ckpt_interval.clone()),
+            ckpt_to: RwSignal::new(v.ckpt_to.clone()),
+            ckpt_keep: RwSignal::new(v.ckpt_keep.clone()),
+            retries: RwSignal::new(v.retries.clone()),
+            bandwidth: RwSignal::new(v.bandwidth.clone()),
+            data_path: RwSignal::new(v.data_path.clone()),
+            batch_size: RwSignal::new(v.batch_size.clone()),
+            env: RwSignal::new(v.env.clone()),
+            labels: RwSignal::new(v.labels.clone()),
+            argv: RwSignal::new(v.argv),
+            oom: RwSignal::new(v.oom),
+            zone_same: RwSignal::new(v.zone_same),
+            preemptible: RwSignal::new(v.preemptible),
+        }
+    }
+
+    fn values(&self) -> FormValues {
+        FormValues {
+            name: self.name.get(),
+            image: self.image.get(),
+            command: self.command.get(),
+            gpu_type: self.gpu_type.get(),
+            gpu_count: self.gpu_count.get(),
+            workers: self.workers.get(),
+            gpu_memory: self.gpu_memory.get(),
+            cpu: self.cpu.get(),
+            memory: self.memory.get(),
+            priority: self.priority.get(),
+            deadline: self.deadline.get(),
+            estimated_runtime: self.estimated_runtime.get(),
+            ckpt_interval: self.ckpt_interval.get(),
+            ckpt_to: self.ckpt_to.get(),
+            ckpt_keep: self.ckpt_keep.get(),
+            retries: self.retries.get(),
+            bandwidth: self.bandwidth.get(),
+            data_path: self.data_path.get(),
+            batch_size: self.batch_size.get(),
+            env: self.env.get(),
+            labels: self.labels.get(),
+            argv: self.argv.get(),
+            oom: self.oom.get(),
+            zone_same: self.zone_same.get(),
+            preemptible: self.preemptible.get(),
         }
     }
 
     /// The request the form describes, or the first field that cannot be read.
     fn build(&self) -> Result<TaskSpecInput, ApiErr> {
-        let command = self.command.get();
-        let gpu_type = self.gpu_type.get();
-        let interval: Option<u64> = opt_num(
-            &self.ckpt_interval.get(),
-            "checkpoint.interval",
-            "The interval",
-        )?;
-        let save_to = self.ckpt_to.get().trim().to_string();
-        let deadline = self.deadline.get().trim().to_string();
-        Ok(TaskSpecInput {
-            name: self.name.get().trim().to_string(),
-            image: self.image.get().trim().to_string(),
-            command: (!command.trim().is_empty()).then(|| Command::Shell(command.clone())),
-            entry_point: None,
-            env: pairs(&self.env.get(), "env")?,
-            resources: Resources {
-                gpu: Some(GpuRequest {
-                    gpu_type: (!gpu_type.is_empty()).then_some(OneOrMany::One(gpu_type)),
-                    count: opt_num(&self.gpu_count.get(), "resources.gpu.count", "GPU count")?,
-                    memory: size(&self.gpu_memory.get()),
-                }),
-                cpu: opt_num(&self.cpu.get(), "resources.cpu", "CPU cores")?,
-                memory: size(&self.memory.get()),
-            },
-            num_workers: None,
-            gpu_per_worker: None,
-            priority: opt_num(&self.priority.get(), "priority", "Priority")?,
-            deadline: (!deadline.is_empty()).then_some(deadline),
-            estimated_runtime: None,
-            checkpoint: (interval.is_some() || !save_to.is_empty()).then(|| CheckpointSpec {
-                interval,
-                save_to: (!save_to.is_empty()).then_some(save_to),
-                keep: None,
-            }),
-            retry_policy: Some(RetryPolicy {
-                max_retries: opt_num(&self.retries.get(), "retry_policy.max_retries", "Retries")?
-                    .unwrap_or(0),
-                oom_recovery: self.oom.get(),
-            }),
-            affinity: self.zone_same.get().then(|| Affinity {
-                zone: Some("same".into()),
-                bandwidth: None,
-            }),
-            data_path: None,
-            labels: pairs(&self.labels.get(), "labels")?,
-            batch_size: None,
-            preemptible: None,
-        })
+        self.values().to_input()
     }
 
     fn fill(&self, i: &TaskSpecInput) {
-        self.name.set(i.name.clone());
-        self.image.set(i.image.clone());
-        self.command.set(match &i.command {
-            Some(Command::Shell(s)) => s.clone(),
-            Some(Command::Argv(v)) => v.join(" "),
-            None => i
-                .entry_point
-                .as_ref()
-                .map(|e| format!("python {e}"))
-                .unwrap_or_default(),
-        });
-        let gpu = i.resources.gpu.clone().unwrap_or_default();
-        self.gpu_type.set(match gpu.gpu_type {
-            Some(OneOrMany::One(t)) => t,
-            Some(OneOrMany::Many(v)) => v.first().cloned().unwrap_or_default(),
-            None => String::new(),
-        });
-        self.gpu_count
-            .set(gpu.count.map(|c| c.to_string()).unwrap_or_default());
-        self.gpu_memory
-            .set(gpu.memory.as_ref().map(size_text).unwrap_or_default());
-        self.cpu
-            .set(i.resources.cpu.map(|c| c.to_string()).unwrap_or_default());
-        self.memory.set(
-            i.resources
-                .memory
-                .as_ref()
-                .map(size_text)
-                .unwrap_or_default(),
-        );
-        self.priority
-            .set(i.priority.map(|p| p.to_string()).unwrap_or("0.5".into()));
-        self.deadline.set(i.deadline.clone().unwrap_or_default());
-        let ck = i.checkpoint.clone();
-        self.ckpt_interval.set(
-            ck.as_ref()
-                .and_then(|c| c.interval)
-                .map(|n| n.to_string())
-                .unwrap_or_default(),
-        );
-        self.ckpt_to
-            .set(ck.and_then(|c| c.save_to).unwrap_or_default());
-        let rp = i.retry_policy.clone().unwrap_or_default();
-        self.retries.set(rp.max_retries.to_string());
-        self.oom.set(rp.oom_recovery);
-        self.zone_same.set(
-            i.affinity
-                .as_ref()
-                .and_then(|a| a.zone.as_deref())
-                .is_some_and(|z| z == "same"),
-        );
-        let kv = |m: &BTreeMap<String, String>| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        };
-        self.env.set(kv(&i.env));
-        self.labels.set(kv(&i.labels));
+        let v = FormValues::from_input(i);
+        self.name.set(v.name.clone());
+        self.image.set(v.image.clone());
+        self.command.set(v.command.clone());
+        self.gpu_type.set(v.gpu_type.clone());
+        self.gpu_count.set(v.gpu_count.clone());
+        self.workers.set(v.workers.clone());
+        self.gpu_memory.set(v.gpu_memory.clone());
+        self.cpu.set(v.cpu.clone());
+        self.memory.set(v.memory.clone());
+        self.priority.set(v.priority.clone());
+        self.deadline.set(v.deadline.clone());
+        self.estimated_runtime.set(v.estimated_runtime.clone());
+        self.ckpt_interval.set(v.ckpt_interval.clone());
+        self.ckpt_to.set(v.ckpt_to.clone());
+        self.ckpt_keep.set(v.ckpt_keep.clone());
+        self.retries.set(v.retries.clone());
+        self.bandwidth.set(v.bandwidth.clone());
+        self.data_path.set(v.data_path.clone());
+        self.batch_size.set(v.batch_size.clone());
+        self.env.set(v.env.clone());
+        self.labels.set(v.labels.clone());
+        self.argv.set(v.argv);
+        self.oom.set(v.oom);
+        self.zone_same.set(v.zone_same);
+        self.preemptible.set(v.preemptible);
     }
 }
 
@@ -461,7 +366,7 @@ fn SubmitForm() -> impl IntoView {
                     <Field label="Name" id="name" value=form.name error=ferr("name") placeholder="resnet50"/>
                     <Field label="Image" id="image" value=form.image error=ferr("image")/>
                     <div class="field wide" class:has-error=move || ferr("command").get().is_some()>
-                        <label for="command">"Command"</label>
+                        <label for="command">"Command"{move || form.argv.get().then_some(" (arguments, quoted as in a shell)")}</label>
                         <textarea id="command" name="command" rows="3" placeholder="python train.py --epochs 10" aria-describedby="command-error" bind:value=form.command></textarea>
                         <p class="field-error" id="command-error" role="alert">{move || ferr("command").get()}</p>
                     </div>
@@ -471,30 +376,46 @@ fn SubmitForm() -> impl IntoView {
                             <option value="">"any type"</option>
                             {move || {
                                 let current = form.gpu_type.get();
-                                gpu_types().into_iter().map(|(t, (free, total))| {
+                                let types = gpu_types();
+                                // A cloned task may ask for types no node has now (or several):
+                                // show what it asks for rather than pretend "any".
+                                let asked = (!current.is_empty() && !types.contains_key(&current)).then(|| {
+                                    let c = current.clone();
+                                    view! { <option value=c.clone() selected=true>{format!("{c} — as the task asked")}</option> }
+                                });
+                                let known = types.into_iter().map(|(t, (free, total))| {
                                     let selected = t == current;
                                     view! { <option value=t.clone() selected=selected>{format!("{t} — {free} of {total} free now")}</option> }
-                                }).collect_view()
+                                }).collect_view();
+                                (asked, known)
                             }}
                         </select>
                         <p class="field-error" id="gpu_type-error" role="alert">{move || ferr("resources.gpu.type").get()}</p>
                     </div>
-                    <Field label="GPUs" id="gpu_count" kind="number" value=form.gpu_count error=count_err/>
+                    <Field label="GPUs per worker" id="gpu_count" kind="number" value=form.gpu_count error=count_err/>
+                    <Field label="Workers" id="num_workers" kind="number" value=form.workers error=ferr("num_workers")/>
                     <Field label="GPU memory per GPU" id="gpu_memory" value=form.gpu_memory error=ferr("resources.gpu.memory") placeholder="whole GPU (or 20GiB)"/>
                     <Field label="CPU cores" id="cpu" kind="number" value=form.cpu error=ferr("resources.cpu") placeholder="1"/>
                     <Field label="RAM" id="memory" value=form.memory error=ferr("resources.memory") placeholder="4GiB"/>
+                    <Field label="Data" id="data_path" value=form.data_path error=ferr("data_path") placeholder="s3://bucket/path or /datasets/…"/>
+                    <Field label="Batch size" id="batch_size" kind="number" value=form.batch_size error=ferr("batch_size") placeholder="the program's own"/>
+                    <Field label="Expected run time (seconds)" id="estimated_runtime" kind="number" value=form.estimated_runtime error=ferr("estimated_runtime") placeholder="unknown"/>
                     <div class="field" class:has-error=move || ferr("priority").get().is_some()>
                         <label for="priority">"Priority: " <strong>{move || form.priority.get()}</strong></label>
                         <input id="priority" type="range" min="0" max="1" step="0.05" bind:value=form.priority/>
                         <p class="field-error" role="alert">{move || ferr("priority").get()}</p>
                     </div>
-                    <Field label="Deadline (UTC)" id="deadline" kind="datetime-local" value=form.deadline error=ferr("deadline")/>
+                    <Field label="Deadline" id="deadline" value=form.deadline error=ferr("deadline") placeholder="2026-12-24T18:00:00Z"/>
                     <Field label="Checkpoint every (seconds)" id="checkpoint_interval" kind="number" value=form.ckpt_interval error=ferr("checkpoint.interval") placeholder="no checkpoints"/>
                     <Field label="Checkpoint destination" id="checkpoint_save_to" value=form.ckpt_to error=ferr("checkpoint.save_to") placeholder="s3://bucket/prefix"/>
+                    <Field label="Checkpoints kept" id="checkpoint_keep" kind="number" value=form.ckpt_keep error=ferr("checkpoint.keep") placeholder="platform default"/>
                     <Field label="Retries" id="max_retries" kind="number" value=form.retries error=ferr("retry_policy.max_retries")/>
                     <div class="field checks">
                         <label class="check"><input type="checkbox" id="oom_recovery" bind:checked=form.oom/>" Retry out-of-memory with half the batch size"</label>
                         <label class="check"><input type="checkbox" id="zone_same" bind:checked=form.zone_same/>" Keep all workers in one zone"</label>
+                        <label class="check"><input type="checkbox" id="high_bandwidth" prop:checked=move || form.bandwidth.get() == "high"
+                            on:change=move |ev| form.bandwidth.set(if event_target_checked(&ev) { "high" } else { "normal" }.into())/>" Needs a fast network between workers"</label>
+                        <label class="check"><input type="checkbox" id="preemptible" bind:checked=form.preemptible/>" May be preempted (stopped at a checkpoint for more urgent work)"</label>
                     </div>
                     <div class="field" class:has-error=move || ferr("env").get().is_some()>
                         <label for="env">"Environment (KEY=value per line)"</label>

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use autodl_common::tasks::{
-    Attempt, Checkpoint, Command, LogLine, MetricSample, PriorityFactors, Task, TaskEvent,
-    TaskPage, TaskSpec, TaskSpecInput, TaskState,
+    Attempt, Checkpoint, LogLine, MetricSample, PriorityFactors, Task, TaskEvent, TaskPage,
+    TaskSpec, TaskState,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::{use_navigate, use_params_map};
@@ -14,6 +14,7 @@ use super::account::short_date;
 use crate::api::{self, ApiErr};
 use crate::app::{general_error, RequireLogin};
 use crate::chart::{LineChart, Series, PALETTE};
+use crate::form::spec_to_input;
 use crate::live::{self, TailStatus};
 
 pub fn state_badge(state: TaskState) -> impl IntoView {
@@ -53,53 +54,6 @@ fn trim_num(v: f64) -> String {
         format!("{v:.0}")
     } else {
         format!("{v:.1}")
-    }
-}
-
-/// The input that submits `spec` again (retry, clone).
-pub fn spec_to_input(spec: &TaskSpec) -> TaskSpecInput {
-    use autodl_common::tasks::{Affinity, GpuRequest, OneOrMany, Resources, RetryPolicy, Size};
-    let command = match spec.command.as_slice() {
-        [sh, c, script] if sh == "/bin/sh" && c == "-c" => Command::Shell(script.clone()),
-        argv => Command::Argv(argv.to_vec()),
-    };
-    TaskSpecInput {
-        name: spec.name.clone(),
-        image: spec.image.clone(),
-        command: Some(command),
-        entry_point: None,
-        env: spec.env.clone(),
-        resources: Resources {
-            gpu: Some(GpuRequest {
-                gpu_type: match spec.gpu_types.as_slice() {
-                    [] => None,
-                    [one] => Some(OneOrMany::One(one.clone())),
-                    many => Some(OneOrMany::Many(many.to_vec())),
-                },
-                count: Some(spec.gpus_per_worker),
-                memory: spec.gpu_memory.map(Size::Bytes),
-            }),
-            cpu: Some(spec.cpu),
-            memory: Some(Size::Bytes(spec.memory)),
-        },
-        num_workers: Some(spec.num_workers),
-        gpu_per_worker: None,
-        priority: Some(spec.priority),
-        deadline: spec.deadline.clone(),
-        estimated_runtime: spec.estimated_runtime,
-        checkpoint: spec.checkpoint.clone(),
-        retry_policy: Some(RetryPolicy {
-            max_retries: spec.retry_policy.max_retries,
-            oom_recovery: spec.retry_policy.oom_recovery,
-        }),
-        affinity: Some(Affinity {
-            zone: Some(if spec.zone_affinity { "same" } else { "any" }.into()),
-            bandwidth: Some(spec.bandwidth.clone()),
-        }),
-        data_path: spec.data_path.clone(),
-        labels: spec.labels.clone(),
-        batch_size: spec.batch_size,
-        preemptible: Some(spec.preemptible),
     }
 }
 
@@ -374,10 +328,15 @@ fn TaskView(id: String) -> impl IntoView {
                             <h1 data-testid="task-name">{t.name.clone()}" "{state_badge(t.state)}</h1>
                             <div class="actions">
                                 {running.then(|| view! {
-                                    <button type="button" class="danger" data-testid="cancel" on:click=move |_| { cancel.dispatch(()); }>"Cancel"</button>
+                                    <button type="button" class="danger" data-testid="cancel" on:click=move |_| {
+                                        if crate::live::confirm("Cancel this task? It stops now; work since its last checkpoint is lost.") { cancel.dispatch(()); }
+                                    }>"Cancel"</button>
                                 })}
                                 <a class="button secondary" data-testid="clone" href=format!("/submit?from={}", t.id)>"Clone"</a>
-                                <button type="button" class="secondary" data-testid="retry" on:click=move |_| { retry.dispatch(spec.clone()); }>"Retry"</button>
+                                // Retrying a task that still runs would run it twice.
+                                {(!running).then(|| view! {
+                                    <button type="button" class="secondary" data-testid="retry" on:click=move |_| { retry.dispatch(spec.clone()); }>"Retry"</button>
+                                })}
                                 <button type="button" class="secondary" data-testid="download" on:click=move |_| { download.dispatch(()); }>"Download results"</button>
                             </div>
                         </div>

@@ -382,6 +382,82 @@ mod tests {
         }
     }
 
+    /// Clone and retry go spec -> request -> submit form -> request: every field of the spec
+    /// must come back as it was.
+    #[test]
+    fn every_spec_field_survives_the_submit_form() {
+        use autodl_common::tasks::{Affinity, CheckpointSpec, RetryPolicy};
+        use autodl_frontend::form::{spec_to_input, FormValues};
+        let now = 1_700_000_000;
+        let full = TaskSpecInput {
+            name: "sweep lr=3e-4".into(),
+            image: "registry.example/lab/train:2".into(),
+            command: Some(Command::Argv(vec![
+                "python".into(),
+                "train.py".into(),
+                "--note".into(),
+                "two words".into(),
+                "it's \"quoted\"".into(),
+                String::new(),
+            ])),
+            env: [
+                ("EPOCHS".into(), "10".into()),
+                ("MODE".into(), "a=b".into()),
+            ]
+            .into(),
+            resources: Resources {
+                gpu: Some(GpuRequest {
+                    gpu_type: Some(OneOrMany::Many(vec!["A100".into(), "H100".into()])),
+                    count: Some(2),
+                    memory: Some(Size::Text("20GiB".into())),
+                }),
+                cpu: Some(6.5),
+                memory: Some(Size::Bytes((48 << 30) + 12_345)),
+            },
+            num_workers: Some(2),
+            priority: Some(0.85),
+            deadline: Some("2023-11-20T10:00:00Z".into()),
+            estimated_runtime: Some(5_400),
+            checkpoint: Some(CheckpointSpec {
+                interval: Some(600),
+                save_to: Some("s3://ckpt/lab/run".into()),
+                keep: Some(3),
+            }),
+            retry_policy: Some(RetryPolicy {
+                max_retries: 4,
+                oom_recovery: true,
+            }),
+            affinity: Some(Affinity {
+                zone: Some("same".into()),
+                bandwidth: Some("high".into()),
+            }),
+            data_path: Some("s3://data/imagenet".into()),
+            labels: [("team".into(), "vision".into())].into(),
+            batch_size: Some(256),
+            preemptible: Some(false),
+            ..Default::default()
+        };
+        let cpu_only = TaskSpecInput {
+            command: Some(Command::Shell(
+                "echo \"$HOME\" && python -c 'print(1)'".into(),
+            )),
+            resources: Resources {
+                gpu: Some(GpuRequest {
+                    count: Some(0),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..base()
+        };
+        for input in [full, cpu_only, base()] {
+            let spec = normalise(input, now).unwrap();
+            let form = FormValues::from_input(&spec_to_input(&spec));
+            let back = normalise(form.to_input().unwrap(), now).unwrap();
+            assert_eq!(back, spec);
+        }
+    }
+
     #[test]
     fn sizes_and_defaults() {
         let mut i = base();

@@ -1,0 +1,372 @@
+//! What the submit form holds, as the text of its inputs, and the request it stands for.
+//!
+//! Kept apart from the page's signals so that clone and retry can be checked without a
+//! browser: any task's spec, turned into a request, put in the form and read back, must ask
+//! for the same task (the server's tests check every field).
+
+use std::collections::BTreeMap;
+
+use autodl_common::tasks::{
+    Affinity, CheckpointSpec, Command, GpuRequest, OneOrMany, Resources, RetryPolicy, Size,
+    TaskSpec, TaskSpecInput,
+};
+
+use crate::api::ApiErr;
+
+/// One value per input of the submit form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FormValues {
+    pub name: String,
+    pub image: String,
+    /// A shell script, or (when `argv`) the arguments quoted as a shell would read them.
+    pub command: String,
+    /// The command came as an argument list, and goes back as one (not through a shell).
+    pub argv: bool,
+    /// Acceptable GPU types, comma-separated; empty for any.
+    pub gpu_type: String,
+    /// GPUs per worker.
+    pub gpu_count: String,
+    pub workers: String,
+    pub gpu_memory: String,
+    pub cpu: String,
+    pub memory: String,
+    pub priority: String,
+    pub deadline: String,
+    /// Seconds.
+    pub estimated_runtime: String,
+    pub ckpt_interval: String,
+    pub ckpt_to: String,
+    pub ckpt_keep: String,
+    pub retries: String,
+    pub oom: bool,
+    pub zone_same: bool,
+    /// "normal" or "high".
+    pub bandwidth: String,
+    pub data_path: String,
+    pub batch_size: String,
+    pub preemptible: bool,
+    /// `KEY=value` lines.
+    pub env: String,
+    pub labels: String,
+}
+
+impl Default for FormValues {
+    /// A new task's form.
+    fn default() -> Self {
+        FormValues {
+            name: String::new(),
+            image: "pytorch/pytorch:2.1".into(),
+            command: String::new(),
+            argv: false,
+            gpu_type: String::new(),
+            gpu_count: "1".into(),
+            workers: "1".into(),
+            gpu_memory: String::new(),
+            cpu: String::new(),
+            memory: String::new(),
+            priority: "0.5".into(),
+            deadline: String::new(),
+            estimated_runtime: String::new(),
+            ckpt_interval: String::new(),
+            ckpt_to: String::new(),
+            ckpt_keep: String::new(),
+            retries: "0".into(),
+            oom: false,
+            zone_same: false,
+            bandwidth: "normal".into(),
+            data_path: String::new(),
+            batch_size: String::new(),
+            preemptible: true,
+            env: String::new(),
+            labels: String::new(),
+        }
+    }
+}
+
+pub fn invalid(field: &str, message: impl Into<String>) -> ApiErr {
+    ApiErr {
+        status: 400,
+        code: "validation".into(),
+        message: message.into(),
+        field: Some(field.into()),
+    }
+}
+
+fn pairs(text: &str, field: &str) -> Result<BTreeMap<String, String>, ApiErr> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let (k, v) = line
+            .split_once('=')
+            .ok_or_else(|| invalid(field, format!("{line:?} is not key=value")))?;
+        out.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    Ok(out)
+}
+
+fn lines(m: &BTreeMap<String, String>) -> String {
+    m.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn opt_num<T: std::str::FromStr>(s: &str, field: &str, what: &str) -> Result<Option<T>, ApiErr> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .map_err(|_| invalid(field, format!("{what} must be a number")))
+}
+
+fn size(s: &str) -> Option<Size> {
+    let s = s.trim();
+    if s.is_empty() {
+        None
+    } else if let Ok(n) = s.parse::<u64>() {
+        Some(Size::Bytes(n))
+    } else {
+        Some(Size::Text(s.to_string()))
+    }
+}
+
+fn size_text(s: &Size) -> String {
+    match s {
+        Size::Text(t) => t.clone(),
+        Size::Bytes(b) => {
+            const GIB: u64 = 1024 * 1024 * 1024;
+            const MIB: u64 = 1024 * 1024;
+            if *b > 0 && b % GIB == 0 {
+                format!("{}GiB", b / GIB)
+            } else if *b > 0 && b % MIB == 0 {
+                format!("{}MiB", b / MIB)
+            } else {
+                b.to_string()
+            }
+        }
+    }
+}
+
+fn text_of<T: ToString>(v: Option<T>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_default()
+}
+
+fn trimmed(s: &str) -> Option<String> {
+    let s = s.trim();
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+impl FormValues {
+    /// The form showing `i` (a clone, a retry, a template).
+    pub fn from_input(i: &TaskSpecInput) -> FormValues {
+        let (command, argv) = match &i.command {
+            Some(Command::Shell(s)) => (s.clone(), false),
+            Some(Command::Argv(v)) => (
+                shlex::try_join(v.iter().map(String::as_str)).unwrap_or_else(|_| v.join(" ")),
+                true,
+            ),
+            None => (
+                i.entry_point
+                    .as_ref()
+                    .map(|e| format!("python {e}"))
+                    .unwrap_or_default(),
+                false,
+            ),
+        };
+        let gpu = i.resources.gpu.clone().unwrap_or_default();
+        let ck = i.checkpoint.as_ref();
+        let retry = i.retry_policy.clone().unwrap_or_default();
+        let affinity = i.affinity.clone().unwrap_or_default();
+        FormValues {
+            name: i.name.clone(),
+            image: i.image.clone(),
+            command,
+            argv,
+            gpu_type: match gpu.gpu_type {
+                Some(OneOrMany::One(t)) => t,
+                Some(OneOrMany::Many(v)) => v.join(","),
+                None => String::new(),
+            },
+            gpu_count: text_of(i.gpu_per_worker.or(gpu.count)),
+            workers: text_of(i.num_workers.or(Some(1))),
+            gpu_memory: gpu.memory.as_ref().map(size_text).unwrap_or_default(),
+            cpu: text_of(i.resources.cpu),
+            memory: i
+                .resources
+                .memory
+                .as_ref()
+                .map(size_text)
+                .unwrap_or_default(),
+            priority: i.priority.map_or("0.5".into(), |p| p.to_string()),
+            deadline: i.deadline.clone().unwrap_or_default(),
+            estimated_runtime: text_of(i.estimated_runtime),
+            ckpt_interval: text_of(ck.and_then(|c| c.interval)),
+            ckpt_to: ck.and_then(|c| c.save_to.clone()).unwrap_or_default(),
+            ckpt_keep: text_of(ck.and_then(|c| c.keep)),
+            retries: retry.max_retries.to_string(),
+            oom: retry.oom_recovery,
+            zone_same: affinity.zone.as_deref() == Some("same"),
+            bandwidth: affinity.bandwidth.unwrap_or_else(|| "normal".into()),
+            data_path: i.data_path.clone().unwrap_or_default(),
+            batch_size: text_of(i.batch_size),
+            preemptible: i.preemptible.unwrap_or(true),
+            env: lines(&i.env),
+            labels: lines(&i.labels),
+        }
+    }
+
+    /// The request the form describes, or the first input that cannot be read.
+    pub fn to_input(&self) -> Result<TaskSpecInput, ApiErr> {
+        let command = if self.command.trim().is_empty() {
+            None
+        } else if self.argv {
+            let args = shlex::split(&self.command).ok_or_else(|| {
+                invalid("command", "the command has an unclosed quote or a stray \\")
+            })?;
+            Some(Command::Argv(args))
+        } else {
+            Some(Command::Shell(self.command.clone()))
+        };
+        let types: Vec<String> = self
+            .gpu_type
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let interval: Option<u64> =
+            opt_num(&self.ckpt_interval, "checkpoint.interval", "The interval")?;
+        let keep: Option<u32> = opt_num(&self.ckpt_keep, "checkpoint.keep", "Checkpoints kept")?;
+        let save_to = trimmed(&self.ckpt_to);
+        Ok(TaskSpecInput {
+            name: self.name.trim().to_string(),
+            image: self.image.trim().to_string(),
+            command,
+            entry_point: None,
+            env: pairs(&self.env, "env")?,
+            resources: Resources {
+                gpu: Some(GpuRequest {
+                    gpu_type: match types.len() {
+                        0 => None,
+                        1 => Some(OneOrMany::One(types[0].clone())),
+                        _ => Some(OneOrMany::Many(types)),
+                    },
+                    count: opt_num(&self.gpu_count, "resources.gpu.count", "GPU count")?,
+                    memory: size(&self.gpu_memory),
+                }),
+                cpu: opt_num(&self.cpu, "resources.cpu", "CPU cores")?,
+                memory: size(&self.memory),
+            },
+            num_workers: opt_num(&self.workers, "num_workers", "Workers")?,
+            gpu_per_worker: None,
+            priority: opt_num(&self.priority, "priority", "Priority")?,
+            deadline: trimmed(&self.deadline),
+            estimated_runtime: opt_num(
+                &self.estimated_runtime,
+                "estimated_runtime",
+                "The estimated run time",
+            )?,
+            checkpoint: (interval.is_some() || save_to.is_some() || keep.is_some()).then_some(
+                CheckpointSpec {
+                    interval,
+                    save_to,
+                    keep,
+                },
+            ),
+            retry_policy: Some(RetryPolicy {
+                max_retries: opt_num(&self.retries, "retry_policy.max_retries", "Retries")?
+                    .unwrap_or(0),
+                oom_recovery: self.oom,
+            }),
+            affinity: Some(Affinity {
+                zone: Some(if self.zone_same { "same" } else { "any" }.into()),
+                bandwidth: trimmed(&self.bandwidth),
+            }),
+            data_path: trimmed(&self.data_path),
+            labels: pairs(&self.labels, "labels")?,
+            batch_size: opt_num(&self.batch_size, "batch_size", "Batch size")?,
+            preemptible: Some(self.preemptible),
+        })
+    }
+}
+
+/// The input that submits `spec` again (retry, clone).
+pub fn spec_to_input(spec: &TaskSpec) -> TaskSpecInput {
+    let command = match spec.command.as_slice() {
+        [sh, c, script] if sh == "/bin/sh" && c == "-c" => Command::Shell(script.clone()),
+        argv => Command::Argv(argv.to_vec()),
+    };
+    TaskSpecInput {
+        name: spec.name.clone(),
+        image: spec.image.clone(),
+        command: Some(command),
+        entry_point: None,
+        env: spec.env.clone(),
+        resources: Resources {
+            gpu: Some(GpuRequest {
+                gpu_type: match spec.gpu_types.as_slice() {
+                    [] => None,
+                    [one] => Some(OneOrMany::One(one.clone())),
+                    many => Some(OneOrMany::Many(many.to_vec())),
+                },
+                count: Some(spec.gpus_per_worker),
+                memory: spec.gpu_memory.map(Size::Bytes),
+            }),
+            cpu: Some(spec.cpu),
+            memory: Some(Size::Bytes(spec.memory)),
+        },
+        num_workers: Some(spec.num_workers),
+        gpu_per_worker: None,
+        priority: Some(spec.priority),
+        deadline: spec.deadline.clone(),
+        estimated_runtime: spec.estimated_runtime,
+        checkpoint: spec.checkpoint.clone(),
+        retry_policy: Some(RetryPolicy {
+            max_retries: spec.retry_policy.max_retries,
+            oom_recovery: spec.retry_policy.oom_recovery,
+        }),
+        affinity: Some(Affinity {
+            zone: Some(if spec.zone_affinity { "same" } else { "any" }.into()),
+            bandwidth: Some(spec.bandwidth.clone()),
+        }),
+        data_path: spec.data_path.clone(),
+        labels: spec.labels.clone(),
+        batch_size: spec.batch_size,
+        preemptible: Some(spec.preemptible),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoted_arguments_survive_the_form() {
+        let input = TaskSpecInput {
+            command: Some(Command::Argv(vec![
+                "python".into(),
+                "train.py".into(),
+                "--note".into(),
+                "two words".into(),
+                "it's".into(),
+            ])),
+            ..FormValues::default().to_input().unwrap()
+        };
+        let back = FormValues::from_input(&input).to_input().unwrap();
+        assert_eq!(back.command, input.command);
+    }
+
+    #[test]
+    fn an_unclosed_quote_is_a_field_error() {
+        let form = FormValues {
+            command: "python 'train.py".into(),
+            argv: true,
+            ..FormValues::default()
+        };
+        assert_eq!(
+            form.to_input().unwrap_err().field.as_deref(),
+            Some("command")
+        );
+    }
+}
