@@ -60,6 +60,17 @@ test("reading pages show their data with JavaScript off", async () => {
   }
   await shot(page, "40-task-page-without-js");
 
+  // The task list's filters are a plain form and its state is in the URL: without
+  // JavaScript, filtering by state still works.
+  await page.goto(`${server.base}/tasks`);
+  await page.selectOption("[data-testid=filter-state]", "completed");
+  await page.click("[data-testid=filter-apply]");
+  await page.waitForURL("**/tasks?state=completed*");
+  assert.ok((await page.locator("body").innerText()).includes("No tasks match."), "nothing completed yet");
+  await page.goto(`${server.base}/tasks?state=pending`);
+  assert.equal(await page.locator("[data-testid=filter-state]").inputValue(), "pending");
+  assert.ok((await page.locator("[data-testid=tasks]").innerText()).includes("resnet-without-js"));
+
   // Another organization's task is not shown, rendered or not.
   const other = await browser.newContext({ javaScriptEnabled: false });
   await signUp(other, "intruder@example.com", "Other Lab");

@@ -158,6 +158,16 @@ test("submit through the form, watch logs and charts live, see it complete", asy
   await page.fill("[data-testid=filter-search]", "LIVE");
   await page.waitForSelector("[data-testid=task-row] a:text('live-demo')");
   await shot(page, "13-tasks");
+  // The filters are in the URL: a reload (or a shared link) shows the same list.
+  const listed = new URL(page.url());
+  assert.equal(listed.searchParams.get("state"), "completed");
+  assert.equal(listed.searchParams.get("label"), "team=compilers");
+  assert.equal(listed.searchParams.get("q"), "LIVE");
+  await page.reload();
+  await hydrated(page);
+  assert.equal(await page.locator("[data-testid=filter-state]").inputValue(), "completed");
+  assert.equal(await page.locator("[data-testid=filter-label]").inputValue(), "team=compilers");
+  await page.waitForSelector("[data-testid=task-row] a:text('live-demo')");
 
   // Clone prefills the form from the task.
   await page.goto(taskUrl);

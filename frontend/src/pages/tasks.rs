@@ -8,7 +8,7 @@ use autodl_common::tasks::{
     TaskSpec, TaskState,
 };
 use leptos::prelude::*;
-use leptos_router::hooks::{use_navigate, use_params_map};
+use leptos_router::hooks::{use_navigate, use_params_map, use_query_map};
 
 use super::account::short_date;
 use crate::api::{self, ApiErr};
@@ -91,33 +91,82 @@ pub fn encode(s: &str) -> String {
         .collect()
 }
 
+/// The list's filters and page, as its URL holds them: a filtered list can be shared,
+/// reloaded and used without JavaScript (the filters are a plain GET form).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct ListQuery {
+    state: String,
+    label: String,
+    mine: bool,
+    /// Names containing this (on the page shown).
+    search: String,
+    cursor: Option<String>,
+}
+
+impl ListQuery {
+    fn url(&self) -> String {
+        let mut q = Vec::new();
+        if !self.state.is_empty() {
+            q.push(format!("state={}", encode(&self.state)));
+        }
+        if !self.label.trim().is_empty() {
+            q.push(format!("label={}", encode(self.label.trim())));
+        }
+        if self.mine {
+            q.push("mine=1".into());
+        }
+        if !self.search.is_empty() {
+            q.push(format!("q={}", encode(&self.search)));
+        }
+        if let Some(c) = &self.cursor {
+            q.push(format!("cursor={}", encode(c)));
+        }
+        if q.is_empty() {
+            "/tasks".into()
+        } else {
+            format!("/tasks?{}", q.join("&"))
+        }
+    }
+}
+
 #[component]
 fn TaskList() -> impl IntoView {
-    let state = RwSignal::new(String::new());
-    let label = RwSignal::new(String::new());
-    let applied_label = RwSignal::new(String::new());
-    let mine = RwSignal::new(false);
-    let search = RwSignal::new(String::new());
-    // Cursors of the pages before this one, and this page's.
-    let cursor = RwSignal::new(None::<String>);
-    let back = RwSignal::new(Vec::<Option<String>>::new());
+    let params = use_query_map();
+    let current = Memo::new(move |_| {
+        params.with(|p| ListQuery {
+            state: p.get("state").unwrap_or_default(),
+            label: p.get("label").unwrap_or_default(),
+            mine: p.get("mine").is_some_and(|m| m == "1" || m == "on"),
+            search: p.get("q").unwrap_or_default(),
+            cursor: p.get("cursor").filter(|c| !c.is_empty()),
+        })
+    });
+    // What is typed, before it is applied.
+    let label = RwSignal::new(current.get_untracked().label);
+    let search = RwSignal::new(current.get_untracked().search);
+    let navigate = use_navigate();
+    let go = move |change: &dyn Fn(&mut ListQuery), replace: bool| {
+        let mut q = current.get_untracked();
+        change(&mut q);
+        navigate(
+            &q.url(),
+            leptos_router::NavigateOptions {
+                replace,
+                scroll: false,
+                ..Default::default()
+            },
+        );
+    };
     let tick = live::ticker(Duration::from_secs(5));
     let tasks = Resource::new(
         move || {
-            let path = list_path(
-                &state.get(),
-                &applied_label.get(),
-                mine.get(),
-                cursor.get().as_deref(),
-            );
+            let q = current.get();
+            let path = list_path(&q.state, &q.label, q.mine, q.cursor.as_deref());
             (tick.get(), path)
         },
         |(_, path)| async move { api::get::<TaskPage>(&path).await },
     );
-    let reset = move || {
-        cursor.set(None);
-        back.set(Vec::new());
-    };
+    let (go1, go2, go3, go4, go5) = (go.clone(), go.clone(), go.clone(), go.clone(), go);
     view! {
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
@@ -125,24 +174,36 @@ fn TaskList() -> impl IntoView {
                 <h1>"Tasks"</h1>
                 <a class="button" href="/submit">"Submit a task"</a>
             </div>
-            <form class="filters" on:submit=move |ev| { ev.prevent_default(); applied_label.set(label.get_untracked()); reset(); }>
+            <form class="filters" method="get" action="/tasks" on:submit=move |ev| {
+                ev.prevent_default();
+                let (l, s) = (label.get_untracked(), search.get_untracked());
+                go1(&move |q: &mut ListQuery| { q.label = l.clone(); q.search = s.clone(); q.cursor = None; }, false);
+            }>
                 <div class="field">
                     <label for="filter-state">"State"</label>
-                    <select id="filter-state" data-testid="filter-state" on:change=move |ev| { state.set(event_target_value(&ev)); reset(); }>
-                        <option value="">"all"</option>
-                        {TaskState::ALL.into_iter().map(|s| view! { <option value=s.as_str()>{s.as_str()}</option> }).collect_view()}
+                    <select id="filter-state" name="state" data-testid="filter-state" on:change=move |ev| {
+                        let v = event_target_value(&ev);
+                        go2(&move |q: &mut ListQuery| { q.state = v.clone(); q.cursor = None; }, false);
+                    }>
+                        <option value="" selected=move || current.get().state.is_empty()>"all"</option>
+                        {TaskState::ALL.into_iter().map(|s| view! {
+                            <option value=s.as_str() selected=move || current.get().state == s.as_str()>{s.as_str()}</option>
+                        }).collect_view()}
                     </select>
                 </div>
                 <div class="field">
                     <label for="filter-label">"Label (key=value)"</label>
-                    <input id="filter-label" data-testid="filter-label" placeholder="team=vision" bind:value=label
-                        on:change=move |_| { applied_label.set(label.get_untracked()); reset(); }/>
+                    <input id="filter-label" name="label" data-testid="filter-label" placeholder="team=vision" bind:value=label
+                        on:change=move |_| { let l = label.get_untracked(); go3(&move |q: &mut ListQuery| { q.label = l.clone(); q.cursor = None; }, false); }/>
                 </div>
                 <div class="field">
                     <label for="filter-search">"Search names"</label>
-                    <input id="filter-search" data-testid="filter-search" type="search" placeholder="resnet" bind:value=search/>
+                    <input id="filter-search" name="q" data-testid="filter-search" type="search" placeholder="resnet" bind:value=search
+                        on:input=move |_| { let s = search.get_untracked(); go4(&move |q: &mut ListQuery| q.search = s.clone(), true); }/>
                 </div>
-                <label class="check"><input type="checkbox" data-testid="filter-mine" bind:checked=mine on:change=move |_| reset()/>" Mine only"</label>
+                <label class="check"><input type="checkbox" name="mine" value="1" data-testid="filter-mine" prop:checked=move || current.get().mine
+                    on:change=move |ev| { let m = event_target_checked(&ev); go5(&move |q: &mut ListQuery| { q.mine = m; q.cursor = None; }, false); }/>" Mine only"</label>
+                <button type="submit" class="small secondary" data-testid="filter-apply">"Apply"</button>
             </form>
             {move || tasks.get().and_then(|r| r.err()).map(|e| view! { <p class="banner error" role="alert">{e.message}</p> })}
             <table class="table" data-testid="tasks">
@@ -152,7 +213,7 @@ fn TaskList() -> impl IntoView {
                     None => view! { <tr><td colspan="6" class="muted">"Loading…"</td></tr> }.into_any(),
                     Some(Err(_)) => view! { <tr><td colspan="6" class="muted">"—"</td></tr> }.into_any(),
                     Some(Ok(page)) => {
-                        let needle = search.get().to_lowercase();
+                        let needle = current.get().search.to_lowercase();
                         let rows: Vec<Task> = page.items.into_iter().filter(|t| needle.is_empty() || t.name.to_lowercase().contains(&needle)).collect();
                         if rows.is_empty() {
                             return view! { <tr><td colspan="6" class="muted" data-testid="no-tasks">"No tasks match."</td></tr> }.into_any();
@@ -174,23 +235,18 @@ fn TaskList() -> impl IntoView {
                 }}
                 </tbody>
             </table>
-            <div class="pager">
-                <button type="button" class="secondary small" data-testid="prev-page"
-                    disabled=move || back.with(|b| b.is_empty())
-                    on:click=move |_| { let mut b = back.get_untracked(); let prev = b.pop().flatten(); back.set(b); cursor.set(prev); }>
-                    "← Newer"
-                </button>
-                <button type="button" class="secondary small" data-testid="next-page"
-                    disabled=move || tasks.get().and_then(|r| r.ok()).and_then(|p| p.next_cursor).is_none()
-                    on:click=move |_| {
-                        if let Some(next) = tasks.get_untracked().and_then(|r| r.ok()).and_then(|p| p.next_cursor) {
-                            back.update(|b| b.push(cursor.get_untracked()));
-                            cursor.set(Some(next));
-                        }
-                    }>
-                    "Older →"
-                </button>
-            </div>
+            // Pages are links: they work without JavaScript, and the browser's back button
+            // returns to the newer page.
+            <nav class="pager" aria-label="Pages">
+                {move || current.get().cursor.is_some().then(|| {
+                    let first = ListQuery { cursor: None, ..current.get() }.url();
+                    view! { <a class="button secondary small" data-testid="prev-page" href=first>"← Newest"</a> }
+                })}
+                {move || tasks.get().and_then(|r| r.ok()).and_then(|p| p.next_cursor).map(|next| {
+                    let older = ListQuery { cursor: Some(next), ..current.get() }.url();
+                    view! { <a class="button secondary small" data-testid="next-page" href=older>"Older →"</a> }
+                })}
+            </nav>
         </section>
         </Transition>
     }
