@@ -65,8 +65,11 @@ pub fn App() -> impl IntoView {
     view! {
         <Title text="autodl"/>
         <Router>
+            // The router would treat the fragment as a navigation; focus moves by hand (and
+            // the plain link still works before hydration).
+            <a class="skip-link" href="#main" on:click=|ev| { ev.prevent_default(); crate::live::focus("main"); }>"Skip to content"</a>
             <Nav/>
-            <main class="container">
+            <main class="container" id="main" tabindex="-1">
                 <Routes fallback=|| view! { <section class="card"><h1>"Page not found"</h1><p><A href="/">"Back home"</A></p></section> }>
                     <Route path=path!("/") view=HomePage ssr=SsrMode::Async/>
                     <Route path=path!("/signup") view=SignupPage ssr=SsrMode::Async/>
@@ -150,6 +153,8 @@ pub fn Field(
                 placeholder=placeholder
                 aria-describedby=err_id.clone()
                 aria-invalid=move || error.get().is_some().to_string()
+                // The attribute too, so the value is in the server's HTML before hydration.
+                value=move || value.get()
                 bind:value=value
             />
             <p class="field-error" id=err_id2 role="alert">{move || error.get()}</p>

@@ -61,6 +61,23 @@ pub fn confirm(question: &str) -> bool {
     }
 }
 
+/// Moves keyboard focus to the element with this id (the skip link's target).
+pub fn focus(id: &str) {
+    #[cfg(feature = "hydrate")]
+    {
+        use wasm_bindgen::JsCast;
+        if let Some(el) = web_sys::window()
+            .and_then(|w| w.document())
+            .and_then(|d| d.get_element_by_id(id))
+            .and_then(|e| e.dyn_into::<web_sys::HtmlElement>().ok())
+        {
+            let _ = el.focus();
+        }
+    }
+    #[cfg(not(feature = "hydrate"))]
+    let _ = id;
+}
+
 /// This month as `YYYY-MM` (UTC).
 pub fn this_month() -> String {
     #[cfg(feature = "hydrate")]

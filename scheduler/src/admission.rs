@@ -41,7 +41,7 @@ pub enum AdmissionError {
         possible: u32,
         same_zone: bool,
     },
-    #[error("{scope} {name} may use at most {limit} GPUs at once, the task asks for {requested}")]
+    #[error("{} may use at most {limit} GPUs at once, the task asks for {requested}", whose(.scope))]
     OverGpuQuota {
         scope: &'static str,
         name: String,
@@ -50,12 +50,21 @@ pub enum AdmissionError {
     },
     #[error("no node of the cluster is open to this task: {why}")]
     NoNodeAdmits { why: String },
-    #[error("{scope} {name} may only use GPU types {allowed:?}, none of which the task accepts")]
+    #[error("{} may only use GPU types {}, none of which the task accepts", whose(.scope), .allowed.join(", "))]
     GpuTypeNotAllowed {
         scope: &'static str,
         name: String,
         allowed: Vec<String>,
     },
+}
+
+/// Who a quota binds, as the submitter reads it: the ids in `name` mean nothing to them.
+fn whose(scope: &str) -> &'static str {
+    if scope == "tenant" {
+        "your organization"
+    } else {
+        "you"
+    }
 }
 
 const GIB: f64 = (1u64 << 30) as f64;

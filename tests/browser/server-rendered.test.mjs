@@ -48,8 +48,9 @@ test("reading pages show their data with JavaScript off", async () => {
     "/cluster": ["Cluster"],
     "/submit": ["Submit"],
   };
-  for (const [path, texts] of Object.entries(expect)) {
+  for (const [i, [path, texts]] of Object.entries(expect).entries()) {
     const res = await page.goto(`${server.base}${path}`);
+    await shot(page, `40-without-js-${i}`);
     assert.equal(res.status(), 200, path);
     const body = await page.locator("body").innerText();
     for (const t of texts) assert.ok(body.includes(t), `${path} shows "${t}" without JavaScript:\n${body}`);
@@ -58,7 +59,8 @@ test("reading pages show their data with JavaScript off", async () => {
     // The signed-in navigation is in the HTML: no signed-out flash before hydration.
     assert.ok(body.includes("Sign out") && !body.includes("Create account"), `${path} has the signed-in nav`);
   }
-  await shot(page, "40-task-page-without-js");
+  // Form values are in the HTML too.
+  assert.equal(await page.locator("#image").inputValue(), "pytorch/pytorch:2.1");
 
   // The task list's filters are a plain form and its state is in the URL: without
   // JavaScript, filtering by state still works.
@@ -108,5 +110,21 @@ test("a deep link leads through sign-in back to the page", async () => {
   await page.goto(`${server.base}/login?next=//evil.example/x`);
   await hydrated(page);
   await page.waitForURL((u) => new URL(u).pathname === "/");
+  await ctx.close();
+});
+
+test("dark mode follows the system, and the first Tab skips the navigation", async () => {
+  const ctx = await browser.newContext({ colorScheme: "dark" });
+  const page = await ctx.newPage();
+  await page.goto(`${server.base}/login`);
+  await hydrated(page);
+  const bg = await page.evaluate(() => getComputedStyle(document.documentElement).backgroundColor);
+  const [r, g, b] = bg.match(/\d+/g).map(Number);
+  assert.ok(r + g + b < 120, `a dark background in dark mode, got ${bg}`);
+  await shot(page, "41-login-dark");
+  await page.keyboard.press("Tab");
+  assert.equal(await page.evaluate(() => document.activeElement.textContent), "Skip to content");
+  await page.keyboard.press("Enter");
+  assert.equal(await page.evaluate(() => document.activeElement.id), "main");
   await ctx.close();
 });

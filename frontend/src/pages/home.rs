@@ -48,6 +48,22 @@ fn fair_share_note(waiting: &[Task]) -> String {
     if factors.is_empty() {
         return "Your waiting tasks have not been through a scheduling cycle yet.".into();
     }
+    // A quota holds them whatever their place in the fair-share order: say that instead.
+    if let Some(w) = waiting
+        .iter()
+        .filter_map(|t| t.waiting.as_ref())
+        .find(|w| w.reason.as_deref() == Some("quota"))
+    {
+        let held = waiting
+            .iter()
+            .filter(|t| t.waiting.as_ref().and_then(|w| w.reason.as_deref()) == Some("quota"))
+            .count();
+        return format!(
+            "{held} of your {} waiting tasks are held by a quota: {}.",
+            waiting.len(),
+            w.message
+        );
+    }
     let share = factors.iter().map(|f| f.fair_share).sum::<f64>() / factors.len() as f64;
     let lead = if share >= 0.66 {
         "You have used little of your fair share lately, so your tasks are near the front of the queue."

@@ -563,7 +563,7 @@ fn LogTail(id: String) -> impl IntoView {
             <span class="badge" data-testid="log-status">{move || status.get().label()}</span>
             <span class="muted small" data-testid="log-count">{move || format!("{} lines", lines.with(Vec::len))}</span>
         </div>
-        <pre class="log" data-testid="log" node_ref=box_ref>
+        <pre class="log" data-testid="log" node_ref=box_ref tabindex="0" aria-label="Log">
             // Keyed by sequence number: a new line adds one node and the window's oldest line
             // removes one, instead of rebuilding thousands of spans per line.
             <For
