@@ -141,6 +141,7 @@ pub fn Field(
     #[prop(into, optional)] placeholder: Option<String>,
 ) -> impl IntoView {
     let err_id = format!("{id}-error");
+    let kind_is_password = kind == "password";
     let err_id2 = err_id.clone();
     view! {
         <div class="field" class:has-error=move || error.get().is_some()>
@@ -153,8 +154,9 @@ pub fn Field(
                 placeholder=placeholder
                 aria-describedby=err_id.clone()
                 aria-invalid=move || error.get().is_some().to_string()
-                // The attribute too, so the value is in the server's HTML before hydration.
-                value=move || value.get()
+                // The attribute too, so the value is in the server's HTML before hydration
+                // (never a password's).
+                value=move || if kind_is_password { String::new() } else { value.get() }
                 bind:value=value
             />
             <p class="field-error" id=err_id2 role="alert">{move || error.get()}</p>
@@ -203,12 +205,43 @@ pub fn RequireLogin(children: ChildrenFn) -> impl IntoView {
 /// Where to go after signing in: the `next` the sign-in link carried, if it is a path on
 /// this site (never another origin), else the dashboard.
 pub fn after_sign_in(next: Option<String>) -> String {
-    next.filter(|n| n.starts_with('/') && !n.starts_with("//") && !n.contains('\\'))
-        .unwrap_or_else(|| "/".into())
+    next.filter(|n| {
+        // Browsers drop tabs and newlines from URLs and read `\` as `/`: "/\t/evil" would
+        // leave the site.
+        n.starts_with('/')
+            && !n.starts_with("//")
+            && !n.contains('\\')
+            && !n.chars().any(|c| c.is_control() || c.is_whitespace())
+    })
+    .unwrap_or_else(|| "/".into())
 }
 
 /// The error of the last attempt that is not about a form field, for a banner.
 pub fn general_error(err: Option<api::ApiErr>, fields: &[&str]) -> Option<String> {
     err.filter(|e| e.field.as_deref().is_none_or(|f| !fields.contains(&f)))
         .map(|e| e.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::after_sign_in;
+
+    #[test]
+    fn sign_in_returns_only_to_this_site() {
+        for ok in ["/tasks?state=pending", "/tasks/0190-ab", "/"] {
+            assert_eq!(after_sign_in(Some(ok.into())), ok);
+        }
+        for bad in [
+            "//evil.example/x",
+            "/\\evil.example",
+            "/\t/evil.example",
+            "/\n/evil.example",
+            "https://evil.example",
+            "javascript:alert(1)",
+            "",
+        ] {
+            assert_eq!(after_sign_in(Some(bad.into())), "/", "{bad:?}");
+        }
+        assert_eq!(after_sign_in(None), "/");
+    }
 }

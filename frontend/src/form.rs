@@ -37,6 +37,8 @@ pub struct FormValues {
     pub ckpt_interval: String,
     pub ckpt_to: String,
     pub ckpt_keep: String,
+    /// Checkpointing asked for even with every checkpoint input empty (platform defaults).
+    pub checkpointed: bool,
     pub retries: String,
     pub oom: bool,
     pub zone_same: bool,
@@ -70,6 +72,7 @@ impl Default for FormValues {
             ckpt_interval: String::new(),
             ckpt_to: String::new(),
             ckpt_keep: String::new(),
+            checkpointed: false,
             retries: "0".into(),
             oom: false,
             zone_same: false,
@@ -92,13 +95,14 @@ pub fn invalid(field: &str, message: impl Into<String>) -> ApiErr {
     }
 }
 
+/// `KEY=value` lines; a value is kept exactly as written (spaces are part of it).
 fn pairs(text: &str, field: &str) -> Result<BTreeMap<String, String>, ApiErr> {
     let mut out = BTreeMap::new();
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let (k, v) = line
             .split_once('=')
-            .ok_or_else(|| invalid(field, format!("{line:?} is not key=value")))?;
-        out.insert(k.trim().to_string(), v.trim().to_string());
+            .ok_or_else(|| invalid(field, format!("{:?} is not key=value", line.trim())))?;
+        out.insert(k.trim().to_string(), v.to_string());
     }
     Ok(out)
 }
@@ -204,6 +208,7 @@ impl FormValues {
             ckpt_interval: text_of(ck.and_then(|c| c.interval)),
             ckpt_to: ck.and_then(|c| c.save_to.clone()).unwrap_or_default(),
             ckpt_keep: text_of(ck.and_then(|c| c.keep)),
+            checkpointed: ck.is_some(),
             retries: retry.max_retries.to_string(),
             oom: retry.oom_recovery,
             zone_same: affinity.zone.as_deref() == Some("same"),
@@ -267,13 +272,15 @@ impl FormValues {
                 "estimated_runtime",
                 "The estimated run time",
             )?,
-            checkpoint: (interval.is_some() || save_to.is_some() || keep.is_some()).then_some(
-                CheckpointSpec {
-                    interval,
-                    save_to,
-                    keep,
-                },
-            ),
+            checkpoint: (self.checkpointed
+                || interval.is_some()
+                || save_to.is_some()
+                || keep.is_some())
+            .then_some(CheckpointSpec {
+                interval,
+                save_to,
+                keep,
+            }),
             retry_policy: Some(RetryPolicy {
                 max_retries: opt_num(&self.retries, "retry_policy.max_retries", "Retries")?
                     .unwrap_or(0),

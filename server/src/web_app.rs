@@ -37,8 +37,12 @@ fn with_policy() {
 #[derive(Clone)]
 struct Loopback {
     client: reqwest::Client,
-    base: String,
+    base: reqwest::Url,
 }
+
+/// The most a page reads of one API answer: the JSON pages it shows are far smaller, and a
+/// path a user can steer (an id in the URL) must not make the server buffer a download.
+const MAX_READ_BYTES: usize = 4 << 20;
 
 impl Loopback {
     fn new(listen: std::net::SocketAddr) -> anyhow::Result<Loopback> {
@@ -50,41 +54,73 @@ impl Loopback {
         };
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
+            // The caller's cookie must never go through a proxy from the environment.
+            .no_proxy()
             .timeout(Duration::from_secs(10))
             .build()?;
         Ok(Loopback {
             client,
-            base: format!("http://{ip}:{}", listen.port()),
+            base: reqwest::Url::parse(&format!("http://{ip}:{}/", listen.port()))?,
         })
+    }
+
+    /// GETs `path` as the caller whose `cookie` this is.
+    async fn get(&self, path: &str, cookie: Option<&str>) -> Result<(u16, String), String> {
+        let url = self
+            .base
+            .join(path)
+            .map_err(|_| format!("{path} is not a path"))?;
+        // Checked once parsed, which has resolved `..` and `%2e` segments.
+        if url.origin() != self.base.origin() || !url.path().starts_with("/api/v1/") {
+            return Err(format!("{path} is not part of the API"));
+        }
+        let mut req = self
+            .client
+            .get(url)
+            .header(reqwest::header::ACCEPT, "application/json");
+        if let Some(c) = cookie {
+            req = req.header(reqwest::header::COOKIE, c);
+        }
+        let unreachable = |e: reqwest::Error| {
+            tracing::warn!(error = %e, "a page could not read the API");
+            "the server could not read its own API".to_owned()
+        };
+        let mut res = req.send().await.map_err(unreachable)?;
+        let json = res
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
+        if !json && res.status() != reqwest::StatusCode::NO_CONTENT {
+            return Err(format!("{path} does not answer JSON"));
+        }
+        let status = res.status().as_u16();
+        let mut body = Vec::new();
+        while let Some(chunk) = res.chunk().await.map_err(unreachable)? {
+            if body.len() + chunk.len() > MAX_READ_BYTES {
+                return Err(format!("{path} answers more than a page shows"));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        String::from_utf8(body)
+            .map(|b| (status, b))
+            .map_err(|_| format!("{path} does not answer text"))
     }
 
     /// Provides the page being rendered with reads as its caller.
     fn provide(&self) {
         let cookie = use_context::<leptos_actix::Request>().and_then(|r| {
-            r.headers()
-                .get(actix_web::http::header::COOKIE)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
+            let all: Vec<&str> = r
+                .headers()
+                .get_all(actix_web::http::header::COOKIE)
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            (!all.is_empty()).then(|| all.join("; "))
         });
         let this = self.clone();
         provide_context(ServerFetch(Arc::new(move |path: String| {
             let (this, cookie) = (this.clone(), cookie.clone());
-            Box::pin(async move {
-                if !path.starts_with("/api/v1/") {
-                    return Err(format!("{path} is not part of the API"));
-                }
-                let mut req = this
-                    .client
-                    .get(format!("{}{path}", this.base))
-                    .header(reqwest::header::ACCEPT, "application/json");
-                if let Some(c) = cookie {
-                    req = req.header(reqwest::header::COOKIE, c);
-                }
-                let res = req.send().await.map_err(|e| e.to_string())?;
-                let status = res.status().as_u16();
-                let body = res.text().await.map_err(|e| e.to_string())?;
-                Ok((status, body))
-            })
+            Box::pin(async move { this.get(&path, cookie.as_deref()).await })
         })));
     }
 }
@@ -135,5 +171,36 @@ impl WebApp {
                 },
                 leptos_router::Method::Get,
             ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Nothing listens on port 1: a path that passed the check would fail to connect instead.
+    fn loopback() -> Loopback {
+        Loopback::new("127.0.0.1:1".parse().unwrap()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_page_reads_only_the_api_of_this_server() {
+        let api = loopback();
+        for path in [
+            "/pkg/autodl.wasm",
+            "/api/v1/../../pkg/autodl.wasm",
+            "/api/v1/%2e%2e/%2e%2e/healthz",
+            "//evil.example/api/v1/me",
+            "http://evil.example/api/v1/me",
+        ] {
+            let err = api.get(path, None).await.unwrap_err();
+            assert!(
+                err.contains("not part of the API") || err.contains("not a path"),
+                "{path}: {err}"
+            );
+        }
+        // An API path passes the check and only then fails to connect.
+        let err = api.get("/api/v1/me", None).await.unwrap_err();
+        assert_eq!(err, "the server could not read its own API");
     }
 }

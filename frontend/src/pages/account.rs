@@ -109,7 +109,7 @@ fn ApiKeys() -> impl IntoView {
                     </div>
                 }
             })}
-            <form class="inline-form" on:submit=on_submit novalidate>
+            <form class="inline-form" method="post" on:submit=on_submit novalidate>
                 <Field label="Key name" id="key-name" value=name placeholder="e.g. laptop"
                     error=Signal::derive(move || error.get().and_then(|e| e.for_field("name")))/>
                 <Field label="Expires in (days)" id="key-expiry" kind="number" value=expires placeholder="never"
@@ -188,7 +188,7 @@ fn ChangePassword() -> impl IntoView {
     view! {
         <section class="card">
             <h2>"Change password"</h2>
-            <form on:submit=on_submit novalidate>
+            <form method="post" on:submit=on_submit novalidate>
                 <Field label="Current password" id="current_password" kind="password" value=current autocomplete="current-password"
                     error=Signal::derive(move || error.get().and_then(|e| e.for_field("current_password")))/>
                 <Field label="New password" id="new_password" kind="password" value=new autocomplete="new-password"

@@ -364,7 +364,7 @@ fn RegistrationTokens() -> impl IntoView {
                 <div class="notice" data-testid="registration-token"><p><strong>"Copy this token now; it is shown once:"</strong></p><code>{t}</code></div>
             })}
             <p class="muted">"A token lets one node join, unless you allow more. Registering an existing node again (its agent lost its state) needs a token made for that node."</p>
-            <form class="token-form" on:submit=on_create novalidate>
+            <form class="token-form" method="post" on:submit=on_create novalidate>
                 <Field label="Nodes that may join" id="max_uses" kind="number" value=uses error=ferr("max_uses")/>
                 <Field label="For existing node (optional)" id="node_id" value=node error=ferr("node_id") placeholder="any new node"/>
                 <button type="submit" disabled=move || create.pending().get()>"New token (24 h)"</button>

@@ -30,9 +30,13 @@ pub fn SignupPage() -> impl IntoView {
     let invitation = move || query.read().get("invitation").filter(|t| !t.is_empty());
     let preview = Resource::new(invitation, |token| async move {
         match token {
-            Some(t) => {
-                Some(api::get::<InvitationPreview>(&format!("/api/v1/invitations/{t}")).await)
-            }
+            Some(t) => Some(
+                api::get::<InvitationPreview>(&format!(
+                    "/api/v1/invitations/{}",
+                    super::tasks::encode(&t)
+                ))
+                .await,
+            ),
             None => None,
         }
     });

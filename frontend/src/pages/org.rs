@@ -199,7 +199,7 @@ fn Invitations() -> impl IntoView {
                     <code>{link}</code>
                 </div>
             })}
-            <form class="inline-form" on:submit=on_submit novalidate>
+            <form class="inline-form" method="post" on:submit=on_submit novalidate>
                 <Field label="Email" id="invite-email" kind="email" value=email
                     error=Signal::derive(move || error.get().and_then(|e| e.for_field("email")))/>
                 <div class="field">

@@ -144,7 +144,7 @@ where
     let ferr =
         move |f: &'static str| Signal::derive(move || error.get().and_then(|e| e.for_field(f)));
     view! {
-        <form class="quota-form" on:submit=on_submit novalidate>
+        <form class="quota-form" method="post" on:submit=on_submit novalidate>
             <Field label="GPUs at once" id="max_gpus" kind="number" value=max_gpus error=ferr("max_gpus") placeholder="no cap"/>
             <Field label="GPU-hours per month" id="gpu_hours_per_month" kind="number" value=hours error=ferr("gpu_hours_per_month") placeholder="no cap"/>
             <Field label="Queued tasks" id="max_queued_tasks" kind="number" value=queued error=ferr("max_queued_tasks") placeholder="no cap"/>

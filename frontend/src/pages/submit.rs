@@ -40,6 +40,7 @@ struct Form {
     ckpt_interval: RwSignal<String>,
     ckpt_to: RwSignal<String>,
     ckpt_keep: RwSignal<String>,
+    checkpointed: RwSignal<bool>,
     retries: RwSignal<String>,
     bandwidth: RwSignal<String>,
     data_path: RwSignal<String>,
@@ -71,6 +72,7 @@ impl Form {
             ckpt_interval: RwSignal::new(v.ckpt_interval.clone()),
             ckpt_to: RwSignal::new(v.ckpt_to.clone()),
             ckpt_keep: RwSignal::new(v.ckpt_keep.clone()),
+            checkpointed: RwSignal::new(v.checkpointed),
             retries: RwSignal::new(v.retries.clone()),
             bandwidth: RwSignal::new(v.bandwidth.clone()),
             data_path: RwSignal::new(v.data_path.clone()),
@@ -101,6 +103,7 @@ impl Form {
             ckpt_interval: self.ckpt_interval.get(),
             ckpt_to: self.ckpt_to.get(),
             ckpt_keep: self.ckpt_keep.get(),
+            checkpointed: self.checkpointed.get(),
             retries: self.retries.get(),
             bandwidth: self.bandwidth.get(),
             data_path: self.data_path.get(),
@@ -136,6 +139,7 @@ impl Form {
         self.ckpt_interval.set(v.ckpt_interval.clone());
         self.ckpt_to.set(v.ckpt_to.clone());
         self.ckpt_keep.set(v.ckpt_keep.clone());
+        self.checkpointed.set(v.checkpointed);
         self.retries.set(v.retries.clone());
         self.bandwidth.set(v.bandwidth.clone());
         self.data_path.set(v.data_path.clone());
@@ -227,7 +231,11 @@ fn SubmitForm() -> impl IntoView {
         move || from.get(),
         |from| async move {
             match from {
-                Some(id) => api::get::<Task>(&format!("/api/v1/tasks/{id}")).await.ok(),
+                Some(id) => {
+                    api::get::<Task>(&format!("/api/v1/tasks/{}", super::tasks::encode(&id)))
+                        .await
+                        .ok()
+                }
                 None => None,
             }
         },
@@ -362,7 +370,7 @@ fn SubmitForm() -> impl IntoView {
                     <Field label="Template name" id="template" value=template_name error=ferr("template") placeholder="my-resnet"/>
                     <button type="button" class="secondary small" data-testid="save-template" on:click=save_template>"Save as template"</button>
                 </div>
-                <form class="task-form" on:submit=on_submit novalidate>
+                <form class="task-form" method="post" on:submit=on_submit novalidate>
                     <Field label="Name" id="name" value=form.name error=ferr("name") placeholder="resnet50"/>
                     <Field label="Image" id="image" value=form.image error=ferr("image")/>
                     <div class="field wide" class:has-error=move || ferr("command").get().is_some()>

@@ -65,7 +65,7 @@ pub fn TasksPage() -> impl IntoView {
 fn list_path(state: &str, label: &str, mine: bool, cursor: Option<&str>) -> String {
     let mut q = vec!["limit=25".to_string()];
     if !state.is_empty() {
-        q.push(format!("state={state}"));
+        q.push(format!("state={}", encode(state)));
     }
     if !label.trim().is_empty() {
         q.push(format!("label={}", encode(label.trim())));
@@ -273,7 +273,8 @@ fn TaskDetail() -> impl IntoView {
 fn TaskView(id: String) -> impl IntoView {
     let tick = live::ticker(Duration::from_secs(2));
     let finished = RwSignal::new(false);
-    let tid = StoredValue::new(id.clone());
+    // As it goes into API paths: an id from the URL is text the visitor chose.
+    let tid = StoredValue::new(encode(&id));
     let task = Resource::new(
         move || {
             // Once finished, a task no longer changes: stop polling.
@@ -298,7 +299,8 @@ fn TaskView(id: String) -> impl IntoView {
             .get()
             .and_then(|r| r.ok())
             .map(|t| (t.state, t.attempts, t.updated_at));
-        if seen.is_some_and(|seen| seen != now) {
+        // Only a change after the task was first shown: its first arrival is no change.
+        if seen.is_some_and(|seen| seen.is_some() && seen != now) {
             version.update(|v| *v += 1);
         }
         now

@@ -403,6 +403,7 @@ mod tests {
             env: [
                 ("EPOCHS".into(), "10".into()),
                 ("MODE".into(), "a=b".into()),
+                ("PS1".into(), "> ".into()),
             ]
             .into(),
             resources: Resources {
@@ -437,6 +438,15 @@ mod tests {
             preemptible: Some(false),
             ..Default::default()
         };
+        let default_checkpoints = TaskSpecInput {
+            checkpoint: Some(CheckpointSpec {
+                interval: None,
+                save_to: None,
+                keep: None,
+            }),
+            labels: [("note".into(), " spaced ".into())].into(),
+            ..base()
+        };
         let cpu_only = TaskSpecInput {
             command: Some(Command::Shell(
                 "echo \"$HOME\" && python -c 'print(1)'".into(),
@@ -450,7 +460,7 @@ mod tests {
             },
             ..base()
         };
-        for input in [full, cpu_only, base()] {
+        for input in [full, default_checkpoints, cpu_only, base()] {
             let spec = normalise(input, now).unwrap();
             let form = FormValues::from_input(&spec_to_input(&spec));
             let back = normalise(form.to_input().unwrap(), now).unwrap();
