@@ -7,7 +7,7 @@ COPY . .
 RUN cargo build --release --locked -p autodl-server \
  && cargo build --profile wasm-release --locked -p autodl-frontend --lib --target wasm32-unknown-unknown --features hydrate \
  && mkdir -p /out/site/pkg \
- && wasm-bindgen --target web --no-typescript --out-dir /out/site/pkg --out-name autodl \
+ && wasm-bindgen --target web --no-typescript --remove-name-section --out-dir /out/site/pkg --out-name autodl \
       target/wasm32-unknown-unknown/wasm-release/autodl_frontend.wasm \
  && cp style/main.css /out/site/pkg/autodl.css \
  && cp target/release/autodl-server /out/

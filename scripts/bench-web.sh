@@ -13,7 +13,7 @@ ensure_web_toolchain
 log "building the production bundle (profile wasm-release)"
 cargo build --locked -p autodl-frontend --lib --target wasm32-unknown-unknown --features hydrate --profile wasm-release
 out="$(mktemp -d)"
-wasm-bindgen --target web --no-typescript --out-dir "$out" --out-name autodl \
+wasm-bindgen --target web --no-typescript --remove-name-section --out-dir "$out" --out-name autodl \
   "$CARGO_TARGET_DIR/wasm32-unknown-unknown/wasm-release/autodl_frontend.wasm"
 cp style/main.css "$out/autodl.css"
 total=0

@@ -5,4 +5,5 @@
 
 pub mod agent;
 pub mod api;
+pub mod metrics;
 pub mod tasks;

@@ -287,6 +287,15 @@ pub struct Task {
     pub batch_size: Option<u32>,
     pub placement: Option<Vec<WorkerPlacement>>,
     pub waiting: Option<Waiting>,
+    /// When its first run started (null until then).
+    #[serde(default)]
+    pub started_at: Option<String>,
+    /// When it reached a final state (null until then).
+    #[serde(default)]
+    pub finished_at: Option<String>,
+    /// GPU time it has used over all its runs (a shared card counts by its memory share).
+    #[serde(default)]
+    pub gpu_seconds: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -418,6 +427,14 @@ pub struct NodeGpu {
     /// Tasks of other organizations on this GPU, which the caller may not see.
     #[serde(default)]
     pub other_tasks: u32,
+    /// Those of `tasks` that belong to another organization (a platform admin sees them, but
+    /// their pages are their organization's).
+    #[serde(default)]
+    pub other_org_tasks: Vec<String>,
+    /// Measured utilization (0..1) from the GPU's latest sample of the last 30 s; null when
+    /// none came.
+    #[serde(default)]
+    pub utilization: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -168,17 +168,37 @@ fn decode<T: DeserializeOwned>(status: u16, text: &str) -> ApiResult<T> {
 
 #[cfg(feature = "hydrate")]
 fn csrf_token() -> Option<String> {
+    cookie("autodl_csrf")
+}
+
+#[cfg(feature = "hydrate")]
+fn document() -> Option<web_sys::HtmlDocument> {
     use wasm_bindgen::JsCast;
-    let doc = web_sys::window()?
+    web_sys::window()?
         .document()?
         .dyn_into::<web_sys::HtmlDocument>()
-        .ok()?;
-    let cookies = doc.cookie().ok()?;
+        .ok()
+}
+
+/// A cookie this page can read.
+#[cfg(feature = "hydrate")]
+pub fn cookie(name: &str) -> Option<String> {
+    let cookies = document()?.cookie().ok()?;
     cookies
         .split(';')
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(k, _)| *k == "autodl_csrf")
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v.to_owned())
+}
+
+/// Keeps a small preference for a year (the server reads it when it renders).
+#[cfg(feature = "hydrate")]
+pub fn set_cookie(name: &str, value: &str) {
+    if let Some(d) = document() {
+        let _ = d.set_cookie(&format!(
+            "{name}={value}; Path=/; Max-Age=31536000; SameSite=Lax"
+        ));
+    }
 }
 
 /// Copies text to the clipboard where the browser allows it.

@@ -61,6 +61,7 @@ pub fn App() -> impl IntoView {
         |_| async { api::get::<Me>("/api/v1/me").await.ok() },
     ));
     provide_context(session);
+    crate::time::provide_zone();
 
     view! {
         <Title text="autodl"/>
@@ -80,6 +81,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/tasks") view=TasksPage ssr=SsrMode::Async/>
                     <Route path=path!("/tasks/:id") view=TaskPage ssr=SsrMode::Async/>
                     <Route path=path!("/submit") view=SubmitPage ssr=SsrMode::Async/>
+                    <Route path=path!("/compare") view=crate::pages::compare::ComparePage ssr=SsrMode::Async/>
                     <Route path=path!("/cluster") view=ClusterPage ssr=SsrMode::Async/>
                 </Routes>
             </main>

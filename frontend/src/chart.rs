@@ -1,36 +1,49 @@
-//! A small SVG line chart: time on x, a value with a unit on y, a legend, and a window of the
-//! last points. It re-renders in place when its series change.
+//! Line charts drawn as SVG, rendered on the server with the page and live in the browser:
+//! x by time, elapsed time or training step; one unit (one y axis) per chart; the values under
+//! the pointer in the legend; drag to zoom, double-click to zoom out; raw lines drawn faint
+//! behind smoothed ones. The arithmetic lives in [`crate::plot`].
 
 use leptos::prelude::*;
 
-/// One line of a chart: (seconds since the epoch, value) points, oldest first.
+use crate::plot::{self, XAxis};
+use crate::time::{self, ViewerZone, Zone};
+
+/// One line of a chart: (x, value) points, x ascending.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Series {
     pub name: String,
     pub color: &'static str,
     pub points: Vec<(f64, f64)>,
+    /// Drawn thin and pale, left out of the legend: the raw line behind a smoothed one.
+    pub faint: bool,
 }
 
-pub const PALETTE: [&str; 6] = [
-    "#3b5bdb", "#e8590c", "#2b8a3e", "#ae3ec9", "#c92a2a", "#1098ad",
+impl Series {
+    pub fn new(name: impl Into<String>, color: &'static str, points: Vec<(f64, f64)>) -> Self {
+        Series {
+            name: name.into(),
+            color,
+            points,
+            faint: false,
+        }
+    }
+}
+
+pub const PALETTE: [&str; 10] = [
+    "#3b5bdb", "#e8590c", "#2b8a3e", "#ae3ec9", "#c92a2a", "#1098ad", "#5c940d", "#d6336c",
+    "#495057", "#f08c00",
 ];
 
-const W: f64 = 640.0;
-const H: f64 = 220.0;
-const LEFT: f64 = 58.0;
-const RIGHT: f64 = 12.0;
-const TOP: f64 = 12.0;
-const BOTTOM: f64 = 30.0;
+const W: f64 = 720.0;
+const H: f64 = 260.0;
+const LEFT: f64 = 64.0;
+const RIGHT: f64 = 14.0;
+const TOP: f64 = 14.0;
+const BOTTOM: f64 = 34.0;
 
 /// Formats an axis value with its unit.
 pub fn format_value(v: f64, unit: &str) -> String {
-    let n = if v.abs() >= 100.0 || v == v.trunc() {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    };
+    let n = plot::short_number(v);
     if unit.is_empty() {
         n
     } else if unit == "%" {
@@ -40,116 +53,202 @@ pub fn format_value(v: f64, unit: &str) -> String {
     }
 }
 
-/// A round tick step (1, 2, 2.5 or 5 times a power of ten) at least `raw`.
-fn nice_step(raw: f64) -> f64 {
-    if raw <= 0.0 || !raw.is_finite() {
-        return 1.0;
+fn format_x(x: f64, axis: XAxis, zone: Zone) -> String {
+    match axis {
+        XAxis::Time => time::clock(x, zone),
+        XAxis::Elapsed => time::duration(x),
+        XAxis::Step => format!("step {}", plot::short_number(x)),
     }
-    let mag = 10f64.powf(raw.log10().floor());
-    [1.0, 2.0, 2.5, 5.0, 10.0]
-        .into_iter()
-        .map(|m| m * mag)
-        .find(|s| *s >= raw)
-        .unwrap_or(10.0 * mag)
 }
 
-fn clock(secs: f64) -> String {
-    let s = secs.rem_euclid(86_400.0) as u64;
-    format!("{:02}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
-}
-
-/// A line chart; `window` keeps only the last points of each series. `y_max` fixes the top of
-/// the y axis (100 for percentages); otherwise it follows the data.
+/// A line chart. `zoom` (in x units) narrows what is shown and is set by dragging across the
+/// chart; `y_max` fixes the top of the y axis (100 for percentages).
 #[component]
 pub fn LineChart(
     #[prop(into)] title: String,
     #[prop(into)] unit: String,
     #[prop(into)] testid: String,
     #[prop(into)] series: Signal<Vec<Series>>,
+    #[prop(into, optional)] x_axis: Option<Signal<XAxis>>,
+    #[prop(optional)] zoom: Option<RwSignal<Option<(f64, f64)>>>,
     #[prop(optional)] y_max: Option<f64>,
-    #[prop(default = 120)] window: usize,
 ) -> impl IntoView {
     let unit = StoredValue::new(unit);
-    let windowed = Memo::new(move |_| {
+    let x_axis = x_axis.unwrap_or_else(|| Signal::stored(XAxis::Time));
+    let zone = use_context::<ViewerZone>();
+    let zone = move || zone.map_or(Zone::Utc, |z| z.0.get());
+    let shown = Memo::new(move |_| {
+        let window = zoom.and_then(|z| z.get());
         series
             .get()
             .into_iter()
             .map(|mut s| {
-                if s.points.len() > window {
-                    s.points.drain(..s.points.len() - window);
+                if let Some((a, b)) = window {
+                    s.points.retain(|p| p.0 >= a && p.0 <= b);
                 }
                 s
             })
             .filter(|s| !s.points.is_empty())
             .collect::<Vec<_>>()
     });
-    let count = move || windowed.with(|w| w.iter().map(|s| s.points.len()).sum::<usize>());
-    let title2 = title.clone();
+    let count = move || {
+        shown.with(|w| {
+            w.iter()
+                .filter(|s| !s.faint)
+                .map(|s| s.points.len())
+                .sum::<usize>()
+        })
+    };
+    // The pointer (hover) and a drag in progress, in x units.
+    let hover = RwSignal::new(None::<f64>);
+    let drag = RwSignal::new(None::<(f64, f64)>);
+    // The drawn ranges, (x0, x1, y0, y1); None when there is nothing to draw.
+    let geom = Memo::new(move |_| {
+        shown.with(|data| {
+            if data.is_empty() {
+                return None;
+            }
+            let (mut x0, mut x1) = (f64::MAX, f64::MIN);
+            let (mut y0, mut y1) = (f64::MAX, f64::MIN);
+            for s in data {
+                for &(x, y) in &s.points {
+                    x0 = x0.min(x);
+                    x1 = x1.max(x);
+                    y0 = y0.min(y);
+                    y1 = y1.max(y);
+                }
+            }
+            if let Some((a, b)) = zoom.and_then(|z| z.get()) {
+                (x0, x1) = (a, b);
+            }
+            if x1 <= x0 {
+                x0 -= 1.0;
+                x1 += 1.0;
+            }
+            let (y0, y1) = plot::y_range(y0, y1, y_max);
+            Some((x0, x1, y0, y1))
+        })
+    });
+    let sx =
+        move |g: (f64, f64, f64, f64), x: f64| LEFT + (x - g.0) / (g.1 - g.0) * (W - LEFT - RIGHT);
+    let sy = move |g: (f64, f64, f64, f64), y: f64| {
+        TOP + (1.0 - (y - g.2) / (g.3 - g.2)) * (H - TOP - BOTTOM)
+    };
+    let to_x = move |ev: &leptos::ev::PointerEvent| {
+        let (x0, x1, _, _) = geom.get_untracked()?;
+        crate::live::pointer_fraction(ev).map(|f| {
+            let frac = ((f * W - LEFT) / (W - LEFT - RIGHT)).clamp(0.0, 1.0);
+            x0 + frac * (x1 - x0)
+        })
+    };
+    // The axes and lines: redrawn when the data, the axis or the zoom change, never on hover
+    // (the SVG element itself stays, so the pointer keeps its place on it).
+    let body = move || {
+        let g = geom.get()?;
+        let unit = unit.get_value();
+        let axis = x_axis.get();
+        let zone = zone();
+        let grid = plot::ticks(g.2, g.3, 4).into_iter().map(|t| {
+            let y = sy(g, t);
+            view! {
+                <line x1=LEFT x2=W - RIGHT y1=y y2=y class="grid"/>
+                <text x=LEFT - 6.0 y=y + 5.0 text-anchor="end" class="tick">{format_value(t, &unit)}</text>
+            }
+        }).collect_view();
+        let xt = (0..=4).map(|i| {
+            let x = g.0 + (g.1 - g.0) * f64::from(i) / 4.0;
+            let anchor = match i { 0 => "start", 4 => "end", _ => "middle" };
+            view! { <text x=sx(g, x) y=H - 10.0 text-anchor=anchor class="tick">{format_x(x, axis, zone)}</text> }
+        }).collect_view();
+        let lines = shown.with(|data| data.iter().map(|s| {
+            let pts = s.points.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(g, x), sy(g, y))).collect::<Vec<_>>().join(" ");
+            let (width, opacity) = if s.faint { ("1", "0.3") } else { ("2", "1") };
+            view! { <polyline points=pts fill="none" stroke=s.color stroke-width=width stroke-opacity=opacity data-line=s.name.clone()/> }
+        }).collect_view());
+        Some(view! {
+            {grid}
+            <line x1=LEFT x2=LEFT y1=TOP y2=H - BOTTOM class="axis"/>
+            <line x1=LEFT x2=W - RIGHT y1=H - BOTTOM y2=H - BOTTOM class="axis"/>
+            {xt}
+            {lines}
+        })
+    };
+    let marks = move || {
+        let (g, hx) = (geom.get()?, hover.get()?);
+        let axis = x_axis.get();
+        let dots = shown.with(|data| {
+            data.iter()
+                .filter(|s| !s.faint)
+                .filter_map(|s| {
+                    plot::nearest(&s.points, hx).map(
+                        |(x, y)| view! { <circle cx=sx(g, x) cy=sy(g, y) r="3.5" fill=s.color/> },
+                    )
+                })
+                .collect_view()
+        });
+        Some(view! {
+            <line x1=sx(g, hx) x2=sx(g, hx) y1=TOP y2=H - BOTTOM class="cursor"/>
+            <text x=(sx(g, hx) + 4.0).min(W - 120.0) y=TOP + 12.0 class="tick cursor-label">{format_x(hx, axis, zone())}</text>
+            {dots}
+        })
+    };
+    let selection = move || {
+        let (g, (a, b)) = (geom.get()?, drag.get()?);
+        let (l, r) = (sx(g, a.min(b)), sx(g, a.max(b)));
+        Some(
+            view! { <rect x=l y=TOP width=(r - l).max(1.0) height=H - TOP - BOTTOM class="selection"/> },
+        )
+    };
+    let legend = move || {
+        let unit = unit.get_value();
+        let at = hover.get();
+        shown.with(|data| data.iter().filter(|s| !s.faint).map(|s| {
+            let value = match at {
+                Some(hx) => plot::nearest(&s.points, hx).map(|p| p.1),
+                None => s.points.last().map(|p| p.1),
+            };
+            let value = value.map(|v| format_value(v, &unit)).unwrap_or_default();
+            view! { <span class="legend-item"><span class="swatch" style=format!("background:{}", s.color)></span>{s.name.clone()}" "<strong data-testid="legend-value">{value}</strong></span> }
+        }).collect_view())
+    };
     view! {
         <figure class="chart" data-testid=testid data-points=move || count().to_string()>
-            <figcaption>{title}</figcaption>
-            {move || {
-                let data = windowed.get();
-                if data.is_empty() {
-                    return view! { <p class="muted chart-empty">"No samples yet."</p> }.into_any();
+            <figcaption>
+                {title.clone()}
+                <span class="muted small">{move || (x_axis.get() == XAxis::Time).then(|| format!(" · times {}", time::zone_now(zone())))}</span>
+                {move || zoom.and_then(|z| z.get()).filter(|_| geom.with(Option::is_some)).map(|_| view! {
+                    <button type="button" class="link small" data-testid="zoom-out" on:click=move |_| {
+                        if let Some(z) = zoom { z.set(None); }
+                    }>"Zoom out"</button>
+                })}
+            </figcaption>
+            {move || geom.with(Option::is_none).then(|| view! { <p class="muted chart-empty">"No samples yet."</p> })}
+            <svg viewBox=format!("0 0 {W} {H}") role="img" aria-label=title class:hidden=move || geom.with(Option::is_none)
+                on:pointermove=move |ev| {
+                    let x = to_x(&ev);
+                    hover.set(x);
+                    if let (Some(x), Some((a, _))) = (x, drag.get_untracked()) { drag.set(Some((a, x))); }
                 }
-                let unit = unit.get_value();
-                let (mut x0, mut x1) = (f64::MAX, f64::MIN);
-                let (mut y0, mut y1) = (0.0f64, f64::MIN);
-                for s in &data {
-                    for &(x, y) in &s.points {
-                        x0 = x0.min(x);
-                        x1 = x1.max(x);
-                        y0 = y0.min(y);
-                        y1 = y1.max(y);
+                on:pointerleave=move |_| { hover.set(None); drag.set(None); }
+                on:pointerdown=move |ev| {
+                    if zoom.is_some() {
+                        if let Some(x) = to_x(&ev) { drag.set(Some((x, x))); }
                     }
                 }
-                let y1 = match y_max {
-                    Some(m) => m.max(y1),
-                    None if y1 <= y0 => y0 + 1.0,
-                    None => y0 + nice_step((y1 - y0) * 1.05 / 4.0) * 4.0,
-                };
-                if x1 <= x0 {
-                    x0 -= 1.0;
-                    x1 += 1.0;
+                on:pointerup=move |_| {
+                    if let (Some(z), Some((a, b)), Some((x0, x1, _, _))) = (zoom, drag.get_untracked(), geom.get_untracked()) {
+                        // A click is no zoom: at least 2% of the width.
+                        if (b - a).abs() > (x1 - x0) * 0.02 { z.set(Some((a.min(b), a.max(b)))); }
+                    }
+                    drag.set(None);
                 }
-                let sx = move |x: f64| LEFT + (x - x0) / (x1 - x0) * (W - LEFT - RIGHT);
-                let sy = move |y: f64| TOP + (1.0 - (y - y0) / (y1 - y0)) * (H - TOP - BOTTOM);
-                let ticks: Vec<f64> = (0..=4).map(|i| y0 + (y1 - y0) * i as f64 / 4.0).collect();
-                let grid = ticks.into_iter().map(|t| {
-                    let y = sy(t);
-                    view! {
-                        <line x1=LEFT x2=W - RIGHT y1=y y2=y class="grid"/>
-                        <text x=LEFT - 6.0 y=y + 4.0 text-anchor="end" class="tick">{format_value(t, &unit)}</text>
-                    }
-                }).collect_view();
-                let xt = [x0, (x0 + x1) / 2.0, x1].into_iter().enumerate().map(|(i, x)| {
-                    let anchor = ["start", "middle", "end"][i];
-                    view! { <text x=sx(x) y=H - 8.0 text-anchor=anchor class="tick">{clock(x)}</text> }
-                }).collect_view();
-                let lines = data.iter().map(|s| {
-                    let pts = s.points.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect::<Vec<_>>().join(" ");
-                    let last = s.points.last().map(|&(x, y)| (sx(x), sy(y)));
-                    view! {
-                        <polyline points=pts fill="none" stroke=s.color stroke-width="2"/>
-                        {last.map(|(x, y)| view! { <circle cx=x cy=y r="3" fill=s.color/> })}
-                    }
-                }).collect_view();
-                let legend = data.iter().map(|s| {
-                    let last = s.points.last().map(|p| format_value(p.1, &unit)).unwrap_or_default();
-                    view! { <span class="legend-item"><span class="swatch" style=format!("background:{}", s.color)></span>{s.name.clone()}" "<strong>{last}</strong></span> }
-                }).collect_view();
-                view! {
-                    <svg viewBox=format!("0 0 {W} {H}") role="img" aria-label=title2.clone()>
-                        {grid}
-                        <line x1=LEFT x2=LEFT y1=TOP y2=H - BOTTOM class="axis"/>
-                        <line x1=LEFT x2=W - RIGHT y1=H - BOTTOM y2=H - BOTTOM class="axis"/>
-                        {xt}
-                        {lines}
-                    </svg>
-                    <div class="legend">{legend}</div>
-                }.into_any()
-            }}
+                on:dblclick=move |_| { if let Some(z) = zoom { z.set(None); } }
+            >
+                {body}
+                {marks}
+                {selection}
+            </svg>
+            <div class="legend">{legend}</div>
         </figure>
     }
 }

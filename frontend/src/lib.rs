@@ -9,6 +9,8 @@ mod chart;
 pub mod form;
 mod live;
 mod pages;
+mod plot;
+pub mod time;
 
 #[cfg(feature = "hydrate")]
 #[wasm_bindgen::prelude::wasm_bindgen]

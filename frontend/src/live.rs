@@ -27,24 +27,6 @@ pub fn ticker(period: Duration) -> RwSignal<u64> {
     tick
 }
 
-/// Seconds since the Unix epoch of an RFC 3339 time (0 when it cannot be read).
-pub fn epoch_secs(at: &str) -> f64 {
-    #[cfg(feature = "hydrate")]
-    {
-        let ms = js_sys::Date::parse(at);
-        if ms.is_finite() {
-            ms / 1000.0
-        } else {
-            0.0
-        }
-    }
-    #[cfg(not(feature = "hydrate"))]
-    {
-        let _ = at;
-        0.0
-    }
-}
-
 /// Asks the user to confirm an action that cannot be undone (the browser's own dialog, which
 /// keyboards and screen readers already handle). Never confirmed without a browser.
 pub fn confirm(question: &str) -> bool {
@@ -76,6 +58,22 @@ pub fn focus(id: &str) {
     }
     #[cfg(not(feature = "hydrate"))]
     let _ = id;
+}
+
+/// Where the pointer is across the element listening, 0 at its left edge and 1 at its right.
+pub fn pointer_fraction(ev: &leptos::ev::PointerEvent) -> Option<f64> {
+    #[cfg(feature = "hydrate")]
+    {
+        use wasm_bindgen::JsCast;
+        let el = ev.current_target()?.dyn_into::<web_sys::Element>().ok()?;
+        let r = el.get_bounding_client_rect();
+        (r.width() > 0.0).then(|| (f64::from(ev.client_x()) - r.left()) / r.width())
+    }
+    #[cfg(not(feature = "hydrate"))]
+    {
+        let _ = ev;
+        None
+    }
 }
 
 /// This month as `YYYY-MM` (UTC).

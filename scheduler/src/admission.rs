@@ -173,7 +173,9 @@ pub fn admission_check(view: &ClusterView<'_>, t: &TaskRequest) -> Result<(), Ad
         let available = view
             .nodes
             .iter()
-            .filter(|n| n.schedulable && n.admits(&t.tolerations, &t.requires))
+            // A cordoned or draining node is capacity closed for now, not gone: what only it
+            // could hold waits (and says so) rather than being refused.
+            .filter(|n| n.admits(&t.tolerations, &t.requires))
             .flat_map(|n| n.gpus.iter())
             .filter(|g| gpu_ok(g))
             .count() as u32;
@@ -186,8 +188,7 @@ pub fn admission_check(view: &ClusterView<'_>, t: &TaskRequest) -> Result<(), Ad
     }
     // How many workers each empty node could hold, per zone.
     let per_node = |n: &Node| -> u32 {
-        if !n.schedulable
-            || !n.admits(&t.tolerations, &t.requires)
+        if !n.admits(&t.tolerations, &t.requires)
             || n.cpu_millis < t.cpu_millis
             || n.mem_bytes < t.mem_bytes
         {

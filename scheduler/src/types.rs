@@ -68,6 +68,22 @@ pub struct Node {
 }
 
 impl Node {
+    /// Whether one worker of `t` would fit here were the node empty and open: the GPUs of an
+    /// acceptable type, CPU and memory it asks, and no taint it does not tolerate. What a
+    /// waiting task is told when the only such nodes are closed to new tasks.
+    pub fn could_hold(&self, t: &TaskRequest) -> bool {
+        let gpus = self
+            .gpus
+            .iter()
+            .filter(|g| accepts_type(&t.gpu_types, &g.gpu_type))
+            .filter(|g| t.gpu_mem_bytes.is_none_or(|m| g.mem_bytes >= m))
+            .count();
+        gpus >= t.gpus_per_worker as usize
+            && self.cpu_millis >= t.cpu_millis
+            && self.mem_bytes >= t.mem_bytes
+            && self.admits(&t.tolerations, &t.requires)
+    }
+
     /// A task with these tolerations and requirements may run here.
     pub fn admits(&self, tolerations: &[String], requires: &[String]) -> bool {
         self.taints.iter().all(|t| tolerations.contains(t))
@@ -380,5 +396,65 @@ mod tests {
         l.charge("u", "t", 3_600.0, None, 1_706_745_000, 1e9, 86_400);
         assert!((l.users["u"].utilization(1_706_745_000, 86_400, 0.0) - 0.25).abs() < 1e-9);
         assert_eq!(l.users["u"].month_gpu_seconds, 7_200.0);
+    }
+
+    #[test]
+    fn a_node_could_hold_a_worker_by_type_count_size_and_taints() {
+        let node = Node {
+            id: "a40".into(),
+            zone: String::new(),
+            labels: Default::default(),
+            cpu_millis: 16_000,
+            mem_bytes: 64 << 30,
+            gpus: (0..4)
+                .map(|i| Gpu {
+                    index: i,
+                    gpu_type: "A40".into(),
+                    mem_bytes: 48 << 30,
+                    util: 0.0,
+                })
+                .collect(),
+            schedulable: false,
+            taints: vec!["trusted-only".into()],
+            features: vec![],
+        };
+        let mut t = TaskRequest {
+            id: "t".into(),
+            user: "u".into(),
+            tenant: "o".into(),
+            gpu_types: vec!["A40".into()],
+            gpus_per_worker: 4,
+            workers: 1,
+            gpu_mem_bytes: None,
+            cpu_millis: 0,
+            mem_bytes: 0,
+            priority: 0.5,
+            deadline: None,
+            submitted_at: 0,
+            estimated_runtime: None,
+            preemptible: true,
+            zone_affinity: false,
+            attained_gpu_seconds: 0.0,
+            tolerations: vec!["trusted-only".into()],
+            requires: vec![],
+        };
+        assert!(
+            node.could_hold(&t),
+            "closed or not, it has what the task asks"
+        );
+        t.gpus_per_worker = 5;
+        assert!(!node.could_hold(&t));
+        t.gpus_per_worker = 1;
+        t.gpu_types = vec!["A100".into()];
+        assert!(!node.could_hold(&t));
+        t.gpu_types = vec![];
+        t.gpu_mem_bytes = Some(80 << 30);
+        assert!(!node.could_hold(&t));
+        t.gpu_mem_bytes = None;
+        t.cpu_millis = 32_000;
+        assert!(!node.could_hold(&t));
+        t.cpu_millis = 0;
+        t.tolerations = vec![];
+        assert!(!node.could_hold(&t), "a taint it does not tolerate");
     }
 }

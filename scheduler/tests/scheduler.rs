@@ -738,6 +738,17 @@ fn admission_rejects_what_can_never_fit() {
         ..task("t", "u", 1, 0)
     };
     assert!(admission_check(&tv, &trusted).is_ok());
+    // Cordoned nodes are closed for now, not gone: what only they hold is admitted to wait.
+    let mut cordoned = nodes.clone();
+    for n in &mut cordoned {
+        n.schedulable = false;
+    }
+    let cv = ClusterView {
+        nodes: &cordoned,
+        quotas: &quotas,
+        config: &cfg,
+    };
+    assert!(admission_check(&cv, &task("c", "u", 8, 0)).is_ok());
     let e = admission_check(
         &view,
         &TaskRequest {

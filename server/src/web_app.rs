@@ -107,9 +107,17 @@ impl Loopback {
             .map_err(|_| format!("{path} does not answer text"))
     }
 
-    /// Provides the page being rendered with reads as its caller.
+    /// Provides the page being rendered with reads as its caller, and the zone its viewer's
+    /// browser said it is in.
     fn provide(&self) {
-        let cookie = use_context::<leptos_actix::Request>().and_then(|r| {
+        let request = use_context::<leptos_actix::Request>();
+        if let Some(zone) = request.as_ref().and_then(|r| {
+            r.cookie(autodl_frontend::time::ZONE_COOKIE)
+                .and_then(|c| autodl_frontend::time::zone_from_cookie(c.value()))
+        }) {
+            provide_context(zone);
+        }
+        let cookie = request.and_then(|r| {
             let all: Vec<&str> = r
                 .headers()
                 .get_all(actix_web::http::header::COOKIE)

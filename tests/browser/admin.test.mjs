@@ -102,7 +102,7 @@ test("set a member's quota, drain a node, see the tasks move", async () => {
   await admin.goto(`${server.base}/admin`);
   await hydrated(admin);
   await admin.click(`[data-testid=admin-nodes] tr[data-node='${before}'] button:text('Drain')`);
-  await admin.waitForSelector(`[data-testid=admin-nodes] tr[data-node='${before}'] .badge:text('not schedulable')`);
+  await admin.waitForSelector(`[data-testid=admin-nodes] tr[data-node='${before}'] .badge:text('cordoned')`);
   await shot(admin, "32-admin-node-drained");
 
   // The researcher's page shows a second attempt, on the other node, running.

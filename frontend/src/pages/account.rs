@@ -3,6 +3,7 @@ use leptos::prelude::*;
 
 use crate::api::{self, ApiErr};
 use crate::app::{general_error, use_session, Field, RequireLogin};
+use crate::time::Time;
 
 #[component]
 pub fn AccountPage() -> impl IntoView {
@@ -132,9 +133,9 @@ fn ApiKeys() -> impl IntoView {
                                 <tr data-key-name=row_name>
                                     <td>{k.name}</td>
                                     <td><code>{k.prefix}"…"</code></td>
-                                    <td>{short_date(&k.created_at)}</td>
-                                    <td>{k.last_used_at.as_deref().map(short_date).unwrap_or_else(|| "never".into())}</td>
-                                    <td>{k.expires_at.as_deref().map(short_date).unwrap_or_else(|| "never".into())}</td>
+                                    <td><Time at=k.created_at.clone()/></td>
+                                    <td>{match k.last_used_at.clone() { Some(at) => view! { <Time at/> }.into_any(), None => "never".into_any() }}</td>
+                                    <td>{match k.expires_at.clone() { Some(at) => view! { <Time at/> }.into_any(), None => "never".into_any() }}</td>
                                     <td><button type="button" class="small danger" on:click=move |_| {
                                         if crate::live::confirm(&format!("Revoke the key \"{}\"? Programs using it stop working.", row_label)) { revoke.dispatch(id.clone()); }
                                     }>"Revoke"</button></td>
@@ -147,10 +148,6 @@ fn ApiKeys() -> impl IntoView {
         </section>
         </Transition>
     }
-}
-
-pub fn short_date(rfc3339: &str) -> String {
-    rfc3339.get(..16).unwrap_or(rfc3339).replace('T', " ")
 }
 
 #[component]

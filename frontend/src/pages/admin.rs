@@ -7,11 +7,11 @@ use autodl_common::tasks::NodeInfo;
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::account::short_date;
 use super::quota::{quota_summary, QuotaEditor};
 use crate::api::{self, ApiErr};
 use crate::app::{general_error, use_session, Field, RequireLogin};
 use crate::live;
+use crate::time::Time;
 
 #[component]
 pub fn AdminPage() -> impl IntoView {
@@ -70,7 +70,7 @@ fn Tenants() -> impl IntoView {
                                 <td>{t.name}</td><td>{t.members}</td><td>{quota_summary(&t.quota)}</td>
                                 <td>{super::tasks::bytes(t.storage_bytes)}</td>
                                 <td>{if trusted { "yes" } else { "no" }}</td>
-                                <td>{short_date(&t.created_at)}</td>
+                                <td><Time at=t.created_at.clone()/></td>
                                 <td class="row-actions">
                                     <button type="button" class="small secondary" on:click=move |_| editing.set(Some(t2.clone()))>"Edit quota"</button>
                                     <button type="button" class="small secondary" data-testid="toggle-trust" on:click=move |_| { trust.dispatch((id.clone(), !trusted)); }>
@@ -242,6 +242,7 @@ fn Nodes() -> impl IntoView {
                     let (id1, id2, id3, id4) = (n.id.clone(), n.id.clone(), n.id.clone(), n.id.clone());
                     let unisolated = n.isolation == "none";
                     let trusted_only = n.trusted_only;
+                    let schedulable = n.schedulable;
                     let how = isolation_text(&n.runtime, &n.isolation);
                     view! {
                         <tr data-node=n.id.clone()>
@@ -253,10 +254,15 @@ fn Nodes() -> impl IntoView {
                                 {trusted_only.then(|| view! { " " <span class="badge warn">"trusted-only"</span> })}
                                 {(unisolated && !trusted_only).then(|| view! { " " <span class="badge warn">"open to all, unisolated"</span> })}
                             </td>
-                            <td><span class="badge">{if n.schedulable { "ready" } else { "not schedulable" }}</span></td>
+                            <td><span class="badge" data-testid="node-status">{if n.schedulable { "ready" } else { "cordoned" }}</span></td>
                             <td class="row-actions">
-                                <button type="button" class="small secondary" on:click=move |_| { act.dispatch((id1.clone(), "cordon")); }>"Cordon"</button>
-                                <button type="button" class="small secondary" on:click=move |_| { act.dispatch((id2.clone(), "uncordon")); }>"Uncordon"</button>
+                                // Only the action that changes something: a ready node can be
+                                // cordoned, a cordoned or drained one made ready again.
+                                {if schedulable {
+                                    view! { <button type="button" class="small secondary" data-testid="cordon" on:click=move |_| { act.dispatch((id1.clone(), "cordon")); }>"Cordon"</button> }.into_any()
+                                } else {
+                                    view! { <button type="button" class="small secondary" data-testid="uncordon" on:click=move |_| { act.dispatch((id2.clone(), "uncordon")); }>"Uncordon"</button> }.into_any()
+                                }}
                                 <button type="button" class="small danger" on:click=move |_| {
                                     if crate::live::confirm(&format!("Drain {}? Its tasks are checkpointed and moved, and it takes no new work.", id3)) { act.dispatch((id3.clone(), "drain")); }
                                 }>"Drain"</button>
@@ -379,7 +385,7 @@ fn RegistrationTokens() -> impl IntoView {
                         <tr>
                             <td>{t.name}</td><td>{format!("{} of {}", t.uses, t.max_uses)}</td>
                             <td>{t.node_id.unwrap_or_else(|| "any new node".into())}</td>
-                            <td>{short_date(&t.created_at)}</td><td>{short_date(&t.expires_at)}</td>
+                            <td><Time at=t.created_at.clone()/></td><td><Time at=t.expires_at.clone()/></td>
                             <td><button type="button" class="small danger" on:click=move |_| {
                                 if crate::live::confirm("Revoke this registration token? Nodes not yet registered with it cannot use it.") { revoke.dispatch(id.clone()); }
                             }>"Revoke"</button></td>

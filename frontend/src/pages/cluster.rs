@@ -16,16 +16,16 @@ pub fn ClusterPage() -> impl IntoView {
     view! { <RequireLogin><Cluster/></RequireLogin> }
 }
 
-/// A background colour from white (idle) to deep blue (fully allocated).
+/// The cell's shade: from pale to mid blue as the GPU gets busier. The darkest shade still
+/// holds dark text at more than 4.5:1, so the numbers stay readable at every level.
 fn heat(share: f64) -> String {
     let s = share.clamp(0.0, 1.0);
     let mix = |a: f64, b: f64| (a + (b - a) * s).round() as u8;
     format!(
-        "background:rgb({},{},{});color:{}",
-        mix(240.0, 47.0),
-        mix(244.0, 74.0),
-        mix(250.0, 192.0),
-        if s > 0.5 { "#fff" } else { "#1c2230" }
+        "background:rgb({},{},{});color:#1c2230",
+        mix(240.0, 123.0),
+        mix(244.0, 147.0),
+        mix(250.0, 230.0),
     )
 }
 
@@ -69,7 +69,7 @@ fn Cluster() -> impl IntoView {
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <h1>"Cluster"</h1>
-            <p class="muted">"Each square is a GPU, shaded by the share of its memory held by tasks. Updated every 3 s."</p>
+            <p class="muted">"Each square is a GPU, shaded by how busy it is (measured utilization), with the share of its memory held by tasks below. Updated every 3 s."</p>
             {move || match nodes.get() {
                 None => view! { <p class="muted">"Loading…"</p> }.into_any(),
                 Some(Err(e)) => view! { <p class="banner error" role="alert">{e.message}</p> }.into_any(),
@@ -85,21 +85,34 @@ fn Cluster() -> impl IntoView {
                                 <div class="node-row" data-node=n.id.clone()>
                                     <div class="node-name">
                                         <strong>{n.id.clone()}</strong>
-                                        <span class="muted small">{n.zone.clone()}{(!n.schedulable).then_some(" · not schedulable")}</span>
+                                        <span class="muted small">{n.zone.clone()}{(!n.schedulable).then_some(" · cordoned")}</span>
                                         {(n.isolation == "none" && !n.trusted_only).then(|| view! { <span class="badge warn">"not isolated"</span> })}
                                     </div>
                                     <div class="gpu-cells">
                                         {n.gpus.into_iter().map(|g| {
                                             let share = if g.memory == 0 { 0.0 } else { g.allocated_memory as f64 / g.memory as f64 };
-                                            let title = format!("{} GPU {} · {}: {} of {} allocated{}", n.id, g.index, g.gpu_type, bytes(g.allocated_memory), bytes(g.memory),
+                                            let util = g.utilization;
+                                            let title = format!("{} GPU {} · {}: {} busy · {} of {} memory allocated{}", n.id, g.index, g.gpu_type,
+                                                util.map_or_else(|| "no recent sample".to_owned(), |u| format!("{:.0}%", u * 100.0)),
+                                                bytes(g.allocated_memory), bytes(g.memory),
                                                 if g.tasks.is_empty() { String::new() } else { format!(" · tasks: {}", g.tasks.join(", ")) });
                                             view! {
-                                                <div class="gpu-cell" style=heat(share) title=title data-testid="gpu-cell" data-tasks=g.tasks.len()>
+                                                <div class="gpu-cell" style=heat(util.unwrap_or(0.0)) title=title data-testid="gpu-cell" data-tasks=g.tasks.len()
+                                                    data-util=util.map(|u| format!("{u:.2}"))>
                                                     <span class="gpu-index">{g.index}</span>
                                                     <span class="gpu-type">{g.gpu_type.clone()}</span>
-                                                    <span class="gpu-share">{format!("{:.0}%", share * 100.0)}</span>
+                                                    <span class="gpu-share" data-testid="gpu-util">{util.map_or_else(|| "—".to_owned(), |u| format!("{:.0}% busy", u * 100.0))}</span>
+                                                    <span class="small">{format!("mem {:.0}%", share * 100.0)}</span>
                                                     <span class="gpu-tasks">
-                                                        {g.tasks.iter().map(|t| view! { <a href=format!("/tasks/{t}")>{t.get(..8).unwrap_or(t).to_string()}</a> }).collect_view()}
+                                                        {g.tasks.iter().map(|t| {
+                                                            let short = t.get(..8).unwrap_or(t).to_string();
+                                                            // Another organization's task has no page here.
+                                                            if g.other_org_tasks.contains(t) {
+                                                                view! { <span class="foreign" title="another organization's task" data-testid="foreign-task">{short}</span> }.into_any()
+                                                            } else {
+                                                                view! { <a href=format!("/tasks/{t}")>{short}</a> }.into_any()
+                                                            }
+                                                        }).collect_view()}
                                                     </span>
                                                 </div>
                                             }

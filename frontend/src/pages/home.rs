@@ -4,12 +4,12 @@ use autodl_common::api::Quota;
 use autodl_common::tasks::{Task, TaskPage};
 use leptos::prelude::*;
 
-use super::account::short_date;
 use super::quota::quota_summary;
 use super::tasks::{gpu_summary, state_badge};
 use crate::api;
 use crate::app::use_session;
 use crate::live;
+use crate::time::Time;
 
 #[component]
 pub fn HomePage() -> impl IntoView {
@@ -107,7 +107,7 @@ fn Dashboard() -> impl IntoView {
                             <td><a href=format!("/tasks/{}", t.id)>{t.name.clone()}</a></td>
                             <td>{state_badge(t.state)}</td>
                             <td>{gpu_summary(&t.spec)}</td>
-                            <td>{short_date(&t.created_at)}</td>
+                            <td><Time at=t.created_at.clone()/></td>
                             <td class="muted small">{t.waiting.as_ref().map(|w| w.message.clone()).unwrap_or_default()}</td>
                         </tr>
                     }).collect_view().into_any()

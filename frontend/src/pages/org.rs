@@ -3,10 +3,10 @@ use autodl_common::api::{
 };
 use leptos::prelude::*;
 
-use super::account::short_date;
 use super::quota::{quota_summary, QuotaEditor};
 use crate::api::{self, ApiErr};
 use crate::app::{general_error, use_session, Field, RequireLogin};
+use crate::time::Time;
 
 #[component]
 pub fn OrgPage() -> impl IntoView {
@@ -91,7 +91,7 @@ fn Org() -> impl IntoView {
                                         view! { <span class="badge">{role.as_str()}</span> }.into_any()
                                     }}
                                 </td>
-                                <td>{short_date(&m.created_at)}</td>
+                                <td><Time at=m.created_at.clone()/></td>
                                 <td class="row-actions">
                                     <Show when=manager>
                                         {
@@ -220,7 +220,7 @@ fn Invitations() -> impl IntoView {
                     let id = i.id.clone();
                     view! {
                         <tr>
-                            <td>{i.email}</td><td>{i.role.as_str()}</td><td>{short_date(&i.expires_at)}</td>
+                            <td>{i.email}</td><td>{i.role.as_str()}</td><td><Time at=i.expires_at.clone()/></td>
                             <td>{if i.accepted { "accepted" } else { "pending" }}</td>
                             <td>{(!i.accepted).then(|| view! {
                                 <button type="button" class="small danger" on:click=move |_| {

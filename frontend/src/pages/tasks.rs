@@ -3,19 +3,21 @@
 
 use std::time::Duration;
 
+use std::collections::BTreeSet;
+
 use autodl_common::tasks::{
-    Attempt, Checkpoint, LogLine, MetricSample, PriorityFactors, Task, TaskEvent, TaskPage,
-    TaskSpec, TaskState,
+    Attempt, Checkpoint, LogLine, PriorityFactors, Task, TaskEvent, TaskPage, TaskSpec, TaskState,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::{use_navigate, use_params_map, use_query_map};
 
-use super::account::short_date;
+use super::compare::MAX_COMPARED;
+use super::metrics::{ChartHistory, Metrics};
 use crate::api::{self, ApiErr};
 use crate::app::{general_error, RequireLogin};
-use crate::chart::{LineChart, Series, PALETTE};
 use crate::form::spec_to_input;
 use crate::live::{self, TailStatus};
+use crate::time::{self, Time};
 
 pub fn state_badge(state: TaskState) -> impl IntoView {
     view! { <span class=format!("badge state-{}", state.as_str()) data-testid="state">{state.as_str()}</span> }
@@ -167,6 +169,46 @@ fn TaskList() -> impl IntoView {
         |(_, path)| async move { api::get::<TaskPage>(&path).await },
     );
     let (go1, go2, go3, go4, go5) = (go.clone(), go.clone(), go.clone(), go.clone(), go);
+    // Rows ticked for a bulk action.
+    let selected = RwSignal::new(BTreeSet::<String>::new());
+    let bulk_msg = RwSignal::new(None::<String>);
+    let cancel_many = Action::new_local(move |ids: &Vec<String>| {
+        let ids = ids.clone();
+        async move {
+            let mut done = 0;
+            let mut failed = Vec::new();
+            for id in &ids {
+                let path = format!("/api/v1/tasks/{}/cancel", encode(id));
+                match api::post::<_, Task>(&path, &serde_json::json!({})).await {
+                    Ok(_) => done += 1,
+                    Err(e) => failed.push(e.message),
+                }
+            }
+            (done, failed)
+        }
+    });
+    Effect::new(move |_| {
+        if let Some((done, failed)) = cancel_many.value().get() {
+            let mut msg = format!("Cancelled {done} task{}.", if done == 1 { "" } else { "s" });
+            if let Some(first) = failed.first() {
+                msg.push_str(&format!(
+                    " {} could not be cancelled: {first}",
+                    failed.len()
+                ));
+            }
+            bulk_msg.set(Some(msg));
+            selected.set(BTreeSet::new());
+            tasks.refetch();
+        }
+    });
+    let compare_href = move || {
+        let ids: Vec<String> = selected.get().into_iter().collect();
+        format!(
+            "/compare?ids={}",
+            ids.iter().map(|i| encode(i)).collect::<Vec<_>>().join(",")
+        )
+    };
+    let can_compare = move || (2..=MAX_COMPARED).contains(&selected.with(BTreeSet::len));
     view! {
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
@@ -206,28 +248,51 @@ fn TaskList() -> impl IntoView {
                 <button type="submit" class="small secondary" data-testid="filter-apply">"Apply"</button>
             </form>
             {move || tasks.get().and_then(|r| r.err()).map(|e| view! { <p class="banner error" role="alert">{e.message}</p> })}
+            <div class="bulk" data-testid="bulk">
+                <span class="muted small" data-testid="selected-count">{move || match selected.with(BTreeSet::len) { 0 => "Tick tasks to compare or cancel them together.".to_owned(), n => format!("{n} selected") }}</span>
+                {move || if can_compare() {
+                    view! { <a class="button secondary small" data-testid="compare" href=compare_href()>"Compare"</a> }.into_any()
+                } else {
+                    view! { <span class="button secondary small disabled" aria-disabled="true" title=format!("Tick 2 to {MAX_COMPARED} tasks")>"Compare"</span> }.into_any()
+                }}
+                <button type="button" class="danger small" data-testid="cancel-selected" disabled=move || selected.with(BTreeSet::is_empty) on:click=move |_| {
+                    let ids: Vec<String> = selected.get_untracked().into_iter().collect();
+                    if crate::live::confirm(&format!("Cancel {} selected task{}? Work since their last checkpoint is lost.", ids.len(), if ids.len() == 1 { "" } else { "s" })) {
+                        cancel_many.dispatch(ids);
+                    }
+                }>"Cancel selected"</button>
+                <span class="small" role="status" data-testid="bulk-message">{move || bulk_msg.get()}</span>
+            </div>
             <table class="table" data-testid="tasks">
-                <thead><tr><th>"Name"</th><th>"State"</th><th>"GPUs"</th><th>"User"</th><th>"Created ↓"</th><th>"Waiting"</th></tr></thead>
+                <thead><tr><th><span class="visually-hidden">"Select"</span></th><th>"Name"</th><th>"State"</th><th>"GPUs"</th><th>"User"</th><th>"Created ↓"</th><th>"Ran for"</th><th>"Waiting"</th></tr></thead>
                 <tbody>
                 {move || match tasks.get() {
-                    None => view! { <tr><td colspan="6" class="muted">"Loading…"</td></tr> }.into_any(),
-                    Some(Err(_)) => view! { <tr><td colspan="6" class="muted">"—"</td></tr> }.into_any(),
+                    None => view! { <tr><td colspan="8" class="muted">"Loading…"</td></tr> }.into_any(),
+                    Some(Err(_)) => view! { <tr><td colspan="8" class="muted">"—"</td></tr> }.into_any(),
                     Some(Ok(page)) => {
                         let needle = current.get().search.to_lowercase();
                         let rows: Vec<Task> = page.items.into_iter().filter(|t| needle.is_empty() || t.name.to_lowercase().contains(&needle)).collect();
                         if rows.is_empty() {
-                            return view! { <tr><td colspan="6" class="muted" data-testid="no-tasks">"No tasks match."</td></tr> }.into_any();
+                            return view! { <tr><td colspan="8" class="muted" data-testid="no-tasks">"No tasks match."</td></tr> }.into_any();
                         }
                         rows.into_iter().map(|t| {
                             let waiting = t.waiting.as_ref().map(|w| w.message.clone()).unwrap_or_default();
+                            let (id1, id2) = (t.id.clone(), t.id.clone());
                             view! {
                                 <tr data-testid="task-row" data-task=t.id.clone()>
-                                    <td><a href=format!("/tasks/{}", t.id)>{t.name.clone()}</a></td>
-                                    <td>{state_badge(t.state)}</td>
-                                    <td>{gpu_summary(&t.spec)}</td>
-                                    <td>{t.user_email.clone()}</td>
-                                    <td>{short_date(&t.created_at)}</td>
-                                    <td class="muted small">{waiting}</td>
+                                    <td><input type="checkbox" data-testid="select-task" aria-label=format!("Select {}", t.name)
+                                        prop:checked=move || selected.with(|s| s.contains(&id1))
+                                        on:change=move |ev| {
+                                            let on = event_target_checked(&ev);
+                                            selected.update(|s| { if on { s.insert(id2.clone()); } else { s.remove(&id2); } });
+                                        }/></td>
+                                    <td data-label="Name"><a href=format!("/tasks/{}", t.id)>{t.name.clone()}</a></td>
+                                    <td data-label="State">{state_badge(t.state)}</td>
+                                    <td data-label="GPUs">{gpu_summary(&t.spec)}</td>
+                                    <td data-label="User">{t.user_email.clone()}</td>
+                                    <td data-label="Created"><Time at=t.created_at.clone()/></td>
+                                    <td data-label="Ran for">{ran_for(&t).unwrap_or_default()}</td>
+                                    <td data-label="Waiting" class="muted small">{waiting}</td>
                                 </tr>
                             }
                         }).collect_view().into_any()
@@ -332,6 +397,10 @@ fn TaskView(id: String) -> impl IntoView {
         },
         |(_, path)| async move { api::get::<Vec<Checkpoint>>(&path).await },
     );
+    let history = ChartHistory::new(&id);
+    let missing = Memo::new(
+        move |_| matches!(task.get(), Some(Err(ref e)) if e.status == 404 || e.status == 403),
+    );
     let error = RwSignal::new(None::<ApiErr>);
     let navigate = use_navigate();
     let cancel = Action::new_local(move |_: &()| {
@@ -377,6 +446,7 @@ fn TaskView(id: String) -> impl IntoView {
             Some(Err(e)) => view! { <section class="card"><h1>"Task"</h1><p class="banner error" role="alert">{e.message}</p><p><a href="/tasks">"All tasks"</a></p></section> }.into_any(),
             Some(Ok(t)) => {
                 let spec = t.spec.clone();
+                let t_for_summary = t.clone();
                 let running = !t.state.is_finished();
                 let placement = t.placement.clone().unwrap_or_default().iter().map(|p| format!("{} GPU {:?}", p.node, p.gpu_indices)).collect::<Vec<_>>().join(", ");
                 view! {
@@ -400,8 +470,15 @@ fn TaskView(id: String) -> impl IntoView {
                         </div>
                         <p class="banner error" role="alert">{move || general_error(error.get(), &[])}</p>
                         <p class="banner error" role="alert" data-testid="results-message">{move || results_msg.get()}</p>
+                        {move || {
+                            let list = attempts.get().and_then(|r| r.ok()).unwrap_or_default();
+                            failure_summary(&t_for_summary, &list).map(|m| view! { <p class="banner error" data-testid="failure-summary"><strong>"Failed. "</strong>{m}</p> })
+                        }}
                         <dl class="facts">
-                            <dt>"Submitted"</dt><dd>{short_date(&t.created_at)}" by "{t.user_email.clone()}</dd>
+                            <dt>"Submitted"</dt><dd><Time at=t.created_at.clone()/>" by "{t.user_email.clone()}</dd>
+                            {t.started_at.clone().map(|at| view! { <dt>"Started"</dt><dd><Time at/></dd> })}
+                            {ran_for(&t).map(|d| view! { <dt>"Ran for"</dt><dd data-testid="ran-for">{d}</dd> })}
+                            <dt>"GPU time"</dt><dd data-testid="gpu-hours">{gpu_hours(t.gpu_seconds)}</dd>
                             <dt>"Image"</dt><dd><code>{t.spec.image.clone()}</code></dd>
                             <dt>"Command"</dt><dd><code>{t.spec.command.join(" ")}</code></dd>
                             <dt>"GPUs"</dt><dd>{gpu_summary(&t.spec)}</dd>
@@ -416,30 +493,33 @@ fn TaskView(id: String) -> impl IntoView {
                             <h2>"Why it waits"</h2>
                             <p>{w.message.clone()}</p>
                             {w.position.map(|p| view! { <p class="muted">"Position in the queue: " <strong>{p + 1}</strong></p> })}
-                            <p class="muted" data-testid="estimated-start">"Expected to start: " <strong>{w.estimated_start.as_deref().map_or_else(|| "not estimated yet".to_owned(), short_date)}</strong></p>
+                            <p class="muted" data-testid="estimated-start">"Expected to start: " <strong>{w.estimated_start.as_deref().map_or_else(|| "not estimated yet".to_owned(), time::local)}</strong></p>
                             {w.priority.clone().map(priority_bars)}
                         </section>
                     })}
                 }.into_any()
             }
         }}
-        <section class="card">
-            <h2>"Live metrics"</h2>
-            <Metrics id=id.clone()/>
-        </section>
-        <section class="card">
-            <h2>"Log"</h2>
-            <LogTail id=id.clone()/>
-        </section>
+        // A task that is not there (or not this organization's) has nothing to stream.
+        {move || (!missing.get()).then(|| view! {
+            <section class="card">
+                <h2>"Metrics"</h2>
+                <Metrics history/>
+            </section>
+            <section class="card">
+                <h2>"Log"</h2>
+                <LogTail id=id.clone()/>
+            </section>
+        })}
         <section class="card">
             <h2>"Attempts"</h2>
             <table class="table" data-testid="attempts">
-                <thead><tr><th>"#"</th><th>"Node / GPUs"</th><th>"Started"</th><th>"Ended"</th><th>"Exit"</th><th>"Reason"</th></tr></thead>
+                <thead><tr><th>"#"</th><th>"Node / GPUs"</th><th>"Started"</th><th>"Ended"</th><th>"Length"</th><th>"Exit"</th><th>"Reason"</th></tr></thead>
                 <tbody>
                 {move || {
                     let list = attempts.get().and_then(|r| r.ok()).unwrap_or_default();
                     if list.is_empty() {
-                        return view! { <tr><td colspan="6" class="muted">"No attempts yet."</td></tr> }.into_any();
+                        return view! { <tr><td colspan="7" class="muted">"No attempts yet."</td></tr> }.into_any();
                     }
                     list.into_iter().map(|a| {
                         let place = a.placement.iter().map(|p| format!("{} {:?}", p.node, p.gpu_indices)).collect::<Vec<_>>().join(", ");
@@ -447,8 +527,9 @@ fn TaskView(id: String) -> impl IntoView {
                             <tr>
                                 <td>{a.number}</td>
                                 <td>{if place.is_empty() { a.node.clone().unwrap_or_default() } else { place }}</td>
-                                <td>{short_date(&a.started_at)}</td>
-                                <td>{a.ended_at.as_deref().map(short_date).unwrap_or_else(|| "running".into())}</td>
+                                <td><Time at=a.started_at.clone()/></td>
+                                <td>{match a.ended_at.clone() { Some(at) => view! { <Time at/> }.into_any(), None => "running".into_any() }}</td>
+                                <td>{attempt_length(&a)}</td>
                                 <td>{a.exit_code.map(|c| c.to_string()).unwrap_or_default()}</td>
                                 <td>{exit_reason(a.reason.as_deref(), a.exit_code)}</td>
                             </tr>
@@ -470,7 +551,7 @@ fn TaskView(id: String) -> impl IntoView {
                     }
                     list.into_iter().map(|c| view! {
                         <tr title=c.location.clone()>
-                            <td>{short_date(&c.created_at)}</td>
+                            <td><Time at=c.created_at.clone()/></td>
                             <td>{c.attempt}</td>
                             <td>{c.step.map(|s| s.to_string()).or_else(|| c.epoch.map(|e| format!("epoch {e}"))).unwrap_or_else(|| "—".into())}</td>
                             <td>{c.files}</td>
@@ -485,7 +566,7 @@ fn TaskView(id: String) -> impl IntoView {
             <h2>"Events"</h2>
             <ol class="timeline" data-testid="events">
                 {move || events.get().and_then(|r| r.ok()).unwrap_or_default().into_iter().map(|e| view! {
-                    <li><span class="muted">{short_time(&e.at)}</span>" "<span class="badge">{e.kind.clone()}</span>" "{e.message.clone()}</li>
+                    <li><span class="muted"><Time at=e.at.clone() seconds=true/></span>" "<span class="badge">{e.kind.clone()}</span>" "{e.message.clone()}</li>
                 }).collect_view()}
             </ol>
         </section>
@@ -493,8 +574,67 @@ fn TaskView(id: String) -> impl IntoView {
     }
 }
 
-fn short_time(at: &str) -> String {
-    at.get(..19).unwrap_or(at).replace('T', " ")
+/// How long the task has run: from its first start to its end (or now).
+fn ran_for(t: &Task) -> Option<String> {
+    let start = t.started_at.as_deref().and_then(time::parse_ms)?;
+    let end = t
+        .finished_at
+        .as_deref()
+        .and_then(time::parse_ms)
+        .unwrap_or_else(time::now_ms);
+    Some(time::duration((end - start) / 1000.0))
+}
+
+fn attempt_length(a: &Attempt) -> String {
+    let Some(start) = time::parse_ms(&a.started_at) else {
+        return String::new();
+    };
+    let end = a
+        .ended_at
+        .as_deref()
+        .and_then(time::parse_ms)
+        .unwrap_or_else(time::now_ms);
+    time::duration((end - start) / 1000.0)
+}
+
+fn gpu_hours(seconds: f64) -> String {
+    if seconds < 360.0 {
+        format!("{} GPU-minutes", (seconds / 60.0).round())
+    } else {
+        format!("{:.1} GPU-hours", seconds / 3600.0)
+    }
+}
+
+/// What a researcher asks first of a task that failed: how it ended, where, after how many
+/// tries. Said from its last attempt.
+fn failure_summary(t: &Task, attempts: &[Attempt]) -> Option<String> {
+    if t.state != TaskState::Failed {
+        return None;
+    }
+    let Some(last) = attempts.iter().max_by_key(|a| a.number) else {
+        return Some("It failed before it could start.".into());
+    };
+    let how = match (last.reason.as_deref(), last.exit_code) {
+        (Some("oom"), _) => "ran out of GPU memory".to_owned(),
+        (Some("node_lost"), _) => "lost its node".to_owned(),
+        (_, Some(code)) => format!("exited with code {code}"),
+        (Some(r), None) => exit_reason(Some(r), None).to_owned(),
+        (None, None) => "stopped".to_owned(),
+    };
+    let node = last
+        .node
+        .clone()
+        .or_else(|| last.placement.first().map(|p| p.node.clone()))
+        .map(|n| format!(" on {n}"))
+        .unwrap_or_default();
+    let tries = match t.attempts {
+        0 | 1 => String::new(),
+        n => format!(" after {n} attempts"),
+    };
+    Some(format!(
+        "Attempt {} {how}{node}{tries}. The log below ends where it stopped.",
+        last.number
+    ))
 }
 
 fn exit_reason(reason: Option<&str>, code: Option<i32>) -> &'static str {
@@ -565,7 +705,7 @@ fn LogTail(id: String) -> impl IntoView {
             <span class="badge" data-testid="log-status">{move || status.get().label()}</span>
             <span class="muted small" data-testid="log-count">{move || format!("{} lines", lines.with(Vec::len))}</span>
         </div>
-        <pre class="log" data-testid="log" node_ref=box_ref tabindex="0" aria-label="Log">
+        <pre class="log" data-testid="log" node_ref=box_ref tabindex="0" role="log" aria-label="Log">
             // Keyed by sequence number: a new line adds one node and the window's oldest line
             // removes one, instead of rebuilding thousands of spans per line.
             <For
@@ -585,86 +725,5 @@ fn LogTail(id: String) -> impl IntoView {
                 }
             />
         </pre>
-    }
-}
-
-#[component]
-fn Metrics(id: String) -> impl IntoView {
-    let samples = RwSignal::new(Vec::<MetricSample>::new());
-    let status = RwSignal::new(TailStatus::Connecting);
-    // Pushed by the server as they arrive; a dropped stream resumes after the last sample.
-    let url = move || {
-        let after = samples.with_untracked(|s| s.last().map(|s| s.at.clone()));
-        match after {
-            Some(a) => format!("/api/v1/tasks/{id}/metrics/stream?after={}", encode(&a)),
-            None => format!("/api/v1/tasks/{id}/metrics/stream"),
-        }
-    };
-    live::follow(
-        url,
-        move |s: MetricSample| {
-            samples.update(|list| {
-                list.push(s);
-                if list.len() > 2000 {
-                    let extra = list.len() - 2000;
-                    list.drain(..extra);
-                }
-            })
-        },
-        status,
-    );
-    let pick = move |f: fn(&MetricSample) -> Option<f64>| {
-        samples.with(|s| {
-            s.iter()
-                .filter_map(|m| f(m).map(|v| (live::epoch_secs(&m.at), v)))
-                .collect::<Vec<_>>()
-        })
-    };
-    let util = Signal::derive(move || {
-        vec![Series {
-            name: "GPU utilization (mean)".into(),
-            color: PALETTE[0],
-            points: pick(|m| m.gpu_util.map(|u| u * 100.0)),
-        }]
-    });
-    let mem = Signal::derive(move || {
-        const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
-        vec![
-            Series {
-                name: "used".into(),
-                color: PALETTE[1],
-                points: pick(|m| m.mem_used.map(|b| b as f64 / GIB)),
-            },
-            Series {
-                name: "total".into(),
-                color: "#98a2b3",
-                points: pick(|m| m.mem_total.map(|b| b as f64 / GIB)),
-            },
-        ]
-    });
-    let training = Signal::derive(move || {
-        vec![
-            Series {
-                name: "loss".into(),
-                color: PALETTE[2],
-                points: pick(|m| m.loss),
-            },
-            Series {
-                name: "epoch".into(),
-                color: PALETTE[3],
-                points: pick(|m| m.epoch),
-            },
-        ]
-    });
-    let has_training = move || training.with(|t| t.iter().any(|s| !s.points.is_empty()));
-    view! {
-        <p class="muted small">"Stream: " <span data-testid="metrics-status">{move || status.get().label()}</span></p>
-        <div class="charts">
-            <LineChart title="GPU utilization" unit="%" testid="chart-util" series=util y_max=100.0/>
-            <LineChart title="GPU memory" unit="GiB" testid="chart-mem" series=mem/>
-            {move || has_training().then(|| view! {
-                <LineChart title="Training (reported)" unit="" testid="chart-training" series=training/>
-            })}
-        </div>
     }
 }

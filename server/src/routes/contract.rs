@@ -528,6 +528,24 @@ fn parameter_rules() -> Vec<(&'static str, &'static str, &'static str, Value)> {
             range(1.0, 10_000.0),
         ),
         (
+            "/api/v1/tasks/{id}/metrics/lines",
+            "get",
+            "from",
+            pattern(RFC3339),
+        ),
+        (
+            "/api/v1/tasks/{id}/metrics/lines",
+            "get",
+            "to",
+            pattern(RFC3339),
+        ),
+        (
+            "/api/v1/tasks/{id}/metrics/lines",
+            "get",
+            "points",
+            range(10.0, 5000.0),
+        ),
+        (
             "/api/v1/tasks/{id}/metrics/stream",
             "get",
             "after",

@@ -67,6 +67,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(tasks::logs)
             .service(tasks::log_stream)
             .service(tasks::metrics)
+            .service(tasks::metric_lines)
             .service(streams::metric_stream)
             .service(tasks::report_metrics)
             .service(artifacts::results)

@@ -24,6 +24,8 @@ struct Held {
     memory: u64,
     tasks: Vec<String>,
     others: u32,
+    /// Of `tasks`, another organization's (shown to platform admins).
+    foreign: Vec<String>,
 }
 
 /// The cluster as the caller may see it: every node and what is allocated, but only the
@@ -48,12 +50,24 @@ pub async fn list(
                 e.memory = e.memory.saturating_add(spec.gpu_memory.unwrap_or(u64::MAX));
                 if visible {
                     e.tasks.push(t.id.clone());
+                    if t.tenant_id != caller.tenant_id() {
+                        e.foreign.push(t.id.clone());
+                    }
                 } else {
                     e.others += 1;
                 }
             }
         }
     }
+    // How busy each GPU is now: its latest sample of the last half minute.
+    let since = state.clock.now_ms() - 30_000;
+    let busy: HashMap<(String, u32), f64> = state
+        .store
+        .latest_gpu_utilization(since)
+        .await?
+        .into_iter()
+        .filter_map(|(n, i, u)| Some(((n, u32::try_from(i).ok()?), u)))
+        .collect();
     let mut out = Vec::new();
     for r in &nodes {
         let n = to_node(r)?;
@@ -70,6 +84,8 @@ pub async fn list(
                         allocated_memory: h.memory.min(g.mem_bytes),
                         tasks: h.tasks,
                         other_tasks: h.others,
+                        other_org_tasks: h.foreign,
+                        utilization: busy.get(&(n.id.clone(), g.index)).copied(),
                     }
                 })
                 .collect(),
@@ -206,6 +222,8 @@ pub async fn register(
                 allocated_memory: 0,
                 tasks: vec![],
                 other_tasks: 0,
+                other_org_tasks: vec![],
+                utilization: None,
             })
             .collect(),
         runtime: String::new(),

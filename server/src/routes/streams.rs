@@ -1,19 +1,16 @@
 //! Live streams for the web app, as Server-Sent Events (the log tail is in `tasks`).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use actix_web::web::Bytes;
 use actix_web::{get, web, HttpResponse};
 use autodl_common::api::ErrorBody;
-use autodl_common::tasks::MetricSample;
 use serde::Deserialize;
 
 use crate::auth::caller::{LiveCaller, STREAM_REVOKED};
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::state::{rfc3339, AppState};
-use crate::store::{GpuSampleRecord, MetricRecord};
+use crate::state::AppState;
 use crate::tasks::spec;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -30,52 +27,6 @@ const POLL: Duration = Duration::from_millis(1000);
 /// Samples as `GET /tasks/{id}/metrics` shapes them: one per reported set of numbers, and one
 /// per GPU sampling instant (utilization averaged over the task's GPUs, memory summed, the
 /// per-GPU values kept as `gpu<i>_util` / `gpu<i>_mem`), oldest first.
-fn samples(reported: Vec<MetricRecord>, gpu: &[GpuSampleRecord]) -> Vec<(i64, MetricSample)> {
-    let mut out: Vec<(i64, MetricSample)> = reported
-        .into_iter()
-        .map(|r| {
-            let mut values: BTreeMap<String, f64> =
-                serde_json::from_str(&r.sample).unwrap_or_default();
-            let sample = MetricSample {
-                at: rfc3339(r.at),
-                gpu_util: None,
-                mem_used: None,
-                mem_total: None,
-                epoch: values.remove("epoch"),
-                loss: values.remove("loss"),
-                values,
-            };
-            (r.at, sample)
-        })
-        .collect();
-    for group in gpu.chunk_by(|a, b| a.at == b.at) {
-        let n = group.len() as f64;
-        let mut values = BTreeMap::new();
-        let (mut util, mut used, mut total) = (0.0, 0u64, 0u64);
-        for g in group {
-            util += g.util;
-            used += g.mem_used.max(0) as u64;
-            total += g.mem_total.max(0) as u64;
-            values.insert(format!("gpu{}_util", g.gpu_index), g.util);
-            values.insert(format!("gpu{}_mem", g.gpu_index), g.mem_used as f64);
-        }
-        out.push((
-            group[0].at,
-            MetricSample {
-                at: rfc3339(group[0].at),
-                gpu_util: Some(util / n),
-                mem_used: Some(used),
-                mem_total: Some(total),
-                epoch: None,
-                loss: None,
-                values,
-            },
-        ));
-    }
-    out.sort_by_key(|(at, _)| *at);
-    out
-}
-
 /// Live metrics of a task as Server-Sent Events: one `data: {MetricSample}` per sample (GPU
 /// utilization and memory from the agent, numbers the task reported), then `event: end` once the
 /// task has finished and everything was sent.
@@ -148,7 +99,7 @@ pub async fn metric_stream(
                     };
                     let next_metric = reported.last().map_or(metric_after, |r| r.at);
                     let next_gpu = gpu.last().map_or(gpu_after, |g| g.at);
-                    let batch = samples(reported, &gpu);
+                    let batch = crate::tasks::metrics::samples(reported, &gpu);
                     if !batch.is_empty() {
                         let mut out = String::new();
                         for (_, s) in &batch {

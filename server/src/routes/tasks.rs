@@ -8,8 +8,8 @@ use actix_web::web::Bytes;
 use actix_web::{get, post, web, FromRequest, HttpRequest, HttpResponse};
 use autodl_common::api::ErrorBody;
 use autodl_common::tasks::{
-    Attempt, LogLine, LogPage, MetricSample, MetricSeries, Task, TaskEvent, TaskPage,
-    TaskSpecInput, TaskState, WorkerPlacement,
+    Attempt, LogLine, LogPage, MetricSeries, Task, TaskEvent, TaskPage, TaskSpecInput, TaskState,
+    WorkerPlacement,
 };
 use serde::Deserialize;
 
@@ -383,63 +383,64 @@ pub async fn metrics(
             "limit must be between 1 and 10000",
         ));
     }
-    let rows = state.store.task_metrics(&t.task.id, after, limit).await?;
-    let mut samples: Vec<(i64, MetricSample)> = rows
-        .into_iter()
-        .map(|r| {
-            let mut values: BTreeMap<String, f64> =
-                serde_json::from_str(&r.sample).unwrap_or_default();
-            let sample = MetricSample {
-                at: rfc3339(r.at),
-                gpu_util: None,
-                mem_used: None,
-                mem_total: None,
-                epoch: values.remove("epoch"),
-                loss: values.remove("loss"),
-                values,
-            };
-            (r.at, sample)
-        })
-        .collect();
-    // GPU samples from the agent: one point per sampling instant, utilisation averaged over the
-    // task's GPUs and memory summed, with the per-GPU values kept as gpu<i>_util / gpu<i>_mem.
+    let reported = state.store.task_metrics(&t.task.id, after, limit).await?;
     let gpu = state
         .store
         .task_gpu_samples(&t.task.id, after, limit)
         .await?;
-    let mut i = 0;
-    while i < gpu.len() {
-        let at = gpu[i].at;
-        let mut j = i;
-        let (mut util, mut used, mut total) = (0.0, 0u64, 0u64);
-        let mut values = BTreeMap::new();
-        while j < gpu.len() && gpu[j].at == at {
-            let g = &gpu[j];
-            util += g.util;
-            used += g.mem_used.max(0) as u64;
-            total += g.mem_total.max(0) as u64;
-            values.insert(format!("gpu{}_util", g.gpu_index), g.util);
-            values.insert(format!("gpu{}_mem", g.gpu_index), g.mem_used as f64);
-            j += 1;
-        }
-        let n = (j - i) as f64;
-        samples.push((
-            at,
-            MetricSample {
-                at: rfc3339(at),
-                gpu_util: Some(util / n),
-                mem_used: Some(used),
-                mem_total: Some(total),
-                epoch: None,
-                loss: None,
-                values,
-            },
-        ));
-        i = j;
-    }
-    samples.sort_by_key(|(at, _)| *at);
+    let samples = crate::tasks::metrics::samples(reported, &gpu);
     let samples = samples.into_iter().map(|(_, s)| s).collect();
     Ok(web::Json(MetricSeries { samples }))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct MetricLinesQuery {
+    /// RFC 3339: the window's start (default: the task's first sample).
+    from: Option<String>,
+    /// RFC 3339: the window's end (default: now); a window that ends before it starts is empty.
+    to: Option<String>,
+    /// Points per line at most, 10..=5000 (default 600): lines are thinned with LTTB, which
+    /// keeps peaks and shape.
+    points: Option<usize>,
+}
+
+/// Rows of each kind read for one window at most: a week of 8 GPUs sampled every 5 s.
+const WINDOW_ROWS: i64 = 1_000_000;
+
+/// A task's whole history (or a window of it) as named lines for charts, each thinned to a
+/// budget of points: a long run keeps its shape without sending every sample.
+#[utoipa::path(params(("id" = String, Path), MetricLinesQuery), responses((status = 200, body = autodl_common::metrics::MetricLines), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+#[get("/tasks/{id}/metrics/lines")]
+pub async fn metric_lines(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+    q: web::Query<MetricLinesQuery>,
+) -> Result<web::Json<autodl_common::metrics::MetricLines>, ApiError> {
+    let t = find(&state, &caller, &id).await?;
+    let time = |field: &'static str, v: &Option<String>| -> Result<Option<i64>, ApiError> {
+        v.as_deref()
+            .map(|a| {
+                spec::parse_time_ms(a).ok_or_else(|| {
+                    ApiError::invalid(field, format!("{field} must be an RFC 3339 time"))
+                })
+            })
+            .transpose()
+    };
+    let from = time("from", &q.from)?.unwrap_or(0);
+    let to = time("to", &q.to)?.unwrap_or(i64::MAX);
+    let points = q.points.unwrap_or(600);
+    if !(10..=5000).contains(&points) {
+        return Err(ApiError::invalid(
+            "points",
+            "points must be between 10 and 5000",
+        ));
+    }
+    let lines =
+        crate::tasks::metrics::window(&*state.store, &t.task.id, from, to, points, WINDOW_ROWS)
+            .await?;
+    Ok(web::Json(lines))
 }
 
 /// Lets training code report its own numbers (epoch, loss, accuracy, ...).
@@ -507,7 +508,9 @@ pub async fn report_metrics(
                 format!("{k:?} is not a metric name"),
             ));
         }
-        if ["gpu_util", "mem_used", "mem_total"].contains(&k.as_str()) {
+        // GPU lines are measured by the platform: a task cannot draw its own.
+        if ["mem_used", "mem_total"].contains(&k.as_str()) || autodl_common::metrics::is_gpu_line(k)
+        {
             return Err(ApiError::invalid(
                 "metrics",
                 format!("{k} is measured by the platform"),

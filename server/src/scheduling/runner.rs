@@ -515,12 +515,14 @@ impl Runner {
         }
         self.forecaster.collect().await;
         let starts = &self.forecaster.starts;
+        let mut closed = super::explain::ClosedNodes::new(loaded.snapshot.state());
         let waiting: HashMap<String, Waiting> = decisions
             .pending
             .into_iter()
             .map(|p| {
                 let id = p.task.clone();
-                let mut w = super::explain(p);
+                let closed = closed.for_task(&p);
+                let mut w = super::explain(p, &closed);
                 w.estimated_start = starts.get(&id).map(|&ms| crate::state::rfc3339(ms));
                 (id, w)
             })

@@ -80,6 +80,14 @@ pub trait Tasks: Send + Sync {
         after: i64,
         limit: i64,
     ) -> StoreResult<Vec<MetricRecord>>;
+    /// The oldest `limit` reported samples in `[from, to]` (milliseconds), oldest first.
+    async fn task_metrics_window(
+        &self,
+        id: &str,
+        from: i64,
+        to: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<MetricRecord>>;
     /// Marks a placed task to be stopped by its agent; `false` if it is not placed.
     async fn set_stop_reason(
         &self,

@@ -26,11 +26,21 @@ pub trait Usage: Send + Sync {
         after: i64,
         limit: i64,
     ) -> StoreResult<Vec<GpuSampleRecord>>;
+    /// The oldest `limit` GPU samples of a task in `[from, to]` (milliseconds), oldest first.
+    async fn task_gpu_samples_window(
+        &self,
+        task_id: &str,
+        from: i64,
+        to: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<GpuSampleRecord>>;
     /// Attempts that ran at some time in `[from, to)`, with their task's tenant and user
     /// (usage reports).
     async fn usage_attempts(&self, from: i64, to: i64) -> StoreResult<Vec<UsageAttemptRecord>>;
     /// Mean GPU utilization (0..1) per user over the raw samples of their tasks in `[from, to)`.
     async fn usage_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<UsageUtilRecord>>;
+    /// Each GPU's latest sample taken since `since`: `(node, GPU index, utilization 0..1)`.
+    async fn latest_gpu_utilization(&self, since: i64) -> StoreResult<Vec<(String, i64, f64)>>;
     /// Folds raw samples older than `before` into hourly rollups and deletes them; drops
     /// rollups older than `rollups_before`.
     async fn compact_gpu_samples(&self, before: i64, rollups_before: i64) -> StoreResult<u64>;

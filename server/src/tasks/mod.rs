@@ -4,6 +4,7 @@
 pub mod access;
 pub mod checkpoints;
 pub mod lifecycle;
+pub mod metrics;
 pub mod spec;
 
 use autodl_common::tasks::{Task, TaskSpec, TaskState, Waiting, WorkerPlacement};
@@ -90,5 +91,8 @@ pub fn to_api(t: TaskWithUser) -> Result<Task, ApiError> {
         attempts: t.task.attempts as u32,
         batch_size: t.task.batch_size.map(|b| b as u32),
         waiting,
+        started_at: t.task.started_at.map(rfc3339),
+        finished_at: t.task.finished_at.map(rfc3339),
+        gpu_seconds: t.task.attained_gpu_seconds,
     })
 }

@@ -12,6 +12,7 @@ crate::on_both_backends!(
     registration_and_credentials,
     tasks_flow_through_an_agent,
     metrics_batches_are_checked,
+    metric_lines_keep_a_long_run_s_shape,
     lost_nodes_requeue_their_tasks,
     drain_and_cancel_reach_the_agent,
     polls_are_recorded_in_batches_before_nodes_are_judged,
@@ -442,6 +443,157 @@ async fn metrics_batches_are_checked(b: Backend) {
         "{prom}"
     );
     assert!(prom.contains("autodl_gpu_samples_ingested_total 1"));
+}
+
+/// A long run's chart: the whole history comes back thinned to the asked budget, a spike kept,
+/// every GPU its own line, a window narrows it, and bad windows are refused.
+async fn metric_lines_keep_a_long_run_s_shape(b: Backend) {
+    let app = spawn_app_with(b, |_| {}).await;
+    let op = app.operator().await;
+    let agent = FakeAgent::join(&app, &op, "gpu-1", "A100-40G", "z1").await;
+    let s = app.signup("lines@example.com", "Lab").await;
+    let mut two = spec("long", "A100");
+    two["resources"]["gpu"]["count"] = json!(2);
+    let t: Value = s
+        .send(&app, Method::POST, "/api/v1/tasks", Some(two))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = t["id"].as_str().unwrap().to_owned();
+    let work = agent.poll(&[], 5).await;
+    let gpus: Vec<u64> = work["assignments"][0]["gpu_indices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_u64().unwrap())
+        .collect();
+    assert_eq!(gpus.len(), 2, "{work}");
+    let start = time::OffsetDateTime::now_utc() - time::Duration::seconds(4000);
+    let at = |i: i64| {
+        (start + time::Duration::seconds(i))
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    // 3,000 instants on two GPUs; the second GPU spikes to full once.
+    let mut samples: Vec<Value> = Vec::new();
+    for i in 0..3000 {
+        for (k, g) in gpus.iter().enumerate() {
+            let util = if k == 1 && i == 1777 { 1.0 } else { 0.25 };
+            samples.push(json!({"at": at(i), "gpu_index": g, "util": util, "mem_used": 1 << 30, "mem_total": 42949672960u64, "task_id": id}));
+        }
+    }
+    let res = agent
+        .call("/api/v1/agent/metrics", json!({ "samples": samples }))
+        .await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    for i in 0..30 {
+        let res = s
+            .send(
+                &app,
+                Method::POST,
+                &format!("/api/v1/tasks/{id}/metrics"),
+                Some(json!({"loss": 1.0 / f64::from(i + 1), "step": i})),
+            )
+            .await;
+        assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    }
+
+    let lines = s
+        .get(
+            &app,
+            &format!("/api/v1/tasks/{id}/metrics/lines?points=100"),
+        )
+        .await;
+    assert_eq!(lines["raw_points"], 3030, "{}", lines["raw_points"]);
+    assert_eq!(lines["truncated"], false);
+    let line = |name: &str| -> Vec<Value> {
+        lines["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["name"] == name)
+            .unwrap_or_else(|| panic!("no line {name}: {lines}"))["points"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let mean = line("gpu_util");
+    assert_eq!(mean.len(), 100, "thinned to the budget");
+    let second = line(&format!("gpu{}_util", gpus[1]));
+    assert_eq!(second.len(), 100);
+    assert!(
+        second.iter().any(|p| p[1] == 1.0),
+        "the spike survives thinning"
+    );
+    assert!(line(&format!("gpu{}_util", gpus[0]))
+        .iter()
+        .all(|p| p[1] == 0.25));
+    assert_eq!(line("gpu_mem_used")[0][1], f64::from(2u32 << 30));
+    let first_ms = mean[0][0].as_f64().unwrap();
+    let last_ms = mean[99][0].as_f64().unwrap();
+    assert!(
+        last_ms - first_ms >= 2_999_000.0,
+        "the whole history: {first_ms}..{last_ms}"
+    );
+    let loss = line("loss");
+    assert_eq!(loss.len(), 30, "a short line is kept whole");
+    assert_eq!(loss[0][1], 1.0);
+    assert_eq!(line("step").len(), 30);
+
+    // A window of ten minutes in the middle holds only its own samples.
+    let (from, to) = (at(1000), at(1599));
+    let url = format!(
+        "/api/v1/tasks/{id}/metrics/lines?points=5000&from={}&to={}",
+        urlencoding(&from),
+        urlencoding(&to)
+    );
+    let window = s.get(&app, &url).await;
+    assert_eq!(window["raw_points"], 600, "{}", window["raw_points"]);
+    let w = window["lines"].as_array().unwrap();
+    assert!(
+        w.iter().all(|l| l["name"] != "loss"),
+        "reported later than the window"
+    );
+    // A window that ends before it starts is empty.
+    let url = format!(
+        "/api/v1/tasks/{id}/metrics/lines?from={}&to={}",
+        urlencoding(&to),
+        urlencoding(&from)
+    );
+    assert_eq!(s.get(&app, &url).await["raw_points"], 0);
+
+    for (query, field) in [
+        ("points=5", "points"),
+        ("points=5001", "points"),
+        ("from=yesterday", "from"),
+        ("to=1", "to"),
+    ] {
+        let res = s
+            .send(
+                &app,
+                Method::GET,
+                &format!("/api/v1/tasks/{id}/metrics/lines?{query}"),
+                None,
+            )
+            .await;
+        let e = assert_error(res, StatusCode::BAD_REQUEST, "validation").await;
+        assert_eq!(e["error"]["field"], field, "{query}");
+    }
+    let other = app.signup("peek@example.com", "Other").await;
+    let res = other
+        .send(
+            &app,
+            Method::GET,
+            &format!("/api/v1/tasks/{id}/metrics/lines"),
+            None,
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+}
+
+fn urlencoding(s: &str) -> String {
+    s.replace('+', "%2B").replace(':', "%3A")
 }
 
 async fn lost_nodes_requeue_their_tasks(b: Backend) {

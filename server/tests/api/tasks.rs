@@ -21,6 +21,7 @@ crate::on_both_backends!(
     lifecycle_retries_and_oom_recovery,
     logs_and_metrics,
     nodes_are_admin_managed,
+    a_task_that_only_closed_nodes_could_hold_says_so,
 );
 
 fn spec(name: &str, gpu_type: &str, count: u32) -> Value {
@@ -813,4 +814,63 @@ async fn nodes_are_admin_managed(b: Backend) {
         .send(&app, Method::DELETE, "/api/v1/admin/nodes/node-b", None)
         .await;
     assert_error(res, StatusCode::NOT_FOUND, "not_found").await;
+}
+
+/// Waiting for GPUs that only a cordoned node has never ends by itself: the task says which
+/// node and why, and starts once the node is opened again.
+async fn a_task_that_only_closed_nodes_could_hold_says_so(b: Backend) {
+    let app = spawn_app(b).await;
+    let op = app.operator_with_nodes().await;
+    let res = op
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/admin/nodes/node-b/cordon",
+            None,
+        )
+        .await;
+    assert!(res.status().is_success(), "{}", res.status());
+    let s = app.signup("closed@example.com", "Lab").await;
+    let t = submit(&app, &s, spec("clip", "A40", 1)).await;
+    let id = t["id"].as_str().unwrap().to_owned();
+    let mut message = String::new();
+    for _ in 0..100 {
+        let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+        message = t["waiting"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if message.contains("cordoned") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        message.contains("node-b is cordoned or draining"),
+        "{message}"
+    );
+    // Waiting for an open node that is busy: the node will free up, nothing closed is named.
+    let full = submit(&app, &s, spec("full", "A100", 4)).await;
+    wait_state(&app, &s, full["id"].as_str().unwrap(), "scheduled").await;
+    let next = submit(&app, &s, spec("next", "A100", 1)).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let next = s
+        .get(
+            &app,
+            &format!("/api/v1/tasks/{}", next["id"].as_str().unwrap()),
+        )
+        .await;
+    let said = next["waiting"]["message"].as_str().unwrap();
+    assert!(!said.is_empty() && !said.contains("cordoned"), "{said}");
+    let res = op
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/admin/nodes/node-b/uncordon",
+            None,
+        )
+        .await;
+    assert!(res.status().is_success());
+    let t = wait_state(&app, &s, &id, "scheduled").await;
+    assert_eq!(t["placement"][0]["node"], "node-b");
 }

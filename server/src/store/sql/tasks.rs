@@ -456,6 +456,19 @@ macro_rules! impl_tasks {
                 .await?)
             }
 
+            async fn task_metrics_window(&self, id: &str, from: i64, to: i64, limit: i64) -> StoreResult<Vec<MetricRecord>> {
+                Ok(sqlx::query_as(
+                    "SELECT at, sample FROM task_metrics WHERE task_id = $1 AND at >= $2 AND at <= $3
+                     ORDER BY at, id LIMIT $4",
+                )
+                .bind(id)
+                .bind(from)
+                .bind(to)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
             async fn set_stop_reason(&self, fence: Option<Term>, id: &str, reason: &str) -> StoreResult<bool> {
                 let mut tx = self.pool.begin().await?;
                 if let Some(term) = fence {

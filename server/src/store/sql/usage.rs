@@ -158,6 +158,32 @@ macro_rules! impl_usage {
                 .await?)
             }
 
+            async fn task_gpu_samples_window(&self, task_id: &str, from: i64, to: i64, limit: i64) -> StoreResult<Vec<GpuSampleRecord>> {
+                Ok(sqlx::query_as(&format!(
+                    "SELECT {SAMPLE_COLS} FROM gpu_samples WHERE task_id = $1 AND at >= $2 AND at <= $3
+                     ORDER BY at, gpu_index LIMIT $4"
+                ))
+                .bind(task_id)
+                .bind(from)
+                .bind(to)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn latest_gpu_utilization(&self, since: i64) -> StoreResult<Vec<(String, i64, f64)>> {
+                let rows: Vec<(String, i64, f64)> = sqlx::query_as(
+                    "SELECT node_id, gpu_index, util FROM gpu_samples WHERE at >= $1 ORDER BY at",
+                )
+                .bind(since)
+                .fetch_all(&self.pool)
+                .await?;
+                // Later rows win: one per GPU.
+                let latest: std::collections::HashMap<(String, i64), f64> =
+                    rows.into_iter().map(|(n, i, u)| ((n, i), u)).collect();
+                Ok(latest.into_iter().map(|((n, i), u)| (n, i, u)).collect())
+            }
+
             async fn usage_attempts(&self, from: i64, to: i64) -> StoreResult<Vec<UsageAttemptRecord>> {
                 Ok(sqlx::query_as(
                     "SELECT t.tenant_id, n.name AS tenant_name, t.user_id, u.email AS user_email,

@@ -1,0 +1,273 @@
+//! The arithmetic behind the charts, apart from drawing so it can be tested: axis ranges and
+//! ticks, the point nearest the pointer, smoothing, x by training step, and what differs
+//! between the specs of tasks compared.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+/// What the x axis counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XAxis {
+    /// Milliseconds since the epoch, shown as the viewer's clock.
+    Time,
+    /// Seconds since the run started (tasks compared side by side).
+    Elapsed,
+    /// The training step the task reported.
+    Step,
+}
+
+/// A number in few characters: `1234`, `12.3`, `0.123`, `1.2e-5`.
+pub fn short_number(v: f64) -> String {
+    let a = v.abs();
+    if v == 0.0 {
+        "0".into()
+    } else if !(1e-3..1e6).contains(&a) {
+        format!("{v:.2e}")
+    } else if a >= 100.0 || v == v.trunc() {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 0.1 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// A round step (1, 2, 2.5 or 5 times a power of ten) at least `raw`.
+pub fn nice_step(raw: f64) -> f64 {
+    if raw <= 0.0 || !raw.is_finite() {
+        return 1.0;
+    }
+    let mag = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag)
+}
+
+/// The y axis for data in `[lo, hi]`: round ends, zero included when the data sits near it
+/// (so a small change never looks like a cliff), `y_max` as the top when given.
+pub fn y_range(lo: f64, hi: f64, y_max: Option<f64>) -> (f64, f64) {
+    if let Some(top) = y_max {
+        return (lo.min(0.0), top.max(hi));
+    }
+    let (mut lo, hi) = (lo, hi);
+    if lo >= 0.0 && lo < hi * 0.5 {
+        lo = 0.0;
+    }
+    if hi <= lo {
+        let pad = if lo == 0.0 { 1.0 } else { lo.abs() * 0.1 };
+        return (lo - pad, hi + pad);
+    }
+    let step = nice_step((hi - lo) * 1.05 / 4.0);
+    let bottom = (lo / step).floor() * step;
+    let mut top = (hi / step).ceil() * step;
+    if top <= bottom {
+        top = bottom + step;
+    }
+    (bottom, top)
+}
+
+/// `n + 1` evenly spaced ticks from `lo` to `hi`.
+pub fn ticks(lo: f64, hi: f64, n: u32) -> Vec<f64> {
+    (0..=n)
+        .map(|i| lo + (hi - lo) * f64::from(i) / f64::from(n))
+        .collect()
+}
+
+/// The point whose x is nearest `x` (points ascending by x).
+pub fn nearest(points: &[(f64, f64)], x: f64) -> Option<(f64, f64)> {
+    let i = points.partition_point(|p| p.0 < x);
+    let after = points.get(i);
+    let before = i.checked_sub(1).and_then(|j| points.get(j));
+    match (before, after) {
+        (Some(b), Some(a)) => Some(if x - b.0 <= a.0 - x { *b } else { *a }),
+        (Some(p), None) | (None, Some(p)) => Some(*p),
+        (None, None) => None,
+    }
+}
+
+/// Exponential moving average with its start-up bias removed (as TensorBoard smooths), so
+/// the smoothed line starts where the data starts. `weight` in `[0, 1)`; 0 leaves it as is.
+pub fn smooth(points: &[(f64, f64)], weight: f64) -> Vec<(f64, f64)> {
+    let w = weight.clamp(0.0, 0.999);
+    if w == 0.0 {
+        return points.to_vec();
+    }
+    let mut last = 0.0;
+    let mut debias = 1.0;
+    points
+        .iter()
+        .map(|&(x, y)| {
+            last = last * w + (1.0 - w) * y;
+            debias *= w;
+            (x, last / (1.0 - debias))
+        })
+        .collect()
+}
+
+/// Re-expresses time-stamped points by training step: each point's time is placed between
+/// the step reports around it. Points before the first report or after the last are left
+/// out (their step is not known). `steps` holds `(time, step)` ascending by time.
+pub fn by_step(points: &[(f64, f64)], steps: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let (Some(first), Some(last)) = (steps.first(), steps.last()) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(f64, f64)> = points
+        .iter()
+        .filter(|p| p.0 >= first.0 && p.0 <= last.0)
+        .filter_map(|&(t, y)| {
+            let i = steps.partition_point(|s| s.0 < t);
+            let step = match (i.checked_sub(1).map(|j| steps[j]), steps.get(i)) {
+                (_, Some(a)) if a.0 == t => a.1,
+                (Some(b), Some(a)) => b.1 + (a.1 - b.1) * (t - b.0) / (a.0 - b.0),
+                (Some(b), None) => b.1,
+                (None, Some(a)) => a.1,
+                (None, None) => return None,
+            };
+            Some((step, y))
+        })
+        .collect();
+    // A restarted run reports its steps again: keep x ascending for drawing.
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out
+}
+
+/// Each field of a task spec as `dotted.path → text`.
+pub fn flatten(spec: &Value) -> BTreeMap<String, String> {
+    fn walk(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
+        match v {
+            Value::Object(map) if !map.is_empty() => {
+                for (k, v) in map {
+                    let path = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&path, v, out);
+                }
+            }
+            Value::Null => {}
+            Value::String(s) => {
+                out.insert(prefix.to_owned(), s.clone());
+            }
+            other => {
+                out.insert(prefix.to_owned(), other.to_string());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk("", spec, &mut out);
+    out
+}
+
+/// The fields on which these specs differ, each with every spec's value ("—" where unset).
+pub fn differences(specs: &[Value]) -> Vec<(String, Vec<String>)> {
+    let flat: Vec<BTreeMap<String, String>> = specs.iter().map(flatten).collect();
+    let mut keys: Vec<&String> = flat.iter().flat_map(|f| f.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter_map(|k| {
+            let values: Vec<String> = flat
+                .iter()
+                .map(|f| f.get(k).cloned().unwrap_or_else(|| "—".into()))
+                .collect();
+            values
+                .iter()
+                .any(|v| *v != values[0])
+                .then(|| (k.clone(), values))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn axes_have_round_ends_that_hold_the_data() {
+        for (lo, hi) in [
+            (0.2, 0.93),
+            (0.91, 0.95),
+            (3.0, 3.0),
+            (-2.0, 7.5),
+            (0.0, 0.0),
+        ] {
+            let (a, b) = y_range(lo, hi, None);
+            assert!(a <= lo && b >= hi && b > a, "{lo}..{hi} → {a}..{b}");
+        }
+        // Accuracy between 0.91 and 0.95 is not squashed against zero.
+        assert!(y_range(0.91, 0.95, None).0 > 0.5);
+        // Loss falling from 2.3 to 0.1 starts at zero.
+        assert_eq!(y_range(0.1, 2.3, None).0, 0.0);
+        assert_eq!(y_range(10.0, 40.0, Some(100.0)), (0.0, 100.0));
+    }
+
+    #[test]
+    fn the_pointer_finds_the_nearest_point() {
+        let p = [(0.0, 1.0), (10.0, 2.0), (20.0, 3.0)];
+        assert_eq!(nearest(&p, -5.0), Some((0.0, 1.0)));
+        assert_eq!(nearest(&p, 14.0), Some((10.0, 2.0)));
+        assert_eq!(nearest(&p, 16.0), Some((20.0, 3.0)));
+        assert_eq!(nearest(&p, 99.0), Some((20.0, 3.0)));
+        assert_eq!(nearest(&[], 1.0), None);
+    }
+
+    #[test]
+    fn smoothing_starts_at_the_data_and_follows_it() {
+        let p: Vec<(f64, f64)> = (0..200)
+            .map(|i| (f64::from(i), if i % 2 == 0 { 1.0 } else { 3.0 }))
+            .collect();
+        let s = smooth(&p, 0.9);
+        assert_eq!(s.len(), p.len());
+        assert!((s[0].1 - 1.0).abs() < 1e-9, "no start-up bias: {}", s[0].1);
+        assert!(
+            (s[199].1 - 2.0).abs() < 0.15,
+            "settles on the mean: {}",
+            s[199].1
+        );
+        assert_eq!(smooth(&p, 0.0), p);
+    }
+
+    #[test]
+    fn time_becomes_step_between_reports() {
+        let steps = [(1000.0, 0.0), (2000.0, 100.0), (4000.0, 200.0)];
+        let gpu = [
+            (500.0, 0.1),
+            (1000.0, 0.2),
+            (1500.0, 0.3),
+            (3000.0, 0.4),
+            (5000.0, 0.5),
+        ];
+        assert_eq!(
+            by_step(&gpu, &steps),
+            vec![(0.0, 0.2), (50.0, 0.3), (150.0, 0.4)]
+        );
+        assert!(by_step(&gpu, &[]).is_empty());
+    }
+
+    #[test]
+    fn compared_specs_show_only_their_differences() {
+        let a = json!({"image": "pt:2.1", "command": ["python", "train.py"], "resources": {"gpu": {"count": 1}}, "batch_size": 64, "env": {}});
+        let b = json!({"image": "pt:2.1", "command": ["python", "train.py", "--lr", "0.1"], "resources": {"gpu": {"count": 2}}, "env": {}});
+        let d = differences(&[a, b]);
+        let keys: Vec<&str> = d.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["batch_size", "command", "resources.gpu.count"]);
+        assert_eq!(d[0].1, ["64", "—"]);
+        assert_eq!(d[2].1, ["1", "2"]);
+    }
+
+    #[test]
+    fn numbers_are_short() {
+        assert_eq!(short_number(1234.0), "1234");
+        assert_eq!(short_number(12.34), "12.3");
+        assert_eq!(short_number(0.5), "0.50");
+        assert_eq!(short_number(0.0123), "0.012");
+        assert_eq!(short_number(0.00001), "1.00e-5");
+    }
+}

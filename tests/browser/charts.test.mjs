@@ -1,0 +1,151 @@
+// Charts a researcher reads: a reported metric on its own axis, by time or by step, smoothed,
+// values under the pointer, drag to zoom; two tasks compared with what differs between them;
+// bulk cancel from the list; times in the viewer's zone; a missing task streams nothing;
+// the list and navigation at phone width.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { startServer, startBrowser, hydrated, shot } from "./harness.mjs";
+
+let server, browser;
+before(async () => {
+  server = await startServer();
+  ({ browser } = await startBrowser());
+});
+after(async () => {
+  await browser?.close();
+  server?.stop();
+});
+
+const password = "Tr41n-all-the-things";
+
+async function signUp(ctx, email, tenant) {
+  const r = await ctx.request.post(`${server.base}/api/v1/auth/signup`, {
+    data: { email, password, tenant_name: tenant },
+  });
+  assert.equal(r.status(), 201, await r.text());
+  return (await ctx.cookies()).find((c) => c.name === "autodl_csrf").value;
+}
+
+async function submit(ctx, headers, name, command) {
+  const r = await ctx.request.post(`${server.base}/api/v1/tasks`, {
+    headers,
+    data: { name, image: "python:3.12", command, resources: { gpu: { count: 0 } }, labels: { sweep: "lr" } },
+  });
+  assert.equal(r.status(), 201, await r.text());
+  return (await r.json()).id;
+}
+
+async function report(ctx, headers, id, n, scale) {
+  for (let i = 0; i < n; i++) {
+    const r = await ctx.request.post(`${server.base}/api/v1/tasks/${id}/metrics`, {
+      headers,
+      data: { step: i * 10, loss: scale / (i + 1), accuracy: 0.5 + i / (2 * n) },
+    });
+    assert.equal(r.status(), 204, await r.text());
+    await new Promise((res) => setTimeout(res, 5));
+  }
+}
+
+test("metrics charts, comparing tasks, bulk cancel, local times", async () => {
+  // The viewer is in India (UTC+5:30): every time on the page says so.
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 }, timezoneId: "Asia/Kolkata" });
+  const csrf = await signUp(ctx, "charts@example.com", "Chart Lab");
+  const headers = { "X-CSRF-Token": csrf };
+  const a = await submit(ctx, headers, "lr-0.1", "sleep 600");
+  const b = await submit(ctx, headers, "lr-0.01", "sleep 601");
+  await report(ctx, headers, a, 40, 2.0);
+  await report(ctx, headers, b, 40, 3.0);
+  const page = await ctx.newPage();
+  page.on("dialog", (d) => d.accept());
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(String(e)));
+
+  await page.goto(`${server.base}/tasks/${a}`);
+  await hydrated(page);
+  // Each reported number has its own chart (its own axis); the history is whole.
+  await page.waitForSelector("[data-testid=chart-metric-loss] svg polyline");
+  await page.waitForSelector("[data-testid=chart-metric-accuracy] svg polyline");
+  assert.equal(Number(await page.getAttribute("[data-testid=chart-metric-loss]", "data-points")), 40);
+  // Times are the viewer's, with the zone said.
+  const created = page.locator("[data-testid=events] time").first();
+  assert.match(await created.textContent(), /UTC\+5:30$/);
+  assert.match(await created.getAttribute("title"), /^\d{4}-\d\d-\d\dT/);
+  assert.match(await page.textContent("[data-testid=chart-metric-loss] figcaption"), /times UTC\+5:30/);
+
+  // By step: the x axis counts steps.
+  await page.selectOption("[data-testid=metrics-x]", "step");
+  await page.waitForSelector("[data-testid=chart-metric-loss] text.tick:text('step 390')");
+  // Smoothing draws the raw line faint behind the smoothed one.
+  await page.locator("[data-testid=metrics-smoothing]").fill("0.9");
+  await page.waitForSelector("[data-testid=chart-metric-loss] polyline[stroke-opacity='0.3']");
+  // Hovering shows the values under the pointer.
+  const svg = page.locator("[data-testid=chart-metric-loss] svg");
+  await svg.scrollIntoViewIfNeeded();
+  const box = await svg.boundingBox();
+  await page.mouse.move(box.x + box.width * 0.5, box.y + box.height * 0.5);
+  await page.waitForSelector("[data-testid=chart-metric-loss] line.cursor", { state: "attached" });
+  const hovered = await page.textContent("[data-testid=chart-metric-loss] [data-testid=legend-value]");
+  await page.mouse.move(box.x + box.width * 0.97, box.y + box.height * 0.5);
+  await page.waitForFunction((v) => document.querySelector("[data-testid=chart-metric-loss] [data-testid=legend-value]")?.textContent !== v, hovered);
+  // Dragging across zooms; zooming out shows everything again.
+  await page.mouse.move(box.x + box.width * 0.3, box.y + box.height * 0.5);
+  await page.mouse.down();
+  await page.mouse.move(box.x + box.width * 0.6, box.y + box.height * 0.5, { steps: 5 });
+  await page.mouse.up();
+  await page.waitForSelector("[data-testid=chart-metric-loss] [data-testid=zoom-out]");
+  const zoomed = Number(await page.getAttribute("[data-testid=chart-metric-loss]", "data-points"));
+  assert.ok(zoomed > 0 && zoomed < 40, `zoomed shows part: ${zoomed}`);
+  await shot(page, "50-charts-zoomed");
+  await page.click("[data-testid=chart-metric-loss] [data-testid=zoom-out]");
+  await page.waitForFunction(() => Number(document.querySelector("[data-testid=chart-metric-loss]").dataset.points) === 40);
+  // A metric can be hidden.
+  await page.uncheck("[data-testid=metric-toggle-accuracy]");
+  await page.waitForSelector("[data-testid=chart-metric-accuracy]", { state: "detached" });
+
+  // Tick both on the list, compare them: one chart, a line each, and what differs.
+  await page.goto(`${server.base}/tasks`);
+  await hydrated(page);
+  await page.check(`tr[data-task='${a}'] [data-testid=select-task]`);
+  await page.check(`tr[data-task='${b}'] [data-testid=select-task]`);
+  await page.waitForSelector("[data-testid=selected-count]:text('2 selected')");
+  await page.click("[data-testid=compare]");
+  await page.waitForURL("**/compare?ids=*");
+  await page.waitForSelector("[data-testid=chart-compare] svg polyline");
+  assert.equal(await page.locator("[data-testid=chart-compare] .legend-item").count(), 2);
+  assert.match(await page.textContent("[data-testid=chart-compare] figcaption"), /loss/);
+  const diff = await page.textContent("[data-testid=compare-diff]");
+  assert.match(diff, /command/);
+  assert.match(diff, /601/);
+  assert.ok(!diff.includes("sweep"), "equal labels are not differences");
+  await page.selectOption("[data-testid=compare-metric]", "accuracy");
+  await page.waitForSelector("[data-testid=chart-compare] figcaption:has-text('accuracy')");
+  await shot(page, "51-compare");
+
+  // Cancel both from the list at once.
+  await page.goto(`${server.base}/tasks`);
+  await hydrated(page);
+  await page.check(`tr[data-task='${a}'] [data-testid=select-task]`);
+  await page.check(`tr[data-task='${b}'] [data-testid=select-task]`);
+  await page.click("[data-testid=cancel-selected]");
+  await page.waitForSelector("[data-testid=bulk-message]:text('Cancelled 2 tasks.')");
+  await page.waitForFunction(() => [...document.querySelectorAll("[data-testid=task-row] [data-testid=state]")].every((s) => s.textContent === "cancelled"));
+
+  // A task that is not there has no live panels waiting forever.
+  await page.goto(`${server.base}/tasks/no-such-task`);
+  await hydrated(page);
+  await page.waitForSelector("[role=alert]:has-text('no such task')");
+  assert.equal(await page.locator("[data-testid=log-status]").count(), 0);
+  assert.equal(await page.locator("[data-testid=metrics-status]").count(), 0);
+
+  // At phone width the navigation stays compact and stacked rows keep their labels.
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.goto(`${server.base}/tasks`);
+  await hydrated(page);
+  const nav = await page.locator(".topbar").boundingBox();
+  assert.ok(nav.height <= 110, `the nav is compact: ${nav.height}px`);
+  const label = await page.evaluate(() => getComputedStyle(document.querySelector("[data-testid=task-row] td[data-label='State']"), "::before").content);
+  assert.match(label, /State/);
+  await shot(page, "52-phone-tasks");
+  assert.deepEqual(errors, []);
+  await ctx.close();
+});
