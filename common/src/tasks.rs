@@ -303,6 +303,9 @@ pub struct Task {
 pub struct TaskPage {
     pub items: Vec<Task>,
     pub next_cursor: Option<String>,
+    /// Tasks matching the filters on all pages.
+    #[serde(default)]
+    pub total: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -337,6 +340,9 @@ pub struct LogLine {
     pub at: String,
     pub stream: String,
     pub line: String,
+    /// The run that printed it (1 for the first).
+    #[serde(default)]
+    pub attempt: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -111,6 +111,12 @@ test("submit through the form, watch logs and charts live, see it complete", asy
   // It completes; the stream ends; the attempt is listed with its exit.
   await page.waitForSelector("[data-testid=task-name] [data-testid=state]:text('completed')", { timeout: 60000 });
   await page.waitForSelector(`[data-testid=log] .log-line:text('step ${steps}')`);
+  // Each line carries its time; the whole log downloads as text.
+  assert.match(await page.textContent("[data-testid=log] .log-line .log-time"), /^\d\d:\d\d:\d\d /);
+  const [logFile] = await Promise.all([page.waitForEvent("download"), page.click("[data-testid=log-download]")]);
+  assert.match(logFile.suggestedFilename(), /-log\.txt$/);
+  assert.match(readFileSync(await logFile.path(), "utf8"), new RegExp(`attempt 1 stdout: step ${steps}`));
+  await page.waitForSelector("[data-testid=ran-for]");
   await page.waitForSelector("[data-testid=log-status]:text('ended')", { timeout: 15000 });
   await page.waitForSelector("[data-testid=metrics-status]:text('ended')", { timeout: 15000 });
   await page.waitForSelector("[data-testid=attempts] td:text('succeeded')");

@@ -248,6 +248,13 @@ fn TaskList() -> impl IntoView {
                 <button type="submit" class="small secondary" data-testid="filter-apply">"Apply"</button>
             </form>
             {move || tasks.get().and_then(|r| r.err()).map(|e| view! { <p class="banner error" role="alert">{e.message}</p> })}
+            <p class="muted small" data-testid="task-total">{move || tasks.get().and_then(|r| r.ok()).map(|p| {
+                let shown = p.items.len();
+                match p.total {
+                    1 => "1 task".to_owned(),
+                    n => format!("{n} tasks{}", if (n as usize) > shown { format!(", {shown} on this page") } else { String::new() }),
+                }
+            })}</p>
             <div class="bulk" data-testid="bulk">
                 <span class="muted small" data-testid="selected-count">{move || match selected.with(BTreeSet::len) { 0 => "Tick tasks to compare or cancel them together.".to_owned(), n => format!("{n} selected") }}</span>
                 {move || if can_compare() {
@@ -683,6 +690,7 @@ fn LogTail(id: String) -> impl IntoView {
     let status = RwSignal::new(TailStatus::Connecting);
     let follow = RwSignal::new(true);
     let query = RwSignal::new(String::new());
+    let download_id = id.clone();
     live::tail_logs(id, lines, status);
     let box_ref = NodeRef::<leptos::html::Pre>::new();
     // Keep the newest line in view while following.
@@ -704,6 +712,7 @@ fn LogTail(id: String) -> impl IntoView {
             </div>
             <span class="badge" data-testid="log-status">{move || status.get().label()}</span>
             <span class="muted small" data-testid="log-count">{move || format!("{} lines", lines.with(Vec::len))}</span>
+            <a class="button secondary small" data-testid="log-download" href=format!("/api/v1/tasks/{}/logs/download", encode(&download_id)) download>"Download log"</a>
         </div>
         <pre class="log" data-testid="log" node_ref=box_ref tabindex="0" role="log" aria-label="Log">
             // Keyed by sequence number: a new line adds one node and the window's oldest line
@@ -712,18 +721,118 @@ fn LogTail(id: String) -> impl IntoView {
                 each=move || {
                     let q = query.get().to_lowercase();
                     lines.with(|l| {
+                        // Each line knows whether it opens a new attempt, for the separator.
+                        let mut last = None;
                         l.iter()
-                            .filter(|l| q.is_empty() || l.line.to_lowercase().contains(&q))
-                            .cloned()
+                            .map(|line| {
+                                let first = last.is_some_and(|a| a != line.attempt) || (last.is_none() && line.attempt > 1);
+                                last = Some(line.attempt);
+                                (line, first)
+                            })
+                            .filter(|(l, _)| q.is_empty() || l.line.to_lowercase().contains(&q))
+                            .map(|(l, first)| (l.clone(), first))
                             .collect::<Vec<_>>()
                     })
                 }
-                key=|l| l.seq
-                children=move |l: LogLine| {
+                key=|(l, first)| (l.seq, *first)
+                children=move |(l, first): (LogLine, bool)| {
                     let class = if l.stream == "stderr" { "log-line stderr" } else { "log-line" };
-                    view! { <span class=class data-seq=l.seq>{l.line}"\n"</span> }
+                    let at = time::parse_ms(&l.at);
+                    let zone = use_context::<time::ViewerZone>();
+                    let stamp = move || at.map(|ms| time::clock(ms, zone.map_or(time::Zone::Utc, |z| z.0.get()))).unwrap_or_default();
+                    view! {
+                        {first.then(|| view! { <span class="log-attempt" data-testid="log-attempt">{format!("── attempt {} ──\n", l.attempt)}</span> })}
+                        <span class=class data-seq=l.seq><span class="log-time" title=l.at.clone()>{stamp}" "</span>{l.line}"\n"</span>
+                    }
                 }
             />
         </pre>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use autodl_common::tasks::WorkerPlacement;
+
+    fn task(state: TaskState, attempts: u32) -> Task {
+        Task {
+            id: "t".into(),
+            name: "n".into(),
+            state,
+            user_id: "u".into(),
+            user_email: "u@example.com".into(),
+            tenant_id: "o".into(),
+            spec: TaskSpec {
+                name: "n".into(),
+                image: "i".into(),
+                command: vec!["true".into()],
+                env: Default::default(),
+                gpu_types: vec![],
+                gpus_per_worker: 1,
+                gpu_memory: None,
+                cpu: 1.0,
+                memory: 1,
+                num_workers: 1,
+                priority: 0.5,
+                deadline: None,
+                estimated_runtime: None,
+                checkpoint: None,
+                retry_policy: Default::default(),
+                zone_affinity: false,
+                bandwidth: String::new(),
+                data_path: None,
+                labels: Default::default(),
+                batch_size: None,
+                preemptible: true,
+            },
+            created_at: "2026-12-02T10:00:00Z".into(),
+            updated_at: "2026-12-02T10:00:00Z".into(),
+            attempts,
+            batch_size: None,
+            placement: None,
+            waiting: None,
+            started_at: None,
+            finished_at: None,
+            gpu_seconds: 0.0,
+        }
+    }
+
+    fn attempt(number: u32, reason: Option<&str>, exit_code: Option<i32>) -> Attempt {
+        Attempt {
+            number,
+            node: None,
+            placement: vec![WorkerPlacement {
+                node: "gpu-7".into(),
+                gpu_indices: vec![0],
+            }],
+            started_at: "2026-12-02T10:00:00Z".into(),
+            ended_at: Some("2026-12-02T10:05:00Z".into()),
+            exit_code,
+            reason: reason.map(str::to_owned),
+            batch_size: None,
+            gpu_seconds: 300.0,
+        }
+    }
+
+    #[test]
+    fn a_failed_task_says_how_where_and_after_how_many_tries() {
+        let t = task(TaskState::Failed, 3);
+        let a = [
+            attempt(1, Some("oom"), None),
+            attempt(3, Some("error"), Some(137)),
+            attempt(2, Some("oom"), None),
+        ];
+        assert_eq!(
+            failure_summary(&t, &a).unwrap(),
+            "Attempt 3 exited with code 137 on gpu-7 after 3 attempts. The log below ends where it stopped."
+        );
+        let oom = [attempt(1, Some("oom"), None)];
+        assert!(failure_summary(&task(TaskState::Failed, 1), &oom)
+            .unwrap()
+            .starts_with("Attempt 1 ran out of GPU memory on gpu-7."));
+        assert!(failure_summary(&task(TaskState::Completed, 1), &oom).is_none());
+        assert_eq!(gpu_hours(300.0), "5 GPU-minutes");
+        assert_eq!(gpu_hours(7200.0), "2.0 GPU-hours");
     }
 }

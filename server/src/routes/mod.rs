@@ -68,6 +68,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(tasks::log_stream)
             .service(tasks::metrics)
             .service(tasks::metric_lines)
+            .service(tasks::log_download)
             .service(streams::metric_stream)
             .service(tasks::report_metrics)
             .service(artifacts::results)

@@ -22,7 +22,7 @@ use super::{
         tenant::tenant_quota, tenant::member_quota, tenant::set_member_quota,
         admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user, admin::policy, usage::usage,
         tasks::submit, tasks::list, tasks::show, tasks::cancel, tasks::events, tasks::attempts,
-        tasks::logs, tasks::log_stream, tasks::metrics, tasks::metric_lines, streams::metric_stream, tasks::report_metrics,
+        tasks::logs, tasks::log_download, tasks::log_stream, tasks::metrics, tasks::metric_lines, streams::metric_stream, tasks::report_metrics,
         artifacts::results, artifacts::checkpoints, artifacts::list_objects, artifacts::put_object,
         artifacts::get_object, artifacts::delete_object, artifacts::start_upload, artifacts::put_file,
         artifacts::commit, artifacts::abandon, artifacts::get_file, artifacts::data_manifest, artifacts::data_file,

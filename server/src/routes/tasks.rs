@@ -151,8 +151,13 @@ pub async fn list(
     } else {
         None
     };
+    let total = state.store.count_tasks(&filter).await?;
     let items = rows.into_iter().map(to_api).collect::<Result<_, _>>()?;
-    Ok(web::Json(TaskPage { items, next_cursor }))
+    Ok(web::Json(TaskPage {
+        items,
+        next_cursor,
+        total: u64::try_from(total).unwrap_or(0),
+    }))
 }
 
 #[utoipa::path(params(("id" = String, Path)), responses((status = 200, body = Task), (status = 404, body = ErrorBody)))]
@@ -254,8 +259,53 @@ fn log_lines(rows: Vec<crate::store::LogRecord>) -> Vec<LogLine> {
             at: rfc3339(l.at),
             stream: l.stream,
             line: l.line,
+            attempt: u32::try_from(l.attempt).unwrap_or(0),
         })
         .collect()
+}
+
+/// Lines read for one download at most (about 100 MB of typical log).
+const DOWNLOAD_LINES: i64 = 1_000_000;
+
+/// The whole log as a text file: each line with its time, attempt and stream, so it can be
+/// kept, grepped and attached to a bug report.
+#[utoipa::path(params(("id" = String, Path)), responses((status = 200, description = "text/plain: one line per log line", content_type = "text/plain"), (status = 404, body = ErrorBody)))]
+#[get("/tasks/{id}/logs/download")]
+pub async fn log_download(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let t = find(&state, &caller, &id).await?;
+    let mut out = String::new();
+    let (mut after, mut read) = (0, 0);
+    loop {
+        let rows = state.store.task_logs(&t.task.id, after, 5000).await?;
+        let Some(last) = rows.last() else { break };
+        after = last.id;
+        read += rows.len() as i64;
+        for l in &rows {
+            out.push_str(&format!(
+                "{} attempt {} {}: {}\n",
+                rfc3339(l.at),
+                l.attempt,
+                l.stream,
+                l.line
+            ));
+        }
+        if rows.len() < 5000 || read >= DOWNLOAD_LINES {
+            break;
+        }
+    }
+    // The name is built from the id only: a task's name is the user's text.
+    let file = format!("{}-log.txt", t.task.id);
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; charset=utf-8")
+        .insert_header((
+            actix_web::http::header::CONTENT_DISPOSITION,
+            format!("attachment; filename=\"{file}\""),
+        ))
+        .body(out))
 }
 
 #[utoipa::path(params(("id" = String, Path), LogQuery), responses((status = 200, body = LogPage), (status = 404, body = ErrorBody)))]

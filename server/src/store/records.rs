@@ -279,6 +279,7 @@ pub struct AttemptRecord {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct LogRecord {
     pub id: i64,
+    pub attempt: i64,
     pub at: i64,
     pub stream: String,
     pub line: String,

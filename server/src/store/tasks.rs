@@ -14,6 +14,8 @@ pub trait Tasks: Send + Sync {
     /// A task of `tenant_id` (any tenant when `None`).
     async fn task(&self, tenant_id: Option<&str>, id: &str) -> StoreResult<Option<TaskWithUser>>;
     async fn list_tasks(&self, filter: &TaskFilter) -> StoreResult<Vec<TaskWithUser>>;
+    /// How many tasks match the filter, on every page (its cursor and limit are ignored).
+    async fn count_tasks(&self, filter: &TaskFilter) -> StoreResult<i64>;
     /// Pending tasks of a user, and of their tenant.
     async fn count_pending(&self, user_id: &str, tenant_id: &str) -> StoreResult<(i64, i64)>;
     /// Tasks that are pending, scheduled or running: what the scheduler looks at.

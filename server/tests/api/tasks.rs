@@ -329,10 +329,13 @@ async fn listing_filters_and_pages(b: Backend) {
     let all = s.get(&app, "/api/v1/tasks").await;
     assert_eq!(all["items"].as_array().unwrap().len(), 6);
     assert_eq!(all["items"][0]["name"], "theirs", "newest first");
+    assert_eq!(all["total"], 6);
     let mine = s.get(&app, "/api/v1/tasks?user=me").await;
     assert_eq!(mine["items"].as_array().unwrap().len(), 5);
+    assert_eq!(mine["total"], 5);
     let vision = s.get(&app, "/api/v1/tasks?label=project=vision").await;
     assert_eq!(vision["items"].as_array().unwrap().len(), 3);
+    assert_eq!(vision["total"], 3);
     let pending = s.get(&app, "/api/v1/tasks?state=pending").await;
     assert_eq!(
         pending["items"].as_array().unwrap().len(),
@@ -355,6 +358,7 @@ async fn listing_filters_and_pages(b: Backend) {
             None => "/api/v1/tasks?limit=2".into(),
         };
         let page = s.get(&app, &path).await;
+        assert_eq!(page["total"], 6, "the total counts every page");
         seen.extend(
             page["items"]
                 .as_array()
@@ -716,6 +720,43 @@ async fn logs_and_metrics(b: Backend) {
         .await;
     assert_eq!(rest["lines"].as_array().unwrap().len(), 2);
     assert_eq!(rest["next_after"], page["lines"][4]["seq"]);
+    assert_eq!(page["lines"][0]["attempt"], 1);
+    // A second run's lines say so; the download holds both runs, each line with its time,
+    // attempt and stream.
+    let second: Vec<(i64, String, String)> = vec![(9, "stderr".into(), "retrying".into())];
+    app.state.store.append_logs(&id, 2, &second).await.unwrap();
+    let res = s
+        .send(
+            &app,
+            Method::GET,
+            &format!("/api/v1/tasks/{id}/logs/download"),
+            None,
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let disposition = res.headers()["content-disposition"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        disposition,
+        format!("attachment; filename=\"{id}-log.txt\"")
+    );
+    let text = res.text().await.unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 6, "{text}");
+    assert!(lines[0].ends_with(" attempt 1 stdout: step 0"), "{text}");
+    assert!(lines[5].ends_with(" attempt 2 stderr: retrying"), "{text}");
+    let other = app.signup("nosy@example.com", "Elsewhere").await;
+    let res = other
+        .send(
+            &app,
+            Method::GET,
+            &format!("/api/v1/tasks/{id}/logs/download"),
+            None,
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
 
     // The training code reports its numbers; the monitor reads them back.
     for (epoch, loss) in [(1, 0.9), (2, 0.5)] {
@@ -765,7 +806,7 @@ async fn logs_and_metrics(b: Backend) {
         .text()
         .await
         .unwrap();
-    assert_eq!(body.matches("data: {\"seq\"").count(), 5, "{body}");
+    assert_eq!(body.matches("data: {\"seq\"").count(), 6, "{body}");
     assert!(body.ends_with("event: end\ndata: {}\n\n"));
     let res = s
         .send(

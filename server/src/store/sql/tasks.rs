@@ -145,6 +145,28 @@ macro_rules! impl_tasks {
                 Ok(q.build_query_as().fetch_all(&self.pool).await?)
             }
 
+            async fn count_tasks(&self, f: &TaskFilter) -> StoreResult<i64> {
+                let mut q = sqlx::QueryBuilder::<$db>::new(
+                    "SELECT COUNT(*) FROM tasks t WHERE t.tenant_id = ",
+                );
+                q.push_bind(&f.tenant_id);
+                if let Some(state) = &f.state {
+                    q.push(" AND t.state = ").push_bind(state.as_str());
+                }
+                if let Some(user) = &f.user_id {
+                    q.push(" AND t.user_id = ").push_bind(user);
+                }
+                if let Some((k, v)) = &f.label {
+                    q.push(" AND EXISTS (SELECT 1 FROM task_labels l WHERE l.task_id = t.id AND l.key = ")
+                        .push_bind(k)
+                        .push(" AND l.value = ")
+                        .push_bind(v)
+                        .push(")");
+                }
+                let (n,): (i64,) = q.build_query_as().fetch_one(&self.pool).await?;
+                Ok(n)
+            }
+
             async fn count_pending(&self, user_id: &str, tenant_id: &str) -> StoreResult<(i64, i64)> {
                 let (u, t): (i64, i64) = sqlx::query_as(
                     "SELECT COALESCE(SUM(CASE WHEN user_id = $1 THEN 1 ELSE 0 END), 0), COUNT(*)
@@ -423,7 +445,7 @@ macro_rules! impl_tasks {
 
             async fn task_logs(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>> {
                 Ok(sqlx::query_as(
-                    "SELECT id, at, stream, line FROM task_logs WHERE task_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+                    "SELECT id, attempt, at, stream, line FROM task_logs WHERE task_id = $1 AND id > $2 ORDER BY id LIMIT $3",
                 )
                 .bind(id)
                 .bind(after)
