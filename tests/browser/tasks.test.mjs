@@ -130,6 +130,11 @@ test("submit through the form, watch logs and charts live, see it complete", asy
   const tar = readFileSync(await download.path());
   assert.equal(tar.subarray(0, 11).toString(), "summary.txt");
   assert.match(tar.toString("latin1"), new RegExp(`trained ${steps} steps`));
+  // Or one file at a time.
+  await page.waitForSelector("[data-testid=result-files] a:text('summary.txt')");
+  const [one] = await Promise.all([page.waitForEvent("download"), page.click("[data-testid=result-files] a:text('summary.txt')")]);
+  assert.equal(one.suggestedFilename(), "summary.txt");
+  assert.match(readFileSync(await one.path(), "utf8"), new RegExp(`trained ${steps} steps`));
   await shot(page, "12-task-completed");
 
   // Retry submits the same spec again as a new task; cancel that one at once.

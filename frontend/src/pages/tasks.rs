@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use std::collections::BTreeSet;
 
+use autodl_common::agent::ArtifactFile;
 use autodl_common::tasks::{
     Attempt, Checkpoint, LogLine, PriorityFactors, Task, TaskEvent, TaskPage, TaskSpec, TaskState,
 };
@@ -408,6 +409,15 @@ fn TaskView(id: String) -> impl IntoView {
     let missing = Memo::new(
         move |_| matches!(task.get(), Some(Err(ref e)) if e.status == 404 || e.status == 403),
     );
+    let results = Resource::new(
+        move || {
+            (
+                version.get(),
+                format!("/api/v1/tasks/{}/results/files", tid.get_value()),
+            )
+        },
+        |(_, path)| async move { api::get::<Vec<ArtifactFile>>(&path).await },
+    );
     let error = RwSignal::new(None::<ApiErr>);
     let navigate = use_navigate();
     let cancel = Action::new_local(move |_: &()| {
@@ -546,6 +556,24 @@ fn TaskView(id: String) -> impl IntoView {
                 </tbody>
             </table>
         </section>
+        {move || results.get().and_then(|r| r.ok()).filter(|l| !l.is_empty()).map(|files| view! {
+            <section class="card">
+                <h2>"Results"</h2>
+                <table class="table" data-testid="result-files">
+                    <thead><tr><th>"File"</th><th>"Size"</th></tr></thead>
+                    <tbody>
+                        {files.into_iter().map(|f| {
+                            let href = format!(
+                                "/api/v1/tasks/{}/results/files/{}",
+                                tid.get_value(),
+                                f.path.split('/').map(encode).collect::<Vec<_>>().join("/")
+                            );
+                            view! { <tr><td data-label="File"><a href=href download>{f.path.clone()}</a></td><td data-label="Size">{bytes(f.size)}</td></tr> }
+                        }).collect_view()}
+                    </tbody>
+                </table>
+            </section>
+        })}
         <section class="card">
             <h2>"Checkpoints"</h2>
             <table class="table" data-testid="checkpoints">

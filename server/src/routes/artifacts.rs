@@ -28,7 +28,7 @@ use crate::json::Json;
 use crate::routes::tasks::find;
 use crate::state::{rfc3339, AppState};
 use crate::storage::{clean_path, tar, usage, ByteStream};
-use crate::store::TaskRecord;
+use crate::store::{ArtifactRecord, TaskRecord};
 use crate::tasks::checkpoints::files_of;
 use crate::tasks::spec_of;
 
@@ -260,18 +260,7 @@ pub async fn results(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let t = find(&state, &caller, &id).await?;
-    let Some(a) = state
-        .store
-        .task_artifacts(&t.task.id, ArtifactKind::Results)
-        .await?
-        .into_iter()
-        .next()
-    else {
-        return Err(ApiError::NoResults(format!(
-            "task {} has no results (files it leaves in AUTODL_RESULTS_DIR are kept when it completes)",
-            t.task.id
-        )));
-    };
+    let a = results_of(&state, &t.task).await?;
     let mtime = (a.completed_at.unwrap_or(a.created_at) / 1000).max(0) as u64;
     let (length, stream) = tar::archive(
         state.storage.backend.clone(),
@@ -289,6 +278,82 @@ pub async fn results(
         ))
         .no_chunking(length)
         .streaming(stream))
+}
+
+/// The task's results artifact, or why there is none.
+async fn results_of(state: &AppState, t: &TaskRecord) -> Result<ArtifactRecord, ApiError> {
+    state
+        .store
+        .task_artifacts(&t.id, ArtifactKind::Results)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| {
+            ApiError::NoResults(format!(
+                "task {} has no results (files it leaves in AUTODL_RESULTS_DIR are kept when it completes)",
+                t.id
+            ))
+        })
+}
+
+/// The files among the task's results, to pick one instead of fetching them all.
+#[utoipa::path(params(("id" = String, Path)), responses((status = 200, body = Vec<autodl_common::agent::ArtifactFile>), (status = 404, body = ErrorBody)))]
+#[get("/tasks/{id}/results/files")]
+#[tracing::instrument(skip(state, caller))]
+pub async fn result_files(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let t = find(&state, &caller, &id).await?;
+    let a = results_of(&state, &t.task).await?;
+    Ok(HttpResponse::Ok().json(files_of(&a)))
+}
+
+/// One result file. Always sent as a download of bytes: a task's output is never shown as a
+/// page of this site (it could be HTML written to run in the viewer's session).
+#[utoipa::path(params(("id" = String, Path), ("path" = String, Path)), responses((status = 200, content_type = "application/octet-stream"), (status = 404, body = ErrorBody)))]
+#[get("/tasks/{id}/results/files/{path:.*}")]
+#[tracing::instrument(skip(state, caller))]
+pub async fn result_file(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (id, rel) = path.into_inner();
+    let t = find(&state, &caller, &id).await?;
+    let a = results_of(&state, &t.task).await?;
+    // Only a file the manifest lists: the path cannot reach beyond this task's results.
+    let file = files_of(&a)
+        .into_iter()
+        .find(|f| f.path == rel)
+        .ok_or_else(|| ApiError::NotFound("no such result file".into()))?;
+    let (size, body) = state
+        .storage
+        .backend
+        .get(&a.bucket, &format!("{}{}", a.prefix, file.path))
+        .await?;
+    let name: String = file
+        .path
+        .rsplit('/')
+        .next()
+        .unwrap_or("result")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let mut res = stream_object(size, body);
+    res.headers_mut().insert(
+        actix_web::http::header::CONTENT_DISPOSITION,
+        actix_web::http::header::HeaderValue::from_str(&format!("attachment; filename=\"{name}\""))
+            .map_err(anyhow::Error::from)?,
+    );
+    Ok(res)
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

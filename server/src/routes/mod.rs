@@ -72,6 +72,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(streams::metric_stream)
             .service(tasks::report_metrics)
             .service(artifacts::results)
+            .service(artifacts::result_files)
+            .service(artifacts::result_file)
             .service(artifacts::checkpoints)
             .service(artifacts::list_objects)
             .service(artifacts::put_object)

@@ -846,6 +846,60 @@ head -c 200000 /dev/zero | tr '\0' 'x' > "$AUTODL_RESULTS_DIR/plots/loss.csv"
     }
     assert_eq!(got["summary.txt"], b"final 30\n");
     assert_eq!(got["plots/loss.csv"].len(), 200_000);
+    // Or one file at a time, as bytes to save (never as a page of this site).
+    let files = s
+        .get(&app, &format!("/api/v1/tasks/{id}/results/files"))
+        .await;
+    let mut listed: Vec<(String, u64)> = files
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap().to_owned(),
+                f["size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        [
+            ("plots/loss.csv".to_owned(), 200_000),
+            ("summary.txt".to_owned(), 9)
+        ]
+    );
+    let r = s
+        .send(
+            &app,
+            Method::GET,
+            &format!("/api/v1/tasks/{id}/results/files/plots/loss.csv"),
+            None,
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["content-type"], "application/octet-stream");
+    assert_eq!(
+        r.headers()["content-disposition"],
+        "attachment; filename=\"loss.csv\""
+    );
+    assert_eq!(r.bytes().await.unwrap().len(), 200_000);
+    for path in [
+        "%2E%2E%2Fsummary.txt",
+        "plots",
+        "nothing.txt",
+        "plots/summary.txt",
+    ] {
+        let r = s
+            .send(
+                &app,
+                Method::GET,
+                &format!("/api/v1/tasks/{id}/results/files/{path}"),
+                None,
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{path}");
+    }
     for agent in [a1, a2] {
         agent.shutdown.cancel();
         let _ = agent.handle.await;
