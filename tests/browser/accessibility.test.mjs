@@ -59,7 +59,8 @@ test("no serious or critical accessibility violations on any page", async () => 
       const list = await (await ctx.request.get(`${server.base}/api/v1/tasks`)).json();
       task = list.items[0].id;
     }
-    const pages = ["/", "/tasks", `/tasks/${task}`, "/submit", "/cluster", "/account", "/organization", "/admin",
+    const pages = ["/", "/tasks", `/tasks/${task}`, "/submit", "/cluster", "/account", "/organization", "/admin", "/admin?tab=users", "/admin?tab=nodes",
+      "/admin?tab=usage", "/admin?tab=tokens", "/admin?tab=policy",
       `/compare?ids=${task}`, "/no-such-page"];
     for (const [width, label] of [[1280, "wide"], [390, "phone"]]) {
       await page.setViewportSize({ width, height: 900 });

@@ -99,10 +99,25 @@ test("set a member's quota, drain a node, see the tasks move", async () => {
   await researcher.goto(first);
   await hydrated(researcher);
   await researcher.evaluate(() => { window.__noReload = 1; });
-  await admin.goto(`${server.base}/admin`);
+  await admin.goto(`${server.base}/admin?tab=nodes`);
   await hydrated(admin);
+  // A ready node offers Cordon, not Uncordon; a drained one the other way round.
+  await admin.waitForSelector(`[data-testid=admin-nodes] tr[data-node='${before}'] [data-testid=cordon]`);
+  assert.equal(await admin.locator(`[data-testid=admin-nodes] tr[data-node='${before}'] [data-testid=uncordon]`).count(), 0);
   await admin.click(`[data-testid=admin-nodes] tr[data-node='${before}'] button:text('Drain')`);
   await admin.waitForSelector(`[data-testid=admin-nodes] tr[data-node='${before}'] .badge:text('cordoned')`);
+  await admin.waitForSelector(`[data-testid=admin-nodes] tr[data-node='${before}'] [data-testid=uncordon]`);
+  assert.equal(await admin.locator(`[data-testid=admin-nodes] tr[data-node='${before}'] [data-testid=cordon]`).count(), 0);
+  // The users tab finds people by email or organization; the search is in the URL.
+  await admin.click("[data-testid=tab-users]");
+  await admin.waitForSelector("[data-testid=admin-users]");
+  await admin.fill("[data-testid=admin-search]", "root@");
+  await admin.press("[data-testid=admin-search]", "Enter");
+  await admin.waitForURL("**/admin?tab=users&q=root*");
+  await admin.waitForSelector("[data-testid=admin-count]:text('1 found')");
+  assert.equal(await admin.locator("[data-testid=admin-users] tbody tr").count(), 1);
+  await admin.click("[data-testid=tab-nodes]");
+  await admin.waitForSelector("[data-testid=admin-nodes]");
   await shot(admin, "32-admin-node-drained");
 
   // The researcher's page shows a second attempt, on the other node, running.
@@ -141,7 +156,7 @@ test("a node that cannot isolate tasks is trusted-only until opened, then the pa
   const errors = [];
   admin.on("pageerror", (e) => errors.push(String(e)));
   await logIn(admin, server.base, "root@example.com", password);
-  await admin.goto(`${server.base}/admin`);
+  await admin.goto(`${server.base}/admin?tab=nodes`);
   await hydrated(admin);
   // An agent that could not sandbox its tasks (not root, no user namespaces) joins.
   const token = await admin.evaluate(async () => {

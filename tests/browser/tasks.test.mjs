@@ -303,6 +303,7 @@ test("a platform administrator sees the month's GPU usage and downloads it as CS
   await logIn(page, server.base, "ops@example.com", password);
   await page.click("a:text('Admin')");
   await page.waitForURL("**/admin");
+  await page.click("[data-testid=tab-usage]");
   await page.waitForSelector("[data-testid=usage-users] td:text('grace@example.com')");
   await page.waitForSelector("[data-testid=usage-tenants] td:text('Compilers Lab')");
   const href = await page.getAttribute("[data-testid=usage-csv]", "href");

@@ -5,6 +5,7 @@ use autodl_common::api::{
 };
 use autodl_common::tasks::NodeInfo;
 use leptos::prelude::*;
+use leptos_router::hooks::use_query_map;
 use serde::{Deserialize, Serialize};
 
 use super::quota::{quota_summary, QuotaEditor};
@@ -13,13 +14,118 @@ use crate::app::{general_error, use_session, Field, RequireLogin};
 use crate::live;
 use crate::time::Time;
 
+/// The administration tabs: (URL key, label). Each is a link, so a tab can be bookmarked and
+/// works without JavaScript.
+const TABS: [(&str, &str); 6] = [
+    ("organizations", "Organizations"),
+    ("users", "Users"),
+    ("nodes", "Nodes"),
+    ("usage", "Usage"),
+    ("tokens", "Agent tokens"),
+    ("policy", "Policy"),
+];
+
+/// Rows per page of the organization and user lists.
+const PAGE_ROWS: usize = 25;
+
+/// The tab, search and page in the admin page's URL.
+#[derive(Debug, Clone, PartialEq)]
+struct AdminQuery {
+    tab: String,
+    search: String,
+    page: usize,
+}
+
+fn admin_query() -> Memo<AdminQuery> {
+    let q = use_query_map();
+    Memo::new(move |_| {
+        q.with(|q| AdminQuery {
+            tab: q
+                .get("tab")
+                .filter(|t| TABS.iter().any(|(k, _)| k == t))
+                .unwrap_or_else(|| TABS[0].0.to_owned()),
+            search: q.get("q").unwrap_or_default(),
+            page: q.get("page").and_then(|p| p.parse().ok()).unwrap_or(0),
+        })
+    })
+}
+
+/// The rows of this page among those matching the search, and how many match.
+fn page_of<T>(rows: Vec<T>, matches: impl Fn(&T) -> bool, page: usize) -> (Vec<T>, usize) {
+    let found: Vec<T> = rows.into_iter().filter(|r| matches(r)).collect();
+    let total = found.len();
+    (
+        found
+            .into_iter()
+            .skip(page * PAGE_ROWS)
+            .take(PAGE_ROWS)
+            .collect(),
+        total,
+    )
+}
+
+/// A search box (a plain GET form) and page links for a list of `total` matching rows.
+#[component]
+fn SearchPager(#[prop(into)] total: Signal<usize>, placeholder: &'static str) -> impl IntoView {
+    let query = admin_query();
+    let link = move |page: usize| {
+        let q = query.get();
+        let mut url = format!("/admin?tab={}", q.tab);
+        if !q.search.is_empty() {
+            url.push_str(&format!("&q={}", super::tasks::encode(&q.search)));
+        }
+        if page > 0 {
+            url.push_str(&format!("&page={page}"));
+        }
+        url
+    };
+    view! {
+        <form class="filters" method="get" action="/admin" role="search">
+            <input type="hidden" name="tab" prop:value=move || query.get().tab/>
+            <div class="field">
+                <label for="admin-search">"Search"</label>
+                <input id="admin-search" name="q" type="search" data-testid="admin-search" placeholder=placeholder
+                    prop:value=move || query.get().search/>
+            </div>
+            <button type="submit" class="small secondary">"Search"</button>
+        </form>
+        <nav class="pager" aria-label="Pages">
+            <span class="muted small" data-testid="admin-count">{move || {
+                let (n, page) = (total.get(), query.get().page);
+                if n <= PAGE_ROWS { format!("{n} found") } else {
+                    format!("{}–{} of {n}", page * PAGE_ROWS + 1, ((page + 1) * PAGE_ROWS).min(n))
+                }
+            }}</span>
+            {move || (query.get().page > 0).then(|| view! { <a class="button secondary small" href=link(query.get().page - 1)>"← Previous"</a> })}
+            {move || ((query.get().page + 1) * PAGE_ROWS < total.get()).then(|| view! { <a class="button secondary small" data-testid="admin-next" href=link(query.get().page + 1)>"Next →"</a> })}
+        </nav>
+    }
+}
+
 #[component]
 pub fn AdminPage() -> impl IntoView {
     let session = use_session();
+    let query = admin_query();
     view! {
         <RequireLogin>
             {move || if session.me().is_some_and(|m| m.platform_admin) {
-                view! { <Tenants/><Usage/><Users/><Nodes/><RegistrationTokens/><Policy/> }.into_any()
+                view! {
+                    <h1>"Administration"</h1>
+                    <nav class="tabs" aria-label="Administration" data-testid="admin-tabs">
+                        {TABS.into_iter().map(|(key, label)| view! {
+                            <a href=format!("/admin?tab={key}") data-testid=format!("tab-{key}")
+                                aria-current=move || (query.get().tab == key).then_some("page")>{label}</a>
+                        }).collect_view()}
+                    </nav>
+                    {move || match query.get().tab.as_str() {
+                        "users" => view! { <Users/> }.into_any(),
+                        "nodes" => view! { <Nodes/> }.into_any(),
+                        "usage" => view! { <Usage/> }.into_any(),
+                        "tokens" => view! { <RegistrationTokens/> }.into_any(),
+                        "policy" => view! { <Policy/> }.into_any(),
+                        _ => view! { <Tenants/> }.into_any(),
+                    }}
+                }.into_any()
             } else {
                 view! { <section class="card"><h1>"Administration"</h1><p>"This page is for platform administrators."</p></section> }.into_any()
             }}
@@ -35,6 +141,17 @@ fn Tenants() -> impl IntoView {
     );
     let editing = RwSignal::new(None::<AdminTenant>);
     let error = RwSignal::new(None::<ApiErr>);
+    let query = admin_query();
+    let tenant_total = Signal::derive(move || {
+        let needle = query.get().search.to_lowercase();
+        tenants.with(|t| {
+            t.as_ref().and_then(|r| r.as_ref().ok()).map_or(0, |l| {
+                l.iter()
+                    .filter(|t| t.name.to_lowercase().contains(&needle))
+                    .count()
+            })
+        })
+    });
     let trust = Action::new_local(move |(id, trusted): &(String, bool)| {
         let path = format!("/api/v1/admin/tenants/{id}");
         let req = AdminUpdateTenantRequest {
@@ -53,7 +170,7 @@ fn Tenants() -> impl IntoView {
     view! {
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
-            <h1>"Organizations"</h1>
+            <h2>"Organizations"</h2>
             <p class="muted">"Trusted organizations may also run tasks on trusted-only nodes, which cannot isolate tasks from each other."</p>
             <p class="banner error" role="alert">{move || general_error(error.get(), &[])}</p>
             <table class="table" data-testid="admin-tenants">
@@ -62,7 +179,11 @@ fn Tenants() -> impl IntoView {
                 {move || match tenants.get() {
                     None => view! { <tr><td colspan="7" class="muted">"Loading…"</td></tr> }.into_any(),
                     Some(Err(e)) => view! { <tr><td colspan="7" class="error">{e.message}</td></tr> }.into_any(),
-                    Some(Ok(list)) => list.into_iter().map(|t| {
+                    Some(Ok(list)) => {
+                        let q = query.get();
+                        let needle = q.search.to_lowercase();
+                        let (rows, _) = page_of(list, |t: &AdminTenant| t.name.to_lowercase().contains(&needle), q.page);
+                        rows.into_iter().map(|t| {
                         let t2 = t.clone();
                         let (id, trusted, name) = (t.id.clone(), t.trusted, t.name.clone());
                         view! {
@@ -79,10 +200,12 @@ fn Tenants() -> impl IntoView {
                                 </td>
                             </tr>
                         }
-                    }).collect_view().into_any(),
+                    }).collect_view().into_any()
+                    }
                 }}
                 </tbody>
             </table>
+            <SearchPager total=tenant_total placeholder="organization name"/>
         </section>
         {move || editing.get().map(|t| {
             let path = format!("/api/v1/admin/tenants/{}/quota", t.id);
@@ -153,6 +276,18 @@ fn Policy() -> impl IntoView {
 fn Users() -> impl IntoView {
     let users = Resource::new(|| (), |_| api::get::<Vec<AdminUser>>("/api/v1/admin/users"));
     let error = RwSignal::new(None::<ApiErr>);
+    let query = admin_query();
+    let matches = |u: &AdminUser, needle: &str| {
+        u.email.to_lowercase().contains(needle) || u.tenant_name.to_lowercase().contains(needle)
+    };
+    let user_total = Signal::derive(move || {
+        let needle = query.get().search.to_lowercase();
+        users.with(|u| {
+            u.as_ref()
+                .and_then(|r| r.as_ref().ok())
+                .map_or(0, |l| l.iter().filter(|u| matches(u, &needle)).count())
+        })
+    });
     let update = Action::new_local(move |(id, req): &(String, AdminUpdateUserRequest)| {
         let (id, req) = (id.clone(), req.clone());
         async move { api::patch::<_, AdminUser>(&format!("/api/v1/admin/users/{id}"), &req).await }
@@ -170,10 +305,16 @@ fn Users() -> impl IntoView {
         <section class="card">
             <h2>"Users"</h2>
             <p class="banner error" role="alert">{move || general_error(error.get(), &[])}</p>
+            <SearchPager total=user_total placeholder="email or organization"/>
             <table class="table" data-testid="admin-users">
                 <thead><tr><th>"Email"</th><th>"Organization"</th><th>"Role"</th><th>"Status"</th><th></th></tr></thead>
                 <tbody>
-                {move || users.get().and_then(|u| u.ok()).unwrap_or_default().into_iter().map(|u| {
+                {move || {
+                    let q = query.get();
+                    let needle = q.search.to_lowercase();
+                    let all = users.get().and_then(|u| u.ok()).unwrap_or_default();
+                    page_of(all, |u| matches(u, &needle), q.page).0
+                }.into_iter().map(|u| {
                     let id = u.id.clone();
                     let id2 = u.id.clone();
                     let disabled = u.disabled;
