@@ -7,23 +7,14 @@
 // sent), runs one task, and sends one sample at a time at irregular intervals while the page
 // watches the chart's SVG with a MutationObserver. Browser and script share the machine clock.
 import { execFileSync } from "node:child_process";
-import { startServer, startBrowser, hydrated, logIn } from "./harness.mjs";
+import { startServer, startBrowser, hydrated, logIn, apiClient } from "./harness.mjs";
 
 const samples = Number(process.env.AUTODL_BENCH_SAMPLES || 100);
 const password = "Bench-passw0rd-1";
 const server = await startServer();
 const { browser } = await startBrowser();
 
-async function api(method, path, body, token) {
-  const res = await fetch(`${server.base}${path}`, {
-    method,
-    headers: { "content-type": "application/json", ...(token ? { authorization: `Bearer ${token}` } : {}) },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await res.text();
-  if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${text}`);
-  return text ? JSON.parse(text) : null;
-}
+const api = apiClient(server.base);
 
 try {
   execFileSync(process.env.AUTODL_SERVER_BIN, ["admin", "create-admin", "--email", "ops@example.com", "--password", password], {

@@ -4,7 +4,7 @@
 // the list and navigation at phone width.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { startServer, startBrowser, hydrated, shot } from "./harness.mjs";
+import { startServer, startBrowser, hydrated, shot, signUpApi } from "./harness.mjs";
 
 let server, browser;
 before(async () => {
@@ -18,13 +18,7 @@ after(async () => {
 
 const password = "Tr41n-all-the-things";
 
-async function signUp(ctx, email, tenant) {
-  const r = await ctx.request.post(`${server.base}/api/v1/auth/signup`, {
-    data: { email, password, tenant_name: tenant },
-  });
-  assert.equal(r.status(), 201, await r.text());
-  return (await ctx.cookies()).find((c) => c.name === "autodl_csrf").value;
-}
+const signUp = (ctx, email, tenant) => signUpApi(ctx, server.base, email, password, tenant);
 
 async function submit(ctx, headers, name, command) {
   const r = await ctx.request.post(`${server.base}/api/v1/tasks`, {

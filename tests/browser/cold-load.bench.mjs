@@ -6,7 +6,7 @@
 //
 // "content" is when the page's data is on screen (the first contentful paint: pages arrive
 // rendered with their data), "interactive" when hydration has finished (body[data-hydrated]).
-import { startServer, startBrowser } from "./harness.mjs";
+import { startServer, startBrowser, apiClient } from "./harness.mjs";
 
 const tasks = Number(process.env.AUTODL_BENCH_TASKS || 10000);
 const runs = Number(process.env.AUTODL_BENCH_RUNS || 5);
@@ -14,16 +14,7 @@ const password = "Bench-passw0rd-1";
 const server = await startServer();
 const { browser } = await startBrowser();
 
-async function api(method, path, body, token) {
-  const res = await fetch(`${server.base}${path}`, {
-    method,
-    headers: { "content-type": "application/json", ...(token ? { authorization: `Bearer ${token}` } : {}) },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await res.text();
-  if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${text}`);
-  return text ? JSON.parse(text) : null;
-}
+const api = apiClient(server.base);
 
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 

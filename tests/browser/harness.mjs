@@ -84,3 +84,27 @@ export async function logIn(page, base, email, password) {
   await page.click("button[type=submit]");
   await page.waitForURL((u) => new URL(u).pathname === "/");
 }
+
+/// Signs up through the API in the browser context `ctx` (so its cookies are the browser's);
+/// returns the CSRF token that writes must echo.
+export async function signUpApi(ctx, base, email, password, tenant) {
+  const r = await ctx.request.post(`${base}/api/v1/auth/signup`, {
+    data: { email, password, tenant_name: tenant },
+  });
+  if (r.status() !== 201) throw new Error(`sign-up failed: ${r.status()} ${await r.text()}`);
+  return (await ctx.cookies()).find((c) => c.name === "autodl_csrf").value;
+}
+
+/// A JSON API client for scripts outside a browser (benchmarks): `api(method, path, body, token)`.
+export function apiClient(base) {
+  return async function api(method, path, body, token) {
+    const res = await fetch(`${base}${path}`, {
+      method,
+      headers: { "content-type": "application/json", ...(token ? { authorization: `Bearer ${token}` } : {}) },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await res.text();
+    if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${text}`);
+    return text ? JSON.parse(text) : null;
+  };
+}

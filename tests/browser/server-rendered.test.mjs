@@ -2,7 +2,7 @@
 // shows what the API holds for the signed-in caller. A deep link survives signing in.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { startServer, startBrowser, hydrated, shot } from "./harness.mjs";
+import { startServer, startBrowser, hydrated, shot, signUpApi } from "./harness.mjs";
 
 let server, browser;
 before(async () => {
@@ -17,13 +17,7 @@ after(async () => {
 const password = "Tr41n-all-the-things";
 
 /// Signs up through the API in `ctx` (its cookies are the browser's), returns the CSRF token.
-async function signUp(ctx, email, tenant) {
-  const r = await ctx.request.post(`${server.base}/api/v1/auth/signup`, {
-    data: { email, password, tenant_name: tenant },
-  });
-  assert.equal(r.status(), 201, await r.text());
-  return (await ctx.cookies()).find((c) => c.name === "autodl_csrf").value;
-}
+const signUp = (ctx, email, tenant) => signUpApi(ctx, server.base, email, password, tenant);
 
 test("reading pages show their data with JavaScript off", async () => {
   const ctx = await browser.newContext({ javaScriptEnabled: false, viewport: { width: 1280, height: 900 } });

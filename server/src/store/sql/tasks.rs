@@ -15,6 +15,27 @@ const ACTIVE: &str = "('pending', 'scheduled', 'running')";
 
 macro_rules! impl_tasks {
     ($store:ty, $db:ty) => {
+        impl $store {
+            /// A filter's conditions after `WHERE t.tenant_id = `: listing and counting share
+            /// them, so the total is of exactly what the pages show.
+            fn push_task_filter<'a>(q: &mut sqlx::QueryBuilder<'a, $db>, f: &'a TaskFilter) {
+                q.push_bind(&f.tenant_id);
+                if let Some(state) = &f.state {
+                    q.push(" AND t.state = ").push_bind(state.as_str());
+                }
+                if let Some(user) = &f.user_id {
+                    q.push(" AND t.user_id = ").push_bind(user);
+                }
+                if let Some((k, v)) = &f.label {
+                    q.push(" AND EXISTS (SELECT 1 FROM task_labels l WHERE l.task_id = t.id AND l.key = ")
+                        .push_bind(k)
+                        .push(" AND l.value = ")
+                        .push_bind(v)
+                        .push(")");
+                }
+            }
+        }
+
         #[async_trait]
         impl Tasks for $store {
             async fn create_tasks(&self, batch: &[NewTask]) -> StoreResult<Vec<StoreResult<TaskCreated>>> {
@@ -118,20 +139,7 @@ macro_rules! impl_tasks {
                 let mut q = sqlx::QueryBuilder::<$db>::new(format!(
                     "SELECT {TASK_COLS}, u.email AS user_email FROM tasks t JOIN users u ON u.id = t.user_id WHERE t.tenant_id = "
                 ));
-                q.push_bind(&f.tenant_id);
-                if let Some(state) = &f.state {
-                    q.push(" AND t.state = ").push_bind(state.as_str());
-                }
-                if let Some(user) = &f.user_id {
-                    q.push(" AND t.user_id = ").push_bind(user);
-                }
-                if let Some((k, v)) = &f.label {
-                    q.push(" AND EXISTS (SELECT 1 FROM task_labels l WHERE l.task_id = t.id AND l.key = ")
-                        .push_bind(k)
-                        .push(" AND l.value = ")
-                        .push_bind(v)
-                        .push(")");
-                }
+                Self::push_task_filter(&mut q, f);
                 if let Some((at, id)) = &f.before {
                     q.push(" AND (t.created_at < ")
                         .push_bind(*at)
@@ -149,20 +157,7 @@ macro_rules! impl_tasks {
                 let mut q = sqlx::QueryBuilder::<$db>::new(
                     "SELECT COUNT(*) FROM tasks t WHERE t.tenant_id = ",
                 );
-                q.push_bind(&f.tenant_id);
-                if let Some(state) = &f.state {
-                    q.push(" AND t.state = ").push_bind(state.as_str());
-                }
-                if let Some(user) = &f.user_id {
-                    q.push(" AND t.user_id = ").push_bind(user);
-                }
-                if let Some((k, v)) = &f.label {
-                    q.push(" AND EXISTS (SELECT 1 FROM task_labels l WHERE l.task_id = t.id AND l.key = ")
-                        .push_bind(k)
-                        .push(" AND l.value = ")
-                        .push_bind(v)
-                        .push(")");
-                }
+                Self::push_task_filter(&mut q, f);
                 let (n,): (i64,) = q.build_query_as().fetch_one(&self.pool).await?;
                 Ok(n)
             }
