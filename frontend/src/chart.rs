@@ -36,7 +36,7 @@ pub const PALETTE: [&str; 10] = [
 
 const W: f64 = 720.0;
 const H: f64 = 260.0;
-const LEFT: f64 = 64.0;
+const LEFT: f64 = 88.0;
 const RIGHT: f64 = 14.0;
 const TOP: f64 = 14.0;
 const BOTTOM: f64 = 34.0;
@@ -72,6 +72,9 @@ pub fn LineChart(
     #[prop(into, optional)] x_axis: Option<Signal<XAxis>>,
     #[prop(optional)] zoom: Option<RwSignal<Option<(f64, f64)>>>,
     #[prop(optional)] y_max: Option<f64>,
+    /// The y axis starts at zero (amounts such as memory, where a cut axis would mislead).
+    #[prop(optional)]
+    from_zero: bool,
 ) -> impl IntoView {
     let unit = StoredValue::new(unit);
     let x_axis = x_axis.unwrap_or_else(|| Signal::stored(XAxis::Time));
@@ -125,6 +128,7 @@ pub fn LineChart(
                 x0 -= 1.0;
                 x1 += 1.0;
             }
+            let y0 = if from_zero { y0.min(0.0) } else { y0 };
             let (y0, y1) = plot::y_range(y0, y1, y_max);
             Some((x0, x1, y0, y1))
         })

@@ -249,8 +249,16 @@ pub fn Metrics(history: ChartHistory) -> impl IntoView {
             .filter(|(_, k)| *k == kind && show)
             .map(|(i, _)| format!("GPU {i}"))
     };
+    // Lines of single GPUs, only where there is more than one (one GPU's line is the mean).
+    let gpus = Memo::new(move |_| {
+        lines.with(|l| {
+            l.iter()
+                .filter(|l| per_gpu(&l.name).is_some_and(|(_, k)| k == PerGpu::Util))
+                .count()
+        })
+    });
     let util = Signal::derive(move || {
-        let each = per_gpu_lines.get();
+        let each = per_gpu_lines.get() && gpus.get() > 1;
         series_of(
             &|n| {
                 if n == GPU_UTIL {
@@ -263,7 +271,7 @@ pub fn Metrics(history: ChartHistory) -> impl IntoView {
         )
     });
     let mem = Signal::derive(move || {
-        let each = per_gpu_lines.get();
+        let each = per_gpu_lines.get() && gpus.get() > 1;
         series_of(
             &|n| match n {
                 GPU_MEM_USED => Some("used (all GPUs)".into()),
@@ -316,7 +324,7 @@ pub fn Metrics(history: ChartHistory) -> impl IntoView {
         })}
         <div class="charts">
             <LineChart title="GPU utilization" unit="%" testid="chart-util" series=util x_axis zoom y_max={100.0}/>
-            <LineChart title="GPU memory" unit="GiB" testid="chart-mem" series=mem x_axis zoom/>
+            <LineChart title="GPU memory" unit="GiB" testid="chart-mem" series=mem x_axis zoom from_zero=true/>
             <For
                 each=move || { reported.get().into_iter().filter(|n| hidden.with(|h| !h.contains(n))).collect::<Vec<_>>() }
                 key=|n| n.clone()

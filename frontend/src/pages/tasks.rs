@@ -43,12 +43,16 @@ pub fn gpu_summary(spec: &TaskSpec) -> String {
 }
 
 pub fn bytes(b: u64) -> String {
-    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
-    let g = b as f64 / GIB;
-    if g >= 1.0 {
-        format!("{} GiB", trim_num(g))
+    const KIB: f64 = 1024.0;
+    let v = b as f64;
+    if v < KIB {
+        format!("{b} B")
+    } else if v < KIB * KIB {
+        format!("{} KiB", trim_num(v / KIB))
+    } else if v < KIB * KIB * KIB {
+        format!("{} MiB", trim_num(v / KIB / KIB))
     } else {
-        format!("{} MiB", trim_num(b as f64 / 1024.0 / 1024.0))
+        format!("{} GiB", trim_num(v / KIB / KIB / KIB))
     }
 }
 
@@ -620,16 +624,15 @@ fn ran_for(t: &Task) -> Option<String> {
     Some(time::duration((end - start) / 1000.0))
 }
 
+/// How long an attempt ran; a running one's time is the header's "Ran for", which keeps up.
 fn attempt_length(a: &Attempt) -> String {
-    let Some(start) = time::parse_ms(&a.started_at) else {
-        return String::new();
-    };
-    let end = a
-        .ended_at
-        .as_deref()
-        .and_then(time::parse_ms)
-        .unwrap_or_else(time::now_ms);
-    time::duration((end - start) / 1000.0)
+    match (
+        time::parse_ms(&a.started_at),
+        a.ended_at.as_deref().and_then(time::parse_ms),
+    ) {
+        (Some(start), Some(end)) => time::duration((end - start) / 1000.0),
+        _ => String::new(),
+    }
 }
 
 fn gpu_hours(seconds: f64) -> String {
@@ -862,5 +865,8 @@ mod tests {
         assert!(failure_summary(&task(TaskState::Completed, 1), &oom).is_none());
         assert_eq!(gpu_hours(300.0), "5 GPU-minutes");
         assert_eq!(gpu_hours(7200.0), "2.0 GPU-hours");
+        assert_eq!(bytes(17), "17 B");
+        assert_eq!(bytes(200_000), "195.3 KiB");
+        assert_eq!(bytes(40 << 30), "40 GiB");
     }
 }
