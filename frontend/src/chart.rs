@@ -27,6 +27,28 @@ impl Series {
             faint: false,
         }
     }
+
+    /// The line as drawn with smoothing `weight` (0: as it is): the raw line faint behind the
+    /// smoothed one, so smoothing never hides what was measured.
+    pub fn smoothed(
+        name: impl Into<String>,
+        color: &'static str,
+        points: Vec<(f64, f64)>,
+        weight: f64,
+    ) -> Vec<Series> {
+        let name = name.into();
+        if weight <= 0.0 {
+            return vec![Series::new(name, color, points)];
+        }
+        let smooth = crate::plot::smooth(&points, weight);
+        vec![
+            Series {
+                faint: true,
+                ..Series::new(name.clone(), color, points)
+            },
+            Series::new(name, color, smooth),
+        ]
+    }
 }
 
 pub const PALETTE: [&str; 10] = [

@@ -8,7 +8,7 @@ use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
 use super::metrics::{on_axis, step_points, unit_label};
-use super::tasks::{encode, state_badge};
+use super::tasks::{encode, ran_for, state_badge};
 use crate::api::{self, ApiErr};
 use crate::app::RequireLogin;
 use crate::chart::{LineChart, Series, PALETTE};
@@ -118,19 +118,7 @@ fn Compare() -> impl IntoView {
                 .unwrap_or(0.0);
             let points = on_axis(line, axis, &step_points(&m.lines), start);
             let color = PALETTE[i % PALETTE.len()];
-            if weight > 0.0 {
-                out.push(Series {
-                    faint: true,
-                    ..Series::new(t.name.clone(), color, points.clone())
-                });
-                out.push(Series::new(
-                    t.name.clone(),
-                    color,
-                    plot::smooth(&points, weight),
-                ));
-            } else {
-                out.push(Series::new(t.name.clone(), color, points));
-            }
+            out.extend(Series::smoothed(t.name.clone(), color, points, weight));
         }
         out
     });
@@ -188,22 +176,12 @@ fn SpecTable(tasks: Vec<Task>) -> impl IntoView {
         .map(|t| serde_json::to_value(&t.spec).unwrap_or_default())
         .collect();
     let diffs = plot::differences(&specs);
-    let now = time::now_ms();
-    let ran = |t: &Task| {
-        let start = t.started_at.as_deref().and_then(time::parse_ms)?;
-        let end = t
-            .finished_at
-            .as_deref()
-            .and_then(time::parse_ms)
-            .unwrap_or(now);
-        Some(time::duration((end - start) / 1000.0))
-    };
     view! {
         <table class="table" data-testid="compare-diff">
             <thead><tr><th>"Field"</th>{tasks.iter().map(|t| view! { <th><a href=format!("/tasks/{}", t.id)>{t.name.clone()}</a></th> }).collect_view()}</tr></thead>
             <tbody>
                 <tr><td>"State"</td>{tasks.iter().map(|t| view! { <td>{state_badge(t.state)}</td> }).collect_view()}</tr>
-                <tr><td>"Ran for"</td>{tasks.iter().map(|t| view! { <td>{ran(t).unwrap_or_else(|| "—".into())}</td> }).collect_view()}</tr>
+                <tr><td>"Ran for"</td>{tasks.iter().map(|t| view! { <td>{ran_for(t).unwrap_or_else(|| "—".into())}</td> }).collect_view()}</tr>
                 <tr><td>"GPU-hours"</td>{tasks.iter().map(|t| view! { <td>{format!("{:.2}", t.gpu_seconds / 3600.0)}</td> }).collect_view()}</tr>
                 {diffs.into_iter().map(|(field, values)| view! {
                     <tr data-testid="diff-row"><td><code>{field}</code></td>{values.into_iter().map(|v| view! { <td>{v}</td> }).collect_view()}</tr>

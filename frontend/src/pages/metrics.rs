@@ -231,15 +231,7 @@ pub fn Metrics(history: ChartHistory) -> impl IntoView {
             for (i, (label, line)) in picked.enumerate() {
                 let color = PALETTE[i % PALETTE.len()];
                 let points = on_axis(line, axis, &steps, 0.0);
-                if weight > 0.0 {
-                    out.push(Series {
-                        faint: true,
-                        ..Series::new(label.clone(), color, points.clone())
-                    });
-                    out.push(Series::new(label, color, plot::smooth(&points, weight)));
-                } else {
-                    out.push(Series::new(label, color, points));
-                }
+                out.extend(Series::smoothed(label, color, points, weight));
             }
             out
         })

@@ -614,7 +614,7 @@ fn TaskView(id: String) -> impl IntoView {
 }
 
 /// How long the task has run: from its first start to its end (or now).
-fn ran_for(t: &Task) -> Option<String> {
+pub fn ran_for(t: &Task) -> Option<String> {
     let start = t.started_at.as_deref().and_then(time::parse_ms)?;
     let end = t
         .finished_at

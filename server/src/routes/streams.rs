@@ -24,9 +24,6 @@ pub struct MetricStreamQuery {
 const BACKLOG: i64 = 1000;
 const POLL: Duration = Duration::from_millis(1000);
 
-/// Samples as `GET /tasks/{id}/metrics` shapes them: one per reported set of numbers, and one
-/// per GPU sampling instant (utilization averaged over the task's GPUs, memory summed, the
-/// per-GPU values kept as `gpu<i>_util` / `gpu<i>_mem`), oldest first.
 /// Live metrics of a task as Server-Sent Events: one `data: {MetricSample}` per sample (GPU
 /// utilization and memory from the agent, numbers the task reported), then `event: end` once the
 /// task has finished and everything was sent.

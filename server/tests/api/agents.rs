@@ -436,6 +436,21 @@ async fn metrics_batches_are_checked(b: Backend) {
     let m = s.get(&app, &format!("/api/v1/tasks/{id}/metrics")).await;
     assert_eq!(m["samples"][0]["gpu_util"], 0.9);
     assert_eq!(m["samples"][0]["mem_total"], 42949672960u64);
+    // The cluster view shows how busy each GPU is from its latest sample.
+    let nodes = s.get(&app, "/api/v1/nodes").await;
+    let busy: Vec<(u64, Value)> = nodes[0]["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| (g["index"].as_u64().unwrap(), g["utilization"].clone()))
+        .collect();
+    assert!(busy.contains(&(gpu, json!(0.9))), "{busy:?}");
+    assert!(
+        busy.iter()
+            .filter(|(i, _)| *i != gpu)
+            .all(|(_, u)| u.is_null()),
+        "{busy:?}"
+    );
     let prom = op.prometheus(&app).await;
     assert!(
         prom.contains("autodl_gpu_utilization_ratio{gpu=\"0\",node=\"gpu-1\"}")

@@ -894,13 +894,16 @@ async fn a_task_that_only_closed_nodes_could_hold_says_so(b: Backend) {
     let full = submit(&app, &s, spec("full", "A100", 4)).await;
     wait_state(&app, &s, full["id"].as_str().unwrap(), "scheduled").await;
     let next = submit(&app, &s, spec("next", "A100", 1)).await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let next = s
-        .get(
-            &app,
-            &format!("/api/v1/tasks/{}", next["id"].as_str().unwrap()),
-        )
-        .await;
+    let next_id = next["id"].as_str().unwrap().to_owned();
+    // Until the scheduler's first cycle has explained it.
+    let mut next = Value::Null;
+    for _ in 0..100 {
+        next = s.get(&app, &format!("/api/v1/tasks/{next_id}")).await;
+        if next["waiting"]["reason"].is_string() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let said = next["waiting"]["message"].as_str().unwrap();
     assert!(!said.is_empty() && !said.contains("cordoned"), "{said}");
     let res = op

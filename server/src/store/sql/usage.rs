@@ -172,16 +172,15 @@ macro_rules! impl_usage {
             }
 
             async fn latest_gpu_utilization(&self, since: i64) -> StoreResult<Vec<(String, i64, f64)>> {
-                let rows: Vec<(String, i64, f64)> = sqlx::query_as(
-                    "SELECT node_id, gpu_index, util FROM gpu_samples WHERE at >= $1 ORDER BY at",
+                // One row per GPU, found by the (node, GPU, time) index.
+                Ok(sqlx::query_as(
+                    "SELECT g.node_id, g.gpu_index, g.util FROM gpu_samples g
+                     WHERE g.at >= $1 AND g.at = (SELECT MAX(l.at) FROM gpu_samples l
+                         WHERE l.node_id = g.node_id AND l.gpu_index = g.gpu_index)",
                 )
                 .bind(since)
                 .fetch_all(&self.pool)
-                .await?;
-                // Later rows win: one per GPU.
-                let latest: std::collections::HashMap<(String, i64), f64> =
-                    rows.into_iter().map(|(n, i, u)| ((n, i), u)).collect();
-                Ok(latest.into_iter().map(|((n, i), u)| (n, i, u)).collect())
+                .await?)
             }
 
             async fn usage_attempts(&self, from: i64, to: i64) -> StoreResult<Vec<UsageAttemptRecord>> {
