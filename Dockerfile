@@ -10,6 +10,7 @@ RUN cargo build --release --locked -p autodl-server \
  && wasm-bindgen --target web --no-typescript --remove-name-section --out-dir /out/site/pkg --out-name autodl \
       target/wasm32-unknown-unknown/wasm-release/autodl_frontend.wasm \
  && cp style/main.css /out/site/pkg/autodl.css \
+ && gzip -9 -k /out/site/pkg/autodl_bg.wasm /out/site/pkg/autodl.js /out/site/pkg/autodl.css \
  && cp target/release/autodl-server /out/
 
 FROM debian:bookworm-slim

@@ -41,6 +41,8 @@ build_web() {
   wasm-bindgen --target web --no-typescript --remove-name-section --out-dir "$AUTODL_SITE_ROOT/pkg" --out-name autodl \
     "$CARGO_TARGET_DIR/wasm32-unknown-unknown/wasm-dev/autodl_frontend.wasm"
   cp "$ROOT/style/main.css" "$AUTODL_SITE_ROOT/pkg/autodl.css"
+  # Compressed once here rather than by the server on every load.
+  gzip -9 -k -f "$AUTODL_SITE_ROOT/pkg/autodl_bg.wasm" "$AUTODL_SITE_ROOT/pkg/autodl.js" "$AUTODL_SITE_ROOT/pkg/autodl.css"
 }
 
 build_server() {

@@ -122,6 +122,12 @@ pub struct ServerFetch(
     >,
 );
 
+/// Sets the HTTP status of the page being rendered on the server (a page that is not there
+/// answers 404, so crawlers, link checkers and scripts can tell).
+#[cfg(not(feature = "hydrate"))]
+#[derive(Clone)]
+pub struct PageStatus(pub std::sync::Arc<dyn Fn(u16) + Send + Sync>);
+
 /// On the server, pages read through the [`ServerFetch`] of the request being rendered;
 /// writes only happen in the browser.
 #[cfg(not(feature = "hydrate"))]

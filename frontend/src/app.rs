@@ -71,7 +71,7 @@ pub fn App() -> impl IntoView {
             <a class="skip-link" href="#main" on:click=|ev| { ev.prevent_default(); crate::live::focus("main"); }>"Skip to content"</a>
             <Nav/>
             <main class="container" id="main" tabindex="-1">
-                <Routes fallback=|| view! { <section class="card"><h1>"Page not found"</h1><p><A href="/">"Back home"</A></p></section> }>
+                <Routes fallback=NotFound>
                     <Route path=path!("/") view=HomePage ssr=SsrMode::Async/>
                     <Route path=path!("/signup") view=SignupPage ssr=SsrMode::Async/>
                     <Route path=path!("/login") view=LoginPage ssr=SsrMode::Async/>
@@ -246,4 +246,14 @@ mod tests {
         }
         assert_eq!(after_sign_in(None), "/");
     }
+}
+
+/// A path the app does not know: the usual layout, and a 404 status when rendered on the server.
+#[component]
+fn NotFound() -> impl IntoView {
+    #[cfg(not(feature = "hydrate"))]
+    if let Some(crate::api::PageStatus(set)) = use_context::<crate::api::PageStatus>() {
+        set(404);
+    }
+    view! { <section class="card"><h1>"Page not found"</h1><p><A href="/">"Back home"</A></p></section> }
 }

@@ -102,16 +102,36 @@ fn pairs(text: &str, field: &str) -> Result<BTreeMap<String, String>, ApiErr> {
         let (k, v) = line
             .split_once('=')
             .ok_or_else(|| invalid(field, format!("{:?} is not key=value", line.trim())))?;
-        out.insert(k.trim().to_string(), v.to_string());
+        out.insert(k.trim().to_string(), unquote(v));
     }
     Ok(out)
 }
 
+/// One `key=value` per line; a value a line cannot hold as typed (a line break, surrounding
+/// spaces, a leading quote) is written as a JSON string, which [`unquote`] reads back.
 fn lines(m: &BTreeMap<String, String>) -> String {
     m.iter()
-        .map(|(k, v)| format!("{k}={v}"))
+        .map(|(k, v)| {
+            let plain = !v.contains(['\n', '\r']) && !v.starts_with('"') && v.trim() == v.as_str();
+            if plain {
+                format!("{k}={v}")
+            } else {
+                format!("{k}={}", serde_json::Value::from(v.as_str()))
+            }
+        })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// A value as typed, or the text of a JSON string (`"two\nlines"`), as `.env` files quote.
+fn unquote(v: &str) -> String {
+    let t = v.trim();
+    if t.len() >= 2 && t.starts_with('"') && t.ends_with('"') {
+        if let Ok(s) = serde_json::from_str::<String>(t) {
+            return s;
+        }
+    }
+    v.to_string()
 }
 
 fn opt_num<T: std::str::FromStr>(s: &str, field: &str, what: &str) -> Result<Option<T>, ApiErr> {

@@ -35,11 +35,13 @@ pub enum AdmissionError {
     },
     #[error("{requested} GPUs requested, but the cluster has only {available} acceptable GPUs")]
     TooManyGpus { requested: u32, available: u32 },
-    #[error("{workers} workers requested, but at most {possible} fit in the cluster{}", if *.same_zone { " within one zone" } else { "" })]
+    #[error("{workers} workers requested, but at most {possible} fit in the cluster{}{}", if *.same_zone { " within one zone" } else { "" }, if *.one_type { " on GPUs of one type (a gang never mixes types)" } else { "" })]
     TooManyWorkers {
         workers: u32,
         possible: u32,
         same_zone: bool,
+        /// The task accepts several GPU types, and no one type has room for all its workers.
+        one_type: bool,
     },
     #[error("{} may use at most {limit} GPUs at once, the task asks for {requested}", whose(.scope))]
     OverGpuQuota {
@@ -186,8 +188,8 @@ pub fn admission_check(view: &ClusterView<'_>, t: &TaskRequest) -> Result<(), Ad
             });
         }
     }
-    // How many workers each empty node could hold, per zone.
-    let per_node = |n: &Node| -> u32 {
+    // How many workers each empty node could hold, per zone, on GPUs `gpu_ok` accepts.
+    let per_node = |n: &Node, gpu_ok: &dyn Fn(&crate::types::Gpu) -> bool| -> u32 {
         if !n.admits(&t.tolerations, &t.requires)
             || n.cpu_millis < t.cpu_millis
             || n.mem_bytes < t.mem_bytes
@@ -217,28 +219,62 @@ pub fn admission_check(view: &ClusterView<'_>, t: &TaskRequest) -> Result<(), Ad
         }
         k.min(t.workers)
     };
-    let mut by_zone: BTreeMap<&str, u32> = BTreeMap::new();
-    for n in view.nodes {
-        let z = by_zone.entry(n.zone.as_str()).or_default();
-        *z = z.saturating_add(per_node(n));
-    }
-    if by_zone.values().all(|&k| k == 0) {
+    let by_zone = |gpu_ok: &dyn Fn(&crate::types::Gpu) -> bool| {
+        let mut by_zone: BTreeMap<&str, u32> = BTreeMap::new();
+        for n in view.nodes {
+            let z = by_zone.entry(n.zone.as_str()).or_default();
+            *z = z.saturating_add(per_node(n, gpu_ok));
+        }
+        by_zone
+    };
+    let fits = |by_zone: &BTreeMap<&str, u32>| {
+        if t.zone_affinity {
+            by_zone.values().copied().max().unwrap_or(0)
+        } else {
+            by_zone.values().fold(0u32, |a, &b| a.saturating_add(b))
+        }
+    };
+    let all_types = by_zone(&gpu_ok);
+    if all_types.values().all(|&k| k == 0) {
         return Err(AdmissionError::WorkerTooLarge {
             gpus: t.gpus_per_worker,
             cpu_millis: t.cpu_millis,
             mem_gib: t.mem_bytes as f64 / GIB,
         });
     }
-    let possible = if t.zone_affinity {
-        by_zone.values().copied().max().unwrap_or(0)
+    // A gang runs on one GPU type: the best single type is what it can get.
+    let mut types: Vec<&str> = if t.workers > 1 && t.gpus_per_worker > 0 {
+        view.nodes
+            .iter()
+            .flat_map(|n| n.gpus.iter())
+            .filter(|g| gpu_ok(g))
+            .map(|g| g.gpu_type.as_str())
+            .collect()
     } else {
-        by_zone.values().fold(0u32, |a, &b| a.saturating_add(b))
+        Vec::new()
+    };
+    types.sort_unstable();
+    types.dedup();
+    let one_type = types.len() > 1;
+    let possible = if one_type {
+        types
+            .iter()
+            .map(|ty| {
+                fits(&by_zone(&|g: &crate::types::Gpu| {
+                    gpu_ok(g) && g.gpu_type == *ty
+                }))
+            })
+            .max()
+            .unwrap_or(0)
+    } else {
+        fits(&all_types)
     };
     if possible < t.workers {
         return Err(AdmissionError::TooManyWorkers {
             workers: t.workers,
             possible,
             same_zone: t.zone_affinity,
+            one_type,
         });
     }
     Ok(())

@@ -75,7 +75,7 @@ pub struct CapGpu {
 impl CapGpu {
     /// A share at least as large as the card is a whole card: the demand is stated once per
     /// task and means "whole" on small cards and "a slice" on big ones.
-    fn fits(&self, d: GpuDemand) -> bool {
+    pub fn fits(&self, d: GpuDemand) -> bool {
         match d {
             GpuDemand::Share(m) if m < self.capacity => self.free >= m.max(1),
             _ => self.free == self.capacity && self.capacity > 0,

@@ -544,7 +544,13 @@ impl Cycle<'_> {
                 && !preempt_failed.contains(&key)
             {
                 preemption_attempts += 1;
-                match self.try_preempt(t, need, prio.total) {
+                let victims = match self.one_type_needs(t, need) {
+                    Some(needs) => needs
+                        .iter()
+                        .find_map(|n| self.try_preempt(t, n, prio.total)),
+                    None => self.try_preempt(t, need, prio.total),
+                };
+                match victims {
                     Some(victims) => {
                         let mut names = Vec::new();
                         for (v, lost) in victims {
@@ -621,7 +627,12 @@ impl Cycle<'_> {
                 Backfill::Reserve if reserved < cfg.reservations => {
                     reserved += 1;
                     blocked_by.get_or_insert(&t.id);
-                    let nodes = self.reserve(t, need);
+                    // A gang of several acceptable types holds nodes of the type with the
+                    // most cards that fit.
+                    let nodes = match self.one_type_needs(t, need) {
+                        Some(needs) => self.reserve(t, &needs[0]),
+                        None => self.reserve(t, need),
+                    };
                     let w = if explain {
                         self.describe_cached(key, t, need)
                     } else {
@@ -758,9 +769,56 @@ impl Cycle<'_> {
         None
     }
 
-    /// All workers or none. With zone affinity each zone is tried, fullest first, so gangs
-    /// go where they leave the least stranded capacity.
+    /// A gang runs on GPUs of one type (data-parallel workers go at the slowest card's pace,
+    /// and mixed cards break collective libraries' assumptions): for a gang that accepts
+    /// several types, the need of each type alone, the types with the most cards that fit
+    /// first; `None` when the need is already of one type (or not a gang).
+    fn one_type_needs(&self, t: &TaskRequest, need: &WorkerNeed) -> Option<Vec<WorkerNeed>> {
+        if t.workers <= 1 || need.gpus == 0 {
+            return None;
+        }
+        let n_types = self.cap.types.len();
+        let mut fitting = vec![0u32; n_types];
+        for g in self.cap.nodes.iter().flat_map(|n| n.gpus.iter()) {
+            if need.types.contains(g.type_id) && g.fits(need.demand) {
+                fitting[g.type_id as usize] += 1;
+            }
+        }
+        let mut ids: Vec<u16> = (0..n_types as u16)
+            .filter(|&i| need.types.contains(i))
+            .collect();
+        if ids.len() <= 1 {
+            return None;
+        }
+        ids.sort_by_key(|&i| (std::cmp::Reverse(fitting[i as usize]), i));
+        Some(
+            ids.into_iter()
+                .map(|i| WorkerNeed {
+                    types: TypeMask::from_ids(&[i]),
+                    ..need.clone()
+                })
+                .collect(),
+        )
+    }
+
+    /// All workers or none, all on one GPU type ([`Self::one_type_needs`]).
     fn place_gang(
+        &mut self,
+        t: &TaskRequest,
+        need: &WorkerNeed,
+        respect_reserved: bool,
+    ) -> Option<Vec<Alloc>> {
+        if let Some(needs) = self.one_type_needs(t, need) {
+            return needs
+                .iter()
+                .find_map(|n| self.place_gang_of_one_type(t, n, respect_reserved));
+        }
+        self.place_gang_of_one_type(t, need, respect_reserved)
+    }
+
+    /// With zone affinity each zone is tried, fullest first, so gangs go where they leave the
+    /// least stranded capacity.
+    fn place_gang_of_one_type(
         &mut self,
         t: &TaskRequest,
         need: &WorkerNeed,

@@ -75,6 +75,89 @@ fn gang_is_all_or_nothing() {
 }
 
 #[test]
+fn a_gang_runs_on_one_gpu_type() {
+    // Two A100 nodes (one half taken) and two A40 nodes: a 2 x 4-GPU gang that accepts any
+    // type could start at once on an A100 and an A40 node; it takes the two A40 nodes.
+    let mut state = ClusterState {
+        nodes: vec![
+            node("a100-1", "", 4, "A100", 80),
+            node("a100-2", "", 4, "A100", 80),
+            node("a40-1", "", 4, "A40", 48),
+            node("a40-2", "", 4, "A40", 48),
+        ],
+        ..Default::default()
+    };
+    let mut blocker = task("blocker", "other", 2, 0);
+    blocker.preemptible = false;
+    state.running.push(running(blocker, "a100-2", &[0, 1], 0));
+    let mut gang = task("gang", "u", 4, 5);
+    gang.workers = 2;
+    state.pending.push(gang.clone());
+    let d = Scheduler::default().schedule(&state, 100);
+    let p = placed(&d, "gang").expect("gang placed");
+    let mut nodes: Vec<&str> = p.iter().map(|w| w.node.as_str()).collect();
+    nodes.sort_unstable();
+    assert_eq!(nodes, ["a40-1", "a40-2"]);
+    // With one A40 node gone, no single type has room: the gang waits rather than mixing.
+    state.nodes.retain(|n| n.id != "a40-2");
+    let d = Scheduler::default().schedule(&state, 100);
+    assert!(placed(&d, "gang").is_none(), "{d:?}");
+    // A gang of shared cards is of one type too.
+    let mut shared = task("shared", "u", 1, 5);
+    shared.workers = 3;
+    shared.gpu_mem_bytes = Some(10 << 30);
+    state.pending = vec![shared];
+    state.running.clear();
+    state.nodes = vec![
+        node("a100", "", 2, "A100", 80),
+        node("a40", "", 1, "A40", 48),
+    ];
+    let d = Scheduler::default().schedule(&state, 100);
+    let p = placed(&d, "shared").expect("shared gang placed");
+    assert!(p.iter().all(|w| w.node == "a100"), "{p:?}");
+}
+
+#[test]
+fn preemption_for_a_gang_frees_one_gpu_type() {
+    // Every GPU is busy with preemptible low-priority work; the gang's victims are all on the
+    // nodes of one type.
+    let mut state = ClusterState {
+        nodes: vec![
+            node("a100", "", 4, "A100", 80),
+            node("a40", "", 4, "A40", 48),
+        ],
+        ..Default::default()
+    };
+    state.nodes.push(node("a100-b", "", 4, "A100", 80));
+    for (id, n) in [
+        ("low-a100", "a100"),
+        ("low-a40", "a40"),
+        ("low-a100-b", "a100-b"),
+    ] {
+        let mut low = running(
+            TaskRequest {
+                priority: 0.0,
+                ..task(id, "other", 4, 0)
+            },
+            n,
+            &[0, 1, 2, 3],
+            0,
+        );
+        low.last_checkpoint_at = Some(9_990);
+        state.running.push(low);
+    }
+    state.pending.push(TaskRequest {
+        workers: 2,
+        priority: 1.0,
+        ..task("gang", "u", 4, 5)
+    });
+    let d = Scheduler::new(only(declared_only())).schedule(&state, 10_000);
+    let mut victims = preempted(&d);
+    victims.sort();
+    assert_eq!(victims, ["low-a100", "low-a100-b"], "{d:?}");
+}
+
+#[test]
 fn zone_affinity_keeps_a_gang_in_one_zone() {
     let state = ClusterState {
         nodes: vec![
@@ -815,6 +898,33 @@ fn admission_rejects_what_can_never_fit() {
         }
     )
     .is_ok());
+    // A gang that only fits by mixing GPU types is refused, and says why.
+    let mixed = [node("a", "", 4, "A100", 80), node("b", "", 4, "A40", 48)];
+    let mixed_view = ClusterView {
+        nodes: &mixed,
+        ..view
+    };
+    let e = admission_check(
+        &mixed_view,
+        &TaskRequest {
+            workers: 2,
+            ..task("m", "u", 4, 0)
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AdmissionError::TooManyWorkers {
+                one_type: true,
+                possible: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("one type"), "{e}");
+    assert!(admission_check(&mixed_view, &task("one", "u", 4, 0)).is_ok());
     let mut quotas = Quotas::default();
     quotas.users.insert(
         "u".into(),

@@ -32,6 +32,10 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// Well formed, but it contradicts an earlier request it claims to repeat (an idempotency
+    /// key used again with a different body).
+    #[error("{0}")]
+    Unprocessable(String),
     /// The request can never run on this cluster (admission check).
     #[error("{0}")]
     Unschedulable(String),
@@ -69,6 +73,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::Conflict(_) => "conflict",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::Unprocessable(_) => "unprocessable",
             ApiError::Unschedulable(_) => "unschedulable",
             ApiError::Quota(_) => "quota",
             ApiError::NoResults(_) => "no_results",
@@ -123,6 +128,7 @@ impl ResponseError for ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -169,11 +169,16 @@ impl Application {
     }
 }
 
-/// Sets a renewed session cookie when the `Caller` extractor refreshed the session.
+/// Sets a renewed session cookie when the `Caller` extractor (or a page render) refreshed the
+/// session.
 async fn renew_session(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let page = !req.path().starts_with("/api/") && !req.path().starts_with("/pkg/");
+    if page {
+        crate::auth::caller::renew_page_session(req.request()).await;
+    }
     let mut res = next.call(req).await?;
     let renewed = res.request().extensions().get::<RenewedSession>().cloned();
     if let Some(r) = renewed {

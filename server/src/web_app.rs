@@ -13,7 +13,7 @@ use leptos_actix::{generate_route_list, LeptosRoutes};
 use std::sync::Arc;
 use std::time::Duration;
 
-use autodl_frontend::api::ServerFetch;
+use autodl_frontend::api::{PageStatus, ServerFetch};
 use autodl_frontend::app::{shell, App};
 
 use crate::config::Settings;
@@ -118,19 +118,105 @@ impl Loopback {
             provide_context(zone);
         }
         let cookie = request.and_then(|r| {
-            let all: Vec<&str> = r
+            // The session renewed for this page replaces the one the browser sent.
+            let renewed = crate::auth::caller::session_cookie_for_reads(&r);
+            let mut all: Vec<String> = r
                 .headers()
                 .get_all(actix_web::http::header::COOKIE)
                 .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(';'))
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .filter(|c| renewed.is_none() || !is_session_cookie(c))
+                .map(str::to_owned)
                 .collect();
+            all.extend(renewed);
             (!all.is_empty()).then(|| all.join("; "))
         });
+        if let Some(res) = use_context::<leptos_actix::ResponseOptions>() {
+            provide_context(PageStatus(Arc::new(move |code| {
+                if let Ok(status) = actix_web::http::StatusCode::from_u16(code) {
+                    res.set_status(status);
+                }
+            })));
+        }
         let this = self.clone();
         provide_context(ServerFetch(Arc::new(move |path: String| {
             let (this, cookie) = (this.clone(), cookie.clone());
             Box::pin(async move { this.get(&path, cookie.as_deref()).await })
         })));
     }
+}
+
+/// Where the browser bundle lies.
+struct PkgDir(std::path::PathBuf);
+
+/// Serves a file of the bundle, gzipped ahead of time where the build left a `.gz` beside it
+/// (`scripts/lib.sh`, the Dockerfile) and the browser takes gzip: compressing the 4 MB wasm on
+/// every cold load cost the debug server most of a second, and a build can afford `gzip -9`.
+/// Deeper paths (wasm-bindgen's snippets) and files without a `.gz` go to the plain handler.
+async fn bundle_file(
+    req: actix_web::HttpRequest,
+    dir: web::Data<PkgDir>,
+    name: web::Path<String>,
+) -> actix_web::Result<actix_web::HttpResponse> {
+    use actix_web::http::header::{self, ContentEncoding};
+    let name = name.into_inner();
+    // One plain file name: no separators, no dot-files, nothing that climbs.
+    let plain = !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !plain {
+        return Err(actix_web::error::ErrorNotFound("no such file"));
+    }
+    let path = dir.0.join(&name);
+    let takes_gzip = req
+        .headers()
+        .get_all(header::ACCEPT_ENCODING)
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|e| {
+            let mut parts = e.split(';');
+            let coding = parts.next().unwrap_or("").trim();
+            let refused = parts.any(|p| {
+                p.trim()
+                    .strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    == Some(0.0)
+            });
+            coding.eq_ignore_ascii_case("gzip") && !refused
+        });
+    let gz = path.with_file_name(format!("{name}.gz"));
+    let fresh = |gz: &std::path::Path| -> Option<()> {
+        let (plain, packed) = (std::fs::metadata(&path).ok()?, std::fs::metadata(gz).ok()?);
+        (packed.modified().ok()? >= plain.modified().ok()?).then_some(())
+    };
+    let mut res = if takes_gzip && fresh(&gz).is_some() {
+        actix_files::NamedFile::open_async(&gz)
+            .await?
+            .set_content_type(actix_files::file_extension_to_mime(
+                path.extension()
+                    .and_then(|e| e.to_str())
+                    .unwrap_or_default(),
+            ))
+            .set_content_encoding(ContentEncoding::Gzip)
+            .into_response(&req)
+    } else {
+        actix_files::NamedFile::open_async(&path)
+            .await?
+            .into_response(&req)
+    };
+    res.headers_mut().insert(
+        header::VARY,
+        header::HeaderValue::from_static("accept-encoding"),
+    );
+    Ok(res)
+}
+
+fn is_session_cookie(pair: &str) -> bool {
+    pair.split_once('=')
+        .is_some_and(|(name, _)| name.trim() == crate::auth::session::SESSION_COOKIE)
 }
 
 #[derive(Clone)]
@@ -163,7 +249,10 @@ impl WebApp {
         let options = self.options.clone();
         let fallback_options = self.options.clone();
         let (api, fallback_api) = (self.api.clone(), self.api.clone());
+        let dir = PkgDir(std::path::PathBuf::from(format!("{pkg}/pkg")));
         cfg.app_data(web::Data::new(self.options.clone()))
+            .app_data(web::Data::new(dir))
+            .service(web::resource("/pkg/{file}").route(web::get().to(bundle_file)))
             .service(actix_files::Files::new("/pkg", format!("{pkg}/pkg")))
             .leptos_routes(self.routes.clone(), move || {
                 with_policy();

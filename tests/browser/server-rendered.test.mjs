@@ -65,6 +65,15 @@ test("reading pages show their data with JavaScript off", async () => {
   assert.ok((await page.locator("body").innerText()).includes("No tasks match."), "nothing completed yet");
   await page.goto(`${server.base}/tasks?state=pending`);
   assert.equal(await page.locator("[data-testid=filter-state]").inputValue(), "pending");
+  // Typed filters are applied by the form and shown again in the rendered page.
+  await page.fill("[data-testid=filter-label]", "team=nobody");
+  await page.fill("[data-testid=filter-search]", "resnet");
+  await page.click("[data-testid=filter-apply]");
+  await page.waitForURL("**/tasks?*label=team%3Dnobody*");
+  assert.equal(await page.locator("[data-testid=filter-label]").inputValue(), "team=nobody");
+  assert.equal(await page.locator("[data-testid=filter-search]").inputValue(), "resnet");
+  assert.ok((await page.locator("body").innerText()).includes("No tasks match."), "no task has that label");
+  await page.goto(`${server.base}/tasks?state=pending`);
   assert.ok((await page.locator("[data-testid=tasks]").innerText()).includes("resnet-without-js"));
 
   // Another organization's task is not shown, rendered or not.

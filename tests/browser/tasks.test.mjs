@@ -179,6 +179,13 @@ test("submit through the form, watch logs and charts live, see it complete", asy
   assert.equal(await page.locator("[data-testid=filter-state]").inputValue(), "completed");
   assert.equal(await page.locator("[data-testid=filter-label]").inputValue(), "team=compilers");
   await page.waitForSelector("[data-testid=task-row] a:text('live-demo')");
+  // Back shows the earlier filter in the box as well as in the list.
+  await page.fill("[data-testid=filter-label]", "team=other");
+  await page.press("[data-testid=filter-label]", "Enter");
+  await page.waitForSelector("[data-testid=no-tasks]");
+  await page.goBack();
+  await page.waitForSelector("[data-testid=task-row] a:text('live-demo')");
+  assert.equal(await page.locator("[data-testid=filter-label]").inputValue(), "team=compilers");
 
   // Clone prefills the form from the task.
   await page.goto(taskUrl);

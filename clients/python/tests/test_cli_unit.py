@@ -30,6 +30,16 @@ def test_missing_or_bad_config_file_is_a_clear_error(tmp_path, capsys):
     bad.write_text("- just\n- a list\n")
     assert cli.main(["--api-url", "http://127.0.0.1:9", "submit", str(bad)]) == 1
     assert "expected a mapping" in capsys.readouterr().err
+    # A syntax error names the file and the place.
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\nresources: {gpu: [\n")
+    assert cli.main(["--api-url", "http://127.0.0.1:9", "submit", str(broken)]) == 1
+    err = capsys.readouterr().err
+    assert "broken.yaml is not valid YAML" in err and "line" in err, err
+    broken_json = tmp_path / "broken.json"
+    broken_json.write_text('{"name": "x",}')
+    assert cli.main(["--api-url", "http://127.0.0.1:9", "submit", str(broken_json)]) == 1
+    assert "broken.json is not valid JSON" in capsys.readouterr().err
 
 
 def test_unreachable_server_exits_1(tmp_path, capsys):

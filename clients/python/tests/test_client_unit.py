@@ -134,6 +134,20 @@ def test_env_configuration(monkeypatch):
     assert autodl.Client().base_url == "http://127.0.0.1:8080"
 
 
+def test_the_api_address_is_taken_as_the_server_address():
+    seen = []
+
+    def handler(request):
+        seen.append(str(request.url))
+        return httpx.Response(200, json={"items": [], "next_cursor": None})
+
+    for url in ["http://srv:9/api/v1", "http://srv:9/api/v1/", " http://srv:9/ "]:
+        c = autodl.Client(api_key="adl_test", base_url=url, transport=httpx.MockTransport(handler))
+        assert c.base_url == "http://srv:9"
+        list(c.list_tasks())
+    assert all(u.startswith("http://srv:9/api/v1/tasks") for u in seen), seen
+
+
 def test_list_tasks_follows_cursors_and_filters():
     calls = []
 

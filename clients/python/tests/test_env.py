@@ -131,6 +131,22 @@ def test_report_falls_back_to_the_api_key_and_drops_non_finite(monkeypatch):
     assert json.loads(rec.requests[0].content) == {"epoch": 1}
 
 
+def test_report_of_text_warns_and_training_goes_on(monkeypatch):
+    rec = Recorder()
+    _patch_http(monkeypatch, rec)
+    monkeypatch.setenv("AUTODL_TASK_ID", "t-9")
+    monkeypatch.setenv("AUTODL_API_KEY", "adl_user")
+    with pytest.warns(RuntimeWarning, match="note='x' is not a number"):
+        assert autodl.report(epoch=2, note="x") is True
+    assert json.loads(rec.requests[0].content) == {"epoch": 2}
+    # Nothing numeric left: nothing is sent, and still no exception.
+    with pytest.warns(RuntimeWarning):
+        assert autodl.report(note="only text") is False
+    assert len(rec.requests) == 1
+    with pytest.raises(TypeError):
+        autodl.report(note="x", strict=True)
+
+
 def test_report_failure_warns_unless_strict(monkeypatch):
     rec = Recorder(
         400,
@@ -150,10 +166,12 @@ def test_report_failure_warns_unless_strict(monkeypatch):
         autodl.report(gpu_util=0.5, strict=True)
 
 
-def test_report_rejects_non_numbers(monkeypatch):
+def test_report_raises_for_non_numbers_only_when_strict(monkeypatch):
     _patch_http(monkeypatch, Recorder())
     monkeypatch.setenv("AUTODL_TASK_ID", "t-9")
     with pytest.raises(TypeError):
-        autodl.report(note="hello")
+        autodl.report(note="hello", strict=True)
     with pytest.raises(TypeError):
-        autodl.report(flag=True)
+        autodl.report(flag=True, strict=True)
+    with pytest.warns(RuntimeWarning, match="flag=True is not a number"):
+        assert autodl.report(flag=True) is False

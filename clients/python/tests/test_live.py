@@ -186,6 +186,10 @@ def test_idempotency_key_returns_the_same_task(cluster, client, tracked):
     other = client.submit_task(small_config("idem"), idempotency_key=f"{key}-2")
     tracked.append(other)
     assert other.id != first.id
+    # The same key with a different request is a mistake the server names (422).
+    with pytest.raises(autodl.ValidationError) as refused:
+        client.submit_task(small_config("idem-changed"), idempotency_key=key)
+    assert refused.value.status == 422 and "different request" in refused.value.message
 
 
 # Validation --------------------------------------------------------------------------------

@@ -90,7 +90,9 @@ def test_a_drained_task_resumes_from_its_checkpoint(demo: LiveServer, tmp_path):
         finally:
             admin.post(f"/admin/nodes/{node}/uncordon")
     logs = "\n".join(task.logs())
-    resumed = [int(line.split()[-1]) for line in logs.splitlines() if line.startswith("resumed from step")]
+    resumed = [
+        int(line.split()[-1]) for line in logs.splitlines() if line.startswith("resumed from step")
+    ]
     assert resumed and resumed[0] > 0, logs
     attempts = task.attempts()
     assert len(attempts) == 2 and attempts[0]["reason"] == "drained"
@@ -131,7 +133,10 @@ def test_data_uploaded_through_the_sdk_reaches_the_task(demo: LiveServer, tmp_pa
     (data / "labels.txt").write_text("cat\ndog\n")
     (data / "shards" / "0.bin").write_bytes(bytes(range(256)) * 100)
     stored = client.upload_data(data, "s3://autodl/datasets/pets")
-    assert sorted(s["path"] for s in stored) == ["datasets/pets/labels.txt", "datasets/pets/shards/0.bin"]
+    assert sorted(s["path"] for s in stored) == [
+        "datasets/pets/labels.txt",
+        "datasets/pets/shards/0.bin",
+    ]
     listed = client.list_data("s3://autodl/datasets/pets")
     assert {o["path"]: o["size"] for o in listed} == {
         "datasets/pets/labels.txt": 8,
@@ -151,5 +156,15 @@ def test_data_uploaded_through_the_sdk_reaches_the_task(demo: LiveServer, tmp_pa
     assert "cat" in logs and "dog" in logs and "25600" in [line.strip() for line in logs], logs
     with pytest.raises(autodl.ValidationError):
         client.submit_spec(shell_task("bad", "true", data_path="s3://not-allowed/x"))
-    with pytest.raises(ValueError):
+    # A data path with nothing stored under it is refused, naming the field.
+    with pytest.raises(autodl.ValidationError) as empty:
+        client.submit_spec(
+            shell_task("empty", "true", data_path="s3://autodl/datasets/not-uploaded")
+        )
+    assert empty.value.field == "data_path" and "nothing is stored" in empty.value.message
+    with pytest.raises(autodl.ValidationError) as bad_url:
         client.upload_data(data, "/not/a/url")
+    assert bad_url.value.field == "url" and "s3://" in bad_url.value.message
+    with pytest.raises(autodl.ValidationError) as missing:
+        client.upload_data(tmp_path / "no-such-folder", "s3://autodl/datasets/x")
+    assert missing.value.field == "local"

@@ -37,7 +37,8 @@ pub fn HomePage() -> impl IntoView {
 }
 
 /// A plain-words note on where the caller stands in the fair-share order.
-fn fair_share_note(waiting: &[Task]) -> String {
+/// `waiting` is the first page of the caller's waiting tasks, `total` how many wait in all.
+fn fair_share_note(waiting: &[Task], total: u64) -> String {
     let factors: Vec<_> = waiting
         .iter()
         .filter_map(|t| t.waiting.as_ref().and_then(|w| w.priority.clone()))
@@ -58,9 +59,13 @@ fn fair_share_note(waiting: &[Task]) -> String {
             .iter()
             .filter(|t| t.waiting.as_ref().and_then(|w| w.reason.as_deref()) == Some("quota"))
             .count();
+        let of = if total > waiting.len() as u64 {
+            format!("the first {} of your {total}", waiting.len())
+        } else {
+            format!("your {total}")
+        };
         return format!(
-            "{held} of your {} waiting tasks are held by a quota: {}.",
-            waiting.len(),
+            "{held} of {of} waiting tasks are held by a quota: {}.",
             w.message
         );
     }
@@ -93,6 +98,22 @@ fn Dashboard() -> impl IntoView {
             .and_then(|r| r.ok())
             .map(|p| p.items)
             .unwrap_or_default()
+    };
+    // The tables show the first page; the counts are of all pages.
+    let total = move |r: Resource<Result<TaskPage, api::ApiErr>>| {
+        r.get()
+            .and_then(|r| r.ok())
+            .map(|p| p.total.max(p.items.len() as u64))
+            .unwrap_or_default()
+    };
+    let more = move |r: Resource<Result<TaskPage, api::ApiErr>>, state: &'static str| {
+        let (shown, all) = (list(r).len() as u64, total(r));
+        (all > shown).then(|| {
+            view! {
+                <p class="muted small">{format!("The first {shown} of {all}. ")}
+                    <a href=format!("/tasks?state={state}&mine=1")>"See them all"</a></p>
+            }
+        })
     };
     let table = move |tasks: Vec<Task>, empty: &'static str, testid: &'static str| {
         view! {
@@ -128,20 +149,27 @@ fn Dashboard() -> impl IntoView {
             </div>
             <p class="muted">{move || session.me().map(|m| format!("{} · {}", m.email, m.tenant_name))}</p>
             <div class="stats">
-                <div class="stat"><span class="stat-value" data-testid="running-count">{move || list(running).len()}</span><span class="muted">"running"</span></div>
-                <div class="stat"><span class="stat-value" data-testid="waiting-count">{move || list(waiting).len()}</span><span class="muted">"waiting"</span></div>
-                <div class="stat"><span class="stat-value">{move || list(running).iter().map(|t| t.spec.gpus_per_worker * t.spec.num_workers).sum::<u32>()}</span><span class="muted">"GPUs in use"</span></div>
+                <div class="stat"><span class="stat-value" data-testid="running-count">{move || total(running)}</span><span class="muted">"running"</span></div>
+                <div class="stat"><span class="stat-value" data-testid="waiting-count">{move || total(waiting)}</span><span class="muted">"waiting"</span></div>
+                <div class="stat"><span class="stat-value">{move || {
+                    let shown = list(running);
+                    let gpus = shown.iter().map(|t| t.spec.gpus_per_worker * t.spec.num_workers).sum::<u32>();
+                    // Counted over the first page only: say so rather than undercount.
+                    if total(running) > shown.len() as u64 { format!("{gpus}+") } else { gpus.to_string() }
+                }}</span><span class="muted">"GPUs in use"</span></div>
             </div>
             <p class="muted">"Organization quota: " <span data-testid="dash-quota">{move || quota.get().and_then(|q| q.ok()).map(|q| quota_summary(&q))}</span></p>
-            <p class="notice" data-testid="fair-share">{move || fair_share_note(&list(waiting))}</p>
+            <p class="notice" data-testid="fair-share">{move || fair_share_note(&list(waiting), total(waiting))}</p>
         </section>
         <section class="card">
             <h2>"Running"</h2>
             {move || table(list(running), "Nothing running.", "dash-running")}
+            {move || more(running, "running")}
         </section>
         <section class="card">
             <h2>"Waiting"</h2>
             {move || table(list(waiting), "Nothing waiting.", "dash-waiting")}
+            {move || more(waiting, "pending")}
         </section>
         </Transition>
     }

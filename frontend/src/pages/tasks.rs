@@ -148,9 +148,15 @@ fn TaskList() -> impl IntoView {
             cursor: p.get("cursor").filter(|c| !c.is_empty()),
         })
     });
-    // What is typed, before it is applied.
-    let label = RwSignal::new(current.get_untracked().label);
-    let search = RwSignal::new(current.get_untracked().search);
+    // What is typed, before it is applied; the URL's values again when it changes (Back).
+    let first = current.get_untracked();
+    let label = RwSignal::new(first.label.clone());
+    let search = RwSignal::new(first.search.clone());
+    Effect::new(move |_| {
+        let q = current.get();
+        label.set(q.label);
+        search.set(q.search);
+    });
     let navigate = use_navigate();
     let go = move |change: &dyn Fn(&mut ListQuery), replace: bool| {
         let mut q = current.get_untracked();
@@ -240,13 +246,15 @@ fn TaskList() -> impl IntoView {
                 </div>
                 <div class="field">
                     <label for="filter-label">"Label (key=value)"</label>
-                    <input id="filter-label" name="label" data-testid="filter-label" placeholder="team=vision" bind:value=label
+                    <input id="filter-label" name="label" data-testid="filter-label" placeholder="team=vision"
+                        value=first.label prop:value=label on:input=move |ev| label.set(event_target_value(&ev))
                         on:change=move |_| { let l = label.get_untracked(); go3(&move |q: &mut ListQuery| { q.label = l.clone(); q.cursor = None; }, false); }/>
                 </div>
                 <div class="field">
                     <label for="filter-search">"Search names"</label>
-                    <input id="filter-search" name="q" data-testid="filter-search" type="search" placeholder="resnet" bind:value=search
-                        on:input=move |_| { let s = search.get_untracked(); go4(&move |q: &mut ListQuery| q.search = s.clone(), true); }/>
+                    <input id="filter-search" name="q" data-testid="filter-search" type="search" placeholder="resnet"
+                        value=first.search prop:value=search
+                        on:input=move |ev| { let s = event_target_value(&ev); search.set(s.clone()); go4(&move |q: &mut ListQuery| q.search = s.clone(), true); }/>
                 </div>
                 <label class="check"><input type="checkbox" name="mine" value="1" data-testid="filter-mine" prop:checked=move || current.get().mine
                     on:change=move |ev| { let m = event_target_checked(&ev); go5(&move |q: &mut ListQuery| { q.mine = m; q.cursor = None; }, false); }/>" Mine only"</label>
@@ -513,7 +521,10 @@ fn TaskView(id: String) -> impl IntoView {
                         <section class="card" data-testid="waiting">
                             <h2>"Why it waits"</h2>
                             <p>{w.message.clone()}</p>
-                            {w.position.map(|p| view! { <p class="muted">"Position in the queue: " <strong>{p + 1}</strong></p> })}
+                            {w.position.map(|p| view! {
+                                <p class="muted" data-testid="queue-position">"Position in the queue: " <strong>{p + 1}</strong>
+                                    ". The queue is ordered by the total below, highest first, not by declared priority alone: a task whose owner has used less of their fair share lately, or whose deadline is nearer, can go ahead of one submitted earlier."</p>
+                            })}
                             <p class="muted" data-testid="estimated-start">"Expected to start: " <strong>{w.estimated_start.as_deref().map_or_else(|| "not estimated yet".to_owned(), time::local)}</strong></p>
                             {w.priority.clone().map(priority_bars)}
                         </section>

@@ -89,8 +89,27 @@ pub async fn submit(
                 user_email: caller.user.email.clone(),
             })
         }
-        TaskCreated::Existing(t) => Submitted::Existing(*t),
+        TaskCreated::Existing(t) => {
+            same_request(&t.task, &spec)?;
+            Submitted::Existing(*t)
+        }
     })
+}
+
+/// A repeated idempotency key must come with the request it was first used for: a different
+/// one is a client's mistake (a key reused across tasks), and answering it with the old task
+/// would hide that the new task was never made.
+fn same_request(existing: &TaskRecord, spec: &TaskSpec) -> Result<(), ApiError> {
+    let first: TaskSpec = serde_json::from_str(&existing.spec).map_err(anyhow::Error::from)?;
+    if first == *spec {
+        Ok(())
+    } else {
+        Err(ApiError::Unprocessable(format!(
+            "this Idempotency-Key was used for a different request (task {}); send a new key \
+             for a new task, or the same request to get that task again",
+            existing.id
+        )))
+    }
 }
 
 /// `checkpoint.save_to` and an `s3://` `data_path` must name a bucket tenants may use, and one
@@ -116,11 +135,12 @@ async fn check_storage_urls(
                 format!("{field} is an s3://bucket/path URL or an absolute path in the container"),
             ));
         }
-        let (bucket, _) = state
+        let (bucket, prefix) = state
             .storage
             .resolve(tenant_id, url)
             .map_err(|m| ApiError::invalid(field, format!("{field}: {m}")))?;
-        match state.storage.backend.bucket_exists(&bucket).await {
+        let backend = &state.storage.backend;
+        match backend.bucket_exists(&bucket).await {
             Ok(true) => {}
             Ok(false) => {
                 return Err(ApiError::invalid(
@@ -128,7 +148,30 @@ async fn check_storage_urls(
                     format!("{field}: bucket {bucket:?} does not exist"),
                 ))
             }
-            Err(e) => tracing::warn!(error = %e, bucket, "could not check a bucket at submission"),
+            Err(e) => {
+                tracing::warn!(error = %e, bucket, "could not check a bucket at submission");
+                continue;
+            }
+        }
+        // Checkpoints are written by the task; data must be there before it starts, or the
+        // task would train on an empty folder.
+        if field == "data_path" {
+            match backend.any_under(&bucket, &prefix).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(ApiError::invalid(
+                        field,
+                        format!(
+                            "data_path: nothing is stored under {url}; upload the data first \
+                             (the Python SDK's `Client.upload_data(DIR, \"{url}\")`, or PUT \
+                             /api/v1/objects/{bucket}/PATH), or name a folder that holds it"
+                        ),
+                    ))
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, bucket, "could not check a data path at submission")
+                }
+            }
         }
     }
     Ok(())

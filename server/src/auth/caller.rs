@@ -147,6 +147,30 @@ impl LiveCaller {
 /// The last event of a live stream whose caller lost access.
 pub const STREAM_REVOKED: &[u8] = b"event: end\ndata: {\"reason\":\"access revoked\"}\n\n";
 
+/// Renews the session of a page request that carries one, as an API call would: a researcher
+/// who reads pages without JavaScript (every read then happens on the server) stays signed in
+/// while active. The page's own reads of the API then carry the renewed token (see
+/// [`session_cookie_for_reads`]) rather than each renewing the old one again.
+pub async fn renew_page_session(req: &HttpRequest) {
+    if req.method() == Method::GET
+        && req.cookie(SESSION_COOKIE).is_some()
+        && req
+            .headers()
+            .get(actix_web::http::header::AUTHORIZATION)
+            .is_none()
+    {
+        // A missing or ended session is the page's own business (it shows the signed-out view).
+        let _ = authenticate(req).await;
+    }
+}
+
+/// The session cookie a page's reads should carry: the one renewed for this request, if any.
+pub fn session_cookie_for_reads(req: &HttpRequest) -> Option<String> {
+    req.extensions()
+        .get::<RenewedSession>()
+        .map(|r| format!("{SESSION_COOKIE}={}", r.token))
+}
+
 async fn authenticate(req: &HttpRequest) -> Result<Caller, ApiError> {
     let state = req
         .app_data::<web::Data<AppState>>()

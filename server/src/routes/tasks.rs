@@ -38,13 +38,15 @@ pub(crate) async fn find(
 }
 
 /// Submits a task. With an `Idempotency-Key` header, repeating the request returns the task the
-/// first one created (200) instead of creating another.
+/// first one created (200) instead of creating another; the same key with a different request
+/// is refused (422).
 #[utoipa::path(
     request_body = TaskSpecInput,
     params(("Idempotency-Key" = Option<String>, Header, description = "makes retries of this request safe")),
     responses(
         (status = 201, body = Task), (status = 200, body = Task, description = "an earlier request with this Idempotency-Key"),
-        (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)
+        (status = 400, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 422, body = ErrorBody, description = "the Idempotency-Key was used for a different request")
     )
 )]
 #[post("/tasks")]

@@ -73,6 +73,10 @@ pub trait ObjectStore: Send + Sync {
     async fn size(&self, bucket: &str, key: &str) -> StorageResult<Option<u64>>;
     /// Objects whose key starts with `prefix` (which should end in `/`), keys relative to it.
     async fn list(&self, bucket: &str, prefix: &str) -> StorageResult<Vec<ObjectMeta>>;
+    /// Whether any object lies under `prefix`: a data path must name something stored.
+    async fn any_under(&self, bucket: &str, prefix: &str) -> StorageResult<bool> {
+        Ok(!self.list(bucket, prefix).await?.is_empty())
+    }
     async fn delete(&self, bucket: &str, key: &str) -> StorageResult<()>;
     /// Removes what uploads that never finished left behind (a server stopped mid-upload).
     /// S3 services do this with a lifecycle rule (`AbortIncompleteMultipartUpload`).

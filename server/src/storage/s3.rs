@@ -257,6 +257,20 @@ impl ObjectStore for S3Store {
         }
     }
 
+    /// One key is enough to know; listing a whole dataset at each submission would not do.
+    async fn any_under(&self, bucket: &str, prefix: &str) -> StorageResult<bool> {
+        let page = self
+            .client
+            .list_objects_v2()
+            .bucket(bucket)
+            .prefix(prefix)
+            .max_keys(1)
+            .send()
+            .await
+            .map_err(|e| map_err(bucket, e))?;
+        Ok(!page.contents().is_empty())
+    }
+
     async fn list(&self, bucket: &str, prefix: &str) -> StorageResult<Vec<ObjectMeta>> {
         let mut out = Vec::new();
         let mut token: Option<String> = None;

@@ -69,6 +69,12 @@ pub fn after_attempt(
             Some(1),
             "; batch size is already 1, retrying as is".to_owned(),
         ),
+        // Said in the timeline, so an identical retry is no surprise: the memory may have been
+        // a neighbour's on a shared GPU, but a task that always needs more will fail again.
+        (ExitKind::Oom, true, None) => (
+            None,
+            "; retrying as is: the task has no batch_size for oom_recovery to halve".to_owned(),
+        ),
         _ => (batch_size, "; retrying".to_owned()),
     };
     AttemptEnd {
@@ -145,6 +151,13 @@ mod tests {
             after_attempt(&spec(3, true), 2, 1, Some(1), None, ExitKind::Oom).next_batch_size,
             Some(1)
         );
+        // Without a batch size there is nothing to halve, and the retry says so.
+        let e = after_attempt(&spec(3, true), 1, 0, None, Some(137), ExitKind::Oom);
+        assert_eq!(
+            (e.next_state, e.next_batch_size),
+            (TaskState::Pending, None)
+        );
+        assert!(e.message.contains("no batch_size"), "{}", e.message);
         // Without oom_recovery the batch stays.
         assert_eq!(
             after_attempt(&spec(3, false), 1, 0, Some(64), None, ExitKind::Oom).next_batch_size,

@@ -114,6 +114,9 @@ fn env_name_ok(k: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// Retries given to `oom_recovery` without `max_retries`: 3 halvings take a batch to an eighth.
+pub const DEFAULT_OOM_RETRIES: u32 = 3;
+
 /// Checks a submission and fills in defaults. `now_s` (Unix seconds) judges the deadline.
 pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError> {
     let name = text("name", &input.name, 128)?;
@@ -204,7 +207,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
     if !cpu.is_finite() || cpu <= 0.0 || cpu > 1024.0 {
         return Err(ApiError::invalid(
             "resources.cpu",
-            "cpu must be a number of cores between 0 and 1024",
+            "resources.cpu is a number of cores, more than 0 and at most 1024 (e.g. 8, or 0.5 for half a core)",
         ));
     }
     let memory = match &input.resources.memory {
@@ -272,7 +275,11 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
             }
         }
     }
-    let retry_policy: RetryPolicy = input.retry_policy.clone().unwrap_or_default();
+    let mut retry_policy: RetryPolicy = input.retry_policy.clone().unwrap_or_default();
+    // Asking for OOM recovery is asking for retries: without a count it would never retry.
+    if retry_policy.oom_recovery && retry_policy.max_retries == 0 {
+        retry_policy.max_retries = DEFAULT_OOM_RETRIES;
+    }
     if retry_policy.max_retries > 20 {
         return Err(ApiError::invalid(
             "retry_policy.max_retries",
@@ -404,6 +411,9 @@ mod tests {
                 ("EPOCHS".into(), "10".into()),
                 ("MODE".into(), "a=b".into()),
                 ("PS1".into(), "> ".into()),
+                ("SCRIPT".into(), "set -e\nmake all\r\n".into()),
+                ("QUOTED".into(), "\"a\" and \"b\"".into()),
+                ("JSONISH".into(), "\"x\"".into()),
             ]
             .into(),
             resources: Resources {
@@ -486,6 +496,17 @@ mod tests {
         assert_eq!(s.gpus_per_worker, 2);
         assert_eq!(s.priority, 0.5);
         assert_eq!(s.command, vec!["/bin/sh", "-c", "python train.py"]);
+        assert_eq!(s.retry_policy.max_retries, 0);
+        // OOM recovery alone retries; a count given is kept.
+        let mut i = base();
+        i.retry_policy = Some(RetryPolicy {
+            max_retries: 0,
+            oom_recovery: true,
+        });
+        let s = normalise(i.clone(), 1_700_000_000).unwrap();
+        assert_eq!(s.retry_policy.max_retries, DEFAULT_OOM_RETRIES);
+        i.retry_policy.as_mut().unwrap().max_retries = 1;
+        assert_eq!(normalise(i, 0).unwrap().retry_policy.max_retries, 1);
     }
 
     #[test]

@@ -19,6 +19,7 @@ crate::on_both_backends!(
     csrf_is_required_for_cookie_writes,
     password_change_ends_other_sessions,
     sessions_are_renewed_before_expiry,
+    pages_renew_the_session_too,
 );
 
 async fn health_and_openapi(b: Backend) {
@@ -455,4 +456,32 @@ async fn sessions_are_renewed_before_expiry(b: Backend) {
         StatusCode::UNAUTHORIZED,
         "the original token expired"
     );
+}
+
+/// A researcher reading pages without JavaScript makes no API calls of their own: the page
+/// renders renew the session, and the page's own reads use the renewed token.
+async fn pages_renew_the_session_too(b: Backend) {
+    let app: TestApp = spawn_app_with(b, |s| s.session_ttl_secs = 4).await;
+    let s = app.signup("pages@example.com", "Pages Org").await;
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let res = s.client.get(app.url("/account")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let renewed = res
+        .cookies()
+        .find(|c| c.name() == "autodl_session")
+        .expect("a page render renews the session");
+    assert_ne!(renewed.value(), s.token);
+    assert!(res.text().await.unwrap().contains("pages@example.com"));
+    // Past the first token's expiry, pages still render signed in.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let html = s
+        .client
+        .get(app.url("/account"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("pages@example.com"), "still signed in");
 }

@@ -23,6 +23,7 @@ crate::on_both_backends!(
     members_store_and_delete_objects_by_one_rule,
     nodes_hide_other_organizations_tasks,
     pages_and_answers_carry_security_headers,
+    the_bundle_is_served_gzipped_ahead_of_time,
     metrics_need_an_administrator_or_the_scrape_token,
     sign_up_refuses_weak_passwords_lookalike_emails_and_floods,
     deadlines_in_the_past_are_refused,
@@ -949,4 +950,73 @@ async fn trusted_only_nodes_take_only_trusted_organizations(b: Backend) {
         op.get(&app, "/api/v1/nodes").await[0]["isolation"],
         "container"
     );
+}
+
+/// The build leaves `file.gz` beside each bundle file; the server hands it to browsers that
+/// take gzip, the file itself to the rest, and nothing outside the bundle's folder.
+async fn the_bundle_is_served_gzipped_ahead_of_time(b: Backend) {
+    let app = spawn_app(b).await;
+    let pkg = app.dir.path().join("site/pkg");
+    std::fs::create_dir_all(&pkg).unwrap();
+    std::fs::write(pkg.join("autodl.js"), "plain script").unwrap();
+    std::fs::write(pkg.join("autodl.css"), "body{}").unwrap();
+    std::fs::write(app.dir.path().join("site/secret.txt"), "not yours").unwrap();
+    // Stands for the gzip of autodl.js: the server must pass it through, not compress again.
+    std::fs::write(pkg.join("autodl.js.gz"), "packed script").unwrap();
+    let get = |path: &str, encoding: &str| {
+        let mut req = Client::new().get(app.url(path));
+        if !encoding.is_empty() {
+            req = req.header("accept-encoding", encoding);
+        }
+        async move {
+            let res = req.send().await.unwrap();
+            let status = res.status();
+            let enc = res
+                .headers()
+                .get("content-encoding")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let ty = res
+                .headers()
+                .get("content-type")
+                .map(|v| v.to_str().unwrap().to_owned());
+            (status, enc, ty, res.bytes().await.unwrap())
+        }
+    };
+    let (status, enc, ty, body) = get("/pkg/autodl.js", "gzip, deflate, br, zstd").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(enc.as_deref(), Some("gzip"));
+    assert!(ty.unwrap().contains("javascript"));
+    assert_eq!(&body[..], b"packed script");
+    // Without gzip (or with gzip refused), the file itself.
+    for enc in ["", "identity", "gzip;q=0, identity"] {
+        let (status, got, _, body) = get("/pkg/autodl.js", enc).await;
+        assert_eq!(status, StatusCode::OK, "{enc}");
+        assert_ne!(got.as_deref(), Some("gzip"), "{enc}");
+        assert_eq!(&body[..], b"plain script", "{enc}");
+    }
+    // A file with no .gz beside it is served as it is.
+    let (status, _, _, body) = get("/pkg/autodl.css", "identity").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"body{}"[..]));
+    // A .gz older than its file is stale: the file wins (compressed as any answer is).
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(pkg.join("autodl.js"), "rebuilt script").unwrap();
+    let (_, _, _, body) = get("/pkg/autodl.js", "gzip").await;
+    assert_ne!(&body[..], b"packed script");
+    let (_, _, _, body) = get("/pkg/autodl.js", "identity").await;
+    assert_eq!(&body[..], b"rebuilt script");
+    for path in [
+        "/pkg/..%2Fsecret.txt",
+        "/pkg/%2E%2E/secret.txt",
+        "/pkg/.hidden",
+        "/pkg/nothing-here.js",
+    ] {
+        let (status, _, _, body) = get(path, "gzip").await;
+        assert!(status.is_client_error(), "{path}: {status}");
+        assert!(!String::from_utf8_lossy(&body).contains("not yours"));
+    }
+    // A page the app does not know says so in its layout, with a 404.
+    let (status, _, ty, body) = get("/no/such/page", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(ty.unwrap().starts_with("text/html"));
+    assert!(String::from_utf8_lossy(&body).contains("Page not found"));
 }

@@ -641,6 +641,35 @@ async fn bad_storage_input_is_refused(b: Backend) {
         .await;
     let body = assert_error(r, StatusCode::BAD_REQUEST, "validation").await;
     assert_eq!(body["error"]["field"], "data_path");
+    // A data path must name something stored: an empty folder would train on nothing.
+    let with_data = json!({"name": "t", "image": "i", "command": "c", "resources": {"gpu": {"count": 1}}, "data_path": "s3://autodl/datasets/pets"});
+    let r = s
+        .send(&app, Method::POST, "/api/v1/tasks", Some(with_data.clone()))
+        .await;
+    let body = assert_error(r, StatusCode::BAD_REQUEST, "validation").await;
+    assert_eq!(body["error"]["field"], "data_path");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("nothing is stored under s3://autodl/datasets/pets"),
+        "{body}"
+    );
+    let r = s
+        .request(
+            &app,
+            Method::PUT,
+            "/api/v1/objects/autodl/datasets/pets/labels.txt",
+        )
+        .body("cat\ndog\n")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let r = s
+        .send(&app, Method::POST, "/api/v1/tasks", Some(with_data))
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
     // A good one is accepted; nothing above was stored.
     let r = s
         .send(
@@ -662,7 +691,7 @@ async fn bad_storage_input_is_refused(b: Backend) {
         .await;
     assert_eq!(r.status(), StatusCode::CREATED);
     let list = s.get(&app, "/api/v1/tasks").await;
-    assert_eq!(list["items"].as_array().unwrap().len(), 2);
+    assert_eq!(list["items"].as_array().unwrap().len(), 3);
 }
 
 async fn unreachable_storage_is_reported_not_fatal(b: Backend) {

@@ -306,6 +306,22 @@ async fn idempotency_key_creates_one_task(b: Backend) {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::CREATED);
+    // The same key with a different request is refused, and makes nothing.
+    let res = s
+        .request(&app, Method::POST, "/api/v1/tasks")
+        .header("Idempotency-Key", "abc-123")
+        .json(&spec("twice", "A40", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_error(res, StatusCode::UNPROCESSABLE_ENTITY, "unprocessable").await;
+    assert_eq!(
+        s.get(&app, "/api/v1/tasks").await["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
     let res = s
         .request(&app, Method::POST, "/api/v1/tasks")
         .header("Idempotency-Key", "x".repeat(200))

@@ -18,6 +18,16 @@ from .errors import AutodlConnectionError, AutodlError, RateLimited, error_class
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 API_PREFIX = "/api/v1"
 
+
+def server_root(url: str) -> str:
+    """The server's address as users write it: ``http://host:8080``, with or without a
+    trailing slash, or the API's own address (``.../api/v1``, as curl examples show it)."""
+    root = url.strip().rstrip("/")
+    if root.endswith(API_PREFIX):
+        root = root[: -len(API_PREFIX)].rstrip("/")
+    return root
+
+
 Params = Union[Mapping[str, Any], Sequence[Tuple[str, Any]], None]
 
 
@@ -77,7 +87,7 @@ class HttpClient:
         timeout: float = 30.0,
         transport: Optional[httpx.BaseTransport] = None,
     ) -> None:
-        self.base_url = (base_url or env_api_url()).rstrip("/")
+        self.base_url = server_root(base_url or env_api_url())
         self.token = token
         headers = {"User-Agent": f"autodl-python/{__version__}", "Accept": "application/json"}
         if token:

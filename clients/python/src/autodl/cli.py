@@ -16,19 +16,28 @@ import yaml
 
 from ._version import __version__
 from .client import Client
-from .errors import AutodlError
+from .errors import AutodlError, ValidationError
 from .task import Task
 
 
 def _load_config(path: str) -> Mapping[str, Any]:
     """A task configuration from YAML or JSON (JSON is YAML, but its errors read better)."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    if path.endswith(".json"):
-        data = json.loads(text)
-    else:
-        data = yaml.safe_load(text)
+    name = "standard input" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValidationError(f"{name}: cannot read it: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ValidationError(
+            f"{name} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: {exc}"
+        ) from exc
     if not isinstance(data, Mapping):
-        raise ValueError(f"{path}: expected a mapping of task settings at the top level")
+        raise ValidationError(
+            f"{name}: expected a mapping of task settings at the top level, "
+            'e.g. "name: train\\nimage: pytorch/pytorch:2.1\\ncommand: python train.py"'
+        )
     return data
 
 

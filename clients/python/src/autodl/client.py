@@ -9,7 +9,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ._http import HttpClient, env_api_key, env_api_url
+from ._http import HttpClient, env_api_key, env_api_url, server_root
+from .errors import ValidationError
 from .spec import build_spec, label_params
 from .task import Task
 
@@ -32,7 +33,7 @@ class Client:
         transport: Optional[httpx.BaseTransport] = None,
     ) -> None:
         self.api_key = api_key or env_api_key()
-        self.base_url = (base_url or env_api_url()).rstrip("/")
+        self.base_url = server_root(base_url or env_api_url())
         self._http = HttpClient(self.base_url, self.api_key, timeout=timeout, transport=transport)
 
     def __repr__(self) -> str:
@@ -149,11 +150,19 @@ class Client:
     @staticmethod
     def _object_url(url: str) -> Tuple[str, str]:
         """``s3://bucket/path`` -> (bucket, path); paths live in your organization's area."""
-        if not url.startswith("s3://"):
-            raise ValueError(f"expected an s3://bucket/path URL, got {url!r}")
+        if not isinstance(url, str) or not url.startswith("s3://"):
+            raise ValidationError(
+                f"url must be an s3://bucket/path URL such as s3://autodl/datasets/mnist, "
+                f"got {url!r}",
+                field="url",
+            )
         bucket, _, path = url[len("s3://") :].partition("/")
         if not bucket:
-            raise ValueError(f"no bucket in {url!r}")
+            raise ValidationError(
+                f"url names no bucket: {url!r}; write s3://BUCKET/path, "
+                "e.g. s3://autodl/datasets/mnist",
+                field="url",
+            )
         return bucket, path.strip("/")
 
     def upload_data(self, local: Union[str, os.PathLike[str]], url: str) -> List[Dict[str, Any]]:
@@ -162,6 +171,11 @@ class Client:
         Returns what was stored (``path``, ``size``)."""
         bucket, base = self._object_url(url)
         source = Path(local)
+        if not source.exists():
+            raise ValidationError(
+                f"local: {os.fspath(source)!r} does not exist; name a file or a folder to upload",
+                field="local",
+            )
         if source.is_dir():
             files = sorted(p for p in source.rglob("*") if p.is_file())
             pairs = [(p, f"{base}/{p.relative_to(source).as_posix()}".strip("/")) for p in files]

@@ -2,7 +2,8 @@
 
 Reporting must never break training: outside a task it is a no-op with a warning, and a
 failed post warns instead of raising (pass ``strict=True`` to raise). Non-finite numbers
-(a loss that became NaN) are dropped with a warning because JSON cannot carry them.
+(a loss that became NaN) are dropped with a warning because JSON cannot carry them, and so
+are values that are not numbers (``note="x"``: text belongs in the log).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _http_for(url: str, token: Optional[str]) -> HttpClient:
         return http
 
 
-def _numbers(values: Dict[str, Any]) -> Dict[str, Any]:
+def _numbers(values: Dict[str, Any], strict: bool = False) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for key, value in values.items():
         if value is None:
@@ -45,9 +46,19 @@ def _numbers(values: Dict[str, Any]) -> Dict[str, Any]:
             # tensors and numpy scalars convert through float()/item()
             item = getattr(value, "item", None)
             if callable(item):
-                value = item()
+                try:
+                    value = item()
+                except (TypeError, ValueError):
+                    pass  # a tensor of several values: refused below
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise TypeError(f"metric {key}={value!r} is not a number")
+                message = (
+                    f"autodl.report: {key}={value!r} is not a number and is not sent "
+                    "(metrics are numbers; print text to the log instead)"
+                )
+                if strict:
+                    raise TypeError(message)
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+                continue
         if isinstance(value, numbers.Integral):
             out[key] = int(value)
         elif math.isfinite(float(value)):
@@ -84,7 +95,7 @@ def report(
             )
             _warned_outside = True
         return False
-    body = _numbers({"epoch": epoch, "loss": loss, "step": step, **values})
+    body = _numbers({"epoch": epoch, "loss": loss, "step": step, **values}, strict)
     if not body:
         return False
     token = os.environ.get("AUTODL_TASK_TOKEN") or os.environ.get("AUTODL_API_KEY") or None
