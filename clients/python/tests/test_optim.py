@@ -208,6 +208,39 @@ def test_factory_protocol_resizes_at_the_next_epoch():
     assert len(ab) == 30
 
 
+def test_a_size_waiting_for_the_next_epoch_is_not_measured_before_it_runs():
+    """A factory's loader keeps its size for the epoch: readings taken meanwhile are of the
+    batches actually built, and growth waits until the new size runs and is measured."""
+    clock = FakeClock()
+    built = {"bs": 0}
+
+    def factory(bs):
+        built["bs"] = bs
+        return Loader(clock, batch_size=bs, batches=300)
+
+    def probe():  # usage follows the batches built, not the recommendation
+        return int(TOTAL - (2 * GIB + 0.1 * GIB * built["bs"])), TOTAL
+
+    ab = AutoBatch(
+        factory,
+        clock=clock,
+        memory_probe=probe,
+        warmup=20,
+        initial_batch=16,
+        max_batch=4096,
+        safety_margin=0.2,
+    )
+    assert set(run(ab, clock, 10_000)) == {16}
+    assert ab.batch_size == 24, ab.history  # one step up, then it waits for the next epoch
+    assert all(a.new == 24 for a in ab.history[1:]), ab.history
+    for _ in range(8):
+        sizes = run(ab, clock, 10_000)
+        assert len(set(sizes)) == 1
+        assert used_fraction(sizes[0]) <= 0.8 + 1e-9, (sizes[0], ab.history[-3:])
+    # It reaches the memory budget: (0.8 * 40 GiB - 2 GiB) / 0.1 GiB per sample = 300.
+    assert 290 <= built["bs"] <= 300, built
+
+
 def test_factory_can_resize_mid_epoch():
     clock = FakeClock()
     calls = []

@@ -24,7 +24,8 @@ Loader protocol -- ``loader`` may be:
 * a **callable** ``factory(batch_size) -> iterable of batches`` (e.g.
   ``lambda bs: DataLoader(ds, batch_size=bs, shuffle=True)``). It is called at the start of
   each epoch with the current size; with ``resize_mid_epoch=True`` it is called again as soon
-  as the size changes (right for endless or streaming data).
+  as the size changes (right for endless or streaming data). Until a new size reaches the
+  batches, readings count for the size still running and the batch does not grow further.
 * an iterable whose size can be changed in place, tried in this order: a
   ``set_batch_size(n)`` method, a ``batch_sampler.batch_size`` attribute (a PyTorch
   ``DataLoader``; the change shows after the batches already prefetched by workers), or a
@@ -206,6 +207,10 @@ class AutoBatch:
         self._pending_restart = False
         self._warned_fixed = False
         self.history: List[Adjustment] = []
+        # The size the batches being trained on were built with: a factory's loader keeps its
+        # size until the next epoch (or restart), so readings are of this size, not of the
+        # recommendation.
+        self._running = self._loader_batch_size() or self._batch_size
         own = self._loader_batch_size()
         if own is not None and own != self._batch_size:
             self._apply(self._batch_size)
@@ -244,9 +249,9 @@ class AutoBatch:
     def on_oom(self) -> int:
         """Halves the batch after an out-of-memory error and never returns above the size
         that failed; returns the new size."""
-        old = self._batch_size
-        self._ceiling = min(self._ceiling, max(self.min_batch, old - 1))
-        new = self._clamp(old // 2)
+        old, failed = self._batch_size, self._running
+        self._ceiling = min(self._ceiling, max(self.min_batch, failed - 1))
+        new = self._clamp(failed // 2)
         self._record(old, new, "oom", None, None, None)
         self._window = _Window()
         return new
@@ -276,8 +281,13 @@ class AutoBatch:
             yield batch
 
     def _new_iterator(self) -> Iterator[Any]:
-        source = self._factory(self._batch_size) if self._factory else self._loader
-        return iter(source)  # type: ignore[arg-type]
+        if self._factory is None:
+            return iter(self._loader)  # type: ignore[arg-type]
+        if self._running != self._batch_size:
+            # Readings so far were of the old size; the new one starts with a clean window.
+            self._running = self._batch_size
+            self._window = _Window()
+        return iter(self._factory(self._batch_size))
 
     def _step_done(self) -> None:
         self._iteration += 1
@@ -334,6 +344,7 @@ class AutoBatch:
     def _evaluate(self) -> None:
         w, self._window = self._window, _Window()
         old = self._batch_size
+        running = self._running
         busy = w.wait + w.compute
         data_fraction = w.wait / busy if busy > 0 else None
 
@@ -344,8 +355,8 @@ class AutoBatch:
             budget = w.total * (1.0 - self.safety_margin)
             mem_fraction = used / w.total
             # Re-inserting keeps the dict ordered by recency for the linear fit.
-            self._memory_points.pop(old, None)
-            mem_cap = self._memory_cap(old, used, budget)
+            self._memory_points.pop(running, None)
+            mem_cap = self._memory_cap(running, used, budget)
 
         series = w.grad_norms if len(w.grad_norms) >= 5 else w.losses
         noise = _noise([v for v in series if math.isfinite(v)])
@@ -356,10 +367,16 @@ class AutoBatch:
 
         new, reason = old, "hold"
         if unstable:
-            new, reason = old // 2, "unstable gradients"
-        elif mem_cap is not None and mem_cap < old:
+            new, reason = running // 2, "unstable gradients"
+        elif mem_cap is not None and mem_cap < running:
             new, reason = mem_cap, "memory near limit"
-            self._ceiling = min(self._ceiling, max(self.min_batch, old - 1))
+            self._ceiling = min(self._ceiling, max(self.min_batch, running - 1))
+        elif running != old:
+            # The last change has not reached the batches yet: nothing measured says how it
+            # behaves, so no further growth (a lower cap from memory still applies).
+            if mem_cap is not None and mem_cap < old:
+                new = max(running, mem_cap)
+            reason = f"waiting for batch size {old} to take effect (batches are {running})"
         elif data_fraction is not None and data_fraction > self.loader_bound:
             reason = "loader is the bottleneck"
         else:
@@ -401,14 +418,17 @@ class AutoBatch:
         setter = getattr(loader, "set_batch_size", None)
         if callable(setter):
             setter(n)
+            self._running = n
             return
         sampler = getattr(loader, "batch_sampler", None)
         if sampler is not None and hasattr(sampler, "batch_size"):
             sampler.batch_size = n
+            self._running = n
             return
         if hasattr(loader, "batch_size"):
             try:
                 loader.batch_size = n
+                self._running = n
                 return
             except (AttributeError, ValueError):
                 pass
