@@ -125,6 +125,30 @@ def test_submit_task_sends_mapped_spec_auth_and_idempotency_key():
     assert task.id == "t1" and task.status == "PENDING"
 
 
+def test_refusals_name_the_keys_the_user_wrote():
+    def handler(req):
+        body = json.loads(req.content)
+        if "gpu_cout" in body:
+            return error(400, "validation", "gpu_cout is not a field of this request", "gpu_cout")
+        return error(
+            400, "validation", "resources.gpu.count must be at least 0", "resources.gpu.count"
+        )
+
+    c = client_for(handler)
+    with pytest.raises(autodl.ValidationError) as refused:
+        c.submit_task({"task_name": "t", "image": "i", "gpu_count": -1})
+    assert refused.value.field == "gpu_count"
+    assert refused.value.message.startswith("gpu_count (sent as resources.gpu.count): ")
+    with pytest.raises(autodl.ValidationError) as unknown:
+        c.submit_task({"task_name": "t", "image": "i", "gpu_cout": 2})
+    assert unknown.value.field == "gpu_cout"
+    assert unknown.value.message.endswith("did you mean 'gpu_count'?")
+    # A native spec keeps the server's words.
+    with pytest.raises(autodl.ValidationError) as native:
+        c.submit_task({"name": "t", "image": "i", "resources": {"gpu": {"count": -1}}})
+    assert native.value.field == "resources.gpu.count"
+
+
 def test_env_configuration(monkeypatch):
     monkeypatch.setenv("AUTODL_API_URL", "http://from-env:1/")
     monkeypatch.setenv("AUTODL_API_KEY", "adl_env")

@@ -152,16 +152,25 @@ pub const STREAM_REVOKED: &[u8] = b"event: end\ndata: {\"reason\":\"access revok
 /// while active. The page's own reads of the API then carry the renewed token (see
 /// [`session_cookie_for_reads`]) rather than each renewing the old one again.
 pub async fn renew_page_session(req: &HttpRequest) {
-    if req.method() == Method::GET
-        && req.cookie(SESSION_COOKIE).is_some()
+    let Some(state) = req.app_data::<web::Data<AppState>>() else {
+        return;
+    };
+    let due = req.method() == Method::GET
+        && req.headers().get(actix_web::http::header::AUTHORIZATION).is_none()
         && req
-            .headers()
-            .get(actix_web::http::header::AUTHORIZATION)
-            .is_none()
-    {
-        // A missing or ended session is the page's own business (it shows the signed-out view).
+            .cookie(SESSION_COOKIE)
+            .and_then(|c| state.sessions.verify(c.value()))
+            .is_some_and(|claims| renewal_due(state, &claims, state.clock.now_ms()));
+    // Only then is the store asked (most page loads are not near the session's end); a
+    // missing or ended session is the page's own business (it shows the signed-out view).
+    if due {
         let _ = authenticate(req).await;
     }
+}
+
+/// Sessions are renewed in their second half, so an active user never meets the expiry.
+fn renewal_due(state: &AppState, claims: &Claims, now_ms: i64) -> bool {
+    claims.exp * 1000 - now_ms < state.sessions.ttl_secs * 1000 / 2
 }
 
 /// The session cookie a page's reads should carry: the one renewed for this request, if any.
@@ -211,7 +220,7 @@ async fn authenticate(req: &HttpRequest) -> Result<Caller, ApiError> {
             return Err(ApiError::Forbidden("missing or wrong CSRF token".into()));
         }
     }
-    let renew = claims.exp * 1000 - now < state.sessions.ttl_secs * 1000 / 2;
+    let renew = renewal_due(state, &claims, now);
     let caller = from_session(state, claims.clone(), true, now).await?;
     if renew {
         let exp = now / 1000 + state.sessions.ttl_secs;

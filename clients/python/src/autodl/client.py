@@ -11,7 +11,7 @@ import httpx
 
 from ._http import HttpClient, env_api_key, env_api_url, server_root
 from .errors import ValidationError
-from .spec import build_spec, label_params
+from .spec import build_spec, in_users_terms, label_params
 from .task import Task
 
 
@@ -84,7 +84,10 @@ class Client:
         returns the task created the first time instead of a duplicate.
         """
         spec = build_spec(config, request=request, **overrides)
-        return self.submit_spec(spec, idempotency_key=idempotency_key)
+        try:
+            return self.submit_spec(spec, idempotency_key=idempotency_key)
+        except ValidationError as exc:
+            raise in_users_terms(exc, config, overrides) from exc
 
     def submit_spec(
         self, spec: Mapping[str, Any], *, idempotency_key: Optional[str] = None

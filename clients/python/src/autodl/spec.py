@@ -195,6 +195,57 @@ def build_spec(
     return {k: v for k, v in spec.items() if v is not None}
 
 
+#: Top-level fields of the server's ``TaskSpec`` (docs/tasks-api.md), for did-you-mean hints.
+SPEC_FIELDS = (
+    "name",
+    "image",
+    "command",
+    "entry_point",
+    "env",
+    "resources",
+    "num_workers",
+    "gpu_per_worker",
+    "priority",
+    "deadline",
+    "estimated_runtime",
+    "checkpoint",
+    "retry_policy",
+    "affinity",
+    "data_path",
+    "labels",
+    "batch_size",
+    "preemptible",
+)
+
+
+def in_users_terms(
+    exc: ValidationError, config: Optional[Mapping[str, Any]], overrides: Mapping[str, Any]
+) -> ValidationError:
+    """A server refusal of a spec built from ``config``, told with the keys the user wrote:
+    ``resources.gpu.count`` becomes ``gpu_count`` when that is what they set, and an unknown
+    key gets a did-you-mean among the keys this SDK and the server know."""
+    import difflib
+
+    field = exc.field
+    if not field:
+        return exc
+    written = set(config or {}) | set(overrides)
+    message, shown = exc.message, field
+    by_path = {".".join(path): alias for alias, path in ALIASES.items() if alias in written}
+    if field in by_path:
+        shown = by_path[field]
+        message = f"{shown} (sent as {field}): {message}"
+    elif "not a field" in message:
+        unknown = field.rsplit(".", 1)[-1]
+        known = sorted(set(ALIASES) | set(SPEC_FIELDS) | {"commands"})
+        close = difflib.get_close_matches(unknown, known, n=1, cutoff=0.6)
+        if close:
+            message = f"{message}; did you mean {close[0]!r}?"
+    else:
+        return exc
+    return type(exc)(message, status=exc.status, code=exc.code, field=shown)
+
+
 def label_params(label: Any) -> Iterable[str]:
     """``label`` filter values as ``key=value`` strings from a string, a dict or a list."""
     if label is None:
