@@ -26,7 +26,9 @@ try {
   const gpus = [{ index: 0, type: "A100-40G", uuid: "GPU-bench-0", memory: 42949672960 }];
   const node = await api("POST", "/api/v1/agent/register", {
     token: reg.token,
-    node: { id: "bench-node", zone: "z1", labels: {}, cpu: 16, memory: 68719476736, gpus },
+    // A node that isolates tasks (as a Docker agent does) takes every organization's tasks.
+    node: { id: "bench-node", zone: "z1", labels: {}, cpu: 16, memory: 68719476736, gpus,
+      host: { runtime: "docker", isolation: "container", data_roots: [] } },
   });
   const cred = node.credential;
 

@@ -56,6 +56,13 @@ NODES = [
 SCHEDULE_TIMEOUT = float(os.environ.get("AUTODL_TEST_SCHEDULE_TIMEOUT", "10"))
 
 
+@pytest.fixture(autouse=True)
+def no_saved_profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Tests never read (or write) the profiles of whoever runs them."""
+    monkeypatch.setenv("AUTODL_CONFIG", str(tmp_path / "autodl-config"))
+    monkeypatch.delenv("AUTODL_PROFILE", raising=False)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -190,9 +197,7 @@ def _serve(tmp_path_factory: pytest.TempPathFactory, args: List[str]) -> Iterato
         )
 
     log_file = open(log, "wb")
-    process = subprocess.Popen(
-        [binary, *args], env=env, stdout=log_file, stderr=subprocess.STDOUT
-    )
+    process = subprocess.Popen([binary, *args], env=env, stdout=log_file, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:

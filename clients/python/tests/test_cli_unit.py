@@ -18,7 +18,17 @@ def test_global_options_before_or_after_the_command():
     a = parser.parse_args(["--api-url", "http://x:1", "ls", "--state", "running"])
     b = parser.parse_args(["ls", "--api-url", "http://x:1", "--label", "a=b", "--label", "c=d"])
     assert a.api_url == b.api_url == "http://x:1"
-    assert a.state == "running" and b.label == ["a=b", "c=d"]
+    assert a.state == ["running"] and b.label == ["a=b", "c=d"]
+    assert cli._states(["running,pending", "RUNNING"]) == ["running", "pending"]
+    assert cli._states(None) == [None]
+    run = parser.parse_args(
+        ["run", "--gpus", "A100:2", "-d", "--", "python", "train.py", "--lr", "3"]
+    )
+    assert run.cmd == ["--", "python", "train.py", "--lr", "3"] and run.detach
+    assert cli._gpu_request("A100:2") == {"type": "A100", "count": 2}
+    assert cli._gpu_request("4") == {"count": 4}
+    assert cli._gpu_request("H100") == {"type": "H100", "count": 1}
+    assert parser.parse_args(["cancel", "a", "b"]).ids == ["a", "b"]
     assert parser.parse_args(["download", "t1"]).dir == "./output"
     assert parser.parse_args(["logs", "t1", "-f"]).follow is True
 
@@ -92,3 +102,76 @@ def test_show_prints_the_estimated_start():
     out = io.StringIO()
     cli._print_task(task, out)
     assert "starts:   not estimated yet" in out.getvalue()
+
+
+def test_login_saves_a_profile_the_client_then_uses(tmp_path, monkeypatch, capsys):
+    import httpx
+
+    from autodl import Client, profiles
+
+    seen = []
+
+    def handler(request):
+        seen.append(request)
+        assert request.headers["authorization"] == "Bearer adl_saved"
+        return httpx.Response(200, json={"email": "ada@example.com", "tenant_name": "Lab"})
+
+    real_client = Client
+
+    def with_transport(*a, **kw):
+        kw.setdefault("transport", httpx.MockTransport(handler))
+        return real_client(*a, **kw)
+
+    monkeypatch.setattr(cli, "Client", with_transport)
+    config = tmp_path / "autodl-config"
+    monkeypatch.setenv("AUTODL_CONFIG", str(config))
+    monkeypatch.delenv("AUTODL_API_URL", raising=False)
+    monkeypatch.delenv("AUTODL_API_KEY", raising=False)
+    argv = [
+        "login",
+        "--api-url",
+        "http://srv:9/api/v1",
+        "--api-key",
+        "adl_saved",
+        "--profile",
+        "lab",
+    ]
+    assert cli.main(argv) == 0
+    assert "as ada@example.com (Lab); saved as profile 'lab'" in capsys.readouterr().out
+    assert oct(config.stat().st_mode & 0o777) == "0o600"
+    assert profiles.load_profile("lab") == {"api_url": "http://srv:9", "api_key": "adl_saved"}
+    # Client() reads the chosen profile; the environment still wins over it.
+    monkeypatch.setenv("AUTODL_PROFILE", "lab")
+    c = real_client()
+    assert (c.base_url, c.api_key) == ("http://srv:9", "adl_saved")
+    monkeypatch.setenv("AUTODL_API_URL", "http://other:1")
+    assert real_client().base_url == "http://other:1"
+    # Another profile is added beside it.
+    monkeypatch.delenv("AUTODL_PROFILE")
+    argv = ["login", "--api-url", "http://srv:9", "--api-key", "adl_saved"]
+    assert cli.main(argv) == 0
+    assert set(profiles.profiles()) == {"lab", "default"}
+
+
+def test_cancel_reports_each_task(monkeypatch, capsys):
+    import httpx
+
+    from autodl import Client
+
+    def handler(request):
+        task_id = request.url.path.split("/")[-2]
+        if task_id == "done":
+            return httpx.Response(
+                409, json={"error": {"code": "conflict", "message": "task already completed"}}
+            )
+        return httpx.Response(200, json={"id": task_id, "state": "cancelled", "spec": {}})
+
+    monkeypatch.setattr(
+        cli,
+        "Client",
+        lambda *a, **kw: Client(*a, transport=httpx.MockTransport(handler), **kw),
+    )
+    assert cli.main(["--api-url", "http://srv:9", "cancel", "a", "done", "b"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "a CANCELLED" and out[2] == "b CANCELLED"
+    assert out[1].startswith("done not cancelled: task already completed")

@@ -168,3 +168,50 @@ def test_data_uploaded_through_the_sdk_reaches_the_task(demo: LiveServer, tmp_pa
     with pytest.raises(autodl.ValidationError) as missing:
         client.upload_data(tmp_path / "no-such-folder", "s3://autodl/datasets/x")
     assert missing.value.field == "local"
+
+
+def test_cli_runs_follows_and_explains_a_command(demo: LiveServer):
+    from conftest import cli
+
+    done = cli(
+        demo,
+        "run",
+        "--gpus",
+        "1",
+        "--image",
+        "busybox",
+        "--name",
+        "cli-run",
+        "--",
+        "sh",
+        "-c",
+        "echo hello from run; echo to stderr >&2",
+    )
+    assert done.returncode == 0, done.stderr
+    task_id, *lines = done.stdout.splitlines()
+    assert "hello from run" in lines, done.stdout
+    assert f"{task_id} COMPLETED" in done.stderr
+    failed = cli(demo, "run", "--gpus", "A40:1", "--", "sh", "-c", "echo bye; exit 3")
+    assert failed.returncode == 1, failed.stderr
+    failed_id = failed.stdout.splitlines()[0]
+    status = cli(demo, "status", failed_id)
+    assert "ended:    error, exit code 3 on demo-a40" in status.stdout, status.stdout
+    attempts = cli(demo, "attempts", failed_id)
+    assert attempts.stdout.splitlines()[1].split()[4:6] == ["3", "error"], attempts.stdout
+    events = cli(demo, "events", failed_id)
+    assert "failed" in events.stdout, events.stdout
+    # Detached, it waits in the queue view; one call cancels several.
+    held = [
+        cli(demo, "run", "-d", "--gpus", "A100:4", "--label", "batch=cli", "--", "sleep", "60")
+        for _ in range(3)
+    ]
+    ids = [h.stdout.strip() for h in held]
+    assert all(h.returncode == 0 for h in held), [h.stderr for h in held]
+    queue = cli(demo, "queue")
+    assert queue.returncode == 0 and all(i in queue.stdout for i in ids), queue.stdout
+    assert queue.stdout.splitlines()[0].split()[:4] == ["ID", "NAME", "USER", "STATE"]
+    listed = cli(demo, "ls", "--state", "pending,scheduled,running", "--label", "batch=cli")
+    assert sorted(line.split()[0] for line in listed.stdout.splitlines()[1:]) == sorted(ids)
+    cancelled = cli(demo, "cancel", "--label", "batch=cli")
+    assert cancelled.returncode == 0, cancelled.stdout
+    assert sorted(line.split()[0] for line in cancelled.stdout.splitlines()) == sorted(ids)

@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import httpx
 
+from . import profiles
 from ._version import __version__
 from .errors import AutodlConnectionError, AutodlError, RateLimited, error_class
 
@@ -32,13 +33,18 @@ Params = Union[Mapping[str, Any], Sequence[Tuple[str, Any]], None]
 
 
 def env_api_url() -> str:
-    """The server address from ``AUTODL_API_URL``, else the local default."""
-    return os.environ.get("AUTODL_API_URL") or DEFAULT_API_URL
+    """The server address from ``AUTODL_API_URL``, else the saved profile (``autodl
+    login``), else the local default."""
+    return (
+        os.environ.get("AUTODL_API_URL")
+        or profiles.load_profile().get("api_url")
+        or DEFAULT_API_URL
+    )
 
 
 def env_api_key() -> Optional[str]:
-    """The API key from ``AUTODL_API_KEY``, if set."""
-    return os.environ.get("AUTODL_API_KEY") or None
+    """The API key from ``AUTODL_API_KEY``, else the saved profile's, if any."""
+    return os.environ.get("AUTODL_API_KEY") or profiles.load_profile().get("api_key") or None
 
 
 def error_from_response(response: httpx.Response) -> AutodlError:

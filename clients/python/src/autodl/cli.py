@@ -7,13 +7,18 @@ message on stderr), 2 for usage errors (argparse).
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, TextIO
 
 import yaml
 
+from . import profiles
+from ._http import env_api_url
 from ._version import __version__
 from .client import Client
 from .errors import AutodlError, ValidationError
@@ -96,6 +101,17 @@ def _print_task(task: Task, out: TextIO) -> None:
         out.write(f"batch:    {info['batch_size']}\n")
     for p in info.get("placement") or []:
         out.write(f"placed:   {p.get('node')} GPUs {p.get('gpu_indices')}\n")
+    if task.status in ("FAILED", "CANCELLED"):
+        # Why it ended, without a second command: the last run's exit code, reason and node.
+        runs = task.attempts()
+        last = runs[-1] if runs else None
+        if last:
+            code = last.get("exit_code")
+            out.write(
+                f"ended:    {last.get('reason') or 'exited'}"
+                f"{f', exit code {code}' if code is not None else ''}"
+                f" on {last.get('node') or '-'} (attempt {last.get('number')})\n"
+            )
     waiting = info.get("waiting")
     if waiting:
         where = f" (position {waiting['position']})" if waiting.get("position") is not None else ""
@@ -118,12 +134,27 @@ def cmd_submit(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def cmd_ls(client: Client, args: argparse.Namespace, out: TextIO) -> int:
-    tasks = list(
-        client.list_tasks(
-            state=args.state, label=args.label or None, user=args.user, limit=args.limit
+def _states(values: Optional[List[str]]) -> List[Optional[str]]:
+    """``--state running --state pending`` or ``--state running,pending``; none means all."""
+    states = [s.strip().lower() for v in values or [] for s in v.split(",") if s.strip()]
+    return list(dict.fromkeys(states)) or [None]
+
+
+def _list(client: Client, args: argparse.Namespace) -> List[Task]:
+    """Tasks in any of the requested states, newest first."""
+    tasks: List[Task] = []
+    for state in _states(args.state):
+        tasks.extend(
+            client.list_tasks(
+                state=state, label=args.label or None, user=args.user, limit=args.limit
+            )
         )
-    )
+    tasks.sort(key=lambda t: str(t.info.get("created_at", "")), reverse=True)
+    return tasks[: args.limit] if args.limit else tasks
+
+
+def cmd_ls(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    tasks = _list(client, args)
     if args.json:
         out.write(json.dumps([t.info for t in tasks], indent=2) + "\n")
         return 0
@@ -160,8 +191,210 @@ def cmd_logs(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cancel(client: Client, args: argparse.Namespace, out: TextIO) -> int:
-    task = client.task(args.id)
-    out.write(f"{task.id} {task.cancel()}\n")
+    ids = list(args.ids)
+    if args.label:
+        for state in ("pending", "scheduled", "running"):
+            ids.extend(t.id for t in client.list_tasks(state=state, label=args.label))
+    if not ids:
+        raise ValidationError("name the tasks to cancel, or select them with --label KEY=VALUE")
+    failed = 0
+    for task_id in dict.fromkeys(ids):
+        try:
+            out.write(f"{task_id} {client.task(task_id).cancel()}\n")
+        except AutodlError as exc:
+            failed += 1
+            out.write(f"{task_id} not cancelled: {exc}\n")
+    return 1 if failed else 0
+
+
+def cmd_queue(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    """The organization's queue, like ``squeue``: what runs, then what waits in its order."""
+    active = {s: list(client.list_tasks(state=s, user=args.user)) for s in ("running", "scheduled")}
+    pending = list(client.list_tasks(state="pending", user=args.user))
+    pending.sort(
+        key=lambda t: (
+            (t.waiting or {}).get("position") is None,
+            (t.waiting or {}).get("position") or 0,
+        )
+    )
+    tasks = active["running"] + active["scheduled"] + pending
+    if args.json:
+        out.write(json.dumps([t.info for t in tasks], indent=2) + "\n")
+        return 0
+    rows = []
+    for t in tasks:
+        w = t.waiting or {}
+        position = w.get("position")
+        rows.append(
+            [
+                t.id,
+                str(t.info.get("name", "")),
+                str(t.info.get("user_email") or "-"),
+                t.status,
+                _gpus(t.info),
+                str(position + 1) if isinstance(position, int) else "-",
+                str(w.get("estimated_start") or ("-" if t.status != "PENDING" else "unknown")),
+                _nodes_of(t.info) if t.status != "PENDING" else str(w.get("message") or "-"),
+            ]
+        )
+    _table(rows, ["ID", "NAME", "USER", "STATE", "GPUS", "POS", "EST. START", "NODES/REASON"], out)
+    return 0
+
+
+def cmd_events(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    events = client.task(args.id).events()
+    if args.json:
+        out.write(json.dumps(events, indent=2) + "\n")
+        return 0
+    _table(
+        [[str(e.get("at")), str(e.get("kind")), str(e.get("message"))] for e in events],
+        ["AT", "KIND", "MESSAGE"],
+        out,
+    )
+    return 0
+
+
+def cmd_attempts(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    attempts = client.task(args.id).attempts()
+    if args.json:
+        out.write(json.dumps(attempts, indent=2) + "\n")
+        return 0
+    rows = [
+        [
+            str(a.get("number")),
+            str(a.get("node") or "-"),
+            str(a.get("started_at") or "-"),
+            str(a.get("ended_at") or "running"),
+            "-" if a.get("exit_code") is None else str(a.get("exit_code")),
+            str(a.get("reason") or ("-" if not a.get("ended_at") else "success")),
+            "-" if a.get("batch_size") is None else str(a.get("batch_size")),
+            f"{float(a.get('gpu_seconds') or 0) / 3600:.2f}",
+        ]
+        for a in attempts
+    ]
+    _table(rows, ["#", "NODE", "STARTED", "ENDED", "EXIT", "REASON", "BATCH", "GPU-H"], out)
+    return 0
+
+
+def cmd_metrics(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    samples = client.task(args.id).metrics()
+    if args.json:
+        out.write(json.dumps(samples, indent=2) + "\n")
+        return 0
+    names: List[str] = []
+    for sample in samples:
+        for key in sample:
+            if key not in ("at", "values") and key not in names:
+                names.append(key)
+        for key in sample.get("values") or {}:
+            if key not in names:
+                names.append(key)
+    rows = []
+    for sample in samples[-args.tail :] if args.tail else samples:
+        values = {
+            **{k: v for k, v in sample.items() if k not in ("at", "values")},
+            **(sample.get("values") or {}),
+        }
+        rows.append(
+            [str(sample.get("at"))]
+            + [
+                "-"
+                if values.get(n) is None
+                else f"{values[n]:g}"
+                if isinstance(values[n], float)
+                else str(values[n])
+                for n in names
+            ]
+        )
+    _table(rows, ["AT"] + [n.upper() for n in names], out)
+    return 0
+
+
+def _gpu_request(text: str) -> Dict[str, Any]:
+    """``A100:2``, ``2`` or ``A100`` (one GPU), as SkyPilot and dstack write it."""
+    kind, _, count = text.rpartition(":") if ":" in text else ("", "", text)
+    if not count.isdigit():
+        kind, count = text, "1"
+    gpu: Dict[str, Any] = {"count": int(count)}
+    if kind:
+        gpu["type"] = kind
+    return gpu
+
+
+def cmd_run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ValidationError(
+            "give the command to run after --, e.g. autodl run -- python train.py", field="command"
+        )
+    config: Dict[str, Any] = {
+        "name": args.name
+        or os.path.basename(
+            command[-1] if command[0] in ("python", "python3") and len(command) > 1 else command[0]
+        ),
+        "image": args.image or os.environ.get("AUTODL_DEFAULT_IMAGE") or "pytorch/pytorch:latest",
+        "command": command,
+        "resources": {"gpu": _gpu_request(args.gpus)},
+    }
+    if args.cpu is not None:
+        config["resources"]["cpu"] = args.cpu
+    if args.memory:
+        config["resources"]["memory"] = args.memory
+    if args.workers:
+        config["num_workers"] = args.workers
+    if args.env:
+        config["env"] = dict(e.partition("=")[::2] for e in args.env)
+    if args.label:
+        config["labels"] = dict(lab.partition("=")[::2] for lab in args.label)
+    task = client.submit_task(config)
+    out.write(f"{task.id}\n")
+    out.flush()
+    if args.detach:
+        return 0
+    err = sys.stderr
+    err.write(f"autodl: following {task.id} (Ctrl-C detaches; the task keeps running)\n")
+    try:
+        for line in task.logs(follow=True):
+            out.write(line + "\n")
+            out.flush()
+    except KeyboardInterrupt:
+        err.write(
+            f"\nautodl: detached; follow again with `autodl logs -f {task.id}`, "
+            f"stop it with `autodl cancel {task.id}`\n"
+        )
+        return 0
+    status = task.wait(timeout=30, poll=0.5)
+    err.write(f"autodl: {task.id} {status}\n")
+    return 0 if status == "COMPLETED" else 1
+
+
+def cmd_login(args: argparse.Namespace, out: TextIO) -> int:
+    """Checks the server and key, then saves them as a profile ``Client()`` and this CLI use."""
+    url = getattr(args, "api_url", None) or env_api_url()
+    key = getattr(args, "api_key", None)
+    if not key and args.email:
+        password = os.environ.get("AUTODL_PASSWORD") or getpass.getpass(
+            f"Password for {args.email}: "
+        )
+        with Client.login(args.email, password, base_url=url) as session:
+            key = session.create_api_key(f"cli {socket.gethostname()}")["key"]
+    if not key:
+        if not sys.stdin.isatty():
+            raise ValidationError(
+                "give --api-key KEY (made on the web app's Account page) or --email",
+                field="api_key",
+            )
+        key = getpass.getpass("API key (from the web app's Account page): ").strip()
+    with Client(api_key=key, base_url=url) as client:
+        me = client.me()
+        path = profiles.save_profile(client.base_url, key, args.profile)
+    name = profiles.profile_name(args.profile)
+    out.write(
+        f"signed in to {client.base_url} as {me.get('email')} ({me.get('tenant_name', '-')}); "
+        f"saved as profile {name!r} in {path}\n"
+    )
     return 0
 
 
@@ -219,8 +452,63 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the whole task document")
     p.set_defaults(func=cmd_submit)
 
+    p = sub.add_parser("login", parents=[common], help="save a server and API key as a profile")
+    p.add_argument(
+        "--email", help="sign in with email and password; an API key is made for this machine"
+    )
+    p.add_argument("--profile", help="profile name (default: $AUTODL_PROFILE or 'default')")
+    p.set_defaults(func=None)
+
+    p = sub.add_parser(
+        "run", parents=[common], help="submit a command and follow its output until it ends"
+    )
+    p.add_argument(
+        "--gpus",
+        default="1",
+        metavar="[TYPE:]COUNT",
+        help="GPUs per worker, e.g. A100:2 (default 1)",
+    )
+    p.add_argument(
+        "--image", help="container image (default $AUTODL_DEFAULT_IMAGE or pytorch/pytorch:latest)"
+    )
+    p.add_argument("--name", help="task name (default: the script's name)")
+    p.add_argument("--cpu", type=float, help="CPU cores per worker")
+    p.add_argument("--memory", help="RAM per worker, e.g. 32GiB")
+    p.add_argument("--workers", type=int, help="workers of a gang (default 1)")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE", help="an environment variable")
+    p.add_argument("--label", action="append", metavar="KEY=VALUE", help="a label")
+    p.add_argument("-d", "--detach", action="store_true", help="print the task id and return")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "queue",
+        parents=[common],
+        help="the organization's running and waiting tasks, in queue order",
+    )
+    p.add_argument("--user", help="only tasks of this user id, or 'me'")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_queue)
+
+    for name, func, what in (
+        ("events", cmd_events, "a task's history"),
+        ("attempts", cmd_attempts, "each run of a task: node, exit code, reason, batch size"),
+    ):
+        p = sub.add_parser(name, parents=[common], help=what)
+        p.add_argument("id")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("metrics", parents=[common], help="a task's metric samples")
+    p.add_argument("id")
+    p.add_argument("--tail", type=int, default=20, help="the last N samples (0: all; default 20)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_metrics)
+
     p = sub.add_parser("ls", parents=[common], help="list tasks, newest first")
-    p.add_argument("--state", help="only tasks in this state (e.g. running)")
+    p.add_argument(
+        "--state", action="append", help="only tasks in this state; repeat or separate with commas"
+    )
     p.add_argument(
         "--label", action="append", metavar="KEY=VALUE", help="only tasks with this label"
     )
@@ -239,8 +527,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the task ends")
     p.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("cancel", parents=[common], help="cancel a task")
-    p.add_argument("id")
+    p = sub.add_parser("cancel", parents=[common], help="cancel tasks")
+    p.add_argument("ids", nargs="*", metavar="ID")
+    p.add_argument(
+        "--label", metavar="KEY=VALUE", help="also every unfinished task with this label"
+    )
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("download", parents=[common], help="download and extract a task's results")
@@ -259,6 +550,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     out, err = sys.stdout, sys.stderr
     try:
+        if args.command == "login":
+            return cmd_login(args, out)
         with Client(
             api_key=getattr(args, "api_key", None), base_url=getattr(args, "api_url", None)
         ) as client:
