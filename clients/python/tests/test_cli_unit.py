@@ -172,6 +172,6 @@ def test_cancel_reports_each_task(monkeypatch, capsys):
         lambda *a, **kw: Client(*a, transport=httpx.MockTransport(handler), **kw),
     )
     assert cli.main(["--api-url", "http://srv:9", "cancel", "a", "done", "b"]) == 1
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == "a CANCELLED" and out[2] == "b CANCELLED"
-    assert out[1].startswith("done not cancelled: task already completed")
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ["a CANCELLED", "b CANCELLED"]
+    assert captured.err.startswith("autodl: error: done not cancelled: task already completed")

@@ -203,7 +203,7 @@ def cmd_cancel(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"{task_id} {client.task(task_id).cancel()}\n")
         except AutodlError as exc:
             failed += 1
-            out.write(f"{task_id} not cancelled: {exc}\n")
+            sys.stderr.write(f"autodl: error: {task_id} not cancelled: {exc}\n")
     return 1 if failed else 0
 
 

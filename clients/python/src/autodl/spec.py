@@ -218,6 +218,30 @@ SPEC_FIELDS = (
 )
 
 
+#: Names other tools use for a key of ours, where spelling alone would suggest the wrong one
+#: (``gpus`` is closer to ``cpus`` than to ``gpu_count``).
+SYNONYMS = {
+    "gpus": "gpu_count",
+    "gpu": "gpu_count",
+    "num_gpus": "gpu_count",
+    "n_gpus": "gpu_count",
+    "gpu_num": "gpu_count",
+    "accelerators": "gpu_type",
+    "workers": "num_workers",
+    "nodes": "num_workers",
+    "mem": "memory",
+    "ram": "memory",
+    "cmd": "command",
+    "script": "entry_point",
+    "docker_image": "image",
+    "container": "image",
+    "environment": "env",
+    "envs": "env",
+    "tags": "labels",
+    "retries": "max_retries",
+}
+
+
 def in_users_terms(
     exc: ValidationError, config: Optional[Mapping[str, Any]], overrides: Mapping[str, Any]
 ) -> ValidationError:
@@ -238,9 +262,11 @@ def in_users_terms(
     elif "not a field" in message:
         unknown = field.rsplit(".", 1)[-1]
         known = sorted(set(ALIASES) | set(SPEC_FIELDS) | {"commands"})
-        close = difflib.get_close_matches(unknown, known, n=1, cutoff=0.6)
+        close = SYNONYMS.get(unknown.lower()) or next(
+            iter(difflib.get_close_matches(unknown, known, n=1, cutoff=0.6)), None
+        )
         if close:
-            message = f"{message}; did you mean {close[0]!r}?"
+            message = f"{message}; did you mean {close!r}?"
     else:
         return exc
     return type(exc)(message, status=exc.status, code=exc.code, field=shown)
