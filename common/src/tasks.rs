@@ -16,6 +16,15 @@ pub enum Size {
     Text(String),
 }
 
+/// A length of time: whole seconds, or text such as "2h30m", "90m", "1d 12h".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(untagged)]
+pub enum TimeSpan {
+    Seconds(u64),
+    Text(String),
+}
+
 /// One value or a list of them (a GPU type, or several acceptable ones).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
@@ -123,9 +132,13 @@ pub struct TaskSpecInput {
     /// ISO 8601; without an offset it is UTC.
     #[serde(default)]
     pub deadline: Option<String>,
-    /// Seconds the task is expected to run.
+    /// How long the task is expected to run (seconds, or "2h30m").
     #[serde(default)]
-    pub estimated_runtime: Option<u64>,
+    pub estimated_runtime: Option<TimeSpan>,
+    /// The longest a run may last (seconds, or "2h30m"): then it is stopped, with the grace
+    /// period, and ends `timed_out`.
+    #[serde(default)]
+    pub time_limit: Option<TimeSpan>,
     #[serde(default)]
     pub checkpoint: Option<CheckpointSpec>,
     #[serde(default)]
@@ -161,6 +174,9 @@ pub struct TaskSpec {
     pub priority: f64,
     pub deadline: Option<String>,
     pub estimated_runtime: Option<u64>,
+    /// Seconds a run may last.
+    #[serde(default)]
+    pub time_limit: Option<u64>,
     pub checkpoint: Option<CheckpointSpec>,
     pub retry_policy: RetryPolicy,
     pub zone_affinity: bool,
@@ -181,16 +197,20 @@ pub enum TaskState {
     Completed,
     Failed,
     Cancelled,
+    /// A run lasted its `time_limit` and was stopped.
+    #[serde(rename = "timed_out")]
+    TimedOut,
 }
 
 impl TaskState {
-    pub const ALL: [TaskState; 6] = [
+    pub const ALL: [TaskState; 7] = [
         TaskState::Pending,
         TaskState::Scheduled,
         TaskState::Running,
         TaskState::Completed,
         TaskState::Failed,
         TaskState::Cancelled,
+        TaskState::TimedOut,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -201,6 +221,7 @@ impl TaskState {
             TaskState::Completed => "completed",
             TaskState::Failed => "failed",
             TaskState::Cancelled => "cancelled",
+            TaskState::TimedOut => "timed_out",
         }
     }
 
@@ -221,7 +242,7 @@ impl TaskState {
     pub fn is_finished(self) -> bool {
         matches!(
             self,
-            TaskState::Completed | TaskState::Failed | TaskState::Cancelled
+            TaskState::Completed | TaskState::Failed | TaskState::Cancelled | TaskState::TimedOut
         )
     }
 }
@@ -325,7 +346,7 @@ pub struct Attempt {
     pub started_at: String,
     pub ended_at: Option<String>,
     pub exit_code: Option<i32>,
-    /// "oom", "error", "preempted", "node_lost", "cancelled"; null while running or on success.
+    /// "oom", "error", "preempted", "node_lost", "cancelled", "timed_out"; null while running or on success.
     pub reason: Option<String>,
     pub batch_size: Option<u32>,
     /// GPU time charged to this run so far (a shared card counts by its memory share).

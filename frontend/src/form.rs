@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use autodl_common::tasks::{
     Affinity, CheckpointSpec, Command, GpuRequest, OneOrMany, Resources, RetryPolicy, Size,
-    TaskSpec, TaskSpecInput,
+    TaskSpec, TaskSpecInput, TimeSpan,
 };
 
 use crate::api::ApiErr;
@@ -34,6 +34,7 @@ pub struct FormValues {
     pub deadline: String,
     /// Seconds.
     pub estimated_runtime: String,
+    pub time_limit: String,
     pub ckpt_interval: String,
     pub ckpt_to: String,
     pub ckpt_keep: String,
@@ -69,6 +70,7 @@ impl Default for FormValues {
             priority: "0.5".into(),
             deadline: String::new(),
             estimated_runtime: String::new(),
+            time_limit: String::new(),
             ckpt_interval: String::new(),
             ckpt_to: String::new(),
             ckpt_keep: String::new(),
@@ -142,6 +144,26 @@ fn opt_num<T: std::str::FromStr>(s: &str, field: &str, what: &str) -> Result<Opt
     s.parse()
         .map(Some)
         .map_err(|_| invalid(field, format!("{what} must be a number")))
+}
+
+/// A length of time as typed: seconds, or text the server reads ("2h30m").
+fn span(s: &str) -> Option<TimeSpan> {
+    let s = s.trim();
+    if s.is_empty() {
+        None
+    } else if let Ok(n) = s.parse::<u64>() {
+        Some(TimeSpan::Seconds(n))
+    } else {
+        Some(TimeSpan::Text(s.to_string()))
+    }
+}
+
+fn span_text(s: Option<&TimeSpan>) -> String {
+    match s {
+        Some(TimeSpan::Seconds(n)) => n.to_string(),
+        Some(TimeSpan::Text(t)) => t.clone(),
+        None => String::new(),
+    }
 }
 
 fn size(s: &str) -> Option<Size> {
@@ -224,7 +246,8 @@ impl FormValues {
                 .unwrap_or_default(),
             priority: i.priority.map_or("0.5".into(), |p| p.to_string()),
             deadline: i.deadline.clone().unwrap_or_default(),
-            estimated_runtime: text_of(i.estimated_runtime),
+            estimated_runtime: span_text(i.estimated_runtime.as_ref()),
+            time_limit: span_text(i.time_limit.as_ref()),
             ckpt_interval: text_of(ck.and_then(|c| c.interval)),
             ckpt_to: ck.and_then(|c| c.save_to.clone()).unwrap_or_default(),
             ckpt_keep: text_of(ck.and_then(|c| c.keep)),
@@ -287,11 +310,8 @@ impl FormValues {
             gpu_per_worker: None,
             priority: opt_num(&self.priority, "priority", "Priority")?,
             deadline: trimmed(&self.deadline),
-            estimated_runtime: opt_num(
-                &self.estimated_runtime,
-                "estimated_runtime",
-                "The estimated run time",
-            )?,
+            estimated_runtime: span(&self.estimated_runtime),
+            time_limit: span(&self.time_limit),
             checkpoint: (self.checkpointed
                 || interval.is_some()
                 || save_to.is_some()
@@ -347,7 +367,8 @@ pub fn spec_to_input(spec: &TaskSpec) -> TaskSpecInput {
         gpu_per_worker: None,
         priority: Some(spec.priority),
         deadline: spec.deadline.clone(),
-        estimated_runtime: spec.estimated_runtime,
+        estimated_runtime: spec.estimated_runtime.map(TimeSpan::Seconds),
+        time_limit: spec.time_limit.map(TimeSpan::Seconds),
         checkpoint: spec.checkpoint.clone(),
         retry_policy: Some(RetryPolicy {
             max_retries: spec.retry_policy.max_retries,

@@ -79,10 +79,16 @@ test("submit through the form, watch logs and charts live, see it complete", asy
   assert.match(yaml, /name: "live-demo"/);
   await shot(page, "10-submit");
 
+  // A time limit is typed as people say it; one the server cannot read is named at its field.
+  await page.fill("#time_limit", "soon");
+  await page.click("[data-testid=submit]");
+  await page.waitForSelector("#time_limit ~ .field-error:text('not a length of time')", { timeout: 10000 });
+  await page.fill("#time_limit", "2h30m");
   await page.click("[data-testid=submit]");
   await page.waitForURL(/\/tasks\/[0-9a-f-]+$/);
   const taskUrl = page.url();
   await page.waitForSelector("[data-testid=task-name]:text('live-demo')");
+  await page.waitForSelector("[data-testid=time-limit]:text('2h 30m')");
 
   // The log tail gains lines and the utilization chart gains points, live.
   await page.waitForSelector("[data-testid=log] .log-line:text('step 2')", { timeout: 30000 });

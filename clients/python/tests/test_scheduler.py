@@ -85,3 +85,14 @@ def test_mutation_is_revalidated_on_use():
     req.priority = 3
     with pytest.raises(autodl.ValidationError):
         req.to_spec()
+
+
+def test_spans_are_seconds_timedeltas_or_text():
+    req = TaskRequest(estimated_runtime=dt.timedelta(hours=2), time_limit="2h30m")
+    spec = req.to_spec()
+    assert spec["estimated_runtime"] == 7200 and spec["time_limit"] == "2h30m"
+    assert TaskRequest(time_limit=600).to_spec()["time_limit"] == 600
+    for bad in (0, -5, "", True, 1.5):
+        with pytest.raises(autodl.ValidationError) as exc:
+            TaskRequest(time_limit=bad)
+        assert exc.value.field == "time_limit"

@@ -215,3 +215,13 @@ def test_cli_runs_follows_and_explains_a_command(demo: LiveServer):
     cancelled = cli(demo, "cancel", "--label", "batch=cli")
     assert cancelled.returncode == 0, cancelled.stdout
     assert sorted(line.split()[0] for line in cancelled.stdout.splitlines()) == sorted(ids)
+
+
+def test_a_run_over_its_time_limit_is_stopped_and_ends_timed_out(demo: LiveServer):
+    client = demo.client()
+    task = client.submit_spec(shell_task("limited", "echo started; sleep 120", time_limit="3s"))
+    assert task.wait(timeout=90) == autodl.task.TIMED_OUT, task.events()
+    assert "started" in task.logs()
+    (run,) = task.attempts()
+    assert run["reason"] == "timed_out"
+    assert any("time limit of 3s" in e["message"] for e in task.events()), task.events()

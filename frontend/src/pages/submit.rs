@@ -37,6 +37,7 @@ struct Form {
     priority: RwSignal<String>,
     deadline: RwSignal<String>,
     estimated_runtime: RwSignal<String>,
+    time_limit: RwSignal<String>,
     ckpt_interval: RwSignal<String>,
     ckpt_to: RwSignal<String>,
     ckpt_keep: RwSignal<String>,
@@ -69,6 +70,7 @@ impl Form {
             priority: RwSignal::new(v.priority.clone()),
             deadline: RwSignal::new(v.deadline.clone()),
             estimated_runtime: RwSignal::new(v.estimated_runtime.clone()),
+            time_limit: RwSignal::new(v.time_limit.clone()),
             ckpt_interval: RwSignal::new(v.ckpt_interval.clone()),
             ckpt_to: RwSignal::new(v.ckpt_to.clone()),
             ckpt_keep: RwSignal::new(v.ckpt_keep.clone()),
@@ -100,6 +102,7 @@ impl Form {
             priority: self.priority.get(),
             deadline: self.deadline.get(),
             estimated_runtime: self.estimated_runtime.get(),
+            time_limit: self.time_limit.get(),
             ckpt_interval: self.ckpt_interval.get(),
             ckpt_to: self.ckpt_to.get(),
             ckpt_keep: self.ckpt_keep.get(),
@@ -136,6 +139,7 @@ impl Form {
         self.priority.set(v.priority.clone());
         self.deadline.set(v.deadline.clone());
         self.estimated_runtime.set(v.estimated_runtime.clone());
+        self.time_limit.set(v.time_limit.clone());
         self.ckpt_interval.set(v.ckpt_interval.clone());
         self.ckpt_to.set(v.ckpt_to.clone());
         self.ckpt_keep.set(v.ckpt_keep.clone());
@@ -407,7 +411,8 @@ fn SubmitForm() -> impl IntoView {
                     <Field label="RAM" id="memory" value=form.memory error=ferr("resources.memory") placeholder="4GiB"/>
                     <Field label="Data" id="data_path" value=form.data_path error=ferr("data_path") placeholder="s3://bucket/path or /datasets/…"/>
                     <Field label="Batch size" id="batch_size" kind="number" value=form.batch_size error=ferr("batch_size") placeholder="the program's own"/>
-                    <Field label="Expected run time (seconds)" id="estimated_runtime" kind="number" value=form.estimated_runtime error=ferr("estimated_runtime") placeholder="unknown"/>
+                    <Field label="Expected run time" id="estimated_runtime" kind="text" value=form.estimated_runtime error=ferr("estimated_runtime") placeholder="unknown, or e.g. 2h30m"/>
+                    <Field label="Time limit" id="time_limit" kind="text" value=form.time_limit error=ferr("time_limit") placeholder="none, or e.g. 12h"/>
                     <div class="field" class:has-error=move || ferr("priority").get().is_some()>
                         <label for="priority">"Priority: " <strong>{move || form.priority.get()}</strong></label>
                         <input id="priority" type="range" min="0" max="1" step="0.05" bind:value=form.priority/>

@@ -501,7 +501,10 @@ fn TaskView(id: String) -> impl IntoView {
                         <p class="banner error" role="alert" data-testid="results-message">{move || results_msg.get()}</p>
                         {move || {
                             let list = attempts.get().and_then(|r| r.ok()).unwrap_or_default();
-                            failure_summary(&t_for_summary, &list).map(|m| view! { <p class="banner error" data-testid="failure-summary"><strong>"Failed. "</strong>{m}</p> })
+                            failure_summary(&t_for_summary, &list).map(|m| {
+                                let head = if t_for_summary.state == TaskState::TimedOut { "Timed out. " } else { "Failed. " };
+                                view! { <p class="banner error" data-testid="failure-summary"><strong>{head}</strong>{m}</p> }
+                            })
                         }}
                         <dl class="facts">
                             <dt>"Submitted"</dt><dd><Time at=t.created_at.clone()/>" by "{t.user_email.clone()}</dd>
@@ -512,6 +515,7 @@ fn TaskView(id: String) -> impl IntoView {
                             <dt>"Command"</dt><dd><code>{t.spec.command.join(" ")}</code></dd>
                             <dt>"GPUs"</dt><dd>{gpu_summary(&t.spec)}</dd>
                             <dt>"Priority"</dt><dd>{format!("{:.2}", t.spec.priority)}</dd>
+                            {t.spec.time_limit.map(|l| view! { <dt>"Time limit"</dt><dd data-testid="time-limit">{span_words(l)}</dd> })}
                             <dt>"Attempts"</dt><dd>{t.attempts}</dd>
                             {(!placement.is_empty()).then(|| view! { <dt>"Placed on"</dt><dd>{placement.clone()}</dd> })}
                             {(!t.spec.labels.is_empty()).then(|| view! { <dt>"Labels"</dt><dd>{t.spec.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")}</dd> })}
@@ -657,6 +661,13 @@ fn gpu_hours(seconds: f64) -> String {
 /// What a researcher asks first of a task that failed: how it ended, where, after how many
 /// tries. Said from its last attempt.
 fn failure_summary(t: &Task, attempts: &[Attempt]) -> Option<String> {
+    if t.state == TaskState::TimedOut {
+        let limit = t.spec.time_limit.map(span_words).unwrap_or_default();
+        return Some(format!(
+            "It ran for its whole time limit ({limit}) and was stopped. Raise time_limit, or \
+             checkpoint and submit it again to continue."
+        ));
+    }
     if t.state != TaskState::Failed {
         return None;
     }
@@ -686,6 +697,21 @@ fn failure_summary(t: &Task, attempts: &[Attempt]) -> Option<String> {
     ))
 }
 
+/// "2h 30m" for 9,000 seconds.
+fn span_words(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3_600 % 24, secs / 60 % 60, secs % 60);
+    let parts: Vec<String> = [(d, "d"), (h, "h"), (m, "m"), (s, "s")]
+        .into_iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, u)| format!("{n}{u}"))
+        .collect();
+    if parts.is_empty() {
+        "0s".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
 fn exit_reason(reason: Option<&str>, code: Option<i32>) -> &'static str {
     match reason {
         Some("oom") => "out of GPU memory",
@@ -694,6 +720,7 @@ fn exit_reason(reason: Option<&str>, code: Option<i32>) -> &'static str {
         Some("drained") => "node drained",
         Some("node_lost") => "node lost",
         Some("cancelled") => "cancelled",
+        Some("timed_out") => "reached its time limit",
         Some(_) => "other",
         None if code == Some(0) => "succeeded",
         None => "",
@@ -819,6 +846,7 @@ mod tests {
                 priority: 0.5,
                 deadline: None,
                 estimated_runtime: None,
+                time_limit: None,
                 checkpoint: None,
                 retry_policy: Default::default(),
                 zone_affinity: false,
@@ -874,6 +902,15 @@ mod tests {
             .unwrap()
             .starts_with("Attempt 1 ran out of GPU memory on gpu-7."));
         assert!(failure_summary(&task(TaskState::Completed, 1), &oom).is_none());
+        let mut limited = task(TaskState::TimedOut, 1);
+        limited.spec.time_limit = Some(9_000);
+        assert!(
+            failure_summary(&limited, &[attempt(1, Some("timed_out"), None)])
+                .unwrap()
+                .starts_with("It ran for its whole time limit (2h 30m)")
+        );
+        assert_eq!(span_words(90), "1m 30s");
+        assert_eq!(span_words(86_400 + 3_600), "1d 1h");
         assert_eq!(gpu_hours(300.0), "5 GPU-minutes");
         assert_eq!(gpu_hours(7200.0), "2.0 GPU-hours");
         assert_eq!(bytes(17), "17 B");

@@ -11,6 +11,7 @@ use autodl_common::tasks::{TaskSpec, TaskState};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{NodeRecord, TaskRecord};
+use crate::tasks::lifecycle::{timed_out, TIMED_OUT};
 use crate::tasks::{placement_of, spec_of};
 
 /// Port the first node of a multi-node task listens on for its peers (torchrun's default).
@@ -47,6 +48,19 @@ pub async fn reconcile(
         if !placement.iter().any(|p| p.node == node.id)
             || reported.contains(&(t.id.as_str(), attempt))
         {
+            continue;
+        }
+        if t.stop_reason.as_deref() == Some(TIMED_OUT) {
+            // Stopped at its time limit and gone unreported: it ended there.
+            let end = timed_out(&spec_of(t)?, attempt, None, t.batch_size);
+            let now = state.clock.now_ms();
+            if state
+                .store
+                .finish_attempt(&t.id, t.attempts, &end, now)
+                .await?
+            {
+                lost += 1;
+            }
             continue;
         }
         tracing::warn!(task = %t.id, attempt, node = %node.id, "the node no longer runs this attempt; requeueing it");

@@ -13,7 +13,7 @@ use crate::app::runs::current_run;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{GpuSampleRecord, NodeRecord};
-use crate::tasks::lifecycle::{after_attempt, ExitKind};
+use crate::tasks::lifecycle::{after_attempt, timed_out, ExitKind, TIMED_OUT};
 use crate::tasks::{spec::parse_time_ms, spec_of};
 
 const MAX_LOG_LINES: usize = 1000;
@@ -96,6 +96,15 @@ pub async fn finished(
     let t = current_run(state, node, task_id, report.attempt).await?;
     let now = state.clock.now_ms();
     match (kind, t.task.stop_reason.as_deref()) {
+        // Stopped at its time limit (or failed while stopping): the task ends there.
+        (None | Some(ExitKind::Error | ExitKind::Oom), Some(TIMED_OUT)) => {
+            let spec = spec_of(&t.task)?;
+            let end = timed_out(&spec, report.attempt, report.exit_code, t.task.batch_size);
+            state
+                .store
+                .finish_attempt(task_id, i64::from(report.attempt), &end, now)
+                .await?;
+        }
         // Stopped on the scheduler's request (preempted, drained), or failed while stopping:
         // back to the queue. A run that completed its work before it stopped is done.
         (None | Some(ExitKind::Error | ExitKind::Oom), Some(reason)) => {

@@ -156,7 +156,10 @@ pub async fn renew_page_session(req: &HttpRequest) {
         return;
     };
     let due = req.method() == Method::GET
-        && req.headers().get(actix_web::http::header::AUTHORIZATION).is_none()
+        && req
+            .headers()
+            .get(actix_web::http::header::AUTHORIZATION)
+            .is_none()
         && req
             .cookie(SESSION_COOKIE)
             .and_then(|c| state.sessions.verify(c.value()))

@@ -324,9 +324,14 @@ fn component_rules() -> Vec<(&'static str, Value)> {
         ("/TaskSpecInput/properties/gpu_per_worker", range(0.0, 64.0)),
         ("/TaskSpecInput/properties/priority", range(0.0, 1.0)),
         ("/TaskSpecInput/properties/deadline", pattern(DATE_TIME)),
+        // Seconds (a year at most), or text such as "2h30m".
         (
             "/TaskSpecInput/properties/estimated_runtime",
-            range(1.0, 3.1e9),
+            json!({"minimum": 1, "maximum": 31_536_000, "maxLength": 64}),
+        ),
+        (
+            "/TaskSpecInput/properties/time_limit",
+            json!({"minimum": 1, "maximum": 31_536_000, "maxLength": 64}),
         ),
         (
             "/TaskSpecInput/properties/data_path",
@@ -491,8 +496,7 @@ pub const OBJECT_URL: &str =
 
 /// `(path, method, parameter name, keywords merged into its schema)`.
 fn parameter_rules() -> Vec<(&'static str, &'static str, &'static str, Value)> {
-    let states =
-        json!({"enum": ["pending", "scheduled", "running", "completed", "failed", "cancelled"]});
+    let states = json!({"enum": autodl_common::tasks::TaskState::ALL.map(|s| s.as_str())});
     vec![
         ("/api/v1/tasks", "get", "state", states),
         ("/api/v1/tasks", "get", "limit", range(1.0, 200.0)),

@@ -20,6 +20,7 @@ use crate::domain::NodeStatus;
 use crate::metrics::Metrics;
 use crate::state::AppState;
 use crate::store::{LeaderGuard, NodeRecord, Store, StoreError, Term};
+use crate::tasks::lifecycle::TIMED_OUT;
 
 pub struct Runner {
     store: Arc<dyn Store>,
@@ -267,6 +268,59 @@ impl Runner {
         Ok(())
     }
 
+    /// Runs that have lasted their task's `time_limit` are stopped as a preemption is (their
+    /// agent sends SIGTERM, waits the grace period, then kills) and end `timed_out` when the
+    /// agent reports them stopped (`app::reports::finished`). Asking again each cycle is
+    /// harmless: a stop reason, once set, stays.
+    async fn stop_overdue(
+        &self,
+        term: Term,
+        tasks: &[Arc<ActiveTask>],
+        agent_nodes: &HashMap<String, bool>,
+        now_ms: i64,
+    ) -> anyhow::Result<()> {
+        for t in tasks {
+            let (Some(limit), Some(started)) = (t.spec.time_limit, t.rec.run_started_at) else {
+                continue;
+            };
+            if t.rec.task.state != TaskState::Running
+                || t.rec.task.stop_reason.is_some()
+                || now_ms - started < limit as i64 * 1000
+            {
+                continue;
+            }
+            let on_agents = t
+                .placement
+                .iter()
+                .flatten()
+                .any(|w| agent_nodes.get(&w.node).copied().unwrap_or(false));
+            if on_agents {
+                if self
+                    .store
+                    .set_stop_reason(Some(term), t.id(), TIMED_OUT)
+                    .await?
+                {
+                    tracing::info!(task = t.id(), limit, "time limit reached: stopping the run");
+                    for w in t.placement.iter().flatten() {
+                        self.agents.notify(&w.node);
+                    }
+                }
+            } else {
+                // Nothing runs it but the record (a node without an agent): end it now.
+                let end = crate::tasks::lifecycle::timed_out(
+                    &t.spec,
+                    t.rec.task.attempts as u32,
+                    None,
+                    t.rec.task.batch_size,
+                );
+                self.store
+                    .finish_attempt(t.id(), t.rec.task.attempts, &end, now_ms)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Stores why tasks wait, so that every server answers with it: only what changed, and
     /// the rest every `WAITING_REFRESH_MS`.
     async fn store_waiting(
@@ -448,6 +502,8 @@ impl Runner {
             );
         }
 
+        self.stop_overdue(term, &loaded.tasks, &agent_nodes, now_ms)
+            .await?;
         let charged_at = cycle_started.elapsed();
         let decisions = self.scheduler.schedule(loaded.snapshot.state(), now);
         let decided_at = cycle_started.elapsed();

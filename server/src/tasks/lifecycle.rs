@@ -86,6 +86,30 @@ pub fn after_attempt(
     }
 }
 
+/// The stop reason of a run stopped at its task's time limit.
+pub const TIMED_OUT: &str = "timed_out";
+
+/// How a run stopped at its time limit ends: the task is `timed_out`, whatever retries it has
+/// left (running longer again would only meet the same limit).
+pub fn timed_out(
+    spec: &TaskSpec,
+    attempt: u32,
+    exit_code: Option<i64>,
+    batch_size: Option<i64>,
+) -> AttemptEnd {
+    let limit = spec.time_limit.unwrap_or_default();
+    AttemptEnd {
+        exit_code,
+        reason: Some(TIMED_OUT.to_owned()),
+        next_state: TaskState::TimedOut,
+        next_batch_size: batch_size,
+        message: format!(
+            "attempt {attempt} reached the time limit of {}; stopped",
+            humantime::format_duration(std::time::Duration::from_secs(limit))
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

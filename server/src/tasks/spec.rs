@@ -3,7 +3,9 @@
 
 use std::str::FromStr;
 
-use autodl_common::tasks::{Command, OneOrMany, RetryPolicy, Size, TaskSpec, TaskSpecInput};
+use autodl_common::tasks::{
+    Command, OneOrMany, RetryPolicy, Size, TaskSpec, TaskSpecInput, TimeSpan,
+};
 use time::format_description::well_known::Rfc3339;
 use time::{OffsetDateTime, PrimitiveDateTime};
 
@@ -33,6 +35,47 @@ pub fn parse_size(field: &'static str, s: &Size) -> Result<u64, ApiError> {
         ));
     }
     Ok(n)
+}
+
+/// The longest `time_limit` or `estimated_runtime` taken: a year.
+const MAX_SPAN_SECS: u64 = 365 * 86_400;
+
+/// Whole seconds of a span given as seconds or as text ("2h30m", "90m", "1d 12h", "45s").
+pub fn parse_span(field: &'static str, s: &TimeSpan) -> Result<u64, ApiError> {
+    let secs = match s {
+        TimeSpan::Seconds(n) => *n,
+        TimeSpan::Text(t) => {
+            let t = t.trim();
+            // A bare number in a string is seconds, as it is without the quotes.
+            match t.parse::<u64>() {
+                Ok(n) => n,
+                Err(_) => humantime::parse_duration(t)
+                    .map_err(|_| {
+                        ApiError::invalid(
+                            field,
+                            format!(
+                                "{field}: {t:?} is not a length of time; write seconds or e.g. \
+                                 \"2h30m\", \"90m\", \"1d 12h\""
+                            ),
+                        )
+                    })?
+                    .as_secs(),
+            }
+        }
+    };
+    if secs == 0 {
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} must be at least one second (e.g. \"30m\")"),
+        ));
+    }
+    if secs > MAX_SPAN_SECS {
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} must be at most a year"),
+        ));
+    }
+    Ok(secs)
 }
 
 /// An RFC 3339 time as Unix milliseconds (agents' samples and log lines, query cursors).
@@ -246,12 +289,16 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         }
         None => None,
     };
-    if input.estimated_runtime == Some(0) {
-        return Err(ApiError::invalid(
-            "estimated_runtime",
-            "estimated_runtime must be more than zero seconds",
-        ));
-    }
+    let estimated_runtime = input
+        .estimated_runtime
+        .as_ref()
+        .map(|s| parse_span("estimated_runtime", s))
+        .transpose()?;
+    let time_limit = input
+        .time_limit
+        .as_ref()
+        .map(|s| parse_span("time_limit", s))
+        .transpose()?;
     if let Some(c) = &input.checkpoint {
         if c.interval.is_some_and(|i| !(10..=7 * 86_400).contains(&i)) {
             return Err(ApiError::invalid(
@@ -363,7 +410,8 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         num_workers,
         priority,
         deadline,
-        estimated_runtime: input.estimated_runtime,
+        estimated_runtime,
+        time_limit,
         checkpoint: input.checkpoint,
         retry_policy,
         zone_affinity,
@@ -428,7 +476,8 @@ mod tests {
             num_workers: Some(2),
             priority: Some(0.85),
             deadline: Some("2023-11-20T10:00:00Z".into()),
-            estimated_runtime: Some(5_400),
+            estimated_runtime: Some(TimeSpan::Seconds(5_400)),
+            time_limit: Some(TimeSpan::Seconds(9_000)),
             checkpoint: Some(CheckpointSpec {
                 interval: Some(600),
                 save_to: Some("s3://ckpt/lab/run".into()),
@@ -507,6 +556,28 @@ mod tests {
         assert_eq!(s.retry_policy.max_retries, DEFAULT_OOM_RETRIES);
         i.retry_policy.as_mut().unwrap().max_retries = 1;
         assert_eq!(normalise(i, 0).unwrap().retry_policy.max_retries, 1);
+    }
+
+    #[test]
+    fn spans_are_seconds_or_text() {
+        let span = |s: &str| parse_span("time_limit", &TimeSpan::Text(s.into()));
+        assert_eq!(span("2h30m").unwrap(), 9_000);
+        assert_eq!(span("2h 30m").unwrap(), 9_000);
+        assert_eq!(span("90m").unwrap(), 5_400);
+        assert_eq!(span("1d 12h").unwrap(), 129_600);
+        assert_eq!(span(" 45 ").unwrap(), 45);
+        assert_eq!(
+            parse_span("time_limit", &TimeSpan::Seconds(600)).unwrap(),
+            600
+        );
+        for bad in ["soon", "0", "0s", "-5m", "400d"] {
+            let e = span(bad).unwrap_err();
+            assert!(
+                matches!(&e, ApiError::Validation { field: Some(f), .. } if f == "time_limit"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(span("soon").unwrap_err().to_string().contains("\"2h30m\""));
     }
 
     #[test]

@@ -305,6 +305,16 @@ async fn cancel_and_drain_deliver_sigterm(b: Backend) {
         "cancelled"
     );
 
+    // A time limit: SIGTERM at the limit, the task saves what it can and ends timed_out.
+    let id = submit(&app, &s, json!({"name": "limited", "image": "none", "command": trap,
+        "time_limit": "2s", "retry_policy": {"max_retries": 2}, "resources": {"gpu": {"count": 1}}})).await;
+    let t = wait_for(&app, &s, &id, &["timed_out", "completed", "failed"], 30).await;
+    assert_eq!(t["state"], "timed_out", "{t}");
+    assert!(log_text(&app, &s, &id).await.contains("caught TERM"));
+    let attempts = s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await;
+    assert_eq!(attempts.as_array().unwrap().len(), 1, "{attempts}");
+    assert_eq!(attempts[0]["reason"], "timed_out");
+
     // Drain: the running task gets SIGTERM and a grace period, then runs again on another node.
     let id = submit(&app, &s, json!({"name": "drain-me", "image": "none", "command": trap, "resources": {"gpu": {"count": 1}}})).await;
     wait_for(&app, &s, &id, &["running"], 20).await;

@@ -25,6 +25,7 @@ crate::on_both_backends!(
     a_waiting_task_says_when_it_should_start,
     a_node_reads_its_work_by_the_placement_index,
     a_change_the_feed_misses_is_found_and_repaired,
+    a_run_is_stopped_at_its_time_limit_and_ends_timed_out,
 );
 
 struct Cluster {
@@ -584,4 +585,72 @@ async fn a_change_the_feed_misses_is_found_and_repaired(b: Backend) {
         vec![(bee, 1)],
         "placed on the freed node by the same cycle"
     );
+}
+
+/// At its `time_limit` a run gets the stop order (SIGTERM, then the grace period), and its
+/// task ends `timed_out` without spending its retries; a run that ends by itself within the
+/// limit is untouched, and the limit counts from each run's own start.
+async fn a_run_is_stopped_at_its_time_limit_and_ends_timed_out(b: Backend) {
+    let mut c = cluster(b, |_| {}).await;
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    c.at(0);
+    let mut spec = whole_node("limited", 0.5);
+    spec["time_limit"] = json!("2m");
+    let a = c.submit(&x, spec).await;
+    assert_eq!(c.task(&x, &a).await["spec"]["time_limit"], 120);
+    assert_eq!(c.cycle_and_start().await, vec![(a.clone(), 1)]);
+    c.at(119);
+    c.cycle().await;
+    assert!(c.poll().await.1.is_empty(), "not before the limit");
+    c.at(120);
+    c.cycle().await;
+    assert_eq!(c.poll().await.1, vec![a.clone()], "stopped at the limit");
+    assert_eq!(
+        c.task(&x, &a).await["state"],
+        "running",
+        "until the agent says it stopped"
+    );
+    c.at(135);
+    c.finished(&a, 1, "stopped").await;
+    let t = c.task(&x, &a).await;
+    assert_eq!(t["state"], "timed_out", "{t}");
+    assert!(t["finished_at"].is_string());
+    let attempts = x.get(&c.app, &format!("/api/v1/tasks/{a}/attempts")).await;
+    assert_eq!(
+        attempts.as_array().unwrap().len(),
+        1,
+        "no retry: {attempts}"
+    );
+    assert_eq!(attempts[0]["reason"], "timed_out");
+    let events = x.get(&c.app, &format!("/api/v1/tasks/{a}/events")).await;
+    assert!(
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "timed_out"
+                && e["message"].as_str().unwrap().contains("time limit of 2m")),
+        "{events}"
+    );
+    let listed = x.get(&c.app, "/api/v1/tasks?state=timed_out").await;
+    assert_eq!(listed["items"][0]["id"], json!(a));
+    // A task that finishes within its limit completes; the node is free for it at once.
+    let mut spec = whole_node("quick", 0.5);
+    spec["time_limit"] = json!(600);
+    let q = c.submit(&x, spec).await;
+    assert_eq!(c.cycle_and_start().await, vec![(q.clone(), 1)]);
+    c.at(700);
+    c.finished(&q, 1, "success").await;
+    assert_eq!(c.task(&x, &q).await["state"], "completed");
+    // Bad limits are refused, naming the field.
+    for bad in [json!("soon"), json!(0), json!("0s")] {
+        let mut spec = whole_node("bad", 0.5);
+        spec["time_limit"] = bad.clone();
+        let res = x
+            .send(&c.app, Method::POST, "/api/v1/tasks", Some(spec))
+            .await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad}");
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(body["error"]["field"], "time_limit", "{bad}: {body}");
+    }
 }

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
 
 from .errors import ValidationError
-from .spec import iso_datetime, parse_iso_datetime
+from .spec import Span, iso_datetime, parse_iso_datetime, span_value
 
 GpuType = Union[str, List[str], None]
 
@@ -24,17 +24,20 @@ class TaskRequest:
 
     ``gpu_type`` is a type (``"A100-40G"``) or family (``"A100"``), or a list of acceptable
     ones; ``priority`` is in [0, 1] (default 0.5); ``deadline`` is ISO 8601 or a datetime (no
-    offset means UTC); ``estimated_runtime`` (seconds) lets the scheduler judge how urgent the
-    deadline is. :meth:`to_spec` gives the ``TaskSpec`` fragment merged into a submission.
+    offset means UTC); ``estimated_runtime`` lets the scheduler judge how urgent the deadline
+    is, and ``time_limit`` stops a run that lasts longer (it ends ``TIMED_OUT``): both are
+    seconds, a ``timedelta`` or text such as ``"2h30m"``. :meth:`to_spec` gives the
+    ``TaskSpec`` fragment merged into a submission.
     """
 
     gpu_type: GpuType = None
     priority: float = 0.5
     deadline: Union[str, _dt.datetime, None] = None
-    estimated_runtime: Optional[int] = None
+    estimated_runtime: Span = None
     gpu_count: Optional[int] = None
     gpu_memory: Union[int, str, None] = None
     preemptible: Optional[bool] = None
+    time_limit: Span = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -64,14 +67,8 @@ class TaskRequest:
                     "deadline must be an ISO 8601 string such as 2024-03-20T18:00 or a datetime",
                     field="deadline",
                 )
-        if self.estimated_runtime is not None and (
-            isinstance(self.estimated_runtime, bool)
-            or not isinstance(self.estimated_runtime, int)
-            or self.estimated_runtime <= 0
-        ):
-            raise ValidationError(
-                "estimated_runtime must be a positive number of seconds", field="estimated_runtime"
-            )
+        span_value(self.estimated_runtime, "estimated_runtime")
+        span_value(self.time_limit, "time_limit")
         if self.gpu_count is not None and (
             isinstance(self.gpu_count, bool)
             or not isinstance(self.gpu_count, int)
@@ -109,7 +106,9 @@ class TaskRequest:
         if self.deadline is not None:
             spec["deadline"] = iso_datetime(self.deadline)
         if self.estimated_runtime is not None:
-            spec["estimated_runtime"] = self.estimated_runtime
+            spec["estimated_runtime"] = span_value(self.estimated_runtime, "estimated_runtime")
+        if self.time_limit is not None:
+            spec["time_limit"] = span_value(self.time_limit, "time_limit")
         if self.preemptible is not None:
             spec["preemptible"] = bool(self.preemptible)
         return spec

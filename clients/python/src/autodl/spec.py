@@ -103,10 +103,35 @@ def parse_iso_datetime(text: str, field: str = "deadline") -> _dt.datetime:
     return parsed
 
 
+#: A length of time: seconds, a ``timedelta``, or text the server reads (``"2h30m"``).
+Span = Union[int, str, _dt.timedelta, None]
+
+
+def span_value(value: Span, field: str) -> Union[int, str, None]:
+    """A span as the server takes it (whole seconds or text), or a ValidationError naming
+    ``field``; the server judges the text."""
+    if value is None:
+        return None
+    if isinstance(value, _dt.timedelta):
+        value = int(value.total_seconds())
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValidationError(
+            f"{field} must be seconds, a timedelta or text such as '2h30m', got {value!r}",
+            field=field,
+        )
+    if isinstance(value, int) and value <= 0 or isinstance(value, str) and not value.strip():
+        raise ValidationError(
+            f"{field} must be at least one second (e.g. '30m'), got {value!r}", field=field
+        )
+    return value
+
+
 def _plain(value: Any) -> Any:
     """JSON-friendly form of the values users commonly put in configs (paths, datetimes)."""
     if isinstance(value, os.PathLike):
         return os.fspath(value)
+    if isinstance(value, _dt.timedelta):
+        return int(value.total_seconds())
     if isinstance(value, (_dt.datetime, _dt.date)):
         return iso_datetime(value)
     if isinstance(value, Mapping):
@@ -208,6 +233,7 @@ SPEC_FIELDS = (
     "priority",
     "deadline",
     "estimated_runtime",
+    "time_limit",
     "checkpoint",
     "retry_policy",
     "affinity",
@@ -239,6 +265,9 @@ SYNONYMS = {
     "envs": "env",
     "tags": "labels",
     "retries": "max_retries",
+    "timeout": "time_limit",
+    "max_runtime": "time_limit",
+    "walltime": "time_limit",
 }
 
 

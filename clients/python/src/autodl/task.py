@@ -21,7 +21,9 @@ RUNNING = "RUNNING"
 COMPLETED = "COMPLETED"
 FAILED = "FAILED"
 CANCELLED = "CANCELLED"
-FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
+#: A run reached the task's ``time_limit`` and was stopped.
+TIMED_OUT = "TIMED_OUT"
+FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED, TIMED_OUT})
 
 _LOG_PAGE = 1000
 
@@ -94,7 +96,7 @@ class Task:
 
     def get_status(self) -> str:
         """The current status, fetched now: one of PENDING, SCHEDULED, RUNNING, COMPLETED,
-        FAILED, CANCELLED."""
+        FAILED, CANCELLED, TIMED_OUT."""
         return self.refresh().status
 
     def wait(self, timeout: Optional[float] = None, poll: float = 1.0) -> str:
