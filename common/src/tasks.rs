@@ -25,6 +25,29 @@ pub enum TimeSpan {
     Text(String),
 }
 
+/// Which end of the tasks in `after` lets a task start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum AfterWhen {
+    /// Each completed.
+    #[default]
+    Ok,
+    /// Each ended, however.
+    Any,
+}
+
+/// What becomes of a task whose `after` can no longer be met (with `ok`, one of them failed,
+/// was cancelled or timed out).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum AfterFailure {
+    #[default]
+    Cancel,
+    Fail,
+}
+
 /// One value or a list of them (a GPU type, or several acceptable ones).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
@@ -153,6 +176,15 @@ pub struct TaskSpecInput {
     pub batch_size: Option<u32>,
     #[serde(default)]
     pub preemptible: Option<bool>,
+    /// Ids of tasks of the organization that must end first.
+    #[serde(default)]
+    pub after: Vec<String>,
+    /// `ok` (default): start when each of `after` completed; `any`: when each ended.
+    #[serde(default)]
+    pub after_when: Option<AfterWhen>,
+    /// `cancel` (default) or `fail` this task when `after` can no longer be met.
+    #[serde(default)]
+    pub after_failure: Option<AfterFailure>,
 }
 
 /// The spec as the server keeps it: validated, with defaults filled in and sizes in bytes.
@@ -185,6 +217,12 @@ pub struct TaskSpec {
     pub labels: BTreeMap<String, String>,
     pub batch_size: Option<u32>,
     pub preemptible: bool,
+    #[serde(default)]
+    pub after: Vec<String>,
+    #[serde(default)]
+    pub after_when: AfterWhen,
+    #[serde(default)]
+    pub after_failure: AfterFailure,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 
 use autodl_common::tasks::{
-    Affinity, CheckpointSpec, Command, GpuRequest, OneOrMany, Resources, RetryPolicy, Size,
-    TaskSpec, TaskSpecInput, TimeSpan,
+    Affinity, AfterFailure, AfterWhen, CheckpointSpec, Command, GpuRequest, OneOrMany, Resources,
+    RetryPolicy, Size, TaskSpec, TaskSpecInput, TimeSpan,
 };
 
 use crate::api::ApiErr;
@@ -48,6 +48,10 @@ pub struct FormValues {
     pub data_path: String,
     pub batch_size: String,
     pub preemptible: bool,
+    /// Task ids, separated by commas, spaces or lines.
+    pub after: String,
+    pub after_any: bool,
+    pub after_fail: bool,
     /// `KEY=value` lines.
     pub env: String,
     pub labels: String,
@@ -82,6 +86,9 @@ impl Default for FormValues {
             data_path: String::new(),
             batch_size: String::new(),
             preemptible: true,
+            after: String::new(),
+            after_any: false,
+            after_fail: false,
             env: String::new(),
             labels: String::new(),
         }
@@ -259,6 +266,9 @@ impl FormValues {
             data_path: i.data_path.clone().unwrap_or_default(),
             batch_size: text_of(i.batch_size),
             preemptible: i.preemptible.unwrap_or(true),
+            after: i.after.join(", "),
+            after_any: i.after_when == Some(AfterWhen::Any),
+            after_fail: i.after_failure == Some(AfterFailure::Fail),
             env: lines(&i.env),
             labels: lines(&i.labels),
         }
@@ -334,6 +344,22 @@ impl FormValues {
             labels: pairs(&self.labels, "labels")?,
             batch_size: opt_num(&self.batch_size, "batch_size", "Batch size")?,
             preemptible: Some(self.preemptible),
+            after: self
+                .after
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .filter(|id| !id.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            after_when: Some(if self.after_any {
+                AfterWhen::Any
+            } else {
+                AfterWhen::Ok
+            }),
+            after_failure: Some(if self.after_fail {
+                AfterFailure::Fail
+            } else {
+                AfterFailure::Cancel
+            }),
         })
     }
 }
@@ -382,6 +408,9 @@ pub fn spec_to_input(spec: &TaskSpec) -> TaskSpecInput {
         labels: spec.labels.clone(),
         batch_size: spec.batch_size,
         preemptible: Some(spec.preemptible),
+        after: spec.after.clone(),
+        after_when: Some(spec.after_when),
+        after_failure: Some(spec.after_failure),
     }
 }
 

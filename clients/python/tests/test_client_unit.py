@@ -312,8 +312,14 @@ def test_monitor_merges_latest_samples_in_readable_units():
                     "at": "2024-01-01T00:00:03Z",
                     "gpu_util": 0.93,
                     "mem_used": 20 * 2**30,
-                    "mem_total": 40 * 2**30,
-                    "values": {},
+                    "mem_total": 80 * 2**30,
+                    # Two GPUs: the mean and the sums above, each GPU's own values here.
+                    "values": {
+                        "gpu0_util": 0.96,
+                        "gpu0_mem": 12 * 2**30,
+                        "gpu1_util": 0.9,
+                        "gpu1_mem": 8 * 2**30,
+                    },
                 },
             ]
         },
@@ -336,6 +342,12 @@ def test_monitor_merges_latest_samples_in_readable_units():
     assert afters == [None, "2024-01-01T00:00:02Z"]
     assert m.gpu_util == 93.0 and m.gpu_util_fraction == 0.93 and m.mem_used_bytes == 20 * 2**30
     assert m.epoch == 2  # kept from the earlier report
+    assert m.mem_total == 81920.0  # summed over the task's GPUs
+    assert [(g["index"], g["gpu_util"], g["mem_used"]) for g in m.gpus] == [
+        (0, 96.0, 12288.0),
+        (1, 90.0, 8192.0),
+    ]
+    assert "gpu0_util" not in m
     assert autodl.Metrics().epoch is None
     with pytest.raises(AttributeError):
         m.nonexistent  # noqa: B018

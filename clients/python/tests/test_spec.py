@@ -175,3 +175,13 @@ def test_label_params_forms():
     assert list(label_params(("a", "b"))) == ["a=b"]
     assert list(label_params(["a=b", ("c", "d")])) == ["a=b", "c=d"]
     assert list(label_params(None)) == []
+
+
+def test_after_takes_tasks_or_ids():
+    from autodl.spec import build_spec
+
+    class FakeTask:
+        id = "t-1"
+
+    assert build_spec({"name": "n", "after": FakeTask()})["after"] == ["t-1"]
+    assert build_spec({"name": "n", "after": [FakeTask(), "t-2"]})["after"] == ["t-1", "t-2"]

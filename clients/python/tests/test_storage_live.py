@@ -225,3 +225,18 @@ def test_a_run_over_its_time_limit_is_stopped_and_ends_timed_out(demo: LiveServe
     (run,) = task.attempts()
     assert run["reason"] == "timed_out"
     assert any("time limit of 3s" in e["message"] for e in task.events()), task.events()
+
+
+def test_tasks_start_after_the_tasks_they_name(demo: LiveServer):
+    client = demo.client()
+    first = client.submit_spec(shell_task("first", "sleep 2; exit 1"))
+    needs_ok = client.submit_task(shell_task("needs-ok", "echo never"), after=first)
+    needs_end = client.submit_task(
+        shell_task("needs-end", "echo after the first"), after=[first.id], after_when="any"
+    )
+    waiting = needs_ok.refresh().waiting or {}
+    assert waiting.get("reason") in (None, "dependency"), waiting
+    assert first.wait(timeout=60) == "FAILED"
+    assert needs_ok.wait(timeout=60) == "CANCELLED", needs_ok.events()
+    assert needs_end.wait(timeout=60) == "COMPLETED", needs_end.events()
+    assert "after the first" in needs_end.logs()

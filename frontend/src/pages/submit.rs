@@ -52,6 +52,9 @@ struct Form {
     oom: RwSignal<bool>,
     zone_same: RwSignal<bool>,
     preemptible: RwSignal<bool>,
+    after: RwSignal<String>,
+    after_any: RwSignal<bool>,
+    after_fail: RwSignal<bool>,
 }
 
 impl Form {
@@ -85,6 +88,9 @@ impl Form {
             oom: RwSignal::new(v.oom),
             zone_same: RwSignal::new(v.zone_same),
             preemptible: RwSignal::new(v.preemptible),
+            after: RwSignal::new(v.after.clone()),
+            after_any: RwSignal::new(v.after_any),
+            after_fail: RwSignal::new(v.after_fail),
         }
     }
 
@@ -117,6 +123,9 @@ impl Form {
             oom: self.oom.get(),
             zone_same: self.zone_same.get(),
             preemptible: self.preemptible.get(),
+            after: self.after.get(),
+            after_any: self.after_any.get(),
+            after_fail: self.after_fail.get(),
         }
     }
 
@@ -154,6 +163,9 @@ impl Form {
         self.oom.set(v.oom);
         self.zone_same.set(v.zone_same);
         self.preemptible.set(v.preemptible);
+        self.after.set(v.after.clone());
+        self.after_any.set(v.after_any);
+        self.after_fail.set(v.after_fail);
     }
 }
 
@@ -429,6 +441,11 @@ fn SubmitForm() -> impl IntoView {
                         <label class="check"><input type="checkbox" id="high_bandwidth" prop:checked=move || form.bandwidth.get() == "high"
                             on:change=move |ev| form.bandwidth.set(if event_target_checked(&ev) { "high" } else { "normal" }.into())/>" Needs a fast network between workers"</label>
                         <label class="check"><input type="checkbox" id="preemptible" bind:checked=form.preemptible/>" May be preempted (stopped at a checkpoint for more urgent work)"</label>
+                    </div>
+                    <Field label="Start after (task ids)" id="after" value=form.after error=ferr("after") placeholder="none: start when it fits"/>
+                    <div class="field checks">
+                        <label class="check"><input type="checkbox" id="after_any" bind:checked=form.after_any/>" Start once they ended, even if one failed"</label>
+                        <label class="check"><input type="checkbox" id="after_fail" bind:checked=form.after_fail/>" If one fails first, mark this task failed (not cancelled)"</label>
                     </div>
                     <div class="field" class:has-error=move || ferr("env").get().is_some()>
                         <label for="env">"Environment (KEY=value per line)"</label>

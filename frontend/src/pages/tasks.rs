@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 
 use autodl_common::agent::ArtifactFile;
 use autodl_common::tasks::{
-    Attempt, Checkpoint, LogLine, PriorityFactors, Task, TaskEvent, TaskPage, TaskSpec, TaskState,
+    AfterWhen, Attempt, Checkpoint, LogLine, PriorityFactors, Task, TaskEvent, TaskPage, TaskSpec,
+    TaskState,
 };
 use leptos::prelude::*;
 use leptos_router::hooks::{use_navigate, use_params_map, use_query_map};
@@ -516,6 +517,16 @@ fn TaskView(id: String) -> impl IntoView {
                             <dt>"GPUs"</dt><dd>{gpu_summary(&t.spec)}</dd>
                             <dt>"Priority"</dt><dd>{format!("{:.2}", t.spec.priority)}</dd>
                             {t.spec.time_limit.map(|l| view! { <dt>"Time limit"</dt><dd data-testid="time-limit">{span_words(l)}</dd> })}
+                            {(!t.spec.after.is_empty()).then(|| {
+                                let when = match t.spec.after_when { AfterWhen::Ok => "each completed", AfterWhen::Any => "each ended" };
+                                view! {
+                                    <dt>"Starts after"</dt>
+                                    <dd data-testid="after">
+                                        {t.spec.after.iter().map(|id| view! { <a href=format!("/tasks/{id}")><code>{id.clone()}</code></a>" " }).collect_view()}
+                                        <span class="muted small">{format!("({when})")}</span>
+                                    </dd>
+                                }
+                            })}
                             <dt>"Attempts"</dt><dd>{t.attempts}</dd>
                             {(!placement.is_empty()).then(|| view! { <dt>"Placed on"</dt><dd>{placement.clone()}</dd> })}
                             {(!t.spec.labels.is_empty()).then(|| view! { <dt>"Labels"</dt><dd>{t.spec.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")}</dd> })}
@@ -855,6 +866,9 @@ mod tests {
                 labels: Default::default(),
                 batch_size: None,
                 preemptible: true,
+                after: Vec::new(),
+                after_when: Default::default(),
+                after_failure: Default::default(),
             },
             created_at: "2026-12-02T10:00:00Z".into(),
             updated_at: "2026-12-02T10:00:00Z".into(),

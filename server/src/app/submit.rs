@@ -44,6 +44,7 @@ pub async fn submit(
         .quota(store, QuotaScope::User, &caller.user.id)
         .await?;
     check_gpu_types(&spec, &tenant_q, &user_q)?;
+    check_after(state, caller, &spec).await?;
     check_queue_caps(state, caller, &tenant_q, &user_q).await?;
 
     let rec = TaskRecord {
@@ -172,6 +173,44 @@ async fn check_storage_urls(
                     tracing::warn!(error = %e, bucket, "could not check a data path at submission")
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// Tasks named in `after` must be the organization's, and able still to end as needed. They
+/// exist before this one does, so no chain of them can loop back to it.
+async fn check_after(state: &AppState, caller: &Caller, spec: &TaskSpec) -> Result<(), ApiError> {
+    if spec.after.is_empty() {
+        return Ok(());
+    }
+    let found = state
+        .store
+        .task_states(Some(caller.tenant_id()), &spec.after)
+        .await?;
+    for id in &spec.after {
+        match found.iter().find(|(f, _)| f == id) {
+            None => {
+                return Err(ApiError::invalid(
+                    "after",
+                    format!("after: no task {id} in your organization"),
+                ))
+            }
+            Some((_, s))
+                if spec.after_when == autodl_common::tasks::AfterWhen::Ok
+                    && s.is_finished()
+                    && *s != TaskState::Completed =>
+            {
+                return Err(ApiError::invalid(
+                    "after",
+                    format!(
+                        "after: task {id} already ended {}, so this task could never start; \
+                         use after_when \"any\" to start after it regardless",
+                        s.as_str()
+                    ),
+                ))
+            }
+            Some(_) => {}
         }
     }
     Ok(())

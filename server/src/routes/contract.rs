@@ -329,6 +329,7 @@ fn component_rules() -> Vec<(&'static str, Value)> {
             "/TaskSpecInput/properties/estimated_runtime",
             json!({"minimum": 1, "maximum": 31_536_000, "maxLength": 64}),
         ),
+        ("/TaskSpecInput/properties/after", json!({"maxItems": 1000})),
         (
             "/TaskSpecInput/properties/time_limit",
             json!({"minimum": 1, "maximum": 31_536_000, "maxLength": 64}),

@@ -40,6 +40,8 @@ pub struct Runner {
     /// This server, as the leader table names it (host and process).
     holder: String,
     last_housekeeping: Option<Instant>,
+    /// How the tasks that others wait for ended.
+    dependencies: super::dependencies::Dependencies,
     interval: Duration,
     forecaster: super::forecast::Forecaster,
     /// The active tasks, kept between cycles and updated by what changed.
@@ -110,6 +112,7 @@ impl Runner {
                 std::process::id()
             ),
             last_housekeeping: None,
+            dependencies: Default::default(),
             interval,
             forecaster: Default::default(),
             active: ActiveTasks::new(Duration::from_secs(
@@ -478,9 +481,16 @@ impl Runner {
                 .await?;
             listed = self.active.tasks();
         }
+        // Tasks waiting for others to end are not the policy's to place yet.
+        let gated = self.dependencies.gate(self.store.as_ref(), listed).await?;
+        for (task, end, why) in &gated.doomed {
+            if self.store.end_unstarted(task, *end, why, now_ms).await? {
+                tracing::info!(task, why, "a task's dependency failed; it will not start");
+            }
+        }
         let kept = self.nodes.as_ref().expect("read above");
         let (records, nodes) = (&kept.records, kept.nodes.clone());
-        let mut loaded = snapshot::load(self.store.as_ref(), nodes, listed).await?;
+        let mut loaded = snapshot::load(self.store.as_ref(), nodes, gated.ready).await?;
         let loaded_at = cycle_started.elapsed();
         match snapshot::charge(self.store.as_ref(), &mut loaded, now_ms, &self.config).await? {
             Some(kept) => self.active.charged(kept),
@@ -572,7 +582,7 @@ impl Runner {
         self.forecaster.collect().await;
         let starts = &self.forecaster.starts;
         let mut closed = super::explain::ClosedNodes::new(loaded.snapshot.state());
-        let waiting: HashMap<String, Waiting> = decisions
+        let mut waiting: HashMap<String, Waiting> = decisions
             .pending
             .into_iter()
             .map(|p| {
@@ -583,6 +593,7 @@ impl Runner {
                 (id, w)
             })
             .collect();
+        waiting.extend(gated.held);
         if !waiting.is_empty() && self.forecaster.due(now_ms) {
             let runs = self
                 .store

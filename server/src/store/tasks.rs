@@ -4,6 +4,7 @@
 use async_trait::async_trait;
 
 use super::*;
+use autodl_common::tasks::TaskState;
 
 #[async_trait]
 pub trait Tasks: Send + Sync {
@@ -24,6 +25,21 @@ pub trait Tasks: Send + Sync {
     /// newest first: the history behind start-time estimates.
     async fn recent_run_times(&self, limit: i64) -> StoreResult<Vec<(String, i64)>>;
     async fn cancel_task(&self, tenant_id: &str, id: &str, now: i64) -> StoreResult<CancelOutcome>;
+    /// The states of those of `ids` that exist (and are `tenant_id`'s, when given).
+    async fn task_states(
+        &self,
+        tenant_id: Option<&str>,
+        ids: &[String],
+    ) -> StoreResult<Vec<(String, TaskState)>>;
+    /// Ends a pending task that will never start (what it was to start after failed), as
+    /// `state` with an event saying why; `false` if it was no longer pending.
+    async fn end_unstarted(
+        &self,
+        id: &str,
+        state: TaskState,
+        message: &str,
+        now: i64,
+    ) -> StoreResult<bool>;
     /// Where the change feed of scheduling columns stands now (see migration 0011): a full
     /// read of [`Tasks::scheduling_tasks`] after this cursor, then
     /// [`Tasks::scheduling_task_changes`] from it, miss nothing.

@@ -299,6 +299,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         .as_ref()
         .map(|s| parse_span("time_limit", s))
         .transpose()?;
+    let after = after_ids(&input.after)?;
     if let Some(c) = &input.checkpoint {
         if c.interval.is_some_and(|i| !(10..=7 * 86_400).contains(&i)) {
             return Err(ApiError::invalid(
@@ -420,7 +421,41 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         labels: input.labels,
         batch_size: input.batch_size,
         preemptible: input.preemptible.unwrap_or(true),
+        after,
+        after_when: input.after_when.unwrap_or_default(),
+        after_failure: input.after_failure.unwrap_or_default(),
     })
+}
+
+/// Most tasks one may wait for: a pipeline's stage waits for a few, a sweep's summary for its
+/// trials.
+const MAX_AFTER: usize = 1_000;
+
+/// The ids in `after`, each once, in the order given.
+fn after_ids(ids: &[String]) -> Result<Vec<String>, ApiError> {
+    let mut out: Vec<String> = Vec::with_capacity(ids.len());
+    for id in ids {
+        let id = id.trim();
+        if id.is_empty()
+            || id.len() > 64
+            || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            return Err(ApiError::invalid(
+                "after",
+                format!("after holds task ids (as the API returns them), not {id:?}"),
+            ));
+        }
+        if !out.iter().any(|o| o == id) {
+            out.push(id.to_owned());
+        }
+    }
+    if out.len() > MAX_AFTER {
+        return Err(ApiError::invalid(
+            "after",
+            format!("after names at most {MAX_AFTER} tasks"),
+        ));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -441,7 +476,9 @@ mod tests {
     /// must come back as it was.
     #[test]
     fn every_spec_field_survives_the_submit_form() {
-        use autodl_common::tasks::{Affinity, CheckpointSpec, RetryPolicy};
+        use autodl_common::tasks::{
+            Affinity, AfterFailure, AfterWhen, CheckpointSpec, RetryPolicy,
+        };
         use autodl_frontend::form::{spec_to_input, FormValues};
         let now = 1_700_000_000;
         let full = TaskSpecInput {
@@ -495,6 +532,9 @@ mod tests {
             labels: [("team".into(), "vision".into())].into(),
             batch_size: Some(256),
             preemptible: Some(false),
+            after: vec!["01a23773-4702-77c3-a2e8-b48ccd2749ca".into()],
+            after_when: Some(AfterWhen::Any),
+            after_failure: Some(AfterFailure::Fail),
             ..Default::default()
         };
         let default_checkpoints = TaskSpecInput {

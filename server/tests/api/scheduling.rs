@@ -26,6 +26,7 @@ crate::on_both_backends!(
     a_node_reads_its_work_by_the_placement_index,
     a_change_the_feed_misses_is_found_and_repaired,
     a_run_is_stopped_at_its_time_limit_and_ends_timed_out,
+    tasks_start_after_the_tasks_they_name,
 );
 
 struct Cluster {
@@ -653,4 +654,123 @@ async fn a_run_is_stopped_at_its_time_limit_and_ends_timed_out(b: Backend) {
         let body: Value = res.json().await.unwrap();
         assert_eq!(body["error"]["field"], "time_limit", "{bad}: {body}");
     }
+}
+
+/// `after`: a task is held out of the policy until the tasks it names end as it needs; when
+/// that can no longer happen it is cancelled (or failed, as asked), and the chain follows.
+async fn tasks_start_after_the_tasks_they_name(b: Backend) {
+    let mut c = cluster(b, |_| {}).await;
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    let other = c.app.signup("o@example.com", "Other Lab").await;
+    c.at(0);
+    let mut first = whole_node("first", 0.5);
+    first["retry_policy"] = json!({"max_retries": 0});
+    let a = c.submit(&x, first).await;
+    let after = |name: &str, deps: Vec<&str>, extra: Value| {
+        let mut spec = half_node(name, 0.5);
+        spec["after"] = json!(deps);
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        spec
+    };
+    let needs_ok = c
+        .submit(&x, after("needs-ok", vec![a.as_str()], json!({})))
+        .await;
+    let needs_end = c
+        .submit(
+            &x,
+            after("needs-end", vec![a.as_str()], json!({"after_when": "any"})),
+        )
+        .await;
+    let chained = c
+        .submit(
+            &x,
+            after(
+                "chained",
+                vec![needs_ok.as_str()],
+                json!({"after_failure": "fail"}),
+            ),
+        )
+        .await;
+    // Only the first runs; the others say what they wait for.
+    assert_eq!(c.cycle_and_start().await, vec![(a.clone(), 1)]);
+    c.cycle().await;
+    let w = &c.task(&x, &needs_ok).await["waiting"];
+    assert_eq!(w["reason"], "dependency", "{w}");
+    assert_eq!(
+        w["message"],
+        format!("waits for task {a} (running) to complete")
+    );
+    let w = &c.task(&x, &chained).await["waiting"];
+    assert!(w["message"].as_str().unwrap().contains(&needs_ok), "{w}");
+    // Submission refuses what could never be met, naming the field.
+    for (spec, why) in [
+        (
+            after(
+                "unknown",
+                vec!["01a00000-0000-7000-8000-000000000000"],
+                json!({}),
+            ),
+            "no task",
+        ),
+        (after("theirs", vec![a.as_str()], json!({})), "no task"),
+    ] {
+        let who = if spec["name"] == "theirs" { &other } else { &x };
+        let res = who
+            .send(&c.app, Method::POST, "/api/v1/tasks", Some(spec))
+            .await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(body["error"]["field"], "after", "{body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(why),
+            "{body}"
+        );
+    }
+    // The first fails: what needed it to complete is cancelled, what needed it to end starts,
+    // and the chain behind the cancelled one fails, as it asked.
+    c.at(100);
+    c.finished(&a, 1, "error").await;
+    assert_eq!(c.task(&x, &a).await["state"], "failed");
+    assert_eq!(c.cycle_and_start().await, vec![(needs_end.clone(), 1)]);
+    let t = c.task(&x, &needs_ok).await;
+    assert_eq!(t["state"], "cancelled", "{t}");
+    let events = x
+        .get(&c.app, &format!("/api/v1/tasks/{needs_ok}/events"))
+        .await;
+    assert!(
+        events.as_array().unwrap().iter().any(|e| e["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("task {a} ended failed"))),
+        "{events}"
+    );
+    c.cycle().await;
+    assert_eq!(c.task(&x, &chained).await["state"], "failed");
+    // A failed task cannot be waited for with `ok`; with `any` it can.
+    let res = x
+        .send(
+            &c.app,
+            Method::POST,
+            "/api/v1/tasks",
+            Some(after("late", vec![a.as_str()], json!({}))),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let late = c
+        .submit(
+            &x,
+            after(
+                "late-any",
+                vec![a.as_str(), needs_end.as_str()],
+                json!({"after_when": "any"}),
+            ),
+        )
+        .await;
+    c.cycle().await;
+    assert_eq!(c.task(&x, &late).await["state"], "pending");
+    c.at(200);
+    c.finished(&needs_end, 1, "success").await;
+    assert_eq!(c.cycle_and_start().await, vec![(late, 1)]);
 }

@@ -346,6 +346,10 @@ def cmd_run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         config["num_workers"] = args.workers
     if args.time_limit:
         config["time_limit"] = args.time_limit
+    if args.after:
+        config["after"] = [i for a in args.after for i in a.split(",") if i]
+        if args.after_any:
+            config["after_when"] = "any"
     if args.env:
         config["env"] = dict(e.partition("=")[::2] for e in args.env)
     if args.label:
@@ -478,6 +482,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory", help="RAM per worker, e.g. 32GiB")
     p.add_argument("--workers", type=int, help="workers of a gang (default 1)")
     p.add_argument("--time-limit", help="stop a run after this long, e.g. 2h30m (ends TIMED_OUT)")
+    p.add_argument(
+        "--after", action="append", metavar="ID", help="start once this task completed (repeat)"
+    )
+    p.add_argument(
+        "--after-any", action="store_true", help="with --after: once they ended, however"
+    )
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="an environment variable")
     p.add_argument("--label", action="append", metavar="KEY=VALUE", help="a label")
     p.add_argument("-d", "--detach", action="store_true", help="print the task id and return")

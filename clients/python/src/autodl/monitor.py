@@ -3,12 +3,14 @@
 The articles print ``metrics.gpu_util`` with a ``%`` sign and memory in MB and compare
 utilization with 60, so :meth:`Monitor.get_metrics` reports utilization in percent and memory
 in MiB; the raw API values (a 0..1 fraction, bytes) stay available as ``gpu_util_fraction``,
-``mem_used_bytes`` and ``mem_total_bytes``.
+``mem_used_bytes`` and ``mem_total_bytes``. For a task on several GPUs, ``gpu_util`` is their
+mean and ``mem_used``/``mem_total`` their sums; ``gpus`` has each GPU's own values.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional, Union
+import re
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 from .task import Task
 
@@ -21,6 +23,8 @@ MIB = 1024 * 1024
 BASE_FIELDS = ("gpu_util", "mem_used", "mem_total")
 #: Fields present once the training code reports them; attribute access gives None before.
 REPORTED_FIELDS = ("epoch", "loss", "step")
+#: Per-GPU values as the API names them (``gpu0_util``, ``gpu0_mem``).
+_PER_GPU = re.compile(r"^gpu(\d+)_(util|mem)$")
 
 
 class Metrics(Dict[str, Any]):
@@ -57,6 +61,7 @@ class Monitor:
         self.task = task
         self._latest: Dict[str, Any] = {}
         self._values: Dict[str, Any] = {}
+        self._gpus: Dict[int, Dict[str, Any]] = {}
         self._after: Optional[str] = None
 
     def __repr__(self) -> str:
@@ -95,7 +100,15 @@ class Monitor:
                 self._latest[key] = value
             values = sample.get("values")
             if isinstance(values, dict):
-                self._values.update({k: v for k, v in values.items() if v is not None})
+                for key, value in values.items():
+                    if value is None:
+                        continue
+                    per_gpu = _PER_GPU.match(key)
+                    if per_gpu:
+                        gpu = self._gpus.setdefault(int(per_gpu.group(1)), {})
+                        gpu[per_gpu.group(2)] = value
+                    else:
+                        self._values[key] = value
         return self._build()
 
     def _build(self) -> Metrics:
@@ -116,6 +129,18 @@ class Monitor:
         out["gpu_util_fraction"] = raw_util
         out["mem_used_bytes"] = raw_used
         out["mem_total_bytes"] = raw_total
+        gpus: List[Dict[str, Any]] = []
+        for index in sorted(self._gpus):
+            g = self._gpus[index]
+            gpus.append(
+                {
+                    "index": index,
+                    "gpu_util": _to_percent(g.get("util")),
+                    "mem_used": _to_mib(g.get("mem")),
+                    "mem_used_bytes": g.get("mem"),
+                }
+            )
+        out["gpus"] = gpus
         if self._after is not None:
             out["at"] = self._after
         return out

@@ -212,6 +212,11 @@ def build_spec(
 
     if "env" in spec:
         spec["env"] = _stringify_env(spec["env"])
+    if "after" in spec:
+        # Tasks (or ids) this one starts after; a single one needs no list.
+        after = spec["after"]
+        items = after if isinstance(after, (list, tuple)) else [after]
+        spec["after"] = [str(getattr(t, "id", t)) for t in items]
     if request is not None:
         fragment = request.to_spec() if hasattr(request, "to_spec") else request
         if not isinstance(fragment, Mapping):
@@ -241,6 +246,9 @@ SPEC_FIELDS = (
     "labels",
     "batch_size",
     "preemptible",
+    "after",
+    "after_when",
+    "after_failure",
 )
 
 
@@ -266,6 +274,8 @@ SYNONYMS = {
     "tags": "labels",
     "retries": "max_retries",
     "timeout": "time_limit",
+    "depends_on": "after",
+    "dependencies": "after",
     "max_runtime": "time_limit",
     "walltime": "time_limit",
 }

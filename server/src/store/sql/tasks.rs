@@ -235,6 +235,43 @@ macro_rules! impl_tasks {
                 Ok(CancelOutcome::Cancelled)
             }
 
+            async fn task_states(&self, tenant_id: Option<&str>, ids: &[String]) -> StoreResult<Vec<(String, TaskState)>> {
+                let mut out = Vec::with_capacity(ids.len());
+                for chunk in ids.chunks(INSERT_ROWS) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new("SELECT id, state FROM tasks WHERE id IN (");
+                    let mut list = q.separated(", ");
+                    for id in chunk {
+                        list.push_bind(id);
+                    }
+                    list.push_unseparated(")");
+                    if let Some(t) = tenant_id {
+                        q.push(" AND tenant_id = ").push_bind(t);
+                    }
+                    let rows: Vec<(String, String)> = q.build_query_as().fetch_all(&self.pool).await?;
+                    out.extend(rows.into_iter().filter_map(|(id, s)| TaskState::parse(&s).map(|st| (id, st))));
+                }
+                Ok(out)
+            }
+
+            async fn end_unstarted(&self, id: &str, state: TaskState, message: &str, now: i64) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                let r = sqlx::query(
+                    "UPDATE tasks SET state = $1, updated_at = $2, finished_at = $2, waiting = NULL
+                     WHERE id = $3 AND state = 'pending'",
+                )
+                .bind(state.as_str())
+                .bind(now)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() != 1 {
+                    return Ok(false);
+                }
+                insert_event!(&mut *tx, id, now, state.as_str(), message);
+                tx.commit().await?;
+                Ok(true)
+            }
+
             async fn place_tasks(&self, term: Term, placing: &[Placing], now: i64) -> StoreResult<Vec<bool>> {
                 let mut tx = self.pool.begin().await?;
                 fence!(&mut *tx, term);
