@@ -75,6 +75,17 @@ def _table(rows: List[List[str]], headers: List[str], out: TextIO) -> None:
         out.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
 
 
+def _show(
+    out: TextIO, args: argparse.Namespace, documents: Any, rows: List[List[str]], headers: List[str]
+) -> int:
+    """The raw documents with ``--json``, else a table."""
+    if args.json:
+        out.write(json.dumps(documents, indent=2) + "\n")
+    else:
+        _table(rows, headers, out)
+    return 0
+
+
 def _human_bytes(value: Any) -> str:
     if not isinstance(value, (int, float)):
         return str(value) if value is not None else "-"
@@ -218,9 +229,6 @@ def cmd_queue(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         )
     )
     tasks = active["running"] + active["scheduled"] + pending
-    if args.json:
-        out.write(json.dumps([t.info for t in tasks], indent=2) + "\n")
-        return 0
     rows = []
     for t in tasks:
         w = t.waiting or {}
@@ -237,28 +245,18 @@ def cmd_queue(client: Client, args: argparse.Namespace, out: TextIO) -> int:
                 _nodes_of(t.info) if t.status != "PENDING" else str(w.get("message") or "-"),
             ]
         )
-    _table(rows, ["ID", "NAME", "USER", "STATE", "GPUS", "POS", "EST. START", "NODES/REASON"], out)
-    return 0
+    headers = ["ID", "NAME", "USER", "STATE", "GPUS", "POS", "EST. START", "NODES/REASON"]
+    return _show(out, args, [t.info for t in tasks], rows, headers)
 
 
 def cmd_events(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     events = client.task(args.id).events()
-    if args.json:
-        out.write(json.dumps(events, indent=2) + "\n")
-        return 0
-    _table(
-        [[str(e.get("at")), str(e.get("kind")), str(e.get("message"))] for e in events],
-        ["AT", "KIND", "MESSAGE"],
-        out,
-    )
-    return 0
+    rows = [[str(e.get("at")), str(e.get("kind")), str(e.get("message"))] for e in events]
+    return _show(out, args, events, rows, ["AT", "KIND", "MESSAGE"])
 
 
 def cmd_attempts(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     attempts = client.task(args.id).attempts()
-    if args.json:
-        out.write(json.dumps(attempts, indent=2) + "\n")
-        return 0
     rows = [
         [
             str(a.get("number")),
@@ -272,15 +270,12 @@ def cmd_attempts(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         ]
         for a in attempts
     ]
-    _table(rows, ["#", "NODE", "STARTED", "ENDED", "EXIT", "REASON", "BATCH", "GPU-H"], out)
-    return 0
+    headers = ["#", "NODE", "STARTED", "ENDED", "EXIT", "REASON", "BATCH", "GPU-H"]
+    return _show(out, args, attempts, rows, headers)
 
 
 def cmd_metrics(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     samples = client.task(args.id).metrics()
-    if args.json:
-        out.write(json.dumps(samples, indent=2) + "\n")
-        return 0
     names: List[str] = []
     for sample in samples:
         for key in sample:
@@ -306,8 +301,7 @@ def cmd_metrics(client: Client, args: argparse.Namespace, out: TextIO) -> int:
                 for n in names
             ]
         )
-    _table(rows, ["AT"] + [n.upper() for n in names], out)
-    return 0
+    return _show(out, args, samples, rows, ["AT"] + [n.upper() for n in names])
 
 
 def _gpu_request(text: str) -> Dict[str, Any]:

@@ -12,10 +12,12 @@ Where: ``$AUTODL_CONFIG``, else ``$XDG_CONFIG_HOME/autodl/config``, else
 from __future__ import annotations
 
 import configparser
+import io
 import os
-import tempfile
 from pathlib import Path
 from typing import Dict, Optional
+
+from .checkpoint import write_atomic
 
 CONFIG_ENV = "AUTODL_CONFIG"
 PROFILE_ENV = "AUTODL_PROFILE"
@@ -68,18 +70,7 @@ def save_profile(api_url: str, api_key: str, name: Optional[str] = None) -> Path
         parser.add_section(section)
     parser[section]["api_url"] = api_url
     parser[section]["api_key"] = api_key
-    path = config_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".config-", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            parser.write(fh)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    text = io.StringIO()
+    parser.write(text)
+    # Through a temporary file, which is made readable by its owner only.
+    return write_atomic(config_path(), lambda fh: fh.write(text.getvalue().encode("utf-8")))
