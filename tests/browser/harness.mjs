@@ -66,9 +66,28 @@ export async function startBrowser() {
   return { browser, userDataDir };
 }
 
-/// Waits until the Leptos app has hydrated the page.
+// Errors each page reported, kept from the first wait on it: what a failed wait says.
+const pageErrors = new WeakMap();
+function errorsOf(page) {
+  if (!pageErrors.has(page)) {
+    const errors = [];
+    page.on("pageerror", (e) => errors.push(`pageerror: ${e.message}`));
+    page.on("console", (m) => { if (m.type() === "error") errors.push(`console: ${m.text()}`); });
+    pageErrors.set(page, errors);
+  }
+  return pageErrors.get(page);
+}
+
+/// Waits until the Leptos app has hydrated the page; if it does not, says which page and what
+/// the browser reported, and keeps a screenshot.
 export async function hydrated(page) {
-  await page.waitForSelector("body[data-hydrated=true]", { timeout: 30000 });
+  const errors = errorsOf(page);
+  try {
+    await page.waitForSelector("body[data-hydrated=true]", { timeout: 30000 });
+  } catch (e) {
+    await shot(page, `failed-hydration-${Date.now()}`).catch(() => {});
+    throw new Error(`${page.url()} did not hydrate: ${errors.slice(-5).join(" | ") || "the page reported no error"}\n${e.message}`);
+  }
 }
 
 export async function shot(page, name) {
