@@ -32,7 +32,7 @@ pub struct FormValues {
     pub memory: String,
     pub priority: String,
     pub deadline: String,
-    /// Seconds.
+    /// Seconds, or text such as "2h30m" (as `time_limit`).
     pub estimated_runtime: String,
     pub time_limit: String,
     pub ckpt_interval: String,

@@ -151,16 +151,17 @@ impl Loopback {
 /// Where the browser bundle lies.
 struct PkgDir(std::path::PathBuf);
 
-/// Serves a file of the bundle, gzipped ahead of time where the build left a `.gz` beside it
-/// (`scripts/lib.sh`, the Dockerfile) and the browser takes gzip: compressing the 4 MB wasm on
-/// every cold load cost the debug server most of a second, and a build can afford `gzip -9`.
-/// Deeper paths (wasm-bindgen's snippets) and files without a `.gz` go to the plain handler.
+/// Serves a file of the bundle, gzipped ahead of time where the build left a fresh `.gz` beside
+/// it (`scripts/lib.sh`, the Dockerfile) and the browser takes gzip: compressing the 4 MB wasm
+/// on every cold load cost the debug server most of a second, and a build can afford `gzip -9`.
+/// Deeper paths (wasm-bindgen's snippets) go to the plain file handler.
 async fn bundle_file(
     req: actix_web::HttpRequest,
     dir: web::Data<PkgDir>,
     name: web::Path<String>,
 ) -> actix_web::Result<actix_web::HttpResponse> {
-    use actix_web::http::header::{self, ContentEncoding};
+    use actix_web::http::header::{self, AcceptEncoding, ContentEncoding, Encoding};
+    use actix_web::HttpMessage;
     let name = name.into_inner();
     // One plain file name: no separators, no dot-files, nothing that climbs.
     let plain = !name.starts_with('.')
@@ -172,21 +173,9 @@ async fn bundle_file(
     }
     let path = dir.0.join(&name);
     let takes_gzip = req
-        .headers()
-        .get_all(header::ACCEPT_ENCODING)
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|e| {
-            let mut parts = e.split(';');
-            let coding = parts.next().unwrap_or("").trim();
-            let refused = parts.any(|p| {
-                p.trim()
-                    .strip_prefix("q=")
-                    .and_then(|q| q.trim().parse::<f32>().ok())
-                    == Some(0.0)
-            });
-            coding.eq_ignore_ascii_case("gzip") && !refused
-        });
+        .get_header::<AcceptEncoding>()
+        .and_then(|a| a.negotiate([Encoding::gzip(), Encoding::identity()].iter()))
+        == Some(Encoding::gzip());
     let gz = path.with_file_name(format!("{name}.gz"));
     let fresh = |gz: &std::path::Path| -> Option<()> {
         let (plain, packed) = (std::fs::metadata(&path).ok()?, std::fs::metadata(gz).ok()?);

@@ -155,6 +155,7 @@ pub async fn renew_page_session(req: &HttpRequest) {
     let Some(state) = req.app_data::<web::Data<AppState>>() else {
         return;
     };
+    let now = state.clock.now_ms();
     let due = req.method() == Method::GET
         && req
             .headers()
@@ -162,8 +163,8 @@ pub async fn renew_page_session(req: &HttpRequest) {
             .is_none()
         && req
             .cookie(SESSION_COOKIE)
-            .and_then(|c| state.sessions.verify(c.value()))
-            .is_some_and(|claims| renewal_due(state, &claims, state.clock.now_ms()));
+            .and_then(|c| state.sessions.verify(c.value(), now))
+            .is_some_and(|claims| renewal_due(state, &claims, now));
     // Only then is the store asked (most page loads are not near the session's end); a
     // missing or ended session is the page's own business (it shows the signed-out view).
     if due {
@@ -205,7 +206,7 @@ async fn authenticate(req: &HttpRequest) -> Result<Caller, ApiError> {
         }
         let claims = state
             .sessions
-            .verify(token)
+            .verify(token, now)
             .ok_or_else(|| ApiError::Unauthorized("invalid or expired token".into()))?;
         return from_session(state, claims, false, now).await;
     }
@@ -215,7 +216,7 @@ async fn authenticate(req: &HttpRequest) -> Result<Caller, ApiError> {
     })?;
     let claims = state
         .sessions
-        .verify(cookie.value())
+        .verify(cookie.value(), now)
         .ok_or_else(|| ApiError::Unauthorized("your session has expired; sign in again".into()))?;
     if !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
         let sent = req.headers().get(CSRF_HEADER).and_then(|v| v.to_str().ok());

@@ -515,7 +515,11 @@ pub async fn report_metrics(
         .get(actix_web::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    let t = match bearer.and_then(|b| state.sessions.verify_task_token(b.trim())) {
+    let t = match bearer.and_then(|b| {
+        state
+            .sessions
+            .verify_task_token(b.trim(), state.clock.now_ms())
+    }) {
         Some(claims) if claims.task == *id => {
             let t = state
                 .store

@@ -37,17 +37,15 @@ impl Dependencies {
     ) -> StoreResult<Gated> {
         let active: HashMap<&str, TaskState> =
             tasks.iter().map(|t| (t.id(), t.rec.task.state)).collect();
-        let mut unknown: Vec<String> = Vec::new();
-        for t in tasks.iter().filter(|t| waits(t)) {
-            for dep in &t.spec.after {
-                if !active.contains_key(dep.as_str())
-                    && !self.ended.contains_key(dep)
-                    && !unknown.contains(dep)
-                {
-                    unknown.push(dep.clone());
-                }
-            }
-        }
+        let unknown: Vec<String> = tasks
+            .iter()
+            .filter(|t| waits(t))
+            .flat_map(|t| t.spec.after.iter())
+            .filter(|dep| !active.contains_key(dep.as_str()) && !self.ended.contains_key(*dep))
+            .cloned()
+            .collect::<std::collections::BTreeSet<String>>()
+            .into_iter()
+            .collect();
         // Not active and not seen ended: read once. One that is active after all (submitted
         // after this cycle's read) is not kept, and is read again next cycle.
         let mut now_active: HashMap<String, TaskState> = HashMap::new();

@@ -1,12 +1,12 @@
 //! Sign-up, log-in, sessions, CSRF and password changes.
 
-use std::time::Duration;
-
 use autodl_server::auth::session::Claims;
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, spawn_app, spawn_app_with, Backend, TestApp, PASSWORD};
+use crate::helpers::{
+    assert_error, spawn_app, spawn_app_on_clock, spawn_app_with, Backend, PASSWORD,
+};
 
 crate::on_both_backends!(
     health_and_openapi,
@@ -427,9 +427,10 @@ async fn password_change_ends_other_sessions(b: Backend) {
 }
 
 async fn sessions_are_renewed_before_expiry(b: Backend) {
-    let app: TestApp = spawn_app_with(b, |s| s.session_ttl_secs = 4).await;
+    // Session expiry is judged by the server's clock: the test moves it instead of sleeping.
+    let (app, clock) = spawn_app_on_clock(b, |s| s.session_ttl_secs = 4).await;
     let s = app.signup("renew@example.com", "Renew Org").await;
-    tokio::time::sleep(Duration::from_millis(2300)).await;
+    clock.advance(2300);
     let res = s.send(&app, Method::GET, "/api/v1/me", None).await;
     assert_eq!(res.status(), StatusCode::OK);
     let renewed = res
@@ -438,13 +439,13 @@ async fn sessions_are_renewed_before_expiry(b: Backend) {
         .expect("renewed session cookie");
     assert_ne!(renewed.value(), s.token);
     // Past the first token's expiry, the renewed cookie (now in the jar) still works.
-    tokio::time::sleep(Duration::from_millis(2200)).await;
+    clock.advance(2200);
     assert_eq!(
         s.send(&app, Method::GET, "/api/v1/me", None).await.status(),
         StatusCode::OK
     );
-    // JWT expiry has one-second granularity: wait until the first token is surely past it.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // JWT expiry has one-second granularity: move until the first token is surely past it.
+    clock.advance(1200);
     let res = Client::new()
         .get(app.url("/api/v1/me"))
         .bearer_auth(&s.token)
@@ -461,11 +462,9 @@ async fn sessions_are_renewed_before_expiry(b: Backend) {
 /// A researcher reading pages without JavaScript makes no API calls of their own: the page
 /// renders renew the session, and the page's own reads use the renewed token.
 async fn pages_renew_the_session_too(b: Backend) {
-    // Tokens carry whole seconds: the margins below hold however the second boundaries fall
-    // and however slowly a loaded machine renders.
-    let app: TestApp = spawn_app_with(b, |s| s.session_ttl_secs = 8).await;
+    let (app, clock) = spawn_app_on_clock(b, |s| s.session_ttl_secs = 8).await;
     let s = app.signup("pages@example.com", "Pages Org").await;
-    tokio::time::sleep(Duration::from_millis(4500)).await;
+    clock.advance(4500);
     let res = s.client.get(app.url("/account")).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     let renewed = res
@@ -475,7 +474,7 @@ async fn pages_renew_the_session_too(b: Backend) {
     assert_ne!(renewed.value(), s.token);
     assert!(res.text().await.unwrap().contains("pages@example.com"));
     // Past the first token's expiry, pages still render signed in.
-    tokio::time::sleep(Duration::from_millis(3700)).await;
+    clock.advance(3700);
     let html = s
         .client
         .get(app.url("/account"))
