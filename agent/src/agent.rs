@@ -559,6 +559,7 @@ impl Inner {
                 .data_path
                 .as_deref()
                 .is_some_and(|p| p.starts_with("s3://")),
+            code: a.code.clone(),
         };
         self.tracker.spawn(supervise(
             self.clone(),
@@ -764,6 +765,8 @@ struct StorageJob {
     checkpointing: bool,
     uploads_results: bool,
     data_from_storage: bool,
+    /// The code bundle to unpack as the working directory.
+    code: Option<String>,
 }
 
 /// Downloads what the task needs before it starts: the latest checkpoint and an `s3://`
@@ -792,6 +795,33 @@ async fn prepare_storage(
         transient: false,
     })?;
     let mut backoff = inner.new_backoff(&format!("{}/prepare", key.0));
+    if let Some(id) = &job.code {
+        let t = Instant::now();
+        let cache = inner.config.state_dir.join("cache").join("code");
+        let done = artifacts::fetch_code(
+            &inner.client,
+            &key.0,
+            id,
+            &cache,
+            &launch.code_dir(),
+            &mut backoff,
+            shutdown,
+        )
+        .await
+        .map_err(|e| PrepareError::from_transfer("could not fetch the task's code".into(), e))?;
+        launch.has_code = true;
+        log.push(
+            Stream::Stdout,
+            format!(
+                "[autodl-agent] code {} {}: {} files, {:.1} MB, in {:.1} s",
+                &id[..id.len().min(19)],
+                if done.cached { "cached" } else { "downloaded" },
+                done.files,
+                done.bytes as f64 / 1e6,
+                t.elapsed().as_secs_f64()
+            ),
+        );
+    }
     if let Some(r) = &job.restore {
         let t = Instant::now();
         let bytes = artifacts::restore(

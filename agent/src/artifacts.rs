@@ -383,6 +383,66 @@ pub async fn fetch_data(
     Ok((dir, false))
 }
 
+/// What unpacking a task's code did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CodeUnpacked {
+    pub files: u64,
+    pub bytes: u64,
+    /// The bundle was already in this node's cache.
+    pub cached: bool,
+}
+
+/// Fetches the task's code bundle (once per node: bundles are named by their digest, which is
+/// checked) and unpacks it into `dest`, a folder made fresh for this attempt: the previous
+/// attempt's task could have left links in the old one.
+pub async fn fetch_code(
+    client: &ServerClient,
+    task_id: &str,
+    id: &str,
+    cache_root: &Path,
+    dest: &Path,
+    backoff: &mut Backoff,
+    cancel: &CancellationToken,
+) -> Result<CodeUnpacked, TransferError> {
+    use autodl_common::bundle;
+    let bad = |m: String| TransferError::Io(std::io::Error::other(m));
+    let hex = bundle::parse_id(id).ok_or_else(|| bad(format!("{id:?} is not a code bundle id")))?;
+    let cached_file = cache_root.join(hex);
+    let read_checked = |p: &Path| -> Option<Vec<u8>> {
+        let bytes = std::fs::read(p).ok()?;
+        (bundle::id_of(&bytes) == id).then_some(bytes)
+    };
+    let (bytes, cached) = match read_checked(&cached_file) {
+        Some(b) => (b, true),
+        None => {
+            let path = format!("tasks/{}/code", encode_segment(task_id));
+            retry("code bundle", backoff, cancel, || {
+                client.download(&path, &cached_file)
+            })
+            .await?;
+            let Some(b) = read_checked(&cached_file) else {
+                let _ = std::fs::remove_file(&cached_file);
+                return Err(bad(format!("the code bundle sent is not {id}")));
+            };
+            (b, false)
+        }
+    };
+    let _ = std::fs::remove_dir_all(dest);
+    std::fs::create_dir_all(dest)?;
+    let dest = dest.to_path_buf();
+    let summary = tokio::task::spawn_blocking(move || {
+        bundle::unpack(&bytes, &dest, bundle::Limits::default())
+    })
+    .await
+    .map_err(|e| bad(e.to_string()))?
+    .map_err(|e| bad(format!("unpacking the code bundle: {e}")))?;
+    Ok(CodeUnpacked {
+        files: summary.files,
+        bytes: summary.unpacked_bytes,
+        cached,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,6 +32,6 @@ pub use gpu::{
     gpu_type_from_name, known_gpu_types, parse_simulate_spec, GpuBackend, NvmlBackend,
     SimulatedBackend, SimulatedGpu,
 };
-pub use isolation::{IsolationChoice, IsolationConfig, IsolationLevel};
+pub use isolation::{IsolationChoice, IsolationConfig, IsolationLevel, DEFAULT_PATH};
 pub use runtime::{DockerRuntime, ProcessRuntime, Runtime};
 pub use tokio_util::sync::CancellationToken;

@@ -118,6 +118,9 @@ pub struct Assignment {
     pub memory: u64,
     #[serde(default)]
     pub data_path: Option<String>,
+    /// The code bundle (`sha256:...`) to unpack as the working directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
     #[serde(default)]
     pub checkpoint: Option<CheckpointSpec>,
     /// Also accepted outside `env` (the env entry wins when both are present).

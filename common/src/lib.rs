@@ -5,5 +5,7 @@
 
 pub mod agent;
 pub mod api;
+#[cfg(feature = "bundle")]
+pub mod bundle;
 pub mod metrics;
 pub mod tasks;

@@ -170,6 +170,9 @@ pub struct TaskSpecInput {
     pub affinity: Option<Affinity>,
     #[serde(default)]
     pub data_path: Option<String>,
+    /// A code bundle uploaded with `POST /api/v1/code` (`sha256:...`): the task runs in it.
+    #[serde(default)]
+    pub code: Option<String>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
@@ -214,6 +217,9 @@ pub struct TaskSpec {
     pub zone_affinity: bool,
     pub bandwidth: String,
     pub data_path: Option<String>,
+    /// The code bundle the task runs in (`sha256:...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub batch_size: Option<u32>,
     pub preemptible: bool,

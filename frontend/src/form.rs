@@ -46,6 +46,8 @@ pub struct FormValues {
     /// "normal" or "high".
     pub bandwidth: String,
     pub data_path: String,
+    /// The code bundle (`sha256:...`) the task runs in; set by uploading an archive.
+    pub code: String,
     pub batch_size: String,
     pub preemptible: bool,
     /// Task ids, separated by commas, spaces or lines.
@@ -84,6 +86,7 @@ impl Default for FormValues {
             zone_same: false,
             bandwidth: "normal".into(),
             data_path: String::new(),
+            code: String::new(),
             batch_size: String::new(),
             preemptible: true,
             after: String::new(),
@@ -264,6 +267,7 @@ impl FormValues {
             zone_same: affinity.zone.as_deref() == Some("same"),
             bandwidth: affinity.bandwidth.unwrap_or_else(|| "normal".into()),
             data_path: i.data_path.clone().unwrap_or_default(),
+            code: i.code.clone().unwrap_or_default(),
             batch_size: text_of(i.batch_size),
             preemptible: i.preemptible.unwrap_or(true),
             after: i.after.join(", "),
@@ -341,6 +345,7 @@ impl FormValues {
                 bandwidth: trimmed(&self.bandwidth),
             }),
             data_path: trimmed(&self.data_path),
+            code: trimmed(&self.code),
             labels: pairs(&self.labels, "labels")?,
             batch_size: opt_num(&self.batch_size, "batch_size", "Batch size")?,
             preemptible: Some(self.preemptible),
@@ -405,6 +410,7 @@ pub fn spec_to_input(spec: &TaskSpec) -> TaskSpecInput {
             bandwidth: Some(spec.bandwidth.clone()),
         }),
         data_path: spec.data_path.clone(),
+        code: spec.code.clone(),
         labels: spec.labels.clone(),
         batch_size: spec.batch_size,
         preemptible: Some(spec.preemptible),

@@ -65,6 +65,10 @@ pub struct Settings {
     pub checkpoint_keep: u32,
     /// Largest object a user may upload through `/objects`.
     pub storage_max_object_bytes: u64,
+    /// Largest code bundle (a task's `workdir`, packed) one may upload, and the most it may
+    /// hold unpacked.
+    pub code_max_bytes: u64,
+    pub code_max_unpacked_bytes: u64,
     /// `serve --demo`: host folders its sandboxed tasks may read (a Python installation
     /// beside the system's), and dataset roots they may name as `data_path`.
     pub demo_task_paths: Vec<PathBuf>,
@@ -105,6 +109,8 @@ impl Default for Settings {
             storage_buckets: Vec::new(),
             checkpoint_keep: 3,
             storage_max_object_bytes: 100 << 30,
+            code_max_bytes: 200 << 20,
+            code_max_unpacked_bytes: 2 << 30,
             demo_task_paths: Vec::new(),
             demo_data_roots: Vec::new(),
             policy: autodl_scheduler::PolicyConfig::default(),

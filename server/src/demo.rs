@@ -30,10 +30,17 @@ pub async fn start_agents(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Vec<Agent>> {
     let owner = demo_owner(state).await?;
-    let isolation = IsolationConfig {
+    let mut isolation = IsolationConfig {
         read_only_paths: state.settings.demo_task_paths.clone(),
         ..IsolationConfig::default()
     };
+    if let Some(bin) = python_alias(data_dir) {
+        isolation.task_env.insert(
+            "PATH".into(),
+            format!("{}:{}", bin.display(), autodl_agent::DEFAULT_PATH),
+        );
+        isolation.read_only_paths.push(bin);
+    }
     let runtime: Arc<ProcessRuntime> =
         Arc::new(ProcessRuntime::detect(&isolation).map_err(anyhow::Error::msg)?);
     let level = runtime.isolation();
@@ -94,6 +101,27 @@ pub async fn start_agents(
         DEMO_NODES.map(|(n, g)| format!("{n} ({g})")).join(", ")
     );
     Ok(agents)
+}
+
+/// Container images of the field run `python`; a host may have only `python3`. Demo tasks
+/// run on the host (the image is not used), so on such a host they find `python` in a folder
+/// of the demo's own: `entry_point: train.py` runs as it would in the image.
+fn python_alias(data_dir: &Path) -> Option<std::path::PathBuf> {
+    let on_path = |name: &str| {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    };
+    if on_path("python").is_some() {
+        return None;
+    }
+    let python3 = std::fs::canonicalize(on_path("python3")?).ok()?;
+    let bin = std::path::absolute(data_dir.join("bin")).ok()?;
+    std::fs::create_dir_all(&bin).ok()?;
+    let link = bin.join("python");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&python3, &link).ok()?;
+    Some(bin)
 }
 
 /// Lets every organization use an unisolated demo node once its agent has registered it.

@@ -57,6 +57,9 @@ impl Loopback {
             // The caller's cookie must never go through a proxy from the environment.
             .no_proxy()
             .timeout(Duration::from_secs(10))
+            // Idle connections are dropped well before actix's keep-alive (5 s) closes them,
+            // so a read does not race the server closing the connection it reuses.
+            .pool_idle_timeout(Duration::from_secs(2))
             .build()?;
         Ok(Loopback {
             client,
@@ -85,7 +88,16 @@ impl Loopback {
             tracing::warn!(error = %e, "a page could not read the API");
             "the server could not read its own API".to_owned()
         };
-        let mut res = req.send().await.map_err(unreachable)?;
+        // A GET is safe to send again: once more when a reused connection was closed under it.
+        let again = req.try_clone();
+        let mut res = match (req.send().await, again) {
+            (Ok(res), _) => res,
+            (Err(e), Some(again)) if !e.is_timeout() => {
+                tracing::debug!(error = %e, "a page's read of the API is sent again");
+                again.send().await.map_err(unreachable)?
+            }
+            (Err(e), _) => return Err(unreachable(e)),
+        };
         let json = res
             .headers()
             .get(reqwest::header::CONTENT_TYPE)

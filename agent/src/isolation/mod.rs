@@ -121,7 +121,7 @@ pub fn is_env_name(k: &str) -> bool {
 /// The sub-folders of a task folder. The task folder itself belongs to root (group: the task's
 /// gid, mode 0750) so the task cannot swap these for links to files of the host: the agent
 /// reads and writes them as root.
-pub const TASK_SUBDIRS: [&str; 4] = ["checkpoints", "results", "home", "tmp"];
+pub const TASK_SUBDIRS: [&str; 5] = ["checkpoints", "results", "home", "tmp", "code"];
 
 fn chown(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
     std::os::unix::fs::lchown(path, Some(uid), Some(gid))

@@ -88,6 +88,9 @@ impl DockerRuntime {
             format!("{}:{}", launch.results_dir.display(), paths.results),
             format!("{}:{}", launch.home_dir().display(), paths.home),
         ];
+        if let Some(inside) = &paths.code {
+            binds.push(format!("{}:{inside}", launch.code_dir().display()));
+        }
         if let (Some(d), Some(inside)) = (&launch.data, &paths.data) {
             binds.push(format!("{}:{inside}:ro", d.host.display()));
         }
@@ -111,7 +114,7 @@ impl DockerRuntime {
             cmd: (!launch.command.is_empty()).then(|| launch.command.clone()),
             env: Some(env),
             user: Some(user),
-            working_dir: Some(paths.home.clone()),
+            working_dir: Some(paths.workdir().to_owned()),
             labels: Some(labels),
             host_config: Some(HostConfig {
                 nano_cpus: launch
@@ -440,6 +443,22 @@ mod tests {
             "only the resolved dataset: {binds:?}"
         );
         assert_eq!(binds.len(), 4, "{binds:?}");
+        assert_eq!(body.working_dir.as_deref(), Some("/autodl/home"));
+        // A task with code starts in it, mounted where `AUTODL_CODE_DIR` says.
+        real.has_code = true;
+        let coded = rt.create_body(&real);
+        assert_eq!(coded.working_dir.as_deref(), Some("/autodl/code"));
+        assert!(coded
+            .env
+            .unwrap()
+            .contains(&"AUTODL_CODE_DIR=/autodl/code".to_string()));
+        let code_bind = format!("{}:/autodl/code", real.code_dir().display());
+        assert!(coded
+            .host_config
+            .unwrap()
+            .binds
+            .unwrap()
+            .contains(&code_bind));
         assert_eq!(body.user.as_deref(), Some("2000007:2000007"));
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
         assert_eq!(hc.security_opt, Some(vec!["no-new-privileges".to_string()]));

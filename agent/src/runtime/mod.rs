@@ -26,6 +26,7 @@ pub const CONTAINER_CHECKPOINT_DIR: &str = "/autodl/checkpoints";
 pub const CONTAINER_RESULTS_DIR: &str = "/autodl/results";
 pub const CONTAINER_HOME_DIR: &str = "/autodl/home";
 pub const CONTAINER_DATA_DIR: &str = "/autodl/data";
+pub const CONTAINER_CODE_DIR: &str = "/autodl/code";
 
 /// A dataset the task reads: where it is on the host and where the task finds it.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,6 +67,8 @@ pub struct TaskLaunch {
     pub results_dir: PathBuf,
     /// A checkpoint was downloaded into `checkpoint_dir` before the start.
     pub restored: bool,
+    /// The task's code bundle was unpacked into `code_dir()`: the task runs there.
+    pub has_code: bool,
     /// Where a container sees the checkpoint folder when the task named an absolute path
     /// (`checkpoint.save_to: "/checkpoints"`); `/autodl/checkpoints` otherwise.
     pub checkpoint_mount: Option<String>,
@@ -76,7 +79,8 @@ pub struct TaskLaunch {
 }
 
 /// Variables only the runtime sets: a task's own `env` cannot point them elsewhere.
-const RUNTIME_OWNED: [&str; 8] = [
+const RUNTIME_OWNED: [&str; 9] = [
+    "AUTODL_CODE_DIR",
     "AUTODL_RESTORE_PATH",
     "AUTODL_CHECKPOINT_DIR",
     "AUTODL_RESULTS_DIR",
@@ -134,6 +138,7 @@ impl TaskLaunch {
             results_dir: task_dir.join("results"),
             task_dir,
             restored: false,
+            has_code: false,
             checkpoint_mount: a
                 .checkpoint
                 .as_ref()
@@ -166,6 +171,11 @@ impl TaskLaunch {
         self.task_dir.join("home")
     }
 
+    /// The unpacked code bundle; made fresh for each attempt.
+    pub fn code_dir(&self) -> PathBuf {
+        self.task_dir.join("code")
+    }
+
     pub fn tmp_dir(&self) -> PathBuf {
         self.task_dir.join("tmp")
     }
@@ -184,6 +194,7 @@ impl TaskLaunch {
                 .unwrap_or_else(|| CONTAINER_CHECKPOINT_DIR.to_string()),
             results: CONTAINER_RESULTS_DIR.into(),
             home: CONTAINER_HOME_DIR.into(),
+            code: self.has_code.then(|| CONTAINER_CODE_DIR.into()),
             data: self.data.as_ref().map(|d| {
                 d.requested_path
                     .clone()
@@ -199,6 +210,7 @@ impl TaskLaunch {
             checkpoints: shown(&self.checkpoint_dir),
             results: shown(&self.results_dir),
             home: shown(&self.home_dir()),
+            code: self.has_code.then(|| shown(&self.code_dir())),
             data: self.data.as_ref().map(|d| match &d.requested_path {
                 Some(p) => p.clone(),
                 None if self.user.is_some() => shown(&self.data_link_dir()),
@@ -230,6 +242,9 @@ impl TaskLaunch {
         if let Some(d) = &paths.data {
             env.insert("AUTODL_DATA_PATH".into(), d.clone());
         }
+        if let Some(c) = &paths.code {
+            env.insert("AUTODL_CODE_DIR".into(), c.clone());
+        }
         if gpu_visibility {
             // NVML numbers GPUs in PCI order; CUDA's default order differs on mixed hosts.
             env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
@@ -246,7 +261,16 @@ pub struct TaskPaths {
     pub checkpoints: String,
     pub results: String,
     pub home: String,
+    /// The unpacked code bundle, when the task has one: its working directory.
+    pub code: Option<String>,
     pub data: Option<String>,
+}
+
+impl TaskPaths {
+    /// Where the task starts: its code when it brought some, its home folder otherwise.
+    pub fn workdir(&self) -> &str {
+        self.code.as_deref().unwrap_or(&self.home)
+    }
 }
 
 /// Keeps ids usable as file and container names whatever the server sends.

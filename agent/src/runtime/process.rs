@@ -190,21 +190,27 @@ impl ProcessRuntime {
                 if let Some(w) = &self.workdir {
                     read_only.push((w.clone(), w.clone()));
                 }
-                let workdir = self
-                    .workdir
-                    .clone()
-                    .unwrap_or_else(|| PathBuf::from(&paths.home));
+                // The task's own code wins over the operator's folder.
+                let workdir = match (&paths.code, &self.workdir) {
+                    (Some(code), _) => PathBuf::from(code),
+                    (None, Some(w)) => w.clone(),
+                    (None, None) => PathBuf::from(&paths.home),
+                };
+                let mut binds = vec![
+                    (
+                        launch.checkpoint_dir.clone(),
+                        PathBuf::from(&paths.checkpoints),
+                    ),
+                    (launch.results_dir.clone(), PathBuf::from(&paths.results)),
+                    (launch.home_dir(), PathBuf::from(&paths.home)),
+                ];
+                if let Some(code) = &paths.code {
+                    binds.push((launch.code_dir(), PathBuf::from(code)));
+                }
                 let tmp = launch.tmp_dir();
                 let l = SandboxLaunch {
                     user,
-                    binds: vec![
-                        (
-                            launch.checkpoint_dir.clone(),
-                            PathBuf::from(&paths.checkpoints),
-                        ),
-                        (launch.results_dir.clone(), PathBuf::from(&paths.results)),
-                        (launch.home_dir(), PathBuf::from(&paths.home)),
-                    ],
+                    binds,
                     read_only,
                     tmp_dir: &tmp,
                     workdir: &workdir,
@@ -224,10 +230,13 @@ impl ProcessRuntime {
                 let paths = launch.host_paths();
                 let env = launch.full_env(&paths, &operator, true);
                 let mut cmd = Command::new(program);
-                cmd.args(args)
-                    .env_clear()
-                    .envs(&env)
-                    .current_dir(self.workdir.as_deref().unwrap_or(Path::new(&paths.home)));
+                cmd.args(args).env_clear().envs(&env).current_dir(
+                    match (&paths.code, &self.workdir) {
+                        (Some(code), _) => Path::new(code),
+                        (None, Some(w)) => w.as_path(),
+                        (None, None) => Path::new(&paths.home),
+                    },
+                );
                 if let Some(u) = user {
                     cmd.uid(u.uid).gid(u.gid);
                 }

@@ -240,3 +240,36 @@ def test_tasks_start_after_the_tasks_they_name(demo: LiveServer):
     assert needs_ok.wait(timeout=60) == "CANCELLED", needs_ok.events()
     assert needs_end.wait(timeout=60) == "COMPLETED", needs_end.events()
     assert "after the first" in needs_end.logs()
+
+
+def test_a_workdir_travels_with_the_task_and_is_uploaded_once(demo: LiveServer, tmp_path):
+    client = demo.client()
+    project = tmp_path / "project"
+    (project / "lib").mkdir(parents=True)
+    (project / "outputs").mkdir()
+    (project / "train.py").write_text(
+        "import os, lib.model\nprint('trained', lib.model.NAME, 'in', os.getcwd())\n"
+        "print('outputs' in os.listdir('.'), 'secret.txt' in os.listdir('.'))\n"
+    )
+    (project / "lib" / "__init__.py").write_text("")
+    (project / "lib" / "model.py").write_text("NAME = 'tiny-net'\n")
+    (project / "outputs" / "big.ckpt").write_bytes(b"0" * 1000)
+    (project / "secret.txt").write_text("left out\n")
+    (project / ".gitignore").write_text("outputs/\n")
+    (project / ".autodlignore").write_text("secret.txt\n")
+    python = sys.executable
+    first = client.submit_task(shell_task("with-code", f"{python} train.py"), workdir=project)
+    assert first.wait(timeout=60) == "COMPLETED", first.logs()
+    logs = first.logs()
+    assert any(line.startswith("trained tiny-net in ") for line in logs), logs
+    assert "False False" in logs, logs
+    # The same folder again: nothing is uploaded, the task names the same bundle.
+    again = client.upload_code(project)
+    assert again["uploaded"] is False and again["id"] == first.refresh().info["spec"]["code"]
+    # A change is a new bundle.
+    (project / "lib" / "model.py").write_text("NAME = 'bigger-net'\n")
+    changed = client.upload_code(project)
+    assert changed["uploaded"] is True and changed["id"] != again["id"]
+    with pytest.raises(autodl.ValidationError) as missing:
+        client.submit_task(shell_task("no-code", "true"), workdir=tmp_path / "nope")
+    assert missing.value.field == "workdir"

@@ -45,6 +45,7 @@ struct Form {
     retries: RwSignal<String>,
     bandwidth: RwSignal<String>,
     data_path: RwSignal<String>,
+    code: RwSignal<String>,
     batch_size: RwSignal<String>,
     env: RwSignal<String>,
     labels: RwSignal<String>,
@@ -81,6 +82,7 @@ impl Form {
             retries: RwSignal::new(v.retries.clone()),
             bandwidth: RwSignal::new(v.bandwidth.clone()),
             data_path: RwSignal::new(v.data_path.clone()),
+            code: RwSignal::new(v.code.clone()),
             batch_size: RwSignal::new(v.batch_size.clone()),
             env: RwSignal::new(v.env.clone()),
             labels: RwSignal::new(v.labels.clone()),
@@ -116,6 +118,7 @@ impl Form {
             retries: self.retries.get(),
             bandwidth: self.bandwidth.get(),
             data_path: self.data_path.get(),
+            code: self.code.get(),
             batch_size: self.batch_size.get(),
             env: self.env.get(),
             labels: self.labels.get(),
@@ -156,6 +159,7 @@ impl Form {
         self.retries.set(v.retries.clone());
         self.bandwidth.set(v.bandwidth.clone());
         self.data_path.set(v.data_path.clone());
+        self.code.set(v.code.clone());
         self.batch_size.set(v.batch_size.clone());
         self.env.set(v.env.clone());
         self.labels.set(v.labels.clone());

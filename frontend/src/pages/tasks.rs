@@ -863,6 +863,7 @@ mod tests {
                 zone_affinity: false,
                 bandwidth: String::new(),
                 data_path: None,
+                code: None,
                 labels: Default::default(),
                 batch_size: None,
                 preemptible: true,

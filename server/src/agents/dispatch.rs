@@ -238,6 +238,7 @@ fn assignment(
         cpu: spec.cpu * workers_here as f64,
         memory: spec.memory.saturating_mul(workers_here),
         data_path: spec.data_path.clone(),
+        code: spec.code.clone(),
         checkpoint: spec.checkpoint.clone(),
         batch_size: t.batch_size.and_then(|b| u32::try_from(b).ok()),
         restore: None,

@@ -6,6 +6,7 @@
 //! [`ApiError`]: crate::error::ApiError
 
 pub mod agents;
+pub mod code;
 pub mod nodes;
 pub mod reports;
 pub mod runs;

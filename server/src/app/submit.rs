@@ -32,6 +32,9 @@ pub async fn submit(
     let now = state.clock.now_ms();
     let spec = spec::normalise(input, now / 1000)?;
     check_storage_urls(state, caller.tenant_id(), &spec).await?;
+    if let Some(code) = &spec.code {
+        crate::app::code::check_submitted(state, caller.tenant_id(), code).await?;
+    }
     let store = state.store.as_ref();
     let nodes = state.scheduler.nodes(store).await?;
     check_host_data_path(&spec, &nodes)?;

@@ -37,10 +37,11 @@ const COMMIT_BODY_LIMIT: usize = 64 << 20;
 
 /// Who may change an organization's objects, one rule for storing, replacing and deleting:
 /// every member, anywhere but `checkpoints/` and `results/`, which hold what the platform saved
-/// for tasks (users read them, only agents write there).
+/// for tasks (users read them, only agents write there), and `code/`, whose bundles are named
+/// by their digest (a replaced bundle would change what another member's task runs).
 fn may_write_objects(_caller: &Caller, rel: &str) -> Result<(), ApiError> {
     let top = rel.split('/').next().unwrap_or_default();
-    if top == "checkpoints" || top == "results" {
+    if top == "checkpoints" || top == "results" || top == "code" {
         return Err(ApiError::Forbidden(format!(
             "{top}/ holds what the platform saved for tasks; it is read-only"
         )));
@@ -121,7 +122,7 @@ pub async fn commit(
 }
 
 /// Streams one object as the response body.
-fn stream_object(size: u64, body: ByteStream) -> HttpResponse {
+pub(crate) fn stream_object(size: u64, body: ByteStream) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/octet-stream")
         // Already the bytes to send: keep the compression middleware (and its CPU) off them.

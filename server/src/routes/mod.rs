@@ -6,6 +6,7 @@ pub mod agent;
 pub mod api_keys;
 pub mod artifacts;
 pub mod auth;
+pub mod code;
 pub mod contract;
 pub mod health;
 pub mod nodes;
@@ -86,6 +87,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(artifacts::get_file)
             .service(artifacts::data_manifest)
             .service(artifacts::data_file)
+            .service(code::upload)
+            .service(code::show)
+            .service(code::download)
+            .service(code::for_agent)
             .service(nodes::list)
             .service(nodes::register)
             .service(nodes::remove)

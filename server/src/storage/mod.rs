@@ -157,6 +157,15 @@ impl Storage {
         format!("{}tenants/{tenant_id}/", self.root)
     }
 
+    /// Where the organization's code bundle with this digest is kept. Bundles are written only
+    /// by `POST /code`, which checks that the bytes have this digest.
+    pub fn code_key(&self, tenant_id: &str, hex: &str) -> (String, String) {
+        (
+            self.default_bucket.clone(),
+            format!("{}code/{hex}", self.tenant_prefix(tenant_id)),
+        )
+    }
+
     /// Resolves a user's `s3://bucket/path` (or a bare `path` in the default bucket) to the
     /// bucket and the key prefix inside the tenant's area.
     pub fn resolve(&self, tenant_id: &str, url: &str) -> Result<(String, String), String> {

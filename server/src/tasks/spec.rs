@@ -370,6 +370,17 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
             ));
         }
     }
+    if let Some(c) = &input.code {
+        if autodl_common::bundle::parse_id(c).is_none() {
+            return Err(ApiError::invalid(
+                "code",
+                format!(
+                    "code is the id POST /api/v1/code answered, \"sha256:\" and 64 hex digits (e.g. \"{}\"), not {c:?}",
+                    autodl_common::bundle::id_of(b"")
+                ),
+            ));
+        }
+    }
     if input.labels.len() > 32 {
         return Err(ApiError::invalid("labels", "at most 32 labels"));
     }
@@ -418,6 +429,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         zone_affinity,
         bandwidth: bandwidth.to_owned(),
         data_path: input.data_path,
+        code: input.code,
         labels: input.labels,
         batch_size: input.batch_size,
         preemptible: input.preemptible.unwrap_or(true),

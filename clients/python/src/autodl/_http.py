@@ -171,6 +171,25 @@ class HttpClient:
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
 
+    def send_bytes(self, method: str, path: str, data: bytes) -> Any:
+        """Sends ``data`` as an octet-stream body (no timeout: it may be large)."""
+        try:
+            request = self._client.build_request(
+                method,
+                path,
+                content=data,
+                headers={"Content-Type": "application/octet-stream"},
+                timeout=None,
+            )
+            response = self._client.send(request)
+        except httpx.TransportError as exc:
+            raise AutodlConnectionError(
+                f"upload to the autodl server at {self.base_url} failed: {exc}"
+            ) from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        return response.json() if response.content else None
+
     def upload(self, path: str, fileobj: Any) -> Any:
         """Streams ``fileobj`` (a binary file) as the body of a PUT; returns the JSON answer."""
         try:

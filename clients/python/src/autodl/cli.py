@@ -43,7 +43,12 @@ def _load_config(path: str) -> Mapping[str, Any]:
             f"{name}: expected a mapping of task settings at the top level, "
             'e.g. "name: train\\nimage: pytorch/pytorch:2.1\\ncommand: python train.py"'
         )
-    return data
+    workdir = data.get("workdir")
+    if isinstance(workdir, str) and path != "-" and not os.path.isabs(workdir):
+        # As in docker-compose: a relative folder is relative to the file naming it.
+        data = {**data, "workdir": os.path.join(os.path.dirname(os.path.abspath(path)), workdir)}
+    loaded: Mapping[str, Any] = data
+    return loaded
 
 
 def _gpus(info: Mapping[str, Any]) -> str:
@@ -136,7 +141,9 @@ def _print_task(task: Task, out: TextIO) -> None:
 
 
 def cmd_submit(client: Client, args: argparse.Namespace, out: TextIO) -> int:
-    config = _load_config(args.file)
+    config = dict(_load_config(args.file))
+    if args.workdir:
+        config["workdir"] = args.workdir
     task = client.submit_task(config, idempotency_key=args.idempotency_key)
     if args.json:
         out.write(json.dumps(task.info, indent=2) + "\n")
@@ -340,6 +347,8 @@ def cmd_run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         config["num_workers"] = args.workers
     if args.time_limit:
         config["time_limit"] = args.time_limit
+    if args.workdir:
+        config["workdir"] = args.workdir
     if args.after:
         config["after"] = [i for a in args.after for i in a.split(",") if i]
         if args.after_any:
@@ -449,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("submit", parents=[common], help="submit a task from a YAML or JSON file")
     p.add_argument("file", help="task configuration (YAML or JSON; '-' reads stdin)")
     p.add_argument("--idempotency-key", help="re-sending with the same key returns the same task")
+    p.add_argument(
+        "--workdir", help="a folder to run the task in (packed and uploaded; overrides the file's)"
+    )
     p.add_argument("--json", action="store_true", help="print the whole task document")
     p.set_defaults(func=cmd_submit)
 
@@ -476,6 +488,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory", help="RAM per worker, e.g. 32GiB")
     p.add_argument("--workers", type=int, help="workers of a gang (default 1)")
     p.add_argument("--time-limit", help="stop a run after this long, e.g. 2h30m (ends TIMED_OUT)")
+    p.add_argument(
+        "--workdir",
+        metavar="DIR",
+        help="run in this folder's code (packed, uploaded once; .gitignore/.autodlignore apply)",
+    )
     p.add_argument(
         "--after", action="append", metavar="ID", help="start once this task completed (repeat)"
     )

@@ -10,9 +10,10 @@ from urllib.parse import quote
 import httpx
 
 from ._http import HttpClient, env_api_key, env_api_url, server_root
-from .errors import ValidationError
+from .errors import NotFound, ValidationError
 from .spec import build_spec, in_users_terms, label_params
 from .task import Task
+from .workdir import MAX_BUNDLE_BYTES, pack
 
 
 class Client:
@@ -92,10 +93,31 @@ class Client:
     def submit_spec(
         self, spec: Mapping[str, Any], *, idempotency_key: Optional[str] = None
     ) -> Task:
-        """Submits a native ``TaskSpec`` as is."""
+        """Submits a native ``TaskSpec``. A ``workdir`` in it (a folder, or a ``.tar.gz`` /
+        ``.zip`` of one) is packed and uploaded first (:meth:`upload_code`), and the task
+        runs in it: ``entry_point: train.py`` then finds ``train.py``."""
+        body = dict(spec)
+        workdir = body.pop("workdir", None)
+        if workdir is not None:
+            body["code"] = self.upload_code(workdir)["id"]
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        info = self._http.post("/tasks", dict(spec), headers=headers)
+        info = self._http.post("/tasks", body, headers=headers)
         return Task(self, info)
+
+    def upload_code(
+        self, workdir: Union[str, os.PathLike[str]], *, max_bytes: int = MAX_BUNDLE_BYTES
+    ) -> Dict[str, Any]:
+        """Packs ``workdir`` (see :mod:`autodl.workdir` for what is left out) and uploads it
+        unless your organization already has the same bundle. Returns ``id`` (the task's
+        ``code``), ``size_bytes`` and ``uploaded`` (False when nothing was sent)."""
+        bundle = pack(workdir, max_bytes=max_bytes)
+        try:
+            known = self._http.get(f"/code/{bundle.id}")
+            return {"id": bundle.id, "size_bytes": known["size_bytes"], "uploaded": False}
+        except NotFound:
+            pass
+        stored = self._http.send_bytes("POST", "/code", bundle.data)
+        return {**stored, "uploaded": True}
 
     def get_task(self, task_id: str) -> Task:
         """The task with this id (:class:`~autodl.errors.NotFound` if not in your

@@ -243,6 +243,8 @@ SPEC_FIELDS = (
     "retry_policy",
     "affinity",
     "data_path",
+    "workdir",
+    "code",
     "labels",
     "batch_size",
     "preemptible",
@@ -278,6 +280,9 @@ SYNONYMS = {
     "dependencies": "after",
     "max_runtime": "time_limit",
     "walltime": "time_limit",
+    "working_dir": "workdir",
+    "code_dir": "workdir",
+    "cwd": "workdir",
 }
 
 
