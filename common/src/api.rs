@@ -21,6 +21,25 @@ pub struct ErrorDetail {
     pub field: Option<String>,
 }
 
+/// A code bundle (a task's `workdir`, packed), as uploaded or looked up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct CodeBundle {
+    /// `sha256:` and the digest of the archive: the task's `code`.
+    pub id: String,
+    pub size_bytes: u64,
+    /// `tar.gz`, `tar` or `zip`; absent when only looked up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unpacked_bytes: Option<u64>,
+    /// False when the organization already had this bundle.
+    #[serde(default)]
+    pub stored: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(rename_all = "lowercase")]

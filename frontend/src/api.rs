@@ -235,6 +235,42 @@ pub async fn probe(path: &str) -> ApiResult<()> {
     Err(ApiErr::network(format!("{path} is fetched in the browser")))
 }
 
+/// Uploads the file chosen in the file input that fired `ev` as a code bundle; `None` when
+/// no file is chosen.
+pub async fn upload_code(
+    _ev: leptos::ev::Event,
+) -> ApiResult<Option<autodl_common::api::CodeBundle>> {
+    #[cfg(feature = "hydrate")]
+    {
+        use wasm_bindgen::JsCast;
+        let Some(file) = _ev
+            .target()
+            .and_then(|t| t.dyn_into::<web_sys::HtmlInputElement>().ok())
+            .and_then(|i| i.files())
+            .and_then(|f| f.get(0))
+        else {
+            return Ok(None);
+        };
+        let mut req = gloo_net::http::Request::post("/api/v1/code")
+            .header("Accept", "application/json")
+            .header("Content-Type", "application/octet-stream");
+        if let Some(token) = csrf_token() {
+            req = req.header("X-CSRF-Token", &token);
+        }
+        let resp = req
+            .body(wasm_bindgen::JsValue::from(file))
+            .map_err(ApiErr::network)?
+            .send()
+            .await
+            .map_err(ApiErr::network)?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(ApiErr::network)?;
+        decode(status, &text).map(Some)
+    }
+    #[cfg(not(feature = "hydrate"))]
+    Err(ApiErr::network("files are uploaded from the browser"))
+}
+
 /// Points the browser at `path` (a download).
 pub fn go_to(_path: &str) {
     #[cfg(feature = "hydrate")]

@@ -3,7 +3,9 @@
 // without a reload, sees it complete, then finds it in the list, the dashboard and the cluster.
 import { test, before, after } from "node:test";
 import { execFileSync } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { readFileSync, mkdtempSync, mkdirSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import assert from "node:assert/strict";
 import { startServer, startBrowser, hydrated, shot, logIn } from "./harness.mjs";
 
@@ -294,6 +296,35 @@ test("pages fit a phone screen", async () => {
     await shot(page, `16-mobile${path === "/" ? "-home" : path.replace(/\//g, "-")}`);
   }
   await ctx.close();
+});
+
+test("a project uploaded with the form is where the task runs", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "autodl-code-"));
+  mkdirSync(join(dir, "project", "conf"), { recursive: true });
+  writeFileSync(join(dir, "project", "run.sh"), "echo running with $(cat conf/lr.txt) in $(basename $(pwd))\n");
+  writeFileSync(join(dir, "project", "conf", "lr.txt"), "lr=3e-4");
+  execFileSync("tar", ["czf", join(dir, "project.tar.gz"), "-C", join(dir, "project"), "."]);
+  writeFileSync(join(dir, "notes.txt"), "not an archive");
+  const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(String(e)));
+  await logIn(page, server.base, email, password);
+  await page.goto(`${server.base}/submit`);
+  await hydrated(page);
+  // Something that is not an archive is refused at the field, with the server's reason.
+  await page.setInputFiles("#code_upload", join(dir, "notes.txt"));
+  await page.waitForSelector("#code_upload ~ .field-error:text('not a .tar.gz, .tar or .zip')");
+  await page.setInputFiles("#code_upload", join(dir, "project.tar.gz"));
+  await page.waitForSelector("[data-testid=code-note]:text('Uploaded: 2 files')");
+  await page.fill("#name", "with-code");
+  await page.fill("#command", "sh run.sh");
+  await page.fill("#gpu_count", "1");
+  await shot(page, "19-submit-with-code");
+  await page.click("[data-testid=submit]");
+  await page.waitForURL(/\/tasks\/[0-9a-f-]+$/);
+  await page.waitForSelector("[data-testid=task-name] [data-testid=state]:text('completed')", { timeout: 60000 });
+  await page.waitForSelector("[data-testid=log] .log-line:text('running with lr=3e-4 in code')");
+  assert.deepEqual(errors, []);
 });
 
 test("the new pages render on the server before hydration", async () => {

@@ -295,6 +295,26 @@ fn SubmitForm() -> impl IntoView {
         Some(Err(e)) => error.set(Some(e)),
         None => {}
     });
+    // What the chosen archive became: its files and size, or why it was refused.
+    let code_note = RwSignal::new(None::<Result<String, String>>);
+    let on_code = move |ev: leptos::ev::Event| {
+        code_note.set(Some(Ok("Uploading…".into())));
+        leptos::task::spawn_local(async move {
+            match api::upload_code(ev).await {
+                Ok(Some(b)) => {
+                    form.code.set(b.id.clone());
+                    code_note.set(Some(Ok(format!(
+                        "Uploaded: {} files, {} ({})",
+                        b.files.unwrap_or_default(),
+                        super::tasks::bytes(b.size_bytes),
+                        if b.stored { "new" } else { "already stored" }
+                    ))));
+                }
+                Ok(None) => code_note.set(None),
+                Err(e) => code_note.set(Some(Err(e.message))),
+            }
+        });
+    };
     let on_submit = move |ev: leptos::ev::SubmitEvent| {
         ev.prevent_default();
         match built.get_untracked() {
@@ -426,6 +446,23 @@ fn SubmitForm() -> impl IntoView {
                     <Field label="CPU cores" id="cpu" kind="number" value=form.cpu error=ferr("resources.cpu") placeholder="1"/>
                     <Field label="RAM" id="memory" value=form.memory error=ferr("resources.memory") placeholder="4GiB"/>
                     <Field label="Data" id="data_path" value=form.data_path error=ferr("data_path") placeholder="s3://bucket/path or /datasets/…"/>
+                    <div class="field" class:has-error=move || ferr("code").get().is_some() || matches!(code_note.get(), Some(Err(_)))>
+                        <label for="code_upload">"Code: a .zip or .tar.gz of your project"</label>
+                        <input id="code_upload" type="file" accept=".zip,.tar,.tar.gz,.tgz" on:change=on_code/>
+                        <p class="hint" data-testid="code-note">
+                            {move || match code_note.get() {
+                                Some(Ok(note)) => note,
+                                _ if !form.code.get().is_empty() => format!("Runs in {}", form.code.get()),
+                                _ => "The task starts in it (entry point train.py finds train.py); the Python SDK and CLI pack a folder for you (workdir).".into(),
+                            }}
+                        </p>
+                        <p class="field-error" role="alert">
+                            {move || match code_note.get() {
+                                Some(Err(e)) => Some(e),
+                                _ => ferr("code").get(),
+                            }}
+                        </p>
+                    </div>
                     <Field label="Batch size" id="batch_size" kind="number" value=form.batch_size error=ferr("batch_size") placeholder="the program's own"/>
                     <Field label="Expected run time" id="estimated_runtime" kind="text" value=form.estimated_runtime error=ferr("estimated_runtime") placeholder="unknown, or e.g. 2h30m"/>
                     <Field label="Time limit" id="time_limit" kind="text" value=form.time_limit error=ferr("time_limit") placeholder="none, or e.g. 12h"/>

@@ -2,29 +2,13 @@
 //! digest of its bytes and stored once per organization, so submitting from an unchanged
 //! folder uploads nothing, and a task always runs the code it was submitted with.
 
+use autodl_common::api::CodeBundle;
 use autodl_common::bundle::{self, BundleError, Limits};
 use bytes::Bytes;
-use serde::Serialize;
 
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::storage::{put_bytes, usage};
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct CodeBundle {
-    /// `sha256:` and the digest of the archive: the task's `code`.
-    pub id: String,
-    pub size_bytes: u64,
-    /// `tar.gz`, `tar` or `zip`; absent when only looked up.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub format: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub files: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub unpacked_bytes: Option<u64>,
-    /// False when the organization already had this bundle.
-    pub stored: bool,
-}
 
 pub fn limits(state: &AppState) -> Limits {
     Limits {
@@ -63,7 +47,7 @@ pub async fn store(
     let found = CodeBundle {
         id: id.clone(),
         size_bytes: size,
-        format: Some(summary.format.as_str()),
+        format: Some(summary.format.as_str().to_owned()),
         files: Some(summary.files),
         unpacked_bytes: Some(summary.unpacked_bytes),
         stored: false,

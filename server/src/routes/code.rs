@@ -8,13 +8,14 @@ use bytes::BytesMut;
 use futures_util::StreamExt;
 
 use crate::agents::node_caller::NodeCaller;
-use crate::app::code::{self, CodeBundle};
+use crate::app::code;
 use crate::app::runs::placed_on;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::routes::artifacts::stream_object;
 use crate::state::AppState;
 use crate::tasks::spec_of;
+use autodl_common::api::CodeBundle;
 
 /// Reads the whole upload, refusing it as soon as it is larger than a bundle may be.
 async fn read_body(mut payload: web::Payload, max: u64) -> Result<bytes::Bytes, ApiError> {
