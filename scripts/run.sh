@@ -3,13 +3,26 @@
 # agents on simulated GPUs (4xA100-40G and 4xA40) running tasks as local processes. Run as
 # root, each task runs as its own uid in a bubblewrap sandbox; otherwise the demo says that
 # its tasks are not isolated.
-# Installs what is missing (wasm target, wasm-bindgen, bubblewrap) on first use.
+# Installs what is missing (wasm target, wasm-bindgen, bubblewrap, a Python environment with
+# the SDK for demo tasks in data/python) on first use.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 [ "$(id -u)" -ne 0 ] || command -v bwrap >/dev/null || apt_install bubblewrap
 build_web
 build_server
+# Demo tasks run on this host: their `python` is a virtualenv with the SDK, so the SDK's
+# README examples (`import autodl` in train.py) run as written.
+if [ -z "${AUTODL_DEMO_PYTHON:-}" ]; then
+  if [ -x data/python/bin/python ] && data/python/bin/python -c 'import autodl' 2>/dev/null; then
+    export AUTODL_DEMO_PYTHON="$ROOT/data/python"
+  elif { [ -x data/python/bin/python ] || python3 -m venv data/python; } \
+      && data/python/bin/pip install --quiet --disable-pip-version-check ./clients/python; then
+    export AUTODL_DEMO_PYTHON="$ROOT/data/python"
+  else
+    log "could not make data/python (python3-venv missing or offline): demo tasks use the host's python3"
+  fi
+fi
 export AUTODL_DATABASE_URL="${AUTODL_DATABASE_URL:-sqlite://data/autodl.db}"
 if [ -n "${AUTODL_ADMIN_EMAIL:-}" ] && [ -n "${AUTODL_ADMIN_PASSWORD:-}" ]; then
   "$CARGO_TARGET_DIR/debug/autodl-server" admin create-admin --email "$AUTODL_ADMIN_EMAIL"

@@ -35,3 +35,8 @@ pub use gpu::{
 pub use isolation::{IsolationChoice, IsolationConfig, IsolationLevel, DEFAULT_PATH};
 pub use runtime::{DockerRuntime, ProcessRuntime, Runtime};
 pub use tokio_util::sync::CancellationToken;
+
+/// The README's example, compiled with the crate's tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -73,6 +73,9 @@ pub struct Settings {
     /// beside the system's), and dataset roots they may name as `data_path`.
     pub demo_task_paths: Vec<PathBuf>,
     pub demo_data_roots: Vec<PathBuf>,
+    /// `serve --demo`: a Python environment (a virtualenv's folder) whose `bin/` comes first
+    /// on demo tasks' PATH, so their `python` has the SDK (`scripts/run.sh` makes one).
+    pub demo_python: Option<PathBuf>,
     /// The scheduling policy (`[policy]` in the file, `AUTODL_POLICY__PREEMPT_MARGIN=0.2`
     /// and the like in the environment); read at start, so a change applies on restart.
     pub policy: autodl_scheduler::PolicyConfig,
@@ -113,6 +116,7 @@ impl Default for Settings {
             code_max_unpacked_bytes: 2 << 30,
             demo_task_paths: Vec::new(),
             demo_data_roots: Vec::new(),
+            demo_python: None,
             policy: autodl_scheduler::PolicyConfig::default(),
         }
     }

@@ -34,12 +34,19 @@ pub async fn start_agents(
         read_only_paths: state.settings.demo_task_paths.clone(),
         ..IsolationConfig::default()
     };
-    if let Some(bin) = python_alias(data_dir) {
+    // The folder whose `python` demo tasks run, made readable to them.
+    let python_bin = match &state.settings.demo_python {
+        Some(env) => {
+            isolation.read_only_paths.push(env.clone());
+            Some(env.join("bin"))
+        }
+        None => python_alias(data_dir).inspect(|bin| isolation.read_only_paths.push(bin.clone())),
+    };
+    if let Some(bin) = python_bin {
         isolation.task_env.insert(
             "PATH".into(),
             format!("{}:{}", bin.display(), autodl_agent::DEFAULT_PATH),
         );
-        isolation.read_only_paths.push(bin);
     }
     let runtime: Arc<ProcessRuntime> =
         Arc::new(ProcessRuntime::detect(&isolation).map_err(anyhow::Error::msg)?);

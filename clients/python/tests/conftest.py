@@ -96,6 +96,8 @@ def _server_env(tmp: Path, port: int) -> Dict[str, str]:
         AUTODL_STORAGE_BUCKETS='["my-bucket"]',
         AUTODL_DEMO_DIR=str(tmp / "demo-agents"),
         AUTODL_DEMO_TASK_PATHS=_task_paths(tmp),
+        # Demo tasks' `python` is this one, with the SDK (as scripts/run.sh gives them).
+        AUTODL_DEMO_PYTHON=sys.prefix,
         # A secret of the server's own: the tests check that no task can see it.
         AUTODL_JWT_SECRET="server-secret-" + uuid.uuid4().hex,
         RUST_LOG="warn",

@@ -349,6 +349,8 @@ def cmd_run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         config["time_limit"] = args.time_limit
     if args.workdir:
         config["workdir"] = args.workdir
+    if args.data:
+        config["data_path"] = args.data
     if args.after:
         config["after"] = [i for a in args.after for i in a.split(",") if i]
         if args.after_any:
@@ -492,6 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--workdir",
         metavar="DIR",
         help="run in this folder's code (packed, uploaded once; .gitignore/.autodlignore apply)",
+    )
+    p.add_argument(
+        "--data", metavar="URL", help="data_path: s3://bucket/path, or a folder the nodes share"
     )
     p.add_argument(
         "--after", action="append", metavar="ID", help="start once this task completed (repeat)"
