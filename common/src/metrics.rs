@@ -8,6 +8,50 @@ use utoipa::ToSchema;
 
 use crate::tasks::MetricSample;
 
+/// A reported number as JSON writes it: a whole number as an integer. JSON has one kind of
+/// number, and a task that reports `epoch=3` must read back `3`, not `3.0`.
+pub fn json_number(x: f64) -> serde_json::Value {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53: every integer below is an exact f64
+    if x.fract() == 0.0 && x.abs() < EXACT {
+        serde_json::Value::from(x as i64)
+    } else {
+        serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
+    }
+}
+
+/// Serializers writing reported numbers by [`json_number`].
+pub mod whole {
+    use std::collections::BTreeMap;
+
+    use serde::ser::{SerializeMap, Serializer};
+
+    pub fn option<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(x) => serde::Serialize::serialize(&super::json_number(*x), s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn map<S: Serializer>(v: &BTreeMap<String, f64>, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(v.len()))?;
+        for (k, x) in v {
+            m.serialize_entry(k, &super::json_number(*x))?;
+        }
+        m.end()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn whole_numbers_are_integers_and_others_are_not() {
+            assert_eq!(super::super::json_number(3.0).to_string(), "3");
+            assert_eq!(super::super::json_number(-0.0).to_string(), "0");
+            assert_eq!(super::super::json_number(0.25).to_string(), "0.25");
+            assert_eq!(super::super::json_number(1e300).to_string(), "1e300");
+        }
+    }
+}
+
 /// Mean GPU utilization over the task's GPUs, 0..1.
 pub const GPU_UTIL: &str = "gpu_util";
 /// GPU memory in use, summed over the task's GPUs, bytes.

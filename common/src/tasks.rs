@@ -229,6 +229,113 @@ pub struct TaskSpec {
     pub after_when: AfterWhen,
     #[serde(default)]
     pub after_failure: AfterFailure,
+    /// Set by the server on the tasks of a sweep: which trial this is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<SweepTrial>,
+}
+
+/// A task's place in its sweep. It carries the sweep's concurrency limit so that the
+/// scheduler's gate is decided from the tasks it reads anyway.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SweepTrial {
+    pub sweep_id: String,
+    /// 0 for the first.
+    pub trial: u32,
+    pub max_concurrency: u32,
+    /// This trial's value of each parameter.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub params: BTreeMap<String, serde_json::Value>,
+}
+
+/// How a sweep picks its trials.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum SweepMethod {
+    /// Every combination of the listed values.
+    #[default]
+    Grid,
+    /// `samples` draws: a list gives one of its values, a range a number in it.
+    Random,
+}
+
+/// The values one parameter takes: a list, or (random sweeps) a range.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(untagged)]
+pub enum SweepValues {
+    List(Vec<serde_json::Value>),
+    Range(SweepRange),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SweepRange {
+    pub min: f64,
+    pub max: f64,
+    /// Uniform in the logarithm (learning rates).
+    #[serde(default)]
+    pub log: bool,
+    /// Whole numbers only.
+    #[serde(default)]
+    pub integer: bool,
+}
+
+/// `POST /api/v1/sweeps`: one task per trial, `${name}` in the template's command, env and
+/// name replaced by the trial's value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SweepInput {
+    pub name: String,
+    pub template: TaskSpecInput,
+    pub parameters: BTreeMap<String, SweepValues>,
+    #[serde(default)]
+    pub method: SweepMethod,
+    /// Trials of a random sweep.
+    #[serde(default)]
+    pub samples: Option<u32>,
+    /// Makes a random sweep's draws repeatable.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Trials running at once; the others wait (default: all).
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
+}
+
+/// One trial of a sweep as its page shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SweepTrialRow {
+    pub trial: u32,
+    pub task_id: String,
+    pub state: TaskState,
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub params: BTreeMap<String, serde_json::Value>,
+    /// The newest value of each metric the trial reported.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub metrics: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Sweep {
+    pub id: String,
+    pub name: String,
+    pub user_email: String,
+    pub method: SweepMethod,
+    pub max_concurrency: u32,
+    pub trials: u32,
+    pub created_at: String,
+    /// Parameter names, in the order the table shows them.
+    pub parameters: Vec<String>,
+    /// Trials per state (`pending`, `running`, `completed`, ...).
+    pub states: BTreeMap<String, u32>,
+    /// The trials, in order; empty in listings.
+    #[serde(default)]
+    pub items: Vec<SweepTrialRow>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -427,12 +534,21 @@ pub struct MetricSample {
     pub mem_used: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_total: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Reported numbers keep their form: a whole number is an integer (`"epoch": 3`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "crate::metrics::whole::option"
+    )]
     pub epoch: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "crate::metrics::whole::option"
+    )]
     pub loss: Option<f64>,
     /// Every other number the task reported (step, accuracy, ...).
-    #[serde(default)]
+    #[serde(default, serialize_with = "crate::metrics::whole::map")]
     pub values: BTreeMap<String, f64>,
 }
 

@@ -868,6 +868,7 @@ mod tests {
                 batch_size: None,
                 preemptible: true,
                 after: Vec::new(),
+                sweep: None,
                 after_when: Default::default(),
                 after_failure: Default::default(),
             },

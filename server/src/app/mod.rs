@@ -11,4 +11,5 @@ pub mod nodes;
 pub mod reports;
 pub mod runs;
 pub mod submit;
+pub mod sweeps;
 pub mod uploads;

@@ -31,47 +31,8 @@ pub async fn submit(
 ) -> Result<Submitted, ApiError> {
     let now = state.clock.now_ms();
     let spec = spec::normalise(input, now / 1000)?;
-    check_storage_urls(state, caller.tenant_id(), &spec).await?;
-    if let Some(code) = &spec.code {
-        crate::app::code::check_submitted(state, caller.tenant_id(), code).await?;
-    }
-    let store = state.store.as_ref();
-    let nodes = state.scheduler.nodes(store).await?;
-    check_host_data_path(&spec, &nodes)?;
-    let tenant_q = state
-        .accounts
-        .quota(store, QuotaScope::Tenant, caller.tenant_id())
-        .await?;
-    let user_q = state
-        .accounts
-        .quota(store, QuotaScope::User, &caller.user.id)
-        .await?;
-    check_gpu_types(&spec, &tenant_q, &user_q)?;
-    check_after(state, caller, &spec).await?;
-    check_queue_caps(state, caller, &tenant_q, &user_q).await?;
-
-    let rec = TaskRecord {
-        id: time_ordered_id(),
-        tenant_id: caller.tenant_id().to_owned(),
-        user_id: caller.user.id.clone(),
-        name: spec.name.clone(),
-        state: TaskState::Pending,
-        spec: serde_json::to_string(&spec).map_err(anyhow::Error::from)?,
-        gpus_total: i64::from(spec.gpus_per_worker) * i64::from(spec.num_workers),
-        idempotency_key: key.map(IdempotencyKey::into_inner),
-        attempts: 0,
-        batch_size: spec.batch_size.map(i64::from),
-        placement: None,
-        attained_gpu_seconds: 0.0,
-        last_checkpoint_at: None,
-        created_at: now,
-        updated_at: now,
-        started_at: None,
-        finished_at: None,
-        stop_reason: None,
-        waiting: None,
-    };
-    admit(state, caller, &rec, &spec, &nodes, &tenant_q, &user_q).await?;
+    let rec = new_record(caller, &spec, key.map(IdempotencyKey::into_inner), now)?;
+    vet(state, caller, &rec, &spec, 1).await?;
 
     let labels: Vec<(String, String)> = spec
         .labels
@@ -98,6 +59,67 @@ pub async fn submit(
             Submitted::Existing(*t)
         }
     })
+}
+
+/// A new task of the caller's, pending.
+pub(crate) fn new_record(
+    caller: &Caller,
+    spec: &TaskSpec,
+    idempotency_key: Option<String>,
+    now: i64,
+) -> Result<TaskRecord, ApiError> {
+    Ok(TaskRecord {
+        id: time_ordered_id(),
+        tenant_id: caller.tenant_id().to_owned(),
+        user_id: caller.user.id.clone(),
+        name: spec.name.clone(),
+        state: TaskState::Pending,
+        spec: serde_json::to_string(spec).map_err(anyhow::Error::from)?,
+        gpus_total: i64::from(spec.gpus_per_worker) * i64::from(spec.num_workers),
+        idempotency_key,
+        attempts: 0,
+        batch_size: spec.batch_size.map(i64::from),
+        placement: None,
+        attained_gpu_seconds: 0.0,
+        last_checkpoint_at: None,
+        created_at: now,
+        updated_at: now,
+        started_at: None,
+        finished_at: None,
+        stop_reason: None,
+        waiting: None,
+    })
+}
+
+/// Everything a new task is checked against before it is stored: its storage, code and data,
+/// the caller's GPU types and queue caps (for `adding` tasks at once), what it starts after,
+/// and whether it could ever fit.
+pub(crate) async fn vet(
+    state: &AppState,
+    caller: &Caller,
+    rec: &TaskRecord,
+    spec: &TaskSpec,
+    adding: i64,
+) -> Result<(), ApiError> {
+    check_storage_urls(state, caller.tenant_id(), spec).await?;
+    if let Some(code) = &spec.code {
+        crate::app::code::check_submitted(state, caller.tenant_id(), code).await?;
+    }
+    let store = state.store.as_ref();
+    let nodes = state.scheduler.nodes(store).await?;
+    check_host_data_path(spec, &nodes)?;
+    let tenant_q = state
+        .accounts
+        .quota(store, QuotaScope::Tenant, caller.tenant_id())
+        .await?;
+    let user_q = state
+        .accounts
+        .quota(store, QuotaScope::User, &caller.user.id)
+        .await?;
+    check_gpu_types(spec, &tenant_q, &user_q)?;
+    check_after(state, caller, spec).await?;
+    check_queue_caps(state, caller, &tenant_q, &user_q, adding).await?;
+    admit(state, caller, rec, spec, &nodes, &tenant_q, &user_q).await
 }
 
 /// A repeated idempotency key must come with the request it was first used for: a different
@@ -272,6 +294,7 @@ async fn check_queue_caps(
     caller: &Caller,
     tenant_q: &QuotaRecord,
     user_q: &QuotaRecord,
+    adding: i64,
 ) -> Result<(), ApiError> {
     if tenant_q.max_queued_tasks.is_none() && user_q.max_queued_tasks.is_none() {
         return Ok(());
@@ -280,17 +303,30 @@ async fn check_queue_caps(
         .store
         .count_pending(&caller.user.id, caller.tenant_id())
         .await?;
-    if let Some(cap) = user_q.max_queued_tasks.filter(|cap| mine >= *cap) {
+    if let Some(cap) = user_q.max_queued_tasks.filter(|cap| mine + adding > *cap) {
         return Err(ApiError::Quota(format!(
-            "you already have {mine} queued tasks (your cap is {cap})"
+            "you already have {mine} queued tasks{} (your cap is {cap})",
+            adding_text(adding)
         )));
     }
-    if let Some(cap) = tenant_q.max_queued_tasks.filter(|cap| tenant >= *cap) {
+    if let Some(cap) = tenant_q
+        .max_queued_tasks
+        .filter(|cap| tenant + adding > *cap)
+    {
         return Err(ApiError::Quota(format!(
-            "your organization already has {tenant} queued tasks (cap {cap})"
+            "your organization already has {tenant} queued tasks{} (cap {cap})",
+            adding_text(adding)
         )));
     }
     Ok(())
+}
+
+fn adding_text(adding: i64) -> String {
+    if adding > 1 {
+        format!(" and this adds {adding}")
+    } else {
+        String::new()
+    }
 }
 
 /// Admission: refuse what can never fit, by the scheduler's own check. With no nodes

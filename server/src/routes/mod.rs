@@ -12,6 +12,7 @@ pub mod health;
 pub mod nodes;
 pub mod openapi;
 pub mod streams;
+pub mod sweeps;
 pub mod tasks;
 pub mod tenant;
 pub mod usage;
@@ -60,6 +61,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(admin::policy)
             .service(usage::usage)
             .service(tasks::submit)
+            .service(sweeps::create)
+            .service(sweeps::list)
+            .service(sweeps::show)
+            .service(sweeps::cancel)
             .service(tasks::list)
             .service(tasks::show)
             .service(tasks::cancel)

@@ -7,7 +7,8 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    admin, agent, api_keys, artifacts, auth, code, health, nodes, streams, tasks, tenant, usage,
+    admin, agent, api_keys, artifacts, auth, code, health, nodes, streams, sweeps, tasks, tenant,
+    usage,
 };
 
 #[derive(OpenApi)]
@@ -27,6 +28,7 @@ use super::{
         artifacts::get_object, artifacts::delete_object, artifacts::start_upload, artifacts::put_file,
         artifacts::commit, artifacts::abandon, artifacts::get_file, artifacts::data_manifest, artifacts::data_file,
         code::upload, code::show, code::download, code::for_agent,
+        sweeps::create, sweeps::list, sweeps::show, sweeps::cancel,
         nodes::list, nodes::register, nodes::remove, nodes::set_status,
         agent::create_token, agent::list_tokens, agent::revoke_token, agent::register, agent::poll,
         agent::started, agent::logs, agent::finished, agent::metrics,

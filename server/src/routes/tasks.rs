@@ -576,7 +576,7 @@ pub async fn report_metrics(
             .as_f64()
             .filter(|n| n.is_finite())
             .ok_or_else(|| ApiError::invalid("metrics", format!("{k} must be a finite number")))?;
-        values.insert(k.clone(), n);
+        values.insert(k.clone(), autodl_common::metrics::json_number(n));
     }
     let sample = serde_json::to_string(&values).map_err(anyhow::Error::from)?;
     state

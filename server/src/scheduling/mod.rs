@@ -10,6 +10,7 @@ pub mod handle;
 pub mod housekeeping;
 pub mod runner;
 pub mod snapshot;
+pub mod sweeps;
 
 pub use explain::explain;
 pub use handle::SchedulerHandle;

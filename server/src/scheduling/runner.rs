@@ -482,7 +482,18 @@ impl Runner {
             listed = self.active.tasks();
         }
         // Tasks waiting for others to end are not the policy's to place yet.
-        let gated = self.dependencies.gate(self.store.as_ref(), listed).await?;
+        let mut gated = self.dependencies.gate(self.store.as_ref(), listed).await?;
+        // Trials beyond their sweep's concurrency wait the same way.
+        let over = super::sweeps::over_concurrency(
+            gated
+                .ready
+                .iter()
+                .map(|t| (t.id(), t.rec.task.state, t.spec.sweep.as_ref())),
+        );
+        if !over.is_empty() {
+            gated.ready.retain(|t| !over.contains_key(t.id()));
+            gated.held.extend(over);
+        }
         for (task, end, why) in &gated.doomed {
             if self.store.end_unstarted(task, *end, why, now_ms).await? {
                 tracing::info!(task, why, "a task's dependency failed; it will not start");

@@ -236,6 +236,29 @@ pub struct TaskFilter {
     pub limit: i64,
 }
 
+/// A sweep as stored; its trials are tasks labelled `sweep=<id>`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SweepRecord {
+    pub id: String,
+    pub tenant_id: String,
+    pub user_id: String,
+    pub name: String,
+    pub method: String,
+    /// JSON of the parameters as asked for.
+    pub parameters: String,
+    pub max_concurrency: i64,
+    pub trials: i64,
+    pub created_at: i64,
+}
+
+/// A sweep with the email of who made it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SweepWithUser {
+    #[sqlx(flatten)]
+    pub sweep: SweepRecord,
+    pub user_email: String,
+}
+
 /// A task to store, with its labels.
 pub struct NewTask {
     pub task: TaskRecord,

@@ -12,6 +12,17 @@ pub trait Tasks: Send + Sync {
     /// commit). Each answer says whether its task was stored or its idempotency key had
     /// already made one; nothing is answered before the commit.
     async fn create_tasks(&self, batch: &[NewTask]) -> StoreResult<Vec<StoreResult<TaskCreated>>>;
+    /// Stores a sweep and its trials in one transaction: all of them or none.
+    async fn create_sweep(&self, sweep: &SweepRecord, trials: &[NewTask]) -> StoreResult<()>;
+    async fn sweep(&self, tenant_id: &str, id: &str) -> StoreResult<Option<SweepWithUser>>;
+    /// The organization's sweeps, newest first.
+    async fn list_sweeps(&self, tenant_id: &str, limit: i64) -> StoreResult<Vec<SweepWithUser>>;
+    /// The trials' states, by sweep id, for a listing.
+    async fn sweep_states(
+        &self,
+        tenant_id: &str,
+        sweep_ids: &[String],
+    ) -> StoreResult<Vec<(String, TaskState, i64)>>;
     /// A task of `tenant_id` (any tenant when `None`).
     async fn task(&self, tenant_id: Option<&str>, id: &str) -> StoreResult<Option<TaskWithUser>>;
     async fn list_tasks(&self, filter: &TaskFilter) -> StoreResult<Vec<TaskWithUser>>;

@@ -6,6 +6,7 @@ pub mod checkpoints;
 pub mod lifecycle;
 pub mod metrics;
 pub mod spec;
+pub mod sweep;
 
 use autodl_common::tasks::{Task, TaskSpec, TaskState, Waiting, WorkerPlacement};
 use autodl_scheduler::TaskRequest;

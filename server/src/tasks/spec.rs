@@ -436,6 +436,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         after,
         after_when: input.after_when.unwrap_or_default(),
         after_failure: input.after_failure.unwrap_or_default(),
+        sweep: None,
     })
 }
 

@@ -19,6 +19,7 @@ mod scheduling;
 mod security;
 mod storage;
 mod submissions;
+mod sweeps;
 mod tasks;
 mod tenancy;
 mod usage;

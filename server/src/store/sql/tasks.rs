@@ -34,12 +34,13 @@ macro_rules! impl_tasks {
                         .push(")");
                 }
             }
-        }
 
-        #[async_trait]
-        impl Tasks for $store {
-            async fn create_tasks(&self, batch: &[NewTask]) -> StoreResult<Vec<StoreResult<TaskCreated>>> {
-                let mut tx = self.pool.begin().await?;
+            /// Inserts new tasks, their labels and their first event inside `tx`; answers the
+            /// ids stored (a repeated idempotency key stores nothing).
+            async fn insert_tasks(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                batch: &[NewTask],
+            ) -> StoreResult<std::collections::HashSet<String>> {
                 let mut stored: std::collections::HashSet<String> = std::collections::HashSet::new();
                 for chunk in batch.chunks(INSERT_ROWS) {
                     let mut q = sqlx::QueryBuilder::<$db>::new(
@@ -70,7 +71,7 @@ macro_rules! impl_tasks {
                     });
                     // A repeated idempotency key stores nothing; the task it made is read below.
                     q.push(" ON CONFLICT DO NOTHING RETURNING id");
-                    let ids: Vec<(String,)> = q.build_query_as().fetch_all(&mut *tx).await?;
+                    let ids: Vec<(String,)> = q.build_query_as().fetch_all(&mut **tx).await?;
                     stored.extend(ids.into_iter().map(|(id,)| id));
                 }
                 let new: Vec<&NewTask> = batch.iter().filter(|n| stored.contains(&n.task.id)).collect();
@@ -83,7 +84,7 @@ macro_rules! impl_tasks {
                     q.push_values(chunk, |mut b, (id, k, v)| {
                         b.push_bind(*id).push_bind(*k).push_bind(*v);
                     });
-                    q.build().execute(&mut *tx).await?;
+                    q.build().execute(&mut **tx).await?;
                 }
                 for chunk in new.chunks(INSERT_ROWS) {
                     let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_events (task_id, at, kind, message) ");
@@ -93,8 +94,85 @@ macro_rules! impl_tasks {
                             .push_bind("submitted")
                             .push_bind("task submitted");
                     });
-                    q.build().execute(&mut *tx).await?;
+                    q.build().execute(&mut **tx).await?;
                 }
+                Ok(stored)
+            }
+        }
+
+        #[async_trait]
+        impl Tasks for $store {
+            async fn create_sweep(&self, sweep: &SweepRecord, trials: &[NewTask]) -> StoreResult<()> {
+                let mut tx = self.pool.begin().await?;
+                sqlx::query(
+                    "INSERT INTO sweeps (id, tenant_id, user_id, name, method, parameters, max_concurrency, trials, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                )
+                .bind(&sweep.id)
+                .bind(&sweep.tenant_id)
+                .bind(&sweep.user_id)
+                .bind(&sweep.name)
+                .bind(&sweep.method)
+                .bind(&sweep.parameters)
+                .bind(sweep.max_concurrency)
+                .bind(sweep.trials)
+                .bind(sweep.created_at)
+                .execute(&mut *tx)
+                .await?;
+                let stored = Self::insert_tasks(&mut tx, trials).await?;
+                if stored.len() != trials.len() {
+                    return Err(StoreError::Conflict("a trial could not be stored (an id clash); submit the sweep again".into()));
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn sweep(&self, tenant_id: &str, id: &str) -> StoreResult<Option<SweepWithUser>> {
+                Ok(sqlx::query_as(
+                    "SELECT s.*, u.email AS user_email FROM sweeps s JOIN users u ON u.id = s.user_id
+                     WHERE s.tenant_id = $1 AND s.id = $2",
+                )
+                .bind(tenant_id)
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?)
+            }
+
+            async fn list_sweeps(&self, tenant_id: &str, limit: i64) -> StoreResult<Vec<SweepWithUser>> {
+                Ok(sqlx::query_as(
+                    "SELECT s.*, u.email AS user_email FROM sweeps s JOIN users u ON u.id = s.user_id
+                     WHERE s.tenant_id = $1 ORDER BY s.created_at DESC, s.id DESC LIMIT $2",
+                )
+                .bind(tenant_id)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn sweep_states(&self, tenant_id: &str, sweep_ids: &[String]) -> StoreResult<Vec<(String, TaskState, i64)>> {
+                if sweep_ids.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let mut q = sqlx::QueryBuilder::<$db>::new(
+                    "SELECT l.value, t.state, COUNT(*) FROM task_labels l JOIN tasks t ON t.id = l.task_id
+                     WHERE l.key = 'sweep' AND t.tenant_id = ",
+                );
+                q.push_bind(tenant_id).push(" AND l.value IN (");
+                let mut sep = q.separated(", ");
+                for id in sweep_ids {
+                    sep.push_bind(id);
+                }
+                q.push(") GROUP BY l.value, t.state");
+                let rows: Vec<(String, String, i64)> = q.build_query_as().fetch_all(&self.pool).await?;
+                Ok(rows
+                    .into_iter()
+                    .filter_map(|(id, state, n)| TaskState::parse(&state).map(|s| (id, s, n)))
+                    .collect())
+            }
+
+            async fn create_tasks(&self, batch: &[NewTask]) -> StoreResult<Vec<StoreResult<TaskCreated>>> {
+                let mut tx = self.pool.begin().await?;
+                let stored = Self::insert_tasks(&mut tx, batch).await?;
                 tx.commit().await?;
                 let mut out = Vec::with_capacity(batch.len());
                 for n in batch {

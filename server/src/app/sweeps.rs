@@ -1,0 +1,228 @@
+//! Sweeps: one request makes a task per trial (all stored in one transaction, or none), one
+//! request cancels them all; a sweep is listed and compared as one.
+
+use std::collections::BTreeMap;
+
+use autodl_common::tasks::{Sweep, SweepInput, SweepMethod, SweepTrial, SweepTrialRow};
+
+use crate::app::submit::{new_record, vet};
+use crate::auth::secrets::time_ordered_id;
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::state::{rfc3339, AppState};
+use crate::store::{CancelOutcome, NewTask, SweepRecord, SweepWithUser, TaskFilter};
+use crate::tasks::{spec, spec_of, sweep};
+
+/// Reported samples read per trial for its newest metric values.
+const METRIC_SAMPLES: i64 = 50;
+
+pub async fn create(
+    state: &AppState,
+    caller: &Caller,
+    input: SweepInput,
+) -> Result<Sweep, ApiError> {
+    let name = input.name.trim().to_owned();
+    if name.is_empty() || name.len() > 100 || name.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            "name",
+            "name is required: 1 to 100 characters, e.g. \"lr-sweep\"",
+        ));
+    }
+    let now = state.clock.now_ms();
+    let seed = input.seed.unwrap_or(now as u64);
+    let trials = sweep::trials(&input.parameters, input.method, input.samples, seed)?;
+    let names: Vec<&String> = input.parameters.keys().collect();
+    sweep::check_used(&input.template, &names)?;
+    let max_concurrency = match input.max_concurrency {
+        None => trials.len() as u32,
+        Some(0) => {
+            return Err(ApiError::invalid(
+                "max_concurrency",
+                "max_concurrency is at least 1 (trials running at once)",
+            ))
+        }
+        Some(n) => n,
+    };
+    let id = time_ordered_id();
+    let mut batch = Vec::with_capacity(trials.len());
+    for (i, params) in trials.iter().enumerate() {
+        let input = sweep::trial_input(&input.template, &id, &name, i, params);
+        let mut spec = spec::normalise(input, now / 1000).map_err(|e| in_template(e, i))?;
+        spec.sweep = Some(SweepTrial {
+            sweep_id: id.clone(),
+            trial: i as u32,
+            max_concurrency,
+            params: params.clone(),
+        });
+        let rec = new_record(caller, &spec, None, now)?;
+        if i == 0 {
+            // Trials differ only in their command, env and name: what is checked is the same.
+            vet(state, caller, &rec, &spec, trials.len() as i64).await?;
+        }
+        let labels = spec
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        batch.push(NewTask { task: rec, labels });
+    }
+    let record = SweepRecord {
+        id: id.clone(),
+        tenant_id: caller.tenant_id().to_owned(),
+        user_id: caller.user.id.clone(),
+        name,
+        method: method_str(input.method).into(),
+        parameters: serde_json::to_string(&input.parameters).map_err(anyhow::Error::from)?,
+        max_concurrency: i64::from(max_concurrency),
+        trials: trials.len() as i64,
+        created_at: now,
+    };
+    state.store.create_sweep(&record, &batch).await?;
+    state.scheduler.wake();
+    show(state, caller, &id).await
+}
+
+/// A template's error names its field inside the template.
+fn in_template(e: ApiError, trial: usize) -> ApiError {
+    match e {
+        ApiError::Validation { field, message } => ApiError::Validation {
+            field: field.map(|f| format!("template.{f}").into()),
+            message: format!("trial {trial}: {message}"),
+        },
+        other => other,
+    }
+}
+
+fn method_str(m: SweepMethod) -> &'static str {
+    match m {
+        SweepMethod::Grid => "grid",
+        SweepMethod::Random => "random",
+    }
+}
+
+fn header(s: &SweepWithUser) -> Sweep {
+    let r = &s.sweep;
+    let parameters: BTreeMap<String, serde_json::Value> =
+        serde_json::from_str(&r.parameters).unwrap_or_default();
+    Sweep {
+        id: r.id.clone(),
+        name: r.name.clone(),
+        user_email: s.user_email.clone(),
+        method: if r.method == "random" {
+            SweepMethod::Random
+        } else {
+            SweepMethod::Grid
+        },
+        max_concurrency: r.max_concurrency as u32,
+        trials: r.trials as u32,
+        created_at: rfc3339(r.created_at),
+        parameters: parameters.into_keys().collect(),
+        states: BTreeMap::new(),
+        items: Vec::new(),
+    }
+}
+
+async fn trials_of(
+    state: &AppState,
+    tenant_id: &str,
+    id: &str,
+) -> Result<Vec<crate::store::TaskWithUser>, ApiError> {
+    Ok(state
+        .store
+        .list_tasks(&TaskFilter {
+            tenant_id: tenant_id.to_owned(),
+            state: None,
+            user_id: None,
+            label: Some(("sweep".into(), id.to_owned())),
+            before: None,
+            limit: sweep::MAX_TRIALS as i64,
+        })
+        .await?)
+}
+
+/// The sweep with every trial: its parameters, state and newest metric values.
+pub async fn show(state: &AppState, caller: &Caller, id: &str) -> Result<Sweep, ApiError> {
+    let found = state
+        .store
+        .sweep(caller.tenant_id(), id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no sweep {id} in your organization")))?;
+    let mut out = header(&found);
+    let mut rows = Vec::new();
+    for t in trials_of(state, caller.tenant_id(), id).await? {
+        let spec = spec_of(&t.task)?;
+        let Some(trial) = spec.sweep else { continue };
+        *out.states
+            .entry(t.task.state.as_str().to_owned())
+            .or_default() += 1;
+        let mut metrics = BTreeMap::new();
+        for m in state
+            .store
+            .task_metrics(&t.task.id, 0, METRIC_SAMPLES)
+            .await?
+        {
+            let values: BTreeMap<String, f64> = serde_json::from_str(&m.sample).unwrap_or_default();
+            metrics.extend(
+                values
+                    .into_iter()
+                    .map(|(k, v)| (k, autodl_common::metrics::json_number(v))),
+            );
+        }
+        rows.push(SweepTrialRow {
+            trial: trial.trial,
+            task_id: t.task.id.clone(),
+            state: t.task.state,
+            params: trial.params,
+            metrics,
+        });
+    }
+    rows.sort_by_key(|r| r.trial);
+    out.items = rows;
+    Ok(out)
+}
+
+/// The organization's sweeps, newest first, with how many trials are in each state.
+pub async fn list(state: &AppState, caller: &Caller, limit: i64) -> Result<Vec<Sweep>, ApiError> {
+    let found = state.store.list_sweeps(caller.tenant_id(), limit).await?;
+    let ids: Vec<String> = found.iter().map(|s| s.sweep.id.clone()).collect();
+    let counts = state.store.sweep_states(caller.tenant_id(), &ids).await?;
+    Ok(found
+        .iter()
+        .map(|s| {
+            let mut out = header(s);
+            for (sid, st, n) in &counts {
+                if *sid == out.id {
+                    *out.states.entry(st.as_str().to_owned()).or_default() += *n as u32;
+                }
+            }
+            out
+        })
+        .collect())
+}
+
+/// Cancels every trial that has not ended; answers how many were cancelled.
+pub async fn cancel(state: &AppState, caller: &Caller, id: &str) -> Result<u32, ApiError> {
+    if state.store.sweep(caller.tenant_id(), id).await?.is_none() {
+        return Err(ApiError::NotFound(format!(
+            "no sweep {id} in your organization"
+        )));
+    }
+    let now = state.clock.now_ms();
+    let mut cancelled = 0;
+    for t in trials_of(state, caller.tenant_id(), id).await? {
+        if t.task.state.is_finished() {
+            continue;
+        }
+        if matches!(
+            state
+                .store
+                .cancel_task(caller.tenant_id(), &t.task.id, now)
+                .await?,
+            CancelOutcome::Cancelled
+        ) {
+            cancelled += 1;
+        }
+    }
+    state.scheduler.wake();
+    Ok(cancelled)
+}
