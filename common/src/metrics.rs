@@ -47,7 +47,7 @@ pub mod whole {
             assert_eq!(super::super::json_number(3.0).to_string(), "3");
             assert_eq!(super::super::json_number(-0.0).to_string(), "0");
             assert_eq!(super::super::json_number(0.25).to_string(), "0.25");
-            assert_eq!(super::super::json_number(1e300).to_string(), "1e300");
+            assert_eq!(super::super::json_number(1e300).to_string(), "1e+300");
         }
     }
 }

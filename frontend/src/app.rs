@@ -81,6 +81,8 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/tasks") view=TasksPage ssr=SsrMode::Async/>
                     <Route path=path!("/tasks/:id") view=TaskPage ssr=SsrMode::Async/>
                     <Route path=path!("/submit") view=SubmitPage ssr=SsrMode::Async/>
+                    <Route path=path!("/sweeps") view=crate::pages::sweeps::SweepsPage ssr=SsrMode::Async/>
+                    <Route path=path!("/sweeps/:id") view=crate::pages::sweeps::SweepPage ssr=SsrMode::Async/>
                     <Route path=path!("/compare") view=crate::pages::compare::ComparePage ssr=SsrMode::Async/>
                     <Route path=path!("/cluster") view=ClusterPage ssr=SsrMode::Async/>
                 </Routes>
@@ -112,6 +114,7 @@ fn Nav() -> impl IntoView {
                         Some(me) => view! {
                             <a href="/tasks" data-testid="nav-tasks">"Tasks"</a>
                             <a href="/submit" data-testid="nav-submit">"Submit"</a>
+                            <a href="/sweeps" data-testid="nav-sweeps">"Sweeps"</a>
                             <a href="/cluster" data-testid="nav-cluster">"Cluster"</a>
                             <a href="/account">"Account"</a>
                             <a href="/organization">"Organization"</a>

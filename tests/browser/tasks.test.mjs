@@ -327,8 +327,59 @@ test("a project uploaded with the form is where the task runs", async () => {
   assert.deepEqual(errors, []);
 });
 
+test("a sweep's page shows its trials' parameters and metrics, sorts them, and cancels them all", async () => {
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const page = await ctx.newPage();
+  page.on("dialog", (d) => d.accept());
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(String(e)));
+  await logIn(page, server.base, email, password);
+  const csrf = (await ctx.cookies()).find((c) => c.name === "autodl_csrf").value;
+  const post = async (path, data) => {
+    const r = await ctx.request.post(`${server.base}${path}`, { data, headers: { "X-CSRF-Token": csrf } });
+    assert.ok(r.ok(), `${path}: ${r.status()} ${await r.text()}`);
+    return r.json();
+  };
+  const template = { name: "t", image: "none", command: "echo lr=${lr}", resources: { gpu: { count: 1 } } };
+  const done = await post("/api/v1/sweeps", { name: "lr-search", template, parameters: { lr: [0.1, 0.01, 0.001] }, max_concurrency: 2 });
+  const held = await post("/api/v1/sweeps", { name: "held", template: { ...template, command: "sleep ${secs}" },
+    parameters: { secs: [300, 301, 302, 303] }, max_concurrency: 1 });
+
+  await page.click("[data-testid=nav-sweeps]");
+  await page.waitForURL("**/sweeps");
+  await hydrated(page);
+  await page.waitForSelector("[data-testid=sweep-row] a:text('lr-search')");
+  await page.click("[data-testid=sweep-row] a:text('lr-search')");
+  await page.waitForURL(`**/sweeps/${done.id}`);
+  await page.waitForSelector("[data-testid=sweep-summary]:text('3 completed')", { timeout: 60000 });
+  // The newest reported numbers become columns.
+  for (const [i, loss] of [[0, 0.9], [1, 0.2], [2, 0.5]]) {
+    const r = await ctx.request.post(`${server.base}/api/v1/tasks/${done.items[i].task_id}/metrics`,
+      { data: { loss, epoch: 3 }, headers: { "X-CSRF-Token": csrf } });
+    assert.equal(r.status(), 204);
+  }
+  await page.waitForSelector("[data-testid=sweep-trials] th:has-text('loss')", { timeout: 15000 });
+  await page.waitForSelector("[data-testid=trial-row] td:text('0.9')");
+  await page.click("[data-testid=sweep-trials] th button:has-text('loss')");
+  const order = await page.$$eval("[data-testid=trial-row]", (rows) => rows.map((r) => r.dataset.trial));
+  assert.deepEqual(order, ["1", "2", "0"], "sorted by loss, lowest first");
+  assert.match(await page.getAttribute("[data-testid=sweep-compare]", "href"),
+    new RegExp(`/compare\\?ids=${done.items[1].task_id},${done.items[2].task_id},${done.items[0].task_id}`));
+  await shot(page, "20-sweep");
+
+  // The held sweep runs one trial at a time; one click cancels all four.
+  await page.goto(`${server.base}/sweeps/${held.id}`);
+  await hydrated(page);
+  await page.waitForSelector("[data-testid=sweep-summary]:text('1 running')", { timeout: 30000 });
+  await page.waitForSelector("[data-testid=sweep-summary]:text('3 pending')");
+  await page.click("[data-testid=sweep-cancel]");
+  await page.waitForSelector("[data-testid=sweep-summary]:text('4 cancelled')", { timeout: 30000 });
+  assert.deepEqual(errors, []);
+  await ctx.close();
+});
+
 test("the new pages render on the server before hydration", async () => {
-  for (const path of ["/tasks", "/tasks/00000000-0000-0000-0000-000000000000", "/submit", "/cluster"]) {
+  for (const path of ["/tasks", "/tasks/00000000-0000-0000-0000-000000000000", "/submit", "/cluster", "/sweeps", "/sweeps/nope"]) {
     const res = await fetch(`${server.base}${path}`);
     assert.equal(res.status, 200, path);
     const html = await res.text();

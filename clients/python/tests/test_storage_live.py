@@ -3,6 +3,7 @@ GPU agents really run the tasks (as local processes)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -273,3 +274,62 @@ def test_a_workdir_travels_with_the_task_and_is_uploaded_once(demo: LiveServer, 
     with pytest.raises(autodl.ValidationError) as missing:
         client.submit_task(shell_task("no-code", "true"), workdir=tmp_path / "nope")
     assert missing.value.field == "workdir"
+
+
+def test_a_sweep_runs_its_trials_a_few_at_a_time_and_compares_them(demo: LiveServer, tmp_path):
+    from conftest import cli
+
+    client = demo.client()
+    project = tmp_path / "sweep-project"
+    project.mkdir()
+    (project / "train.py").write_text(
+        "import sys, autodl\nlr = float(sys.argv[1])\n"
+        "autodl.report(epoch=3, loss=abs(lr - 0.01) * 10)\nprint('trained with', lr)\n"
+    )
+    sweep = client.submit_sweep(
+        shell_task("lr-${lr}", "python train.py ${lr}"),
+        workdir=project,
+        parameters={"lr": [0.1, 0.01, 0.001]},
+        max_concurrency=1,
+        name="lr-search",
+    )
+    assert sweep.trials == 3 and len(sweep.rows) == 3
+    states = sweep.wait(timeout=120, poll=0.5)
+    assert states == {"completed": 3}, sweep.rows
+    best = sweep.best("loss")
+    assert best is not None and best["params"] == {"lr": 0.01}, sweep.rows
+    assert best["metrics"]["epoch"] == 3 and isinstance(best["metrics"]["epoch"], int)
+    assert "trained with 0.01" in client.get_task(best["task_id"]).logs()
+    # Never more than one trial ran at once: their runs do not overlap.
+    runs = sorted((a["started_at"], a["ended_at"]) for t in sweep.tasks() for a in t.attempts())
+    assert all(prev[1] <= nxt[0] for prev, nxt in zip(runs, runs[1:])), runs
+    shown = cli(demo, "sweep", "show", sweep.id)
+    assert shown.returncode == 0, shown.stderr
+    assert "lr-search  grid  3 trials (at most 1 at once): 3 completed" in shown.stdout
+    # A random sweep from the CLI, cancelled as one.
+    task = tmp_path / "sleep.yaml"
+    task.write_text(
+        "name: nap\nimage: none\ncommand: sleep ${secs}\nresources:\n  gpu: {count: 1}\n"
+    )
+    ran = cli(
+        demo,
+        "sweep",
+        "run",
+        str(task),
+        "--param",
+        "secs=100:200:int",
+        "--samples",
+        "12",
+        "--seed",
+        "3",
+        "--max-concurrency",
+        "2",
+        "--json",
+    )
+    assert ran.returncode == 0, ran.stderr
+    sweep_id = json.loads(ran.stdout)["id"]
+    listed = cli(demo, "sweep", "ls")
+    assert sweep_id in listed.stdout and "12" in listed.stdout
+    cancelled = cli(demo, "sweep", "cancel", sweep_id)
+    assert cancelled.stdout.strip() == f"{sweep_id}: 12 trials cancelled", cancelled.stdout
+    assert client.get_sweep(sweep_id).wait(timeout=60, poll=0.5) == {"cancelled": 12}

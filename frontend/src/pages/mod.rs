@@ -8,4 +8,5 @@ pub mod metrics;
 pub mod org;
 pub mod quota;
 pub mod submit;
+pub mod sweeps;
 pub mod tasks;

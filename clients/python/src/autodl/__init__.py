@@ -34,6 +34,7 @@ from .errors import (
 from .monitor import Metrics, Monitor, get_monitor
 from .reporting import report
 from .scheduler import TaskRequest
+from .sweep import Sweep
 from .task import FINAL_STATUSES, Task
 from .template import TaskTemplate
 
@@ -42,6 +43,7 @@ __all__ = [
     "Client",
     "default_client",
     "Task",
+    "Sweep",
     "FINAL_STATUSES",
     "TaskTemplate",
     "TaskRequest",

@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, TextIO
+from typing import Any, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 import yaml
 
@@ -223,6 +223,121 @@ def cmd_cancel(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             failed += 1
             sys.stderr.write(f"autodl: error: {task_id} not cancelled: {exc}\n")
     return 1 if failed else 0
+
+
+def _param(text: str) -> Tuple[str, Any]:
+    """``lr=0.1,0.01`` (a list) or ``lr=1e-5:1e-1:log`` / ``layers=2:8:int`` (a range)."""
+    name, sep, values = text.partition("=")
+    if not sep or not name or not values:
+        raise ValidationError(
+            f"--param {text!r}: write NAME=v1,v2,... or NAME=MIN:MAX[:log][:int]",
+            field="parameters",
+        )
+
+    def scalar(v: str) -> Any:
+        for kind in (int, float):
+            try:
+                return kind(v)
+            except ValueError:
+                pass
+        return v
+
+    parts = values.split(":")
+    if len(parts) >= 2 and all(isinstance(scalar(p), (int, float)) for p in parts[:2]):
+        flags = set(parts[2:])
+        unknown = flags - {"log", "int"}
+        if unknown:
+            raise ValidationError(
+                f"--param {text!r}: a range's options are log and int, not {sorted(unknown)}",
+                field="parameters",
+            )
+        rng: Dict[str, Any] = {"min": scalar(parts[0]), "max": scalar(parts[1])}
+        if "log" in flags:
+            rng["log"] = True
+        if "int" in flags:
+            rng["integer"] = True
+        return name, rng
+    return name, [scalar(v) for v in values.split(",") if v != ""]
+
+
+def _print_sweep(sweep: Any, out: TextIO) -> None:
+    info = sweep.info
+    states = ", ".join(f"{n} {s}" for s, n in sorted(sweep.states.items())) or "no trials"
+    out.write(
+        f"{sweep.id}  {sweep.name}  {info.get('method')}  {sweep.trials} trials "
+        f"(at most {info.get('max_concurrency')} at once): {states}\n"
+    )
+    rows = sweep.rows
+    if not rows:
+        return
+    params = list(info.get("parameters") or [])
+    metrics = sorted({k for r in rows for k in (r.get("metrics") or {})})
+    table = [
+        [str(r["trial"]), r["state"]]
+        + [json.dumps(r["params"].get(p)) for p in params]
+        + [_metric(r["metrics"].get(m)) for m in metrics]
+        + [r["task_id"]]
+        for r in rows
+    ]
+    _table(table, ["TRIAL", "STATE", *params, *metrics, "TASK"], out)
+
+
+def _metric(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def cmd_sweep(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    if args.sweep_command == "ls":
+        sweeps = client.list_sweeps(limit=args.limit)
+        if args.json:
+            out.write(json.dumps([s.info for s in sweeps], indent=2) + "\n")
+            return 0
+        rows = [
+            [
+                s.id,
+                s.name,
+                str(s.trials),
+                ", ".join(f"{n} {st}" for st, n in sorted(s.states.items())),
+                s.info.get("created_at", ""),
+            ]
+            for s in sweeps
+        ]
+        _table(rows, ["ID", "NAME", "TRIALS", "STATES", "CREATED"], out)
+        return 0
+    if args.sweep_command == "show":
+        sweep = client.get_sweep(args.id)
+        if args.json:
+            out.write(json.dumps(sweep.info, indent=2) + "\n")
+        else:
+            _print_sweep(sweep, out)
+        return 0
+    if args.sweep_command == "cancel":
+        n = client.get_sweep(args.id).cancel()
+        out.write(f"{args.id}: {n} trials cancelled\n")
+        return 0
+    # run
+    config = dict(_load_config(args.file))
+    if args.workdir:
+        config["workdir"] = args.workdir
+    parameters = dict(_param(p) for p in args.param or [])
+    sweep = client.submit_sweep(
+        config,
+        parameters=parameters,
+        method="random" if args.samples else "grid",
+        samples=args.samples,
+        seed=args.seed,
+        max_concurrency=args.max_concurrency,
+        name=args.name,
+    )
+    if args.json:
+        out.write(json.dumps(sweep.info, indent=2) + "\n")
+    else:
+        _print_sweep(sweep, out)
+    return 0
 
 
 def cmd_queue(client: Client, args: argparse.Namespace, out: TextIO) -> int:
@@ -509,6 +624,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-d", "--detach", action="store_true", help="print the task id and return")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "sweep", parents=[common], help="run a task file over a parameter grid or random search"
+    )
+    sweeps = p.add_subparsers(dest="sweep_command", metavar="SWEEP_COMMAND")
+    sweeps.required = True
+    s = sweeps.add_parser(
+        "run", parents=[common], help="submit FILE once per trial (${NAME} takes each value)"
+    )
+    s.add_argument("file", help="task configuration (YAML or JSON) with ${NAME} placeholders")
+    s.add_argument(
+        "--param",
+        action="append",
+        metavar="NAME=VALUES",
+        help="lr=0.1,0.01 (a list) or lr=1e-5:1e-1:log, layers=2:8:int (a range, with --samples)",
+    )
+    s.add_argument("--samples", type=int, help="draw this many random trials (default: the grid)")
+    s.add_argument("--seed", type=int, help="makes random draws repeatable")
+    s.add_argument("--max-concurrency", type=int, help="trials running at once (default: all)")
+    s.add_argument("--name", help="the sweep's name (default: the task's)")
+    s.add_argument("--workdir", help="a folder to run every trial in (packed and uploaded once)")
+    s.add_argument("--json", action="store_true")
+    s = sweeps.add_parser("ls", parents=[common], help="the organization's sweeps")
+    s.add_argument("--limit", type=int, default=50)
+    s.add_argument("--json", action="store_true")
+    s = sweeps.add_parser(
+        "show", parents=[common], help="a sweep's trials: parameters, state, newest metrics"
+    )
+    s.add_argument("id")
+    s.add_argument("--json", action="store_true")
+    s = sweeps.add_parser("cancel", parents=[common], help="cancel every trial of a sweep")
+    s.add_argument("id")
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser(
         "queue",

@@ -12,6 +12,7 @@ import httpx
 from ._http import HttpClient, env_api_key, env_api_url, server_root
 from .errors import NotFound, ValidationError
 from .spec import build_spec, in_users_terms, label_params
+from .sweep import Sweep, parameters_body
 from .task import Task
 from .workdir import MAX_BUNDLE_BYTES, pack
 
@@ -96,13 +97,66 @@ class Client:
         """Submits a native ``TaskSpec``. A ``workdir`` in it (a folder, or a ``.tar.gz`` /
         ``.zip`` of one) is packed and uploaded first (:meth:`upload_code`), and the task
         runs in it: ``entry_point: train.py`` then finds ``train.py``."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        info = self._http.post("/tasks", self._with_code(spec), headers=headers)
+        return Task(self, info)
+
+    def _with_code(self, spec: Mapping[str, Any]) -> Dict[str, Any]:
+        """The spec with its ``workdir`` uploaded and named as ``code``."""
         body = dict(spec)
         workdir = body.pop("workdir", None)
         if workdir is not None:
             body["code"] = self.upload_code(workdir)["id"]
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        info = self._http.post("/tasks", body, headers=headers)
-        return Task(self, info)
+        return body
+
+    # Sweeps --------------------------------------------------------------------------
+
+    def submit_sweep(
+        self,
+        config: Optional[Mapping[str, Any]] = None,
+        *,
+        parameters: Mapping[str, Any],
+        method: str = "grid",
+        samples: Optional[int] = None,
+        seed: Optional[int] = None,
+        max_concurrency: Optional[int] = None,
+        name: Optional[str] = None,
+        **overrides: Any,
+    ) -> Sweep:
+        """Submits a sweep: a task per trial of ``config`` (a task configuration, as
+        :meth:`submit_task` takes, with ``${name}`` where a parameter goes).
+
+        ``method="grid"`` runs every combination of the listed values; ``"random"`` draws
+        ``samples`` trials (a list gives one of its values, ``{"min", "max", "log"}`` a number
+        in the range; ``seed`` makes the draws repeatable). At most ``max_concurrency`` trials
+        run at once. One request, however many trials; all are made or none.
+        """
+        template = self._with_code(build_spec(config, **overrides))
+        body: Dict[str, Any] = {
+            "name": name or template.get("name") or "sweep",
+            "template": template,
+            "parameters": parameters_body(parameters),
+            "method": method,
+        }
+        for key, value in (
+            ("samples", samples),
+            ("seed", seed),
+            ("max_concurrency", max_concurrency),
+        ):
+            if value is not None:
+                body[key] = value
+        try:
+            return Sweep(self, self._http.post("/sweeps", body))
+        except ValidationError as exc:
+            raise in_users_terms(exc, config, overrides) from exc
+
+    def get_sweep(self, sweep_id: str) -> Sweep:
+        """The sweep with each trial's parameters, state and newest metrics."""
+        return Sweep(self, self._http.get(f"/sweeps/{quote(str(sweep_id), safe='')}"))
+
+    def list_sweeps(self, limit: int = 50) -> List[Sweep]:
+        """Your organization's sweeps, newest first (trials per state, no rows)."""
+        return [Sweep(self, s) for s in self._http.get("/sweeps", params={"limit": limit}) or []]
 
     def upload_code(
         self, workdir: Union[str, os.PathLike[str]], *, max_bytes: int = MAX_BUNDLE_BYTES
