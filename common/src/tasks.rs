@@ -515,6 +515,9 @@ pub struct LogLine {
     /// The run that printed it (1 for the first).
     #[serde(default)]
     pub attempt: u32,
+    /// The worker that printed it (its `RANK`), in a task of several workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

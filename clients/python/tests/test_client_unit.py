@@ -373,3 +373,22 @@ def test_cancel_and_history_calls():
     assert task.events()[0]["kind"] == "submitted"
     assert task.attempts() == []
     assert c.nodes()[0]["id"] == "node-a"
+
+
+def test_log_markers_show_retries_and_ranks():
+    from autodl.task import _marked
+
+    records = [
+        {"seq": 1, "attempt": 1, "line": "start"},
+        {"seq": 2, "attempt": 1, "line": "oom"},
+        {"seq": 3, "attempt": 2, "rank": 0, "line": "again"},
+        {"seq": 4, "attempt": 2, "rank": 1, "line": "worker two"},
+    ]
+    assert list(_marked(records, True)) == [
+        "start",
+        "oom",
+        "── attempt 2 ──",
+        "[rank 0] again",
+        "[rank 1] worker two",
+    ]
+    assert list(_marked(records, False)) == ["start", "oom", "again", "worker two"]

@@ -110,6 +110,9 @@ def test_the_sdk_readme_examples_run_as_written(demo: LiveServer, tmp_path, monk
     assert (tmp_path / "output" / "summary.txt").read_text().startswith("loss 0.333 over 1000")
     assert ns["monitor"].status == "COMPLETED"
     assert ns["train_loader"].history, "AutoBatch evaluated the batch size"
+    # The sweep found the learning rate train.py likes best; the search was cancelled whole.
+    assert ns["best"]["params"] == {"lr": 0.01}, ns["sweep"].rows
+    assert ns["search"].wait(timeout=60, poll=0.5) == {"cancelled": 20}
     # The code bundle left the data and the downloaded outputs out (.autodlignore): the folder
     # is unchanged as far as the platform is concerned, and nothing is uploaded again.
     again = ns["client"].upload_code(tmp_path)

@@ -328,6 +328,7 @@ def test_a_sweep_runs_its_trials_a_few_at_a_time_and_compares_them(demo: LiveSer
     )
     assert ran.returncode == 0, ran.stderr
     sweep_id = json.loads(ran.stdout)["id"]
+    assert cli(demo, "sweep", "show", sweep_id).stdout.count("pending") >= 10
     listed = cli(demo, "sweep", "ls")
     assert sweep_id in listed.stdout and "12" in listed.stdout
     cancelled = cli(demo, "sweep", "cancel", sweep_id)

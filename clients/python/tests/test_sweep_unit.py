@@ -101,6 +101,8 @@ def test_cli_sweep_run_show_and_cancel(tmp_path, monkeypatch, capsys):
     assert (
         main(["sweep", "run", str(task), "--param", "lr=0.1,0.01", "--max-concurrency", "2"]) == 0
     )
+    assert capsys.readouterr().out == "sw1\n"
+    assert main(["sweep", "show", "sw1"]) == 0
     out = capsys.readouterr().out
     assert "sw1  lr  grid  2 trials (at most 2 at once): 2 completed" in out
     lines = out.splitlines()

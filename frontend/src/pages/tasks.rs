@@ -822,7 +822,7 @@ fn LogTail(id: String) -> impl IntoView {
                     let stamp = move || at.map(|ms| time::clock(ms, zone.map_or(time::Zone::Utc, |z| z.0.get()))).unwrap_or_default();
                     view! {
                         {first.then(|| view! { <span class="log-attempt" data-testid="log-attempt">{format!("── attempt {} ──\n", l.attempt)}</span> })}
-                        <span class=class data-seq=l.seq><span class="log-time" title=l.at.clone()>{stamp}" "</span>{l.line}"\n"</span>
+                        <span class=class data-seq=l.seq><span class="log-time" title=l.at.clone()>{stamp}" "</span>{l.rank.map(|r| view! { <span class="log-rank" data-testid="log-rank">{format!("[rank {r}] ")}</span> })}{l.line}"\n"</span>
                     }
                 }
             />

@@ -55,7 +55,12 @@ pub async fn logs(
             format!("at most {MAX_LOG_LINES} lines a call"),
         ));
     }
-    current_run(state, node, task_id, report.attempt).await?;
+    let t = current_run(state, node, task_id, report.attempt).await?;
+    // In a task of several workers, the line's worker: this node's place in the placement.
+    let rank = crate::tasks::placement_of(&t.task)
+        .filter(|p| p.len() > 1)
+        .and_then(|p| p.iter().position(|w| w.node == node))
+        .map(|i| i as i64);
     let skew = ClockSkew::of_batch(report.sent_at.as_deref(), state.clock.now_ms());
     let mut lines = Vec::with_capacity(report.lines.len());
     for l in &report.lines {
@@ -73,7 +78,7 @@ pub async fn logs(
     }
     state
         .store
-        .append_logs(task_id, i64::from(report.attempt), &lines)
+        .append_logs(task_id, i64::from(report.attempt), rank, &lines)
         .await?;
     state.agents.data_stored();
     Ok(())

@@ -262,6 +262,7 @@ fn log_lines(rows: Vec<crate::store::LogRecord>) -> Vec<LogLine> {
             stream: l.stream,
             line: l.line,
             attempt: u32::try_from(l.attempt).unwrap_or(0),
+            rank: l.rank.and_then(|r| u32::try_from(r).ok()),
         })
         .collect()
 }

@@ -303,6 +303,7 @@ pub struct AttemptRecord {
 pub struct LogRecord {
     pub id: i64,
     pub attempt: i64,
+    pub rank: Option<i64>,
     pub at: i64,
     pub stream: String,
     pub line: String,

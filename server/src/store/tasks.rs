@@ -95,10 +95,12 @@ pub trait Tasks: Send + Sync {
     async fn scheduling_tasks(&self) -> StoreResult<Vec<SchedulingTaskRecord>>;
     async fn task_events(&self, id: &str) -> StoreResult<Vec<EventRecord>>;
     async fn task_attempts(&self, id: &str) -> StoreResult<Vec<AttemptRecord>>;
+    /// Lines of one attempt; `rank` is the worker that printed them, in a multi-worker task.
     async fn append_logs(
         &self,
         id: &str,
         attempt: i64,
+        rank: Option<i64>,
         lines: &[(i64, String, String)],
     ) -> StoreResult<()>;
     async fn task_logs(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>>;

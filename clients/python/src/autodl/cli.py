@@ -202,7 +202,7 @@ def cmd_status(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_logs(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     task = client.task(args.id)
-    for line in task.logs(follow=args.follow):
+    for line in task.logs(follow=args.follow, markers=True):
         out.write(line + "\n")
         out.flush()
     return 0
@@ -336,7 +336,7 @@ def cmd_sweep(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         out.write(json.dumps(sweep.info, indent=2) + "\n")
     else:
-        _print_sweep(sweep, out)
+        out.write(f"{sweep.id}\n")
     return 0
 
 
@@ -482,7 +482,7 @@ def cmd_run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     err = sys.stderr
     err.write(f"autodl: following {task.id} (Ctrl-C detaches; the task keeps running)\n")
     try:
-        for line in task.logs(follow=True):
+        for line in task.logs(follow=True, markers=True):
             out.write(line + "\n")
             out.flush()
     except KeyboardInterrupt:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 from urllib.parse import quote
@@ -133,7 +134,10 @@ class Client:
         """
         template = self._with_code(build_spec(config, **overrides))
         body: Dict[str, Any] = {
-            "name": name or template.get("name") or "sweep",
+            # A template named "lr-${lr}" names its trials; the sweep is "lr".
+            "name": name
+            or re.sub(r"[-_ ]*\$\{\w+\}", "", str(template.get("name") or "")).strip()
+            or "sweep",
             "template": template,
             "parameters": parameters_body(parameters),
             "method": method,

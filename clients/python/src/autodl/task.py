@@ -6,7 +6,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Union
 from urllib.parse import quote
 
 from .archive import safe_extract
@@ -160,18 +160,22 @@ class Task:
                 return
             cursor = next_after
 
-    def logs(self, follow: bool = False, after: int = 0) -> Union[List[str], Iterator[str]]:
-        """The task's output lines.
+    def logs(
+        self, follow: bool = False, after: int = 0, markers: bool = False
+    ) -> Union[List[str], Iterator[str]]:
+        """The task's output lines, stdout and stderr in the order they were written.
 
         ``follow=False`` returns the lines stored so far as a list. ``follow=True`` returns an
         iterator that yields lines as they are written (Server-Sent Events) and ends when the
-        task finishes; it resumes after a dropped connection without repeating lines.
+        task finishes; it resumes after a dropped connection without repeating lines. With
+        ``markers``, a line ``── attempt N ──`` starts each retried run and lines of a task
+        with several workers start with ``[rank R]`` (as ``autodl logs`` prints them).
         """
         if follow:
-            return self._follow(after)
-        return [str(r.get("line", "")) for r in self.log_records(after)]
+            return _marked(self._follow_records(after), markers)
+        return list(_marked(self.log_records(after), markers))
 
-    def _follow(self, after: int) -> Iterator[str]:
+    def _follow_records(self, after: int) -> Iterator[Dict[str, Any]]:
         cursor = after
         retries = 0
         while True:
@@ -188,7 +192,7 @@ class Task:
                             continue
                         cursor = seq
                     if "line" in record:
-                        yield str(record["line"])
+                        yield record
                 return  # the server ends the stream when the task is finished
             except AutodlConnectionError:
                 retries += 1
@@ -218,3 +222,18 @@ class Task:
                 os.unlink(tmp_name)
             except OSError:
                 pass
+
+
+def _marked(records: Iterable[Dict[str, Any]], markers: bool) -> Iterator[str]:
+    """Log records as text, with attempt separators and rank prefixes when asked."""
+    attempt = 1
+    for r in records:
+        line = str(r.get("line", ""))
+        if markers:
+            this = r.get("attempt") or attempt
+            if this != attempt:
+                attempt = this
+                yield f"── attempt {attempt} ──"
+            if r.get("rank") is not None:
+                line = f"[rank {r['rank']}] {line}"
+        yield line

@@ -541,13 +541,13 @@ macro_rules! impl_tasks {
                 .await?)
             }
 
-            async fn append_logs(&self, id: &str, attempt: i64, lines: &[(i64, String, String)]) -> StoreResult<()> {
+            async fn append_logs(&self, id: &str, attempt: i64, rank: Option<i64>, lines: &[(i64, String, String)]) -> StoreResult<()> {
                 if lines.is_empty() {
                     return Ok(());
                 }
-                let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_logs (task_id, attempt, at, stream, line) ");
+                let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_logs (task_id, attempt, rank, at, stream, line) ");
                 q.push_values(lines, |mut b, (at, stream, line)| {
-                    b.push_bind(id).push_bind(attempt).push_bind(*at).push_bind(stream).push_bind(line);
+                    b.push_bind(id).push_bind(attempt).push_bind(rank).push_bind(*at).push_bind(stream).push_bind(line);
                 });
                 q.build().execute(&self.pool).await?;
                 Ok(())
@@ -555,7 +555,7 @@ macro_rules! impl_tasks {
 
             async fn task_logs(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>> {
                 Ok(sqlx::query_as(
-                    "SELECT id, attempt, at, stream, line FROM task_logs WHERE task_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+                    "SELECT id, attempt, rank, at, stream, line FROM task_logs WHERE task_id = $1 AND id > $2 ORDER BY id LIMIT $3",
                 )
                 .bind(id)
                 .bind(after)
