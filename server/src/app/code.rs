@@ -52,18 +52,22 @@ pub async fn store(
         unpacked_bytes: Some(summary.unpacked_bytes),
         stored: false,
     };
-    if backend.size(&bucket, &key).await? == Some(size) {
+    // Named by its digest, a stored bundle of this size is this one; anything else under the
+    // name (an interrupted write) is replaced, and what it held is freed.
+    let old = backend.size(&bucket, &key).await?;
+    if old == Some(size) {
         return Ok(found);
     }
+    let old = old.unwrap_or(0);
     if let Some(room) = usage::room(state.store.as_ref(), tenant_id).await? {
-        if size > room {
+        if size > room.saturating_add(old) {
             return Err(usage::over_quota(room, Some(size)));
         }
     }
     let written = put_bytes(backend, &bucket, &key, bytes).await?;
     state
         .store
-        .add_storage_bytes(tenant_id, written as i64)
+        .add_storage_bytes(tenant_id, written as i64 - old as i64)
         .await?;
     Ok(CodeBundle {
         stored: true,

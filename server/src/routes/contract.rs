@@ -17,8 +17,8 @@ pub const EMAIL: &str = r"^[A-Za-z0-9_%+-]{1,16}(\.[A-Za-z0-9_%+-]{1,16}){0,2}@[
 /// Node ids and GPU type names.
 pub const NODE_ID: &str = r"^[A-Za-z0-9._-]{1,128}$";
 pub const GPU_TYPE: &str = r"^[A-Za-z0-9._-]{1,64}$";
-/// A quota's GPU types may also hold spaces, but not only spaces.
-pub const QUOTA_GPU_TYPE: &str = r"^ *[A-Za-z0-9._-][A-Za-z0-9._ -]{0,63}$";
+/// A quota's GPU types are trimmed first: spaces around a name, none inside it.
+pub const QUOTA_GPU_TYPE: &str = r"^ *[A-Za-z0-9._-]{1,64} *$";
 /// Sizes: bytes, or a number with a unit.
 pub const SIZE_TEXT: &str = r"^[1-9][0-9]{0,5}(\.[0-9]{1,2})? ?([KMGT]i?B|B)$";
 /// An absolute folder, normalised: no `.`, `..` or empty segments, not `/` itself.
@@ -31,6 +31,8 @@ pub const DATE_TIME: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([
 /// RFC 3339 exactly (cursors of the metric queries).
 pub const RFC3339: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-](0[0-9]|1[0-3]):[0-5][0-9])$";
 pub const MONTH: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])$";
+/// A code bundle's id: `sha256:` and the digest in lower-case hex.
+pub const CODE_ID: &str = r"^sha256:[0-9a-f]{64}$";
 /// Idempotency keys: 1 to 128 printable ASCII characters, no surrounding spaces.
 pub const IDEMPOTENCY_KEY: &str = r"^[\x21-\x7e]([\x20-\x7e]{0,126}[\x21-\x7e])?$";
 
@@ -54,7 +56,7 @@ fn size() -> Value {
 }
 
 /// What a rule asks, in a user's words, for the error a broken rule gives.
-const PATTERN_HINTS: [(&str, &str); 13] = [
+const PATTERN_HINTS: [(&str, &str); 14] = [
     (TEXT, "must not be blank or hold control characters"),
     (
         SCRIPT,
@@ -68,7 +70,7 @@ const PATTERN_HINTS: [(&str, &str); 13] = [
     ),
     (
         QUOTA_GPU_TYPE,
-        "is not a GPU type name (letters, digits, '.', '_', '-' or spaces)",
+        "is not a GPU type name (letters, digits, '.', '_' or '-'; spaces only around it)",
     ),
     (
         SIZE_TEXT,
@@ -88,6 +90,10 @@ const PATTERN_HINTS: [(&str, &str); 13] = [
     (
         RFC3339,
         "is not an RFC 3339 time (e.g. 2024-03-20T18:00:00Z)",
+    ),
+    (
+        CODE_ID,
+        "is the id POST /api/v1/code answered: \"sha256:\" and 64 lower-case hex digits",
     ),
 ];
 
@@ -254,6 +260,7 @@ fn component_rules() -> Vec<(&'static str, Value)> {
     let email = pattern(EMAIL);
     vec![
         ("/SignupRequest/properties/email", email.clone()),
+        ("/TaskSpecInput/properties/code", pattern(CODE_ID)),
         (
             "/SignupRequest/properties/password",
             json!({"minLength": 10, "maxLength": 128}),
@@ -564,6 +571,9 @@ fn parameter_rules() -> Vec<(&'static str, &'static str, &'static str, Value)> {
             json!({"enum": ["json", "csv", null]}),
         ),
         ("/api/v1/agent/poll", "post", "wait", range(0.0, 30.0)),
+        ("/api/v1/code/{id}", "get", "id", pattern(CODE_ID)),
+        ("/api/v1/code/{id}/archive", "get", "id", pattern(CODE_ID)),
+        ("/api/v1/sweeps", "get", "limit", range(1.0, 500.0)),
         (
             "/api/v1/admin/nodes/{id}/{action}",
             "post",

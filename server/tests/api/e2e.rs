@@ -211,24 +211,47 @@ async fn each_line_of_a_gang_names_its_worker(b: Backend) {
     let one = start_agent(&app, &op, "sim-1", "1xA100-40G").await;
     let two = start_agent(&app, &op, "sim-2", "1xA100-40G").await;
     let s = app.signup("ada@example.com", "Lab").await;
-    let id = submit(&app, &s, json!({"name": "gang", "image": "none", "num_workers": 2,
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "gang", "image": "none", "num_workers": 2,
         "command": "echo I am rank $RANK; echo warning from $RANK >&2",
-        "resources": {"gpu": {"count": 1}}})).await;
+        "resources": {"gpu": {"count": 1}}}),
+    )
+    .await;
     let t = wait_for(&app, &s, &id, &["completed", "failed"], 30).await;
     assert_eq!(t["state"], "completed", "{t}");
     let logs = s.get(&app, &format!("/api/v1/tasks/{id}/logs")).await;
     let lines = logs["lines"].as_array().unwrap();
     for rank in [0, 1] {
-        let mine: Vec<&Value> = lines.iter().filter(|l| l["line"].as_str().unwrap().ends_with(&format!(" {rank}"))).collect();
+        let mine: Vec<&Value> = lines
+            .iter()
+            .filter(|l| l["line"].as_str().unwrap().ends_with(&format!(" {rank}")))
+            .collect();
         assert_eq!(mine.len(), 2, "{logs}");
-        assert!(mine.iter().all(|l| l["rank"] == rank && l["attempt"] == 1), "{logs}");
+        assert!(
+            mine.iter().all(|l| l["rank"] == rank && l["attempt"] == 1),
+            "{logs}"
+        );
     }
     // A task of one worker has no rank.
-    let single = submit(&app, &s, json!({"name": "one", "image": "none", "command": "echo alone",
-        "resources": {"gpu": {"count": 1}}})).await;
+    let single = submit(
+        &app,
+        &s,
+        json!({"name": "one", "image": "none", "command": "echo alone",
+        "resources": {"gpu": {"count": 1}}}),
+    )
+    .await;
     wait_for(&app, &s, &single, &["completed"], 30).await;
     let logs = s.get(&app, &format!("/api/v1/tasks/{single}/logs")).await;
-    assert!(logs["lines"].as_array().unwrap().iter().all(|l| l.get("rank").is_none()), "{logs}");
+    assert!(
+        logs["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l.get("rank").is_none()),
+        "{logs}"
+    );
     for a in [one, two] {
         a.shutdown.cancel();
         let _ = a.handle.await;

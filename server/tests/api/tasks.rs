@@ -726,7 +726,11 @@ async fn logs_and_metrics(b: Backend) {
     let lines: Vec<(i64, String, String)> = (0..5)
         .map(|i| (i, "stdout".to_string(), format!("step {i}")))
         .collect();
-    app.state.store.append_logs(&id, 1, None, &lines).await.unwrap();
+    app.state
+        .store
+        .append_logs(&id, 1, None, &lines)
+        .await
+        .unwrap();
     let page = s.get(&app, &format!("/api/v1/tasks/{id}/logs")).await;
     assert_eq!(page["lines"].as_array().unwrap().len(), 5);
     assert_eq!(page["lines"][4]["line"], "step 4");
@@ -740,7 +744,11 @@ async fn logs_and_metrics(b: Backend) {
     // A second run's lines say so; the download holds both runs, each line with its time,
     // attempt and stream.
     let second: Vec<(i64, String, String)> = vec![(9, "stderr".into(), "retrying".into())];
-    app.state.store.append_logs(&id, 2, None, &second).await.unwrap();
+    app.state
+        .store
+        .append_logs(&id, 2, None, &second)
+        .await
+        .unwrap();
     let res = s
         .send(
             &app,

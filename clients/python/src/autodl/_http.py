@@ -173,30 +173,18 @@ class HttpClient:
 
     def send_bytes(self, method: str, path: str, data: bytes) -> Any:
         """Sends ``data`` as an octet-stream body (no timeout: it may be large)."""
+        return self._send_content(method, path, data)
+
+    def upload(self, path: str, fileobj: Any) -> Any:
+        """Streams ``fileobj`` (a binary file) as the body of a PUT; returns the JSON answer."""
+        return self._send_content("PUT", path, iter(lambda: fileobj.read(1 << 20), b""))
+
+    def _send_content(self, method: str, path: str, content: Any) -> Any:
         try:
             request = self._client.build_request(
                 method,
                 path,
-                content=data,
-                headers={"Content-Type": "application/octet-stream"},
-                timeout=None,
-            )
-            response = self._client.send(request)
-        except httpx.TransportError as exc:
-            raise AutodlConnectionError(
-                f"upload to the autodl server at {self.base_url} failed: {exc}"
-            ) from exc
-        if response.status_code >= 400:
-            raise error_from_response(response)
-        return response.json() if response.content else None
-
-    def upload(self, path: str, fileobj: Any) -> Any:
-        """Streams ``fileobj`` (a binary file) as the body of a PUT; returns the JSON answer."""
-        try:
-            request = self._client.build_request(
-                "PUT",
-                path,
-                content=iter(lambda: fileobj.read(1 << 20), b""),
+                content=content,
                 headers={"Content-Type": "application/octet-stream"},
                 timeout=None,
             )
