@@ -47,6 +47,8 @@ struct TaskEntry {
     /// The attempt ended but the server has not acknowledged `finished` yet; it is still
     /// listed as running in polls so the server does not take it for lost meanwhile.
     finished: bool,
+    /// The attempt as the runtime started it, for commands and ports people open into it.
+    launch: Option<TaskLaunch>,
 }
 
 struct Inner {
@@ -508,6 +510,20 @@ impl Inner {
                 ),
             }
         }
+        for t in resp.tunnels {
+            let launch = lock(&self.tasks)
+                .get(&(t.task_id.clone(), t.attempt))
+                .filter(|e| !e.finished)
+                .and_then(|e| e.launch.clone());
+            let inner = self.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = crate::tunnel::serve(&inner.client, inner.runtime.clone(), launch, t) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+            });
+        }
         for a in resp.assignments {
             let key = (a.task_id.clone(), a.attempt);
             if lock(&self.tasks).contains_key(&key) {
@@ -539,6 +555,7 @@ impl Inner {
                     pid: None,
                 },
                 finished: false,
+                launch: None,
             },
         );
         self.push_allocations();
@@ -1065,7 +1082,12 @@ async fn supervise(
         shutdown.clone(),
     ));
     let outcome = match prepared {
-        Ok(()) => inner.runtime.run(launch, io).await,
+        Ok(()) => {
+            if let Some(e) = lock(&inner.tasks).get_mut(&key) {
+                e.launch = Some(launch.clone());
+            }
+            inner.runtime.run(launch, io).await
+        }
         Err(e) => {
             drop(io);
             Err(RuntimeError::Io(std::io::Error::other(e.message)))

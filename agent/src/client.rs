@@ -39,6 +39,37 @@ impl ServerClient {
         *self.credential.write().unwrap_or_else(|e| e.into_inner()) = credential;
     }
 
+    /// The WebSocket request for tunnel `id`, with the node's credential.
+    pub fn tunnel_request(
+        &self,
+        id: &str,
+    ) -> Result<tokio_tungstenite::tungstenite::handshake::client::Request, ClientError> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let base = if let Some(rest) = self.base.strip_prefix("https://") {
+            format!("wss://{rest}")
+        } else if let Some(rest) = self.base.strip_prefix("http://") {
+            format!("ws://{rest}")
+        } else {
+            self.base.clone()
+        };
+        let url = format!("{base}/api/v1/agent/tunnels/{}", encode_segment(id));
+        let mut req = url
+            .as_str()
+            .into_client_request()
+            .map_err(|e| ClientError::Local(format!("tunnel address {url}: {e}")))?;
+        if let Some(c) = self
+            .credential
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_deref()
+        {
+            if let Ok(v) = format!("Bearer {c}").parse() {
+                req.headers_mut().insert("authorization", v);
+            }
+        }
+        Ok(req)
+    }
+
     pub fn has_credential(&self) -> bool {
         self.credential
             .read()

@@ -96,4 +96,8 @@ pub enum RuntimeError {
     Io(#[from] std::io::Error),
     #[error("docker: {0}")]
     Docker(#[from] bollard::errors::Error),
+    #[error("terminal: {0}")]
+    Terminal(#[from] pty_process::Error),
+    #[error("{0}")]
+    Unavailable(String),
 }

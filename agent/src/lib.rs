@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod protocol;
 pub mod runtime;
 pub mod state;
+pub mod tunnel;
 
 mod agent;
 

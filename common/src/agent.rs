@@ -228,6 +228,69 @@ pub struct PollResponse {
     /// agent's own default.
     #[serde(default)]
     pub heartbeat_s: u64,
+    /// People waiting to reach into tasks here: the agent opens each as a WebSocket.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tunnels: Vec<TunnelRequest>,
+}
+
+/// Someone asked to reach into a task on this node (a shell, a command, a port). Agents may
+/// sit on networks nobody can reach, so the agent dials out: it opens
+/// `GET /agent/tunnels/{id}` as a WebSocket and the server joins it to the person's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct TunnelRequest {
+    pub id: String,
+    pub task_id: String,
+    pub attempt: u32,
+    pub target: TunnelTarget,
+}
+
+/// What the far end of a tunnel is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum TunnelTarget {
+    /// A command in the task's environment (an empty one: the login shell). With `tty` it
+    /// gets a terminal of `cols` x `rows`; without, separate stdout and stderr.
+    Exec {
+        command: Vec<String>,
+        tty: bool,
+        #[serde(default)]
+        cols: u16,
+        #[serde(default)]
+        rows: u16,
+    },
+    /// A TCP connection to a port the task declared.
+    Port { port: u16 },
+}
+
+/// Binary frames of an exec tunnel start with the channel they belong to (as Kubernetes'
+/// `channel.k8s.io` does); a port tunnel's frames are the bytes alone.
+pub mod channel {
+    pub const STDIN: u8 = 0;
+    pub const STDOUT: u8 = 1;
+    pub const STDERR: u8 = 2;
+}
+
+/// Text frames of an exec tunnel: the terminal's size one way, the end the other.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum TunnelControl {
+    Resize {
+        cols: u16,
+        rows: u16,
+    },
+    /// No more input (the client's stdin ended).
+    Eof,
+    /// The command ended with this status (128 + signal when a signal ended it).
+    Exit {
+        code: i32,
+    },
+    /// The tunnel could not be served; said once, then the tunnel closes.
+    Error {
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -325,3 +325,50 @@ pub struct SchedulingPolicy {
     /// When a change of the configuration takes effect.
     pub applies: String,
 }
+
+/// An organization's rules for sessions and for GPUs left idle. GPU utilization is measured
+/// by the nodes (NVML), so "idle" means the GPUs did nothing, not that a notebook kernel was
+/// quiet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SessionPolicy {
+    /// A GPU under this utilization (percent) counts as idle.
+    #[serde(default = "SessionPolicy::default_idle_util")]
+    pub idle_util_pct: f64,
+    /// Minutes a session may sit idle (its GPUs under the threshold and no tunnel traffic)
+    /// before it is stopped; it is warned at half. 0 turns idle stopping off.
+    #[serde(default = "SessionPolicy::default_idle_minutes")]
+    pub idle_minutes: u32,
+    /// Stop idle batch tasks too; otherwise they are only warned.
+    #[serde(default)]
+    pub stop_idle_batch: bool,
+    /// Longest a session may run, in hours (its `time_limit` is capped to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_session_hours: Option<f64>,
+    /// Sessions one member may have pending or running at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sessions_per_user: Option<u32>,
+}
+
+impl SessionPolicy {
+    fn default_idle_util() -> f64 {
+        5.0
+    }
+
+    fn default_idle_minutes() -> u32 {
+        30
+    }
+}
+
+impl Default for SessionPolicy {
+    fn default() -> Self {
+        SessionPolicy {
+            idle_util_pct: Self::default_idle_util(),
+            idle_minutes: Self::default_idle_minutes(),
+            stop_idle_batch: false,
+            max_session_hours: None,
+            max_sessions_per_user: None,
+        }
+    }
+}

@@ -131,6 +131,27 @@ pub struct Affinity {
     pub bandwidth: Option<String>,
 }
 
+/// What a task is for. A batch task runs its command to the end; a session holds its GPUs
+/// for a person working in it (a shell, a notebook, declared ports) until it is stopped, runs
+/// past its organization's session length, or sits idle.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum TaskKind {
+    #[default]
+    Batch,
+    Session,
+}
+
+impl TaskKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskKind::Batch => "batch",
+            TaskKind::Session => "session",
+        }
+    }
+}
+
 /// What a user submits.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
@@ -188,6 +209,13 @@ pub struct TaskSpecInput {
     /// `cancel` (default) or `fail` this task when `after` can no longer be met.
     #[serde(default)]
     pub after_failure: Option<AfterFailure>,
+    /// `batch` (default) or `session`.
+    #[serde(default)]
+    pub kind: Option<TaskKind>,
+    /// TCP ports the task listens on that its owner may reach through the server
+    /// (`autodl port-forward`, the task page's "Open" link).
+    #[serde(default)]
+    pub ports: Vec<u16>,
 }
 
 /// The spec as the server keeps it: validated, with defaults filled in and sizes in bytes.
@@ -232,6 +260,10 @@ pub struct TaskSpec {
     /// Set by the server on the tasks of a sweep: which trial this is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<SweepTrial>,
+    #[serde(default)]
+    pub kind: TaskKind,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
 }
 
 /// A task's place in its sweep. It carries the sweep's concurrency limit so that the

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use autodl_common::tasks::{
     Affinity, AfterFailure, AfterWhen, CheckpointSpec, Command, GpuRequest, OneOrMany, Resources,
-    RetryPolicy, Size, TaskSpec, TaskSpecInput, TimeSpan,
+    RetryPolicy, Size, TaskKind, TaskSpec, TaskSpecInput, TimeSpan,
 };
 
 use crate::api::ApiErr;
@@ -57,6 +57,10 @@ pub struct FormValues {
     /// `KEY=value` lines.
     pub env: String,
     pub labels: String,
+    /// An interactive session (a shell, a notebook) rather than a batch job.
+    pub session: bool,
+    /// Ports the task listens on, separated by commas or spaces.
+    pub ports: String,
 }
 
 impl Default for FormValues {
@@ -94,6 +98,8 @@ impl Default for FormValues {
             after_fail: false,
             env: String::new(),
             labels: String::new(),
+            session: false,
+            ports: String::new(),
         }
     }
 }
@@ -275,6 +281,13 @@ impl FormValues {
             after_fail: i.after_failure == Some(AfterFailure::Fail),
             env: lines(&i.env),
             labels: lines(&i.labels),
+            session: i.kind == Some(TaskKind::Session),
+            ports: i
+                .ports
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
         }
     }
 
@@ -365,6 +378,24 @@ impl FormValues {
             } else {
                 AfterFailure::Cancel
             }),
+            kind: Some(if self.session {
+                TaskKind::Session
+            } else {
+                TaskKind::Batch
+            }),
+            ports: self
+                .ports
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                        invalid(
+                            "ports",
+                            "ports are numbers from 1 to 65535, e.g. 8888, 6006",
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?,
         })
     }
 }
@@ -414,6 +445,8 @@ pub fn spec_to_input(spec: &TaskSpec) -> TaskSpecInput {
         labels: spec.labels.clone(),
         batch_size: spec.batch_size,
         preemptible: Some(spec.preemptible),
+        kind: Some(spec.kind),
+        ports: spec.ports.clone(),
         after: spec.after.clone(),
         after_when: Some(spec.after_when),
         after_failure: Some(spec.after_failure),

@@ -21,4 +21,5 @@ pub mod storage;
 pub mod store;
 pub mod tasks;
 pub mod telemetry;
+pub mod tunnels;
 pub mod web_app;

@@ -82,6 +82,7 @@ impl Application {
             agents: Arc::new(crate::agents::AgentHub::default()),
             metrics: Arc::new(crate::metrics::Metrics::new()?),
             settings: settings.clone(),
+            tunnels: Arc::new(crate::tunnels::Tunnels::new(clock.clone())),
             clock,
         });
         let mut background = crate::replicas::connect(&state).await?;

@@ -24,6 +24,8 @@ pub struct AppState {
     pub accounts: Arc<crate::auth::cache::AccountCache>,
     /// New tasks, stored many to a transaction.
     pub submissions: crate::store::GroupCommit,
+    /// Shells, commands and ports people have open into tasks.
+    pub tunnels: Arc<crate::tunnels::Tunnels>,
 }
 
 impl AppState {

@@ -56,6 +56,10 @@ pub struct SandboxLaunch<'a> {
     /// Holds `export K='v'` lines, readable by the task's group.
     pub env_file: &'a Path,
     pub command: &'a [String],
+    /// The command reads a terminal of its own (a person's shell): it keeps that terminal as
+    /// its controlling one, so Ctrl-C and job control work. Without it the sandbox starts a
+    /// new session, so a task cannot push keystrokes into a terminal it was handed.
+    pub terminal: bool,
 }
 
 /// Where the environment file appears inside the sandbox.
@@ -120,6 +124,7 @@ impl Sandbox {
             gpus: &[],
             env_file: &env_file,
             command: &cmd,
+            terminal: false,
         };
         let out = std::process::Command::new(&sb.bwrap)
             .args(sb.args(&launch))
@@ -145,9 +150,11 @@ impl Sandbox {
     /// bwrap's arguments for one launch.
     pub fn args(&self, l: &SandboxLaunch<'_>) -> Vec<OsString> {
         let mut a = Args::default();
+        if !l.terminal {
+            a.push("--new-session");
+        }
         for flag in [
             "--die-with-parent",
-            "--new-session",
             "--unshare-pid",
             "--unshare-ipc",
             "--unshare-uts",
@@ -367,6 +374,7 @@ mod tests {
             gpus: &[],
             env_file: &env,
             command: &cmd,
+            terminal: false,
         };
         let args: Vec<String> = sb
             .args(&l)
@@ -375,6 +383,10 @@ mod tests {
             .collect();
         let joined = args.join(" ");
         assert!(joined.contains("--unshare-pid") && joined.contains("--die-with-parent"));
+        assert!(
+            joined.contains("--new-session"),
+            "a task gets no terminal to type into"
+        );
         assert!(joined.contains("--cap-drop ALL"));
         assert!(joined.contains("--reuid=2000123 --regid=2000123 --clear-groups --no-new-privs"));
         assert!(joined.contains("--bind /var/lib/autodl-agent/tasks/t1/checkpoints /checkpoints"));
@@ -403,6 +415,19 @@ mod tests {
         assert_eq!(
             &args[args.len() - 3..],
             ["autodl-task", "python", "train.py"]
+        );
+        let shell = SandboxLaunch {
+            terminal: true,
+            ..l
+        };
+        let args: Vec<String> = sb
+            .args(&shell)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert!(
+            !args.contains(&"--new-session".to_string()),
+            "a person's shell keeps its terminal"
         );
     }
 

@@ -14,7 +14,10 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use futures_util::StreamExt;
 
-use super::{safe_name, RunOutcome, Runtime, RuntimeError, Started, TaskIo, TaskLaunch};
+use super::{
+    safe_name, Exec, ExecControl, ExecSpec, RunOutcome, Runtime, RuntimeError, Started, TaskIo,
+    TaskLaunch,
+};
 use crate::isolation::{IsolationConfig, IsolationLevel};
 use crate::logs::{LogBuffer, MAX_LINE_BYTES};
 use crate::protocol::Stream;
@@ -361,6 +364,133 @@ impl Runtime for DockerRuntime {
             oom_killed,
             stopped,
         })
+    }
+
+    /// `docker exec` as the task's user, in its working directory, with its environment
+    /// (the container's own).
+    async fn exec(&self, launch: &TaskLaunch, spec: &ExecSpec) -> Result<Exec, RuntimeError> {
+        use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+        let name = Self::container_name(&launch.task_id, launch.attempt);
+        let body = self.create_body(launch);
+        let created = self
+            .docker
+            .create_exec(
+                &name,
+                CreateExecOptions {
+                    attach_stdin: Some(true),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    tty: Some(spec.tty),
+                    cmd: Some(spec.argv()),
+                    user: body.user,
+                    working_dir: body.working_dir,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let started = self
+            .docker
+            .start_exec(
+                &created.id,
+                Some(StartExecOptions {
+                    detach: false,
+                    tty: spec.tty,
+                    output_capacity: None,
+                }),
+            )
+            .await?;
+        let StartExecResults::Attached { mut output, input } = started else {
+            return Err(RuntimeError::Unavailable(
+                "docker did not attach to the command".into(),
+            ));
+        };
+        let (mut out_w, out_r) = tokio::io::duplex(64 * 1024);
+        let (mut err_w, err_r) = tokio::io::duplex(64 * 1024);
+        let pump = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            while let Some(Ok(chunk)) = output.next().await {
+                let sent = match chunk {
+                    bollard::container::LogOutput::StdErr { message } => {
+                        err_w.write_all(&message).await
+                    }
+                    other => out_w.write_all(&other.into_bytes()).await,
+                };
+                if sent.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut control = DockerExec {
+            docker: self.docker.clone(),
+            id: created.id,
+            pump: Some(pump),
+        };
+        if spec.tty {
+            let _ = control.resize(spec.cols, spec.rows).await;
+        }
+        Ok(Exec {
+            stdout: Box::pin(out_r),
+            stderr: (!spec.tty).then(|| Box::pin(err_r) as super::ExecReader),
+            stdin: input,
+            control: Box::new(control),
+        })
+    }
+
+    /// The container's address on its network.
+    async fn port_address(
+        &self,
+        launch: &TaskLaunch,
+        port: u16,
+    ) -> Result<std::net::SocketAddr, RuntimeError> {
+        let name = Self::container_name(&launch.task_id, launch.attempt);
+        let info = self.docker.inspect_container(&name, None).await?;
+        let ip = info
+            .network_settings
+            .and_then(|n| n.networks)
+            .into_iter()
+            .flatten()
+            .filter_map(|(_, net)| net.ip_address)
+            .find_map(|ip| ip.parse::<std::net::IpAddr>().ok())
+            .ok_or_else(|| {
+                RuntimeError::Unavailable("the task's container has no network address".into())
+            })?;
+        Ok(std::net::SocketAddr::new(ip, port))
+    }
+}
+
+struct DockerExec {
+    docker: Docker,
+    id: String,
+    pump: Option<tokio::task::JoinHandle<()>>,
+}
+
+#[async_trait]
+impl ExecControl for DockerExec {
+    async fn resize(&mut self, cols: u16, rows: u16) -> Result<(), RuntimeError> {
+        let size = bollard::exec::ResizeExecOptions {
+            height: rows,
+            width: cols,
+        };
+        self.docker.resize_exec(&self.id, size).await?;
+        Ok(())
+    }
+
+    async fn wait(&mut self) -> Result<i32, RuntimeError> {
+        if let Some(p) = self.pump.take() {
+            let _ = p.await;
+        }
+        // The output ends a moment before the engine records the exit.
+        for _ in 0..50 {
+            let info = self.docker.inspect_exec(&self.id).await?;
+            if info.running != Some(true) {
+                return Ok(info
+                    .exit_code
+                    .and_then(|c| i32::try_from(c).ok())
+                    .unwrap_or(-1));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(-1)
     }
 }
 

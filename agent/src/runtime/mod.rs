@@ -344,6 +344,64 @@ pub trait Runtime: Send + Sync {
     /// Runs one attempt to its end. Returns an error only when the task could not be started;
     /// a task that ran and failed is an `Ok` outcome with its exit code.
     async fn run(&self, launch: TaskLaunch, io: TaskIo) -> Result<RunOutcome, RuntimeError>;
+
+    /// Starts a command inside a running attempt, confined as the attempt is (its user, its
+    /// sandbox or container, its environment and folders).
+    async fn exec(&self, launch: &TaskLaunch, spec: &ExecSpec) -> Result<Exec, RuntimeError>;
+
+    /// Where a port the attempt listens on is reached from the agent.
+    async fn port_address(
+        &self,
+        launch: &TaskLaunch,
+        port: u16,
+    ) -> Result<std::net::SocketAddr, RuntimeError>;
+}
+
+/// A command someone runs in a task: a shell (no command, a terminal) or `autodl exec`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecSpec {
+    pub command: Vec<String>,
+    pub tty: bool,
+    pub cols: u16,
+    pub rows: u16,
+}
+
+impl ExecSpec {
+    /// What to run: the command, or the login shell of the task's environment (bash when it
+    /// has one).
+    pub fn argv(&self) -> Vec<String> {
+        if self.command.is_empty() {
+            [
+                "/bin/sh",
+                "-c",
+                "command -v bash >/dev/null 2>&1 && exec bash -l || exec sh -l",
+            ]
+            .map(String::from)
+            .to_vec()
+        } else {
+            self.command.clone()
+        }
+    }
+}
+
+pub type ExecReader = std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>>;
+pub type ExecWriter = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
+
+/// A started command: its streams and a handle on it. Dropping it ends the command.
+pub struct Exec {
+    /// The terminal's output with a tty, stdout without.
+    pub stdout: ExecReader,
+    /// Without a tty.
+    pub stderr: Option<ExecReader>,
+    pub stdin: ExecWriter,
+    pub control: Box<dyn ExecControl>,
+}
+
+#[async_trait]
+pub trait ExecControl: Send {
+    async fn resize(&mut self, cols: u16, rows: u16) -> Result<(), RuntimeError>;
+    /// Waits for the end: the exit status (128 + signal when a signal ended it).
+    async fn wait(&mut self) -> Result<i32, RuntimeError>;
 }
 
 /// The reason reported to the server. A stop on request wins (the exit code of a stopped task

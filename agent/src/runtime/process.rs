@@ -19,7 +19,9 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use super::leftovers::Leftovers;
-use super::{RunOutcome, Runtime, RuntimeError, Started, TaskIo, TaskLaunch};
+use super::{
+    Exec, ExecControl, ExecSpec, RunOutcome, Runtime, RuntimeError, Started, TaskIo, TaskLaunch,
+};
 use crate::isolation::sandbox::{write_env_file, SandboxLaunch};
 use crate::isolation::{
     inherited_env, is_root, signal_uid, IsolationChoice, IsolationConfig, IsolationLevel, Sandbox,
@@ -160,20 +162,64 @@ async fn terminate(
     }
 }
 
+/// What to start for a task or for a command inside it, before it becomes a process (piped
+/// for tasks and `exec`, on a terminal for shells).
+struct Plan {
+    program: PathBuf,
+    args: Vec<std::ffi::OsString>,
+    env: BTreeMap<String, String>,
+    cwd: Option<PathBuf>,
+    /// Dropped to before the exec; `None` when the agent's user runs it (or the sandbox
+    /// drops it itself).
+    user: Option<TaskUser>,
+}
+
+impl Plan {
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args).env_clear().envs(&self.env);
+        if let Some(d) = &self.cwd {
+            cmd.current_dir(d);
+        }
+        if let Some(u) = self.user {
+            cmd.uid(u.uid).gid(u.gid);
+        }
+        cmd
+    }
+
+    fn terminal_command(&self) -> pty_process::Command {
+        let mut cmd = pty_process::Command::new(&self.program)
+            .args(&self.args)
+            .env_clear()
+            .envs(&self.env)
+            .kill_on_drop(true);
+        if let Some(d) = &self.cwd {
+            cmd = cmd.current_dir(d);
+        }
+        if let Some(u) = self.user {
+            cmd = cmd.uid(u.uid).gid(u.gid);
+        }
+        cmd
+    }
+}
+
 impl ProcessRuntime {
-    /// The command for one attempt, with nothing of the agent's environment but the
-    /// allow-listed variables.
-    fn command(&self, launch: &TaskLaunch) -> Result<Command, RuntimeError> {
-        let (program, args) = launch
-            .command
-            .split_first()
-            .ok_or(RuntimeError::NoCommand)?;
+    /// The plan for running `argv` in the task's environment, with nothing of the agent's
+    /// environment but the allow-listed variables. `terminal`: a person's shell reads a
+    /// terminal of its own.
+    fn plan(
+        &self,
+        launch: &TaskLaunch,
+        argv: &[String],
+        terminal: bool,
+    ) -> Result<Plan, RuntimeError> {
+        let (program, args) = argv.split_first().ok_or(RuntimeError::NoCommand)?;
         let mut operator = inherited_env();
         operator
             .entry("PATH".into())
             .or_insert_with(|| DEFAULT_PATH.into());
         operator.extend(self.operator_env.clone());
-        let cmd = match (&self.mode, launch.user) {
+        let plan = match (&self.mode, launch.user) {
             (Mode::Sandbox(sb), Some(user)) => {
                 let paths = launch.mounted_paths();
                 let env = launch.full_env(&paths, &operator, true);
@@ -220,30 +266,38 @@ impl ProcessRuntime {
                         &[]
                     },
                     env_file: &env_file,
-                    command: &launch.command,
+                    command: argv,
+                    terminal,
                 };
-                let mut cmd = Command::new(sb.bwrap());
-                cmd.args(sb.args(&l)).env_clear().env("PATH", DEFAULT_PATH);
-                cmd
+                Plan {
+                    program: sb.bwrap().to_path_buf(),
+                    args: sb.args(&l),
+                    env: BTreeMap::from([("PATH".to_string(), DEFAULT_PATH.to_string())]),
+                    cwd: None,
+                    user: None,
+                }
             }
             (_, user) => {
                 let paths = launch.host_paths();
-                let env = launch.full_env(&paths, &operator, true);
-                let mut cmd = Command::new(program);
-                cmd.args(args).env_clear().envs(&env).current_dir(
-                    match (&paths.code, &self.workdir) {
-                        (Some(code), _) => Path::new(code),
-                        (None, Some(w)) => w.as_path(),
-                        (None, None) => Path::new(&paths.home),
-                    },
-                );
-                if let Some(u) = user {
-                    cmd.uid(u.uid).gid(u.gid);
+                Plan {
+                    program: PathBuf::from(program),
+                    args: args.iter().map(Into::into).collect(),
+                    env: launch.full_env(&paths, &operator, true),
+                    cwd: Some(match (&paths.code, &self.workdir) {
+                        (Some(code), _) => PathBuf::from(code),
+                        (None, Some(w)) => w.clone(),
+                        (None, None) => PathBuf::from(&paths.home),
+                    }),
+                    user,
                 }
-                cmd
             }
         };
-        Ok(cmd)
+        Ok(plan)
+    }
+
+    /// The command for one attempt.
+    fn command(&self, launch: &TaskLaunch) -> Result<Command, RuntimeError> {
+        Ok(self.plan(launch, &launch.command, false)?.command())
     }
 }
 
@@ -349,6 +403,94 @@ impl Runtime for ProcessRuntime {
             exit_code,
             oom_killed: false,
             stopped,
+        })
+    }
+
+    async fn exec(&self, launch: &TaskLaunch, spec: &ExecSpec) -> Result<Exec, RuntimeError> {
+        self.start_exec(launch, spec)
+    }
+
+    /// Processes share the host's network: the task listens on the host's loopback.
+    async fn port_address(
+        &self,
+        _launch: &TaskLaunch,
+        port: u16,
+    ) -> Result<std::net::SocketAddr, RuntimeError> {
+        Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+}
+
+/// A command running in a task's environment, on a terminal or on pipes.
+struct ProcessExec {
+    child: Child,
+    /// The terminal's controlling side, kept to resize it.
+    terminal: Option<std::os::fd::OwnedFd>,
+}
+
+#[async_trait]
+impl ExecControl for ProcessExec {
+    async fn resize(&mut self, cols: u16, rows: u16) -> Result<(), RuntimeError> {
+        if let Some(fd) = &self.terminal {
+            let size = rustix::termios::Winsize {
+                ws_row: rows,
+                ws_col: cols,
+                ws_xpixel: 0,
+                ws_ypixel: 0,
+            };
+            rustix::termios::tcsetwinsize(fd, size).map_err(std::io::Error::from)?;
+        }
+        Ok(())
+    }
+
+    async fn wait(&mut self) -> Result<i32, RuntimeError> {
+        let status = self.child.wait().await?;
+        Ok(status
+            .code()
+            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    }
+}
+
+impl ProcessRuntime {
+    fn start_exec(&self, launch: &TaskLaunch, spec: &ExecSpec) -> Result<Exec, RuntimeError> {
+        let plan = self.plan(launch, &spec.argv(), spec.tty)?;
+        if spec.tty {
+            let (pty, pts) = pty_process::open()?;
+            pty.resize(pty_process::Size::new(spec.rows.max(1), spec.cols.max(1)))?;
+            let child = plan.terminal_command().spawn(pts)?;
+            let control = std::os::fd::AsFd::as_fd(&pty).try_clone_to_owned()?;
+            let (read, write) = pty.into_split();
+            return Ok(Exec {
+                stdout: Box::pin(read),
+                stderr: None,
+                stdin: Box::pin(write),
+                control: Box::new(ProcessExec {
+                    child,
+                    terminal: Some(control),
+                }),
+            });
+        }
+        let mut cmd = plan.command();
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(RuntimeError::Spawn)?;
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(RuntimeError::Unavailable(
+                "the command's pipes are missing".into(),
+            ));
+        };
+        Ok(Exec {
+            stdout: Box::pin(stdout),
+            stderr: Some(Box::pin(stderr)),
+            stdin: Box::pin(stdin),
+            control: Box::new(ProcessExec {
+                child,
+                terminal: None,
+            }),
         })
     }
 }

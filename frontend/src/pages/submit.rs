@@ -56,6 +56,8 @@ struct Form {
     after: RwSignal<String>,
     after_any: RwSignal<bool>,
     after_fail: RwSignal<bool>,
+    session: RwSignal<bool>,
+    ports: RwSignal<String>,
 }
 
 impl Form {
@@ -93,6 +95,8 @@ impl Form {
             after: RwSignal::new(v.after.clone()),
             after_any: RwSignal::new(v.after_any),
             after_fail: RwSignal::new(v.after_fail),
+            session: RwSignal::new(v.session),
+            ports: RwSignal::new(v.ports.clone()),
         }
     }
 
@@ -129,6 +133,8 @@ impl Form {
             after: self.after.get(),
             after_any: self.after_any.get(),
             after_fail: self.after_fail.get(),
+            session: self.session.get(),
+            ports: self.ports.get(),
         }
     }
 
@@ -170,6 +176,8 @@ impl Form {
         self.after.set(v.after.clone());
         self.after_any.set(v.after_any);
         self.after_fail.set(v.after_fail);
+        self.session.set(v.session);
+        self.ports.set(v.ports.clone());
     }
 }
 
@@ -482,7 +490,17 @@ fn SubmitForm() -> impl IntoView {
                         <label class="check"><input type="checkbox" id="high_bandwidth" prop:checked=move || form.bandwidth.get() == "high"
                             on:change=move |ev| form.bandwidth.set(if event_target_checked(&ev) { "high" } else { "normal" }.into())/>" Needs a fast network between workers"</label>
                         <label class="check"><input type="checkbox" id="preemptible" bind:checked=form.preemptible/>" May be preempted (stopped at a checkpoint for more urgent work)"</label>
+                        // Someone works in a session: it is not taken away unless they say so.
+                        <label class="check"><input type="checkbox" id="session" prop:checked=move || form.session.get()
+                            on:change=move |ev| {
+                                let on = event_target_checked(&ev);
+                                form.session.set(on);
+                                if on {
+                                    form.preemptible.set(false);
+                                }
+                            }/>" Interactive session (a shell or notebook; stopped when its GPUs sit idle)"</label>
                     </div>
+                    <Field label="Ports to reach (for notebooks, TensorBoard)" id="ports" value=form.ports error=ferr("ports") placeholder="none, or e.g. 8888, 6006"/>
                     <Field label="Start after (task ids)" id="after" value=form.after error=ferr("after") placeholder="none: start when it fits"/>
                     <div class="field checks">
                         <label class="check"><input type="checkbox" id="after_any" bind:checked=form.after_any/>" Start once they ended, even if one failed"</label>

@@ -871,6 +871,8 @@ mod tests {
                 sweep: None,
                 after_when: Default::default(),
                 after_failure: Default::default(),
+                kind: Default::default(),
+                ports: Vec::new(),
             },
             created_at: "2026-12-02T10:00:00Z".into(),
             updated_at: "2026-12-02T10:00:00Z".into(),

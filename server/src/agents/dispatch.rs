@@ -11,7 +11,7 @@ use autodl_common::tasks::{TaskSpec, TaskState};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{NodeRecord, TaskRecord};
-use crate::tasks::lifecycle::{timed_out, TIMED_OUT};
+use crate::tasks::lifecycle::final_stop;
 use crate::tasks::{placement_of, spec_of};
 
 /// Port the first node of a multi-node task listens on for its peers (torchrun's default).
@@ -50,9 +50,12 @@ pub async fn reconcile(
         {
             continue;
         }
-        if t.stop_reason.as_deref() == Some(TIMED_OUT) {
-            // Stopped at its time limit and gone unreported: it ended there.
-            let end = timed_out(&spec_of(t)?, attempt, None, t.batch_size);
+        let last = match t.stop_reason.as_deref() {
+            Some(r) => final_stop(r, &spec_of(t)?, attempt, None, t.batch_size),
+            None => None,
+        };
+        if let Some(end) = last {
+            // Stopped for good (time limit, idle) and gone unreported: it ended there.
             let now = state.clock.now_ms();
             if state
                 .store
@@ -106,6 +109,7 @@ pub async fn work_for(
     let grace_s = state.scheduler.config.grace_s;
     let mut out = PollResponse {
         heartbeat_s: HEARTBEAT_S,
+        tunnels: state.tunnels.take_for(&node.id),
         ..Default::default()
     };
     let mut expected: HashSet<(String, u32)> = HashSet::new();

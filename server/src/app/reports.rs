@@ -13,7 +13,7 @@ use crate::app::runs::current_run;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{GpuSampleRecord, NodeRecord};
-use crate::tasks::lifecycle::{after_attempt, timed_out, ExitKind, TIMED_OUT};
+use crate::tasks::lifecycle::{after_attempt, final_stop, ExitKind};
 use crate::tasks::{spec::parse_time_ms, spec_of};
 
 const MAX_LOG_LINES: usize = 1000;
@@ -100,11 +100,19 @@ pub async fn finished(
     };
     let t = current_run(state, node, task_id, report.attempt).await?;
     let now = state.clock.now_ms();
-    match (kind, t.task.stop_reason.as_deref()) {
-        // Stopped at its time limit (or failed while stopping): the task ends there.
-        (None | Some(ExitKind::Error | ExitKind::Oom), Some(TIMED_OUT)) => {
-            let spec = spec_of(&t.task)?;
-            let end = timed_out(&spec, report.attempt, report.exit_code, t.task.batch_size);
+    let spec = spec_of(&t.task)?;
+    let last = t.task.stop_reason.as_deref().and_then(|r| {
+        final_stop(
+            r,
+            &spec,
+            report.attempt,
+            report.exit_code,
+            t.task.batch_size,
+        )
+    });
+    match (kind, t.task.stop_reason.as_deref(), last) {
+        // Stopped for good (time limit, idle), or failed while stopping: the task ends there.
+        (None | Some(ExitKind::Error | ExitKind::Oom), Some(_), Some(end)) => {
             state
                 .store
                 .finish_attempt(task_id, i64::from(report.attempt), &end, now)
@@ -112,14 +120,13 @@ pub async fn finished(
         }
         // Stopped on the scheduler's request (preempted, drained), or failed while stopping:
         // back to the queue. A run that completed its work before it stopped is done.
-        (None | Some(ExitKind::Error | ExitKind::Oom), Some(reason)) => {
+        (None | Some(ExitKind::Error | ExitKind::Oom), Some(reason), None) => {
             state
                 .store
                 .requeue_task(None, task_id, reason, &format!("stopped: {reason}"), now)
                 .await?;
         }
-        (Some(kind), _) => {
-            let spec = spec_of(&t.task)?;
+        (Some(kind), _, _) => {
             let earlier_failures = state
                 .store
                 .task_attempts(task_id)
@@ -144,7 +151,7 @@ pub async fn finished(
                 .await?;
         }
         // Stopped without being asked (the agent shut down): run it again elsewhere.
-        (None, None) => {
+        (None, None, _) => {
             state
                 .store
                 .requeue_task(

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use autodl_common::tasks::{TaskSpec, TaskSpecInput, TaskState};
+use autodl_common::tasks::{TaskKind, TaskSpec, TaskSpecInput, TaskState};
 use autodl_scheduler::{admission_check, ClusterView, Node, Quotas};
 
 use crate::auth::secrets::time_ordered_id;
@@ -14,7 +14,7 @@ use crate::error::ApiError;
 use crate::scheduling::to_quota;
 use crate::state::AppState;
 use crate::store::{NewTask, QuotaRecord, QuotaScope, TaskCreated, TaskRecord, TaskWithUser};
-use crate::tasks::{access, spec, to_request};
+use crate::tasks::{access, session, spec, to_request};
 
 /// What a submission did.
 pub enum Submitted {
@@ -30,7 +30,8 @@ pub async fn submit(
     key: Option<IdempotencyKey>,
 ) -> Result<Submitted, ApiError> {
     let now = state.clock.now_ms();
-    let spec = spec::normalise(input, now / 1000)?;
+    let mut spec = spec::normalise(input, now / 1000)?;
+    session_rules(state, caller, &mut spec).await?;
     let rec = new_record(caller, &spec, key.map(IdempotencyKey::into_inner), now)?;
     vet(state, caller, &rec, &spec, 1).await?;
 
@@ -44,6 +45,7 @@ pub async fn submit(
         .create(NewTask {
             task: rec.clone(),
             labels,
+            kind: spec.kind,
         })
         .await?;
     Ok(match created {
@@ -59,6 +61,19 @@ pub async fn submit(
             Submitted::Existing(*t)
         }
     })
+}
+
+/// A session's length under its organization's cap (see `tasks::session`).
+pub(crate) async fn session_rules(
+    state: &AppState,
+    caller: &Caller,
+    spec: &mut TaskSpec,
+) -> Result<(), ApiError> {
+    if spec.kind == TaskKind::Session {
+        let policy = state.store.session_policy(caller.tenant_id()).await?;
+        session::cap_length(spec, &policy);
+    }
+    Ok(())
 }
 
 /// A new task of the caller's, pending.
@@ -119,6 +134,11 @@ pub(crate) async fn vet(
     check_gpu_types(spec, &tenant_q, &user_q)?;
     check_after(state, caller, spec).await?;
     check_queue_caps(state, caller, &tenant_q, &user_q, adding).await?;
+    if spec.kind == TaskKind::Session {
+        let policy = state.store.session_policy(caller.tenant_id()).await?;
+        let open = state.store.count_open_sessions(&caller.user.id).await?;
+        session::check_open_sessions(open, adding, &policy)?;
+    }
     admit(state, caller, rec, spec, &nodes, &tenant_q, &user_q).await
 }
 

@@ -48,6 +48,7 @@ pub async fn create(
     for (i, params) in trials.iter().enumerate() {
         let input = sweep::trial_input(&input.template, &id, &name, i, params);
         let mut spec = spec::normalise(input, now / 1000).map_err(|e| in_template(e, i))?;
+        crate::app::submit::session_rules(state, caller, &mut spec).await?;
         spec.sweep = Some(SweepTrial {
             sweep_id: id.clone(),
             trial: i as u32,
@@ -64,7 +65,11 @@ pub async fn create(
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        batch.push(NewTask { task: rec, labels });
+        batch.push(NewTask {
+            task: rec,
+            labels,
+            kind: spec.kind,
+        });
     }
     let record = SweepRecord {
         id: id.clone(),

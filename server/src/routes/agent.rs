@@ -203,6 +203,7 @@ pub async fn poll(
         let work = work_for(&state, &node.node, &body.running, &active).await?;
         if !work.assignments.is_empty()
             || !work.stop.is_empty()
+            || !work.tunnels.is_empty()
             || tokio::time::Instant::now() >= deadline
         {
             return Ok(web::Json(work));

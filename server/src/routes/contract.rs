@@ -360,13 +360,31 @@ fn component_rules() -> Vec<(&'static str, Value)> {
             "/TaskSpecInput/properties/batch_size",
             range(1.0, 1_000_000.0),
         ),
-        // One of command and entry_point, not both.
+        // One of command and entry_point, not both; a session may have neither.
         (
             "/TaskSpecInput",
             json!({"oneOf": [
                 {"required": ["command"], "properties": {"command": {"not": {"type": "null"}}, "entry_point": {"type": "null"}}},
                 {"required": ["entry_point"], "properties": {"entry_point": {"type": "string"}, "command": {"type": "null"}}},
+                {"required": ["kind"], "properties": {"kind": {"const": "session"}, "command": {"type": "null"}, "entry_point": {"type": "null"}}},
             ]}),
+        ),
+        (
+            "/TaskSpecInput/properties/ports",
+            json!({"maxItems": 16, "items": {"minimum": 1, "maximum": 65535}}),
+        ),
+        ("/SessionPolicy/properties/idle_util_pct", range(0.0, 100.0)),
+        (
+            "/SessionPolicy/properties/idle_minutes",
+            range(0.0, 10_080.0),
+        ),
+        (
+            "/SessionPolicy/properties/max_session_hours",
+            json!({"exclusiveMinimum": 0, "maximum": 8760}),
+        ),
+        (
+            "/SessionPolicy/properties/max_sessions_per_user",
+            range(0.0, 10_000.0),
         ),
         (
             "/Command",
@@ -508,6 +526,26 @@ fn parameter_rules() -> Vec<(&'static str, &'static str, &'static str, Value)> {
     vec![
         ("/api/v1/tasks", "get", "state", states),
         ("/api/v1/tasks", "get", "limit", range(1.0, 200.0)),
+        (
+            "/api/v1/tasks/{id}/shell",
+            "get",
+            "cols",
+            range(1.0, 1000.0),
+        ),
+        (
+            "/api/v1/tasks/{id}/shell",
+            "get",
+            "rows",
+            range(1.0, 1000.0),
+        ),
+        ("/api/v1/tasks/{id}/exec", "get", "cols", range(1.0, 1000.0)),
+        ("/api/v1/tasks/{id}/exec", "get", "rows", range(1.0, 1000.0)),
+        (
+            "/api/v1/tasks/{id}/exec",
+            "get",
+            "command",
+            pattern(r"^\s*\["),
+        ),
         ("/api/v1/tasks", "get", "label", pattern(r"^[^=]*=")),
         (
             "/api/v1/tasks",

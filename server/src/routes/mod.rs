@@ -15,6 +15,7 @@ pub mod streams;
 pub mod sweeps;
 pub mod tasks;
 pub mod tenant;
+pub mod tunnels;
 pub mod usage;
 
 use actix_web::web;
@@ -53,6 +54,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(tenant::tenant_quota)
             .service(tenant::member_quota)
             .service(tenant::set_member_quota)
+            .service(tenant::session_policy)
+            .service(tenant::set_session_policy)
             .service(admin::tenants)
             .service(admin::set_tenant_quota)
             .service(admin::update_tenant)
@@ -77,6 +80,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(tasks::log_download)
             .service(streams::metric_stream)
             .service(tasks::report_metrics)
+            .service(tunnels::shell)
+            .service(tunnels::exec)
+            .service(tunnels::port)
+            .service(tunnels::agent_side)
             .service(artifacts::results)
             .service(artifacts::result_files)
             .service(artifacts::result_file)

@@ -8,7 +8,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::{
     admin, agent, api_keys, artifacts, auth, code, health, nodes, streams, sweeps, tasks, tenant,
-    usage,
+    tunnels, usage,
 };
 
 #[derive(OpenApi)]
@@ -21,9 +21,11 @@ use super::{
         tenant::show, tenant::members, tenant::update_member, tenant::remove_member,
         tenant::invitations, tenant::invite, tenant::revoke_invitation, tenant::preview_invitation,
         tenant::tenant_quota, tenant::member_quota, tenant::set_member_quota,
+        tenant::session_policy, tenant::set_session_policy,
         admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user, admin::policy, usage::usage,
         tasks::submit, tasks::list, tasks::show, tasks::cancel, tasks::events, tasks::attempts,
         tasks::logs, tasks::log_download, tasks::log_stream, tasks::metrics, tasks::metric_lines, streams::metric_stream, tasks::report_metrics,
+        tunnels::shell, tunnels::exec, tunnels::port, tunnels::agent_side,
         artifacts::results, artifacts::result_files, artifacts::result_file, artifacts::checkpoints, artifacts::list_objects, artifacts::put_object,
         artifacts::get_object, artifacts::delete_object, artifacts::start_upload, artifacts::put_file,
         artifacts::commit, artifacts::abandon, artifacts::get_file, artifacts::data_manifest, artifacts::data_file,

@@ -4,7 +4,7 @@
 use actix_web::{delete, get, patch, post, put, web, HttpResponse};
 use autodl_common::api::{
     CreateInvitationRequest, ErrorBody, Invitation, InvitationPreview, Member, Quota, Role,
-    TenantInfo, UpdateMemberRequest,
+    SessionPolicy, TenantInfo, UpdateMemberRequest,
 };
 
 use crate::auth::caller::parse_role;
@@ -334,4 +334,39 @@ pub async fn set_member_quota(
         .await?;
     state.accounts_changed();
     Ok(web::Json(quota_to_api(&rec)))
+}
+
+/// The organization's rules for sessions and idle GPUs; every member may read them.
+#[utoipa::path(responses((status = 200, body = SessionPolicy), (status = 401, body = ErrorBody)))]
+#[get("/tenant/session-policy")]
+pub async fn session_policy(
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<web::Json<SessionPolicy>, ApiError> {
+    Ok(web::Json(
+        state.store.session_policy(caller.tenant_id()).await?,
+    ))
+}
+
+/// Sets the organization's rules for sessions and idle GPUs (owners and admins).
+#[utoipa::path(request_body = SessionPolicy, responses((status = 200, body = SessionPolicy), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
+#[put("/tenant/session-policy")]
+#[tracing::instrument(skip_all, fields(user = %caller.user.id))]
+pub async fn set_session_policy(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: Json<SessionPolicy>,
+) -> Result<web::Json<SessionPolicy>, ApiError> {
+    caller.require_manager()?;
+    let policy = body.into_inner();
+    crate::tasks::session::check_policy(&policy)?;
+    if !state
+        .store
+        .set_session_policy(caller.tenant_id(), &policy)
+        .await?
+    {
+        return Err(ApiError::NotFound("no such organization".into()));
+    }
+    tracing::info!(?policy, "session policy changed");
+    Ok(web::Json(policy))
 }

@@ -8,6 +8,7 @@ pub mod explain;
 pub mod forecast;
 pub mod handle;
 pub mod housekeeping;
+pub mod idle;
 pub mod runner;
 pub mod snapshot;
 pub mod sweeps;

@@ -40,6 +40,9 @@ pub struct Runner {
     /// This server, as the leader table names it (host and process).
     holder: String,
     last_housekeeping: Option<Instant>,
+    /// Idle GPUs: warned, and stopped where the organization says so.
+    idle: super::idle::IdleWatch,
+    tunnels: Arc<crate::tunnels::Tunnels>,
     /// How the tasks that others wait for ended.
     dependencies: super::dependencies::Dependencies,
     interval: Duration,
@@ -112,6 +115,8 @@ impl Runner {
                 std::process::id()
             ),
             last_housekeeping: None,
+            idle: Default::default(),
+            tunnels: state.tunnels.clone(),
             dependencies: Default::default(),
             interval,
             forecaster: Default::default(),
@@ -524,6 +529,17 @@ impl Runner {
         }
 
         self.stop_overdue(term, &loaded.tasks, &agent_nodes, now_ms)
+            .await?;
+        self.idle
+            .check(
+                self.store.as_ref(),
+                &self.tunnels,
+                &self.agents,
+                term,
+                &loaded.tasks,
+                &agent_nodes,
+                now_ms,
+            )
             .await?;
         let charged_at = cycle_started.elapsed();
         let decisions = self.scheduler.schedule(loaded.snapshot.state(), now);

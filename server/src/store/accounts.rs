@@ -66,6 +66,10 @@ pub trait Accounts: Send + Sync {
     ) -> StoreResult<()>;
     async fn all_quotas(&self) -> StoreResult<Vec<QuotaRow>>;
     async fn set_tenant_trusted(&self, id: &str, trusted: bool) -> StoreResult<bool>;
+    /// The organization's session and idle rules (the defaults until an admin sets them).
+    async fn session_policy(&self, tenant_id: &str) -> StoreResult<SessionPolicy>;
+    /// False when there is no such organization.
+    async fn set_session_policy(&self, tenant_id: &str, p: &SessionPolicy) -> StoreResult<bool>;
     /// Organizations whose tasks may run on trusted-only nodes.
     async fn trusted_tenants(&self) -> StoreResult<Vec<String>>;
 }

@@ -1,6 +1,7 @@
 //! Rows as the store keeps them, with states and kinds as types (parsed when read). Times are
 //! Unix milliseconds.
 
+pub use autodl_common::api::SessionPolicy;
 use autodl_common::tasks::TaskState;
 
 use crate::domain::{AllowedGpuTypes, ArtifactKind, ArtifactState, NodeStatus};
@@ -259,10 +260,19 @@ pub struct SweepWithUser {
     pub user_email: String,
 }
 
+/// A run's GPU samples in brief, for judging whether it sits idle (clock milliseconds).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuActivity {
+    pub first: Option<i64>,
+    pub last: Option<i64>,
+    pub last_busy: Option<i64>,
+}
+
 /// A task to store, with its labels.
 pub struct NewTask {
     pub task: TaskRecord,
     pub labels: Vec<(String, String)>,
+    pub kind: autodl_common::tasks::TaskKind,
 }
 
 pub enum TaskCreated {

@@ -30,6 +30,8 @@ pub trait Tasks: Send + Sync {
     async fn count_tasks(&self, filter: &TaskFilter) -> StoreResult<i64>;
     /// Pending tasks of a user, and of their tenant.
     async fn count_pending(&self, user_id: &str, tenant_id: &str) -> StoreResult<(i64, i64)>;
+    /// The member's sessions that are pending or running.
+    async fn count_open_sessions(&self, user_id: &str) -> StoreResult<i64>;
     /// Tasks that are pending, scheduled or running: what the scheduler looks at.
     async fn active_tasks(&self) -> StoreResult<Vec<TaskRecord>>;
     /// (user id, seconds from start to finish) of the `limit` tasks that completed last,

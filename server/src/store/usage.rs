@@ -41,6 +41,14 @@ pub trait Usage: Send + Sync {
     async fn usage_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<UsageUtilRecord>>;
     /// Each GPU's latest sample taken since `since`: `(node, GPU index, utilization 0..1)`.
     async fn latest_gpu_utilization(&self, since: i64) -> StoreResult<Vec<(String, i64, f64)>>;
+    /// A task's GPU samples since `from`: the first, the last, and the last of a GPU at or
+    /// above `busy` utilization (0..1).
+    async fn task_gpu_activity(
+        &self,
+        task_id: &str,
+        from: i64,
+        busy: f64,
+    ) -> StoreResult<GpuActivity>;
     /// Folds raw samples older than `before` into hourly rollups and deletes them; drops
     /// rollups older than `rollups_before`.
     async fn compact_gpu_samples(&self, before: i64, rollups_before: i64) -> StoreResult<u64>;

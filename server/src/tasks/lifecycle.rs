@@ -110,6 +110,29 @@ pub fn timed_out(
     }
 }
 
+/// How a run ends that was stopped for good, not to run again elsewhere: at its time limit
+/// (`timed_out`) or for sitting idle (`cancelled`, its GPUs given back). `None` for the stop
+/// reasons that send a run back to the queue (preempted, drained, ...).
+pub fn final_stop(
+    reason: &str,
+    spec: &TaskSpec,
+    attempt: u32,
+    exit_code: Option<i64>,
+    batch_size: Option<i64>,
+) -> Option<AttemptEnd> {
+    match reason {
+        TIMED_OUT => Some(timed_out(spec, attempt, exit_code, batch_size)),
+        super::session::IDLE => Some(AttemptEnd {
+            exit_code,
+            reason: Some(super::session::IDLE.to_owned()),
+            next_state: TaskState::Cancelled,
+            next_batch_size: batch_size,
+            message: format!("attempt {attempt} stopped: its GPUs sat idle; they were given back"),
+        }),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,7 @@ pub mod access;
 pub mod checkpoints;
 pub mod lifecycle;
 pub mod metrics;
+pub mod session;
 pub mod spec;
 pub mod sweep;
 

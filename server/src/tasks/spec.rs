@@ -4,7 +4,7 @@
 use std::str::FromStr;
 
 use autodl_common::tasks::{
-    Command, OneOrMany, RetryPolicy, Size, TaskSpec, TaskSpecInput, TimeSpan,
+    Command, OneOrMany, RetryPolicy, Size, TaskKind, TaskSpec, TaskSpecInput, TimeSpan,
 };
 use time::format_description::well_known::Rfc3339;
 use time::{OffsetDateTime, PrimitiveDateTime};
@@ -163,6 +163,7 @@ pub const DEFAULT_OOM_RETRIES: u32 = 3;
 /// Checks a submission and fills in defaults. `now_s` (Unix seconds) judges the deadline.
 pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError> {
     let name = text("name", &input.name, 128)?;
+    let kind = input.kind.unwrap_or_default();
     let image = text("image", &input.image, 512)?;
     let command = match (&input.command, &input.entry_point) {
         (Some(_), Some(_)) => {
@@ -184,6 +185,10 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
             v.clone()
         }
         (None, Some(e)) => vec!["python".into(), text("entry_point", e, 1024)?],
+        // A session with nothing to run waits for its owner's shells.
+        (None, None) if kind == TaskKind::Session => {
+            SESSION_COMMAND.iter().map(|s| s.to_string()).collect()
+        }
         (None, None) => {
             return Err(ApiError::invalid(
                 "command",
@@ -191,6 +196,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
             ))
         }
     };
+    let ports = ports(&input.ports)?;
     if input.env.len() > 256 {
         return Err(ApiError::invalid(
             "env",
@@ -432,12 +438,45 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         code: input.code,
         labels: input.labels,
         batch_size: input.batch_size,
-        preemptible: input.preemptible.unwrap_or(true),
+        // Someone works in a session: it is not taken away for a checkpoint unless its owner
+        // says it may be.
+        preemptible: input.preemptible.unwrap_or(kind == TaskKind::Batch),
         after,
         after_when: input.after_when.unwrap_or_default(),
         after_failure: input.after_failure.unwrap_or_default(),
         sweep: None,
+        kind,
+        ports,
     })
+}
+
+/// What a session runs when its owner gave no command: nothing, until someone opens a shell.
+pub const SESSION_COMMAND: [&str; 2] = ["sleep", "infinity"];
+
+/// Most ports a task may declare.
+const MAX_PORTS: usize = 16;
+
+/// Declared ports, each once, in the order given.
+fn ports(list: &[u16]) -> Result<Vec<u16>, ApiError> {
+    if list.len() > MAX_PORTS {
+        return Err(ApiError::invalid(
+            "ports",
+            format!("at most {MAX_PORTS} ports (e.g. [8888, 6006])"),
+        ));
+    }
+    let mut out: Vec<u16> = Vec::with_capacity(list.len());
+    for &p in list {
+        if p == 0 {
+            return Err(ApiError::invalid(
+                "ports",
+                "ports are TCP ports from 1 to 65535 (e.g. [8888, 6006])",
+            ));
+        }
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    Ok(out)
 }
 
 /// Most tasks one may wait for: a pipeline's stage waits for a few, a sweep's summary for its

@@ -141,6 +141,7 @@ async fn a_repeated_key_in_one_batch_makes_one_task(b: Backend) {
         .map(|(id, key)| NewTask {
             task: record(id, key),
             labels: vec![("who".into(), id.into())],
+            kind: Default::default(),
         })
         .collect();
     let out = app.state.store.create_tasks(&batch).await.unwrap();

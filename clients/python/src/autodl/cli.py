@@ -557,6 +557,80 @@ def cmd_nodes(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _task_path(task_id: str, what: str) -> str:
+    from urllib.parse import quote
+
+    return f"/tasks/{quote(task_id, safe='')}/{what}"
+
+
+def cmd_exec(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    from .tunnel import run_exec
+
+    argv = list(args.argv[1:] if args.argv[:1] == ["--"] else args.argv)
+    if not argv:
+        raise ValidationError("give the command after the task id, e.g. -- nvidia-smi")
+    data = sys.stdin.buffer.read() if args.stdin else None
+    ws = client.tunnel(_task_path(args.id, "exec"), command=json.dumps(argv), rank=args.rank)
+    err = sys.stderr
+
+    def to_out(b: bytes) -> None:
+        out.write(b.decode("utf-8", "replace"))
+        out.flush()
+
+    def to_err(b: bytes) -> None:
+        err.write(b.decode("utf-8", "replace"))
+        err.flush()
+
+    # The command's own exit status, as ssh and kubectl exec give it.
+    return run_exec(ws, stdin=data, on_stdout=to_out, on_stderr=to_err)
+
+
+def cmd_shell(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    from .tunnel import interactive, terminal_size
+
+    cols, rows = terminal_size()
+    ws = client.tunnel(_task_path(args.id, "shell"), cols=cols, rows=rows, rank=args.rank)
+    stdout = getattr(out, "buffer", sys.stdout.buffer)
+    return interactive(ws, sys.stdin.buffer, stdout)
+
+
+def _ports(text: str) -> Tuple[int, int]:
+    local, _, remote = text.rpartition(":")
+    try:
+        pair = (int(local or remote), int(remote))
+    except ValueError:
+        raise ValidationError(
+            f"a port is REMOTE or LOCAL:REMOTE, e.g. 8888 or 9000:8888, not {text!r}",
+            field="port",
+        ) from None
+    if not all(0 <= p <= 65535 for p in pair) or pair[1] == 0:
+        raise ValidationError(f"ports are 1 to 65535, not {text!r}", field="port")
+    return pair
+
+
+def cmd_port_forward(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    from .tunnel import serve_forward
+
+    local, remote = _ports(args.port)
+    # Asking once up front turns a refusal (no such task, undeclared port) into an error
+    # now, not at the first connection.
+    client.tunnel(_task_path(args.id, f"ports/{remote}"), rank=args.rank).close()
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((args.address, local))
+    listener.listen(16)
+    host, bound = listener.getsockname()[:2]
+    out.write(f"Forwarding from {host}:{bound} -> {args.id}:{remote} (Ctrl-C to stop)\n")
+    out.flush()
+
+    def open_ws() -> Any:
+        return client.tunnel(_task_path(args.id, f"ports/{remote}"), rank=args.rank)
+
+    with listener:
+        serve_forward(listener, open_ws)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Connection options are accepted before or after the sub-command.
     common = argparse.ArgumentParser(add_help=False)
@@ -715,6 +789,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id")
     p.add_argument("dir", nargs="?", default="./output", help="target directory (default ./output)")
     p.set_defaults(func=cmd_download)
+
+    p = sub.add_parser(
+        "exec", parents=[common], help="run a command in a running task (owner and admins)"
+    )
+    p.add_argument("id")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="what to run")
+    p.add_argument("-i", "--stdin", action="store_true", help="send this program's input")
+    p.add_argument("--rank", type=int, help="which worker of a multi-node task (default 0)")
+    p.set_defaults(func=cmd_exec)
+
+    p = sub.add_parser("shell", parents=[common], help="an interactive shell in a running task")
+    p.add_argument("id")
+    p.add_argument("--rank", type=int, help="which worker of a multi-node task (default 0)")
+    p.set_defaults(func=cmd_shell)
+
+    p = sub.add_parser(
+        "port-forward",
+        parents=[common],
+        help="reach a port the task declared from this machine, e.g. 8888 or 9000:8888",
+    )
+    p.add_argument("id")
+    p.add_argument("port", metavar="[LOCAL:]REMOTE")
+    p.add_argument("--address", default="127.0.0.1", help="local address to listen on")
+    p.add_argument("--rank", type=int, help="which worker of a multi-node task (default 0)")
+    p.set_defaults(func=cmd_port_forward)
 
     p = sub.add_parser("nodes", parents=[common], help="list the cluster's nodes")
     p.add_argument("--json", action="store_true")

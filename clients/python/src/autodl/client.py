@@ -5,7 +5,18 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 from urllib.parse import quote
 
 import httpx
@@ -16,6 +27,9 @@ from .spec import build_spec, in_users_terms, label_params
 from .sweep import Sweep, parameters_body
 from .task import Task
 from .workdir import MAX_BUNDLE_BYTES, pack
+
+if TYPE_CHECKING:
+    from .tunnel import ExecResult
 
 
 class Client:
@@ -181,6 +195,39 @@ class Client:
         """The task with this id (:class:`~autodl.errors.NotFound` if not in your
         organization)."""
         return Task(self, self._http.get(f"/tasks/{quote(str(task_id), safe='')}"))
+
+    def tunnel(self, path: str, **params: Any) -> Any:
+        """A WebSocket into a running task (``/tasks/{id}/shell``, ``exec`` or
+        ``ports/{port}``), checked by the server; see :mod:`autodl.tunnel`."""
+        from .tunnel import open_tunnel
+
+        return open_tunnel(self.base_url, self.api_key, path, params)
+
+    def exec(
+        self,
+        task_id: str,
+        command: Sequence[str],
+        stdin: Optional[Union[str, bytes]] = None,
+        rank: Optional[int] = None,
+    ) -> ExecResult:
+        """Runs ``command`` (an argument list) in a running task's environment, as the task
+        runs (its user, sandbox or container, folders and variables), and returns what it
+        printed and its exit code. The task's owner and the organization's admins may; each
+        call is an event in the task's timeline."""
+        import json
+
+        from .tunnel import exec_collect
+
+        argv = [str(a) for a in command]
+        if not argv:
+            raise ValidationError("command is required, e.g. ['nvidia-smi']", field="command")
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        ws = self.tunnel(
+            f"/tasks/{quote(str(task_id), safe='')}/exec",
+            command=json.dumps(argv),
+            rank=rank,
+        )
+        return exec_collect(ws, data)
 
     def task(self, task_id: str) -> Task:
         """A handle on a task id without fetching it (the first status read fetches)."""

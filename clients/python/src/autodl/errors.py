@@ -130,3 +130,14 @@ def error_class(status: int, code: Optional[str]) -> Type[AutodlError]:
     if refined is not None and issubclass(refined, by_status):
         return refined
     return by_status
+
+
+def error_from_response(status: int, body: Any) -> AutodlError:
+    """The exception for an error answer's status and decoded JSON body (as the server
+    refuses a WebSocket handshake, for example)."""
+    err = body.get("error") if isinstance(body, dict) else None
+    err = err if isinstance(err, dict) else {}
+    message = str(err["message"]) if isinstance(err.get("message"), str) else f"HTTP {status}"
+    code = err.get("code") if isinstance(err.get("code"), str) else None
+    field = err.get("field") if isinstance(err.get("field"), str) else None
+    return error_class(status, code)(message, status=status, code=code, field=field)

@@ -251,6 +251,8 @@ SPEC_FIELDS = (
     "after",
     "after_when",
     "after_failure",
+    "kind",
+    "ports",
 )
 
 

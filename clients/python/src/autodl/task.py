@@ -6,7 +6,17 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Union,
+)
 from urllib.parse import quote
 
 from .archive import safe_extract
@@ -14,6 +24,7 @@ from .errors import AutodlConnectionError, TaskTimeout
 
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
+    from .tunnel import ExecResult
 
 PENDING = "PENDING"
 SCHEDULED = "SCHEDULED"
@@ -120,6 +131,12 @@ class Task:
                 raise TaskTimeout(f"task {self.id} is still {self.status} after {timeout:g} s")
             sleep = poll if deadline is None else max(0.0, min(poll, deadline - now))
             time.sleep(sleep)
+
+    def exec(
+        self, command: Sequence[str], stdin: Optional[Union[str, bytes]] = None
+    ) -> ExecResult:
+        """Runs ``command`` inside this running task (see :meth:`autodl.Client.exec`)."""
+        return self._client.exec(self.id, command, stdin=stdin)
 
     def cancel(self) -> str:
         """Cancels the task and returns its new status; a finished task raises

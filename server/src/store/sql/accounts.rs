@@ -364,6 +364,30 @@ macro_rules! impl_accounts {
                 Ok(r.rows_affected() == 1)
             }
 
+            async fn session_policy(&self, tenant_id: &str) -> StoreResult<SessionPolicy> {
+                let row: Option<(Option<String>,)> =
+                    sqlx::query_as("SELECT session_policy FROM tenants WHERE id = $1")
+                        .bind(tenant_id)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                // A policy this version cannot read (written by a newer one) falls back to the
+                // defaults rather than failing every check that needs it.
+                Ok(row
+                    .and_then(|(p,)| p)
+                    .and_then(|p| serde_json::from_str(&p).ok())
+                    .unwrap_or_default())
+            }
+
+            async fn set_session_policy(&self, tenant_id: &str, p: &SessionPolicy) -> StoreResult<bool> {
+                let json = serde_json::to_string(p).unwrap_or_default();
+                let r = sqlx::query("UPDATE tenants SET session_policy = $1 WHERE id = $2")
+                    .bind(json)
+                    .bind(tenant_id)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(r.rows_affected() == 1)
+            }
+
             async fn trusted_tenants(&self) -> StoreResult<Vec<String>> {
                 let rows: Vec<(String,)> = sqlx::query_as("SELECT id FROM tenants WHERE trusted = TRUE")
                     .fetch_all(&self.sched)

@@ -46,7 +46,7 @@ macro_rules! impl_tasks {
                     let mut q = sqlx::QueryBuilder::<$db>::new(
                         "INSERT INTO tasks (id, tenant_id, user_id, name, state, spec, gpus_total, idempotency_key, attempts,
                             batch_size, placement, attained_gpu_seconds, last_checkpoint_at, created_at, updated_at, started_at, finished_at,
-                            rev) ",
+                            kind, rev) ",
                     );
                     q.push_values(chunk, |mut b, n| {
                         let t = &n.task;
@@ -67,6 +67,7 @@ macro_rules! impl_tasks {
                             .push_bind(t.updated_at)
                             .push_bind(t.started_at)
                             .push_bind(t.finished_at)
+                            .push_bind(n.kind.as_str())
                             .push(<$store>::NEW_TASK_REV);
                     });
                     // A repeated idempotency key stores nothing; the task it made is read below.
@@ -250,6 +251,17 @@ macro_rules! impl_tasks {
                 .fetch_one(&self.pool)
                 .await?;
                 Ok((u, t))
+            }
+
+            async fn count_open_sessions(&self, user_id: &str) -> StoreResult<i64> {
+                let (n,): (i64,) = sqlx::query_as(
+                    "SELECT COUNT(*) FROM tasks WHERE user_id = $1 AND kind = 'session'
+                     AND state IN ('pending', 'scheduled', 'running')",
+                )
+                .bind(user_id)
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(n)
             }
 
             async fn recent_run_times(&self, limit: i64) -> StoreResult<Vec<(String, i64)>> {

@@ -183,6 +183,19 @@ macro_rules! impl_usage {
                 .await?)
             }
 
+            async fn task_gpu_activity(&self, task_id: &str, from: i64, busy: f64) -> StoreResult<GpuActivity> {
+                let (first, last, last_busy): (Option<i64>, Option<i64>, Option<i64>) = sqlx::query_as(
+                    "SELECT MIN(at), MAX(at), MAX(CASE WHEN util >= $3 THEN at END)
+                     FROM gpu_samples WHERE task_id = $1 AND at >= $2",
+                )
+                .bind(task_id)
+                .bind(from)
+                .bind(busy)
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(GpuActivity { first, last, last_busy })
+            }
+
             async fn usage_attempts(&self, from: i64, to: i64) -> StoreResult<Vec<UsageAttemptRecord>> {
                 Ok(sqlx::query_as(
                     "SELECT t.tenant_id, n.name AS tenant_name, t.user_id, u.email AS user_email,

@@ -1,0 +1,155 @@
+"""Sessions and tunnels against ``serve --demo``: a session running a small web server
+(a page and a WebSocket echo) reached by ``autodl port-forward``; ``autodl exec`` and
+``autodl shell`` round-trip through the server; another organization is refused."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from conftest import LiveServer, cli
+from websockets.sync.client import connect
+
+import autodl
+
+pytestmark = pytest.mark.live
+
+SERVER = """
+import asyncio, sys
+from websockets.asyncio.server import serve
+
+async def echo(ws):
+    async for message in ws:
+        await ws.send(message)
+
+def page(connection, request):
+    if request.headers.get("Upgrade", "").lower() != "websocket":
+        return connection.respond(200, "hello from the task\\n")
+
+async def main():
+    async with serve(echo, "127.0.0.1", int(sys.argv[1]), process_request=page):
+        print("listening", flush=True)
+        await asyncio.Future()
+
+asyncio.run(main())
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate, timeout: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def session(demo: LiveServer):
+    client = demo.client()
+    script = demo.code_dir / "webapp.py"
+    script.write_text(SERVER)
+    port = _free_port()
+    task = client.submit_spec(
+        {
+            "name": "notebook",
+            "image": "none",
+            "kind": "session",
+            "ports": [port],
+            "command": ["python", str(script), str(port)],
+            "resources": {"gpu": {"count": 1}},
+        }
+    )
+    _wait(lambda: task.get_status() == "RUNNING", what="the session to run")
+    _wait(lambda: "listening" in "".join(task.logs()), what="the web server")
+    yield task, port
+    task.cancel()
+
+
+def test_exec_returns_output_and_exit_code(demo: LiveServer, session):
+    task, _ = session
+    r = demo.client().exec(task.id, ["sh", "-c", "echo hi $AUTODL_TASK_ID; echo oops >&2; exit 4"])
+    assert (r.exit_code, r.stdout, r.stderr) == (4, f"hi {task.id}\n", "oops\n")
+    assert task.exec(["cat"], stdin="piped\n").stdout == "piped\n"
+    # The CLI gives the command's own exit status.
+    done = cli(demo, "exec", task.id, "--", "sh", "-c", "echo from-cli; exit 3")
+    assert done.returncode == 3 and done.stdout == "from-cli\n", done
+    kinds = [e["kind"] for e in task.events()]
+    assert "exec" in kinds
+
+
+def test_shell_round_trips_input_and_output(demo: LiveServer, session):
+    task, _ = session
+    done = subprocess.run(
+        [sys.executable, "-m", "autodl.cli", "shell", task.id],
+        input="echo $((6*7)) from-the-shell\nexit 5\n",
+        env=demo.cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "42 from-the-shell" in done.stdout, done
+    assert done.returncode == 5, done
+    assert "shell" in [e["kind"] for e in task.events()]
+
+
+def test_port_forward_serves_a_page_and_a_websocket(demo: LiveServer, session):
+    task, port = session
+    local = _free_port()
+    fwd = subprocess.Popen(
+        [sys.executable, "-m", "autodl.cli", "port-forward", task.id, f"{local}:{port}"],
+        env=demo.cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = fwd.stdout.readline()
+        assert f"127.0.0.1:{local}" in line, (line, fwd.stderr)
+        with urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=20) as page:
+            assert page.read().decode() == "hello from the task\n"
+        with connect(f"ws://127.0.0.1:{local}/", open_timeout=20) as ws:
+            for text in ["one", "two" * 1000]:
+                ws.send(text)
+                assert ws.recv(timeout=20) == text
+            ws.send(b"\x00\x01binary")
+            assert ws.recv(timeout=20) == b"\x00\x01binary"
+    finally:
+        fwd.send_signal(signal.SIGINT)
+        fwd.wait(timeout=20)
+
+
+def test_another_organization_reaches_nothing(demo: LiveServer, session):
+    task, port = session
+    with demo.raw() as http:
+        http.headers.pop("Authorization")
+        signup = http.post(
+            "/auth/signup",
+            json={
+                "email": "mallory@other.example",
+                "password": "Mall-ory-2024-pass!",
+                "tenant_name": "Other",
+            },
+        )
+    assert signup.status_code == 201, signup.text
+    outsider = autodl.Client(api_key=signup.json()["token"], base_url=demo.url)
+    with pytest.raises(autodl.NotFound):
+        outsider.exec(task.id, ["id"])
+    with pytest.raises(autodl.NotFound):
+        outsider.tunnel(f"/tasks/{task.id}/ports/{port}")
+    done = cli(demo, "exec", task.id, "--", "id", api_key=signup.json()["token"])
+    assert done.returncode == 1 and "no such task" in done.stderr, done
+    # The owner still gets through: nothing was broken by the refusals.
+    assert demo.client().exec(task.id, ["true"]).exit_code == 0

@@ -1,0 +1,356 @@
+//! WebSocket tunnels into running tasks (see `crate::tunnels`): `shell`, `exec` and `ports`
+//! for people, `/agent/tunnels/{id}` for the node's agent dialling back.
+
+use actix_web::{get, web, HttpRequest, HttpResponse};
+use autodl_common::agent::{TunnelRequest, TunnelTarget};
+use autodl_common::api::ErrorBody;
+use autodl_common::tasks::TaskState;
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use crate::agents::node_caller::NodeCaller;
+use crate::auth::{Caller, CallerVia};
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::tasks::{placement_of, spec_of};
+use crate::tunnels::{pipe, refuse, AGENT_ANSWER, MAX_FRAME};
+
+/// Most arguments and bytes a one-shot command may have.
+const MAX_ARGS: usize = 256;
+const MAX_COMMAND_BYTES: usize = 16 * 1024;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ShellQuery {
+    /// Terminal width in characters (default 80).
+    cols: Option<u16>,
+    /// Terminal height in lines (default 24).
+    rows: Option<u16>,
+    /// Which worker of a multi-node task (default 0).
+    rank: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ExecQuery {
+    /// The command as a JSON array of strings, e.g. `["nvidia-smi", "-L"]`.
+    command: String,
+    /// Give the command a terminal (stdout and stderr then arrive as one).
+    tty: Option<bool>,
+    cols: Option<u16>,
+    rows: Option<u16>,
+    rank: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PortQuery {
+    rank: Option<u32>,
+}
+
+fn terminal_size(cols: Option<u16>, rows: Option<u16>) -> Result<(u16, u16), ApiError> {
+    let cols = cols.unwrap_or(80);
+    let rows = rows.unwrap_or(24);
+    if !(1..=1000).contains(&cols) {
+        return Err(ApiError::invalid("cols", "cols is 1 to 1000 (e.g. 80)"));
+    }
+    if !(1..=1000).contains(&rows) {
+        return Err(ApiError::invalid("rows", "rows is 1 to 1000 (e.g. 24)"));
+    }
+    Ok((cols, rows))
+}
+
+fn parse_command(raw: &str) -> Result<Vec<String>, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            "command",
+            "command is a JSON array of strings, e.g. [\"nvidia-smi\", \"-L\"]",
+        )
+    };
+    if raw.len() > MAX_COMMAND_BYTES {
+        return Err(ApiError::invalid(
+            "command",
+            format!("command is at most {MAX_COMMAND_BYTES} bytes"),
+        ));
+    }
+    let command: Vec<String> = serde_json::from_str(raw).map_err(|_| bad())?;
+    if command.is_empty() || command[0].is_empty() {
+        return Err(bad());
+    }
+    if command.len() > MAX_ARGS || command.iter().any(|a| a.contains('\0')) {
+        return Err(ApiError::invalid(
+            "command",
+            format!("command has at most {MAX_ARGS} arguments and no NUL characters"),
+        ));
+    }
+    Ok(command)
+}
+
+/// A browser's WebSocket carries the session cookie to any site that asks; one opened from
+/// another site's page is refused (the cookie is `SameSite=Lax`, this is the second lock).
+fn same_origin(req: &HttpRequest, caller: &Caller) -> Result<(), ApiError> {
+    let from_cookie = matches!(
+        caller.via,
+        CallerVia::Session {
+            from_cookie: true,
+            ..
+        }
+    );
+    let Some(origin) = req.headers().get("origin").and_then(|o| o.to_str().ok()) else {
+        return Ok(());
+    };
+    let host = req.connection_info().host().to_owned();
+    let origin_host = origin.split("://").nth(1).unwrap_or(origin);
+    if from_cookie && origin_host != host {
+        return Err(ApiError::Forbidden(
+            "a tunnel opened from another site's page is refused".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The node and attempt a running task's `rank` runs on, once the caller may reach into it:
+/// its owner or a manager of its organization.
+async fn target_of(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    rank: Option<u32>,
+) -> Result<(crate::store::TaskWithUser, String), ApiError> {
+    let t = super::tasks::find(state, caller, id).await?;
+    if t.task.user_id != caller.user.id {
+        caller.require_manager().map_err(|_| {
+            ApiError::Forbidden(
+                "only the task's owner or an admin of its organization may reach into it".into(),
+            )
+        })?;
+    }
+    if t.task.state != TaskState::Running {
+        return Err(ApiError::Conflict(format!(
+            "the task is {}: only a running task can be reached",
+            t.task.state.as_str()
+        )));
+    }
+    let placement = placement_of(&t.task).unwrap_or_default();
+    let rank = rank.unwrap_or(0) as usize;
+    let node = placement.get(rank).map(|p| p.node.clone()).ok_or_else(|| {
+        ApiError::invalid(
+            "rank",
+            format!(
+                "the task has {} worker(s), numbered from 0",
+                placement.len()
+            ),
+        )
+    })?;
+    Ok((t, node))
+}
+
+/// What a person asked to reach, and how the task's timeline will say it.
+struct Reach {
+    task: crate::store::TaskWithUser,
+    node: String,
+    target: TunnelTarget,
+    /// The event's kind and what follows the person's email in it.
+    event: (&'static str, String),
+}
+
+/// Opens the WebSocket and parks it until the node's agent answers; records who reached in.
+async fn open(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Payload,
+    caller: Caller,
+    reach: Reach,
+) -> Result<HttpResponse, ApiError> {
+    let Reach {
+        task,
+        node,
+        target,
+        event,
+    } = reach;
+    same_origin(&req, &caller)?;
+    let (response, person, stream) = actix_ws::handle(&req, body).map_err(|e| {
+        ApiError::invalid(
+            "upgrade",
+            format!("this endpoint is a WebSocket (send the Upgrade: websocket headers): {e}"),
+        )
+    })?;
+    let stream = stream.max_frame_size(MAX_FRAME);
+    let request = TunnelRequest {
+        id: uuid::Uuid::new_v4().to_string(),
+        task_id: task.task.id.clone(),
+        attempt: task.task.attempts.clamp(0, i64::from(u32::MAX)) as u32,
+        target,
+    };
+    let id = request.id.clone();
+    let task_id = task.task.id.clone();
+    state
+        .store
+        .add_event(
+            &task_id,
+            event.0,
+            &format!("{} {}", caller.user.email, event.1),
+            state.clock.now_ms(),
+        )
+        .await?;
+    tracing::info!(task = %task_id, node = %node, user = %caller.user.email, kind = event.0, "tunnel requested");
+    let tunnels = state.tunnels.clone();
+    let (agent, guard) = tunnels.request(&node, request, person.clone());
+    state.agents.notify(&node);
+    actix_web::rt::spawn(async move {
+        let _guard = guard;
+        match tokio::time::timeout(AGENT_ANSWER, agent).await {
+            Ok(Ok(far)) => pipe(stream, person, far, tunnels, task_id).await,
+            _ => {
+                tunnels.abandon(&id);
+                refuse(person, "the task's node did not answer; try again").await;
+            }
+        }
+    });
+    Ok(response)
+}
+
+/// An interactive shell in the task's environment (WebSocket; binary frames carry a channel
+/// byte, text frames resize and end it: see the agent protocol).
+#[utoipa::path(params(("id" = String, Path), ShellQuery), responses((status = 101, description = "switching to the WebSocket"), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+#[get("/tasks/{id}/shell")]
+pub async fn shell(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Payload,
+    caller: Caller,
+    id: web::Path<String>,
+    q: web::Query<ShellQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let (cols, rows) = terminal_size(q.cols, q.rows)?;
+    let (task, node) = target_of(&state, &caller, &id, q.rank).await?;
+    let target = TunnelTarget::Exec {
+        command: Vec::new(),
+        tty: true,
+        cols,
+        rows,
+    };
+    let event = ("shell", "opened a shell".to_string());
+    let reach = Reach {
+        task,
+        node,
+        target,
+        event,
+    };
+    open(state, req, body, caller, reach).await
+}
+
+/// One command in the task's environment; works for batch tasks too.
+#[utoipa::path(params(("id" = String, Path), ExecQuery), responses((status = 101, description = "switching to the WebSocket"), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+#[get("/tasks/{id}/exec")]
+pub async fn exec(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Payload,
+    caller: Caller,
+    id: web::Path<String>,
+    q: web::Query<ExecQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let command = parse_command(&q.command)?;
+    let (cols, rows) = terminal_size(q.cols, q.rows)?;
+    let (task, node) = target_of(&state, &caller, &id, q.rank).await?;
+    let shown: String = command.join(" ").chars().take(500).collect();
+    let target = TunnelTarget::Exec {
+        command,
+        tty: q.tty.unwrap_or(false),
+        cols,
+        rows,
+    };
+    let event = ("exec", format!("ran: {shown}"));
+    let reach = Reach {
+        task,
+        node,
+        target,
+        event,
+    };
+    open(state, req, body, caller, reach).await
+}
+
+/// A TCP connection to a port the task declared in `ports` (binary frames are the bytes).
+#[utoipa::path(params(("id" = String, Path), ("port" = u16, Path), PortQuery), responses((status = 101, description = "switching to the WebSocket"), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+#[get("/tasks/{id}/ports/{port}")]
+pub async fn port(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Payload,
+    caller: Caller,
+    path: web::Path<(String, u16)>,
+    q: web::Query<PortQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let (id, port) = path.into_inner();
+    let (task, node) = target_of(&state, &caller, &id, q.rank).await?;
+    let spec = spec_of(&task.task)?;
+    if !spec.ports.contains(&port) {
+        return Err(ApiError::invalid(
+            "port",
+            format!(
+                "the task declared no port {port}; it declared {:?} (set ports when submitting)",
+                spec.ports
+            ),
+        ));
+    }
+    let reach = Reach {
+        task,
+        node,
+        target: TunnelTarget::Port { port },
+        event: ("port_forward", format!("opened port {port}")),
+    };
+    open(state, req, body, caller, reach).await
+}
+
+/// The node's agent dials in for a tunnel its poll was told of.
+#[utoipa::path(params(("id" = String, Path)), responses((status = 101, description = "switching to the WebSocket"), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+#[get("/agent/tunnels/{id}")]
+pub async fn agent_side(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Payload,
+    node: NodeCaller,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let (person, task_id, hand_over) = state
+        .tunnels
+        .answer(&id, &node.node.id)
+        .ok_or_else(|| ApiError::NotFound("no such tunnel for this node".into()))?;
+    // On an error `hand_over` is dropped, and the person is told the node did not answer.
+    let (response, agent, stream) = actix_ws::handle(&req, body)
+        .map_err(|e| ApiError::invalid("upgrade", format!("this endpoint is a WebSocket: {e}")))?;
+    let stream = stream.max_frame_size(MAX_FRAME);
+    if hand_over.send(agent.clone()).is_err() {
+        // The person left while the agent was on its way.
+        let _ = agent.close(None).await;
+        return Ok(response);
+    }
+    let tunnels = state.tunnels.clone();
+    actix_web::rt::spawn(pipe(stream, agent, person, tunnels, task_id));
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_json_arrays_of_strings() {
+        assert_eq!(
+            parse_command(r#"["nvidia-smi","-L"]"#).unwrap(),
+            vec!["nvidia-smi", "-L"]
+        );
+        for bad in ["nvidia-smi", "[]", r#"[""]"#, "[1]", r#"["a\u0000"]"#] {
+            assert!(parse_command(bad).is_err(), "{bad}");
+        }
+        assert!(parse_command(&format!("[{}]", vec!["\"a\""; 300].join(","))).is_err());
+    }
+
+    #[test]
+    fn terminal_sizes_are_bounded() {
+        assert_eq!(terminal_size(None, None).unwrap(), (80, 24));
+        assert!(terminal_size(Some(0), None).is_err());
+        assert!(terminal_size(None, Some(5000)).is_err());
+    }
+}

@@ -1,0 +1,139 @@
+//! The leader's watch on idle GPUs: once a minute (of the clock) each running task is judged
+//! by `tasks::session::judge` from its measured GPU utilization and its tunnel traffic. An
+//! idle task is warned in its timeline; an idle session (or batch task, where the
+//! organization asks) is stopped through its grace period and ends `cancelled`, its GPUs
+//! given back. Idle GPU-time also lowers its owner's fair-share through the utilization
+//! factor, which reads the same samples.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use autodl_common::api::SessionPolicy;
+use autodl_common::tasks::TaskState;
+
+use crate::agents::AgentHub;
+use crate::store::{Store, Term};
+use crate::tasks::session::{judge, Activity, Verdict, IDLE};
+use crate::tunnels::Tunnels;
+
+use super::snapshot::ActiveTask;
+
+/// How often tasks are judged (clock milliseconds).
+pub const CHECK_EVERY_MS: i64 = 60_000;
+
+#[derive(Default)]
+pub struct IdleWatch {
+    last_check: Option<i64>,
+    /// The idle period each task was last warned of (its start), so one period is told once.
+    warned: HashMap<String, i64>,
+}
+
+fn minutes(ms: i64) -> i64 {
+    (ms / 60_000).max(0)
+}
+
+impl IdleWatch {
+    #[allow(clippy::too_many_arguments)]
+    pub async fn check(
+        &mut self,
+        store: &dyn Store,
+        tunnels: &Tunnels,
+        agents: &AgentHub,
+        term: Term,
+        tasks: &[Arc<ActiveTask>],
+        agent_nodes: &HashMap<String, bool>,
+        now_ms: i64,
+    ) -> anyhow::Result<()> {
+        if self
+            .last_check
+            .is_some_and(|t| now_ms - t < CHECK_EVERY_MS && now_ms >= t)
+        {
+            return Ok(());
+        }
+        self.last_check = Some(now_ms);
+        let mut policies: HashMap<String, SessionPolicy> = HashMap::new();
+        let mut seen = Vec::new();
+        for t in tasks {
+            let (TaskState::Running, None, Some(started)) = (
+                t.rec.task.state,
+                t.rec.task.stop_reason.as_ref(),
+                t.rec.run_started_at,
+            ) else {
+                continue;
+            };
+            let nodes: Vec<&str> = t
+                .placement
+                .iter()
+                .flatten()
+                .map(|w| w.node.as_str())
+                .collect();
+            if !nodes
+                .iter()
+                .any(|n| agent_nodes.get(*n).copied().unwrap_or(false))
+            {
+                continue;
+            }
+            seen.push(t.id().to_owned());
+            let tenant = &t.rec.task.tenant_id;
+            if !policies.contains_key(tenant) {
+                policies.insert(tenant.clone(), store.session_policy(tenant).await?);
+            }
+            let policy = &policies[tenant];
+            if policy.idle_minutes == 0 {
+                continue;
+            }
+            let gpu = store
+                .task_gpu_activity(t.id(), started, policy.idle_util_pct / 100.0)
+                .await?;
+            let activity = Activity {
+                started,
+                first_sample: gpu.first,
+                last_sample: gpu.last,
+                last_busy: gpu.last_busy,
+                last_traffic: tunnels.use_of(t.id()).last_traffic,
+            };
+            let Verdict::Idle { since, stop } = judge(policy, t.spec.kind, &activity, now_ms)
+            else {
+                continue;
+            };
+            let idle = minutes(now_ms - since);
+            let gpus = t.rec.task.gpus_total.max(0) as f64;
+            let wasted = gpus * (now_ms - since) as f64 / 3_600_000.0;
+            let under = policy.idle_util_pct;
+            if stop {
+                if store.set_stop_reason(Some(term), t.id(), IDLE).await? {
+                    let message = format!(
+                        "stopping: its GPUs have been under {under}% for {idle} min with nobody \
+                         connected ({wasted:.2} GPU-hours idle)"
+                    );
+                    store
+                        .add_event(t.id(), "idle_stop", &message, now_ms)
+                        .await?;
+                    tracing::info!(task = t.id(), idle, "idle: stopping the run");
+                    for n in &nodes {
+                        agents.notify(n);
+                    }
+                }
+            } else if self.warned.get(t.id()) != Some(&since) {
+                let then = if t.spec.kind == autodl_common::tasks::TaskKind::Session
+                    || policy.stop_idle_batch
+                {
+                    format!(
+                        "; it will be stopped after {} min idle",
+                        policy.idle_minutes
+                    )
+                } else {
+                    String::new()
+                };
+                let message = format!(
+                    "its GPUs have been under {under}% for {idle} min ({wasted:.2} GPU-hours \
+                     idle){then}"
+                );
+                store.add_event(t.id(), "idle", &message, now_ms).await?;
+                self.warned.insert(t.id().to_owned(), since);
+            }
+        }
+        self.warned.retain(|id, _| seen.contains(id));
+        Ok(())
+    }
+}

@@ -1,0 +1,232 @@
+//! Tunnels from a person into a running task: a shell, a one-shot command, a declared port.
+//!
+//! Nodes may sit on networks nobody reaches, so nothing dials a node. The person's WebSocket
+//! arrives here first and waits; the node's next long poll carries the request; the agent
+//! dials out with its own WebSocket (`/agent/tunnels/{id}`), and the two are joined frame for
+//! frame. The server reads none of it: it only checks who may open what, and counts traffic
+//! so that an idle session is told apart from one somebody works in.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix_ws::{Message, MessageStream, Session};
+use autodl_common::agent::{TunnelControl, TunnelRequest};
+use futures_util::StreamExt;
+use tokio::sync::oneshot;
+
+use crate::clock::Clock;
+
+/// How long a person waits for the node's agent to answer before the tunnel is given up.
+pub const AGENT_ANSWER: Duration = Duration::from_secs(20);
+
+/// Largest frame either side may send (the agent reads 32 KiB at a time).
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// The person's side, parked until the agent's side arrives.
+struct Waiting {
+    node: String,
+    task_id: String,
+    person: Session,
+    /// Receives the agent's session once it dials in.
+    agent: oneshot::Sender<Session>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Requests the node's agent has not been told of yet.
+    unsent: HashMap<String, Vec<TunnelRequest>>,
+    /// Requests whose agent side has not arrived, by tunnel id.
+    waiting: HashMap<String, Waiting>,
+    /// Open tunnels per task, and when bytes last went through one (clock milliseconds).
+    open: HashMap<String, usize>,
+    last_traffic: HashMap<String, i64>,
+}
+
+/// The tunnels this server holds.
+pub struct Tunnels {
+    inner: Mutex<Inner>,
+    clock: Arc<dyn Clock>,
+}
+
+fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Takes the tunnel out of the open count when the person's side ends, however it ends.
+pub struct OpenGuard {
+    tunnels: Arc<Tunnels>,
+    task_id: String,
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        let now = self.tunnels.clock.now_ms();
+        let mut g = lock(&self.tunnels.inner);
+        if let Some(n) = g.open.get_mut(&self.task_id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                g.open.remove(&self.task_id);
+            }
+        }
+        g.last_traffic.insert(self.task_id.clone(), now);
+    }
+}
+
+/// What an idle check needs to know of a task's tunnels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TunnelUse {
+    pub open: usize,
+    /// Clock milliseconds of the last byte either way, or of the last close.
+    pub last_traffic: Option<i64>,
+}
+
+impl Tunnels {
+    pub fn new(clock: Arc<dyn Clock>) -> Tunnels {
+        Tunnels {
+            inner: Mutex::default(),
+            clock,
+        }
+    }
+
+    /// Parks the person's side of `req` (to run on `node`) and returns what the agent's side
+    /// will arrive on.
+    pub fn request(
+        self: &Arc<Self>,
+        node: &str,
+        req: TunnelRequest,
+        person: Session,
+    ) -> (oneshot::Receiver<Session>, OpenGuard) {
+        let (tx, rx) = oneshot::channel();
+        let now = self.clock.now_ms();
+        let mut g = lock(&self.inner);
+        g.waiting.insert(
+            req.id.clone(),
+            Waiting {
+                node: node.to_owned(),
+                task_id: req.task_id.clone(),
+                person,
+                agent: tx,
+            },
+        );
+        *g.open.entry(req.task_id.clone()).or_default() += 1;
+        g.last_traffic.insert(req.task_id.clone(), now);
+        let guard = OpenGuard {
+            tunnels: self.clone(),
+            task_id: req.task_id.clone(),
+        };
+        g.unsent.entry(node.to_owned()).or_default().push(req);
+        (rx, guard)
+    }
+
+    /// The requests for `node` its agent has not been told of; each is told once.
+    pub fn take_for(&self, node: &str) -> Vec<TunnelRequest> {
+        lock(&self.inner).unsent.remove(node).unwrap_or_default()
+    }
+
+    pub fn has_for(&self, node: &str) -> bool {
+        lock(&self.inner).unsent.contains_key(node)
+    }
+
+    /// Forgets a request nobody answered.
+    pub fn abandon(&self, id: &str) {
+        let mut g = lock(&self.inner);
+        if let Some(w) = g.waiting.remove(id) {
+            if let Some(list) = g.unsent.get_mut(&w.node) {
+                list.retain(|r| r.id != id);
+                if list.is_empty() {
+                    g.unsent.remove(&w.node);
+                }
+            }
+        }
+    }
+
+    /// The agent of `node` dialled in for tunnel `id`: hands over the person's side. `None`
+    /// when there is no such tunnel for this node (gone, or another node's).
+    pub fn answer(
+        &self,
+        id: &str,
+        node: &str,
+    ) -> Option<(Session, String, oneshot::Sender<Session>)> {
+        let mut g = lock(&self.inner);
+        if g.waiting.get(id).is_none_or(|w| w.node != node) {
+            return None;
+        }
+        let w = g.waiting.remove(id)?;
+        Some((w.person, w.task_id, w.agent))
+    }
+
+    pub fn traffic(&self, task_id: &str) {
+        let now = self.clock.now_ms();
+        lock(&self.inner)
+            .last_traffic
+            .insert(task_id.to_owned(), now);
+    }
+
+    pub fn use_of(&self, task_id: &str) -> TunnelUse {
+        let g = lock(&self.inner);
+        TunnelUse {
+            open: g.open.get(task_id).copied().unwrap_or(0),
+            last_traffic: g.last_traffic.get(task_id).copied(),
+        }
+    }
+}
+
+/// Says why a tunnel could not be served, in the exec protocol's own words, and closes it.
+pub async fn refuse(mut person: Session, message: &str) {
+    let c = TunnelControl::Error {
+        message: message.to_owned(),
+    };
+    if let Ok(text) = serde_json::to_string(&c) {
+        let _ = person.text(text).await;
+    }
+    let _ = person.close(None).await;
+}
+
+/// Copies every frame of `from` to `to` until either side ends, then closes `to`. `own` is
+/// the session of `from`'s own connection, which answers its pings.
+pub async fn pipe(
+    mut from: MessageStream,
+    mut own: Session,
+    mut to: Session,
+    tunnels: Arc<Tunnels>,
+    task_id: String,
+) {
+    // Traffic is noted at most once a second: the idle check needs minutes, not bytes.
+    let mut noted = tokio::time::Instant::now() - Duration::from_secs(2);
+    while let Some(msg) = from.next().await {
+        let msg = match msg {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(task = %task_id, error = %e, "tunnel stream failed");
+                break;
+            }
+        };
+        tracing::debug!(task = %task_id, frame = ?msg, "tunnel frame");
+        let sent = match msg {
+            Message::Binary(b) => to.binary(b).await,
+            Message::Text(t) => to.text(t).await,
+            Message::Ping(p) => {
+                let _ = own.pong(&p).await;
+                Ok(())
+            }
+            Message::Close(reason) => {
+                let _ = to.close(reason).await;
+                let _ = own.close(None).await;
+                return;
+            }
+            _ => Ok(()),
+        };
+        if let Err(e) = sent {
+            tracing::debug!(task = %task_id, error = %e, "tunnel peer gone");
+            break;
+        }
+        if noted.elapsed() >= Duration::from_secs(1) {
+            noted = tokio::time::Instant::now();
+            tunnels.traffic(&task_id);
+        }
+    }
+    tracing::debug!(task = %task_id, "tunnel stream ended");
+    let _ = to.close(None).await;
+    let _ = own.close(None).await;
+}
