@@ -448,6 +448,76 @@ async fn docker_runtime_runs_tasks_with_limits(b: Backend) {
         "memory limit not applied: {text}"
     );
     assert!(text.contains("50000"), "CPU limit not applied: {text}");
+
+    // A session in a container: commands and a shell through `docker exec`, as the task's
+    // user in its working directory, and its declared port at the container's address.
+    use crate::tunnels::{connect, exec_path, read_to_end, read_until, stdin};
+    use futures_util::SinkExt;
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "web", "image": image, "kind": "session", "ports": [8080],
+        "command": "echo hello-from-docker > /autodl/home/index.html && exec httpd -f -p 8080 -h /autodl/home",
+        "resources": {"gpu": {"count": 1}}}),
+    )
+    .await;
+    wait_for(&app, &s, &id, &["running"], 60).await;
+    let mut ws = connect(
+        &app,
+        &s,
+        &exec_path(&id, &["sh", "-c", "pwd; echo err >&2; exit 7"]),
+    )
+    .await
+    .unwrap();
+    let ended = read_to_end(&mut ws, 30).await;
+    assert_eq!(
+        (ended.stdout.as_str(), ended.stderr.as_str(), ended.exit),
+        ("/autodl/home\n", "err\n", Some(7)),
+        "{ended:?}"
+    );
+    let mut ws = connect(
+        &app,
+        &s,
+        &format!("/api/v1/tasks/{id}/shell?cols=90&rows=20"),
+    )
+    .await
+    .unwrap();
+    ws.send(stdin("stty size; echo $((6*7))\n")).await.unwrap();
+    let seen = read_until(&mut ws, "42", 20).await;
+    assert!(seen.contains("20 90"), "{seen}");
+    ws.send(stdin("exit 3\n")).await.unwrap();
+    assert_eq!(read_to_end(&mut ws, 20).await.exit, Some(3));
+    let mut page = String::new();
+    for _ in 0..50 {
+        let mut ws = connect(&app, &s, &format!("/api/v1/tasks/{id}/ports/8080"))
+            .await
+            .unwrap();
+        ws.send(tokio_tungstenite::tungstenite::Message::binary(
+            b"GET /index.html HTTP/1.0\r\n\r\n".to_vec(),
+        ))
+        .await
+        .unwrap();
+        page.clear();
+        while let Ok(Some(Ok(m))) = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures_util::StreamExt::next(&mut ws),
+        )
+        .await
+        {
+            match m {
+                tokio_tungstenite::tungstenite::Message::Binary(b) => {
+                    page.push_str(&String::from_utf8_lossy(&b))
+                }
+                tokio_tungstenite::tungstenite::Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        if page.contains("hello-from-docker") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(page.contains("hello-from-docker"), "{page}");
     shutdown.cancel();
     let _ = handle.await;
 }

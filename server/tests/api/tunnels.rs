@@ -13,10 +13,10 @@ use crate::helpers::{spawn_app_with, Backend, Session, TestApp};
 
 crate::on_both_backends!(shells_commands_and_ports_reach_a_running_task);
 
-type Ws =
+pub type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-async fn connect(app: &TestApp, s: &Session, path: &str) -> Result<Ws, u16> {
+pub async fn connect(app: &TestApp, s: &Session, path: &str) -> Result<Ws, u16> {
     let url = app.url(path).replacen("http://", "ws://", 1);
     let mut req = url.into_client_request().unwrap();
     req.headers_mut().insert(
@@ -32,14 +32,14 @@ async fn connect(app: &TestApp, s: &Session, path: &str) -> Result<Ws, u16> {
 
 /// What came back until the end: stdout, stderr, the exit code or the error said.
 #[derive(Debug, Default)]
-struct Ended {
-    stdout: String,
-    stderr: String,
-    exit: Option<i64>,
-    error: Option<String>,
+pub struct Ended {
+    pub stdout: String,
+    pub stderr: String,
+    pub exit: Option<i64>,
+    pub error: Option<String>,
 }
 
-async fn read_to_end(ws: &mut Ws, secs: u64) -> Ended {
+pub async fn read_to_end(ws: &mut Ws, secs: u64) -> Ended {
     let mut out = Ended::default();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, ws.next()).await {
@@ -65,14 +65,14 @@ async fn read_to_end(ws: &mut Ws, secs: u64) -> Ended {
     out
 }
 
-fn stdin(text: &str) -> Message {
+pub fn stdin(text: &str) -> Message {
     let mut b = vec![0u8];
     b.extend_from_slice(text.as_bytes());
     Message::binary(b)
 }
 
 /// Reads a shell's terminal until `want` shows up.
-async fn read_until(ws: &mut Ws, want: &str, secs: u64) -> String {
+pub async fn read_until(ws: &mut Ws, want: &str, secs: u64) -> String {
     let mut seen = String::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     while !seen.contains(want) {
@@ -86,7 +86,7 @@ async fn read_until(ws: &mut Ws, want: &str, secs: u64) -> String {
     seen
 }
 
-fn exec_path(id: &str, argv: &[&str]) -> String {
+pub fn exec_path(id: &str, argv: &[&str]) -> String {
     let command = serde_json::to_string(argv).unwrap();
     let q: String = url_escape(&command);
     format!("/api/v1/tasks/{id}/exec?command={q}")
@@ -167,8 +167,8 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
     .await
     .unwrap();
     ws.send(stdin("stty size; echo $((6*7))\n")).await.unwrap();
-    read_until(&mut ws, "30 100", 20).await;
-    read_until(&mut ws, "42", 20).await;
+    let seen = read_until(&mut ws, "42", 20).await;
+    assert!(seen.contains("30 100"), "the terminal's size: {seen}");
     ws.send(stdin("sleep 60; echo slept\n")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     ws.send(stdin("\u{3}")).await.unwrap();

@@ -132,9 +132,7 @@ class Task:
             sleep = poll if deadline is None else max(0.0, min(poll, deadline - now))
             time.sleep(sleep)
 
-    def exec(
-        self, command: Sequence[str], stdin: Optional[Union[str, bytes]] = None
-    ) -> ExecResult:
+    def exec(self, command: Sequence[str], stdin: Optional[Union[str, bytes]] = None) -> ExecResult:
         """Runs ``command`` inside this running task (see :meth:`autodl.Client.exec`)."""
         return self._client.exec(self.id, command, stdin=stdin)
 
