@@ -54,13 +54,16 @@ def open_tunnel(
     """Opens the WebSocket; the server's refusal becomes the SDK's usual exception."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
+        # Entered by hand: newer websockets hand back the connection on entering the value
+        # `connect` returns, older ones return the connection itself (entering it is a
+        # no-op); the caller closes it.
         return connect(
             _ws_url(base_url, path, params),
             additional_headers=headers,
             max_size=MAX_FRAME,
             open_timeout=30,
             compression=None,
-        )
+        ).__enter__()
     except InvalidStatus as exc:
         response = exc.response
         try:
