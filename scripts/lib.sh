@@ -41,8 +41,12 @@ build_web() {
   wasm-bindgen --target web --no-typescript --remove-name-section --out-dir "$AUTODL_SITE_ROOT/pkg" --out-name autodl \
     "$CARGO_TARGET_DIR/wasm32-unknown-unknown/wasm-dev/autodl_frontend.wasm"
   cp "$ROOT/style/main.css" "$AUTODL_SITE_ROOT/pkg/autodl.css"
+  # The terminal on the task page (xterm.js, from the npm registry, pinned in web/).
+  (cd "$ROOT/web" && npm ci --no-audit --no-fund --silent)
+  cp "$ROOT/web/node_modules/@xterm/xterm/lib/xterm.js" "$ROOT/web/node_modules/@xterm/xterm/css/xterm.css" "$AUTODL_SITE_ROOT/pkg/"
   # Compressed once here rather than by the server on every load.
-  gzip -9 -k -f "$AUTODL_SITE_ROOT/pkg/autodl_bg.wasm" "$AUTODL_SITE_ROOT/pkg/autodl.js" "$AUTODL_SITE_ROOT/pkg/autodl.css"
+  gzip -9 -k -f "$AUTODL_SITE_ROOT/pkg/autodl_bg.wasm" "$AUTODL_SITE_ROOT/pkg/autodl.js" "$AUTODL_SITE_ROOT/pkg/autodl.css" \
+    "$AUTODL_SITE_ROOT/pkg/xterm.js" "$AUTODL_SITE_ROOT/pkg/xterm.css"
 }
 
 build_server() {

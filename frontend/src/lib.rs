@@ -10,6 +10,7 @@ pub mod form;
 mod live;
 mod pages;
 mod plot;
+mod terminal;
 pub mod time;
 
 #[cfg(feature = "hydrate")]

@@ -419,6 +419,8 @@ fn TaskView(id: String) -> impl IntoView {
         |(_, path)| async move { api::get::<Vec<Checkpoint>>(&path).await },
     );
     let history = ChartHistory::new(&id);
+    let is_running =
+        Memo::new(move |_| matches!(task.get(), Some(Ok(ref t)) if t.state == TaskState::Running));
     let missing = Memo::new(
         move |_| matches!(task.get(), Some(Err(ref e)) if e.status == 404 || e.status == 403),
     );
@@ -556,6 +558,12 @@ fn TaskView(id: String) -> impl IntoView {
             <section class="card">
                 <h2>"Log"</h2>
                 <LogTail id=id.clone()/>
+            </section>
+        })}
+        {move || is_running.get().then(|| view! {
+            <section class="card" data-testid="terminal-card">
+                <h2>"Terminal"</h2>
+                <crate::terminal::TerminalPanel path_id=tid.get_value()/>
             </section>
         })}
         <section class="card">

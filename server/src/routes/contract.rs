@@ -521,6 +521,9 @@ pub const OBJECT_URL: &str =
     r"^s3://[a-z0-9][a-z0-9.-]{1,62}(/[^\\\u0000-\u001f\u007f-\u009f]{0,960})?$";
 
 /// `(path, method, parameter name, keywords merged into its schema)`.
+/// A JSON array of strings, the first not empty (what `autodl exec` sends as `command`).
+const EXEC_COMMAND: &str = r#"^\[[ \t\n\r]*"(?:[^"\\\u0000-\u001f]|\\["\\/bfnrt])+"(?:[ \t\n\r]*,[ \t\n\r]*"(?:[^"\\\u0000-\u001f]|\\["\\/bfnrt])*")*[ \t\n\r]*\]$"#;
+
 fn parameter_rules() -> Vec<(&'static str, &'static str, &'static str, Value)> {
     let states = json!({"enum": autodl_common::tasks::TaskState::ALL.map(|s| s.as_str())});
     vec![
@@ -544,7 +547,13 @@ fn parameter_rules() -> Vec<(&'static str, &'static str, &'static str, Value)> {
             "/api/v1/tasks/{id}/exec",
             "get",
             "command",
-            pattern(r"^\s*\["),
+            json!({"maxLength": 16384, "pattern": EXEC_COMMAND}),
+        ),
+        (
+            "/api/v1/tasks/{id}/ports/{port}",
+            "get",
+            "port",
+            range(1.0, 65535.0),
         ),
         ("/api/v1/tasks", "get", "label", pattern(r"^[^=]*=")),
         (
