@@ -563,6 +563,33 @@ def _task_path(task_id: str, what: str) -> str:
     return f"/tasks/{quote(task_id, safe='')}/{what}"
 
 
+def _until_running(client: Client, task_id: str, timeout: float) -> None:
+    """Waits for a task that has not started yet (a session just submitted), saying so once;
+    a finished task is an error at once."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    told = False
+    while True:
+        task = client.get_task(task_id)
+        status = task.status
+        if status == "RUNNING":
+            return
+        if task.finished:
+            raise AutodlError(
+                f"task {task_id} is {status.lower()}: only a running task can be reached"
+            )
+        if time.monotonic() >= deadline:
+            raise AutodlError(
+                f"task {task_id} did not start within {timeout:.0f} s ({status.lower()})"
+            )
+        if not told:
+            why = (task.waiting or {}).get("message") or status.lower()
+            sys.stderr.write(f"autodl: waiting for {task_id} to start ({why})\n")
+            told = True
+        time.sleep(1.0)
+
+
 def cmd_exec(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     from .tunnel import run_exec
 
@@ -570,6 +597,7 @@ def cmd_exec(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     if not argv:
         raise ValidationError("give the command after the task id, e.g. -- nvidia-smi")
     data = sys.stdin.buffer.read() if args.stdin else None
+    _until_running(client, args.id, args.wait)
     ws = client.tunnel(_task_path(args.id, "exec"), command=json.dumps(argv), rank=args.rank)
     err = sys.stderr
 
@@ -589,6 +617,7 @@ def cmd_shell(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     from .tunnel import interactive, terminal_size
 
     cols, rows = terminal_size()
+    _until_running(client, args.id, args.wait)
     ws = client.tunnel(_task_path(args.id, "shell"), cols=cols, rows=rows, rank=args.rank)
     stdout = getattr(out, "buffer", sys.stdout.buffer)
     return interactive(ws, sys.stdin.buffer, stdout)
@@ -612,6 +641,7 @@ def cmd_port_forward(client: Client, args: argparse.Namespace, out: TextIO) -> i
     from .tunnel import serve_forward
 
     local, remote = _ports(args.port)
+    _until_running(client, args.id, args.wait)
     # Asking once up front turns a refusal (no such task, undeclared port) into an error
     # now, not at the first connection.
     client.tunnel(_task_path(args.id, f"ports/{remote}"), rank=args.rank).close()
@@ -797,11 +827,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="what to run")
     p.add_argument("-i", "--stdin", action="store_true", help="send this program's input")
     p.add_argument("--rank", type=int, help="which worker of a multi-node task (default 0)")
+    p.add_argument(
+        "--wait", type=float, default=300, metavar="SECONDS", help="for a task not started yet"
+    )
     p.set_defaults(func=cmd_exec)
 
     p = sub.add_parser("shell", parents=[common], help="an interactive shell in a running task")
     p.add_argument("id")
     p.add_argument("--rank", type=int, help="which worker of a multi-node task (default 0)")
+    p.add_argument(
+        "--wait", type=float, default=300, metavar="SECONDS", help="for a task not started yet"
+    )
     p.set_defaults(func=cmd_shell)
 
     p = sub.add_parser(
@@ -813,6 +849,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("port", metavar="[LOCAL:]REMOTE")
     p.add_argument("--address", default="127.0.0.1", help="local address to listen on")
     p.add_argument("--rank", type=int, help="which worker of a multi-node task (default 0)")
+    p.add_argument(
+        "--wait", type=float, default=300, metavar="SECONDS", help="for a task not started yet"
+    )
     p.set_defaults(func=cmd_port_forward)
 
     p = sub.add_parser("nodes", parents=[common], help="list the cluster's nodes")
