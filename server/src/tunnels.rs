@@ -202,7 +202,6 @@ pub async fn pipe(
                 break;
             }
         };
-        tracing::debug!(task = %task_id, frame = ?msg, "tunnel frame");
         let sent = match msg {
             Message::Binary(b) => to.binary(b).await,
             Message::Text(t) => to.text(t).await,

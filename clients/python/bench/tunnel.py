@@ -11,18 +11,16 @@ an echoed stream.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-import httpx
+from demo import demo_server, free_port
 
 import autodl
 
@@ -46,12 +44,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pct(values: list, q: float) -> float:
@@ -133,36 +125,8 @@ def main() -> int:
     code = tmp / "task-code"
     code.mkdir()
     (code / "echo.py").write_text(ECHO)
-    sdk = Path(autodl.__file__).resolve().parent.parent
-    task_paths = sorted({sys.prefix, os.path.realpath(sys.base_prefix), str(sdk), str(code)})
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTODL_")}
-    env.update(
-        AUTODL_DATABASE_URL=f"sqlite://{tmp}/a.db",
-        AUTODL_LISTEN=f"127.0.0.1:{port}",
-        AUTODL_STORAGE_URL=f"file://{tmp}/objects",
-        AUTODL_DEMO_DIR=str(tmp / "demo"),
-        AUTODL_DEMO_TASK_PATHS=json.dumps(task_paths),
-        AUTODL_DEMO_PYTHON=sys.prefix,
-        AUTODL_SITE_ROOT=str(tmp),
-        RUST_LOG="off",
-    )
-    server = subprocess.Popen([args.server, "serve", "--demo"], env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        r = httpx.post(
-            f"{url}/api/v1/auth/signup",
-            json={"email": "bench@example.com", "password": "Bench-marks-2026", "tenant_name": "B"},
-        )
-        r.raise_for_status()
-        client = autodl.Client(api_key=r.json()["token"], base_url=url, timeout=120)
+    with demo_server(args.server, tmp, (str(code),)) as (url, token):
+        client = autodl.Client(api_key=token, base_url=url, timeout=120)
         echo_port = free_port()
         task = client.submit_spec(
             {
@@ -212,9 +176,6 @@ def main() -> int:
             f"through the tunnel {tunnel_bps / 1e6:.0f} MB/s"
         )
         task.cancel()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     return 0
 
 

@@ -11,15 +11,14 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+from demo import demo_server
 
 import autodl
 from autodl.workdir import pack
@@ -33,12 +32,6 @@ class Counting(httpx.HTTPTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         self.requests += 1
         return super().handle_request(request)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def project(root: Path, megabytes: int) -> None:
@@ -69,38 +62,9 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=200)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="autodl-bench-"))
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTODL_")}
-    env.update(
-        AUTODL_DATABASE_URL=f"sqlite://{tmp}/a.db",
-        AUTODL_LISTEN=f"127.0.0.1:{port}",
-        AUTODL_STORAGE_URL=f"file://{tmp}/objects",
-        AUTODL_DEMO_DIR=str(tmp / "demo"),
-        AUTODL_SITE_ROOT=str(tmp),
-        RUST_LOG="off",
-    )
-    server = subprocess.Popen([args.server, "serve", "--demo"], env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        r = httpx.post(
-            f"{url}/api/v1/auth/signup",
-            json={"email": "bench@example.com", "password": "Bench-marks-2026", "tenant_name": "B"},
-        )
-        r.raise_for_status()
-        token = r.json()["token"]
+    with demo_server(args.server, tmp) as (url, token):
         counting = Counting()
         client = autodl.Client(api_key=token, base_url=url, transport=counting, timeout=120)
-        for _ in range(100):  # the demo's nodes registered
-            if len(client.nodes()) >= 2:
-                break
-            time.sleep(0.1)
 
         folder = tmp / "project"
         project(folder, args.megabytes)
@@ -123,8 +87,9 @@ def main() -> int:
             assert not again["uploaded"] and counting.requests - before == 1
         print(
             f"workdir: {files} files, {raw / 1e6:.1f} MB -> bundle {bundle.size / 1e6:.1f} MB; "
-            f"pack {statistics.median(packs):.2f} s; pack + upload {statistics.median(firsts):.2f} s "
-            f"(2 requests); unchanged again {statistics.median(agains):.2f} s (1 request, nothing sent)"
+            f"pack {statistics.median(packs):.2f} s; "
+            f"pack + upload {statistics.median(firsts):.2f} s (2 requests); "
+            f"unchanged again {statistics.median(agains):.2f} s (1 request, nothing sent)"
         )
 
         template = {
@@ -154,9 +119,6 @@ def main() -> int:
             f"({sub_requests} request), cancel {statistics.median(cancels):.2f} s "
             f"({cancel_requests} request)"
         )
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     return 0
 
 
