@@ -39,18 +39,21 @@ impl ServerClient {
         *self.credential.write().unwrap_or_else(|e| e.into_inner()) = credential;
     }
 
-    /// The WebSocket request for tunnel `id`, with the node's credential.
+    /// The WebSocket request for tunnel `id` on `server` (this client's server when `None`),
+    /// with the node's credential.
     pub fn tunnel_request(
         &self,
         id: &str,
+        server: Option<&str>,
     ) -> Result<tokio_tungstenite::tungstenite::handshake::client::Request, ClientError> {
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-        let base = if let Some(rest) = self.base.strip_prefix("https://") {
+        let server = server.map_or(self.base.as_str(), |s| s.trim_end_matches('/'));
+        let base = if let Some(rest) = server.strip_prefix("https://") {
             format!("wss://{rest}")
-        } else if let Some(rest) = self.base.strip_prefix("http://") {
+        } else if let Some(rest) = server.strip_prefix("http://") {
             format!("ws://{rest}")
         } else {
-            self.base.clone()
+            server.to_owned()
         };
         let url = format!("{base}/api/v1/agent/tunnels/{}", encode_segment(id));
         let mut req = url

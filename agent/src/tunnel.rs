@@ -35,20 +35,31 @@ pub async fn serve(
     launch: Option<TaskLaunch>,
     req: TunnelRequest,
 ) {
-    let request = match client.tunnel_request(&req.id) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(tunnel = req.id, error = %e, "cannot address the tunnel");
-            return;
+    // The server holding the person's side first, then this agent's own.
+    let mut servers = vec![req.server.as_deref()];
+    if req.server.is_some() {
+        servers.push(None);
+    }
+    let mut opened = None;
+    for server in servers {
+        let request = match client.tunnel_request(&req.id, server) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(tunnel = req.id, error = %e, "cannot address the tunnel");
+                continue;
+            }
+        };
+        match tokio_tungstenite::connect_async(request).await {
+            Ok((ws, _)) => {
+                opened = Some(ws);
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(tunnel = req.id, ?server, error = %e, "could not open the tunnel to the server")
+            }
         }
-    };
-    let ws = match tokio_tungstenite::connect_async(request).await {
-        Ok((ws, _)) => ws,
-        Err(e) => {
-            tracing::warn!(tunnel = req.id, error = %e, "could not open the tunnel to the server");
-            return;
-        }
-    };
+    }
+    let Some(ws) = opened else { return };
     let (sink, stream) = ws.split();
     let Some(launch) = launch else {
         refuse(sink, stream, "the task does not run on this node any more").await;

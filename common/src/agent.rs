@@ -243,6 +243,10 @@ pub struct TunnelRequest {
     pub task_id: String,
     pub attempt: u32,
     pub target: TunnelTarget,
+    /// The server that holds the person's side, where several share the work: the agent
+    /// dials it (and its own server when that fails). Absent: the server the agent polls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
 }
 
 /// What the far end of a tunnel is.

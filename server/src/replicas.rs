@@ -26,6 +26,9 @@ pub enum Signal {
     Data,
     /// Keys, members, roles, quotas or organizations changed: forget what was kept of them.
     Accounts,
+    /// Someone waits for a tunnel into a task on this node: tell its agent wherever it polls
+    /// (JSON of the node and the request).
+    Tunnel(String),
 }
 
 impl Signal {
@@ -36,6 +39,7 @@ impl Signal {
             Signal::Data => "data".into(),
             Signal::Accounts => "accounts".into(),
             Signal::Node(n) => format!("node:{n}"),
+            Signal::Tunnel(t) => format!("tunnel:{t}"),
         }
     }
 
@@ -45,7 +49,13 @@ impl Signal {
             "nodes" => Some(Signal::Nodes),
             "data" => Some(Signal::Data),
             "accounts" => Some(Signal::Accounts),
-            _ => s.strip_prefix("node:").map(|n| Signal::Node(n.to_owned())),
+            _ => s
+                .strip_prefix("node:")
+                .map(|n| Signal::Node(n.to_owned()))
+                .or_else(|| {
+                    s.strip_prefix("tunnel:")
+                        .map(|t| Signal::Tunnel(t.to_owned()))
+                }),
         }
     }
 }
@@ -60,6 +70,11 @@ impl Peers {
         if let Some(tx) = self.0.get() {
             let _ = tx.send(signal);
         }
+    }
+
+    /// Other servers may share the work (the store can reach them).
+    pub fn connected(&self) -> bool {
+        self.0.get().is_some()
     }
 
     /// `false` when already connected.
@@ -97,10 +112,11 @@ pub async fn connect(state: &AppState) -> anyhow::Result<Vec<tokio::task::JoinHa
         }
     });
 
-    let (scheduler, agents, accounts) = (
+    let (scheduler, agents, accounts, tunnels) = (
         state.scheduler.clone(),
         state.agents.clone(),
         state.accounts.clone(),
+        state.tunnels.clone(),
     );
     let listener = tokio::spawn(async move {
         while let Some(payload) = incoming.recv().await {
@@ -116,6 +132,11 @@ pub async fn connect(state: &AppState) -> anyhow::Result<Vec<tokio::task::JoinHa
                 Some(Signal::Node(n)) => agents.notify_here(&n),
                 Some(Signal::Data) => agents.data_stored_here(),
                 Some(Signal::Accounts) => accounts.clear(),
+                Some(Signal::Tunnel(t)) => {
+                    if let Some(node) = tunnels.offered(&t) {
+                        agents.notify_here(&node);
+                    }
+                }
                 None => tracing::debug!(payload, "unknown signal from another server"),
             }
         }
@@ -135,6 +156,7 @@ mod tests {
             Signal::Data,
             Signal::Accounts,
             Signal::Node("gpu-1.rack:3".into()),
+            Signal::Tunnel(r#"{"node":"n|1","request":{}}"#.into()),
         ] {
             assert_eq!(Signal::decode(&s.encode()), Some(s));
         }

@@ -32,10 +32,17 @@ struct Waiting {
     agent: oneshot::Sender<Session>,
 }
 
+/// A request to tell a node's agent of, until it is too late to answer it.
+struct Unsent {
+    request: TunnelRequest,
+    until: tokio::time::Instant,
+}
+
 #[derive(Default)]
 struct Inner {
-    /// Requests the node's agent has not been told of yet.
-    unsent: HashMap<String, Vec<TunnelRequest>>,
+    /// Requests the node's agent has not been told of yet (also those another server holds
+    /// the person's side of, in case the agent polls here).
+    unsent: HashMap<String, Vec<Unsent>>,
     /// Requests whose agent side has not arrived, by tunnel id.
     waiting: HashMap<String, Waiting>,
     /// Open tunnels per task, and when bytes last went through one (clock milliseconds).
@@ -115,13 +122,51 @@ impl Tunnels {
             tunnels: self.clone(),
             task_id: req.task_id.clone(),
         };
-        g.unsent.entry(node.to_owned()).or_default().push(req);
+        g.unsent.entry(node.to_owned()).or_default().push(Unsent {
+            request: req,
+            until: tokio::time::Instant::now() + AGENT_ANSWER,
+        });
         (rx, guard)
+    }
+
+    /// What another server says it waits for, as [`Signal::Tunnel`] carries it:
+    /// `{"node": ..., "request": ...}`. Returns the node to wake.
+    ///
+    /// [`Signal::Tunnel`]: crate::replicas::Signal::Tunnel
+    pub fn offered(&self, wire: &str) -> Option<String> {
+        #[derive(serde::Deserialize)]
+        struct Offer {
+            node: String,
+            request: TunnelRequest,
+        }
+        let o: Offer = serde_json::from_str(wire).ok()?;
+        lock(&self.inner)
+            .unsent
+            .entry(o.node.clone())
+            .or_default()
+            .push(Unsent {
+                request: o.request,
+                until: tokio::time::Instant::now() + AGENT_ANSWER,
+            });
+        Some(o.node)
+    }
+
+    /// The wire form of a request for the other servers.
+    pub fn offer(node: &str, req: &TunnelRequest) -> String {
+        serde_json::json!({"node": node, "request": req}).to_string()
     }
 
     /// The requests for `node` its agent has not been told of; each is told once.
     pub fn take_for(&self, node: &str) -> Vec<TunnelRequest> {
-        lock(&self.inner).unsent.remove(node).unwrap_or_default()
+        let now = tokio::time::Instant::now();
+        lock(&self.inner)
+            .unsent
+            .remove(node)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|u| u.until > now)
+            .map(|u| u.request)
+            .collect()
     }
 
     pub fn has_for(&self, node: &str) -> bool {
@@ -133,7 +178,7 @@ impl Tunnels {
         let mut g = lock(&self.inner);
         if let Some(w) = g.waiting.remove(id) {
             if let Some(list) = g.unsent.get_mut(&w.node) {
-                list.retain(|r| r.id != id);
+                list.retain(|u| u.request.id != id);
                 if list.is_empty() {
                     g.unsent.remove(&w.node);
                 }
@@ -153,6 +198,10 @@ impl Tunnels {
             return None;
         }
         let w = g.waiting.remove(id)?;
+        // Told through another server: not to be told again by this one.
+        if let Some(list) = g.unsent.get_mut(node) {
+            list.retain(|u| u.request.id != id);
+        }
         Some((w.person, w.task_id, w.agent))
     }
 

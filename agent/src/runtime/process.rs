@@ -410,14 +410,49 @@ impl Runtime for ProcessRuntime {
         self.start_exec(launch, spec)
     }
 
-    /// Processes share the host's network: the task listens on the host's loopback.
+    /// Processes share the host's network: the task listens on the host's loopback. On an
+    /// isolated node the port must be one a process of the task's own uid listens on, so a
+    /// task cannot declare the port of another task or of a service of the node and have
+    /// the server carry people to it.
     async fn port_address(
         &self,
-        _launch: &TaskLaunch,
+        launch: &TaskLaunch,
         port: u16,
     ) -> Result<std::net::SocketAddr, RuntimeError> {
+        if let Some(user) = launch.user {
+            let mut owners = Vec::new();
+            for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+                if let Ok(text) = tokio::fs::read_to_string(table).await {
+                    owners.extend(listeners(&text));
+                }
+            }
+            if !owners.contains(&(port, user.uid)) {
+                return Err(RuntimeError::Unavailable(format!(
+                    "no process of the task listens on port {port}"
+                )));
+            }
+        }
         Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
     }
+}
+
+/// The listening TCP sockets of a `/proc/net/tcp` (or `tcp6`) table: (port, owner uid).
+fn listeners(table: &str) -> Vec<(u16, u32)> {
+    const LISTEN: &str = "0A";
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.get(3) != Some(&LISTEN) {
+                return None;
+            }
+            let port = cols.get(1)?.rsplit(':').next()?;
+            let port = u16::from_str_radix(port, 16).ok()?;
+            let uid = cols.get(7)?.parse().ok()?;
+            Some((port, uid))
+        })
+        .collect()
 }
 
 /// A command running in a task's environment, on a terminal or on pipes.
@@ -498,6 +533,18 @@ impl ProcessRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listening_sockets_name_their_owner() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  2000123        0 4242 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:22B8 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  2000123        0 4243 1 0000000000000000 20 4 30 10 -1
+   2: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 17 1 0000000000000000 100 0 0 10 0
+";
+        // 8080 listens as the task's uid; 8888 is only a connection; 22 is root's.
+        assert_eq!(listeners(table), vec![(8080, 2_000_123), (22, 0)]);
+        assert!(listeners("").is_empty());
+    }
     use crate::protocol::{AgentLogLine, Assignment, ExitReason};
     use crate::runtime::classify_exit;
     use std::path::Path;

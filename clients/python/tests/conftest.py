@@ -60,6 +60,8 @@ SCHEDULE_TIMEOUT = float(os.environ.get("AUTODL_TEST_SCHEDULE_TIMEOUT", "10"))
 def no_saved_profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Tests never read (or write) the profiles of whoever runs them."""
     monkeypatch.setenv("AUTODL_CONFIG", str(tmp_path / "autodl-config"))
+    # Beside the test's folder, not in it: tests pack their tmp_path as a workdir.
+    monkeypatch.setenv("AUTODL_CACHE_DIR", str(tmp_path.parent / f"{tmp_path.name}-cache"))
     monkeypatch.delenv("AUTODL_PROFILE", raising=False)
 
 

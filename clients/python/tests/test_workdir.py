@@ -110,3 +110,40 @@ def test_submit_uploads_only_what_the_server_lacks(tmp_path):
         {"name": "n", "image": "i", "entry_point": "train.py"}, workdir=str(tmp_path)
     )
     assert [m for m, p in seen if p == "/api/v1/code"] == ["POST"], seen
+
+
+def test_an_unchanged_folder_is_not_packed_again(tmp_path, monkeypatch):
+    import autodl.client
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print(1)\n")
+    stored = set()
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path))
+        if request.method == "GET":
+            cid = request.url.path.rsplit("/", 1)[1]
+            if cid in stored:
+                return httpx.Response(200, json={"id": cid, "size_bytes": 7, "stored": False})
+            return httpx.Response(404, json={"error": {"code": "not_found", "message": "no"}})
+        cid = bundle_id(request.content)
+        stored.add(cid)
+        return httpx.Response(201, json={"id": cid, "size_bytes": 7, "stored": True})
+
+    client = autodl.Client(api_key="k", base_url="http://x", transport=httpx.MockTransport(handler))
+    first = client.upload_code(project)
+    assert first["uploaded"] is True
+    with monkeypatch.context() as m:
+        m.setattr(autodl.client, "pack", lambda *a, **k: pytest.fail("packed again"))
+        seen.clear()
+        again = client.upload_code(project)
+    assert again == {"id": first["id"], "size_bytes": 7, "uploaded": False}
+    assert seen == [("GET", f"/api/v1/code/{first['id']}")]
+    # A changed file is packed and sent; a bundle the server lost is sent again.
+    (project / "train.py").write_text("print(22)\n")
+    changed = client.upload_code(project)
+    assert changed["uploaded"] is True and changed["id"] != first["id"]
+    stored.clear()
+    assert client.upload_code(project)["uploaded"] is True

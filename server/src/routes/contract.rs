@@ -363,11 +363,18 @@ fn component_rules() -> Vec<(&'static str, Value)> {
         // One of command and entry_point, not both; a session may have neither.
         (
             "/TaskSpecInput",
-            json!({"oneOf": [
-                {"required": ["command"], "properties": {"command": {"not": {"type": "null"}}, "entry_point": {"type": "null"}}},
-                {"required": ["entry_point"], "properties": {"entry_point": {"type": "string"}, "command": {"type": "null"}}},
-                {"required": ["kind"], "properties": {"kind": {"const": "session"}, "command": {"type": "null"}, "entry_point": {"type": "null"}}},
-            ]}),
+            json!({
+                "if": {"required": ["kind"], "properties": {"kind": {"const": "session"}}},
+                "then": {"oneOf": [
+                    {"required": ["command"], "properties": {"command": {"not": {"type": "null"}}, "entry_point": {"type": "null"}}},
+                    {"required": ["entry_point"], "properties": {"entry_point": {"type": "string"}, "command": {"type": "null"}}},
+                    {"properties": {"command": {"type": "null"}, "entry_point": {"type": "null"}}},
+                ]},
+                "else": {"oneOf": [
+                    {"required": ["command"], "properties": {"command": {"not": {"type": "null"}}, "entry_point": {"type": "null"}}},
+                    {"required": ["entry_point"], "properties": {"entry_point": {"type": "string"}, "command": {"type": "null"}}},
+                ]},
+            }),
         ),
         (
             "/TaskSpecInput/properties/ports",

@@ -176,12 +176,17 @@ async fn open(
         )
     })?;
     let stream = stream.max_frame_size(MAX_FRAME);
+    // With other servers on the database, the agent may poll any of them: it is told here
+    // and through them, and dials this one.
+    let replicated = state.agents.peers().connected();
     let request = TunnelRequest {
         id: uuid::Uuid::new_v4().to_string(),
         task_id: task.task.id.clone(),
         attempt: task.task.attempts.clamp(0, i64::from(u32::MAX)) as u32,
         target,
+        server: replicated.then(|| state.settings.public_url()),
     };
+    let offer = crate::tunnels::Tunnels::offer(&node, &request);
     let id = request.id.clone();
     let task_id = task.task.id.clone();
     state
@@ -196,6 +201,12 @@ async fn open(
     tracing::info!(task = %task_id, node = %node, user = %caller.user.email, kind = event.0, "tunnel requested");
     let tunnels = state.tunnels.clone();
     let (agent, guard) = tunnels.request(&node, request, person.clone());
+    if replicated {
+        state
+            .agents
+            .peers()
+            .tell(crate::replicas::Signal::Tunnel(offer));
+    }
     state.agents.notify(&node);
     actix_web::rt::spawn(async move {
         let _guard = guard;

@@ -269,3 +269,49 @@ async fn a_revoked_key_is_refused_by_every_server_at_once() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A person on one server reaches into a task whose agent polls another: the request travels
+/// through the database's notifications, and the agent dials the person's server back.
+#[tokio::test]
+async fn tunnels_reach_an_agent_that_polls_another_server() {
+    use crate::tunnels::{connect, exec_path, read_to_end};
+    let app = spawn_app_with(Backend::Postgres, |s| s.run_scheduler = false).await;
+    let op = app.operator().await;
+    let s = app.signup("t@example.com", "Lab").await;
+    let rep = Replica::start(&app);
+    leader_of(&[&rep], Duration::from_secs(30)).await;
+    let runtime =
+        autodl_agent::ProcessRuntime::detect(&autodl_agent::IsolationConfig::default()).unwrap();
+    let address = rep.address.clone();
+    let agent = crate::e2e::start_agent_configured(
+        &app,
+        &op,
+        "rep-t",
+        "1xA100-40G",
+        std::sync::Arc::new(runtime),
+        move |mut c| {
+            c.server_url = address;
+            c
+        },
+    )
+    .await;
+    let id = crate::e2e::submit(
+        &app,
+        &s,
+        json!({"name": "s", "image": "none", "kind": "session", "resources": {"gpu": {"count": 1}}}),
+    )
+    .await;
+    crate::e2e::wait_for(&app, &s, &id, &["running"], 60).await;
+    let mut ws = connect(
+        &app,
+        &s,
+        &exec_path(&id, &["sh", "-c", "echo reached $AUTODL_TASK_ID"]),
+    )
+    .await
+    .unwrap();
+    let ended = read_to_end(&mut ws, 30).await;
+    assert_eq!(ended.stdout, format!("reached {id}\n"), "{ended:?}");
+    assert_eq!(ended.exit, Some(0));
+    agent.shutdown.cancel();
+    let _ = agent.handle.await;
+}

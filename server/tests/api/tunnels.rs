@@ -103,6 +103,15 @@ fn url_escape(s: &str) -> String {
         .collect()
 }
 
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        == Some("0")
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -117,10 +126,13 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
     let agent = start_agent(&app, &op, "sim-a100", "2xA100-40G").await;
     let ada = app.signup("ada@example.com", "Lab").await;
     let port = free_port();
+    // A port something else on the node listens on (here: this test, as root in CI).
+    let foreign = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let foreign_port = foreign.local_addr().unwrap().port();
     let id = submit(
         &app,
         &ada,
-        json!({"name": "notebook", "image": "none", "kind": "session", "ports": [port],
+        json!({"name": "notebook", "image": "none", "kind": "session", "ports": [port, foreign_port],
             "command": format!("echo started; exec python3 -m http.server {port} --bind 127.0.0.1"),
             "resources": {"gpu": {"count": 1}}}),
     )
@@ -212,6 +224,27 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
     }
     assert!(page.starts_with("HTTP/1.0 200"), "{page}");
     assert!(page.contains("Directory listing"), "{page}");
+
+    // A declared port that is not the task's own: on an isolated node (root, as in CI) the
+    // agent refuses to carry anyone to it.
+    if running_as_root() {
+        let mut ws = connect(
+            &app,
+            &ada,
+            &format!("/api/v1/tasks/{id}/ports/{foreign_port}"),
+        )
+        .await
+        .unwrap();
+        let ended = read_to_end(&mut ws, 20).await;
+        assert!(
+            ended
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("no process of the task listens")),
+            "{ended:?}"
+        );
+    }
+    drop(foreign);
 
     // Refusals: an undeclared port, bad commands, people without the right.
     assert_eq!(

@@ -26,7 +26,14 @@ from .errors import NotFound, ValidationError
 from .spec import build_spec, in_users_terms, label_params
 from .sweep import Sweep, parameters_body
 from .task import Task
-from .workdir import MAX_BUNDLE_BYTES, pack
+from .workdir import (
+    MAX_BUNDLE_BYTES,
+    cached_bundle,
+    collect,
+    fingerprint,
+    pack,
+    remember_bundle,
+)
 
 if TYPE_CHECKING:
     from .tunnel import ExecResult
@@ -181,8 +188,26 @@ class Client:
     ) -> Dict[str, Any]:
         """Packs ``workdir`` (see :mod:`autodl.workdir` for what is left out) and uploads it
         unless your organization already has the same bundle. Returns ``id`` (the task's
-        ``code``), ``size_bytes`` and ``uploaded`` (False when nothing was sent)."""
-        bundle = pack(workdir, max_bytes=max_bytes)
+        ``code``), ``size_bytes`` and ``uploaded`` (False when nothing was sent).
+
+        A folder whose files have the same names, sizes and modification times as when it
+        was last packed here is not packed again: the bundle it made is asked for by id
+        (remembered in ``~/.cache/autodl/workdirs.json``)."""
+        folder = Path(workdir)
+        files = fp = None
+        if folder.is_dir():
+            files = collect(folder)
+            fp = fingerprint(files)
+            cached = cached_bundle(fp)
+            if cached is not None:
+                try:
+                    known = self._http.get(f"/code/{cached}")
+                    return {"id": cached, "size_bytes": known["size_bytes"], "uploaded": False}
+                except NotFound:
+                    pass
+        bundle = pack(workdir, max_bytes=max_bytes, files=files)
+        if fp is not None:
+            remember_bundle(fp, bundle.id)
         try:
             known = self._http.get(f"/code/{bundle.id}")
             return {"id": bundle.id, "size_bytes": known["size_bytes"], "uploaded": False}

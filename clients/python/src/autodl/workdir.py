@@ -12,13 +12,14 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import os
 import stat
 import tarfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import pathspec
 
@@ -120,8 +121,68 @@ def _largest(files: List[Tuple[str, Path]], n: int = 5) -> str:
     return ", ".join(f"{name} ({size / 1e6:.1f} MB)" for name, size in biggest)
 
 
-def pack(root: Union[str, os.PathLike[str]], max_bytes: int = MAX_BUNDLE_BYTES) -> Bundle:
-    """Packs ``root`` (a folder, or an existing ``.tar.gz``/``.tar``/``.zip`` sent as is)."""
+def fingerprint(files: List[Tuple[str, Path]]) -> str:
+    """What the folder's files look like without reading them: names, sizes, modification
+    times and the executable bit (as git's index judges a file unchanged). Equal
+    fingerprints let an unchanged folder skip packing."""
+    h = hashlib.sha256(b"autodl-workdir-v1\0")
+    for rel, path in files:
+        st = path.stat()
+        executable = 1 if st.st_mode & 0o111 else 0
+        h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0{executable}\n".encode())
+    return h.hexdigest()
+
+
+def _cache_file() -> Path:
+    base = os.environ.get("AUTODL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "autodl",
+    )
+    return Path(base) / "workdirs.json"
+
+
+#: Folders remembered (the newest); each entry is a fingerprint and a bundle id.
+_CACHE_ENTRIES = 64
+
+
+def cached_bundle(fp: str) -> Optional[str]:
+    """The bundle id a folder with this fingerprint packed to last time, if remembered."""
+    try:
+        entries = json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return None
+    value = entries.get(fp) if isinstance(entries, dict) else None
+    return value if isinstance(value, str) and value.startswith("sha256:") else None
+
+
+def remember_bundle(fp: str, bundle: str) -> None:
+    """Notes what this folder packed to; a cache that cannot be written is skipped."""
+    path = _cache_file()
+    try:
+        entries = json.loads(path.read_text())
+        if not isinstance(entries, dict):
+            entries = {}
+    except (OSError, ValueError):
+        entries = {}
+    entries.pop(fp, None)
+    entries[fp] = bundle
+    kept = dict(list(entries.items())[-_CACHE_ENTRIES:])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(kept))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def pack(
+    root: Union[str, os.PathLike[str]],
+    max_bytes: int = MAX_BUNDLE_BYTES,
+    files: Optional[List[Tuple[str, Path]]] = None,
+) -> Bundle:
+    """Packs ``root`` (a folder, or an existing ``.tar.gz``/``.tar``/``.zip`` sent as is);
+    ``files`` is what :func:`collect` found in it, when already known."""
     path = Path(root)
     if path.is_file() and path.name.endswith(ARCHIVE_SUFFIXES):
         data = path.read_bytes()
@@ -138,7 +199,8 @@ def pack(root: Union[str, os.PathLike[str]], max_bytes: int = MAX_BUNDLE_BYTES) 
             "name the folder your training code is in, e.g. workdir='.'",
             field="workdir",
         )
-    files = collect(path)
+    if files is None:
+        files = collect(path)
     raw = sum(p.stat().st_size for _, p in files)
     buf = io.BytesIO()
     # The gzip header's timestamp is zero, so equal files give equal bytes and ids.
