@@ -60,6 +60,10 @@ pub struct SandboxLaunch<'a> {
     /// its controlling one, so Ctrl-C and job control work. Without it the sandbox starts a
     /// new session, so a task cannot push keystrokes into a terminal it was handed.
     pub terminal: bool,
+    /// `/etc/passwd` and `/etc/group` that also name the task's uid
+    /// ([`write_identity_files`]), so tools that look the user up (a shell's prompt,
+    /// `whoami`, `getpass`, pip's user folder) find one.
+    pub identity: Option<(&'a Path, &'a Path)>,
 }
 
 /// Where the environment file appears inside the sandbox.
@@ -125,6 +129,7 @@ impl Sandbox {
             env_file: &env_file,
             command: &cmd,
             terminal: false,
+            identity: None,
         };
         let out = std::process::Command::new(&sb.bwrap)
             .args(sb.args(&launch))
@@ -185,6 +190,10 @@ impl Sandbox {
                 Ok(m) if m.is_dir() => a.ro_bind(p, p),
                 _ => {}
             }
+        }
+        if let Some((passwd, group)) = l.identity {
+            a.ro_bind(passwd, Path::new("/etc/passwd"));
+            a.ro_bind(group, Path::new("/etc/group"));
         }
         // A resolver configuration that links outside /etc (systemd-resolved) must follow.
         if let Ok(real) = std::fs::canonicalize("/etc/resolv.conf") {
@@ -324,6 +333,40 @@ fn sh_quote(v: &str) -> String {
 
 /// Writes the task's environment as `export` lines, readable by root and the task's group
 /// only. Names a shell cannot export are left out.
+/// The name a task's uid goes by inside the sandbox.
+pub const TASK_USER_NAME: &str = "autodl";
+
+/// Writes `passwd` and `group` files into `dir`: the host's entries (what `/etc` shows the
+/// task anyway) and one for the task's uid, with its home in the sandbox. Returns their paths.
+pub fn write_identity_files(dir: &Path, user: TaskUser) -> std::io::Result<(PathBuf, PathBuf)> {
+    let host_passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let host_group = std::fs::read_to_string("/etc/group").unwrap_or_default();
+    let taken = |table: &str, name: &str| table.lines().any(|l| l.split(':').next() == Some(name));
+    let name = if taken(&host_passwd, TASK_USER_NAME) || taken(&host_group, TASK_USER_NAME) {
+        format!("{TASK_USER_NAME}-{}", user.uid)
+    } else {
+        TASK_USER_NAME.to_owned()
+    };
+    let mut passwd = host_passwd.trim_end().to_owned();
+    passwd.push_str(&format!(
+        "\n{name}:x:{}:{}:autodl task:/autodl/home:/bin/sh\n",
+        user.uid, user.gid
+    ));
+    let mut group = host_group.trim_end().to_owned();
+    group.push_str(&format!("\n{name}:x:{}:\n", user.gid));
+    let files = (dir.join(".autodl-passwd"), dir.join(".autodl-group"));
+    for (path, text) in [(&files.0, passwd), (&files.1, group)] {
+        let _ = std::fs::remove_file(path);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(path)?;
+        f.write_all(text.as_bytes())?;
+    }
+    Ok(files)
+}
+
 pub fn write_env_file<'a>(
     path: &Path,
     gid: u32,
@@ -375,6 +418,7 @@ mod tests {
             env_file: &env,
             command: &cmd,
             terminal: false,
+            identity: None,
         };
         let args: Vec<String> = sb
             .args(&l)

@@ -22,7 +22,7 @@ use super::leftovers::Leftovers;
 use super::{
     Exec, ExecControl, ExecSpec, RunOutcome, Runtime, RuntimeError, Started, TaskIo, TaskLaunch,
 };
-use crate::isolation::sandbox::{write_env_file, SandboxLaunch};
+use crate::isolation::sandbox::{write_env_file, write_identity_files, SandboxLaunch};
 use crate::isolation::{
     inherited_env, is_root, signal_uid, IsolationChoice, IsolationConfig, IsolationLevel, Sandbox,
     TaskUser, UidPool, DEFAULT_PATH,
@@ -229,6 +229,7 @@ impl ProcessRuntime {
                     user.gid,
                     env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
                 )?;
+                let identity = write_identity_files(&launch.task_dir, user)?;
                 let mut read_only = Vec::new();
                 if let (Some(d), Some(inside)) = (&launch.data, &paths.data) {
                     read_only.push((d.host.clone(), PathBuf::from(inside)));
@@ -268,6 +269,7 @@ impl ProcessRuntime {
                     env_file: &env_file,
                     command: argv,
                     terminal,
+                    identity: Some((&identity.0, &identity.1)),
                 };
                 Plan {
                     program: sb.bwrap().to_path_buf(),
@@ -773,7 +775,7 @@ mod tests {
             "install bubblewrap"
         );
         let script = r#"
-            echo "uid=$(id -u)"
+            echo "uid=$(id -u) name=$(id -un)"
             echo "home=$HOME pwd=$(pwd)"
             env | sed 's/^/env:/'
             test -e /proc/1/environ && cat /proc/1/environ >/dev/null 2>&1 && echo "read-pid1-env"
@@ -804,7 +806,7 @@ mod tests {
         let o = rt.run(l, io).await.unwrap();
         assert_eq!(o.exit_code, 0);
         let out: Vec<String> = lines(&h).into_iter().map(|l| l.line).collect();
-        assert!(out.contains(&format!("uid={uid}")), "{out:?}");
+        assert!(out.contains(&format!("uid={uid} name=autodl")), "{out:?}");
         assert!(
             out.contains(&"home=/autodl/home pwd=/autodl/home".to_string()),
             "{out:?}"

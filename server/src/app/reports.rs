@@ -9,7 +9,7 @@ use autodl_common::tasks::{TaskState, WorkerPlacement};
 use autodl_scheduler::Gpu;
 
 use crate::agents::skew::ClockSkew;
-use crate::app::runs::current_run;
+use crate::app::runs::{current_run, run_for_output};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{GpuSampleRecord, NodeRecord};
@@ -55,9 +55,20 @@ pub async fn logs(
             format!("at most {MAX_LOG_LINES} lines a call"),
         ));
     }
-    let t = current_run(state, node, task_id, report.attempt).await?;
-    // In a task of several workers, the line's worker: this node's place in the placement.
-    let rank = crate::tasks::placement_of(&t.task)
+    let t = run_for_output(state, node, task_id, report.attempt).await?;
+    // In a task of several workers, the line's worker: this node's place in the placement
+    // (the attempt's own once the task has ended and left its placement).
+    let placement = match crate::tasks::placement_of(&t.task) {
+        Some(p) => Some(p),
+        None => state
+            .store
+            .task_attempts(task_id)
+            .await?
+            .into_iter()
+            .find(|a| a.number == i64::from(report.attempt))
+            .and_then(|a| serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement).ok()),
+    };
+    let rank = placement
         .filter(|p| p.len() > 1)
         .and_then(|p| p.iter().position(|w| w.node == node))
         .map(|i| i as i64);

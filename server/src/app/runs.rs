@@ -16,6 +16,28 @@ pub async fn current_run(
     task_id: &str,
     attempt: u32,
 ) -> Result<TaskWithUser, ApiError> {
+    run_on(state, node, task_id, attempt, false).await
+}
+
+/// As [`current_run`], and also a run that has ended, for the output it printed before:
+/// the workers of a gang ship their last lines on their own, after the first to finish
+/// ended the attempt.
+pub async fn run_for_output(
+    state: &AppState,
+    node: &str,
+    task_id: &str,
+    attempt: u32,
+) -> Result<TaskWithUser, ApiError> {
+    run_on(state, node, task_id, attempt, true).await
+}
+
+async fn run_on(
+    state: &AppState,
+    node: &str,
+    task_id: &str,
+    attempt: u32,
+    ended_too: bool,
+) -> Result<TaskWithUser, ApiError> {
     let t = state
         .store
         .task(None, task_id)
@@ -31,7 +53,9 @@ pub async fn current_run(
     }
     let here = match placement_of(&t.task) {
         Some(p) => p.iter().any(|w| w.node == node),
-        None if t.task.state == TaskState::Cancelled => {
+        None if t.task.state == TaskState::Cancelled
+            || (ended_too && t.task.state.is_finished()) =>
+        {
             let attempts = state.store.task_attempts(task_id).await?;
             attempts.iter().any(|a| {
                 a.number == i64::from(attempt)

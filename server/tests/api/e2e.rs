@@ -221,7 +221,15 @@ async fn each_line_of_a_gang_names_its_worker(b: Backend) {
     .await;
     let t = wait_for(&app, &s, &id, &["completed", "failed"], 30).await;
     assert_eq!(t["state"], "completed", "{t}");
-    let logs = s.get(&app, &format!("/api/v1/tasks/{id}/logs")).await;
+    // Each worker's agent ships its lines on its own: the last may land after the task ended.
+    let mut logs = Value::Null;
+    for _ in 0..100 {
+        logs = s.get(&app, &format!("/api/v1/tasks/{id}/logs")).await;
+        if logs["lines"].as_array().is_some_and(|l| l.len() >= 4) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let lines = logs["lines"].as_array().unwrap();
     for rank in [0, 1] {
         let mine: Vec<&Value> = lines
