@@ -45,9 +45,24 @@ struct Inner {
     unsent: HashMap<String, Vec<Unsent>>,
     /// Requests whose agent side has not arrived, by tunnel id.
     waiting: HashMap<String, Waiting>,
-    /// Open tunnels per task, and when bytes last went through one (clock milliseconds).
-    open: HashMap<String, usize>,
+    /// When bytes last went through a tunnel into each task, or one opened or closed
+    /// (clock milliseconds).
     last_traffic: HashMap<String, i64>,
+}
+
+/// Tasks whose traffic is remembered before old entries are dropped (an idle check needs
+/// the last half hour or so, not tasks long gone).
+const TRAFFIC_ENTRIES: usize = 4096;
+const TRAFFIC_KEPT_MS: i64 = 24 * 3_600_000;
+
+impl Inner {
+    fn note_traffic(&mut self, task_id: &str, now: i64) {
+        self.last_traffic.insert(task_id.to_owned(), now);
+        if self.last_traffic.len() > TRAFFIC_ENTRIES {
+            self.last_traffic
+                .retain(|_, at| now - *at < TRAFFIC_KEPT_MS);
+        }
+    }
 }
 
 /// The tunnels this server holds.
@@ -60,7 +75,8 @@ fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Takes the tunnel out of the open count when the person's side ends, however it ends.
+/// Notes the tunnel's end as traffic when the person's side ends, however it ends: an idle
+/// session is judged from then on.
 pub struct OpenGuard {
     tunnels: Arc<Tunnels>,
     task_id: String,
@@ -68,24 +84,8 @@ pub struct OpenGuard {
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
-        let now = self.tunnels.clock.now_ms();
-        let mut g = lock(&self.tunnels.inner);
-        if let Some(n) = g.open.get_mut(&self.task_id) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                g.open.remove(&self.task_id);
-            }
-        }
-        g.last_traffic.insert(self.task_id.clone(), now);
+        self.tunnels.traffic(&self.task_id);
     }
-}
-
-/// What an idle check needs to know of a task's tunnels.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TunnelUse {
-    pub open: usize,
-    /// Clock milliseconds of the last byte either way, or of the last close.
-    pub last_traffic: Option<i64>,
 }
 
 impl Tunnels {
@@ -116,8 +116,7 @@ impl Tunnels {
                 agent: tx,
             },
         );
-        *g.open.entry(req.task_id.clone()).or_default() += 1;
-        g.last_traffic.insert(req.task_id.clone(), now);
+        g.note_traffic(&req.task_id, now);
         let guard = OpenGuard {
             tunnels: self.clone(),
             task_id: req.task_id.clone(),
@@ -169,10 +168,6 @@ impl Tunnels {
             .collect()
     }
 
-    pub fn has_for(&self, node: &str) -> bool {
-        lock(&self.inner).unsent.contains_key(node)
-    }
-
     /// Forgets a request nobody answered.
     pub fn abandon(&self, id: &str) {
         let mut g = lock(&self.inner);
@@ -207,17 +202,12 @@ impl Tunnels {
 
     pub fn traffic(&self, task_id: &str) {
         let now = self.clock.now_ms();
-        lock(&self.inner)
-            .last_traffic
-            .insert(task_id.to_owned(), now);
+        lock(&self.inner).note_traffic(task_id, now);
     }
 
-    pub fn use_of(&self, task_id: &str) -> TunnelUse {
-        let g = lock(&self.inner);
-        TunnelUse {
-            open: g.open.get(task_id).copied().unwrap_or(0),
-            last_traffic: g.last_traffic.get(task_id).copied(),
-        }
+    /// Clock milliseconds of the last traffic into the task's tunnels, if any.
+    pub fn last_traffic(&self, task_id: &str) -> Option<i64> {
+        lock(&self.inner).last_traffic.get(task_id).copied()
     }
 }
 

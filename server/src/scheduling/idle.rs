@@ -90,7 +90,7 @@ impl IdleWatch {
                 first_sample: gpu.first,
                 last_sample: gpu.last,
                 last_busy: gpu.last_busy,
-                last_traffic: tunnels.use_of(t.id()).last_traffic,
+                last_traffic: tunnels.last_traffic(t.id()),
             };
             let Verdict::Idle { since, stop } = judge(policy, t.spec.kind, &activity, now_ms)
             else {

@@ -92,6 +92,33 @@ def _finish(message: str) -> Optional[int]:
     return None
 
 
+def _read_until_end(
+    ws: ClientConnection,
+    on_stdout: Callable[[bytes], None],
+    on_stderr: Callable[[bytes], None],
+    what: str,
+) -> int:
+    """Hands each output frame to its callback until the far side ends; returns the exit
+    code it announced (raises when it ended without one, or with an error)."""
+    code: Optional[int] = None
+    try:
+        for frame in ws:
+            if isinstance(frame, bytes):
+                if frame[:1] == bytes([STDOUT]):
+                    on_stdout(frame[1:])
+                elif frame[:1] == bytes([STDERR]):
+                    on_stderr(frame[1:])
+            else:
+                done = _finish(frame)
+                if done is not None:
+                    code = done
+    except ConnectionClosed:
+        pass
+    if code is None:
+        raise AutodlError(f"the tunnel closed before the {what} ended")
+    return code
+
+
 def run_exec(
     ws: ClientConnection,
     *,
@@ -106,23 +133,7 @@ def run_exec(
             for i in range(0, len(stdin), 32 * 1024):
                 ws.send(bytes([STDIN]) + stdin[i : i + 32 * 1024])
             ws.send(_control({"type": "eof"}))
-        code: Optional[int] = None
-        try:
-            for frame in ws:
-                if isinstance(frame, bytes):
-                    if frame[:1] == bytes([STDOUT]):
-                        on_stdout(frame[1:])
-                    elif frame[:1] == bytes([STDERR]):
-                        on_stderr(frame[1:])
-                else:
-                    done = _finish(frame)
-                    if done is not None:
-                        code = done
-        except ConnectionClosed:
-            pass
-    if code is None:
-        raise AutodlError("the tunnel closed before the command ended")
-    return code
+        return _read_until_end(ws, on_stdout, on_stderr, "command")
 
 
 def exec_collect(ws: ClientConnection, stdin: Optional[bytes] = None) -> ExecResult:
@@ -187,28 +198,19 @@ def interactive(ws: ClientConnection, stdin: IO[bytes], stdout: IO[bytes]) -> in
 
     reader = threading.Thread(target=keys, daemon=True)
     reader.start()
-    code: Optional[int] = None
+
+    def show(data: bytes) -> None:
+        stdout.write(data)
+        stdout.flush()
+
     try:
-        for frame in ws:
-            if isinstance(frame, bytes):
-                if frame[:1] in (bytes([STDOUT]), bytes([STDERR])):
-                    stdout.write(frame[1:])
-                    stdout.flush()
-            else:
-                done = _finish(frame)
-                if done is not None:
-                    code = done
-    except ConnectionClosed:
-        pass
+        return _read_until_end(ws, show, show, "shell")
     finally:
         stop.set()
         if saved is not None:
             import termios
 
             termios.tcsetattr(fd, termios.TCSADRAIN, saved)
-    if code is None:
-        raise AutodlError("the tunnel closed before the shell ended")
-    return code
 
 
 def _pump_socket_to_ws(conn: socket.socket, ws: ClientConnection) -> None:
