@@ -187,8 +187,20 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
     ws.send(Message::text(r#"{"type":"resize","cols":120,"rows":40}"#))
         .await
         .unwrap();
-    ws.send(stdin("stty size; echo back\n")).await.unwrap();
-    let seen = read_until(&mut ws, "40 120", 10).await;
+    // The new size reaches the terminal at once, but a shell just interrupted may still be
+    // settling: asked again until it says so (a resize never taken fails after 10 tries).
+    let mut seen = String::new();
+    for n in 0.. {
+        ws.send(stdin(&format!("stty size; echo back{n}\n")))
+            .await
+            .unwrap();
+        seen.push_str(&read_until(&mut ws, &format!("\nback{n}"), 10).await);
+        if seen.contains("40 120") || n == 9 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(seen.contains("40 120"), "the resize was not taken: {seen}");
     assert!(
         !seen.contains("\nslept"),
         "Ctrl-C did not stop the sleep: {seen}"
