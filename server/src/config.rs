@@ -41,6 +41,13 @@ pub struct Settings {
     pub run_scheduler: bool,
     /// Address tasks and agents use to reach this server; defaults to `http://<listen>`.
     pub public_url: Option<String>,
+    /// Where tasks' declared web ports (JupyterLab, TensorBoard) are served, each on its own
+    /// origin `<port>-<task>.<apps host>`: e.g. `https://apps.example.net` with a wildcard DNS
+    /// name and certificate. It must not share a site with `public_url` (another registrable
+    /// domain), or a task's page could act as its viewer. Unset: `http://apps.localhost:<port>`
+    /// while the server is reached on this machine (browsers send `*.localhost` home), else no
+    /// "Open" links.
+    pub apps_url: Option<String>,
     /// A node whose agent has not polled for this long is lost and its tasks requeued.
     pub node_lost_timeout_secs: u64,
     /// Raw GPU samples are kept this long, then folded into hourly rollups.
@@ -100,6 +107,7 @@ impl Default for Settings {
             scheduler_state_check_secs: 300,
             run_scheduler: true,
             public_url: None,
+            apps_url: None,
             node_lost_timeout_secs: 30,
             raw_sample_retention_days: 7,
             rollup_retention_days: 400,

@@ -50,6 +50,9 @@ pub enum ApiError {
     /// The database cannot write for now (full or read-only disk); the caller may retry.
     #[error("{0}; try again later")]
     DatabaseUnavailable(crate::store::fault::StoreFault),
+    /// Something past this server that should answer did not (a task's node or its app).
+    #[error("{0}")]
+    BadGateway(String),
     #[error("too many attempts; try again in {retry_after_secs} s")]
     RateLimited { retry_after_secs: u64 },
     #[error("internal error")]
@@ -79,6 +82,7 @@ impl ApiError {
             ApiError::NoResults(_) => "no_results",
             ApiError::StorageUnavailable(_) => "storage_unavailable",
             ApiError::DatabaseUnavailable(_) => "database_unavailable",
+            ApiError::BadGateway(_) => "bad_gateway",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Internal(_) => "internal",
         }
@@ -129,6 +133,7 @@ impl ResponseError for ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

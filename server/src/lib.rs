@@ -2,6 +2,7 @@
 
 pub mod agents;
 pub mod app;
+pub mod apps;
 pub mod auth;
 pub mod clock;
 pub mod config;

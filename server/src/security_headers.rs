@@ -5,22 +5,45 @@
 //! ([`page_policy`]); everything else (API answers, files) gets [`API_POLICY`], which allows
 //! nothing to run. Defaults are only added where a response has none of its own.
 
-use actix_web::http::header::{self, HeaderValue};
-use actix_web::middleware::DefaultHeaders;
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{self, HeaderName, HeaderValue};
+use actix_web::middleware::Next;
 
 /// Answers that are not pages: nothing in them may load or run, nobody may frame them.
 pub const API_POLICY: &str = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'";
 
-pub fn defaults() -> DefaultHeaders {
-    DefaultHeaders::new()
-        .add((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
-        .add((header::X_FRAME_OPTIONS, "DENY"))
-        .add((header::REFERRER_POLICY, "no-referrer"))
-        .add((header::CONTENT_SECURITY_POLICY, API_POLICY))
-        .add((
-            header::HeaderName::from_static("cross-origin-opener-policy"),
+/// Adds the defaults to every response of the platform's own; a task's app (served on its own
+/// origin, see `crate::apps`) keeps the headers it chose.
+pub async fn defaults(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let mut res = next.call(req).await?;
+    if res
+        .response()
+        .extensions()
+        .get::<crate::apps::proxy::AppResponse>()
+        .is_some()
+    {
+        return Ok(res);
+    }
+    let headers = res.headers_mut();
+    for (name, value) in [
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CONTENT_SECURITY_POLICY, API_POLICY),
+        (
+            HeaderName::from_static("cross-origin-opener-policy"),
             "same-origin",
-        ))
+        ),
+    ] {
+        if !headers.contains_key(&name) {
+            headers.insert(name, HeaderValue::from_static(value));
+        }
+    }
+    Ok(res)
 }
 
 /// The policy of a server-rendered page: its own scripts and the hydration script carrying

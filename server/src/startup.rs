@@ -83,6 +83,7 @@ impl Application {
             metrics: Arc::new(crate::metrics::Metrics::new()?),
             settings: settings.clone(),
             tunnels: Arc::new(crate::tunnels::Tunnels::new(clock.clone())),
+            apps: crate::apps::Apps::new(&settings, secret.as_bytes())?,
             clock,
         });
         let mut background = crate::replicas::connect(&state).await?;
@@ -100,7 +101,7 @@ impl Application {
         let server_state = state.clone();
         let server = HttpServer::new(move || {
             App::new()
-                .wrap(crate::security_headers::defaults())
+                .wrap(from_fn(crate::security_headers::defaults))
                 .wrap(from_fn(renew_session))
                 .wrap(Compress::default())
                 .wrap(TracingLogger::default())

@@ -26,6 +26,8 @@ pub struct AppState {
     pub submissions: crate::store::GroupCommit,
     /// Shells, commands and ports people have open into tasks.
     pub tunnels: Arc<crate::tunnels::Tunnels>,
+    /// Tasks' web ports on origins of their own.
+    pub apps: crate::apps::Apps,
 }
 
 impl AppState {

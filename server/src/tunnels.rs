@@ -13,9 +13,10 @@ use std::time::Duration;
 use actix_ws::{Message, MessageStream, Session};
 use autodl_common::agent::{TunnelControl, TunnelRequest};
 use futures_util::StreamExt;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::Clock;
+use crate::state::AppState;
 
 /// How long a person waits for the node's agent to answer before the tunnel is given up.
 pub const AGENT_ANSWER: Duration = Duration::from_secs(20);
@@ -23,11 +24,45 @@ pub const AGENT_ANSWER: Duration = Duration::from_secs(20);
 /// Largest frame either side may send (the agent reads 32 KiB at a time).
 pub const MAX_FRAME: usize = 1 << 20;
 
-/// The person's side, parked until the agent's side arrives.
+/// Where the frames of one side of a tunnel go: a WebSocket (a person's, or the agent's), or
+/// this server itself (the apps proxy reads a task's port as a byte stream).
+#[derive(Clone)]
+pub enum Peer {
+    Socket(Session),
+    Local(mpsc::Sender<bytes::Bytes>),
+}
+
+impl Peer {
+    async fn binary(&mut self, b: bytes::Bytes) -> Result<(), ()> {
+        match self {
+            Peer::Socket(s) => s.binary(b).await.map_err(|_| ()),
+            Peer::Local(tx) => tx.send(b).await.map_err(|_| ()),
+        }
+    }
+
+    /// Control frames: the server's own reader only learns that the tunnel ends.
+    async fn text(&mut self, t: bytestring::ByteString) -> Result<(), ()> {
+        match self {
+            Peer::Socket(s) => s.text(t).await.map_err(|_| ()),
+            Peer::Local(_) => {
+                tracing::debug!(said = %t, "a local tunnel's agent side said");
+                Ok(())
+            }
+        }
+    }
+
+    async fn close(self, reason: Option<actix_ws::CloseReason>) {
+        if let Peer::Socket(s) = self {
+            let _ = s.close(reason).await;
+        }
+    }
+}
+
+/// The near side, parked until the agent's side arrives.
 struct Waiting {
     node: String,
     task_id: String,
-    person: Session,
+    person: Peer,
     /// Receives the agent's session once it dials in.
     agent: oneshot::Sender<Session>,
 }
@@ -102,7 +137,7 @@ impl Tunnels {
         self: &Arc<Self>,
         node: &str,
         req: TunnelRequest,
-        person: Session,
+        person: Peer,
     ) -> (oneshot::Receiver<Session>, OpenGuard) {
         let (tx, rx) = oneshot::channel();
         let now = self.clock.now_ms();
@@ -183,11 +218,7 @@ impl Tunnels {
 
     /// The agent of `node` dialled in for tunnel `id`: hands over the person's side. `None`
     /// when there is no such tunnel for this node (gone, or another node's).
-    pub fn answer(
-        &self,
-        id: &str,
-        node: &str,
-    ) -> Option<(Session, String, oneshot::Sender<Session>)> {
+    pub fn answer(&self, id: &str, node: &str) -> Option<(Peer, String, oneshot::Sender<Session>)> {
         let mut g = lock(&self.inner);
         if g.waiting.get(id).is_none_or(|w| w.node != node) {
             return None;
@@ -211,6 +242,113 @@ impl Tunnels {
     }
 }
 
+/// A request for a tunnel to `target` in the task's current attempt. With other servers on
+/// the database the agent may poll any of them, so it names this server to dial.
+pub fn request_for(
+    state: &AppState,
+    task: &crate::store::TaskRecord,
+    target: autodl_common::agent::TunnelTarget,
+) -> TunnelRequest {
+    TunnelRequest {
+        id: uuid::Uuid::new_v4().to_string(),
+        task_id: task.id.clone(),
+        attempt: task.attempts.clamp(0, i64::from(u32::MAX)) as u32,
+        target,
+        server: state
+            .agents
+            .peers()
+            .connected()
+            .then(|| state.settings.public_url()),
+    }
+}
+
+/// Parks `near` for `request` on `node` and tells the node's agent, here and through the
+/// other servers; returns what the agent's side will arrive on.
+pub fn ask(
+    state: &AppState,
+    node: &str,
+    request: TunnelRequest,
+    near: Peer,
+) -> (oneshot::Receiver<Session>, OpenGuard) {
+    let offer = (request.server.is_some()).then(|| Tunnels::offer(node, &request));
+    let parked = state.tunnels.request(node, request, near);
+    if let Some(offer) = offer {
+        state
+            .agents
+            .peers()
+            .tell(crate::replicas::Signal::Tunnel(offer));
+    }
+    state.agents.notify(node);
+    parked
+}
+
+/// A byte stream to a task's port for this server's own use (the apps proxy): what is
+/// written reaches the port, what the task answers is read, and the end of either is the end.
+pub async fn connect_port(
+    state: &AppState,
+    task: &crate::store::TaskRecord,
+    node: &str,
+    port: u16,
+) -> Result<tokio::io::DuplexStream, crate::error::ApiError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (tx, mut from_agent) = mpsc::channel::<bytes::Bytes>(16);
+    let request = request_for(
+        state,
+        task,
+        autodl_common::agent::TunnelTarget::Port { port },
+    );
+    let id = request.id.clone();
+    let (agent, guard) = ask(state, node, request, Peer::Local(tx));
+    let mut agent = match tokio::time::timeout(AGENT_ANSWER, agent).await {
+        Ok(Ok(a)) => a,
+        _ => {
+            state.tunnels.abandon(&id);
+            return Err(crate::error::ApiError::BadGateway(
+                "the task's node did not answer; try again".into(),
+            ));
+        }
+    };
+    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+    let (mut read, mut write) = tokio::io::split(theirs);
+    let tunnels = state.tunnels.clone();
+    actix_web::rt::spawn(async move {
+        let _guard = guard;
+        let task_id = _guard.task_id.clone();
+        let up = async {
+            let mut buf = vec![0u8; 32 * 1024];
+            let mut noted = tokio::time::Instant::now() - Duration::from_secs(2);
+            loop {
+                let n = match read.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if agent
+                    .binary(bytes::Bytes::copy_from_slice(&buf[..n]))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                if noted.elapsed() >= Duration::from_secs(1) {
+                    noted = tokio::time::Instant::now();
+                    tunnels.traffic(&task_id);
+                }
+            }
+            let _ = agent.close(None).await;
+        };
+        let down = async {
+            while let Some(b) = from_agent.recv().await {
+                if write.write_all(&b).await.is_err() {
+                    break;
+                }
+            }
+            let _ = write.shutdown().await;
+        };
+        futures_util::join!(up, down);
+    });
+    Ok(ours)
+}
+
 /// Says why a tunnel could not be served, in the exec protocol's own words, and closes it.
 pub async fn refuse(mut person: Session, message: &str) {
     let c = TunnelControl::Error {
@@ -227,7 +365,7 @@ pub async fn refuse(mut person: Session, message: &str) {
 pub async fn pipe(
     mut from: MessageStream,
     mut own: Session,
-    mut to: Session,
+    mut to: Peer,
     tunnels: Arc<Tunnels>,
     task_id: String,
 ) {
@@ -249,14 +387,14 @@ pub async fn pipe(
                 Ok(())
             }
             Message::Close(reason) => {
-                let _ = to.close(reason).await;
+                to.close(reason).await;
                 let _ = own.close(None).await;
                 return;
             }
             _ => Ok(()),
         };
-        if let Err(e) = sent {
-            tracing::debug!(task = %task_id, error = %e, "tunnel peer gone");
+        if sent.is_err() {
+            tracing::debug!(task = %task_id, "tunnel peer gone");
             break;
         }
         if noted.elapsed() >= Duration::from_secs(1) {
@@ -265,6 +403,6 @@ pub async fn pipe(
         }
     }
     tracing::debug!(task = %task_id, "tunnel stream ended");
-    let _ = to.close(None).await;
+    to.close(None).await;
     let _ = own.close(None).await;
 }

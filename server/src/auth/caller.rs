@@ -111,37 +111,51 @@ impl LiveCaller {
             return true;
         }
         self.checked = std::time::Instant::now();
-        let now = state.clock.now_ms();
-        let c = &self.caller;
-        let credential = match &c.via {
-            CallerVia::Session { sid, .. } => state
-                .store
-                .session(sid)
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|s| !s.revoked && s.expires_at > now),
-            CallerVia::ApiKey { id } => {
-                state
-                    .store
-                    .list_api_keys(&c.user.id)
-                    .await
-                    .is_ok_and(|keys| {
-                        keys.iter().any(|k| {
-                            k.id == *id && !k.revoked && k.expires_at.is_none_or(|e| e > now)
-                        })
-                    })
-            }
-        };
-        credential
+        holds(state, &self.caller.user.id, &self.caller.via).await
             && state
                 .store
-                .user(&c.user.id)
+                .user(&self.caller.user.id)
                 .await
                 .ok()
                 .flatten()
-                .is_some_and(|u| !u.disabled && u.tenant_id == c.user.tenant_id)
+                .is_some_and(|u| !u.disabled && u.tenant_id == self.caller.user.tenant_id)
     }
+}
+
+/// Whether the sign-in `via` still stands for `user_id`: the session neither ended nor
+/// expired, the key neither revoked nor expired.
+async fn holds(state: &AppState, user_id: &str, via: &CallerVia) -> bool {
+    let now = state.clock.now_ms();
+    match via {
+        CallerVia::Session { sid, .. } => state
+            .store
+            .session(sid)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|s| !s.revoked && s.expires_at > now && s.user_id == user_id),
+        CallerVia::ApiKey { id } => state.store.list_api_keys(user_id).await.is_ok_and(|keys| {
+            keys.iter()
+                .any(|k| k.id == *id && !k.revoked && k.expires_at.is_none_or(|e| e > now))
+        }),
+    }
+}
+
+/// The caller a credential made earlier acts for now (a pass into a task's app carries who
+/// made it and how): refused once that sign-in ended or the account was disabled, so
+/// signing out or revoking the key ends what it opened.
+pub async fn resume(state: &AppState, user_id: &str, via: CallerVia) -> Result<Caller, ApiError> {
+    if !holds(state, user_id, &via).await {
+        return Err(ApiError::Unauthorized(
+            "the sign-in this was opened with has ended; open it again from the task's page".into(),
+        ));
+    }
+    let user = active_user(state, user_id).await?;
+    Ok(Caller {
+        role: parse_role(&user.role)?,
+        user,
+        via,
+    })
 }
 
 /// The last event of a live stream whose caller lost access.

@@ -126,7 +126,7 @@ impl SessionKeys {
 
 /// Signature, algorithm and the claims a token must carry; expiry is judged by the caller
 /// against the server's `Clock`, not the library against the wall clock.
-fn signed_only() -> Validation {
+pub(crate) fn signed_only() -> Validation {
     let mut v = Validation::new(Algorithm::HS256);
     v.validate_exp = false;
     v.set_required_spec_claims(&["exp", "sub"]);

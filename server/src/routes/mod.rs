@@ -26,7 +26,22 @@ use crate::store::{TenantRecord, UserRecord};
 use autodl_common::api::Me;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
+    // Requests to a task's app (a host under the apps domain) are the app's, whatever the path.
     cfg.service(
+        web::scope("")
+            .guard(actix_web::guard::fn_guard(|ctx| {
+                let host = ctx
+                    .head()
+                    .headers()
+                    .get("host")
+                    .and_then(|h| h.to_str().ok());
+                ctx.app_data::<web::Data<crate::state::AppState>>()
+                    .zip(host)
+                    .is_some_and(|(s, h)| s.apps.app_of(h).is_some())
+            }))
+            .default_service(web::to(crate::apps::proxy::serve)),
+    )
+    .service(
         web::resource("/healthz")
             .route(web::get().to(health::healthz))
             .default_service(web::to(not_routed)),
@@ -82,6 +97,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(tasks::report_metrics)
             .service(tunnels::shell)
             .service(tunnels::exec)
+            .service(tunnels::open_app)
             .service(tunnels::port)
             .service(tunnels::agent_side)
             .service(artifacts::results)

@@ -25,7 +25,7 @@ use super::{
         admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user, admin::policy, usage::usage,
         tasks::submit, tasks::list, tasks::show, tasks::cancel, tasks::events, tasks::attempts,
         tasks::logs, tasks::log_download, tasks::log_stream, tasks::metrics, tasks::metric_lines, streams::metric_stream, tasks::report_metrics,
-        tunnels::shell, tunnels::exec, tunnels::port, tunnels::agent_side,
+        tunnels::shell, tunnels::exec, tunnels::port, tunnels::open_app, tunnels::agent_side,
         artifacts::results, artifacts::result_files, artifacts::result_file, artifacts::checkpoints, artifacts::list_objects, artifacts::put_object,
         artifacts::get_object, artifacts::delete_object, artifacts::start_upload, artifacts::put_file,
         artifacts::commit, artifacts::abandon, artifacts::get_file, artifacts::data_manifest, artifacts::data_file,

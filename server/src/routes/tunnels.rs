@@ -2,7 +2,7 @@
 //! for people, `/agent/tunnels/{id}` for the node's agent dialling back.
 
 use actix_web::{get, web, HttpRequest, HttpResponse};
-use autodl_common::agent::{TunnelRequest, TunnelTarget};
+use autodl_common::agent::TunnelTarget;
 use autodl_common::api::ErrorBody;
 use autodl_common::tasks::TaskState;
 use serde::Deserialize;
@@ -13,7 +13,7 @@ use crate::auth::{Caller, CallerVia};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::tasks::{placement_of, spec_of};
-use crate::tunnels::{pipe, refuse, AGENT_ANSWER, MAX_FRAME};
+use crate::tunnels::{pipe, refuse, Peer, AGENT_ANSWER, MAX_FRAME};
 
 /// Most arguments and bytes a one-shot command may have.
 const MAX_ARGS: usize = 256;
@@ -111,7 +111,7 @@ fn same_origin(req: &HttpRequest, caller: &Caller) -> Result<(), ApiError> {
 
 /// The node and attempt a running task's `rank` runs on, once the caller may reach into it:
 /// its owner or a manager of its organization.
-async fn target_of(
+pub(crate) async fn target_of(
     state: &AppState,
     caller: &Caller,
     id: &str,
@@ -176,17 +176,7 @@ async fn open(
         )
     })?;
     let stream = stream.max_frame_size(MAX_FRAME);
-    // With other servers on the database, the agent may poll any of them: it is told here
-    // and through them, and dials this one.
-    let replicated = state.agents.peers().connected();
-    let request = TunnelRequest {
-        id: uuid::Uuid::new_v4().to_string(),
-        task_id: task.task.id.clone(),
-        attempt: task.task.attempts.clamp(0, i64::from(u32::MAX)) as u32,
-        target,
-        server: replicated.then(|| state.settings.public_url()),
-    };
-    let offer = crate::tunnels::Tunnels::offer(&node, &request);
+    let request = crate::tunnels::request_for(&state, &task.task, target);
     let id = request.id.clone();
     let task_id = task.task.id.clone();
     state
@@ -200,18 +190,11 @@ async fn open(
         .await?;
     tracing::info!(task = %task_id, node = %node, user = %caller.user.email, kind = event.0, "tunnel requested");
     let tunnels = state.tunnels.clone();
-    let (agent, guard) = tunnels.request(&node, request, person.clone());
-    if replicated {
-        state
-            .agents
-            .peers()
-            .tell(crate::replicas::Signal::Tunnel(offer));
-    }
-    state.agents.notify(&node);
+    let (agent, guard) = crate::tunnels::ask(&state, &node, request, Peer::Socket(person.clone()));
     actix_web::rt::spawn(async move {
         let _guard = guard;
         match tokio::time::timeout(AGENT_ANSWER, agent).await {
-            Ok(Ok(far)) => pipe(stream, person, far, tunnels, task_id).await,
+            Ok(Ok(far)) => pipe(stream, person, Peer::Socket(far), tunnels, task_id).await,
             _ => {
                 tunnels.abandon(&id);
                 refuse(person, "the task's node did not answer; try again").await;
@@ -295,16 +278,7 @@ pub async fn port(
 ) -> Result<HttpResponse, ApiError> {
     let (id, port) = path.into_inner();
     let (task, node) = target_of(&state, &caller, &id, q.rank).await?;
-    let spec = spec_of(&task.task)?;
-    if !spec.ports.contains(&port) {
-        return Err(ApiError::invalid(
-            "port",
-            format!(
-                "the task declared no port {port}; it declared {:?} (set ports when submitting)",
-                spec.ports
-            ),
-        ));
-    }
+    declared(&task, port)?;
     let reach = Reach {
         task,
         node,
@@ -312,6 +286,86 @@ pub async fn port(
         event: ("port_forward", format!("opened port {port}")),
     };
     open(state, req, body, caller, reach).await
+}
+
+/// A port reached only if the task declared it (`ports` in its spec).
+pub(crate) fn declared(task: &crate::store::TaskWithUser, number: u16) -> Result<(), ApiError> {
+    let spec = spec_of(&task.task)?;
+    if spec.ports.contains(&number) {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        "port",
+        format!(
+            "the task declared no port {number}; it declared {:?} (set ports when submitting)",
+            spec.ports
+        ),
+    ))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct OpenQuery {
+    /// The page of the app to land on (a path, e.g. `/lab`; default `/`).
+    path: Option<String>,
+}
+
+/// Opens a declared web port (JupyterLab, TensorBoard) in the browser: answers with a
+/// redirect to the app on its own origin, carrying a one-minute ticket that the app's origin
+/// trades for a pass of its own (the platform's sign-in never goes there). Rank 0 only.
+#[utoipa::path(params(("id" = String, Path), ("port" = u16, Path), OpenQuery), responses((status = 303, description = "to the app; the body's `url` says where"), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+#[get("/tasks/{id}/ports/{port}/open")]
+pub async fn open_app(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<(String, u16)>,
+    q: web::Query<OpenQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let (id, number) = path.into_inner();
+    let (task, _) = target_of(&state, &caller, &id, None).await?;
+    declared(&task, number)?;
+    let origin = state.apps.origin.as_ref().ok_or_else(|| {
+        ApiError::Conflict(
+            "this server serves no apps: its operator sets AUTODL_APPS_URL (see the README)".into(),
+        )
+    })?;
+    let app = crate::apps::AppHost {
+        task_id: task.task.id.clone(),
+        port: number,
+    };
+    let now = state.clock.now_ms();
+    let ticket = state.apps.keys.ticket(&caller, &app, now)?;
+    let next = crate::apps::proxy::local_path(q.path.as_deref());
+    let url = format!(
+        "{}{}?ticket={ticket}&next={}",
+        origin.url_of(&app),
+        crate::apps::proxy::ENTER_PATH,
+        url_escape(&next)
+    );
+    state
+        .store
+        .add_event(
+            &task.task.id,
+            "port_forward",
+            &format!("{} opened port {number} in the browser", caller.user.email),
+            now,
+        )
+        .await?;
+    Ok(HttpResponse::SeeOther()
+        .insert_header((actix_web::http::header::LOCATION, url.clone()))
+        .insert_header((actix_web::http::header::CACHE_CONTROL, "no-store"))
+        .json(serde_json::json!({ "url": url })))
+}
+
+fn url_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// The node's agent dials in for a tunnel its poll was told of.

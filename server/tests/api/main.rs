@@ -6,6 +6,7 @@ mod accounts;
 mod admin_cli;
 mod agents;
 mod api_keys;
+mod apps;
 mod code;
 mod e2e;
 mod faults;

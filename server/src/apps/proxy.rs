@@ -1,0 +1,642 @@
+//! The apps origin's requests: the ticket trade (`/.autodl/enter`), then every request and
+//! WebSocket carried to the task's port, without the platform's credentials.
+
+use actix_web::cookie::{time::Duration as CookieDuration, Cookie, SameSite};
+use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http_body_util::{BodyExt, Empty, StreamBody};
+use hyper::body::Frame;
+use hyper_util::rt::TokioIo;
+use tokio_tungstenite::tungstenite::protocol::{frame::coding::CloseCode, CloseFrame, Role};
+use tokio_tungstenite::tungstenite::Message as TaskMessage;
+
+use super::pass::{AppClaims, Kind, PASS_COOKIE, PASS_SECS};
+use super::pool::Body;
+use super::AppHost;
+use crate::auth::session::{CSRF_COOKIE, SESSION_COOKIE};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Where the ticket is traded; no app is sent requests under it.
+pub const ENTER_PATH: &str = "/.autodl/enter";
+
+/// Largest WebSocket message carried either way (notebook outputs can be large).
+const MAX_WS_MESSAGE: usize = 64 << 20;
+
+/// Marks a response as the app's own: the platform's page policy is not added to it.
+#[derive(Clone, Copy)]
+pub struct AppResponse;
+
+/// Every request whose host names an app.
+pub async fn serve(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Payload,
+) -> HttpResponse {
+    let host = req.connection_info().host().to_owned();
+    let Some(app) = state.apps.app_of(&host) else {
+        return page(StatusCode::NOT_FOUND, "No such app.");
+    };
+    let answer = if req.path() == ENTER_PATH {
+        enter(&state, &req, &app).await
+    } else {
+        carry(&state, &req, body, &app).await
+    };
+    match answer {
+        Ok(mut r) => {
+            r.extensions_mut().insert(AppResponse);
+            r
+        }
+        Err(e) => {
+            let status = actix_web::ResponseError::status_code(&e);
+            let mut text = e.to_string();
+            if status == StatusCode::UNAUTHORIZED {
+                let task = format!("{}/tasks/{}", state.settings.public_url(), app.task_id);
+                text = format!("{text}\n\nOpen the app from its task's page: {task}");
+            }
+            page(status, &text)
+        }
+    }
+}
+
+fn page(status: StatusCode, text: &str) -> HttpResponse {
+    HttpResponse::build(status)
+        .content_type("text/plain; charset=utf-8")
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .body(text.to_owned())
+}
+
+#[derive(serde::Deserialize)]
+struct EnterQuery {
+    ticket: String,
+    next: Option<String>,
+}
+
+/// Trades the ticket for the pass cookie and goes on to the page asked for.
+async fn enter(
+    state: &AppState,
+    req: &HttpRequest,
+    app: &AppHost,
+) -> Result<HttpResponse, ApiError> {
+    let q = web::Query::<EnterQuery>::from_query(req.query_string())
+        .map_err(|_| ApiError::BadRequest("expected ?ticket=…".into()))?;
+    let now = state.clock.now_ms();
+    let (pass, claims) = state.apps.keys.trade(&q.ticket, app, now).ok_or_else(|| {
+        ApiError::Unauthorized("this link was used already or has expired".into())
+    })?;
+    admit(state, &claims, app).await?;
+    let secure = state.apps.origin.as_ref().is_some_and(|o| o.secure());
+    let cookie = Cookie::build(PASS_COOKIE, pass)
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Lax)
+        .secure(secure)
+        .max_age(CookieDuration::seconds(PASS_SECS))
+        .finish();
+    Ok(HttpResponse::SeeOther()
+        .cookie(cookie)
+        .insert_header((header::LOCATION, local_path(q.next.as_deref())))
+        .insert_header((header::REFERRER_POLICY, "no-referrer"))
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .finish())
+}
+
+/// A path on the app's own origin (never another site's URL).
+pub fn local_path(next: Option<&str>) -> String {
+    match next {
+        Some(p)
+            if p.starts_with('/')
+                && !p.starts_with("//")
+                && !p.contains('\\')
+                && !p.chars().any(char::is_control) =>
+        {
+            p.to_owned()
+        }
+        _ => "/".into(),
+    }
+}
+
+/// The person the pass is for may still reach the task's port: the sign-in it came from
+/// holds, they own the task or manage its organization, it runs, the port is declared.
+/// Returns the task and the node its first worker runs on.
+async fn admit(
+    state: &AppState,
+    claims: &AppClaims,
+    app: &AppHost,
+) -> Result<(crate::store::TaskWithUser, String), ApiError> {
+    let via = claims
+        .via()
+        .ok_or_else(|| ApiError::Unauthorized("this pass is not valid".into()))?;
+    let caller = crate::auth::caller::resume(state, &claims.sub, via).await?;
+    let (task, node) =
+        crate::routes::tunnels::target_of(state, &caller, &app.task_id, None).await?;
+    crate::routes::tunnels::declared(&task, app.port)?;
+    Ok((task, node))
+}
+
+/// Requests from another origin that could act with the pass: a page of another app (every
+/// app shares the apps site) must not drive this one. Navigations to it are fine, as a link.
+fn cross_origin(req: &HttpRequest) -> bool {
+    let h = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
+    match h("sec-fetch-site") {
+        None | Some("same-origin") | Some("none") => false,
+        Some(_) => {
+            let navigation = h("sec-fetch-mode") == Some("navigate");
+            let reading = matches!(req.method().as_str(), "GET" | "HEAD");
+            !(navigation && reading)
+        }
+    }
+}
+
+async fn carry(
+    state: &AppState,
+    req: &HttpRequest,
+    body: web::Payload,
+    app: &AppHost,
+) -> Result<HttpResponse, ApiError> {
+    if cross_origin(req) {
+        return Err(ApiError::Forbidden(
+            "a request from another site's page is refused".into(),
+        ));
+    }
+    let now = state.clock.now_ms();
+    let claims = req
+        .cookie(PASS_COOKIE)
+        .and_then(|c| state.apps.keys.verify(c.value(), Kind::Pass, app, now))
+        .ok_or_else(|| ApiError::Unauthorized("you have no pass for this app".into()))?;
+    let (task, node) = admit(state, &claims, app).await?;
+    let upgrade = is_websocket(req);
+    let headers = to_app(req, upgrade, |token| is_platform_credential(state, token));
+    let mut builder = hyper::Request::builder()
+        .method(req.method().as_str())
+        .uri(req.uri().path_and_query().map_or("/", |p| p.as_str()));
+    for (name, value) in &headers {
+        builder = builder.header(name.as_str(), value.as_bytes());
+    }
+    if upgrade {
+        let request = builder
+            .body(empty())
+            .map_err(|e| ApiError::BadRequest(format!("this request cannot be carried: {e}")))?;
+        return websocket(state, req, body, &task.task, &node, app, request).await;
+    }
+    let request = builder
+        .body(request_body(req, body))
+        .map_err(|e| ApiError::BadRequest(format!("this request cannot be carried: {e}")))?;
+    let mut sender = match state.apps.pool.take(&app.task_id, app.port) {
+        Some(s) => s,
+        None => {
+            let stream = crate::tunnels::connect_port(state, &task.task, &node, app.port).await?;
+            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(unreachable_app)?;
+            actix_web::rt::spawn(async move {
+                let _ = conn.await;
+            });
+            sender
+        }
+    };
+    let answer = sender
+        .send_request(request)
+        .await
+        .map_err(unreachable_app)?;
+    state.apps.pool.put(&app.task_id, app.port, sender);
+    Ok(from_app(answer))
+}
+
+fn unreachable_app(e: hyper::Error) -> ApiError {
+    ApiError::BadGateway(format!("the task's app did not answer: {e}"))
+}
+
+fn empty() -> Body {
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// The request's body as it arrives (uploads are not held in memory).
+fn request_body(req: &HttpRequest, mut payload: web::Payload) -> Body {
+    let has_body = req.headers().contains_key(header::TRANSFER_ENCODING)
+        || req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() != "0");
+    if !has_body {
+        return empty();
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(8);
+    // The request's payload lives on this worker's thread; a pump hands it over.
+    actix_web::rt::spawn(async move {
+        while let Some(chunk) = payload.next().await {
+            let item = chunk
+                .map(Frame::data)
+                .map_err(|e| std::io::Error::other(e.to_string()));
+            let failed = item.is_err();
+            if tx.send(item).await.is_err() || failed {
+                break;
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    StreamBody::new(Box::pin(stream)).boxed_unsync()
+}
+
+/// The app's answer, streamed, with its cookies held to its own origin.
+fn from_app(answer: hyper::Response<hyper::body::Incoming>) -> HttpResponse {
+    let (parts, incoming) = answer.into_parts();
+    let status = StatusCode::from_u16(parts.status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut out = HttpResponse::build(status);
+    for (name, value) in from_app_headers(&parts.headers) {
+        out.append_header((name, value));
+    }
+    let body = http_body_util::BodyStream::new(incoming).filter_map(|frame| async move {
+        match frame {
+            Ok(f) => f.into_data().ok().map(Ok::<Bytes, std::io::Error>),
+            Err(e) => Some(Err(std::io::Error::other(e.to_string()))),
+        }
+    });
+    out.streaming(body)
+}
+
+/// Headers that belong to one connection, not to the message (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+];
+
+fn hop_by_hop(headers: &HeaderMap, name: &HeaderName) -> bool {
+    let named_by_connection = headers
+        .get_all(header::CONNECTION)
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|n| n.trim().eq_ignore_ascii_case(name.as_str()));
+    HOP_BY_HOP.contains(&name.as_str()) || named_by_connection
+}
+
+/// A bearer token that is a platform API key or session: never the app's business.
+fn is_platform_credential(state: &AppState, token: &str) -> bool {
+    token.starts_with(crate::auth::secrets::API_KEY_PREFIX)
+        || state.sessions.verify(token, state.clock.now_ms()).is_some()
+}
+
+/// The request's headers as the app gets them: the connection's own removed, the platform's
+/// cookies and credentials taken out, where it came from added.
+fn to_app(
+    req: &HttpRequest,
+    websocket: bool,
+    platform_credential: impl Fn(&str) -> bool,
+) -> Vec<(HeaderName, HeaderValue)> {
+    let headers = req.headers();
+    let mut out = Vec::new();
+    for (name, value) in headers.iter() {
+        let keep_for_upgrade = websocket && (name == header::CONNECTION || name == header::UPGRADE);
+        if (hop_by_hop(headers, name) || name == header::UPGRADE) && !keep_for_upgrade {
+            continue;
+        }
+        if name.as_str().starts_with("x-forwarded-") || name == header::FORWARDED {
+            continue;
+        }
+        // This server's WebSocket to the app speaks no compression.
+        if name.as_str() == "sec-websocket-extensions" {
+            continue;
+        }
+        if name == header::AUTHORIZATION {
+            let token = value
+                .to_str()
+                .ok()
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim);
+            if token.is_some_and(&platform_credential) {
+                continue;
+            }
+        }
+        if name == header::COOKIE {
+            if let Some(kept) = value.to_str().ok().and_then(app_cookies) {
+                out.push((name.clone(), kept));
+            }
+            continue;
+        }
+        out.push((name.clone(), value.clone()));
+    }
+    if websocket {
+        out.retain(|(n, _)| n != header::CONNECTION);
+        out.push((header::CONNECTION, HeaderValue::from_static("upgrade")));
+    }
+    let info = req.connection_info();
+    for (name, value) in [
+        ("x-forwarded-proto", info.scheme()),
+        ("x-forwarded-host", info.host()),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            out.push((HeaderName::from_static(name), v));
+        }
+    }
+    out
+}
+
+/// The app's own cookies of a `Cookie` header (the pass and the platform's are not).
+fn app_cookies(header: &str) -> Option<HeaderValue> {
+    let ours = [PASS_COOKIE, SESSION_COOKIE, CSRF_COOKIE];
+    let kept: Vec<&str> = header
+        .split(';')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .filter(|c| {
+            let name = c.split('=').next().unwrap_or("").trim();
+            !ours.contains(&name)
+        })
+        .collect();
+    if kept.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&kept.join("; ")).ok()
+}
+
+/// The app's response headers as the person gets them: its cookies stay on its own host (a
+/// `Domain` would hand them to every app) and may not replace the pass.
+fn from_app_headers(headers: &hyper::HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out = Vec::new();
+    for (name, value) in headers.iter() {
+        let Ok(name) = HeaderName::from_bytes(name.as_str().as_bytes()) else {
+            continue;
+        };
+        let Ok(value) = HeaderValue::from_bytes(value.as_bytes()) else {
+            continue;
+        };
+        let connection = headers
+            .get_all(hyper::header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|n| n.trim().eq_ignore_ascii_case(name.as_str()));
+        if HOP_BY_HOP.contains(&name.as_str()) || connection || name == header::UPGRADE {
+            continue;
+        }
+        if name == header::SET_COOKIE {
+            let Some(kept) = value
+                .to_str()
+                .ok()
+                .and_then(|v| Cookie::parse(v.to_owned()).ok())
+                .filter(|c| ![PASS_COOKIE, SESSION_COOKIE, CSRF_COOKIE].contains(&c.name()))
+                .and_then(|mut c| {
+                    c.unset_domain();
+                    HeaderValue::from_str(&c.to_string()).ok()
+                })
+            else {
+                continue;
+            };
+            out.push((name, kept));
+            continue;
+        }
+        out.push((name, value));
+    }
+    out
+}
+
+fn is_websocket(req: &HttpRequest) -> bool {
+    req.headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+/// A WebSocket: the app's handshake first (its answer, its chosen subprotocol), then the
+/// person's, then messages both ways until either side closes.
+#[allow(clippy::too_many_arguments)]
+async fn websocket(
+    state: &AppState,
+    req: &HttpRequest,
+    body: web::Payload,
+    task: &crate::store::TaskRecord,
+    node: &str,
+    app: &AppHost,
+    request: hyper::Request<Body>,
+) -> Result<HttpResponse, ApiError> {
+    let stream = crate::tunnels::connect_port(state, task, node, app.port).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(unreachable_app)?;
+    actix_web::rt::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    let answer = sender
+        .send_request(request)
+        .await
+        .map_err(unreachable_app)?;
+    if answer.status() != hyper::StatusCode::SWITCHING_PROTOCOLS {
+        return Ok(from_app(answer));
+    }
+    let protocol = answer
+        .headers()
+        .get("sec-websocket-protocol")
+        .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
+    let upgraded = hyper::upgrade::on(answer)
+        .await
+        .map_err(|e| ApiError::BadGateway(format!("the task's app did not switch: {e}")))?;
+    let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(MAX_WS_MESSAGE))
+        .max_frame_size(Some(MAX_WS_MESSAGE));
+    let to_app = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        TokioIo::new(upgraded),
+        Role::Client,
+        Some(config),
+    )
+    .await;
+    let (mut response, person, messages) = actix_ws::handle(req, body)
+        .map_err(|e| ApiError::BadRequest(format!("this WebSocket handshake is not valid: {e}")))?;
+    if let Some(p) = protocol {
+        response
+            .headers_mut()
+            .insert(HeaderName::from_static("sec-websocket-protocol"), p);
+    }
+    let messages = messages
+        .max_frame_size(MAX_WS_MESSAGE)
+        .aggregate_continuations()
+        .max_continuation_size(MAX_WS_MESSAGE);
+    let tunnels = state.tunnels.clone();
+    let task_id = task.id.clone();
+    actix_web::rt::spawn(relay(messages, person, to_app, tunnels, task_id));
+    Ok(response)
+}
+
+async fn relay<S>(
+    mut from_person: actix_ws::AggregatedMessageStream,
+    mut person: actix_ws::Session,
+    to_app: tokio_tungstenite::WebSocketStream<S>,
+    tunnels: std::sync::Arc<crate::tunnels::Tunnels>,
+    task_id: String,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use actix_ws::AggregatedMessage as P;
+    let (mut app_sink, mut from_app) = to_app.split();
+    let mut noted = tokio::time::Instant::now() - std::time::Duration::from_secs(2);
+    loop {
+        tokio::select! {
+            m = from_person.next() => {
+                let out = match m {
+                    Some(Ok(P::Text(t))) => TaskMessage::text(t.to_string()),
+                    Some(Ok(P::Binary(b))) => TaskMessage::binary(b),
+                    Some(Ok(P::Ping(b))) => TaskMessage::Ping(b),
+                    Some(Ok(P::Pong(b))) => TaskMessage::Pong(b),
+                    Some(Ok(P::Close(reason))) => {
+                        let frame = reason.map(|r| CloseFrame {
+                            code: CloseCode::from(u16::from(r.code)),
+                            reason: r.description.unwrap_or_default().into(),
+                        });
+                        let _ = app_sink.send(TaskMessage::Close(frame)).await;
+                        break;
+                    }
+                    None | Some(Err(_)) => {
+                        let _ = app_sink.send(TaskMessage::Close(None)).await;
+                        break;
+                    }
+                };
+                if app_sink.send(out).await.is_err() {
+                    break;
+                }
+                if noted.elapsed() >= std::time::Duration::from_secs(1) {
+                    noted = tokio::time::Instant::now();
+                    tunnels.traffic(&task_id);
+                }
+            }
+            m = from_app.next() => {
+                let sent = match m {
+                    Some(Ok(TaskMessage::Text(t))) => person.text(t.as_str().to_owned()).await,
+                    Some(Ok(TaskMessage::Binary(b))) => person.binary(b).await,
+                    Some(Ok(TaskMessage::Ping(b))) => person.ping(&b).await,
+                    Some(Ok(TaskMessage::Pong(b))) => person.pong(&b).await,
+                    Some(Ok(TaskMessage::Frame(_))) => Ok(()),
+                    Some(Ok(TaskMessage::Close(frame))) => {
+                        let reason = frame.map(|f| actix_ws::CloseReason {
+                            code: u16::from(f.code).into(),
+                            description: Some(f.reason.as_str().to_owned()),
+                        });
+                        let _ = person.close(reason).await;
+                        return;
+                    }
+                    None | Some(Err(_)) => {
+                        let _ = person.close(None).await;
+                        return;
+                    }
+                };
+                if sent.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = person.close(None).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::test::TestRequest;
+
+    #[test]
+    fn only_local_paths_follow_the_trade() {
+        assert_eq!(local_path(Some("/lab?x=1")), "/lab?x=1");
+        for bad in [
+            None,
+            Some("https://evil.example"),
+            Some("//evil.example"),
+            Some("/\\evil"),
+            Some("lab"),
+        ] {
+            assert_eq!(local_path(bad), "/", "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn platform_credentials_never_reach_the_app() {
+        let req = TestRequest::get()
+            .uri("/lab")
+            .insert_header((header::HOST, "8888-t.apps.localhost"))
+            .insert_header((
+                header::COOKIE,
+                "autodl_session=s; _xsrf=abc; autodl_app=p; autodl_csrf=c; theme=dark",
+            ))
+            .insert_header((header::AUTHORIZATION, "Bearer adl_secret"))
+            .insert_header(("x-forwarded-for", "10.0.0.1"))
+            .insert_header((header::CONNECTION, "keep-alive, x-private"))
+            .insert_header(("x-private", "1"))
+            .to_http_request();
+        let out = to_app(&req, false, |t| t.starts_with("adl_"));
+        let get = |n: &str| {
+            out.iter()
+                .filter(|(k, _)| k.as_str() == n)
+                .map(|(_, v)| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(get("cookie"), vec!["_xsrf=abc; theme=dark"]);
+        assert!(get("authorization").is_empty());
+        assert!(get("x-forwarded-for").is_empty());
+        assert!(get("x-private").is_empty());
+        assert!(get("connection").is_empty());
+        assert_eq!(get("host"), vec!["8888-t.apps.localhost"]);
+        // The app's own credentials go through.
+        let req = TestRequest::get()
+            .insert_header((header::AUTHORIZATION, "token jupyter-token"))
+            .to_http_request();
+        let out = to_app(&req, false, |t| t.starts_with("adl_"));
+        assert!(out
+            .iter()
+            .any(|(k, v)| k == header::AUTHORIZATION && v == "token jupyter-token"));
+    }
+
+    #[test]
+    fn the_apps_cookies_stay_on_its_host() {
+        let mut h = hyper::HeaderMap::new();
+        for c in [
+            "_xsrf=1; Domain=apps.localhost; Path=/",
+            "autodl_app=forged; Path=/",
+            "autodl_session=forged; Domain=localhost",
+        ] {
+            h.append(hyper::header::SET_COOKIE, c.parse().unwrap());
+        }
+        h.append(hyper::header::CONNECTION, "close".parse().unwrap());
+        h.append(hyper::header::CONTENT_TYPE, "text/html".parse().unwrap());
+        let out = from_app_headers(&h);
+        let cookies: Vec<_> = out
+            .iter()
+            .filter(|(k, _)| k == header::SET_COOKIE)
+            .map(|(_, v)| v.to_str().unwrap())
+            .collect();
+        assert_eq!(cookies, vec!["_xsrf=1; Path=/"]);
+        assert!(out.iter().all(|(k, _)| k != header::CONNECTION));
+        assert!(out.iter().any(|(k, _)| k == header::CONTENT_TYPE));
+    }
+
+    #[test]
+    fn other_sites_may_link_but_not_act() {
+        let req = |site: Option<&str>, mode: &str, post: bool| {
+            let mut r = if post {
+                TestRequest::post()
+            } else {
+                TestRequest::get()
+            };
+            if let Some(s) = site {
+                r = r.insert_header(("sec-fetch-site", s));
+            }
+            r.insert_header(("sec-fetch-mode", mode)).to_http_request()
+        };
+        assert!(!cross_origin(&req(None, "cors", true)));
+        assert!(!cross_origin(&req(Some("same-origin"), "cors", true)));
+        assert!(!cross_origin(&req(Some("same-site"), "navigate", false)));
+        assert!(cross_origin(&req(Some("same-site"), "cors", false)));
+        assert!(cross_origin(&req(Some("cross-site"), "navigate", true)));
+        assert!(cross_origin(&req(Some("same-site"), "websocket", false)));
+    }
+}
