@@ -1,7 +1,10 @@
 // A researcher on a `--demo` server opens a session and works in it from the task page: the
-// terminal (xterm.js over the shell tunnel) runs what they type in the task's environment.
+// terminal (xterm.js over the shell tunnel) runs what they type in the task's environment, and
+// a declared web port opens in a tab of its own.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { createServer } from "node:net";
 import { startServer, startBrowser, hydrated, shot, signUpApi } from "./harness.mjs";
 
 let server, browser;
@@ -57,3 +60,63 @@ test("a terminal on a running session's page runs what is typed", async () => {
   assert.deepEqual(errors, []);
   await ctx.close();
 });
+
+test("a session's web port opens from its page on an origin of its own", async () => {
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const page = await ctx.newPage();
+  const csrf = await signUpApi(ctx, server.base, "lovelace@example.com", "Sess-ions-2026-ok", "Engine Lab");
+  const port = await freePort();
+  const app = readFileSync(new URL("../../server/tests/api/app_server.py", import.meta.url), "utf8");
+  const res = await ctx.request.post(`${server.base}/api/v1/tasks`, {
+    headers: { "x-csrf-token": csrf },
+    data: {
+      name: "notebook", image: "none", kind: "session", ports: [port], env: { APP: app },
+      command: `exec python3 -c "$APP" ${port}`, resources: { gpu: { count: 1 } },
+    },
+  });
+  assert.equal(res.status(), 201, await res.text());
+  const { id } = await res.json();
+
+  await page.goto(`${server.base}/tasks/${id}`);
+  await hydrated(page);
+  await page.waitForSelector("[data-testid=open-port]", { timeout: 60000 });
+  assert.equal((await page.textContent("[data-testid=open-port]")).trim(), `Open ${port}`);
+  await shot(page, "task-ports");
+  const [tab] = await Promise.all([ctx.waitForEvent("page"), page.click("[data-testid=open-port]")]);
+  await tab.waitForLoadState();
+  // The app may still be starting: the proxy says so (502) until it listens.
+  for (let i = 0; i < 50 && !(await tab.content()).includes("Hello from the task"); i++) {
+    await new Promise((r) => setTimeout(r, 300));
+    await tab.reload();
+  }
+  assert.ok((await tab.content()).includes("Hello from the task"), await tab.content());
+  const url = new URL(tab.url());
+  assert.equal(url.hostname, `${port}-${id}.apps.localhost`);
+  assert.equal(url.pathname, "/");
+  await shot(tab, "task-app");
+
+  // The app's page cannot act as the person who opened it: the platform's cookies are not
+  // its own, and the API does not answer another origin's scripts.
+  assert.equal(await tab.evaluate(() => document.cookie), "_xsrf=abc");
+  const read = await tab.evaluate(async (base) => {
+    try {
+      return (await fetch(`${base}/api/v1/me`, { credentials: "include" })).status;
+    } catch {
+      return "refused";
+    }
+  }, server.base);
+  assert.equal(read, "refused");
+  const events = await (await ctx.request.get(`${server.base}/api/v1/tasks/${id}/events`)).json();
+  assert.ok(events.some((e) => e.message === `lovelace@example.com opened port ${port} in the browser`), JSON.stringify(events));
+  await ctx.close();
+});
+
+function freePort() {
+  return new Promise((resolve) => {
+    const s = createServer();
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}

@@ -153,3 +153,26 @@ def test_another_organization_reaches_nothing(demo: LiveServer, session):
     assert done.returncode == 1 and "no such task" in done.stderr, done
     # The owner still gets through: nothing was broken by the refusals.
     assert demo.client().exec(task.id, ["true"]).exit_code == 0
+
+
+def test_open_gives_a_link_to_the_app_on_its_own_origin(demo: LiveServer, session):
+    import httpx
+
+    task, port = session
+    done = cli(demo, "open", task.id, str(port), "--print")
+    assert done.returncode == 0, done
+    link = httpx.URL(done.stdout.splitlines()[0])
+    assert link.host == f"{port}-{task.id}.apps.localhost", link
+    assert link.path == "/.autodl/enter"
+    # `*.localhost` is this machine (browsers resolve it so); here the Host header says it.
+    server = httpx.URL(demo.url)
+    to_server = link.copy_with(host=server.host, port=server.port)
+    host = {"Host": f"{link.host}:{link.port}"}
+    entered = httpx.get(to_server, headers=host)
+    assert entered.status_code == 303, entered.text
+    assert entered.headers["location"] == "/"
+    cookie = entered.headers["set-cookie"].split(";")[0]
+    page = httpx.get(to_server.copy_with(path="/", query=None), headers={**host, "Cookie": cookie})
+    assert page.status_code == 200 and page.text == "hello from the task\n", page.text
+    # The link was good once.
+    assert httpx.get(to_server, headers=host).status_code == 401

@@ -517,6 +517,22 @@ fn TaskView(id: String) -> impl IntoView {
                             <dt>"Image"</dt><dd><code>{t.spec.image.clone()}</code></dd>
                             <dt>"Command"</dt><dd><code>{t.spec.command.join(" ")}</code></dd>
                             <dt>"GPUs"</dt><dd>{gpu_summary(&t.spec)}</dd>
+                            {(!t.spec.ports.is_empty()).then(|| {
+                                let running = t.state == TaskState::Running;
+                                view! {
+                                    <dt>"Ports"</dt>
+                                    <dd data-testid="ports">
+                                        {t.spec.ports.iter().map(|p| if running {
+                                            // On the app's own origin, in a new tab: the server answers
+                                            // with where it lives and a ticket in.
+                                            let href = format!("/api/v1/tasks/{}/ports/{p}/open", tid.get_value());
+                                            view! { <a class="button secondary small" href=href target="_blank" rel="noopener" data-testid="open-port">"Open "{*p}</a>" " }.into_any()
+                                        } else {
+                                            view! { <code>{*p}</code>" " }.into_any()
+                                        }).collect_view()}
+                                    </dd>
+                                }
+                            })}
                             <dt>"Priority"</dt><dd>{format!("{:.2}", t.spec.priority)}</dd>
                             {t.spec.time_limit.map(|l| view! { <dt>"Time limit"</dt><dd data-testid="time-limit">{span_words(l)}</dd> })}
                             {(!t.spec.after.is_empty()).then(|| {

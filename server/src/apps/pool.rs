@@ -17,10 +17,12 @@ const IDLE: Duration = Duration::from_secs(60);
 const PER_APP: usize = 8;
 
 type Key = (String, u16);
+/// A connection and when it was last handed out.
+type Kept = (SendRequest<Body>, Instant);
 
 #[derive(Default)]
 pub struct Pool {
-    idle: Mutex<HashMap<Key, Vec<(SendRequest<Body>, Instant)>>>,
+    idle: Mutex<HashMap<Key, Vec<Kept>>>,
 }
 
 impl Pool {

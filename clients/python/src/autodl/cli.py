@@ -661,6 +661,18 @@ def cmd_port_forward(client: Client, args: argparse.Namespace, out: TextIO) -> i
     return 0
 
 
+def cmd_open(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    _until_running(client, args.id, args.wait)
+    url = client.app_url(args.id, args.port, args.path)
+    out.write(f"{url}\n(the link is good once, within a minute)\n")
+    out.flush()
+    if not args.print_only:
+        import webbrowser
+
+        webbrowser.open(url)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Connection options are accepted before or after the sub-command.
     common = argparse.ArgumentParser(add_help=False)
@@ -853,6 +865,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait", type=float, default=300, metavar="SECONDS", help="for a task not started yet"
     )
     p.set_defaults(func=cmd_port_forward)
+
+    p = sub.add_parser(
+        "open",
+        parents=[common],
+        help="open a web port the task declared (JupyterLab, TensorBoard) in a browser",
+    )
+    p.add_argument("id")
+    p.add_argument("port", type=int)
+    p.add_argument("--path", default="/", help="the app's page to land on, e.g. /lab")
+    p.add_argument(
+        "--print", dest="print_only", action="store_true", help="print the link, open nothing"
+    )
+    p.add_argument(
+        "--wait", type=float, default=300, metavar="SECONDS", help="for a task not started yet"
+    )
+    p.set_defaults(func=cmd_open)
 
     p = sub.add_parser("nodes", parents=[common], help="list the cluster's nodes")
     p.add_argument("--json", action="store_true")

@@ -228,6 +228,15 @@ class Client:
 
         return open_tunnel(self.base_url, self.api_key, path, params)
 
+    def app_url(self, task_id: str, port: int, path: str = "/") -> str:
+        """A link that opens a web port the running task declared (JupyterLab, TensorBoard)
+        in a browser, on the app's own origin. It carries a ticket good once, for a minute;
+        the browser then holds a pass for that app alone, ended when this key is revoked."""
+        answer = self._http.get(
+            f"/tasks/{quote(str(task_id), safe='')}/ports/{int(port)}/open", params={"path": path}
+        )
+        return str(answer["url"])
+
     def exec(
         self,
         task_id: str,
