@@ -562,6 +562,12 @@ fn parameter_rules() -> Vec<(&'static str, &'static str, &'static str, Value)> {
             "port",
             range(1.0, 65535.0),
         ),
+        (
+            "/api/v1/tasks/{id}/ports/{port}/open",
+            "get",
+            "port",
+            range(1.0, 65535.0),
+        ),
         ("/api/v1/tasks", "get", "label", pattern(r"^[^=]*=")),
         (
             "/api/v1/tasks",
