@@ -372,3 +372,40 @@ impl Default for SessionPolicy {
         }
     }
 }
+
+/// A webhook to add: where to send and which events (`task.idle`, `task.idle_stopped`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct WebhookInput {
+    /// `https://…` (http too); a public address unless the operator allows internal ones.
+    pub url: String,
+    pub events: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Webhook {
+    pub id: String,
+    pub url: String,
+    pub events: Vec<String>,
+    pub created_by: String,
+    pub created_at: String,
+    /// Only in the answer that made it: the key of `X-Autodl-Signature`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct WebhookDelivery {
+    pub id: String,
+    pub event: String,
+    pub attempts: i64,
+    /// `delivered`, `pending` (tried again at `next_at`) or `failed` (given up).
+    pub status: String,
+    pub next_at: Option<String>,
+    pub delivered_at: Option<String>,
+    pub last_error: Option<String>,
+    pub created_at: String,
+}

@@ -48,6 +48,9 @@ pub struct Settings {
     /// while the server is reached on this machine (browsers send `*.localhost` home), else no
     /// "Open" links.
     pub apps_url: Option<String>,
+    /// Let organizations' webhooks reach private, loopback and link-local addresses (a lab
+    /// whose receivers sit on its own network; tests). Off: only public addresses.
+    pub webhook_allow_internal: bool,
     /// A node whose agent has not polled for this long is lost and its tasks requeued.
     pub node_lost_timeout_secs: u64,
     /// Raw GPU samples are kept this long, then folded into hourly rollups.
@@ -108,6 +111,7 @@ impl Default for Settings {
             run_scheduler: true,
             public_url: None,
             apps_url: None,
+            webhook_allow_internal: false,
             node_lost_timeout_secs: 30,
             raw_sample_retention_days: 7,
             rollup_retention_days: 400,

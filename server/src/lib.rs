@@ -11,6 +11,7 @@ pub mod domain;
 pub mod error;
 pub mod json;
 pub mod metrics;
+pub mod notify;
 pub mod replay;
 pub mod replicas;
 pub mod routes;

@@ -134,6 +134,8 @@ impl Application {
             }
         }));
 
+        background.push(tokio::spawn(crate::notify::webhooks::run(state.clone())));
+
         let limiter_state = state.clone();
         background.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(60));

@@ -17,6 +17,7 @@ pub mod tasks;
 pub mod tenant;
 pub mod tunnels;
 pub mod usage;
+pub mod webhooks;
 
 use actix_web::web;
 
@@ -71,6 +72,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(tenant::set_member_quota)
             .service(tenant::session_policy)
             .service(tenant::set_session_policy)
+            .service(webhooks::list)
+            .service(webhooks::create)
+            .service(webhooks::remove)
+            .service(webhooks::deliveries)
             .service(admin::tenants)
             .service(admin::set_tenant_quota)
             .service(admin::update_tenant)

@@ -8,7 +8,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::{
     admin, agent, api_keys, artifacts, auth, code, health, nodes, streams, sweeps, tasks, tenant,
-    tunnels, usage,
+    tunnels, usage, webhooks,
 };
 
 #[derive(OpenApi)]
@@ -22,6 +22,7 @@ use super::{
         tenant::invitations, tenant::invite, tenant::revoke_invitation, tenant::preview_invitation,
         tenant::tenant_quota, tenant::member_quota, tenant::set_member_quota,
         tenant::session_policy, tenant::set_session_policy,
+        webhooks::list, webhooks::create, webhooks::remove, webhooks::deliveries,
         admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user, admin::policy, usage::usage,
         tasks::submit, tasks::list, tasks::show, tasks::cancel, tasks::events, tasks::attempts,
         tasks::logs, tasks::log_download, tasks::log_stream, tasks::metrics, tasks::metric_lines, streams::metric_stream, tasks::report_metrics,

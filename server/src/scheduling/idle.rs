@@ -12,6 +12,7 @@ use autodl_common::api::SessionPolicy;
 use autodl_common::tasks::TaskState;
 
 use crate::agents::AgentHub;
+use crate::notify::webhooks::{self, Event};
 use crate::store::{Store, Term};
 use crate::tasks::session::{judge, Activity, Verdict, IDLE};
 use crate::tunnels::Tunnels;
@@ -100,6 +101,16 @@ impl IdleWatch {
             let gpus = t.rec.task.gpus_total.max(0) as f64;
             let wasted = gpus * (now_ms - since) as f64 / 3_600_000.0;
             let under = policy.idle_util_pct;
+            let about = |message: &str| {
+                serde_json::json!({
+                    "task": {"id": t.id(), "name": t.rec.task.name, "user_id": t.rec.task.user_id,
+                             "kind": t.spec.kind},
+                    "idle_minutes": idle,
+                    "idle_gpu_hours": (wasted * 100.0).round() / 100.0,
+                    "message": message,
+                })
+            };
+            let tenant = tenant.clone();
             if stop {
                 if store.set_stop_reason(Some(term), t.id(), IDLE).await? {
                     let message = format!(
@@ -109,6 +120,8 @@ impl IdleWatch {
                     store
                         .add_event(t.id(), "idle_stop", &message, now_ms)
                         .await?;
+                    let data = about(&message);
+                    webhooks::queue(store, &tenant, Event::TaskIdleStopped, data, now_ms).await;
                     tracing::info!(task = t.id(), idle, "idle: stopping the run");
                     for n in &nodes {
                         agents.notify(n);
@@ -130,6 +143,8 @@ impl IdleWatch {
                      idle){then}"
                 );
                 store.add_event(t.id(), "idle", &message, now_ms).await?;
+                let data = about(&message);
+                webhooks::queue(store, &tenant, Event::TaskIdle, data, now_ms).await;
                 self.warned.insert(t.id().to_owned(), since);
             }
         }

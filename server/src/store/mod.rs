@@ -11,6 +11,7 @@ mod records;
 mod sql;
 mod tasks;
 mod usage;
+mod webhooks;
 
 use std::sync::Arc;
 
@@ -25,6 +26,7 @@ pub use records::*;
 pub use sql::{PostgresStore, SqliteStore};
 pub use tasks::Tasks;
 pub use usage::Usage;
+pub use webhooks::Webhooks;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -84,7 +86,7 @@ pub struct UsageUtilRecord {
 /// SQL beside it in `sql/`); a handler or use case asks for what it needs through this one.
 #[async_trait]
 pub trait Store:
-    Accounts + Nodes + Tasks + Usage + Artifacts + Leadership + Send + Sync + 'static
+    Accounts + Nodes + Tasks + Usage + Artifacts + Leadership + Webhooks + Send + Sync + 'static
 {
     fn backend(&self) -> &'static str;
     async fn ping(&self) -> StoreResult<()>;

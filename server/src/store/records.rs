@@ -423,3 +423,31 @@ pub struct ArtifactRecord {
     pub created_at: i64,
     pub completed_at: Option<i64>,
 }
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct WebhookRecord {
+    pub id: String,
+    pub tenant_id: String,
+    pub url: String,
+    pub secret: String,
+    /// JSON list of event names.
+    pub events: String,
+    pub created_by: String,
+    pub created_at: i64,
+}
+
+/// One event on its way to one webhook, with where it goes.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DeliveryRecord {
+    pub id: String,
+    pub webhook_id: String,
+    pub url: String,
+    pub secret: String,
+    pub event: String,
+    pub body: String,
+    pub attempts: i64,
+    pub next_at: Option<i64>,
+    pub delivered_at: Option<i64>,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+}

@@ -26,3 +26,4 @@ mod tasks;
 mod tenancy;
 mod tunnels;
 mod usage;
+mod webhooks;

@@ -44,15 +44,56 @@ async fn kinds(app: &TestApp, s: &Session, id: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The next `want` webhook bodies the receiver gets, each signature checked.
+async fn told(
+    app: &TestApp,
+    hooked: &mut crate::webhooks::Receiver,
+    secret: &str,
+    want: usize,
+) -> Vec<Value> {
+    let mut bodies = Vec::new();
+    for _ in 0..100 {
+        if bodies.len() == want {
+            return bodies;
+        }
+        autodl_server::notify::webhooks::deliver_due(&app.state)
+            .await
+            .unwrap();
+        let next = tokio::time::timeout(std::time::Duration::from_millis(200), hooked.got.recv());
+        if let Ok(Some(r)) = next.await {
+            bodies.push(crate::webhooks::verify(secret, &r));
+        }
+    }
+    panic!("{want} webhook deliveries expected, got {bodies:?}");
+}
+
 async fn idle_sessions_are_warned_then_stopped(b: Backend) {
     use autodl_server::clock::Clock;
     // The fake agent polls only when the test says: it must not be judged lost meanwhile.
-    let (app, clock) = spawn_app_on_clock(b, |s| s.node_lost_timeout_secs = 3600).await;
+    let (app, clock) = spawn_app_on_clock(b, |s| {
+        s.node_lost_timeout_secs = 3600;
+        s.webhook_allow_internal = true;
+    })
+    .await;
     let op = app.operator().await;
     let agent = FakeAgent::join(&app, &op, "n1", "A100-40G", "z1").await;
     let ada = app.signup("ada@example.com", "Lab").await;
     let res = put_policy(&app, &ada, json!({"idle_minutes": 10, "idle_util_pct": 5})).await;
     assert_eq!(res.status(), StatusCode::OK);
+    // The organization is told by webhook too.
+    let mut hooked = crate::webhooks::receiver().await;
+    let res = ada
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/tenant/webhooks",
+            Some(json!({"url": hooked.url, "events": ["task.idle", "task.idle_stopped"]})),
+        )
+        .await;
+    let secret = res.json::<Value>().await.unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let t0 = clock.now_ms();
     let mut runner = app.runner();
     let mut ids = Vec::new();
@@ -128,6 +169,19 @@ async fn idle_sessions_are_warned_then_stopped(b: Backend) {
         assert_eq!(warned.len(), 1, "{warned:?}");
         assert!(warned[0].1.contains("under 5%"), "{warned:?}");
     }
+    let mut warned: Vec<String> = told(&app, &mut hooked, &secret, 2)
+        .await
+        .iter()
+        .map(|b| {
+            assert_eq!(b["event"], "task.idle", "{b}");
+            assert!(b["data"]["idle_gpu_hours"].as_f64().unwrap() > 0.0, "{b}");
+            b["data"]["task"]["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    warned.sort();
+    let mut all = ids.clone();
+    all.sort();
+    assert_eq!(warned, all);
     // Ten minutes idle: the session is stopped through its grace period, the batch task is
     // only warned (the organization did not ask to stop those).
     clock.set(t0 + 12 * 60_000);
@@ -164,6 +218,9 @@ async fn idle_sessions_are_warned_then_stopped(b: Backend) {
         .find(|(k, _)| k == "idle_stop")
         .expect("a stop event");
     assert!(stop.1.contains("GPU-hours idle"), "{stop:?}");
+    let stopped = told(&app, &mut hooked, &secret, 1).await;
+    assert_eq!(stopped[0]["event"], "task.idle_stopped");
+    assert_eq!(stopped[0]["data"]["task"]["id"], ids[0].as_str());
     let t = ada.get(&app, &format!("/api/v1/tasks/{}", ids[1])).await;
     assert_eq!(t["state"], "running", "batch tasks are only warned: {t}");
     // Its GPU is free again for others.

@@ -94,6 +94,7 @@ mod leadership;
 mod nodes;
 mod tasks;
 mod usage;
+mod webhooks;
 
 pub struct SqliteStore {
     pool: SqlitePool,

@@ -1,0 +1,3 @@
+//! Telling people what happened without them watching a page: organizations' webhooks.
+
+pub mod webhooks;
