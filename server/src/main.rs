@@ -34,6 +34,11 @@ enum Command {
         #[arg(long, env = "AUTODL_DEMO")]
         demo: bool,
     },
+    /// Copy the SQLite database to FILE while the server may run (PostgreSQL: pg_dump).
+    Backup { file: PathBuf },
+    /// Put a backup in place of the SQLite database; stop the server first. The database it
+    /// replaces is kept beside it.
+    Restore { file: PathBuf },
     /// Account administration from the shell.
     Admin {
         #[command(subcommand)]
@@ -100,6 +105,18 @@ async fn run() -> anyhow::Result<()> {
             }
             app.run_until_stopped().await?;
             shutdown.cancel();
+        }
+        Command::Backup { file } => {
+            let bytes = store::backup::backup(&settings.database_url, &file).await?;
+            println!("backed up to {} ({bytes} bytes)", file.display());
+        }
+        Command::Restore { file } => {
+            let kept =
+                store::backup::restore(&settings.database_url, &file, SystemClock.now_ms()).await?;
+            println!("restored {}", file.display());
+            if let Some(k) = kept {
+                println!("the database it replaced is kept at {}", k.display());
+            }
         }
         Command::Admin { command } => admin(settings, command).await?,
     }

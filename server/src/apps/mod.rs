@@ -33,6 +33,11 @@ impl Apps {
         })
     }
 
+    /// Whether a request's host is on the apps site (every such request is the proxy's).
+    pub fn covers(&self, host: &str) -> bool {
+        self.origin.as_ref().is_some_and(|o| o.covers(host))
+    }
+
     /// The app a request's host names, when this server serves apps.
     pub fn app_of(&self, host: &str) -> Option<AppHost> {
         self.origin.as_ref()?.app_of(host)

@@ -83,13 +83,19 @@ impl AppsOrigin {
         )
     }
 
+    /// Whether `host` is the apps domain or under it: nothing of the platform's is served
+    /// there (a page of the platform on the apps site would share a site with every app).
+    pub fn covers(&self, host: &str) -> bool {
+        let name = name_of(host);
+        name == self.domain
+            || name
+                .strip_suffix(&self.domain)
+                .is_some_and(|rest| rest.ends_with('.'))
+    }
+
     /// The app a request's `Host` names, if it is one of ours.
     pub fn app_of(&self, host: &str) -> Option<AppHost> {
-        let host = host.trim().to_ascii_lowercase();
-        let name = match host.rsplit_once(':') {
-            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
-            _ => host.as_str(),
-        };
+        let name = name_of(host);
         let label = name.strip_suffix(&self.domain)?.strip_suffix('.')?;
         let (port, task_id) = label.split_once('-')?;
         let port: u16 = port.parse().ok().filter(|p| *p > 0)?;
@@ -100,6 +106,15 @@ impl AppsOrigin {
             task_id: task_id.to_owned(),
             port,
         })
+    }
+}
+
+/// A `Host` header's name, lower-case, without its port.
+fn name_of(host: &str) -> String {
+    let host = host.trim().to_ascii_lowercase();
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name.to_owned(),
+        _ => host,
     }
 }
 
@@ -145,6 +160,8 @@ mod tests {
         ] {
             assert_eq!(o.app_of(host), None, "{host}");
         }
+        assert!(o.covers("apps.localhost:8080") && o.covers("x.apps.localhost"));
+        assert!(!o.covers("localhost:8080") && !o.covers("evilapps.localhost"));
     }
 
     #[test]

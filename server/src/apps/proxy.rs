@@ -36,7 +36,13 @@ pub async fn serve(
     req: HttpRequest,
     body: web::Payload,
 ) -> HttpResponse {
-    let host = req.connection_info().host().to_owned();
+    // The Host header itself, as the router judged it (not an X-Forwarded-Host).
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
     let Some(app) = state.apps.app_of(&host) else {
         return page(StatusCode::NOT_FOUND, "No such app.");
     };
@@ -334,9 +340,13 @@ fn to_app(
         out.push((header::CONNECTION, HeaderValue::from_static("upgrade")));
     }
     let info = req.connection_info();
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default();
     for (name, value) in [
         ("x-forwarded-proto", info.scheme()),
-        ("x-forwarded-host", info.host()),
+        ("x-forwarded-host", host),
     ] {
         if let Ok(v) = HeaderValue::from_str(value) {
             out.push((HeaderName::from_static(name), v));

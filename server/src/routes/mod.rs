@@ -27,7 +27,8 @@ use crate::store::{TenantRecord, UserRecord};
 use autodl_common::api::Me;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    // Requests to a task's app (a host under the apps domain) are the app's, whatever the path.
+    // Requests to the apps site are the apps proxy's, whatever the path (unknown hosts there
+    // are 404, never a page of the platform).
     cfg.service(
         web::scope("")
             .guard(actix_web::guard::fn_guard(|ctx| {
@@ -38,7 +39,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                     .and_then(|h| h.to_str().ok());
                 ctx.app_data::<web::Data<crate::state::AppState>>()
                     .zip(host)
-                    .is_some_and(|(s, h)| s.apps.app_of(h).is_some())
+                    .is_some_and(|(s, h)| s.apps.covers(h))
             }))
             .default_service(web::to(crate::apps::proxy::serve)),
     )

@@ -3,6 +3,7 @@
 
 mod accounts;
 mod artifacts;
+pub mod backup;
 pub mod fault;
 mod group_commit;
 mod leadership;

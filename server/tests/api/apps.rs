@@ -209,6 +209,17 @@ async fn a_tasks_web_port_opens_on_its_own_origin(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    // Nothing of the platform is served on the apps site.
+    let res = browser(&app, "apps.localhost")
+        .get(format!(
+            "http://apps.localhost:{}/api/v1/me",
+            server_port(&app)
+        ))
+        .bearer_auth(&ada.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
     let res = open(&app, &ada, &id, 22, "").await;
     assert_eq!(res.status(), StatusCode::BAD_REQUEST, "an undeclared port");
     let eve = app.signup("eve@example.com", "Other").await;
