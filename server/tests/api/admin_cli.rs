@@ -9,7 +9,7 @@ use crate::helpers::{assert_error, database_url, spawn_app_with, Backend};
 
 crate::on_both_backends!(create_admin_and_reset_password);
 
-fn cli(url: &str, args: &[&str]) -> std::process::Output {
+pub fn cli(url: &str, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_autodl-server"))
         .env("AUTODL_DATABASE_URL", url)
         .env("RUST_LOG", "warn")

@@ -12,18 +12,11 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::e2e::{start_agent, submit, wait_for};
 use crate::helpers::{spawn_app_with, Backend, Session, TestApp};
+use crate::tunnels::free_port;
 
 crate::on_both_backends!(a_tasks_web_port_opens_on_its_own_origin);
 
 const APP: &str = include_str!("app_server.py");
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn server_port(app: &TestApp) -> u16 {
     app.address.rsplit(':').next().unwrap().parse().unwrap()

@@ -7,18 +7,10 @@ use std::process::Command;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
+use crate::admin_cli::cli;
 use crate::helpers::{spawn_app_with, Backend, Session, TestApp};
 
 crate::on_both_backends!(a_backup_restores_tasks_keys_and_quotas);
-
-fn cli(url: &str, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_autodl-server"))
-        .env("AUTODL_DATABASE_URL", url)
-        .env("RUST_LOG", "warn")
-        .args(args)
-        .output()
-        .expect("run autodl-server")
-}
 
 fn pg_tool(name: &str) -> String {
     let mut dirs: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")

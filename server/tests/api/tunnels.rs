@@ -112,7 +112,7 @@ fn running_as_root() -> bool {
         == Some("0")
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
