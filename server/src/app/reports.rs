@@ -128,6 +128,7 @@ pub async fn finished(
                 .store
                 .finish_attempt(task_id, i64::from(report.attempt), &end, now)
                 .await?;
+            tell_ended(state, &t.task, &spec, report.attempt, &end, now).await;
         }
         // Stopped on the scheduler's request (preempted, drained), or failed while stopping:
         // back to the queue. A run that completed its work before it stopped is done.
@@ -160,6 +161,7 @@ pub async fn finished(
                 .store
                 .finish_attempt(task_id, i64::from(report.attempt), &end, now)
                 .await?;
+            tell_ended(state, &t.task, &spec, report.attempt, &end, now).await;
         }
         // Stopped without being asked (the agent shut down): run it again elsewhere.
         (None, None, _) => {
@@ -177,6 +179,30 @@ pub async fn finished(
     }
     state.scheduler.wake();
     Ok(())
+}
+
+/// Tells the organization's webhooks of a task that ended for good.
+async fn tell_ended(
+    state: &AppState,
+    task: &crate::store::TaskRecord,
+    spec: &autodl_common::tasks::TaskSpec,
+    attempt: u32,
+    end: &crate::store::AttemptEnd,
+    now: i64,
+) {
+    use crate::notify::webhooks::{queue, Event};
+    let Some(event) = Event::of_end(end.next_state) else {
+        return;
+    };
+    let data = serde_json::json!({
+        "task": {"id": task.id, "name": task.name, "user_id": task.user_id, "kind": spec.kind},
+        "state": end.next_state.as_str(),
+        "attempt": attempt,
+        "exit_code": end.exit_code,
+        "reason": end.reason,
+        "message": end.message,
+    });
+    queue(state.store.as_ref(), &task.tenant_id, event, data, now).await;
 }
 
 /// How long after an attempt ended its node may still deliver samples taken during it (an

@@ -26,15 +26,38 @@ pub enum Event {
     /// A task was stopped for being idle.
     #[serde(rename = "task.idle_stopped")]
     TaskIdleStopped,
+    /// A task completed.
+    #[serde(rename = "task.finished")]
+    TaskFinished,
+    /// A task failed for good (retries spent) or ran out of its time limit.
+    #[serde(rename = "task.failed")]
+    TaskFailed,
 }
 
 impl Event {
-    pub const ALL: [Event; 2] = [Event::TaskIdle, Event::TaskIdleStopped];
+    pub const ALL: [Event; 4] = [
+        Event::TaskIdle,
+        Event::TaskIdleStopped,
+        Event::TaskFinished,
+        Event::TaskFailed,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Event::TaskIdle => "task.idle",
             Event::TaskIdleStopped => "task.idle_stopped",
+            Event::TaskFinished => "task.finished",
+            Event::TaskFailed => "task.failed",
+        }
+    }
+
+    /// What an attempt's end tells webhooks of, if anything (a retry or a requeue does not).
+    pub fn of_end(next: autodl_common::tasks::TaskState) -> Option<Event> {
+        use autodl_common::tasks::TaskState as S;
+        match next {
+            S::Completed => Some(Event::TaskFinished),
+            S::Failed | S::TimedOut => Some(Event::TaskFailed),
+            _ => None,
         }
     }
 }

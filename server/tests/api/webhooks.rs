@@ -286,3 +286,85 @@ async fn webhooks_refuse_internal_addresses_and_bad_input(b: Backend) {
         "nothing reached the internal address"
     );
 }
+
+crate::on_both_backends!(tasks_that_end_are_told);
+
+async fn tasks_that_end_are_told(b: Backend) {
+    use autodl_server::clock::Clock;
+    let (app, clock) = spawn_app_on_clock(b, |s| {
+        s.webhook_allow_internal = true;
+        s.node_lost_timeout_secs = 3600;
+    })
+    .await;
+    let op = app.operator().await;
+    let agent = crate::agents::FakeAgent::join(&app, &op, "n1", "A100-40G", "z1").await;
+    let ada = app.signup("ada@example.com", "Lab").await;
+    let mut rx = receiver().await;
+    let res = ada
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/tenant/webhooks",
+            Some(json!({"url": rx.url, "events": ["task.finished", "task.failed"]})),
+        )
+        .await;
+    let secret = res.json::<Value>().await.unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut ids = Vec::new();
+    for name in ["ok", "broken"] {
+        let res = ada
+            .send(
+                &app,
+                Method::POST,
+                "/api/v1/tasks",
+                Some(json!({"name": name, "image": "busybox", "command": "true",
+                    "resources": {"gpu": {"count": 1}}})),
+            )
+            .await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+        ids.push(
+            res.json::<Value>().await.unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    app.runner().cycle(clock.now_ms()).await.unwrap();
+    agent.poll(&[], 0).await;
+    for (id, (code, reason)) in ids.iter().zip([(0, "success"), (1, "error")]) {
+        let res = agent
+            .call(
+                &format!("/api/v1/agent/tasks/{id}/started"),
+                json!({"attempt": 1}),
+            )
+            .await;
+        assert!(res.status().is_success());
+        let res = agent
+            .call(
+                &format!("/api/v1/agent/tasks/{id}/finished"),
+                json!({"attempt": 1, "exit_code": code, "reason": reason}),
+            )
+            .await;
+        assert!(res.status().is_success(), "{}", res.text().await.unwrap());
+    }
+    let mut told = std::collections::HashMap::new();
+    for _ in 0..50 {
+        if told.len() == 2 {
+            break;
+        }
+        deliver_due(&app.state).await.unwrap();
+        if let Ok(Some(r)) = tokio::time::timeout(Duration::from_millis(200), rx.got.recv()).await {
+            let body = verify(&secret, &r);
+            told.insert(
+                body["data"]["task"]["id"].as_str().unwrap().to_owned(),
+                body,
+            );
+        }
+    }
+    assert_eq!(told[&ids[0]]["event"], "task.finished", "{told:?}");
+    assert_eq!(told[&ids[0]]["data"]["state"], "completed");
+    assert_eq!(told[&ids[1]]["event"], "task.failed", "{told:?}");
+    assert_eq!(told[&ids[1]]["data"]["exit_code"], 1);
+}
