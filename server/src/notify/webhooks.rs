@@ -32,14 +32,18 @@ pub enum Event {
     /// A task failed for good (retries spent) or ran out of its time limit.
     #[serde(rename = "task.failed")]
     TaskFailed,
+    /// A node stopped answering while it ran the organization's tasks (they are requeued).
+    #[serde(rename = "node.lost")]
+    NodeLost,
 }
 
 impl Event {
-    pub const ALL: [Event; 4] = [
+    pub const ALL: [Event; 5] = [
         Event::TaskIdle,
         Event::TaskIdleStopped,
         Event::TaskFinished,
         Event::TaskFailed,
+        Event::NodeLost,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -48,6 +52,7 @@ impl Event {
             Event::TaskIdleStopped => "task.idle_stopped",
             Event::TaskFinished => "task.finished",
             Event::TaskFailed => "task.failed",
+            Event::NodeLost => "node.lost",
         }
     }
 

@@ -226,11 +226,23 @@ impl Runner {
                     .as_ref()
                     .is_some_and(|p| p.iter().any(|w| w.node == n.id))
             };
+            let mut by_tenant: HashMap<&str, Vec<&str>> = HashMap::new();
             for t in tasks.iter().filter(on_node) {
                 let msg = format!("node {} stopped answering", n.id);
                 self.store
                     .requeue_task(Some(term), t.id(), "node_lost", &msg, now_ms)
                     .await?;
+                by_tenant
+                    .entry(t.rec.task.tenant_id.as_str())
+                    .or_default()
+                    .push(t.id());
+            }
+            // Each organization hears of its own tasks only.
+            for (tenant, ids) in by_tenant {
+                let data = serde_json::json!({"node": n.id, "requeued_tasks": ids});
+                let event = crate::notify::webhooks::Event::NodeLost;
+                crate::notify::webhooks::queue(self.store.as_ref(), tenant, event, data, now_ms)
+                    .await;
             }
             any = true;
         }

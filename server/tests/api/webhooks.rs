@@ -368,3 +368,85 @@ async fn tasks_that_end_are_told(b: Backend) {
     assert_eq!(told[&ids[1]]["event"], "task.failed", "{told:?}");
     assert_eq!(told[&ids[1]]["data"]["exit_code"], 1);
 }
+
+crate::on_both_backends!(a_lost_node_is_told_to_the_organizations_it_ran_for);
+
+async fn a_lost_node_is_told_to_the_organizations_it_ran_for(b: Backend) {
+    use autodl_server::clock::Clock;
+    let (app, clock) = spawn_app_on_clock(b, |s| {
+        s.webhook_allow_internal = true;
+        s.node_lost_timeout_secs = 30;
+    })
+    .await;
+    let op = app.operator().await;
+    let agent = crate::agents::FakeAgent::join(&app, &op, "n1", "A100-40G", "z1").await;
+    let mut told = Vec::new();
+    for (email, org) in [("ada@example.com", "Lab"), ("eve@example.com", "Other")] {
+        let s = app.signup(email, org).await;
+        let rx = receiver().await;
+        let res = s
+            .send(
+                &app,
+                Method::POST,
+                "/api/v1/tenant/webhooks",
+                Some(json!({"url": rx.url, "events": ["node.lost"]})),
+            )
+            .await;
+        let secret = res.json::<Value>().await.unwrap()["secret"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let res = s
+            .send(
+                &app,
+                Method::POST,
+                "/api/v1/tasks",
+                Some(json!({"name": "t", "image": "busybox", "command": "true",
+                    "resources": {"gpu": {"count": 1}}})),
+            )
+            .await;
+        let id = res.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        told.push((rx, secret, id));
+    }
+    let t0 = clock.now_ms();
+    let mut runner = app.runner();
+    runner.cycle(t0).await.unwrap();
+    agent.poll(&[], 0).await;
+    for (_, _, id) in &told {
+        let res = agent
+            .call(
+                &format!("/api/v1/agent/tasks/{id}/started"),
+                json!({"attempt": 1}),
+            )
+            .await;
+        assert!(res.status().is_success());
+    }
+    // The agent falls silent past the timeout.
+    clock.set(t0 + 31_000);
+    runner.cycle(clock.now_ms()).await.unwrap();
+    clock.set(t0 + 62_000);
+    runner.cycle(clock.now_ms()).await.unwrap();
+    for (rx, secret, id) in &mut told {
+        let mut got = None;
+        for _ in 0..50 {
+            deliver_due(&app.state).await.unwrap();
+            if let Ok(Some(r)) =
+                tokio::time::timeout(Duration::from_millis(200), rx.got.recv()).await
+            {
+                got = Some(verify(secret, &r));
+                break;
+            }
+        }
+        let body = got.expect("a node.lost delivery");
+        assert_eq!(body["event"], "node.lost");
+        assert_eq!(body["data"]["node"], "n1");
+        assert_eq!(
+            body["data"]["requeued_tasks"],
+            json!([id.as_str()]),
+            "only its own tasks"
+        );
+    }
+}
