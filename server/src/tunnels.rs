@@ -26,7 +26,6 @@ pub const MAX_FRAME: usize = 1 << 20;
 
 /// Where the frames of one side of a tunnel go: a WebSocket (a person's, or the agent's), or
 /// this server itself (the apps proxy reads a task's port as a byte stream).
-#[derive(Clone)]
 pub enum Peer {
     Socket(Session),
     Local(mpsc::Sender<bytes::Bytes>),
@@ -310,13 +309,11 @@ pub async fn connect_port(
     };
     let (ours, theirs) = tokio::io::duplex(64 * 1024);
     let (mut read, mut write) = tokio::io::split(theirs);
-    let tunnels = state.tunnels.clone();
+    let mut traffic = TrafficNote::new(state.tunnels.clone(), task.id.clone());
     actix_web::rt::spawn(async move {
         let _guard = guard;
-        let task_id = _guard.task_id.clone();
         let up = async {
             let mut buf = vec![0u8; 32 * 1024];
-            let mut noted = tokio::time::Instant::now() - Duration::from_secs(2);
             loop {
                 let n = match read.read(&mut buf).await {
                     Ok(0) | Err(_) => break,
@@ -329,10 +326,7 @@ pub async fn connect_port(
                 {
                     break;
                 }
-                if noted.elapsed() >= Duration::from_secs(1) {
-                    noted = tokio::time::Instant::now();
-                    tunnels.traffic(&task_id);
-                }
+                traffic.note();
             }
             let _ = agent.close(None).await;
         };
@@ -360,6 +354,33 @@ pub async fn refuse(mut person: Session, message: &str) {
     let _ = person.close(None).await;
 }
 
+/// Notes traffic into a task at most once a second: the idle check needs minutes, not bytes.
+struct TrafficNote {
+    tunnels: Arc<Tunnels>,
+    task_id: String,
+    last: Option<tokio::time::Instant>,
+}
+
+impl TrafficNote {
+    fn new(tunnels: Arc<Tunnels>, task_id: String) -> TrafficNote {
+        TrafficNote {
+            tunnels,
+            task_id,
+            last: None,
+        }
+    }
+
+    fn note(&mut self) {
+        if self
+            .last
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            self.last = Some(tokio::time::Instant::now());
+            self.tunnels.traffic(&self.task_id);
+        }
+    }
+}
+
 /// Copies every frame of `from` to `to` until either side ends, then closes `to`. `own` is
 /// the session of `from`'s own connection, which answers its pings.
 pub async fn pipe(
@@ -369,8 +390,7 @@ pub async fn pipe(
     tunnels: Arc<Tunnels>,
     task_id: String,
 ) {
-    // Traffic is noted at most once a second: the idle check needs minutes, not bytes.
-    let mut noted = tokio::time::Instant::now() - Duration::from_secs(2);
+    let mut traffic = TrafficNote::new(tunnels, task_id.clone());
     while let Some(msg) = from.next().await {
         let msg = match msg {
             Ok(m) => m,
@@ -397,10 +417,7 @@ pub async fn pipe(
             tracing::debug!(task = %task_id, "tunnel peer gone");
             break;
         }
-        if noted.elapsed() >= Duration::from_secs(1) {
-            noted = tokio::time::Instant::now();
-            tunnels.traffic(&task_id);
-        }
+        traffic.note();
     }
     tracing::debug!(task = %task_id, "tunnel stream ended");
     to.close(None).await;

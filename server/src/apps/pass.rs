@@ -5,8 +5,6 @@
 //! Both are JWTs under a key derived for apps alone: neither can stand for a platform session
 //! or a task token, nor those for them.
 
-use std::time::Duration;
-
 use jsonwebtoken::{decode, encode, Algorithm, DecodingKey, EncodingKey, Header};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -57,8 +55,8 @@ impl AppClaims {
 pub struct AppKeys {
     encoding: EncodingKey,
     decoding: DecodingKey,
-    /// Tickets already traded (a ticket is good once).
-    spent: moka::sync::Cache<String, ()>,
+    /// Tickets already traded (a ticket is good once), until they expire by the clock.
+    spent: std::sync::Mutex<std::collections::HashMap<String, i64>>,
 }
 
 impl AppKeys {
@@ -70,10 +68,7 @@ impl AppKeys {
         AppKeys {
             encoding: EncodingKey::from_secret(&key),
             decoding: DecodingKey::from_secret(&key),
-            spent: moka::sync::Cache::builder()
-                .max_capacity(100_000)
-                .time_to_live(Duration::from_secs(2 * TICKET_SECS as u64))
-                .build(),
+            spent: Default::default(),
         }
     }
 
@@ -99,10 +94,14 @@ impl AppKeys {
     /// ticket for exactly this app.
     pub fn trade(&self, ticket: &str, app: &AppHost, now_ms: i64) -> Option<(String, AppClaims)> {
         let t = self.verify(ticket, Kind::Ticket, app, now_ms)?;
-        if self.spent.contains_key(&t.jti) {
-            return None;
+        {
+            let mut spent = self.spent.lock().unwrap_or_else(|p| p.into_inner());
+            // An expired ticket is refused by `verify`: only live ones need remembering.
+            spent.retain(|_, exp_ms| *exp_ms > now_ms);
+            if spent.insert(t.jti.clone(), t.exp * 1000).is_some() {
+                return None;
+            }
         }
-        self.spent.insert(t.jti.clone(), ());
         let pass = AppClaims {
             kind: Kind::Pass,
             jti: uuid::Uuid::new_v4().to_string(),

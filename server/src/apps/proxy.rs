@@ -2,7 +2,7 @@
 //! WebSocket carried to the task's port, without the platform's credentials.
 
 use actix_web::cookie::{time::Duration as CookieDuration, Cookie, SameSite};
-use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
@@ -281,13 +281,14 @@ const HOP_BY_HOP: [&str; 8] = [
     "transfer-encoding",
 ];
 
-fn hop_by_hop(headers: &HeaderMap, name: &HeaderName) -> bool {
-    let named_by_connection = headers
-        .get_all(header::CONNECTION)
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|n| n.trim().eq_ignore_ascii_case(name.as_str()));
-    HOP_BY_HOP.contains(&name.as_str()) || named_by_connection
+/// Whether a header belongs to the connection: a standard one, or one its `Connection`
+/// values name (`connection`: those values, as they came).
+fn hop_by_hop<'a>(connection: impl IntoIterator<Item = &'a str>, name: &str) -> bool {
+    HOP_BY_HOP.contains(&name)
+        || connection
+            .into_iter()
+            .flat_map(|v| v.split(','))
+            .any(|n| n.trim().eq_ignore_ascii_case(name))
 }
 
 /// A bearer token that is a platform API key or session: never the app's business.
@@ -307,7 +308,10 @@ fn to_app(
     let mut out = Vec::new();
     for (name, value) in headers.iter() {
         let keep_for_upgrade = websocket && (name == header::CONNECTION || name == header::UPGRADE);
-        if (hop_by_hop(headers, name) || name == header::UPGRADE) && !keep_for_upgrade {
+        let connection = headers
+            .get_all(header::CONNECTION)
+            .filter_map(|v| v.to_str().ok());
+        if (hop_by_hop(connection, name.as_str()) || name == header::UPGRADE) && !keep_for_upgrade {
             continue;
         }
         if name.as_str().starts_with("x-forwarded-") || name == header::FORWARDED {
@@ -387,10 +391,8 @@ fn from_app_headers(headers: &hyper::HeaderMap) -> Vec<(HeaderName, HeaderValue)
         let connection = headers
             .get_all(hyper::header::CONNECTION)
             .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|n| n.trim().eq_ignore_ascii_case(name.as_str()));
-        if HOP_BY_HOP.contains(&name.as_str()) || connection || name == header::UPGRADE {
+            .filter_map(|v| v.to_str().ok());
+        if hop_by_hop(connection, name.as_str()) || name == header::UPGRADE {
             continue;
         }
         if name == header::SET_COOKIE {
@@ -474,9 +476,7 @@ async fn websocket(
         .max_frame_size(MAX_WS_MESSAGE)
         .aggregate_continuations()
         .max_continuation_size(MAX_WS_MESSAGE);
-    let tunnels = state.tunnels.clone();
-    let task_id = task.id.clone();
-    actix_web::rt::spawn(relay(messages, person, to_app, tunnels, task_id));
+    actix_web::rt::spawn(relay(messages, person, to_app));
     Ok(response)
 }
 
@@ -484,14 +484,12 @@ async fn relay<S>(
     mut from_person: actix_ws::AggregatedMessageStream,
     mut person: actix_ws::Session,
     to_app: tokio_tungstenite::WebSocketStream<S>,
-    tunnels: std::sync::Arc<crate::tunnels::Tunnels>,
-    task_id: String,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     use actix_ws::AggregatedMessage as P;
+    // Traffic into the task is noted by the port tunnel underneath.
     let (mut app_sink, mut from_app) = to_app.split();
-    let mut noted = tokio::time::Instant::now() - std::time::Duration::from_secs(2);
     loop {
         tokio::select! {
             m = from_person.next() => {
@@ -515,10 +513,6 @@ async fn relay<S>(
                 };
                 if app_sink.send(out).await.is_err() {
                     break;
-                }
-                if noted.elapsed() >= std::time::Duration::from_secs(1) {
-                    noted = tokio::time::Instant::now();
-                    tunnels.traffic(&task_id);
                 }
             }
             m = from_app.next() => {

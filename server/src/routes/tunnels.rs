@@ -340,7 +340,7 @@ pub async fn open_app(
         "{}{}?ticket={ticket}&next={}",
         origin.url_of(&app),
         crate::apps::proxy::ENTER_PATH,
-        url_escape(&next)
+        url::form_urlencoded::byte_serialize(next.as_bytes()).collect::<String>()
     );
     state
         .store
@@ -355,17 +355,6 @@ pub async fn open_app(
         .insert_header((actix_web::http::header::LOCATION, url.clone()))
         .insert_header((actix_web::http::header::CACHE_CONTROL, "no-store"))
         .json(serde_json::json!({ "url": url })))
-}
-
-fn url_escape(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// The node's agent dials in for a tunnel its poll was told of.

@@ -44,29 +44,6 @@ async fn kinds(app: &TestApp, s: &Session, id: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The next `want` webhook bodies the receiver gets, each signature checked.
-async fn told(
-    app: &TestApp,
-    hooked: &mut crate::webhooks::Receiver,
-    secret: &str,
-    want: usize,
-) -> Vec<Value> {
-    let mut bodies = Vec::new();
-    for _ in 0..100 {
-        if bodies.len() == want {
-            return bodies;
-        }
-        autodl_server::notify::webhooks::deliver_due(&app.state)
-            .await
-            .unwrap();
-        let next = tokio::time::timeout(std::time::Duration::from_millis(200), hooked.got.recv());
-        if let Ok(Some(r)) = next.await {
-            bodies.push(crate::webhooks::verify(secret, &r));
-        }
-    }
-    panic!("{want} webhook deliveries expected, got {bodies:?}");
-}
-
 async fn idle_sessions_are_warned_then_stopped(b: Backend) {
     use autodl_server::clock::Clock;
     // The fake agent polls only when the test says: it must not be judged lost meanwhile.
@@ -169,7 +146,7 @@ async fn idle_sessions_are_warned_then_stopped(b: Backend) {
         assert_eq!(warned.len(), 1, "{warned:?}");
         assert!(warned[0].1.contains("under 5%"), "{warned:?}");
     }
-    let mut warned: Vec<String> = told(&app, &mut hooked, &secret, 2)
+    let mut warned: Vec<String> = crate::webhooks::told(&app, &mut hooked, &secret, 2)
         .await
         .iter()
         .map(|b| {
@@ -218,7 +195,7 @@ async fn idle_sessions_are_warned_then_stopped(b: Backend) {
         .find(|(k, _)| k == "idle_stop")
         .expect("a stop event");
     assert!(stop.1.contains("GPU-hours idle"), "{stop:?}");
-    let stopped = told(&app, &mut hooked, &secret, 1).await;
+    let stopped = crate::webhooks::told(&app, &mut hooked, &secret, 1).await;
     assert_eq!(stopped[0]["event"], "task.idle_stopped");
     assert_eq!(stopped[0]["data"]["task"]["id"], ids[0].as_str());
     let t = ada.get(&app, &format!("/api/v1/tasks/{}", ids[1])).await;

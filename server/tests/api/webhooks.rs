@@ -97,6 +97,22 @@ pub fn verify(secret: &str, r: &Received) -> Value {
     serde_json::from_str(&r.body).unwrap()
 }
 
+/// The next `want` webhook bodies the receiver gets, each signature checked.
+pub async fn told(app: &TestApp, hooked: &mut Receiver, secret: &str, want: usize) -> Vec<Value> {
+    let mut bodies = Vec::new();
+    for _ in 0..100 {
+        if bodies.len() == want {
+            return bodies;
+        }
+        deliver_due(&app.state).await.unwrap();
+        let next = tokio::time::timeout(Duration::from_millis(200), hooked.got.recv());
+        if let Ok(Some(r)) = next.await {
+            bodies.push(verify(secret, &r));
+        }
+    }
+    panic!("{want} webhook deliveries expected, got {bodies:?}");
+}
+
 async fn add_hook(app: &TestApp, s: &crate::helpers::Session, url: &str) -> Value {
     let res = s
         .send(
@@ -349,24 +365,15 @@ async fn tasks_that_end_are_told(b: Backend) {
             .await;
         assert!(res.status().is_success(), "{}", res.text().await.unwrap());
     }
-    let mut told = std::collections::HashMap::new();
-    for _ in 0..50 {
-        if told.len() == 2 {
-            break;
-        }
-        deliver_due(&app.state).await.unwrap();
-        if let Ok(Some(r)) = tokio::time::timeout(Duration::from_millis(200), rx.got.recv()).await {
-            let body = verify(&secret, &r);
-            told.insert(
-                body["data"]["task"]["id"].as_str().unwrap().to_owned(),
-                body,
-            );
-        }
-    }
-    assert_eq!(told[&ids[0]]["event"], "task.finished", "{told:?}");
-    assert_eq!(told[&ids[0]]["data"]["state"], "completed");
-    assert_eq!(told[&ids[1]]["event"], "task.failed", "{told:?}");
-    assert_eq!(told[&ids[1]]["data"]["exit_code"], 1);
+    let ended: std::collections::HashMap<String, Value> = told(&app, &mut rx, &secret, 2)
+        .await
+        .into_iter()
+        .map(|b| (b["data"]["task"]["id"].as_str().unwrap().to_owned(), b))
+        .collect();
+    assert_eq!(ended[&ids[0]]["event"], "task.finished", "{ended:?}");
+    assert_eq!(ended[&ids[0]]["data"]["state"], "completed");
+    assert_eq!(ended[&ids[1]]["event"], "task.failed", "{ended:?}");
+    assert_eq!(ended[&ids[1]]["data"]["exit_code"], 1);
 }
 
 crate::on_both_backends!(a_lost_node_is_told_to_the_organizations_it_ran_for);
@@ -380,7 +387,7 @@ async fn a_lost_node_is_told_to_the_organizations_it_ran_for(b: Backend) {
     .await;
     let op = app.operator().await;
     let agent = crate::agents::FakeAgent::join(&app, &op, "n1", "A100-40G", "z1").await;
-    let mut told = Vec::new();
+    let mut hooks = Vec::new();
     for (email, org) in [("ada@example.com", "Lab"), ("eve@example.com", "Other")] {
         let s = app.signup(email, org).await;
         let rx = receiver().await;
@@ -409,13 +416,13 @@ async fn a_lost_node_is_told_to_the_organizations_it_ran_for(b: Backend) {
             .as_str()
             .unwrap()
             .to_owned();
-        told.push((rx, secret, id));
+        hooks.push((rx, secret, id));
     }
     let t0 = clock.now_ms();
     let mut runner = app.runner();
     runner.cycle(t0).await.unwrap();
     agent.poll(&[], 0).await;
-    for (_, _, id) in &told {
+    for (_, _, id) in &hooks {
         let res = agent
             .call(
                 &format!("/api/v1/agent/tasks/{id}/started"),
@@ -429,18 +436,8 @@ async fn a_lost_node_is_told_to_the_organizations_it_ran_for(b: Backend) {
     runner.cycle(clock.now_ms()).await.unwrap();
     clock.set(t0 + 62_000);
     runner.cycle(clock.now_ms()).await.unwrap();
-    for (rx, secret, id) in &mut told {
-        let mut got = None;
-        for _ in 0..50 {
-            deliver_due(&app.state).await.unwrap();
-            if let Ok(Some(r)) =
-                tokio::time::timeout(Duration::from_millis(200), rx.got.recv()).await
-            {
-                got = Some(verify(secret, &r));
-                break;
-            }
-        }
-        let body = got.expect("a node.lost delivery");
+    for (rx, secret, id) in &mut hooks {
+        let body = told(&app, rx, secret, 1).await.remove(0);
         assert_eq!(body["event"], "node.lost");
         assert_eq!(body["data"]["node"], "n1");
         assert_eq!(
