@@ -409,3 +409,36 @@ pub struct WebhookDelivery {
     pub last_error: Option<String>,
     pub created_at: String,
 }
+
+/// One record of the audit trail: who did what, when and from where.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct AuditEntry {
+    /// Its place in the chain, from 1.
+    pub seq: i64,
+    pub at: String,
+    /// The organization it concerns; null for platform-wide actions (nodes).
+    pub tenant_id: Option<String>,
+    pub actor_id: Option<String>,
+    pub actor_email: Option<String>,
+    /// For example `auth.sign_in`, `api_key.created`, `node.cordoned`.
+    pub action: String,
+    /// What it was done to (a user, key, node, task, organization).
+    pub target: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub detail: serde_json::Value,
+    /// The address the request came from.
+    pub ip: Option<String>,
+    /// SHA-256 over the record and `prev_hash`.
+    pub hash: String,
+    pub prev_hash: String,
+}
+
+/// A page of the audit trail, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct AuditPage {
+    pub records: Vec<AuditEntry>,
+    /// Pass as `before` for the next (older) page; null at the start of the trail.
+    pub next_before: Option<i64>,
+}

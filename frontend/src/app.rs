@@ -78,6 +78,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/account") view=AccountPage ssr=SsrMode::Async/>
                     <Route path=path!("/organization") view=OrgPage ssr=SsrMode::Async/>
                     <Route path=path!("/admin") view=AdminPage ssr=SsrMode::Async/>
+                    <Route path=path!("/audit") view=crate::pages::audit::AuditPage ssr=SsrMode::Async/>
                     <Route path=path!("/tasks") view=TasksPage ssr=SsrMode::Async/>
                     <Route path=path!("/tasks/:id") view=TaskPage ssr=SsrMode::Async/>
                     <Route path=path!("/submit") view=SubmitPage ssr=SsrMode::Async/>
@@ -118,6 +119,7 @@ fn Nav() -> impl IntoView {
                             <a href="/cluster" data-testid="nav-cluster">"Cluster"</a>
                             <a href="/account">"Account"</a>
                             <a href="/organization">"Organization"</a>
+                            {(me.platform_admin || me.role.can_manage()).then(|| view! { <a href="/audit" data-testid="nav-audit">"Audit"</a> })}
                             {me.platform_admin.then(|| view! { <a href="/admin">"Admin"</a> })}
                             <span class="muted nav-user" data-testid="nav-user">{me.email.clone()}</span>
                             <button class="link-button" on:click=move |_| { logout.dispatch(()); }>"Sign out"</button>

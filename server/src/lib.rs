@@ -3,6 +3,7 @@
 pub mod agents;
 pub mod app;
 pub mod apps;
+pub mod audit;
 pub mod auth;
 pub mod clock;
 pub mod config;

@@ -39,11 +39,24 @@ enum Command {
     /// Put a backup in place of the SQLite database; stop the server first. The database it
     /// replaces is kept beside it.
     Restore { file: PathBuf },
+    /// The audit trail.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
     /// Account administration from the shell.
     Admin {
         #[command(subcommand)]
         command: AdminCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Checks every record's hash and link from the first to the head; exits 1 when one was
+    /// changed, removed or cut off. Prints the head's hash: keep it elsewhere to catch a
+    /// rewrite of the whole trail later.
+    Verify,
 }
 
 #[derive(Subcommand)]
@@ -116,6 +129,26 @@ async fn run() -> anyhow::Result<()> {
             println!("restored {}", file.display());
             if let Some(k) = kept {
                 println!("the database it replaced is kept at {}", k.display());
+            }
+        }
+        Command::Audit {
+            command: AuditCommand::Verify,
+        } => {
+            let store = store::open(&settings.database_url, 2).await?;
+            match autodl_server::audit::verify(store.as_ref()).await? {
+                Ok(v) => println!(
+                    "the audit trail holds: {} records, head {}",
+                    v.records,
+                    if v.head.is_empty() {
+                        "(empty)"
+                    } else {
+                        &v.head
+                    }
+                ),
+                Err(broken) => {
+                    eprintln!("{broken}");
+                    std::process::exit(1);
+                }
             }
         }
         Command::Admin { command } => admin(settings, command).await?,

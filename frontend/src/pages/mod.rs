@@ -1,5 +1,6 @@
 pub mod account;
 pub mod admin;
+pub mod audit;
 pub mod auth;
 pub mod cluster;
 pub mod compare;

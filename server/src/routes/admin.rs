@@ -1,11 +1,12 @@
 //! Platform operators' view across tenants.
 
-use actix_web::{get, patch, put, web};
+use actix_web::{get, patch, put, web, HttpRequest};
 use autodl_common::api::{
     AdminTenant, AdminUpdateTenantRequest, AdminUpdateUserRequest, AdminUser, ErrorBody, Quota,
     SchedulingPolicy,
 };
 
+use crate::audit::{self, Action, Actor};
 use crate::auth::caller::parse_role;
 use crate::auth::Caller;
 use crate::domain::{parse_quota, quota_to_api};
@@ -48,6 +49,7 @@ pub async fn tenants(
 #[tracing::instrument(skip_all, fields(admin = %caller.user.id, tenant = %id))]
 pub async fn update_tenant(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     id: web::Path<String>,
     body: Json<AdminUpdateTenantRequest>,
@@ -57,6 +59,15 @@ pub async fn update_tenant(
         if !state.store.set_tenant_trusted(&id, trusted).await? {
             return Err(ApiError::NotFound("no such tenant".into()));
         }
+        audit::record(
+            &state,
+            Actor::of(&caller, &req),
+            Some(&id),
+            Action::TenantChanged,
+            &format!("organization {id}"),
+            serde_json::json!({ "trusted": trusted }),
+        )
+        .await;
         tracing::info!(trusted, "organization trust changed");
         state.accounts_changed();
         state.scheduler.wake();
@@ -88,6 +99,7 @@ pub async fn update_tenant(
 #[tracing::instrument(skip_all, fields(admin = %caller.user.id, tenant = %id))]
 pub async fn set_tenant_quota(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     id: web::Path<String>,
     body: Json<Quota>,
@@ -104,6 +116,15 @@ pub async fn set_tenant_quota(
         .set_quota(QuotaScope::Tenant, &id, &rec, state.clock.now_ms())
         .await?;
     state.accounts_changed();
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(&id),
+        Action::TenantQuotaChanged,
+        &format!("organization {id}"),
+        serde_json::json!({ "quota": quota_to_api(&rec) }),
+    )
+    .await;
     Ok(web::Json(quota_to_api(&rec)))
 }
 
@@ -132,6 +153,7 @@ pub async fn users(
 #[tracing::instrument(skip_all, fields(admin = %caller.user.id, user = %id))]
 pub async fn update_user(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     id: web::Path<String>,
     body: Json<AdminUpdateUserRequest>,
@@ -165,6 +187,15 @@ pub async fn update_user(
         .tenant(&u.tenant_id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("tenant missing"))?;
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(&u.tenant_id),
+        Action::UserChanged,
+        &format!("user {}", u.email),
+        serde_json::json!({ "disabled": body.disabled, "platform_admin": body.platform_admin }),
+    )
+    .await;
     Ok(web::Json(admin_user(u, t.name)?))
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use actix_web::{delete, get, post, web, HttpResponse};
+use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
 use autodl_common::agent::{
     AttemptRef, CreateRegistrationToken, FinishedReport, LogBatch, MetricBatch, PollRequest,
     PollResponse, RegisterRequest, RegisterResponse, RegistrationToken,
@@ -14,6 +14,7 @@ use serde::Deserialize;
 use crate::agents::dispatch::work_for;
 use crate::agents::node_caller::NodeCaller;
 use crate::app::{agents, reports};
+use crate::audit::{self, Action, Actor};
 use crate::auth::Caller;
 use crate::domain::NodeStatus;
 use crate::domain::{parse_name, parse_node_id};
@@ -44,6 +45,7 @@ fn token_info(t: &RegistrationTokenRecord, token: Option<String>) -> Registratio
 #[post("/admin/registration-tokens")]
 pub async fn create_token(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     body: Json<CreateRegistrationToken>,
 ) -> Result<HttpResponse, ApiError> {
@@ -84,6 +86,15 @@ pub async fn create_token(
         state.clock.now_ms(),
     )
     .await?;
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        None,
+        Action::RegistrationTokenCreated,
+        &format!("registration token {}", rec.id),
+        serde_json::json!({ "name": rec.name, "node_id": rec.node_id, "max_uses": rec.max_uses }),
+    )
+    .await;
     Ok(HttpResponse::Created().json(token_info(&rec, Some(token))))
 }
 
@@ -104,11 +115,21 @@ pub async fn list_tokens(
 #[delete("/admin/registration-tokens/{id}")]
 pub async fn revoke_token(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     caller.require_platform_admin()?;
     if state.store.revoke_registration_token(&id).await? {
+        audit::record(
+            &state,
+            Actor::of(&caller, &req),
+            None,
+            Action::RegistrationTokenRevoked,
+            &format!("registration token {id}"),
+            serde_json::json!({}),
+        )
+        .await;
         Ok(HttpResponse::NoContent().finish())
     } else {
         Err(ApiError::NotFound("no such registration token".into()))
@@ -121,9 +142,19 @@ pub async fn revoke_token(
 #[tracing::instrument(skip_all, fields(node = %body.node.id))]
 pub async fn register(
     state: web::Data<AppState>,
+    req: HttpRequest,
     body: Json<RegisterRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let joined = agents::register(&state, &body).await?;
+    audit::record(
+        &state,
+        Actor::anonymous(None, &req),
+        None,
+        Action::NodeRegistered,
+        &format!("node {}", body.node.id),
+        serde_json::json!({ "gpus": body.node.gpus.len(), "by": "agent" }),
+    )
+    .await;
     Ok(HttpResponse::Created().json(joined))
 }
 

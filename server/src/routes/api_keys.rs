@@ -1,6 +1,7 @@
-use actix_web::{delete, get, post, web, HttpResponse};
+use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
 use autodl_common::api::{ApiKeyInfo, CreateApiKeyRequest, CreatedApiKey, ErrorBody};
 
+use crate::audit::{self, Action, Actor};
 use crate::auth::secrets::{digest, new_api_key, new_id, SHOWN_PREFIX_LEN};
 use crate::auth::Caller;
 use crate::domain::parse_name;
@@ -42,6 +43,7 @@ pub async fn list(
 #[tracing::instrument(skip_all, fields(user = %caller.user.id))]
 pub async fn create(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     body: Json<CreateApiKeyRequest>,
 ) -> Result<HttpResponse, ApiError> {
@@ -75,6 +77,15 @@ pub async fn create(
         revoked: false,
     };
     state.store.create_api_key(&rec).await?;
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(caller.tenant_id()),
+        Action::ApiKeyCreated,
+        &format!("api key {} ({})", rec.id, rec.prefix),
+        serde_json::json!({ "name": rec.name, "expires_at": rec.expires_at.map(rfc3339) }),
+    )
+    .await;
     Ok(HttpResponse::Created().json(CreatedApiKey {
         key,
         info: info(&rec),
@@ -89,11 +100,21 @@ pub async fn create(
 #[tracing::instrument(skip_all, fields(user = %caller.user.id))]
 pub async fn revoke(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     if state.store.revoke_api_key(&caller.user.id, &id).await? {
         state.accounts_changed();
+        audit::record(
+            &state,
+            Actor::of(&caller, &req),
+            Some(caller.tenant_id()),
+            Action::ApiKeyRevoked,
+            &format!("api key {id}"),
+            serde_json::json!({}),
+        )
+        .await;
         Ok(HttpResponse::NoContent().finish())
     } else {
         Err(ApiError::NotFound("no such API key".into()))

@@ -3,6 +3,7 @@ use autodl_common::api::{
     ErrorBody, LoginRequest, LoginResponse, Me, PasswordChangeRequest, SignupRequest,
 };
 
+use crate::audit::{self, Action, Actor};
 use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::session::Claims;
 use crate::auth::{password, Caller};
@@ -88,6 +89,15 @@ pub async fn signup(
         (user, tenant)
     };
     tracing::info!(user = %user.id, tenant = %tenant.id, "signed up");
+    audit::record(
+        &state,
+        Actor::user(&user, &http),
+        Some(&tenant.id),
+        Action::SignUp,
+        &format!("user {}", user.email),
+        serde_json::json!({ "role": user.role, "invited": req.invitation.as_deref().is_some_and(|t| !t.is_empty()) }),
+    )
+    .await;
     start_session(&state, &user, &tenant, now, true).await
 }
 
@@ -163,11 +173,35 @@ pub async fn login(
         .map(|u| u.password_hash.clone())
         .unwrap_or_else(|| state.dummy_hash.clone());
     let ok = password::verify(body.password.clone(), stored).await?;
-    let user = match user {
-        Some(u) if ok => u,
-        _ => return Err(ApiError::Unauthorized("wrong email or password".into())),
+    let refused = |why: &'static str| {
+        let tenant = user.as_ref().map(|u| u.tenant_id.clone());
+        let actor = match &user {
+            Some(u) => Actor::user(u, &req),
+            None => Actor::anonymous(Some(email.as_str()), &req),
+        };
+        let state = state.clone();
+        let target = format!("user {}", email.as_str());
+        async move {
+            audit::record(
+                &state,
+                actor,
+                tenant.as_deref(),
+                Action::SignInFailed,
+                &target,
+                serde_json::json!({ "reason": why }),
+            )
+            .await;
+        }
+    };
+    let user = match &user {
+        Some(u) if ok => u.clone(),
+        _ => {
+            refused("wrong email or password").await;
+            return Err(ApiError::Unauthorized("wrong email or password".into()));
+        }
     };
     if user.disabled {
+        refused("account disabled").await;
         return Err(ApiError::Unauthorized("this account is disabled".into()));
     }
     let tenant = state
@@ -175,6 +209,15 @@ pub async fn login(
         .tenant(&user.tenant_id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("user {} has no tenant", user.id))?;
+    audit::record(
+        &state,
+        Actor::user(&user, &req),
+        Some(&tenant.id),
+        Action::SignIn,
+        &format!("user {}", user.email),
+        serde_json::json!({ "method": "password" }),
+    )
+    .await;
     start_session(&state, &user, &tenant, state.clock.now_ms(), false).await
 }
 
@@ -237,6 +280,15 @@ pub async fn change_password(
         .store
         .revoke_user_sessions(&caller.user.id, caller.session_id())
         .await?;
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(caller.tenant_id()),
+        Action::PasswordChanged,
+        &format!("user {}", caller.user.email),
+        serde_json::json!({}),
+    )
+    .await;
     Ok(HttpResponse::NoContent().finish())
 }
 

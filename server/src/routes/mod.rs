@@ -5,9 +5,11 @@ pub mod admin;
 pub mod agent;
 pub mod api_keys;
 pub mod artifacts;
+pub mod audit;
 pub mod auth;
 pub mod code;
 pub mod contract;
+pub mod csv;
 pub mod health;
 pub mod nodes;
 pub mod openapi;
@@ -77,6 +79,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(webhooks::create)
             .service(webhooks::remove)
             .service(webhooks::deliveries)
+            .service(audit::list)
             .service(admin::tenants)
             .service(admin::set_tenant_quota)
             .service(admin::update_tenant)

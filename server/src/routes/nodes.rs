@@ -2,12 +2,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use actix_web::{delete, get, post, web, HttpResponse};
+use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
 use autodl_common::api::ErrorBody;
 use autodl_common::tasks::{GpuInventoryInput, NodeGpu, NodeInfo, NodeInput};
 use autodl_scheduler::Gpu;
 
 use crate::app::nodes::{self, NodeAction};
+use crate::audit::{self, Action, Actor};
 use crate::auth::Caller;
 use crate::domain::{parse_gpu_type, parse_node_id, NodeStatus};
 use crate::error::ApiError;
@@ -110,6 +111,7 @@ pub async fn list(
 #[tracing::instrument(skip_all, fields(admin = %caller.user.id))]
 pub async fn register(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     body: Json<NodeInput>,
 ) -> Result<HttpResponse, ApiError> {
@@ -231,6 +233,15 @@ pub async fn register(
         trusted_only: false,
         data_roots: input.data_roots.clone(),
     };
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        None,
+        Action::NodeRegistered,
+        &format!("node {}", info.id),
+        serde_json::json!({ "gpus": info.gpus.len(), "zone": info.zone, "by": "admin" }),
+    )
+    .await;
     Ok(HttpResponse::Created().json(info))
 }
 
@@ -238,6 +249,7 @@ pub async fn register(
 #[delete("/admin/nodes/{id}")]
 pub async fn remove(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
@@ -246,6 +258,15 @@ pub async fn remove(
         return Err(ApiError::NotFound("no such node".into()));
     }
     state.scheduler.invalidate_nodes();
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        None,
+        Action::NodeRemoved,
+        &format!("node {id}"),
+        serde_json::json!({}),
+    )
+    .await;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -258,12 +279,22 @@ pub async fn remove(
 #[tracing::instrument(skip_all, fields(admin = %caller.user.id))]
 pub async fn set_status(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     caller.require_platform_admin()?;
-    let (id, action) = path.into_inner();
-    let action = NodeAction::parse(&action)?;
+    let (id, raw) = path.into_inner();
+    let action = NodeAction::parse(&raw)?;
     nodes::act(&state, &id, action).await?;
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        None,
+        Action::NodeStatusChanged,
+        &format!("node {id}"),
+        serde_json::json!({ "action": raw }),
+    )
+    .await;
     Ok(HttpResponse::NoContent().finish())
 }

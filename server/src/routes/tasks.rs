@@ -14,6 +14,7 @@ use autodl_common::tasks::{
 use serde::Deserialize;
 
 use crate::app::submit::Submitted;
+use crate::audit::{self, Action, Actor};
 use crate::auth::caller::{LiveCaller, STREAM_REVOKED};
 use crate::auth::Caller;
 use crate::domain::IdempotencyKey;
@@ -179,6 +180,7 @@ pub async fn show(
 #[tracing::instrument(skip_all, fields(user = %caller.user.id, task = %id))]
 pub async fn cancel(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<web::Json<Task>, ApiError> {
@@ -194,6 +196,17 @@ pub async fn cancel(
         }
     }
     let t = find(&state, &caller, &id).await?;
+    if t.task.user_id != caller.user.id {
+        audit::record(
+            &state,
+            Actor::of(&caller, &req),
+            Some(&t.task.tenant_id),
+            Action::TaskCancelledByOther,
+            &format!("task {}", t.task.id),
+            serde_json::json!({ "owner": t.user_email, "name": t.task.name }),
+        )
+        .await;
+    }
     Ok(web::Json(to_api(t)?))
 }
 

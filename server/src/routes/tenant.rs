@@ -1,12 +1,13 @@
 //! The caller's own organization: members, roles, invitations and quotas. Every query is
 //! scoped by the caller's tenant id, so ids from another tenant simply are not found.
 
-use actix_web::{delete, get, patch, post, put, web, HttpResponse};
+use actix_web::{delete, get, patch, post, put, web, HttpRequest, HttpResponse};
 use autodl_common::api::{
     CreateInvitationRequest, ErrorBody, Invitation, InvitationPreview, Member, Quota, Role,
     SessionPolicy, TenantInfo, UpdateMemberRequest,
 };
 
+use crate::audit::{self, Action, Actor};
 use crate::auth::caller::parse_role;
 use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::Caller;
@@ -98,6 +99,7 @@ pub async fn members(
 #[tracing::instrument(skip_all, fields(caller = %caller.user.id, member = %id))]
 pub async fn update_member(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     id: web::Path<String>,
     body: Json<UpdateMemberRequest>,
@@ -124,6 +126,15 @@ pub async fn update_member(
         .set_member_role(caller.tenant_id(), &target.id, body.role.as_str())
         .await?;
     state.accounts_changed();
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(caller.tenant_id()),
+        Action::MemberRoleChanged,
+        &format!("user {}", target.email),
+        serde_json::json!({ "role": { "from": target.role, "to": body.role.as_str() } }),
+    )
+    .await;
     let updated = member_of_tenant(&state, &caller, &id).await?;
     Ok(web::Json(member(&updated)?))
 }
@@ -137,6 +148,7 @@ pub async fn update_member(
 #[tracing::instrument(skip_all, fields(caller = %caller.user.id, member = %id))]
 pub async fn remove_member(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
@@ -160,6 +172,15 @@ pub async fn remove_member(
     state.store.revoke_user_sessions(&target.id, None).await?;
     state.store.revoke_user_api_keys(&target.id).await?;
     state.accounts_changed();
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(caller.tenant_id()),
+        Action::MemberRemoved,
+        &format!("user {}", target.email),
+        serde_json::json!({ "role": target.role }),
+    )
+    .await;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -187,6 +208,7 @@ pub async fn invitations(
 #[tracing::instrument(skip_all, fields(caller = %caller.user.id))]
 pub async fn invite(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     body: Json<CreateInvitationRequest>,
 ) -> Result<HttpResponse, ApiError> {
@@ -217,6 +239,15 @@ pub async fn invite(
         revoked: false,
     };
     state.store.create_invitation(&rec).await?;
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(caller.tenant_id()),
+        Action::MemberInvited,
+        &format!("user {}", rec.email),
+        serde_json::json!({ "role": rec.role, "invitation": rec.id }),
+    )
+    .await;
     Ok(HttpResponse::Created().json(invitation(&rec, Some(token))?))
 }
 
@@ -310,6 +341,7 @@ pub async fn member_quota(
 #[tracing::instrument(skip_all, fields(caller = %caller.user.id, member = %id))]
 pub async fn set_member_quota(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     id: web::Path<String>,
     body: Json<Quota>,
@@ -333,6 +365,15 @@ pub async fn set_member_quota(
         .set_quota(QuotaScope::User, &target.id, &rec, state.clock.now_ms())
         .await?;
     state.accounts_changed();
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(caller.tenant_id()),
+        Action::MemberQuotaChanged,
+        &format!("user {}", target.email),
+        serde_json::json!({ "quota": quota_to_api(&rec) }),
+    )
+    .await;
     Ok(web::Json(quota_to_api(&rec)))
 }
 
@@ -354,6 +395,7 @@ pub async fn session_policy(
 #[tracing::instrument(skip_all, fields(user = %caller.user.id))]
 pub async fn set_session_policy(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     body: Json<SessionPolicy>,
 ) -> Result<web::Json<SessionPolicy>, ApiError> {
@@ -367,6 +409,15 @@ pub async fn set_session_policy(
     {
         return Err(ApiError::NotFound("no such organization".into()));
     }
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(caller.tenant_id()),
+        Action::SessionPolicyChanged,
+        &format!("organization {}", caller.tenant_id()),
+        serde_json::to_value(&policy).unwrap_or_default(),
+    )
+    .await;
     tracing::info!(?policy, "session policy changed");
     Ok(web::Json(policy))
 }

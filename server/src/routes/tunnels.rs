@@ -9,6 +9,7 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use crate::agents::node_caller::NodeCaller;
+use crate::audit::{self, Action, Actor};
 use crate::auth::{Caller, CallerVia};
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -188,6 +189,20 @@ async fn open(
             state.clock.now_ms(),
         )
         .await?;
+    let action = if event.0 == "port_forward" {
+        Action::TaskPortOpened
+    } else {
+        Action::TaskShellOpened
+    };
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(&task.task.tenant_id),
+        action,
+        &format!("task {task_id}"),
+        serde_json::json!({ "kind": event.0, "what": event.1, "owner": task.user_email, "node": node }),
+    )
+    .await;
     tracing::info!(task = %task_id, node = %node, user = %caller.user.email, kind = event.0, "tunnel requested");
     let tunnels = state.tunnels.clone();
     let (agent, guard) = crate::tunnels::ask(&state, &node, request, Peer::Socket(person.clone()));
@@ -317,6 +332,7 @@ pub struct OpenQuery {
 #[get("/tasks/{id}/ports/{port}/open")]
 pub async fn open_app(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     path: web::Path<(String, u16)>,
     q: web::Query<OpenQuery>,
@@ -351,6 +367,15 @@ pub async fn open_app(
             now,
         )
         .await?;
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(&task.task.tenant_id),
+        Action::TaskPortOpened,
+        &format!("task {}", task.task.id),
+        serde_json::json!({ "kind": "app", "port": number, "owner": task.user_email }),
+    )
+    .await;
     Ok(HttpResponse::SeeOther()
         .insert_header((actix_web::http::header::LOCATION, url.clone()))
         .insert_header((actix_web::http::header::CACHE_CONTROL, "no-store"))

@@ -140,16 +140,6 @@ pub async fn report(state: &AppState, month: &str) -> Result<UsageReport, ApiErr
     })
 }
 
-fn csv_field(s: &str) -> String {
-    // Quote always; a leading formula character is neutralised for spreadsheets.
-    let s = if s.starts_with(['=', '+', '-', '@']) {
-        format!("'{s}")
-    } else {
-        s.to_owned()
-    };
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
-
 pub fn to_csv(r: &UsageReport) -> String {
     let mut out =
         String::from("month,tenant_id,tenant,user_id,user,attempts,gpu_hours,avg_utilization\n");
@@ -157,10 +147,10 @@ pub fn to_csv(r: &UsageReport) -> String {
         out.push_str(&format!(
             "{},{},{},{},{},{},{},{}\n",
             r.month,
-            csv_field(&u.tenant_id),
-            csv_field(&u.tenant_name),
-            csv_field(&u.user_id),
-            csv_field(&u.user_email),
+            super::csv::field(&u.tenant_id),
+            super::csv::field(&u.tenant_name),
+            super::csv::field(&u.user_id),
+            super::csv::field(&u.user_email),
             u.attempts,
             u.gpu_hours,
             u.avg_utilization.map(|v| v.to_string()).unwrap_or_default()
@@ -220,12 +210,6 @@ mod tests {
         assert!(month_range("24-01").is_none());
         assert!(month_range("2024-1").is_none());
         assert_eq!(current_month(a), "2024-12");
-    }
-
-    #[test]
-    fn csv_quotes() {
-        assert_eq!(csv_field("a\"b"), "\"a\"\"b\"");
-        assert_eq!(csv_field("=1+1"), "\"'=1+1\"");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The organization's webhooks (owners and admins): add, list, remove, and what was sent.
 
-use actix_web::{delete, get, post, web, HttpResponse};
+use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
 use autodl_common::api::{ErrorBody, Webhook, WebhookDelivery, WebhookInput};
 
+use crate::audit::{self, Action, Actor};
 use crate::auth::secrets::{new_id, random_hex};
 use crate::auth::Caller;
 use crate::error::ApiError;
@@ -57,6 +58,7 @@ pub async fn list(
 #[tracing::instrument(skip_all, fields(user = %caller.user.id))]
 pub async fn create(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     body: Json<WebhookInput>,
 ) -> Result<HttpResponse, ApiError> {
@@ -81,6 +83,15 @@ pub async fn create(
     tracing::info!(webhook = %rec.id, url = %rec.url, "webhook added");
     let mut out = to_api(&rec);
     out.secret = Some(rec.secret);
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(caller.tenant_id()),
+        Action::WebhookAdded,
+        &format!("webhook {}", rec.id),
+        serde_json::json!({ "url": rec.url, "events": events }),
+    )
+    .await;
     Ok(HttpResponse::Created().json(out))
 }
 
@@ -89,6 +100,7 @@ pub async fn create(
 #[tracing::instrument(skip_all, fields(user = %caller.user.id))]
 pub async fn remove(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
@@ -96,6 +108,15 @@ pub async fn remove(
     if !state.store.delete_webhook(caller.tenant_id(), &id).await? {
         return Err(ApiError::NotFound("no such webhook".into()));
     }
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(caller.tenant_id()),
+        Action::WebhookRemoved,
+        &format!("webhook {id}"),
+        serde_json::json!({}),
+    )
+    .await;
     Ok(HttpResponse::NoContent().finish())
 }
 

@@ -3,6 +3,7 @@
 
 mod accounts;
 mod artifacts;
+mod audit;
 pub mod backup;
 pub mod fault;
 mod group_commit;
@@ -20,6 +21,7 @@ use async_trait::async_trait;
 
 pub use accounts::Accounts;
 pub use artifacts::Artifacts;
+pub use audit::AuditTrail;
 pub use group_commit::GroupCommit;
 pub use leadership::Leadership;
 pub use nodes::Nodes;
@@ -87,7 +89,17 @@ pub struct UsageUtilRecord {
 /// SQL beside it in `sql/`); a handler or use case asks for what it needs through this one.
 #[async_trait]
 pub trait Store:
-    Accounts + Nodes + Tasks + Usage + Artifacts + Leadership + Webhooks + Send + Sync + 'static
+    Accounts
+    + AuditTrail
+    + Nodes
+    + Tasks
+    + Usage
+    + Artifacts
+    + Leadership
+    + Webhooks
+    + Send
+    + Sync
+    + 'static
 {
     fn backend(&self) -> &'static str;
     async fn ping(&self) -> StoreResult<()>;

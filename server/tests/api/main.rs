@@ -7,6 +7,7 @@ mod admin_cli;
 mod agents;
 mod api_keys;
 mod apps;
+mod audit;
 mod backup;
 mod code;
 mod e2e;

@@ -90,6 +90,7 @@ macro_rules! insert_user {
 // The helper macros above are in scope in these modules: they come after them.
 mod accounts;
 mod artifacts;
+mod audit;
 mod leadership;
 mod nodes;
 mod tasks;
