@@ -213,3 +213,50 @@ test("a node that cannot isolate tasks is trusted-only until opened, then the pa
   await adminCtx.close();
   await userCtx.close();
 });
+
+test("the audit trail shows who did what, filters by kind, and exports", async () => {
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const admin = await ctx.newPage();
+  const errors = [];
+  admin.on("pageerror", (e) => errors.push(String(e)));
+  await logIn(admin, server.base, "root@example.com", password);
+  await admin.click("[data-testid=nav-audit]");
+  await admin.waitForURL("**/audit");
+  await hydrated(admin);
+  await admin.waitForSelector("[data-testid=audit] tbody tr");
+  const all = await admin.locator("[data-testid=audit] tbody tr .badge").allTextContents();
+  for (const want of ["auth.sign_in", "member.invited", "member.quota_changed", "node.status_changed"]) {
+    assert.ok(all.includes(want), `${want} in ${all}`);
+  }
+
+  // Only the nodes: the filter is the page's address, so the view can be shared as a link.
+  await admin.selectOption("[data-testid=audit-action]", "node.");
+  await admin.click("[data-testid=audit-filter]");
+  await admin.waitForURL("**/audit?action=node.*");
+  await hydrated(admin);
+  await admin.waitForSelector("[data-testid=audit] tbody tr");
+  const nodes = await admin.locator("[data-testid=audit] tbody tr .badge").allTextContents();
+  assert.ok(nodes.length > 0 && nodes.every((a) => a.startsWith("node.")), String(nodes));
+  assert.ok((await admin.textContent("[data-testid=audit]")).includes("\"action\":\"drain\""));
+  await shot(admin, "34-audit-trail");
+
+  // The export downloads what the filter shows.
+  const href = await admin.getAttribute("[data-testid=audit-csv]", "href");
+  assert.ok(href.includes("format=csv") && href.includes("action=node."), href);
+  const csv = await admin.evaluate(async (href) => (await fetch(href)).text(), href);
+  const lines = csv.trim().split("\n");
+  assert.ok(lines[0].startsWith("seq,at,tenant_id"), lines[0]);
+  assert.equal(lines.length - 1, nodes.length);
+
+  // A researcher without a managing role is told so.
+  const other = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const kai = await other.newPage();
+  await logIn(kai, server.base, "kai@example.com", password);
+  await kai.goto(`${server.base}/audit`);
+  await hydrated(kai);
+  await kai.waitForSelector(".banner.error:has-text('owner or admin role')");
+  assert.equal(await kai.locator("[data-testid=nav-audit]").count(), 0);
+  assert.deepEqual(errors, []);
+  await other.close();
+  await ctx.close();
+});
