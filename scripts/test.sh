@@ -27,6 +27,12 @@ start_postgres
 start_docker
 trap 'stop_postgres; stop_docker' EXIT
 
+# Python for the API tests' helpers (a real SMTP server, aiosmtpd) and, later, the SDK tests.
+PYVENV="${AUTODL_CACHE_DIR:-$HOME/.cache/autodl}/pyvenv"
+[ -x "$PYVENV/bin/python" ] || python3 -m venv "$PYVENV"
+"$PYVENV/bin/pip" install --quiet --disable-pip-version-check -r server/tests/requirements.txt
+export AUTODL_TEST_PYTHON="$PYVENV/bin/python"
+
 log "unit and API tests (SQLite and PostgreSQL)"
 cargo test --locked --workspace
 
@@ -39,8 +45,6 @@ export AUTODL_ARTIFACTS="${AUTODL_ARTIFACTS:-$ROOT/artifacts/screenshots}"
 (cd tests/browser && npm ci --no-audit --no-fund --silent && node --test --test-concurrency=1)
 
 log "Python SDK tests (against a live server)"
-PYVENV="${AUTODL_CACHE_DIR:-$HOME/.cache/autodl}/pyvenv"
-[ -x "$PYVENV/bin/python" ] || python3 -m venv "$PYVENV"
 "$PYVENV/bin/pip" install --quiet --disable-pip-version-check -e "clients/python[test]"
 (cd clients/python && "$PYVENV/bin/python" -m pytest -q -p no:cacheprovider)
 

@@ -442,3 +442,24 @@ pub struct AuditPage {
     /// Pass as `before` for the next (older) page; null at the start of the trail.
     pub next_before: Option<i64>,
 }
+
+/// The events a person wants by email.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NotificationSettingsInput {
+    /// Event names, from `events` of the settings.
+    pub email: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct NotificationSettings {
+    /// The events emailed to `address`.
+    pub email: Vec<String>,
+    /// Every event one may choose.
+    pub events: Vec<String>,
+    pub address: String,
+    /// False when this server has no mail server configured: nothing can be emailed.
+    pub email_available: bool,
+}

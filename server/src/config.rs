@@ -51,6 +51,12 @@ pub struct Settings {
     /// Let organizations' webhooks reach private, loopback and link-local addresses (a lab
     /// whose receivers sit on its own network; tests). Off: only public addresses.
     pub webhook_allow_internal: bool,
+    /// Where email goes out: `smtp://host:25`, `smtp://user:pass@host:587?tls=required`
+    /// (STARTTLS) or `smtps://user:pass@host:465`. Unset: the server sends no email and
+    /// people cannot ask for it.
+    pub smtp_url: Option<String>,
+    /// The sender of the platform's email.
+    pub mail_from: String,
     /// A node whose agent has not polled for this long is lost and its tasks requeued.
     pub node_lost_timeout_secs: u64,
     /// Raw GPU samples are kept this long, then folded into hourly rollups.
@@ -112,6 +118,8 @@ impl Default for Settings {
             public_url: None,
             apps_url: None,
             webhook_allow_internal: false,
+            smtp_url: None,
+            mail_from: "autodl <autodl@localhost>".into(),
             node_lost_timeout_secs: 30,
             raw_sample_retention_days: 7,
             rollup_retention_days: 400,

@@ -60,6 +60,7 @@ impl Application {
             settings.jwt_secret.clone()
         };
         let storage = crate::storage::Storage::from_settings(&settings)?;
+        let mailer = crate::notify::email::Mailer::from_settings(&settings)?;
         tracing::info!(storage = %storage.backend.describe(), bucket = storage.default_bucket, "object storage");
         let (submissions, group_writer) = crate::store::GroupCommit::new(store.clone());
         let state = web::Data::new(AppState {
@@ -135,6 +136,12 @@ impl Application {
         }));
 
         background.push(tokio::spawn(crate::notify::webhooks::run(state.clone())));
+        if let Some(mailer) = mailer {
+            background.push(tokio::spawn(crate::notify::email::run(
+                state.clone(),
+                mailer,
+            )));
+        }
 
         let limiter_state = state.clone();
         background.push(tokio::spawn(async move {

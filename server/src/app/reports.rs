@@ -190,7 +190,7 @@ async fn tell_ended(
     end: &crate::store::AttemptEnd,
     now: i64,
 ) {
-    use crate::notify::webhooks::{queue, Event};
+    use crate::notify::{tell, Event};
     let Some(event) = Event::of_end(end.next_state) else {
         return;
     };
@@ -202,7 +202,16 @@ async fn tell_ended(
         "reason": end.reason,
         "message": end.message,
     });
-    queue(state.store.as_ref(), &task.tenant_id, event, data, now).await;
+    let owner = [task.user_id.as_str()];
+    tell(
+        state.store.as_ref(),
+        &task.tenant_id,
+        &owner,
+        event,
+        data,
+        now,
+    )
+    .await;
 }
 
 /// How long after an attempt ended its node may still deliver samples taken during it (an

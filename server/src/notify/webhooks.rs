@@ -35,15 +35,19 @@ pub enum Event {
     /// A node stopped answering while it ran the organization's tasks (they are requeued).
     #[serde(rename = "node.lost")]
     NodeLost,
+    /// A person's or the organization's GPU-hours this month passed 80% (then 100%) of the cap.
+    #[serde(rename = "quota.nearly_used")]
+    QuotaNearlyUsed,
 }
 
 impl Event {
-    pub const ALL: [Event; 5] = [
+    pub const ALL: [Event; 6] = [
         Event::TaskIdle,
         Event::TaskIdleStopped,
         Event::TaskFinished,
         Event::TaskFailed,
         Event::NodeLost,
+        Event::QuotaNearlyUsed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -53,6 +57,7 @@ impl Event {
             Event::TaskFinished => "task.finished",
             Event::TaskFailed => "task.failed",
             Event::NodeLost => "node.lost",
+            Event::QuotaNearlyUsed => "quota.nearly_used",
         }
     }
 

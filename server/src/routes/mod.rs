@@ -12,6 +12,7 @@ pub mod contract;
 pub mod csv;
 pub mod health;
 pub mod nodes;
+pub mod notifications;
 pub mod openapi;
 pub mod streams;
 pub mod sweeps;
@@ -80,6 +81,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(webhooks::remove)
             .service(webhooks::deliveries)
             .service(audit::list)
+            .service(notifications::show)
+            .service(notifications::update)
             .service(admin::tenants)
             .service(admin::set_tenant_quota)
             .service(admin::update_tenant)

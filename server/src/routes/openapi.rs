@@ -7,8 +7,8 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    admin, agent, api_keys, artifacts, audit, auth, code, health, nodes, streams, sweeps, tasks,
-    tenant, tunnels, usage, webhooks,
+    admin, agent, api_keys, artifacts, audit, auth, code, health, nodes, notifications, streams,
+    sweeps, tasks, tenant, tunnels, usage, webhooks,
 };
 
 #[derive(OpenApi)]
@@ -23,7 +23,7 @@ use super::{
         tenant::tenant_quota, tenant::member_quota, tenant::set_member_quota,
         tenant::session_policy, tenant::set_session_policy,
         webhooks::list, webhooks::create, webhooks::remove, webhooks::deliveries,
-        audit::list,
+        audit::list, notifications::show, notifications::update,
         admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user, admin::policy, usage::usage,
         tasks::submit, tasks::list, tasks::show, tasks::cancel, tasks::events, tasks::attempts,
         tasks::logs, tasks::log_download, tasks::log_stream, tasks::metrics, tasks::metric_lines, streams::metric_stream, tasks::report_metrics,

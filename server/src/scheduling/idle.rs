@@ -12,7 +12,7 @@ use autodl_common::api::SessionPolicy;
 use autodl_common::tasks::TaskState;
 
 use crate::agents::AgentHub;
-use crate::notify::webhooks::{self, Event};
+use crate::notify::{tell, Event};
 use crate::store::{Store, Term};
 use crate::tasks::session::{judge, Activity, Verdict, IDLE};
 use crate::tunnels::Tunnels;
@@ -121,7 +121,8 @@ impl IdleWatch {
                         .add_event(t.id(), "idle_stop", &message, now_ms)
                         .await?;
                     let data = about(&message);
-                    webhooks::queue(store, &tenant, Event::TaskIdleStopped, data, now_ms).await;
+                    let owner = [t.rec.task.user_id.as_str()];
+                    tell(store, &tenant, &owner, Event::TaskIdleStopped, data, now_ms).await;
                     tracing::info!(task = t.id(), idle, "idle: stopping the run");
                     for n in &nodes {
                         agents.notify(n);
@@ -144,7 +145,8 @@ impl IdleWatch {
                 );
                 store.add_event(t.id(), "idle", &message, now_ms).await?;
                 let data = about(&message);
-                webhooks::queue(store, &tenant, Event::TaskIdle, data, now_ms).await;
+                let owner = [t.rec.task.user_id.as_str()];
+                tell(store, &tenant, &owner, Event::TaskIdle, data, now_ms).await;
                 self.warned.insert(t.id().to_owned(), since);
             }
         }

@@ -40,6 +40,7 @@ pub struct Runner {
     /// This server, as the leader table names it (host and process).
     holder: String,
     last_housekeeping: Option<Instant>,
+    last_quota_check: Option<Instant>,
     /// Idle GPUs: warned, and stopped where the organization says so.
     idle: super::idle::IdleWatch,
     tunnels: Arc<crate::tunnels::Tunnels>,
@@ -93,6 +94,8 @@ fn wake_gap(last_cycle: Duration) -> Duration {
 
 /// Samples are compacted and abandoned uploads swept this often.
 const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(3600);
+/// How often the leader looks for monthly GPU-hour caps nearly used.
+const QUOTA_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 impl Runner {
     pub fn new(state: &AppState, interval: Duration) -> Runner {
@@ -115,6 +118,7 @@ impl Runner {
                 std::process::id()
             ),
             last_housekeeping: None,
+            last_quota_check: None,
             idle: Default::default(),
             tunnels: state.tunnels.clone(),
             dependencies: Default::default(),
@@ -226,22 +230,24 @@ impl Runner {
                     .as_ref()
                     .is_some_and(|p| p.iter().any(|w| w.node == n.id))
             };
-            let mut by_tenant: HashMap<&str, Vec<&str>> = HashMap::new();
+            // Per organization: the requeued tasks and their owners.
+            let mut by_tenant: HashMap<&str, (Vec<&str>, Vec<&str>)> = HashMap::new();
             for t in tasks.iter().filter(on_node) {
                 let msg = format!("node {} stopped answering", n.id);
                 self.store
                     .requeue_task(Some(term), t.id(), "node_lost", &msg, now_ms)
                     .await?;
-                by_tenant
-                    .entry(t.rec.task.tenant_id.as_str())
-                    .or_default()
-                    .push(t.id());
+                let (ids, owners) = by_tenant.entry(t.rec.task.tenant_id.as_str()).or_default();
+                ids.push(t.id());
+                if !owners.contains(&t.rec.task.user_id.as_str()) {
+                    owners.push(t.rec.task.user_id.as_str());
+                }
             }
             // Each organization hears of its own tasks only.
-            for (tenant, ids) in by_tenant {
+            for (tenant, (ids, owners)) in by_tenant {
                 let data = serde_json::json!({"node": n.id, "requeued_tasks": ids});
-                let event = crate::notify::webhooks::Event::NodeLost;
-                crate::notify::webhooks::queue(self.store.as_ref(), tenant, event, data, now_ms)
+                let event = crate::notify::Event::NodeLost;
+                crate::notify::tell(self.store.as_ref(), tenant, &owners, event, data, now_ms)
                     .await;
             }
             any = true;
@@ -648,6 +654,13 @@ impl Runner {
         {
             super::housekeeping::run(&self.store, &self.storage, &self.settings, now_ms).await?;
             self.last_housekeeping = Some(Instant::now());
+        }
+        if self
+            .last_quota_check
+            .is_none_or(|t| t.elapsed() >= QUOTA_CHECK_EVERY)
+        {
+            crate::notify::quota::check(self.store.as_ref(), now_ms).await?;
+            self.last_quota_check = Some(Instant::now());
         }
         let total = cycle_started.elapsed();
         self.metrics.cycle_seconds.observe(total.as_secs_f64());

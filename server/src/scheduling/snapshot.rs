@@ -60,7 +60,7 @@ pub async fn load_quotas(store: &dyn Store) -> anyhow::Result<Quotas> {
 }
 
 /// "YYYY-MM" <-> [`autodl_scheduler::month_of`]'s numbering.
-fn month_text(m: u32) -> String {
+pub(crate) fn month_text(m: u32) -> String {
     format!("{:04}-{:02}", m / 12, m % 12 + 1)
 }
 

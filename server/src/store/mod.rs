@@ -9,6 +9,7 @@ pub mod fault;
 mod group_commit;
 mod leadership;
 mod nodes;
+mod notifications;
 mod records;
 mod sql;
 mod tasks;
@@ -25,6 +26,7 @@ pub use audit::AuditTrail;
 pub use group_commit::GroupCommit;
 pub use leadership::Leadership;
 pub use nodes::Nodes;
+pub use notifications::Notifications;
 pub use records::*;
 pub use sql::{PostgresStore, SqliteStore};
 pub use tasks::Tasks;
@@ -92,6 +94,7 @@ pub trait Store:
     Accounts
     + AuditTrail
     + Nodes
+    + Notifications
     + Tasks
     + Usage
     + Artifacts

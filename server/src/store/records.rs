@@ -523,3 +523,18 @@ pub struct AuditFilter {
     /// Only records older than this one.
     pub before: Option<i64>,
 }
+
+/// An email in the outbox.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EmailRecord {
+    pub id: String,
+    pub to_addr: String,
+    pub event: String,
+    pub subject: String,
+    pub body: String,
+    pub attempts: i64,
+    pub next_at: Option<i64>,
+    pub sent_at: Option<i64>,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+}

@@ -14,6 +14,7 @@ mod e2e;
 mod faults;
 mod isolation;
 mod leader;
+mod notifications;
 mod replay;
 mod replicas;
 #[path = "../support/s3_server.rs"]

@@ -93,6 +93,7 @@ mod artifacts;
 mod audit;
 mod leadership;
 mod nodes;
+mod notifications;
 mod tasks;
 mod usage;
 mod webhooks;
