@@ -11,6 +11,7 @@ pub fn AccountPage() -> impl IntoView {
         <RequireLogin>
             <Profile/>
             <ApiKeys/>
+            <super::notifications::EmailSettings/>
             <ChangePassword/>
         </RequireLogin>
     }

@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod compare;
 pub mod home;
 pub mod metrics;
+pub mod notifications;
 pub mod org;
 pub mod quota;
 pub mod submit;

@@ -116,6 +116,7 @@ fn Org() -> impl IntoView {
         </Transition>
         {move || editing.get().map(|(id, email)| view! { <MemberQuota id email on_close=move || editing.set(None)/> })}
         <Show when=manager><Invitations/></Show>
+        <Show when=manager><super::notifications::Webhooks/></Show>
     }
 }
 
