@@ -115,6 +115,12 @@ pub async fn list(
             _ => Some(caller.tenant_id().to_owned()),
         }
     };
+    if q.before.is_some_and(|b| b < 1) {
+        return Err(ApiError::invalid(
+            "before",
+            "before is a record number, from 1",
+        ));
+    }
     let limit = q.limit.unwrap_or(100);
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(ApiError::invalid(

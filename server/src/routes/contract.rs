@@ -31,6 +31,8 @@ pub const DATE_TIME: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([
 /// RFC 3339 exactly (cursors of the metric queries).
 pub const RFC3339: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-](0[0-9]|1[0-3]):[0-5][0-9])$";
 pub const MONTH: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])$";
+/// A UTC date, or an instant as [`RFC3339`] says it.
+pub const DATE_OR_RFC3339: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])(T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-](0[0-9]|1[0-3]):[0-5][0-9]))?$";
 /// A code bundle's id: `sha256:` and the digest in lower-case hex.
 pub const CODE_ID: &str = r"^sha256:[0-9a-f]{64}$";
 /// Idempotency keys: 1 to 128 printable ASCII characters, no surrounding spaces.
@@ -292,6 +294,14 @@ fn component_rules() -> Vec<(&'static str, Value)> {
             json!({"minLength": 10, "maxLength": 128}),
         ),
         ("/CreateApiKeyRequest/properties/name", text(64)),
+        (
+            "/NotificationSettingsInput/properties/email",
+            json!({"items": {"enum": crate::notify::email::EMAIL_EVENTS.map(|e| e.as_str())}}),
+        ),
+        (
+            "/WebhookInput/properties/events",
+            json!({"minItems": 1, "items": {"enum": crate::notify::Event::ALL.map(|e| e.as_str())}}),
+        ),
         (
             "/CreateApiKeyRequest/properties/expires_in_days",
             range(1.0, 3650.0),
@@ -624,6 +634,21 @@ fn parameter_rules() -> Vec<(&'static str, &'static str, &'static str, Value)> {
             pattern(RFC3339),
         ),
         ("/api/v1/admin/usage", "get", "month", pattern(MONTH)),
+        ("/api/v1/audit", "get", "since", pattern(DATE_OR_RFC3339)),
+        ("/api/v1/audit", "get", "until", pattern(DATE_OR_RFC3339)),
+        (
+            "/api/v1/audit",
+            "get",
+            "before",
+            range(1.0, i64::MAX as f64),
+        ),
+        ("/api/v1/audit", "get", "limit", range(1.0, 100_000.0)),
+        (
+            "/api/v1/audit",
+            "get",
+            "format",
+            json!({"enum": ["json", "csv", null]}),
+        ),
         (
             "/api/v1/admin/usage",
             "get",
