@@ -12,7 +12,7 @@ use crate::helpers::{spawn_app_with, Backend, Session, TestApp};
 
 crate::on_both_backends!(a_backup_restores_tasks_keys_and_quotas);
 
-fn pg_tool(name: &str) -> String {
+pub fn pg_tool(name: &str) -> String {
     let mut dirs: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")
         .expect("PostgreSQL's binaries")
         .flatten()

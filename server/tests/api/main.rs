@@ -28,5 +28,6 @@ mod sweeps;
 mod tasks;
 mod tenancy;
 mod tunnels;
+mod upgrade;
 mod usage;
 mod webhooks;

@@ -87,6 +87,18 @@ macro_rules! insert_user {
     };
 }
 
+/// The migrations of a backend. Applied ones are checked against their checksums (a released
+/// migration is never edited: a change is a new one), and a database that a newer release
+/// already brought forward is accepted: migrations only add, so this release's queries still
+/// hold, and during a rolling upgrade an older replica can restart.
+macro_rules! migrator {
+    ($dir:literal) => {{
+        let mut m = sqlx::migrate!($dir);
+        m.set_ignore_missing(true);
+        m
+    }};
+}
+
 // The helper macros above are in scope in these modules: they come after them.
 mod accounts;
 mod artifacts;
@@ -152,7 +164,7 @@ impl SqliteStore {
                 }
             }
         }
-        sqlx::migrate!("../migrations/sqlite").run(&pool).await?;
+        migrator!("../migrations/sqlite").run(&pool).await?;
         Ok(SqliteStore { pool, sched })
     }
 }
@@ -168,7 +180,7 @@ impl PostgresStore {
         };
         let pool = pool_of(max_connections.max(1)).connect(url).await?;
         let sched = pool_of(SCHEDULER_CONNECTIONS).connect_lazy(url)?;
-        sqlx::migrate!("../migrations/postgres").run(&pool).await?;
+        migrator!("../migrations/postgres").run(&pool).await?;
         Ok(PostgresStore { pool, sched })
     }
 }
