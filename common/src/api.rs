@@ -463,3 +463,49 @@ pub struct NotificationSettings {
     /// False when this server has no mail server configured: nothing can be emailed.
     pub email_available: bool,
 }
+
+/// One person's use in one period (a day, week or month, UTC).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct UsagePoint {
+    /// The period's start.
+    pub start: String,
+    pub tenant_id: String,
+    pub tenant_name: String,
+    pub user_id: String,
+    pub user_email: String,
+    pub gpu_hours: f64,
+    /// Mean measured GPU utilization 0..1 of their tasks in the period; null without samples.
+    pub avg_utilization: Option<f64>,
+    /// GPU-hours whose measured utilization was under the idle threshold (5%); null without
+    /// samples.
+    pub idle_gpu_hours: Option<f64>,
+}
+
+/// A monthly GPU-hour cap and what is used of it this month.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct QuotaUse {
+    /// `tenant` or `user`.
+    pub scope: String,
+    pub id: String,
+    pub name: String,
+    pub month: String,
+    pub used_gpu_hours: f64,
+    pub gpu_hours_per_month: Option<f64>,
+    pub max_gpus: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct UsageSeries {
+    /// `day`, `week` (from Monday) or `month`.
+    pub bucket: String,
+    pub from: String,
+    pub to: String,
+    /// The periods' starts, oldest first.
+    pub periods: Vec<String>,
+    /// One per person and period with any use.
+    pub points: Vec<UsagePoint>,
+    pub quotas: Vec<QuotaUse>,
+}

@@ -25,4 +25,5 @@ pub mod store;
 pub mod tasks;
 pub mod telemetry;
 pub mod tunnels;
+pub mod usage_series;
 pub mod web_app;

@@ -81,6 +81,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(webhooks::remove)
             .service(webhooks::deliveries)
             .service(audit::list)
+            .service(usage::series)
             .service(notifications::show)
             .service(notifications::update)
             .service(admin::tenants)

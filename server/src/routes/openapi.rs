@@ -24,7 +24,7 @@ use super::{
         tenant::session_policy, tenant::set_session_policy,
         webhooks::list, webhooks::create, webhooks::remove, webhooks::deliveries,
         audit::list, notifications::show, notifications::update,
-        admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user, admin::policy, usage::usage,
+        admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user, admin::policy, usage::usage, usage::series,
         tasks::submit, tasks::list, tasks::show, tasks::cancel, tasks::events, tasks::attempts,
         tasks::logs, tasks::log_download, tasks::log_stream, tasks::metrics, tasks::metric_lines, streams::metric_stream, tasks::report_metrics,
         tunnels::shell, tunnels::exec, tunnels::port, tunnels::open_app, tunnels::agent_side,

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use actix_web::{get, web, HttpResponse};
-use autodl_common::api::ErrorBody;
+use autodl_common::api::{ErrorBody, QuotaUse, UsagePoint, UsageSeries};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Caller;
@@ -90,7 +90,7 @@ pub async fn report(state: &AppState, month: &str) -> Result<UsageReport, ApiErr
     let attempts = state.store.usage_attempts(from, to).await?;
     let util: BTreeMap<String, (f64, i64)> = state
         .store
-        .usage_utilization(from, to)
+        .usage_utilization(from, to, idle_below())
         .await?
         .into_iter()
         .map(|u| (u.user_id, (u.avg_util, u.samples)))
@@ -194,6 +194,278 @@ pub async fn usage(
             .body(to_csv(&report))),
         Some(_) => Err(ApiError::invalid("format", "format is json or csv")),
     }
+}
+
+/// Below this measured utilization a GPU counts as idle: the session policy's default.
+pub fn idle_below() -> f64 {
+    autodl_common::api::SessionPolicy::default().idle_util_pct / 100.0
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct SeriesQuery {
+    /// First day (UTC, `YYYY-MM-DD`); 29 days before `to` unless given.
+    from: Option<String>,
+    /// Last day included (UTC, `YYYY-MM-DD`); today unless given.
+    to: Option<String>,
+    /// `day` (default), `week` (from Monday) or `month`.
+    bucket: Option<String>,
+    /// An organization (platform administrators; others see their own).
+    tenant: Option<String>,
+    /// One person (their organization's owners and admins, platform administrators; a member
+    /// sees only themselves).
+    user: Option<String>,
+    /// `json` (default) or `csv`.
+    format: Option<String>,
+}
+
+/// The most periods one answer holds.
+const MAX_PERIODS: usize = 400;
+
+fn day(field: &'static str, s: &str) -> Result<time::Date, ApiError> {
+    let fmt = time::macros::format_description!("[year]-[month]-[day]");
+    time::Date::parse(s, &fmt).map_err(|_| {
+        ApiError::invalid(
+            field,
+            format!("{field}: {s:?} is not a date like 2026-12-01"),
+        )
+    })
+}
+
+fn series_csv(s: &UsageSeries) -> String {
+    use super::csv::field;
+    let mut out = String::from(
+        "bucket,start,tenant_id,tenant,user_id,user,gpu_hours,avg_utilization,idle_gpu_hours\n",
+    );
+    for p in &s.points {
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{}\n",
+            s.bucket,
+            p.start,
+            field(&p.tenant_id),
+            field(&p.tenant_name),
+            field(&p.user_id),
+            field(&p.user_email),
+            p.gpu_hours,
+            p.avg_utilization.map(|v| v.to_string()).unwrap_or_default(),
+            p.idle_gpu_hours.map(|v| v.to_string()).unwrap_or_default()
+        ));
+    }
+    out
+}
+
+/// GPU-hours, measured utilization and idle GPU-hours per person and period, with the monthly
+/// caps and what is used of them: everyone's for platform administrators, the organization's
+/// for its owners and admins, a member's own otherwise. CSV with `format=csv`.
+#[utoipa::path(
+    params(SeriesQuery),
+    responses(
+        (status = 200, description = "Use per person and period; CSV with format=csv", content(
+            (UsageSeries = "application/json"),
+            (String = "text/csv")
+        )),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)
+    )
+)]
+#[get("/usage/series")]
+#[tracing::instrument(skip_all, fields(user = %caller.user.id))]
+pub async fn series(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<SeriesQuery>,
+) -> Result<HttpResponse, ApiError> {
+    use crate::usage_series::{hours_within, periods, Bucket};
+    let format = q.format.as_deref().unwrap_or("json");
+    if !matches!(format, "json" | "csv") {
+        return Err(ApiError::invalid("format", "format is json or csv"));
+    }
+    let bucket = Bucket::parse(q.bucket.as_deref().unwrap_or("day"))
+        .ok_or_else(|| ApiError::invalid("bucket", "bucket is day, week or month"))?;
+    let now = state.clock.now_ms();
+    let today = time::OffsetDateTime::from_unix_timestamp(now / 1000)
+        .map_err(anyhow::Error::from)?
+        .date();
+    let to =
+        q.to.as_deref()
+            .map(|s| day("to", s))
+            .transpose()?
+            .unwrap_or(today);
+    let from = match q.from.as_deref() {
+        Some(s) => day("from", s)?,
+        None => to - time::Duration::days(29),
+    };
+    if from > to {
+        return Err(ApiError::invalid("from", "from is a day before to"));
+    }
+    let end = to
+        .next_day()
+        .ok_or_else(|| ApiError::invalid("to", "to is too far ahead"))?;
+    let spans = periods(from, end, bucket, MAX_PERIODS).ok_or_else(|| {
+        ApiError::invalid(
+            "from",
+            format!("at most {MAX_PERIODS} periods: ask for a shorter range or a longer bucket"),
+        )
+    })?;
+    // Who the caller may see.
+    let (tenant, user) = if caller.user.platform_admin {
+        (q.tenant.clone(), q.user.clone())
+    } else if caller.role.can_manage() {
+        if q.tenant.as_deref().is_some_and(|t| t != caller.tenant_id()) {
+            return Err(ApiError::Forbidden(
+                "you see your own organization's use only".into(),
+            ));
+        }
+        (Some(caller.tenant_id().to_owned()), q.user.clone())
+    } else {
+        if q.user.as_deref().is_some_and(|u| u != caller.user.id)
+            || q.tenant.as_deref().is_some_and(|t| t != caller.tenant_id())
+        {
+            return Err(ApiError::Forbidden(
+                "you see your own use only; your organization's owners and admins see everyone's"
+                    .into(),
+            ));
+        }
+        (
+            Some(caller.tenant_id().to_owned()),
+            Some(caller.user.id.clone()),
+        )
+    };
+    let seen = |t: &str, u: &str| {
+        tenant.as_deref().is_none_or(|x| x == t) && user.as_deref().is_none_or(|x| x == u)
+    };
+    let (a, b) = (spans[0].0, spans[spans.len() - 1].1);
+    let mut points: BTreeMap<(usize, String), UsagePoint> = BTreeMap::new();
+    for att in state.store.usage_attempts(a, b).await? {
+        if !seen(&att.tenant_id, &att.user_id) {
+            continue;
+        }
+        let end = att.ended_at.unwrap_or(now);
+        let first = spans.partition_point(|(_, pe)| *pe <= att.started_at);
+        for (i, (ps, pe)) in spans.iter().enumerate().skip(first) {
+            if *ps >= end {
+                break;
+            }
+            let h = hours_within(att.gpus, att.started_at, end, *ps, *pe);
+            if h <= 0.0 {
+                continue;
+            }
+            let p = points
+                .entry((i, att.user_id.clone()))
+                .or_insert_with(|| UsagePoint {
+                    start: rfc3339(*ps),
+                    tenant_id: att.tenant_id.clone(),
+                    tenant_name: att.tenant_name.clone(),
+                    user_id: att.user_id.clone(),
+                    user_email: att.user_email.clone(),
+                    gpu_hours: 0.0,
+                    avg_utilization: None,
+                    idle_gpu_hours: None,
+                });
+            p.gpu_hours += h;
+        }
+    }
+    // Measured utilization, for the periods someone used.
+    let used: std::collections::BTreeSet<usize> = points.keys().map(|(i, _)| *i).collect();
+    for i in used {
+        let (ps, pe) = spans[i];
+        for u in state.store.usage_utilization(ps, pe, idle_below()).await? {
+            if let Some(p) = points.get_mut(&(i, u.user_id)) {
+                if u.samples > 0 {
+                    p.avg_utilization = Some(round(u.avg_util, 4));
+                    p.idle_gpu_hours = Some(round(
+                        p.gpu_hours * u.idle_samples as f64 / u.samples as f64,
+                        4,
+                    ));
+                }
+            }
+        }
+    }
+    let points: Vec<UsagePoint> = points
+        .into_values()
+        .map(|mut p| {
+            p.gpu_hours = round(p.gpu_hours, 4);
+            p
+        })
+        .collect();
+    let quotas = quota_use(&state, tenant.as_deref(), user.as_deref(), now).await?;
+    let out = UsageSeries {
+        bucket: bucket.as_str().to_owned(),
+        from: from.to_string(),
+        to: to.to_string(),
+        periods: spans.iter().map(|(ps, _)| rfc3339(*ps)).collect(),
+        points,
+        quotas,
+    };
+    Ok(match format {
+        "csv" => HttpResponse::Ok()
+            .content_type("text/csv; charset=utf-8")
+            .insert_header((
+                "Content-Disposition",
+                format!("attachment; filename=\"autodl-usage-{from}-{to}.csv\""),
+            ))
+            .body(series_csv(&out)),
+        _ => HttpResponse::Ok().json(out),
+    })
+}
+
+/// The caps of the organizations and people in view, and this month's use of each.
+async fn quota_use(
+    state: &AppState,
+    tenant: Option<&str>,
+    user: Option<&str>,
+    now: i64,
+) -> Result<Vec<QuotaUse>, ApiError> {
+    let month = crate::notify::quota::month_of(now);
+    let used: BTreeMap<(String, String), f64> = state
+        .store
+        .load_usage()
+        .await?
+        .into_iter()
+        .filter(|u| u.month == month)
+        .map(|u| ((u.scope, u.subject_id), u.month_gpu_seconds / 3600.0))
+        .collect();
+    let mut out = Vec::new();
+    for row in state.store.all_quotas().await? {
+        let q = &row.quota;
+        if q.gpu_hours_per_month.is_none() && q.max_gpus.is_none() {
+            continue;
+        }
+        let name = match row.scope.as_str() {
+            "tenant" => {
+                if tenant.is_some_and(|t| t != row.subject_id) {
+                    continue;
+                }
+                match state.store.tenant(&row.subject_id).await? {
+                    Some(t) => t.name,
+                    None => continue,
+                }
+            }
+            _ => {
+                let Some(u) = state.store.user(&row.subject_id).await? else {
+                    continue;
+                };
+                if tenant.is_some_and(|t| t != u.tenant_id) || user.is_some_and(|x| x != u.id) {
+                    continue;
+                }
+                u.email
+            }
+        };
+        out.push(QuotaUse {
+            used_gpu_hours: round(
+                used.get(&(row.scope.clone(), row.subject_id.clone()))
+                    .copied()
+                    .unwrap_or(0.0),
+                4,
+            ),
+            scope: row.scope,
+            id: row.subject_id,
+            name,
+            month: month.clone(),
+            gpu_hours_per_month: q.gpu_hours_per_month,
+            max_gpus: q.max_gpus,
+        });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -85,6 +85,8 @@ pub struct UsageUtilRecord {
     pub user_id: String,
     pub avg_util: f64,
     pub samples: i64,
+    /// Of `samples`, those under the idle threshold (an hour's rollup counts by its mean).
+    pub idle_samples: i64,
 }
 
 /// Everything the server keeps, one trait per aggregate (each in its own module, each backend's

@@ -37,8 +37,14 @@ pub trait Usage: Send + Sync {
     /// Attempts that ran at some time in `[from, to)`, with their task's tenant and user
     /// (usage reports).
     async fn usage_attempts(&self, from: i64, to: i64) -> StoreResult<Vec<UsageAttemptRecord>>;
-    /// Mean GPU utilization (0..1) per user over the raw samples of their tasks in `[from, to)`.
-    async fn usage_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<UsageUtilRecord>>;
+    /// Mean GPU utilization (0..1) per user over the samples of their tasks in `[from, to)`,
+    /// and how many were under `idle_below`.
+    async fn usage_utilization(
+        &self,
+        from: i64,
+        to: i64,
+        idle_below: f64,
+    ) -> StoreResult<Vec<UsageUtilRecord>>;
     /// Each GPU's latest sample taken since `since`: `(node, GPU index, utilization 0..1)`.
     async fn latest_gpu_utilization(&self, since: i64) -> StoreResult<Vec<(String, i64, f64)>>;
     /// A task's GPU samples since `from`: the first, the last, and the last of a GPU at or

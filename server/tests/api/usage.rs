@@ -15,6 +15,7 @@ use crate::helpers::{assert_error, spawn_app, Backend, Session, TestApp};
 
 crate::on_both_backends!(
     usage_report_counts_gpu_hours_per_tenant_and_user,
+    usage_over_time_per_person_with_idle_hours_and_caps,
     metric_stream_sends_samples_and_ends_with_the_task,
 );
 
@@ -360,4 +361,165 @@ async fn metric_stream_sends_samples_and_ends_with_the_task(b: Backend) {
 
 fn urlencode(s: &str) -> String {
     s.replace('+', "%2B").replace(':', "%3A")
+}
+
+async fn usage_over_time_per_person_with_idle_hours_and_caps(b: Backend) {
+    let app = spawn_app(b).await;
+    let op = app.operator_with_nodes().await;
+    let ada = app.signup("ada@example.com", "Vision").await;
+    let carl = app
+        .invite_and_join(&ada, "carl@example.com", "member")
+        .await;
+    let bob = app.signup("bob@example.com", "Speech").await;
+    let store = &app.state.store;
+    let vision = ada.user["tenant_id"].as_str().unwrap().to_owned();
+    let res = op
+        .send(
+            &app,
+            Method::PUT,
+            &format!("/api/v1/admin/tenants/{vision}/quota"),
+            Some(json!({"gpu_hours_per_month": 10})),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+
+    // Ada: two GPUs for 30 minutes, measured half the time under 5% (idle).
+    let done = placed(&app, &ada, "done", 2).await;
+    let t = store.task(None, &done).await.unwrap().unwrap().task;
+    assert!(store.mark_running(&done, t.attempts, 1).await.unwrap());
+    let started = store.task_attempts(&done).await.unwrap()[0].started_at;
+    let end = after_attempt(
+        &spec_of(&t).unwrap(),
+        t.attempts as u32,
+        0,
+        None,
+        Some(0),
+        ExitKind::Success,
+    );
+    assert!(store
+        .finish_attempt(&done, t.attempts, &end, started + 1_800_000)
+        .await
+        .unwrap());
+    let sample = |at: i64, util: f64| GpuSampleRecord {
+        node_id: "node-a".into(),
+        gpu_index: 0,
+        at,
+        util,
+        mem_used: 1 << 30,
+        mem_total: 40 << 30,
+        temperature: None,
+        power_w: None,
+        task_id: Some(done.clone()),
+    };
+    store
+        .insert_gpu_samples(&[sample(started + 1000, 0.02), sample(started + 2000, 0.5)])
+        .await
+        .unwrap();
+    placed(&app, &bob, "running", 1).await;
+
+    let all = op.get(&app, "/api/v1/usage/series").await;
+    assert_eq!(all["bucket"], "day");
+    assert_eq!(all["periods"].as_array().unwrap().len(), 30, "{all}");
+    let points = all["points"].as_array().unwrap();
+    let of = |email: &str| -> Vec<Value> {
+        points
+            .iter()
+            .filter(|p| p["user_email"] == email)
+            .cloned()
+            .collect()
+    };
+    let ada_points = of("ada@example.com");
+    let hours: f64 = ada_points
+        .iter()
+        .map(|p| p["gpu_hours"].as_f64().unwrap())
+        .sum();
+    assert!((hours - 1.0).abs() < 1e-3, "{all}");
+    let measured = ada_points
+        .iter()
+        .find(|p| !p["avg_utilization"].is_null())
+        .unwrap();
+    assert!((measured["avg_utilization"].as_f64().unwrap() - 0.26).abs() < 1e-6);
+    let idle = measured["idle_gpu_hours"].as_f64().unwrap();
+    assert!(
+        (idle - measured["gpu_hours"].as_f64().unwrap() / 2.0).abs() < 1e-3,
+        "{measured}"
+    );
+    assert!(
+        !of("bob@example.com").is_empty(),
+        "a running task counts up to now"
+    );
+
+    // Ada, an owner, sees her organization's; its cap and this month's use of it come along.
+    let hers = ada.get(&app, "/api/v1/usage/series?bucket=week").await;
+    assert!(hers["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p["tenant_id"] == vision.as_str()));
+    let cap = hers["quotas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["scope"] == "tenant")
+        .unwrap()
+        .clone();
+    assert_eq!(cap["name"], "Vision");
+    assert_eq!(cap["gpu_hours_per_month"].as_f64(), Some(10.0));
+    let res = ada
+        .send(
+            &app,
+            Method::GET,
+            &format!(
+                "/api/v1/usage/series?tenant={}",
+                bob.user["tenant_id"].as_str().unwrap()
+            ),
+            None,
+        )
+        .await;
+    assert_error(res, StatusCode::FORBIDDEN, "forbidden").await;
+
+    // Carl, a member, sees his own (nothing yet), never Ada's.
+    let his = carl.get(&app, "/api/v1/usage/series").await;
+    assert_eq!(his["points"], json!([]));
+    let res = carl
+        .send(
+            &app,
+            Method::GET,
+            &format!("/api/v1/usage/series?user={}", ada.id()),
+            None,
+        )
+        .await;
+    assert_error(res, StatusCode::FORBIDDEN, "forbidden").await;
+
+    // Months over years are fine; days over years are too many; bad input says which.
+    let months = op
+        .get(&app, "/api/v1/usage/series?bucket=month&from=2020-01-01")
+        .await;
+    assert!(months["periods"].as_array().unwrap().len() > 60);
+    for (query, field) in [
+        ("from=2020-01-01", "from"),
+        ("bucket=hour", "bucket"),
+        ("to=yesterday", "to"),
+        ("from=2026-12-02&to=2026-12-01", "from"),
+    ] {
+        let res = op
+            .send(
+                &app,
+                Method::GET,
+                &format!("/api/v1/usage/series?{query}"),
+                None,
+            )
+            .await;
+        let body = assert_error(res, StatusCode::BAD_REQUEST, "validation").await;
+        assert_eq!(body["error"]["field"], field, "{query}: {body}");
+    }
+
+    // The same figures as CSV.
+    let res = op
+        .send(&app, Method::GET, "/api/v1/usage/series?format=csv", None)
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let csv = res.text().await.unwrap();
+    assert!(csv.starts_with("bucket,start,tenant_id,tenant,user_id,user,gpu_hours,"));
+    assert_eq!(csv.lines().count(), 1 + points.len());
 }

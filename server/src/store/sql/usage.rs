@@ -213,9 +213,15 @@ macro_rules! impl_usage {
                 .await?)
             }
 
-            async fn usage_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<UsageUtilRecord>> {
+            async fn usage_utilization(
+                &self,
+                from: i64,
+                to: i64,
+                idle_below: f64,
+            ) -> StoreResult<Vec<UsageUtilRecord>> {
                 Ok(sqlx::query_as(
-                    "SELECT user_id, SUM(s * u) / CAST(SUM(s) AS DOUBLE PRECISION) AS avg_util, CAST(SUM(s) AS BIGINT) AS samples
+                    "SELECT user_id, SUM(s * u) / CAST(SUM(s) AS DOUBLE PRECISION) AS avg_util, CAST(SUM(s) AS BIGINT) AS samples,
+                            CAST(SUM(CASE WHEN u < $3 THEN s ELSE 0 END) AS BIGINT) AS idle_samples
                      FROM (
                         SELECT t.user_id, g.util AS u, CAST(1 AS BIGINT) AS s
                         FROM gpu_samples g JOIN tasks t ON t.id = g.task_id
@@ -229,6 +235,7 @@ macro_rules! impl_usage {
                 )
                 .bind(from)
                 .bind(to)
+                .bind(idle_below)
                 .fetch_all(&self.pool)
                 .await?)
             }
