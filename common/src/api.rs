@@ -508,4 +508,21 @@ pub struct UsageSeries {
     /// One per person and period with any use.
     pub points: Vec<UsagePoint>,
     pub quotas: Vec<QuotaUse>,
+    /// Each person's standing as the scheduler ranked them, sampled every 10 minutes while
+    /// they had work waiting or running.
+    #[serde(default)]
+    pub standing: Vec<StandingPoint>,
+}
+
+/// A person's fair-share factor (1: used nothing lately; 0.5: at their share; halving with each
+/// further share's worth) and utilization factor (their measured GPU use) at one moment.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct StandingPoint {
+    pub at: String,
+    pub tenant_id: String,
+    pub user_id: String,
+    pub user_email: String,
+    pub fair_share: f64,
+    pub utilization: f64,
 }

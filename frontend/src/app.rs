@@ -79,6 +79,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/organization") view=OrgPage ssr=SsrMode::Async/>
                     <Route path=path!("/admin") view=AdminPage ssr=SsrMode::Async/>
                     <Route path=path!("/audit") view=crate::pages::audit::AuditPage ssr=SsrMode::Async/>
+                    <Route path=path!("/usage") view=crate::pages::usage::UsagePage ssr=SsrMode::Async/>
                     <Route path=path!("/tasks") view=TasksPage ssr=SsrMode::Async/>
                     <Route path=path!("/tasks/:id") view=TaskPage ssr=SsrMode::Async/>
                     <Route path=path!("/submit") view=SubmitPage ssr=SsrMode::Async/>
@@ -117,6 +118,7 @@ fn Nav() -> impl IntoView {
                             <a href="/submit" data-testid="nav-submit">"Submit"</a>
                             <a href="/sweeps" data-testid="nav-sweeps">"Sweeps"</a>
                             <a href="/cluster" data-testid="nav-cluster">"Cluster"</a>
+                            <a href="/usage" data-testid="nav-usage">"Usage"</a>
                             <a href="/account">"Account"</a>
                             <a href="/organization">"Organization"</a>
                             {(me.platform_admin || me.role.can_manage()).then(|| view! { <a href="/audit" data-testid="nav-audit">"Audit"</a> })}

@@ -78,6 +78,7 @@ pub fn format_value(v: f64, unit: &str) -> String {
 fn format_x(x: f64, axis: XAxis, zone: Zone) -> String {
     match axis {
         XAxis::Time => time::clock(x, zone),
+        XAxis::Date => time::day(x),
         XAxis::Elapsed => time::duration(x),
         XAxis::Step => format!("step {}", plot::short_number(x)),
     }

@@ -11,6 +11,8 @@ use serde_json::Value;
 pub enum XAxis {
     /// Milliseconds since the epoch, shown as the viewer's clock.
     Time,
+    /// Milliseconds since the epoch of UTC days (or weeks, months), shown as dates.
+    Date,
     /// Seconds since the run started (tasks compared side by side).
     Elapsed,
     /// The training step the task reported.

@@ -156,6 +156,14 @@ pub fn clock(ms: f64, zone: Zone) -> String {
     }
 }
 
+/// The UTC date of an instant, briefly, for axes over days: `12-03`.
+pub fn day(ms: f64) -> String {
+    match shifted(ms, Zone::Utc) {
+        Some((t, _)) => format!("{:02}-{:02}", u8::from(t.month()), t.day()),
+        None => String::new(),
+    }
+}
+
 /// The label of the viewer's zone now (for axis captions).
 pub fn zone_now(zone: Zone) -> String {
     zone_label(offset_minutes(now_ms(), zone))

@@ -18,7 +18,7 @@ pub mod types;
 pub use admission::{admission_check, AdmissionError, ClusterView};
 pub use config::{Backfill, PolicyConfig, Weights};
 pub use placement::PlacementPolicy;
-pub use priority::PriorityBreakdown;
+pub use priority::{PriorityBreakdown, PriorityContext};
 pub use scheduler::{
     Decision, Decisions, PendingReason, PendingTask, PreemptReason, QuotaCap, QuotaScope, Scheduler,
 };

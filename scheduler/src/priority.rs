@@ -115,6 +115,22 @@ impl PriorityContext {
         }
     }
 
+    /// Each competing user's fair-share factor (1: used nothing lately, 0.5: at their share,
+    /// halving with each further share's worth) and utilization factor, as this cycle ranks
+    /// them: what operators and users see as a person's standing over time.
+    pub fn standings(&self) -> Vec<(String, f64, f64)> {
+        let mut out: Vec<(String, f64, f64)> = self
+            .fair_share
+            .iter()
+            .map(|(u, f)| {
+                let util = self.utilization.get(u).copied().unwrap_or(1.0);
+                (u.clone(), *f, util)
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
     /// Priority of a task that waits. `gpu_fit` comes from the placement side.
     pub fn pending(&self, t: &TaskRequest, gpu_fit: f64, cfg: &PolicyConfig) -> PriorityBreakdown {
         self.breakdown(t, t.attained_gpu_seconds, 0, gpu_fit, cfg)
@@ -264,6 +280,26 @@ mod tests {
         let l = ctx.pending(&s.pending[1], 1.0, &cfg);
         assert!(l.fair_share > h.fair_share);
         assert!(l.total > h.total);
+    }
+
+    #[test]
+    fn standings_are_the_factors_tasks_are_ranked_by() {
+        let cfg = PolicyConfig::default();
+        let mut s = state(vec![task("a", "heavy", 0), task("b", "light", 0)]);
+        let hl = cfg.usage_half_life_s;
+        s.usage.charge("heavy", "t", 1e6, Some(0.4), 0, hl, 86_400);
+        let ctx = PriorityContext::new(&s, 10, &cfg);
+        let standings = ctx.standings();
+        assert_eq!(
+            standings.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(),
+            ["heavy", "light"]
+        );
+        for (i, (_, fair_share, util)) in standings.iter().enumerate() {
+            let b = ctx.pending(&s.pending[i], 1.0, &cfg);
+            assert_eq!(*fair_share, b.fair_share);
+            assert_eq!(*util, b.utilization);
+        }
+        assert_eq!(standings[1].1, 1.0, "no use lately: the top standing");
     }
 
     #[test]

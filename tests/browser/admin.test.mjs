@@ -260,3 +260,49 @@ test("the audit trail shows who did what, filters by kind, and exports", async (
   await other.close();
   await ctx.close();
 });
+
+test("usage over time: organizations for the operator, a member's own for the member", async () => {
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 1000 } });
+  const admin = await ctx.newPage();
+  const errors = [];
+  admin.on("pageerror", (e) => errors.push(String(e)));
+  await logIn(admin, server.base, "root@example.com", password);
+  await admin.click("[data-testid=nav-usage]");
+  await admin.waitForURL("**/usage");
+  await hydrated(admin);
+  await admin.waitForSelector("[data-testid=usage-chart] svg");
+  const orgs = await admin.locator("[data-testid=usage-totals] tbody tr td:first-child").allTextContents();
+  assert.ok(orgs.length >= 1, String(orgs));
+  // The first test's researcher ran tasks in the administrator's organization: its cap is shown.
+  await admin.waitForSelector("[data-testid=usage-quotas]");
+  // Kai's tasks waited and ran: the scheduler kept his standing.
+  await admin.waitForSelector("[data-testid=standing-chart] svg");
+  assert.ok((await admin.textContent("[data-testid=standing-chart]")).includes("kai@example.com"));
+  await shot(admin, "37-usage-organizations");
+
+  await admin.selectOption("[data-testid=usage-by]", "person");
+  await admin.selectOption("[data-testid=usage-bucket]", "week");
+  await admin.click("[data-testid=usage-apply]");
+  await admin.waitForURL("**/usage?bucket=week*by=person*");
+  await hydrated(admin);
+  await admin.waitForSelector("[data-testid=usage-totals] td:has-text('kai@example.com')");
+  const href = await admin.getAttribute("[data-testid=usage-csv]", "href");
+  assert.ok(href.includes("bucket=week"), href);
+  const csv = await admin.evaluate(async (href) => (await fetch(href)).text(), href);
+  assert.ok(csv.split("\n")[0].startsWith("bucket,start,tenant_id"), csv);
+  assert.ok(csv.includes("kai@example.com"));
+  await shot(admin, "38-usage-people-weekly");
+
+  const other = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const kai = await other.newPage();
+  kai.on("pageerror", (e) => errors.push(String(e)));
+  await logIn(kai, server.base, "kai@example.com", password);
+  await kai.goto(`${server.base}/usage`);
+  await hydrated(kai);
+  await kai.waitForSelector("[data-testid=usage-totals] td:has-text('kai@example.com')");
+  const people = await kai.locator("[data-testid=usage-totals] tbody tr").count();
+  assert.equal(people, 1, "a member sees only themselves");
+  assert.deepEqual(errors, []);
+  await other.close();
+  await ctx.close();
+});

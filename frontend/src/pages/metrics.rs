@@ -80,7 +80,7 @@ pub fn on_axis(
     };
     let points: Vec<(f64, f64)> = line.points.iter().map(|p| (p[0], p[1] * scale)).collect();
     match axis {
-        XAxis::Time => points,
+        XAxis::Time | XAxis::Date => points,
         XAxis::Elapsed => points
             .into_iter()
             .map(|(t, v)| ((t - start_ms) / 1000.0, v))

@@ -12,3 +12,4 @@ pub mod quota;
 pub mod submit;
 pub mod sweeps;
 pub mod tasks;
+pub mod usage;

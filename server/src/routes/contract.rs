@@ -31,6 +31,8 @@ pub const DATE_TIME: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([
 /// RFC 3339 exactly (cursors of the metric queries).
 pub const RFC3339: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-](0[0-9]|1[0-3]):[0-5][0-9])$";
 pub const MONTH: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])$";
+/// A UTC date.
+pub const DATE: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])$";
 /// A UTC date, or an instant as [`RFC3339`] says it.
 pub const DATE_OR_RFC3339: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])(T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-](0[0-9]|1[0-3]):[0-5][0-9]))?$";
 /// A code bundle's id: `sha256:` and the digest in lower-case hex.
@@ -634,6 +636,20 @@ fn parameter_rules() -> Vec<(&'static str, &'static str, &'static str, Value)> {
             pattern(RFC3339),
         ),
         ("/api/v1/admin/usage", "get", "month", pattern(MONTH)),
+        ("/api/v1/usage/series", "get", "from", pattern(DATE)),
+        ("/api/v1/usage/series", "get", "to", pattern(DATE)),
+        (
+            "/api/v1/usage/series",
+            "get",
+            "bucket",
+            json!({"enum": ["day", "week", "month", null]}),
+        ),
+        (
+            "/api/v1/usage/series",
+            "get",
+            "format",
+            json!({"enum": ["json", "csv", null]}),
+        ),
         ("/api/v1/audit", "get", "since", pattern(DATE_OR_RFC3339)),
         ("/api/v1/audit", "get", "until", pattern(DATE_OR_RFC3339)),
         (

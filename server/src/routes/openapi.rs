@@ -271,7 +271,7 @@ impl Modify for Security {
 }
 
 /// The document, with the buckets this platform lets tenants use listed where a path names a
-/// bucket.
+/// bucket (a query's `bucket`, such as usage's period, is another thing).
 #[get("/openapi.json")]
 pub async fn document(state: web::Data<crate::state::AppState>) -> web::Json<serde_json::Value> {
     let mut doc = DOCUMENT.clone();
@@ -284,7 +284,7 @@ pub async fn document(state: web::Data<crate::state::AppState>) -> web::Json<ser
                     .and_then(|op| op.get_mut("parameters"))
                     .and_then(serde_json::Value::as_array_mut);
                 for p in params.into_iter().flatten() {
-                    if p["name"] == "bucket" {
+                    if p["name"] == "bucket" && p["in"] == "path" {
                         p["schema"] = buckets.clone();
                     }
                 }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use actix_web::{get, web, HttpResponse};
-use autodl_common::api::{ErrorBody, QuotaUse, UsagePoint, UsageSeries};
+use autodl_common::api::{ErrorBody, QuotaUse, StandingPoint, UsagePoint, UsageSeries};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Caller;
@@ -219,8 +219,30 @@ pub struct SeriesQuery {
     format: Option<String>,
 }
 
-/// The most periods one answer holds.
+/// The most periods one answer holds: a longer range is cut to its latest ones (the answer's
+/// `periods` and `from` say which).
 const MAX_PERIODS: usize = 400;
+
+/// The periods of `[from, end)`, the latest [`MAX_PERIODS`] of them.
+fn latest_periods(
+    from: time::Date,
+    end: time::Date,
+    bucket: crate::usage_series::Bucket,
+) -> Vec<(i64, i64)> {
+    use crate::usage_series::{periods, Bucket};
+    let days = match bucket {
+        Bucket::Day => 1,
+        Bucket::Week => 7,
+        Bucket::Month => 31,
+    };
+    let earliest = end
+        .checked_sub(time::Duration::days(days * (MAX_PERIODS as i64 + 1)))
+        .unwrap_or(time::Date::MIN);
+    let mut spans = periods(from.max(earliest), end, bucket, MAX_PERIODS * 2).unwrap_or_default();
+    let cut = spans.len().saturating_sub(MAX_PERIODS);
+    spans.drain(..cut);
+    spans
+}
 
 fn day(field: &'static str, s: &str) -> Result<time::Date, ApiError> {
     let fmt = time::macros::format_description!("[year]-[month]-[day]");
@@ -274,7 +296,7 @@ pub async fn series(
     caller: Caller,
     q: web::Query<SeriesQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    use crate::usage_series::{hours_within, periods, Bucket};
+    use crate::usage_series::{hours_within, Bucket};
     let format = q.format.as_deref().unwrap_or("json");
     if !matches!(format, "json" | "csv") {
         return Err(ApiError::invalid("format", "format is json or csv"));
@@ -294,18 +316,14 @@ pub async fn series(
         Some(s) => day("from", s)?,
         None => to - time::Duration::days(29),
     };
-    if from > to {
-        return Err(ApiError::invalid("from", "from is a day before to"));
-    }
+    // The two days in either order are the same range; nothing ran before 1970.
+    let (from, to) = if from > to { (to, from) } else { (from, to) };
+    let epoch = time::macros::date!(1970 - 01 - 01);
+    let (from, to) = (from.max(epoch), to.max(epoch));
     let end = to
         .next_day()
         .ok_or_else(|| ApiError::invalid("to", "to is too far ahead"))?;
-    let spans = periods(from, end, bucket, MAX_PERIODS).ok_or_else(|| {
-        ApiError::invalid(
-            "from",
-            format!("at most {MAX_PERIODS} periods: ask for a shorter range or a longer bucket"),
-        )
-    })?;
+    let spans = latest_periods(from, end, bucket);
     // Who the caller may see.
     let (tenant, user) = if caller.user.platform_admin {
         (q.tenant.clone(), q.user.clone())
@@ -333,7 +351,10 @@ pub async fn series(
     let seen = |t: &str, u: &str| {
         tenant.as_deref().is_none_or(|x| x == t) && user.as_deref().is_none_or(|x| x == u)
     };
-    let (a, b) = (spans[0].0, spans[spans.len() - 1].1);
+    let (Some(first), Some(last)) = (spans.first(), spans.last()) else {
+        return Err(ApiError::invalid("from", "the range holds no whole period"));
+    };
+    let (a, b) = (first.0, last.1);
     let mut points: BTreeMap<(usize, String), UsagePoint> = BTreeMap::new();
     for att in state.store.usage_attempts(a, b).await? {
         if !seen(&att.tenant_id, &att.user_id) {
@@ -388,13 +409,33 @@ pub async fn series(
         })
         .collect();
     let quotas = quota_use(&state, tenant.as_deref(), user.as_deref(), now).await?;
+    let standing = state
+        .store
+        .standings(a, b)
+        .await?
+        .into_iter()
+        .filter(|(s, _)| seen(&s.tenant_id, &s.user_id))
+        .map(|(s, email)| StandingPoint {
+            at: rfc3339(s.at),
+            tenant_id: s.tenant_id,
+            user_id: s.user_id,
+            user_email: email,
+            fair_share: round(s.fair_share, 4),
+            utilization: round(s.utilization, 4),
+        })
+        .collect();
     let out = UsageSeries {
         bucket: bucket.as_str().to_owned(),
-        from: from.to_string(),
+        from: spans
+            .first()
+            .and_then(|(ps, _)| time::OffsetDateTime::from_unix_timestamp(ps / 1000).ok())
+            .map_or(from, |t| t.date())
+            .to_string(),
         to: to.to_string(),
         periods: spans.iter().map(|(ps, _)| rfc3339(*ps)).collect(),
         points,
         quotas,
+        standing,
     };
     Ok(match format {
         "csv" => HttpResponse::Ok()

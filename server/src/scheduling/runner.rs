@@ -41,6 +41,7 @@ pub struct Runner {
     holder: String,
     last_housekeeping: Option<Instant>,
     last_quota_check: Option<Instant>,
+    last_standings: Option<Instant>,
     /// Idle GPUs: warned, and stopped where the organization says so.
     idle: super::idle::IdleWatch,
     tunnels: Arc<crate::tunnels::Tunnels>,
@@ -94,6 +95,8 @@ fn wake_gap(last_cycle: Duration) -> Duration {
 
 /// Samples are compacted and abandoned uploads swept this often.
 const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(3600);
+/// How often the leader keeps each competing person's standing (fair-share, utilization).
+const STANDINGS_EVERY: Duration = Duration::from_secs(600);
 /// How often the leader looks for monthly GPU-hour caps nearly used.
 const QUOTA_CHECK_EVERY: Duration = Duration::from_secs(60);
 
@@ -119,6 +122,7 @@ impl Runner {
             ),
             last_housekeeping: None,
             last_quota_check: None,
+            last_standings: None,
             idle: Default::default(),
             tunnels: state.tunnels.clone(),
             dependencies: Default::default(),
@@ -256,6 +260,42 @@ impl Runner {
             self.handle.invalidate_nodes();
         }
         Ok(any)
+    }
+
+    /// Keeps the factors this cycle ranks each competing person by, computed as the policy
+    /// computes them from the same input.
+    async fn record_standings(
+        &self,
+        state: &autodl_scheduler::ClusterState,
+        now: u64,
+        now_ms: i64,
+    ) -> anyhow::Result<bool> {
+        let ctx = autodl_scheduler::PriorityContext::new(state, now, &self.config);
+        let tenant_of: HashMap<&str, &str> = state
+            .pending
+            .iter()
+            .chain(state.running.iter().map(|r| &r.request))
+            .map(|t| (t.user.as_str(), t.tenant.as_str()))
+            .collect();
+        let rows: Vec<crate::store::StandingRecord> = ctx
+            .standings()
+            .into_iter()
+            .filter_map(|(user, fair_share, utilization)| {
+                let tenant_id = tenant_of.get(user.as_str())?.to_string();
+                Some(crate::store::StandingRecord {
+                    user_id: user,
+                    tenant_id,
+                    at: now_ms,
+                    fair_share,
+                    utilization,
+                })
+            })
+            .collect();
+        if rows.is_empty() {
+            return Ok(false);
+        }
+        self.store.record_standings(&rows).await?;
+        Ok(true)
     }
 
     /// Stops a placed task: through its agent (which lets it checkpoint) when it has one,
@@ -561,6 +601,18 @@ impl Runner {
             .await?;
         let charged_at = cycle_started.elapsed();
         let decisions = self.scheduler.schedule(loaded.snapshot.state(), now);
+        if self
+            .last_standings
+            .is_none_or(|t| t.elapsed() >= STANDINGS_EVERY)
+        {
+            // Nobody competing: nothing to keep, and the next cycle looks again.
+            if self
+                .record_standings(loaded.snapshot.state(), now, now_ms)
+                .await?
+            {
+                self.last_standings = Some(Instant::now());
+            }
+        }
         let decided_at = cycle_started.elapsed();
         let tasks = &loaded.tasks;
         let mut placed = 0;

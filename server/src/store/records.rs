@@ -538,3 +538,13 @@ pub struct EmailRecord {
     pub last_error: Option<String>,
     pub created_at: i64,
 }
+
+/// A person's fair-share and utilization factors at one moment (see `standings`).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct StandingRecord {
+    pub user_id: String,
+    pub tenant_id: String,
+    pub at: i64,
+    pub fair_share: f64,
+    pub utilization: f64,
+}

@@ -37,6 +37,10 @@ pub trait Usage: Send + Sync {
     /// Attempts that ran at some time in `[from, to)`, with their task's tenant and user
     /// (usage reports).
     async fn usage_attempts(&self, from: i64, to: i64) -> StoreResult<Vec<UsageAttemptRecord>>;
+    /// Keeps the scheduler's view of each person's standing at one moment.
+    async fn record_standings(&self, rows: &[StandingRecord]) -> StoreResult<()>;
+    /// Standings in `[from, to)`, oldest first, with each person's email.
+    async fn standings(&self, from: i64, to: i64) -> StoreResult<Vec<(StandingRecord, String)>>;
     /// Mean GPU utilization (0..1) per user over the samples of their tasks in `[from, to)`,
     /// and how many were under `idle_below`.
     async fn usage_utilization(

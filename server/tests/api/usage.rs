@@ -491,16 +491,32 @@ async fn usage_over_time_per_person_with_idle_hours_and_caps(b: Backend) {
         .await;
     assert_error(res, StatusCode::FORBIDDEN, "forbidden").await;
 
-    // Months over years are fine; days over years are too many; bad input says which.
+    // Months over years are fine; bad input says which.
     let months = op
         .get(&app, "/api/v1/usage/series?bucket=month&from=2020-01-01")
         .await;
     assert!(months["periods"].as_array().unwrap().len() > 60);
+    // Days over years: the latest 400 of them, and the answer says where they start.
+    let days = op.get(&app, "/api/v1/usage/series?from=2020-01-01").await;
+    assert_eq!(days["periods"].as_array().unwrap().len(), 400);
+    assert_ne!(days["from"], "2020-01-01");
+    // Before 1970 nothing ran: the range starts there.
+    let old = op.get(&app, "/api/v1/usage/series?to=0000-01-01").await;
+    assert_eq!(old["from"], "1970-01-01");
+    assert_eq!(old["points"], json!([]));
+    // Two days in either order are the same range.
+    let a = op
+        .get(&app, "/api/v1/usage/series?from=2026-11-01&to=2026-11-07")
+        .await;
+    let b = op
+        .get(&app, "/api/v1/usage/series?from=2026-11-07&to=2026-11-01")
+        .await;
+    assert_eq!(a["periods"], b["periods"]);
+    assert_eq!(a["periods"].as_array().unwrap().len(), 7);
     for (query, field) in [
-        ("from=2020-01-01", "from"),
         ("bucket=hour", "bucket"),
         ("to=yesterday", "to"),
-        ("from=2026-12-02&to=2026-12-01", "from"),
+        ("from=2026-13-01", "from"),
     ] {
         let res = op
             .send(
@@ -513,6 +529,25 @@ async fn usage_over_time_per_person_with_idle_hours_and_caps(b: Backend) {
         let body = assert_error(res, StatusCode::BAD_REQUEST, "validation").await;
         assert_eq!(body["error"]["field"], field, "{query}: {body}");
     }
+
+    // Each person's standing as the scheduler ranked them, kept from the first cycle with
+    // work waiting (then every 10 minutes): Ada's first task found her with no use yet.
+    let standing = op.get(&app, "/api/v1/usage/series").await["standing"].clone();
+    let first = standing
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["user_email"] == "ada@example.com")
+        .unwrap_or_else(|| panic!("ada's standing: {standing}"))
+        .clone();
+    assert_eq!(first["fair_share"].as_f64(), Some(1.0), "{first}");
+    assert!((0.0..=1.0).contains(&first["utilization"].as_f64().unwrap()));
+    let hers = ada.get(&app, "/api/v1/usage/series").await;
+    assert!(hers["standing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["tenant_id"] == vision.as_str()));
 
     // The same figures as CSV.
     let res = op

@@ -213,6 +213,44 @@ macro_rules! impl_usage {
                 .await?)
             }
 
+            async fn record_standings(&self, rows: &[StandingRecord]) -> StoreResult<()> {
+                let mut tx = self.pool.begin().await?;
+                for r in rows {
+                    sqlx::query(
+                        "INSERT INTO standings (user_id, tenant_id, at, fair_share, utilization)
+                         VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                    )
+                    .bind(&r.user_id)
+                    .bind(&r.tenant_id)
+                    .bind(r.at)
+                    .bind(r.fair_share)
+                    .bind(r.utilization)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn standings(&self, from: i64, to: i64) -> StoreResult<Vec<(StandingRecord, String)>> {
+                #[derive(sqlx::FromRow)]
+                struct Row {
+                    #[sqlx(flatten)]
+                    s: StandingRecord,
+                    email: String,
+                }
+                let rows: Vec<Row> = sqlx::query_as(
+                    "SELECT s.user_id, s.tenant_id, s.at, s.fair_share, s.utilization, u.email
+                     FROM standings s JOIN users u ON u.id = s.user_id
+                     WHERE s.at >= $1 AND s.at < $2 ORDER BY s.at, s.user_id",
+                )
+                .bind(from)
+                .bind(to)
+                .fetch_all(&self.pool)
+                .await?;
+                Ok(rows.into_iter().map(|r| (r.s, r.email)).collect())
+            }
+
             async fn usage_utilization(
                 &self,
                 from: i64,
