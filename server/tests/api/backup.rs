@@ -33,7 +33,8 @@ fn run(mut c: Command) {
     );
 }
 
-async fn submit(app: &TestApp, s: &Session, name: &str) -> String {
+/// Submits a one-GPU task of `s` named `name`; its id.
+pub async fn submit(app: &TestApp, s: &Session, name: &str) -> String {
     let res = s
         .send(
             app,

@@ -11,7 +11,8 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
-use crate::helpers::{assert_error, spawn_app, spawn_app_on_clock, Backend, TestApp};
+use crate::backup::submit;
+use crate::helpers::{assert_error, spawn_app, spawn_app_on_clock, Backend};
 use crate::webhooks::{receiver, told};
 
 crate::on_both_backends!(
@@ -76,23 +77,6 @@ fn subject(mail: &Value) -> String {
         .lines()
         .find_map(|l| l.strip_prefix("Subject: "))
         .unwrap_or_default()
-        .to_owned()
-}
-
-async fn submit(app: &TestApp, s: &crate::helpers::Session, name: &str) -> String {
-    let res = s
-        .send(
-            app,
-            Method::POST,
-            "/api/v1/tasks",
-            Some(json!({"name": name, "image": "busybox", "command": "true",
-                "resources": {"gpu": {"count": 1}}})),
-        )
-        .await;
-    assert_eq!(res.status(), StatusCode::CREATED);
-    res.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
         .to_owned()
 }
 

@@ -43,6 +43,50 @@ async fn placed(app: &TestApp, s: &Session, name: &str, count: u32) -> String {
     panic!("task {id} was never scheduled");
 }
 
+/// A sample of GPU 0 of node-a, running `task`.
+fn sample(task: &str, at: i64, util: f64) -> GpuSampleRecord {
+    GpuSampleRecord {
+        node_id: "node-a".into(),
+        gpu_index: 0,
+        at,
+        util,
+        mem_used: 1 << 30,
+        mem_total: 40 << 30,
+        temperature: None,
+        power_w: None,
+        task_id: Some(task.to_owned()),
+    }
+}
+
+/// A 2-GPU task of `s` that ran for 30 minutes (its end set by hand), with one GPU sample of
+/// each of `utils` a second apart: its id and when it started.
+async fn ran_half_an_hour(app: &TestApp, s: &Session, name: &str, utils: &[f64]) -> (String, i64) {
+    let store = &app.state.store;
+    let id = placed(app, s, name, 2).await;
+    let t = store.task(None, &id).await.unwrap().unwrap().task;
+    assert!(store.mark_running(&id, t.attempts, 1).await.unwrap());
+    let started = store.task_attempts(&id).await.unwrap()[0].started_at;
+    let end = after_attempt(
+        &spec_of(&t).unwrap(),
+        t.attempts as u32,
+        0,
+        None,
+        Some(0),
+        ExitKind::Success,
+    );
+    assert!(store
+        .finish_attempt(&id, t.attempts, &end, started + 1_800_000)
+        .await
+        .unwrap());
+    let samples: Vec<GpuSampleRecord> = utils
+        .iter()
+        .enumerate()
+        .map(|(i, util)| sample(&id, started + 1000 * (i as i64 + 1), *util))
+        .collect();
+    store.insert_gpu_samples(&samples).await.unwrap();
+    (id, started)
+}
+
 fn month_of(ms: i64) -> String {
     let t = time::OffsetDateTime::from_unix_timestamp(ms / 1000).unwrap();
     format!("{:04}-{:02}", t.year(), u8::from(t.month()))
@@ -55,39 +99,8 @@ async fn usage_report_counts_gpu_hours_per_tenant_and_user(b: Backend) {
     let bob = app.signup("bob@example.com", "Speech").await;
     let store = &app.state.store;
 
-    // Ada: a 2-GPU task that ran for 30 minutes (its end is set by hand).
-    let done = placed(&app, &ada, "done", 2).await;
-    let t = store.task(None, &done).await.unwrap().unwrap().task;
-    assert!(store.mark_running(&done, t.attempts, 1).await.unwrap());
-    let started = store.task_attempts(&done).await.unwrap()[0].started_at;
-    let end = after_attempt(
-        &spec_of(&t).unwrap(),
-        t.attempts as u32,
-        0,
-        None,
-        Some(0),
-        ExitKind::Success,
-    );
-    assert!(store
-        .finish_attempt(&done, t.attempts, &end, started + 1_800_000)
-        .await
-        .unwrap());
-    // Two GPU samples of that task: mean utilization 0.6.
-    let sample = |at: i64, util: f64| GpuSampleRecord {
-        node_id: "node-a".into(),
-        gpu_index: 0,
-        at,
-        util,
-        mem_used: 1 << 30,
-        mem_total: 40 << 30,
-        temperature: None,
-        power_w: None,
-        task_id: Some(done.clone()),
-    };
-    store
-        .insert_gpu_samples(&[sample(started + 1000, 0.5), sample(started + 2000, 0.7)])
-        .await
-        .unwrap();
+    // Ada: a 2-GPU task that ran for 30 minutes, sampled at 50% and 70% (mean 0.6).
+    let (done, started) = ran_half_an_hour(&app, &ada, "done", &[0.5, 0.7]).await;
     // Bob: a 1-GPU task still running; it counts up to now.
     placed(&app, &bob, "running", 1).await;
 
@@ -189,7 +202,7 @@ async fn usage_report_counts_gpu_hours_per_tenant_and_user(b: Backend) {
         .unwrap();
     assert_eq!(folded, 2);
     store
-        .insert_gpu_samples(&[sample(started + 20_000, 0.9)])
+        .insert_gpu_samples(&[sample(&done, started + 20_000, 0.9)])
         .await
         .unwrap();
     let r = op
@@ -371,7 +384,6 @@ async fn usage_over_time_per_person_with_idle_hours_and_caps(b: Backend) {
         .invite_and_join(&ada, "carl@example.com", "member")
         .await;
     let bob = app.signup("bob@example.com", "Speech").await;
-    let store = &app.state.store;
     let vision = ada.user["tenant_id"].as_str().unwrap().to_owned();
     let res = op
         .send(
@@ -384,37 +396,7 @@ async fn usage_over_time_per_person_with_idle_hours_and_caps(b: Backend) {
     assert_eq!(res.status(), StatusCode::OK);
 
     // Ada: two GPUs for 30 minutes, measured half the time under 5% (idle).
-    let done = placed(&app, &ada, "done", 2).await;
-    let t = store.task(None, &done).await.unwrap().unwrap().task;
-    assert!(store.mark_running(&done, t.attempts, 1).await.unwrap());
-    let started = store.task_attempts(&done).await.unwrap()[0].started_at;
-    let end = after_attempt(
-        &spec_of(&t).unwrap(),
-        t.attempts as u32,
-        0,
-        None,
-        Some(0),
-        ExitKind::Success,
-    );
-    assert!(store
-        .finish_attempt(&done, t.attempts, &end, started + 1_800_000)
-        .await
-        .unwrap());
-    let sample = |at: i64, util: f64| GpuSampleRecord {
-        node_id: "node-a".into(),
-        gpu_index: 0,
-        at,
-        util,
-        mem_used: 1 << 30,
-        mem_total: 40 << 30,
-        temperature: None,
-        power_w: None,
-        task_id: Some(done.clone()),
-    };
-    store
-        .insert_gpu_samples(&[sample(started + 1000, 0.02), sample(started + 2000, 0.5)])
-        .await
-        .unwrap();
+    ran_half_an_hour(&app, &ada, "done", &[0.02, 0.5]).await;
     placed(&app, &bob, "running", 1).await;
 
     let all = op.get(&app, "/api/v1/usage/series").await;
