@@ -153,9 +153,33 @@ impl Loopback {
             })));
         }
         let this = self.clone();
+        // One answer per path for the whole render: leptos's server-side `Suspense` builds a
+        // page's body more than once (to find its resource loads, then to render), and each
+        // build makes its own resources. Fetched once, every build shows the same data, and
+        // it is the data the browser hydrates with; fetched per build, data that changed in
+        // between (a task starting) made the HTML disagree with it and hydration fail.
+        type Answer = Result<(u16, String), String>;
+        type Pending = futures_util::future::Shared<
+            std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send>>,
+        >;
+        let answers: Arc<std::sync::Mutex<std::collections::HashMap<String, Pending>>> =
+            Default::default();
         provide_context(ServerFetch(Arc::new(move |path: String| {
-            let (this, cookie) = (this.clone(), cookie.clone());
-            Box::pin(async move { this.get(&path, cookie.as_deref()).await })
+            use futures_util::FutureExt;
+            let pending = {
+                let mut answers = answers.lock().unwrap_or_else(|e| e.into_inner());
+                answers
+                    .entry(path.clone())
+                    .or_insert_with(|| {
+                        let (this, cookie) = (this.clone(), cookie.clone());
+                        let fetch: std::pin::Pin<
+                            Box<dyn std::future::Future<Output = Answer> + Send>,
+                        > = Box::pin(async move { this.get(&path, cookie.as_deref()).await });
+                        fetch.shared()
+                    })
+                    .clone()
+            };
+            Box::pin(pending)
         })));
     }
 }
