@@ -41,33 +41,6 @@ pub enum Action {
 }
 
 impl Action {
-    pub const ALL: [Action; 24] = [
-        Action::SignIn,
-        Action::SignInFailed,
-        Action::SignUp,
-        Action::PasswordChanged,
-        Action::ApiKeyCreated,
-        Action::ApiKeyRevoked,
-        Action::MemberInvited,
-        Action::MemberRoleChanged,
-        Action::MemberRemoved,
-        Action::MemberQuotaChanged,
-        Action::SessionPolicyChanged,
-        Action::TenantChanged,
-        Action::TenantQuotaChanged,
-        Action::UserChanged,
-        Action::NodeRegistered,
-        Action::NodeRemoved,
-        Action::NodeStatusChanged,
-        Action::RegistrationTokenCreated,
-        Action::RegistrationTokenRevoked,
-        Action::TaskCancelledByOther,
-        Action::TaskShellOpened,
-        Action::TaskPortOpened,
-        Action::WebhookAdded,
-        Action::WebhookRemoved,
-    ];
-
     pub fn as_str(self) -> &'static str {
         match self {
             Action::SignIn => "auth.sign_in",
