@@ -33,6 +33,9 @@ PYVENV="${AUTODL_CACHE_DIR:-$HOME/.cache/autodl}/pyvenv"
 "$PYVENV/bin/pip" install --quiet --disable-pip-version-check -r server/tests/requirements.txt
 export AUTODL_TEST_PYTHON="$PYVENV/bin/python"
 
+# A real OpenID provider (oidc-provider, from the npm registry) for the single sign-on tests.
+(cd tests/oidc && npm ci --no-audit --no-fund --silent)
+
 log "unit and API tests (SQLite and PostgreSQL)"
 cargo test --locked --workspace
 

@@ -526,3 +526,74 @@ pub struct StandingPoint {
     pub fair_share: f64,
     pub utilization: f64,
 }
+
+/// A way to sign in with single sign-on, as the sign-in page lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SsoOption {
+    pub id: String,
+    /// What the button says, e.g. "Acme Okta".
+    pub label: String,
+}
+
+/// An OpenID Connect provider as configured (its client secret is never shown).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SsoProvider {
+    pub id: String,
+    pub label: String,
+    pub issuer: String,
+    pub client_id: String,
+    /// Email domains whose people may sign in; empty: any.
+    pub allowed_domains: Vec<String>,
+    /// Scopes asked for besides `openid email profile` (e.g. `groups`).
+    pub scopes: Vec<String>,
+    /// The claim (in the ID token or the userinfo answer) whose values pick a role.
+    pub role_claim: Option<String>,
+    /// Claim value → role (`admin` or `member`).
+    pub role_map: std::collections::BTreeMap<String, String>,
+    /// The role of people no value maps; none: they are refused.
+    pub default_role: Option<String>,
+    /// Where the provider sends people back: register it with the provider.
+    pub redirect_uri: String,
+    pub updated_at: String,
+}
+
+/// An organization's (or the platform's) single sign-on and whether passwords still work.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SsoSettings {
+    pub provider: Option<SsoProvider>,
+    /// Members may sign in with a password (always true for the platform's settings).
+    pub password_login: bool,
+    /// Where the provider sends people back: register it with the provider.
+    pub redirect_uri: String,
+}
+
+/// Sets up (or changes) the OpenID provider. The issuer is checked by reading its discovery
+/// document before anything is saved.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SsoSettingsRequest {
+    pub label: String,
+    /// The issuer URL (https; http only on a loopback address).
+    pub issuer: String,
+    pub client_id: String,
+    /// Required the first time; left out, the stored one is kept.
+    #[serde(default)]
+    pub client_secret: Option<String>,
+    #[serde(default)]
+    pub allowed_domains: Vec<String>,
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    #[serde(default)]
+    pub role_claim: Option<String>,
+    #[serde(default)]
+    pub role_map: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub default_role: Option<String>,
+    /// Organizations only: false makes members sign in through the provider.
+    #[serde(default)]
+    pub password_login: Option<bool>,
+}

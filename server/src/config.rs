@@ -51,6 +51,10 @@ pub struct Settings {
     /// Let organizations' webhooks reach private, loopback and link-local addresses (a lab
     /// whose receivers sit on its own network; tests). Off: only public addresses.
     pub webhook_allow_internal: bool,
+    /// Let organizations' OpenID providers sit on private, loopback and link-local addresses
+    /// (and on plain http on this machine). Off: an organization's provider is reached on
+    /// public https addresses only; the platform's own provider may always be internal.
+    pub sso_allow_internal: bool,
     /// Where email goes out: `smtp://host:25`, `smtp://user:pass@host:587?tls=required`
     /// (STARTTLS) or `smtps://user:pass@host:465`. Unset: the server sends no email and
     /// people cannot ask for it.
@@ -118,6 +122,7 @@ impl Default for Settings {
             public_url: None,
             apps_url: None,
             webhook_allow_internal: false,
+            sso_allow_internal: false,
             smtp_url: None,
             mail_from: "autodl <autodl@localhost>".into(),
             node_lost_timeout_secs: 30,

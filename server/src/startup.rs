@@ -85,6 +85,10 @@ impl Application {
             settings: settings.clone(),
             tunnels: Arc::new(crate::tunnels::Tunnels::new(clock.clone())),
             apps: crate::apps::Apps::new(&settings, secret.as_bytes())?,
+            sso: Arc::new(crate::auth::sso::Oidc::new(
+                &settings.public_url(),
+                settings.sso_allow_internal,
+            )?),
             clock,
         });
         let mut background = crate::replicas::connect(&state).await?;

@@ -28,6 +28,8 @@ pub struct AppState {
     pub tunnels: Arc<crate::tunnels::Tunnels>,
     /// Tasks' web ports on origins of their own.
     pub apps: crate::apps::Apps,
+    /// OpenID providers' documents and keys, and the clients that reach them.
+    pub sso: Arc<crate::auth::sso::Oidc>,
 }
 
 impl AppState {

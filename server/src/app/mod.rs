@@ -10,6 +10,7 @@ pub mod code;
 pub mod nodes;
 pub mod reports;
 pub mod runs;
+pub mod sso;
 pub mod submit;
 pub mod sweeps;
 pub mod uploads;

@@ -38,6 +38,8 @@ pub enum Action {
     TaskPortOpened,
     WebhookAdded,
     WebhookRemoved,
+    SsoConfigured,
+    SsoRemoved,
 }
 
 impl Action {
@@ -67,6 +69,8 @@ impl Action {
             Action::TaskPortOpened => "task.port_opened",
             Action::WebhookAdded => "webhook.added",
             Action::WebhookRemoved => "webhook.removed",
+            Action::SsoConfigured => "sso.configured",
+            Action::SsoRemoved => "sso.removed",
         }
     }
 }

@@ -6,5 +6,6 @@ pub mod password;
 pub mod rate_limit;
 pub mod secrets;
 pub mod session;
+pub mod sso;
 
 pub use caller::{Caller, CallerVia};

@@ -43,6 +43,13 @@ pub async fn signup(
             .ok_or_else(|| {
                 ApiError::NotFound("this invitation link is invalid or has expired".into())
             })?;
+        if !state.store.password_login(&inv.tenant_id).await? {
+            return Err(ApiError::Forbidden(
+                "this organization signs in with single sign-on: use its button on the sign-in \
+                 page instead of a password"
+                    .into(),
+            ));
+        }
         if inv.email != email.as_str() {
             return Err(ApiError::Refused {
                 field: "email",
@@ -121,6 +128,27 @@ async fn start_session(
     now: i64,
     created: bool,
 ) -> Result<HttpResponse, ApiError> {
+    let (token, cookies) = open_session(state, user, now).await?;
+    let mut res = if created {
+        HttpResponse::Created()
+    } else {
+        HttpResponse::Ok()
+    };
+    for c in cookies {
+        res.cookie(c);
+    }
+    Ok(res.json(LoginResponse {
+        token,
+        user: super::me(user, tenant)?,
+    }))
+}
+
+/// A new session for the user: its token and the cookies that carry it.
+pub(super) async fn open_session(
+    state: &AppState,
+    user: &UserRecord,
+    now: i64,
+) -> Result<(String, [actix_web::cookie::Cookie<'static>; 2]), ApiError> {
     let ttl = state.sessions.ttl_secs;
     let session = SessionRecord {
         id: new_id(),
@@ -138,18 +166,8 @@ async fn start_session(
         exp: now / 1000 + ttl,
     };
     let token = state.sessions.issue(&claims)?;
-    let mut res = if created {
-        HttpResponse::Created()
-    } else {
-        HttpResponse::Ok()
-    };
-    for c in state.sessions.cookies(&token, &claims.csrf) {
-        res.cookie(c);
-    }
-    Ok(res.json(LoginResponse {
-        token,
-        user: super::me(user, tenant)?,
-    }))
+    let cookies = state.sessions.cookies(&token, &claims.csrf);
+    Ok((token, cookies))
 }
 
 #[utoipa::path(
@@ -203,6 +221,14 @@ pub async fn login(
     if user.disabled {
         refused("account disabled").await;
         return Err(ApiError::Unauthorized("this account is disabled".into()));
+    }
+    // Platform admins keep their password: the way back in when a provider is down.
+    if !user.platform_admin && !state.store.password_login(&user.tenant_id).await? {
+        refused("password sign-in is off for this organization").await;
+        return Err(ApiError::Forbidden(
+            "your organization signs in with single sign-on: use its button on the sign-in page"
+                .into(),
+        ));
     }
     let tenant = state
         .store

@@ -14,6 +14,7 @@ pub mod health;
 pub mod nodes;
 pub mod notifications;
 pub mod openapi;
+pub mod sso;
 pub mod streams;
 pub mod sweeps;
 pub mod tasks;
@@ -60,6 +61,15 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(auth::logout)
             .service(auth::change_password)
             .service(auth::me)
+            .service(sso::providers)
+            .service(sso::start)
+            .service(sso::callback)
+            .service(sso::tenant_settings)
+            .service(sso::put_tenant_settings)
+            .service(sso::delete_tenant_settings)
+            .service(sso::platform_settings)
+            .service(sso::put_platform_settings)
+            .service(sso::delete_platform_settings)
             .service(api_keys::list)
             .service(api_keys::create)
             .service(api_keys::revoke)

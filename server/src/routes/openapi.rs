@@ -7,8 +7,8 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    admin, agent, api_keys, artifacts, audit, auth, code, health, nodes, notifications, streams,
-    sweeps, tasks, tenant, tunnels, usage, webhooks,
+    admin, agent, api_keys, artifacts, audit, auth, code, health, nodes, notifications, sso,
+    streams, sweeps, tasks, tenant, tunnels, usage, webhooks,
 };
 
 #[derive(OpenApi)]
@@ -17,6 +17,8 @@ use super::{
     paths(
         health::healthz,
         auth::signup, auth::login, auth::logout, auth::change_password, auth::me,
+        sso::providers, sso::start, sso::callback, sso::tenant_settings, sso::put_tenant_settings, sso::delete_tenant_settings,
+        sso::platform_settings, sso::put_platform_settings, sso::delete_platform_settings,
         api_keys::list, api_keys::create, api_keys::revoke,
         tenant::show, tenant::members, tenant::update_member, tenant::remove_member,
         tenant::invitations, tenant::invite, tenant::revoke_invitation, tenant::preview_invitation,

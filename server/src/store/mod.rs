@@ -12,6 +12,7 @@ mod nodes;
 mod notifications;
 mod records;
 mod sql;
+mod sso;
 mod tasks;
 mod usage;
 mod webhooks;
@@ -29,6 +30,7 @@ pub use nodes::Nodes;
 pub use notifications::Notifications;
 pub use records::*;
 pub use sql::{PostgresStore, SqliteStore};
+pub use sso::SingleSignOn;
 pub use tasks::Tasks;
 pub use usage::Usage;
 pub use webhooks::Webhooks;
@@ -102,6 +104,7 @@ pub trait Store:
     + Artifacts
     + Leadership
     + Webhooks
+    + SingleSignOn
     + Send
     + Sync
     + 'static

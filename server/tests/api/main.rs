@@ -22,6 +22,7 @@ mod s3_server;
 mod scheduling;
 mod security;
 mod sessions;
+mod sso;
 mod storage;
 mod submissions;
 mod sweeps;

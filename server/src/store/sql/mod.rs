@@ -106,6 +106,7 @@ mod audit;
 mod leadership;
 mod nodes;
 mod notifications;
+mod sso;
 mod tasks;
 mod usage;
 mod webhooks;

@@ -1,0 +1,158 @@
+//! Who a provider's sign-in is here: the account linked to its subject, an account of the
+//! same verified email (linked now), or a new one. An organization's provider vouches only
+//! for its own organization: it can neither reach an account elsewhere (an admin controls
+//! their provider and could make it claim anyone's email) nor place people in another one.
+
+use crate::auth::password;
+use crate::auth::secrets::{new_id, random_hex};
+use crate::auth::sso::{domain_allowed, role_for, Identity, SsoError};
+use crate::domain::Email;
+use crate::state::AppState;
+use crate::store::{SsoProviderRecord, SsoScope, TenantRecord, UserRecord};
+
+pub struct SignedIn {
+    pub user: UserRecord,
+    pub tenant: TenantRecord,
+    /// The account was made by this sign-in.
+    pub created: bool,
+}
+
+pub async fn account_for(
+    state: &AppState,
+    p: &SsoProviderRecord,
+    id: &Identity,
+    now: i64,
+) -> Result<SignedIn, SsoError> {
+    let refused = |m: &str| SsoError::Refused(m.to_owned());
+    let email = id.email.as_deref().ok_or_else(|| {
+        refused("the provider did not say your email address (ask for the email scope)")
+    })?;
+    let email = Email::parse(email)
+        .map_err(|_| SsoError::Refused(format!("{email:?} is not an email address")))?;
+    if !domain_allowed(p, email.as_str()) {
+        return Err(SsoError::Refused(format!(
+            "{} may not sign in here: this provider admits {}",
+            email.as_str(),
+            p.allowed_domains.join(", ")
+        )));
+    }
+    let role = role_for(p, id);
+    let linked = match state.store.sso_identity(&p.id, &id.subject).await? {
+        Some(user_id) => state.store.user(&user_id).await?,
+        None => None,
+    };
+    let (user, created) = match linked {
+        Some(u) => (u, false),
+        None => match state.store.user_by_email(email.as_str()).await? {
+            Some(u) => {
+                if !id.email_verified {
+                    return Err(refused(
+                        "an account with this email exists, and the provider has not verified \
+                         the email: sign in with your password, or verify the email at the provider",
+                    ));
+                }
+                if p.scope.tenant().is_some_and(|t| t != u.tenant_id) {
+                    return Err(refused(
+                        "this email's account belongs to another organization; its provider \
+                         cannot sign it in",
+                    ));
+                }
+                state
+                    .store
+                    .link_sso_identity(&p.id, &id.subject, &u.id, now)
+                    .await?;
+                (u, false)
+            }
+            None => (
+                create(state, p, id, &email, role.as_deref(), now).await?,
+                true,
+            ),
+        },
+    };
+    if user.disabled {
+        return Err(refused("this account is disabled"));
+    }
+    let mut user = user;
+    if let SsoScope::Tenant(tenant_id) = &p.scope {
+        // The provider's claims keep deciding the role, except an owner's.
+        if user.role != "owner" {
+            match role {
+                None => {
+                    return Err(refused(
+                        "the provider gives you no role in this organization (ask its admins)",
+                    ))
+                }
+                Some(r) if r != user.role => {
+                    state.store.set_member_role(tenant_id, &user.id, &r).await?;
+                    state.accounts_changed();
+                    user.role = r;
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    let tenant = state
+        .store
+        .tenant(&user.tenant_id)
+        .await?
+        .ok_or_else(|| SsoError::Internal(format!("user {} has no organization", user.id)))?;
+    Ok(SignedIn {
+        user,
+        tenant,
+        created,
+    })
+}
+
+async fn create(
+    state: &AppState,
+    p: &SsoProviderRecord,
+    id: &Identity,
+    email: &Email,
+    role: Option<&str>,
+    now: i64,
+) -> Result<UserRecord, SsoError> {
+    // A password nobody knows: the account signs in through its provider (or a reset).
+    let unusable = password::hash(random_hex(32))
+        .await
+        .map_err(|e| SsoError::Internal(e.to_string()))?;
+    let mut user = UserRecord {
+        id: new_id(),
+        email: email.as_str().to_owned(),
+        password_hash: unusable,
+        tenant_id: String::new(),
+        role: String::new(),
+        platform_admin: false,
+        disabled: false,
+        created_at: now,
+    };
+    let tenant = match &p.scope {
+        SsoScope::Tenant(t) => {
+            user.tenant_id = t.clone();
+            user.role = role
+                .ok_or_else(|| {
+                    SsoError::Refused(
+                        "the provider gives you no role in this organization (ask its admins)"
+                            .into(),
+                    )
+                })?
+                .to_owned();
+            None
+        }
+        SsoScope::Platform => {
+            let tenant = TenantRecord {
+                id: new_id(),
+                name: email.as_str().chars().take(64).collect(),
+                created_at: now,
+                trusted: false,
+            };
+            user.tenant_id = tenant.id.clone();
+            user.role = "owner".into();
+            Some(tenant)
+        }
+    };
+    state
+        .store
+        .create_sso_account(tenant.as_ref(), &user, &p.id, &id.subject)
+        .await?;
+    Ok(user)
+}

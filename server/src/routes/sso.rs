@@ -1,0 +1,407 @@
+//! Single sign-on: the sign-in page's buttons, the round trip through the provider, and the
+//! settings organizations' admins and platform admins keep.
+
+use actix_web::cookie::{time::Duration as CookieDuration, Cookie, SameSite};
+use actix_web::http::header;
+use actix_web::{delete, get, put, web, HttpRequest, HttpResponse};
+use autodl_common::api::{ErrorBody, SsoOption, SsoProvider, SsoSettings, SsoSettingsRequest};
+use serde::Deserialize;
+
+use crate::app::sso::account_for;
+use crate::audit::{self, Action, Actor};
+use crate::auth::secrets::digest;
+use crate::auth::sso::{self, SsoError, BROWSER_COOKIE};
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::json::Json;
+use crate::state::{rfc3339, AppState};
+use crate::store::{SsoProviderRecord, SsoScope};
+
+fn to_api(state: &AppState, p: &SsoProviderRecord) -> SsoProvider {
+    SsoProvider {
+        id: p.id.clone(),
+        label: p.label.clone(),
+        issuer: p.issuer.clone(),
+        client_id: p.client_id.clone(),
+        allowed_domains: p.allowed_domains.clone(),
+        scopes: p.scopes.clone(),
+        role_claim: p.role_claim.clone(),
+        role_map: p.role_map.clone(),
+        default_role: p.default_role.clone(),
+        redirect_uri: state.sso.redirect_uri().to_owned(),
+        updated_at: rfc3339(p.updated_at),
+    }
+}
+
+/// The providers people may sign in with.
+#[utoipa::path(responses((status = 200, body = [SsoOption])))]
+#[get("/auth/sso/providers")]
+pub async fn providers(state: web::Data<AppState>) -> Result<web::Json<Vec<SsoOption>>, ApiError> {
+    let all = state.store.sso_providers().await?;
+    Ok(web::Json(
+        all.into_iter()
+            .map(|p| SsoOption {
+                id: p.id,
+                label: p.label,
+            })
+            .collect(),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct StartQuery {
+    return_to: Option<String>,
+}
+
+/// Sends the browser to the provider to sign in; it comes back to the callback.
+#[utoipa::path(
+    params(("id" = String, Path), ("return_to" = Option<String>, Query, description = "a path of this site to show afterwards")),
+    responses((status = 303, description = "to the provider; or to the sign-in page with `sso_error` when it cannot be reached"), (status = 404, body = ErrorBody))
+)]
+#[get("/auth/sso/{id}/start")]
+#[tracing::instrument(skip_all)]
+pub async fn start(
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    query: web::Query<StartQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let p = state
+        .store
+        .sso_provider(&id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("no such sign-in provider".into()))?;
+    let now = state.clock.now_ms();
+    let started = match state
+        .sso
+        .start(&p, &sso::return_path(query.return_to.as_deref()), now)
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(provider = %p.id, error = %e, "single sign-on could not start");
+            return Ok(to_login(&e.to_string()).finish());
+        }
+    };
+    state.store.begin_sso_login(&started.login, now).await?;
+    let cookie = Cookie::build(BROWSER_COOKIE, started.browser_secret)
+        .path("/api/v1/auth/sso")
+        .http_only(true)
+        // Lax: the provider's redirect back is a top-level navigation from its site.
+        .same_site(SameSite::Lax)
+        .secure(state.sessions.secure)
+        .max_age(CookieDuration::minutes(10))
+        .finish();
+    Ok(HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, started.authorize_url.to_string()))
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .cookie(cookie)
+        .finish())
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CallbackQuery {
+    code: Option<String>,
+    state: Option<String>,
+    error: Option<String>,
+    error_description: Option<String>,
+}
+
+/// The provider sends the browser back here: the sign-in is checked and finished, and the
+/// browser goes on to where it started (or to the sign-in page, with the reason).
+#[utoipa::path(
+    params(("code" = Option<String>, Query), ("state" = Option<String>, Query), ("error" = Option<String>, Query), ("error_description" = Option<String>, Query)),
+    responses((status = 303, description = "signed in, to the page it started on; or to the sign-in page with `sso_error`"))
+)]
+#[get("/auth/sso/callback")]
+#[tracing::instrument(skip_all)]
+pub async fn callback(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    query: web::Query<CallbackQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let now = state.clock.now_ms();
+    let outcome = finish(&state, &req, &query, now).await;
+    let mut forget = Cookie::build(BROWSER_COOKIE, "")
+        .path("/api/v1/auth/sso")
+        .finish();
+    forget.make_removal();
+    match outcome {
+        Ok((user, tenant, return_to, provider)) => {
+            audit::record(
+                &state,
+                Actor::user(&user, &req),
+                Some(&tenant.id),
+                Action::SignIn,
+                &format!("user {}", user.email),
+                serde_json::json!({ "method": "sso", "provider": provider }),
+            )
+            .await;
+            let (_, cookies) = super::auth::open_session(&state, &user, now).await?;
+            let mut res = HttpResponse::SeeOther();
+            res.insert_header((header::LOCATION, return_to))
+                .insert_header((header::CACHE_CONTROL, "no-store"))
+                .cookie(forget);
+            for c in cookies {
+                res.cookie(c);
+            }
+            Ok(res.finish())
+        }
+        Err((e, who, tenant)) => {
+            tracing::info!(error = %e, "single sign-on refused");
+            audit::record(
+                &state,
+                Actor::anonymous(who.as_deref(), &req),
+                tenant.as_deref(),
+                Action::SignInFailed,
+                &format!("user {}", who.as_deref().unwrap_or("unknown")),
+                serde_json::json!({ "method": "sso", "reason": e.to_string() }),
+            )
+            .await;
+            Ok(to_login(&e.to_string()).cookie(forget).finish())
+        }
+    }
+}
+
+/// Back to the sign-in page, which shows why.
+fn to_login(why: &str) -> actix_web::HttpResponseBuilder {
+    let query: String = url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("sso_error", why)
+        .finish();
+    let mut res = HttpResponse::SeeOther();
+    res.insert_header((header::LOCATION, format!("/login?{query}")))
+        .insert_header((header::CACHE_CONTROL, "no-store"));
+    res
+}
+
+type Refusal = (SsoError, Option<String>, Option<String>);
+
+async fn finish(
+    state: &AppState,
+    req: &HttpRequest,
+    q: &CallbackQuery,
+    now: i64,
+) -> Result<
+    (
+        crate::store::UserRecord,
+        crate::store::TenantRecord,
+        String,
+        String,
+    ),
+    Refusal,
+> {
+    let refuse = |m: &str| (SsoError::Refused(m.to_owned()), None, None);
+    let state_param = q
+        .state
+        .as_deref()
+        .ok_or_else(|| refuse("the provider's answer has no state"))?;
+    // Taken once: a replayed answer finds nothing.
+    let login = state
+        .store
+        .take_sso_login(&digest(state_param))
+        .await
+        .map_err(|e| (e.into(), None, None))?
+        .filter(|l| l.expires_at > now)
+        .ok_or_else(|| {
+            refuse(
+                "this sign-in was already used or has expired; start again from the sign-in page",
+            )
+        })?;
+    let browser = req
+        .cookie(BROWSER_COOKIE)
+        .map(|c| digest(c.value()))
+        .unwrap_or_default();
+    if browser != login.browser_hash {
+        return Err(refuse(
+            "this sign-in was started in another browser; start again from the sign-in page",
+        ));
+    }
+    let p = state
+        .store
+        .sso_provider(&login.provider_id)
+        .await
+        .map_err(|e| (e.into(), None, None))?
+        .ok_or_else(|| refuse("this sign-in provider was removed"))?;
+    let tenant = p.scope.tenant().map(str::to_owned);
+    if let Some(err) = &q.error {
+        let why = q.error_description.as_deref().unwrap_or(err);
+        return Err((
+            SsoError::Refused(format!("the provider refused: {why}")),
+            None,
+            tenant,
+        ));
+    }
+    let code = q.code.as_deref().ok_or_else(|| {
+        (
+            SsoError::Refused("the provider sent no code".into()),
+            None,
+            tenant.clone(),
+        )
+    })?;
+    let identity = state
+        .sso
+        .finish(&p, &login, code, now)
+        .await
+        .map_err(|e| (e, None, tenant.clone()))?;
+    let signed = account_for(state, &p, &identity, now)
+        .await
+        .map_err(|e| (e, identity.email.clone(), tenant.clone()))?;
+    Ok((signed.user, signed.tenant, login.return_to, p.id))
+}
+
+/// The organization's single sign-on (owners and admins).
+#[utoipa::path(responses((status = 200, body = SsoSettings), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+#[get("/tenant/sso")]
+pub async fn tenant_settings(
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<web::Json<SsoSettings>, ApiError> {
+    caller.require_manager()?;
+    settings(&state, &SsoScope::Tenant(caller.tenant_id().to_owned())).await
+}
+
+/// Sets up or changes the organization's provider, and whether passwords still work.
+#[utoipa::path(request_body = SsoSettingsRequest, responses((status = 200, body = SsoSettings), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
+#[put("/tenant/sso")]
+#[tracing::instrument(skip_all, fields(user = %caller.user.id))]
+pub async fn put_tenant_settings(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    caller: Caller,
+    body: Json<SsoSettingsRequest>,
+) -> Result<web::Json<SsoSettings>, ApiError> {
+    caller.require_manager()?;
+    let scope = SsoScope::Tenant(caller.tenant_id().to_owned());
+    put_settings(&state, &req, &caller, scope, body.into_inner()).await
+}
+
+/// Removes the organization's provider; passwords work again.
+#[utoipa::path(responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+#[delete("/tenant/sso")]
+#[tracing::instrument(skip_all, fields(user = %caller.user.id))]
+pub async fn delete_tenant_settings(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    caller: Caller,
+) -> Result<HttpResponse, ApiError> {
+    caller.require_manager()?;
+    let scope = SsoScope::Tenant(caller.tenant_id().to_owned());
+    delete_settings(&state, &req, &caller, scope).await
+}
+
+/// The platform's provider, open to everyone (platform admins).
+#[utoipa::path(responses((status = 200, body = SsoSettings), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+#[get("/admin/sso")]
+pub async fn platform_settings(
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<web::Json<SsoSettings>, ApiError> {
+    caller.require_platform_admin()?;
+    settings(&state, &SsoScope::Platform).await
+}
+
+#[utoipa::path(request_body = SsoSettingsRequest, responses((status = 200, body = SsoSettings), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
+#[put("/admin/sso")]
+#[tracing::instrument(skip_all, fields(user = %caller.user.id))]
+pub async fn put_platform_settings(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    caller: Caller,
+    body: Json<SsoSettingsRequest>,
+) -> Result<web::Json<SsoSettings>, ApiError> {
+    caller.require_platform_admin()?;
+    put_settings(&state, &req, &caller, SsoScope::Platform, body.into_inner()).await
+}
+
+#[utoipa::path(responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+#[delete("/admin/sso")]
+#[tracing::instrument(skip_all, fields(user = %caller.user.id))]
+pub async fn delete_platform_settings(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    caller: Caller,
+) -> Result<HttpResponse, ApiError> {
+    caller.require_platform_admin()?;
+    delete_settings(&state, &req, &caller, SsoScope::Platform).await
+}
+
+async fn settings(state: &AppState, scope: &SsoScope) -> Result<web::Json<SsoSettings>, ApiError> {
+    let provider = state.store.sso_provider_of(scope).await?;
+    let password_login = match scope.tenant() {
+        Some(t) => state.store.password_login(t).await?,
+        None => true,
+    };
+    Ok(web::Json(SsoSettings {
+        provider: provider.as_ref().map(|p| to_api(state, p)),
+        password_login,
+        redirect_uri: state.sso.redirect_uri().to_owned(),
+    }))
+}
+
+async fn put_settings(
+    state: &AppState,
+    req: &HttpRequest,
+    caller: &Caller,
+    scope: SsoScope,
+    body: SsoSettingsRequest,
+) -> Result<web::Json<SsoSettings>, ApiError> {
+    let now = state.clock.now_ms();
+    let existing = state.store.sso_provider_of(&scope).await?;
+    let record = sso::parse_settings(&body, scope.clone(), existing.as_ref(), now)?;
+    if scope == SsoScope::Platform && body.password_login.is_some() {
+        return Err(ApiError::invalid(
+            "password_login",
+            "password sign-in is turned off per organization, not for the platform",
+        ));
+    }
+    // A provider that cannot be read would lock people out: it is read before it is saved.
+    state
+        .sso
+        .metadata(&record, now, true)
+        .await
+        .map_err(|e| ApiError::invalid("issuer", e.to_string()))?;
+    let saved = state.store.put_sso_provider(&record).await?;
+    if let (Some(t), Some(allowed)) = (scope.tenant(), body.password_login) {
+        state.store.set_password_login(t, allowed).await?;
+    }
+    audit::record(
+        state,
+        Actor::of(caller, req),
+        scope.tenant(),
+        Action::SsoConfigured,
+        &format!("sso provider {}", saved.id),
+        serde_json::json!({
+            "issuer": saved.issuer,
+            "client_id": saved.client_id,
+            "allowed_domains": saved.allowed_domains,
+            "role_claim": saved.role_claim,
+            "role_map": saved.role_map,
+            "default_role": saved.default_role,
+            "secret_changed": body.client_secret.as_deref().is_some_and(|s| !s.is_empty()),
+            "password_login": body.password_login,
+        }),
+    )
+    .await;
+    settings(state, &scope).await
+}
+
+async fn delete_settings(
+    state: &AppState,
+    req: &HttpRequest,
+    caller: &Caller,
+    scope: SsoScope,
+) -> Result<HttpResponse, ApiError> {
+    let Some(p) = state.store.sso_provider_of(&scope).await? else {
+        return Err(ApiError::NotFound("no single sign-on is set up".into()));
+    };
+    state.store.delete_sso_provider(&scope).await?;
+    audit::record(
+        state,
+        Actor::of(caller, req),
+        scope.tenant(),
+        Action::SsoRemoved,
+        &format!("sso provider {}", p.id),
+        serde_json::json!({ "issuer": p.issuer }),
+    )
+    .await;
+    Ok(HttpResponse::NoContent().finish())
+}
