@@ -16,13 +16,14 @@ use crate::time::Time;
 
 /// The administration tabs: (URL key, label). Each is a link, so a tab can be bookmarked and
 /// works without JavaScript.
-const TABS: [(&str, &str); 6] = [
+const TABS: [(&str, &str); 7] = [
     ("organizations", "Organizations"),
     ("users", "Users"),
     ("nodes", "Nodes"),
     ("usage", "Usage"),
     ("tokens", "Agent tokens"),
     ("policy", "Policy"),
+    ("sso", "Single sign-on"),
 ];
 
 /// Rows per page of the organization and user lists.
@@ -123,6 +124,7 @@ pub fn AdminPage() -> impl IntoView {
                         "usage" => view! { <Usage/> }.into_any(),
                         "tokens" => view! { <RegistrationTokens/> }.into_any(),
                         "policy" => view! { <Policy/> }.into_any(),
+                        "sso" => view! { <super::sso::SsoSettingsForm path="/api/v1/admin/sso" organization=false/> }.into_any(),
                         _ => view! { <Tenants/> }.into_any(),
                     }}
                 }.into_any()

@@ -1,4 +1,6 @@
-use autodl_common::api::{InvitationPreview, LoginRequest, LoginResponse, SignupRequest};
+use autodl_common::api::{
+    InvitationPreview, LoginRequest, LoginResponse, SignupRequest, SsoOption,
+};
 use leptos::prelude::*;
 use leptos_router::hooks::{use_navigate, use_query_map};
 
@@ -131,6 +133,12 @@ pub fn LoginPage() -> impl IntoView {
     let error = RwSignal::new(None::<ApiErr>);
     let session = use_session();
     let navigate = use_navigate();
+    // Single sign-on: the providers' buttons, and why the last round trip was refused.
+    let providers = Resource::new(
+        || (),
+        |_| async move { api::get::<Vec<SsoOption>>("/api/v1/auth/sso/providers").await },
+    );
+    let sso_error = move || query.read().get("sso_error").filter(|e| !e.is_empty());
     // Already signed in: nothing to do here.
     let go = navigate.clone();
     Effect::new(move |_| {
@@ -164,9 +172,28 @@ pub fn LoginPage() -> impl IntoView {
         });
     };
 
+    let start = move |id: &str| {
+        format!(
+            "/api/v1/auth/sso/{}/start?return_to={}",
+            super::tasks::encode(id),
+            super::tasks::encode(&after_sign_in(next()))
+        )
+    };
     view! {
         <section class="card narrow">
             <h1>"Sign in"</h1>
+            {move || sso_error().map(|e| view! { <p class="banner error" role="alert" data-testid="sso-error">{e}</p> })}
+            <Transition fallback=|| ()>
+                {move || providers.get().and_then(Result::ok).filter(|l| !l.is_empty()).map(|list| view! {
+                    <div class="sso-options">
+                        {list.into_iter().map(|p| view! {
+                            // A full page load: the server sends the browser on to the provider.
+                            <a class="button sso" rel="external" href=start(&p.id)>"Sign in with " {p.label}</a>
+                        }).collect_view()}
+                        <p class="muted or">"or with your password"</p>
+                    </div>
+                })}
+            </Transition>
             <form method="post" on:submit=on_submit novalidate>
                 <Field label="Email" id="email" kind="email" value=email error=field_err(error, "email") autocomplete="email"/>
                 <Field label="Password" id="password" kind="password" value=password error=field_err(error, "password")

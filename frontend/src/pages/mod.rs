@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod notifications;
 pub mod org;
 pub mod quota;
+pub mod sso;
 pub mod submit;
 pub mod sweeps;
 pub mod tasks;

@@ -117,6 +117,7 @@ fn Org() -> impl IntoView {
         {move || editing.get().map(|(id, email)| view! { <MemberQuota id email on_close=move || editing.set(None)/> })}
         <Show when=manager><Invitations/></Show>
         <Show when=manager><super::notifications::Webhooks/></Show>
+        <Show when=manager><super::sso::SsoSettingsForm path="/api/v1/tenant/sso" organization=true/></Show>
     }
 }
 
