@@ -134,7 +134,7 @@ pub fn parse_settings(
     }
     let text = |field: &'static str, s: &str, max: usize| -> Result<String, ApiError> {
         let s = s.trim();
-        if s.is_empty() || s.len() > max || s.chars().any(char::is_control) {
+        if s.is_empty() || s.chars().count() > max || s.chars().any(char::is_control) {
             return Err(ApiError::invalid(
                 field,
                 format!("{field} is 1 to {max} printable characters"),
@@ -146,11 +146,12 @@ pub fn parse_settings(
     let client_secret = match (&req.client_secret, existing) {
         (Some(s), _) if !s.is_empty() => text("client_secret", s, 1024)?,
         (_, Some(p)) => p.client_secret.clone(),
+        // Required the first time only: that depends on what is stored, not on the body.
         _ => {
-            return Err(ApiError::invalid(
-                "client_secret",
-                "the client secret the provider gave this platform is required",
-            ))
+            return Err(ApiError::Refused {
+                field: "client_secret",
+                message: "the client secret the provider gave this platform is required".into(),
+            })
         }
     };
     if req.allowed_domains.len() > 50 {
@@ -230,11 +231,12 @@ pub fn parse_settings(
         Some(r) => Some(role("default_role", r)?),
     };
     if scope == SsoScope::Platform && (role_claim.is_some() || default_role.is_some()) {
-        return Err(ApiError::invalid(
-            "role_claim",
-            "the platform's provider gives each new person an organization of their own; \
-             roles are set by organizations' providers",
-        ));
+        return Err(ApiError::Refused {
+            field: "role_claim",
+            message: "the platform's provider gives each new person an organization of their \
+                      own; roles are set by organizations' providers"
+                .into(),
+        });
     }
     Ok(SsoProviderRecord {
         id: existing.map_or_else(new_id, |p| p.id.clone()),

@@ -35,6 +35,10 @@ pub const MONTH: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])$";
 pub const DATE: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])$";
 /// A UTC date, or an instant as [`RFC3339`] says it.
 pub const DATE_OR_RFC3339: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])(T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-](0[0-9]|1[0-3]):[0-5][0-9]))?$";
+/// An OpenID issuer: an http(s) URL without query or fragment.
+pub const ISSUER: &str = r"^https?://[A-Za-z0-9]([A-Za-z0-9.-]{0,250}[A-Za-z0-9])?(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?(/[A-Za-z0-9._~-]+)*/?$";
+/// An email domain: labels of letters, digits and inner hyphens, at least two.
+pub const EMAIL_DOMAIN: &str = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?){1,4}$";
 /// A code bundle's id: `sha256:` and the digest in lower-case hex.
 pub const CODE_ID: &str = r"^sha256:[0-9a-f]{64}$";
 /// Idempotency keys: 1 to 128 printable ASCII characters, no surrounding spaces.
@@ -296,6 +300,40 @@ fn component_rules() -> Vec<(&'static str, Value)> {
             json!({"minLength": 10, "maxLength": 128}),
         ),
         ("/CreateApiKeyRequest/properties/name", text(64)),
+        // Single sign-on. Whether the issuer answers is judged by reading it (a refusal, 403).
+        ("/SsoSettingsRequest/properties/label", text(64)),
+        (
+            "/SsoSettingsRequest/properties/issuer",
+            json!({"maxLength": 2048, "pattern": ISSUER}),
+        ),
+        ("/SsoSettingsRequest/properties/client_id", text(255)),
+        ("/SsoSettingsRequest/properties/client_secret", text(1024)),
+        (
+            "/SsoSettingsRequest/properties/allowed_domains",
+            json!({"maxItems": 50, "items": {"pattern": EMAIL_DOMAIN}}),
+        ),
+        (
+            "/SsoSettingsRequest/properties/scopes",
+            json!({"maxItems": 20, "items": {"pattern": r"^[A-Za-z0-9_.:/-]{1,64}$"}}),
+        ),
+        ("/SsoSettingsRequest/properties/role_claim", text(64)),
+        (
+            "/SsoSettingsRequest/properties/role_map",
+            json!({"maxProperties": 100, "propertyNames": {"minLength": 1, "maxLength": 255, "pattern": TEXT},
+                   "additionalProperties": {"enum": ["admin", "member"]}}),
+        ),
+        (
+            "/SsoSettingsRequest/properties/default_role",
+            json!({"enum": ["admin", "member", null]}),
+        ),
+        // A role map reads a claim: name it.
+        (
+            "/SsoSettingsRequest",
+            json!({"anyOf": [
+                {"properties": {"role_map": {"maxProperties": 0}}},
+                {"required": ["role_claim"], "properties": {"role_claim": {"type": "string"}}},
+            ]}),
+        ),
         (
             "/NotificationSettingsInput/properties/email",
             json!({"items": {"enum": crate::notify::email::EMAIL_EVENTS.map(|e| e.as_str())}}),

@@ -45,8 +45,11 @@ use super::{
 pub struct ApiDoc;
 
 /// Operations anyone may call: no credential is looked at.
-const PUBLIC: [(&str, &str); 6] = [
+const PUBLIC: [(&str, &str); 9] = [
     ("get", "/healthz"),
+    ("get", "/auth/sso/providers"),
+    ("get", "/auth/sso/{id}/start"),
+    ("get", "/auth/sso/callback"),
     ("post", "/auth/signup"),
     ("post", "/auth/login"),
     ("post", "/auth/logout"),

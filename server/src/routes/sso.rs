@@ -260,7 +260,7 @@ pub async fn tenant_settings(
 }
 
 /// Sets up or changes the organization's provider, and whether passwords still work.
-#[utoipa::path(request_body = SsoSettingsRequest, responses((status = 200, body = SsoSettings), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
+#[utoipa::path(request_body = SsoSettingsRequest, responses((status = 200, body = SsoSettings), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody, description = "not an owner or admin; or the issuer could not be read (field `issuer`)")))]
 #[put("/tenant/sso")]
 #[tracing::instrument(skip_all, fields(user = %caller.user.id))]
 pub async fn put_tenant_settings(
@@ -348,17 +348,20 @@ async fn put_settings(
     let existing = state.store.sso_provider_of(&scope).await?;
     let record = sso::parse_settings(&body, scope.clone(), existing.as_ref(), now)?;
     if scope == SsoScope::Platform && body.password_login.is_some() {
-        return Err(ApiError::invalid(
-            "password_login",
-            "password sign-in is turned off per organization, not for the platform",
-        ));
+        return Err(ApiError::Refused {
+            field: "password_login",
+            message: "password sign-in is turned off per organization, not for the platform".into(),
+        });
     }
     // A provider that cannot be read would lock people out: it is read before it is saved.
     state
         .sso
         .metadata(&record, now, true)
         .await
-        .map_err(|e| ApiError::invalid("issuer", e.to_string()))?;
+        .map_err(|e| ApiError::Refused {
+            field: "issuer",
+            message: e.to_string(),
+        })?;
     let saved = state.store.put_sso_provider(&record).await?;
     if let (Some(t), Some(allowed)) = (scope.tenant(), body.password_login) {
         state.store.set_password_login(t, allowed).await?;
