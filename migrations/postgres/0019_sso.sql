@@ -36,6 +36,8 @@ CREATE TABLE sso_logins (
     -- Hash of the secret in the browser's cookie: the sign-in finishes only in that browser.
     browser_hash TEXT NOT NULL,
     return_to TEXT NOT NULL,
+    -- Set when a signed-in person links their account to the provider.
+    link_user TEXT,
     expires_at BIGINT NOT NULL
 );
 -- An organization may sign its people in through its provider only.

@@ -12,6 +12,7 @@ pub fn AccountPage() -> impl IntoView {
             <Profile/>
             <ApiKeys/>
             <super::notifications::EmailSettings/>
+            <super::sso::LinkSso/>
             <ChangePassword/>
         </RequireLogin>
     }

@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use autodl_common::api::{SsoSettings, SsoSettingsRequest};
+use autodl_common::api::{SsoOption, SsoSettings, SsoSettingsRequest};
 use leptos::prelude::*;
+use leptos_router::hooks::use_query_map;
 
 use crate::api::{self, ApiErr};
 use crate::app::general_error;
@@ -223,5 +224,36 @@ pub fn SsoSettingsForm(path: &'static str, organization: bool) -> impl IntoView 
             <p class="banner error" role="alert">{move || general_error(error.get(), &["label", "issuer", "client_id", "client_secret", "allowed_domains", "scopes", "role_claim", "role_map"])}</p>
             <Show when=move || saved.get()><p class="banner ok" data-testid="sso-saved">"Saved: the provider answered."</p></Show>
         </section>
+    }
+}
+
+/// On the account page: link this account to a provider (owners and platform admins must do
+/// so themselves before they can sign in with it), and why the last attempt failed.
+#[component]
+pub fn LinkSso() -> impl IntoView {
+    let query = use_query_map();
+    let providers = Resource::new(
+        || (),
+        |_| async move { api::get::<Vec<SsoOption>>("/api/v1/auth/sso/providers").await },
+    );
+    let failed = move || query.read().get("sso_error").filter(|e| !e.is_empty());
+    view! {
+        <Transition fallback=|| ()>
+            {move || providers.get().and_then(Result::ok).filter(|l| !l.is_empty()).map(|list| view! {
+                <section class="card" data-testid="link-sso">
+                    <h2>"Single sign-on"</h2>
+                    <p class="muted">"Sign in to a provider as yourself to let it sign you in here from now on."</p>
+                    {move || failed().map(|e| view! { <p class="banner error" role="alert" data-testid="sso-error">{e}</p> })}
+                    <div class="row-actions">
+                        {list.into_iter().map(|p| view! {
+                            <a class="button secondary" rel="external" data-testid="link-sso-button"
+                                href=format!("/api/v1/auth/sso/{}/start?link=true&return_to=/account", super::tasks::encode(&p.id))>
+                                "Link " {p.label}
+                            </a>
+                        }).collect_view()}
+                    </div>
+                </section>
+            })}
+        </Transition>
     }
 }

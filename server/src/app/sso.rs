@@ -1,7 +1,12 @@
 //! Who a provider's sign-in is here: the account linked to its subject, an account of the
-//! same verified email (linked now), or a new one. An organization's provider vouches only
-//! for its own organization: it can neither reach an account elsewhere (an admin controls
-//! their provider and could make it claim anyone's email) nor place people in another one.
+//! same verified email (linked now), or a new one.
+//!
+//! A provider is controlled by whoever configured it, and an organization's admins are not
+//! trusted beyond their organization: its provider can neither reach an account elsewhere nor
+//! place people in another organization, and it links neither owners nor platform admins by
+//! email (they link it themselves, signed in: [`link_account`]). New accounts need an email
+//! the provider verified. The platform's provider links by email only accounts no other
+//! provider speaks for, of organizations that let their people choose how to sign in.
 
 use crate::auth::password;
 use crate::auth::secrets::{new_id, random_hex};
@@ -45,16 +50,30 @@ pub async fn account_for(
         Some(u) => (u, false),
         None => match state.store.user_by_email(email.as_str()).await? {
             Some(u) => {
-                if !id.email_verified {
-                    return Err(refused(
-                        "an account with this email exists, and the provider has not verified \
-                         the email: sign in with your password, or verify the email at the provider",
-                    ));
-                }
                 if p.scope.tenant().is_some_and(|t| t != u.tenant_id) {
                     return Err(refused(
                         "this email's account belongs to another organization; its provider \
                          cannot sign it in",
+                    ));
+                }
+                if p.scope.tenant().is_some() && (u.platform_admin || u.role == "owner") {
+                    return Err(refused(
+                        "owners and platform admins link single sign-on themselves: sign in \
+                         with your password and link it on your account page",
+                    ));
+                }
+                if p.scope == SsoScope::Platform
+                    && (!state.store.sso_links_of(&u.id).await?.is_empty()
+                        || !state.store.password_login(&u.tenant_id).await?)
+                {
+                    return Err(refused(
+                        "this email's account signs in through its organization's provider",
+                    ));
+                }
+                if !id.email_verified {
+                    return Err(refused(
+                        "an account with this email exists, and the provider has not verified \
+                         the email: sign in with your password, or verify the email at the provider",
                     ));
                 }
                 state
@@ -62,6 +81,11 @@ pub async fn account_for(
                     .link_sso_identity(&p.id, &id.subject, &u.id, now)
                     .await?;
                 (u, false)
+            }
+            None if !id.email_verified => {
+                return Err(refused(
+                    "the provider has not verified your email address, so no account is made",
+                ))
             }
             None => (
                 create(state, p, id, &email, role.as_deref(), now).await?,
@@ -71,6 +95,11 @@ pub async fn account_for(
     };
     if user.disabled {
         return Err(refused("this account is disabled"));
+    }
+    if p.scope == SsoScope::Platform && !state.store.password_login(&user.tenant_id).await? {
+        return Err(refused(
+            "your organization signs in through its own provider: use its button",
+        ));
     }
     let mut user = user;
     if let SsoScope::Tenant(tenant_id) = &p.scope {
@@ -139,9 +168,15 @@ async fn create(
             None
         }
         SsoScope::Platform => {
+            // Organization names are unique: a name taken first cannot block a sign-in.
+            let local = email.as_str().split('@').next().unwrap_or("team");
             let tenant = TenantRecord {
                 id: new_id(),
-                name: email.as_str().chars().take(64).collect(),
+                name: format!(
+                    "{}-{}",
+                    local.chars().take(48).collect::<String>(),
+                    &random_hex(3)
+                ),
                 created_at: now,
                 trusted: false,
             };
@@ -155,4 +190,51 @@ async fn create(
         .create_sso_account(tenant.as_ref(), &user, &p.id, &id.subject)
         .await?;
     Ok(user)
+}
+
+/// Links the signed-in account `user_id` to the subject the provider vouched for (the person
+/// proved both: their session here and their sign-in there), then signs it in.
+pub async fn link_account(
+    state: &AppState,
+    p: &SsoProviderRecord,
+    id: &Identity,
+    user_id: &str,
+    now: i64,
+) -> Result<SignedIn, SsoError> {
+    let refused = |m: &str| SsoError::Refused(m.to_owned());
+    let user = state
+        .store
+        .user(user_id)
+        .await?
+        .filter(|u| !u.disabled)
+        .ok_or_else(|| refused("the account to link is gone or disabled"))?;
+    if p.scope.tenant().is_some_and(|t| t != user.tenant_id) {
+        return Err(refused(
+            "this provider belongs to another organization; it cannot sign your account in",
+        ));
+    }
+    match state.store.sso_identity(&p.id, &id.subject).await? {
+        Some(other) if other != user.id => {
+            return Err(refused(
+                "this identity at the provider already signs in another account",
+            ))
+        }
+        Some(_) => {}
+        None => {
+            state
+                .store
+                .link_sso_identity(&p.id, &id.subject, &user.id, now)
+                .await?
+        }
+    }
+    let tenant = state
+        .store
+        .tenant(&user.tenant_id)
+        .await?
+        .ok_or_else(|| SsoError::Internal(format!("user {} has no organization", user.id)))?;
+    Ok(SignedIn {
+        user,
+        tenant,
+        created: false,
+    })
 }

@@ -7,10 +7,12 @@
 //! addresses only (the issuer and every endpoint its discovery names), as webhooks are.
 //! The platform's own provider, set by platform admins, may sit on an internal network.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+
+use futures_util::future::BoxFuture;
 
 use openidconnect::core::{
     CoreAuthDisplay, CoreAuthPrompt, CoreAuthenticationFlow, CoreErrorResponseType,
@@ -20,9 +22,10 @@ use openidconnect::core::{
 };
 use openidconnect::{
     AdditionalClaims, AuthorizationCode, ClaimsVerificationError, ClientId, ClientSecret,
-    CsrfToken, EmptyExtraTokenFields, EndpointMaybeSet, EndpointNotSet, EndpointSet, IdTokenFields,
-    IssuerUrl, Nonce, OAuth2TokenResponse, PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope,
-    SignatureVerificationError, StandardErrorResponse, StandardTokenResponse, TokenResponse,
+    CsrfToken, EmptyExtraTokenFields, EndpointMaybeSet, EndpointNotSet, EndpointSet, HttpRequest,
+    HttpResponse, IdTokenFields, IssuerUrl, Nonce, OAuth2TokenResponse, PkceCodeChallenge,
+    PkceCodeVerifier, RedirectUrl, Scope, SignatureVerificationError, StandardErrorResponse,
+    StandardTokenResponse, TokenResponse,
 };
 use serde::{Deserialize, Serialize};
 
@@ -95,7 +98,9 @@ pub enum SsoError {
 
 impl From<crate::store::StoreError> for SsoError {
     fn from(e: crate::store::StoreError) -> Self {
-        SsoError::Internal(e.to_string())
+        // The details go to the log, not into the sign-in page's address.
+        tracing::error!(error = %e, "single sign-on could not use the database");
+        SsoError::Internal("the database".into())
     }
 }
 
@@ -143,9 +148,17 @@ pub fn parse_settings(
         Ok(s.to_owned())
     };
     let client_id = text("client_id", &req.client_id, 255)?;
+    // The kept secret only ever goes to the issuer and client it was given for.
+    let moved = existing.is_some_and(|p| p.issuer != issuer || p.client_id != client_id);
     let client_secret = match (&req.client_secret, existing) {
         (Some(s), _) if !s.is_empty() => text("client_secret", s, 1024)?,
-        (_, Some(p)) => p.client_secret.clone(),
+        (_, Some(p)) if !moved => p.client_secret.clone(),
+        (_, Some(_)) => {
+            return Err(ApiError::Refused {
+                field: "client_secret",
+                message: "a new issuer or client id needs its client secret given again".into(),
+            })
+        }
         // Required the first time only: that depends on what is stored, not on the body.
         _ => {
             return Err(ApiError::Refused {
@@ -291,7 +304,8 @@ pub struct Oidc {
     public: reqwest::Client,
     allow_internal: bool,
     redirect_uri: RedirectUrl,
-    metadata: Mutex<HashMap<String, (Arc<CoreProviderMetadata>, i64)>>,
+    /// By issuer; bounded, as admins may try many issuers.
+    metadata: moka::sync::Cache<String, (Arc<CoreProviderMetadata>, i64)>,
 }
 
 impl Oidc {
@@ -316,7 +330,7 @@ impl Oidc {
                 "{}{CALLBACK_PATH}",
                 public_url.trim_end_matches('/')
             ))?,
-            metadata: Mutex::new(HashMap::new()),
+            metadata: moka::sync::Cache::new(1_000),
         })
     }
 
@@ -328,12 +342,15 @@ impl Oidc {
         self.allow_internal || p.scope == SsoScope::Platform
     }
 
-    fn http(&self, p: &SsoProviderRecord) -> &reqwest::Client {
-        if self.trusted(p) {
-            &self.open
-        } else {
-            &self.public
-        }
+    /// The HTTP client for `p`'s provider, which checks every address it is asked to call
+    /// (discovery, keys, token, userinfo) before calling it, and reads at most 1 MiB back.
+    fn http<'a>(
+        &'a self,
+        p: &SsoProviderRecord,
+    ) -> impl Fn(HttpRequest) -> BoxFuture<'a, Result<HttpResponse, FetchError>> + 'a {
+        let trusted = self.trusted(p);
+        let client = if trusted { &self.open } else { &self.public };
+        move |req| Box::pin(fetch(client, trusted, req))
     }
 
     /// The provider's discovery document: kept for an hour, read again when `fresh` (a token
@@ -353,7 +370,7 @@ impl Oidc {
         check_endpoint(&p.issuer, self.trusted(p))?;
         let issuer =
             IssuerUrl::new(p.issuer.clone()).map_err(|e| SsoError::Provider(e.to_string()))?;
-        let m = CoreProviderMetadata::discover_async(issuer, self.http(p))
+        let m = CoreProviderMetadata::discover_async(issuer, &self.http(p))
             .await
             .map_err(|e| {
                 SsoError::Provider(format!(
@@ -374,19 +391,12 @@ impl Oidc {
             check_endpoint(u, self.trusted(p))?;
         }
         let m = Arc::new(m);
-        self.metadata
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(p.issuer.clone(), (m.clone(), now));
+        self.metadata.insert(p.issuer.clone(), (m.clone(), now));
         Ok(m)
     }
 
     fn cached(&self, issuer: &str) -> Option<(Arc<CoreProviderMetadata>, i64)> {
-        self.metadata
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(issuer)
-            .cloned()
+        self.metadata.get(issuer)
     }
 
     fn client(&self, p: &SsoProviderRecord, m: &CoreProviderMetadata) -> OidcClient {
@@ -404,6 +414,7 @@ impl Oidc {
         &self,
         p: &SsoProviderRecord,
         return_to: &str,
+        link_user: Option<&str>,
         now: i64,
     ) -> Result<Started, SsoError> {
         let m = self.metadata(p, now, false).await?;
@@ -432,6 +443,7 @@ impl Oidc {
                 pkce_verifier: verifier.secret().clone(),
                 browser_hash: digest(&browser_secret),
                 return_to: return_to.to_owned(),
+                link_user: link_user.map(str::to_owned),
                 expires_at: now + LOGIN_TTL_MS,
             },
             browser_secret,
@@ -454,7 +466,7 @@ impl Oidc {
             .exchange_code(AuthorizationCode::new(code.to_owned()))
             .map_err(|e| SsoError::Provider(e.to_string()))?
             .set_pkce_verifier(PkceCodeVerifier::new(login.pkce_verifier.clone()))
-            .request_async(self.http(p))
+            .request_async(&self.http(p))
             .await
             .map_err(|e| {
                 SsoError::Provider(format!("the code was refused: {}", error_chain(&e)))
@@ -484,7 +496,17 @@ impl Oidc {
         let mut verified = claims.email_verified();
         let wants_userinfo =
             email.is_none() || p.role_claim.as_ref().is_some_and(|c| !all.contains_key(c));
+        let token_ok = tokens
+            .access_token()
+            .secret()
+            .bytes()
+            .all(|b| (0x21..=0x7e).contains(&b));
         if wants_userinfo && m.userinfo_endpoint().is_some() {
+            if !token_ok {
+                return Err(SsoError::Refused(
+                    "the provider's access token is not a token (characters outside ASCII)".into(),
+                ));
+            }
             let info: openidconnect::UserInfoClaims<Claims, CoreGenderClaim> = self
                 .client(p, &m)
                 .user_info(
@@ -492,7 +514,7 @@ impl Oidc {
                     Some(claims.subject().clone()),
                 )
                 .map_err(|e| SsoError::Provider(e.to_string()))?
-                .request_async(self.http(p))
+                .request_async(&self.http(p))
                 .await
                 .map_err(|e| {
                     SsoError::Provider(format!("the userinfo answer: {}", error_chain(&e)))
@@ -525,6 +547,41 @@ impl Oidc {
             role_values,
         })
     }
+}
+
+/// The most of a provider's answer that is read.
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+
+/// Why a call to a provider failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct FetchError(String);
+
+/// One call to a provider: its address judged first (the addresses come from the provider's
+/// own discovery document, which its admin writes), no redirect followed, the answer capped.
+async fn fetch(
+    client: &reqwest::Client,
+    trusted: bool,
+    req: HttpRequest,
+) -> Result<HttpResponse, FetchError> {
+    check_endpoint(&req.uri().to_string(), trusted).map_err(|e| FetchError(e.to_string()))?;
+    let req = reqwest::Request::try_from(req).map_err(|e| FetchError(e.to_string()))?;
+    let mut res = client
+        .execute(req)
+        .await
+        .map_err(|e| FetchError(error_chain(&e)))?;
+    let mut out = openidconnect::http::Response::builder().status(res.status());
+    for (k, v) in res.headers() {
+        out = out.header(k, v);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = res.chunk().await.map_err(|e| FetchError(error_chain(&e)))? {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(FetchError("the answer is larger than 1 MiB".into()));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    out.body(body).map_err(|e| FetchError(e.to_string()))
 }
 
 /// What a person may read of a refused token (the crate's words, first letter down).
@@ -647,6 +704,27 @@ mod tests {
         assert!(check_endpoint("http://127.0.0.1:8080", true).is_ok());
         assert!(check_endpoint("http://idp.example.com", true).is_err());
         assert!(check_endpoint("https://idp.example.com", false).is_ok());
+    }
+
+    #[tokio::test]
+    async fn every_call_to_an_organizations_provider_is_judged_first() {
+        // Discovery names these addresses; the client refuses them before connecting.
+        let client = reqwest::Client::new();
+        for url in [
+            "https://10.1.2.3/jwks",
+            "https://[::1]/token",
+            "http://idp.example.com/keys",
+        ] {
+            let req = openidconnect::http::Request::builder()
+                .uri(url)
+                .body(Vec::new())
+                .unwrap();
+            let err = fetch(&client, false, req).await.unwrap_err().to_string();
+            assert!(
+                err.contains("internal") || err.contains("not https"),
+                "{url}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use actix_web::{delete, get, put, web, HttpRequest, HttpResponse};
 use autodl_common::api::{ErrorBody, SsoOption, SsoProvider, SsoSettings, SsoSettingsRequest};
 use serde::Deserialize;
 
-use crate::app::sso::account_for;
+use crate::app::sso::{account_for, link_account};
 use crate::audit::{self, Action, Actor};
 use crate::auth::secrets::digest;
 use crate::auth::sso::{self, SsoError, BROWSER_COOKIE};
@@ -51,20 +51,40 @@ pub async fn providers(state: web::Data<AppState>) -> Result<web::Json<Vec<SsoOp
 #[derive(Debug, Deserialize)]
 pub struct StartQuery {
     return_to: Option<String>,
+    /// Link the signed-in account to the provider instead of signing someone in.
+    #[serde(default)]
+    link: bool,
 }
 
 /// Sends the browser to the provider to sign in; it comes back to the callback.
 #[utoipa::path(
-    params(("id" = String, Path), ("return_to" = Option<String>, Query, description = "a path of this site to show afterwards")),
+    params(("id" = String, Path), ("return_to" = Option<String>, Query, description = "a path of this site to show afterwards"),
+        ("link" = Option<bool>, Query, description = "link the signed-in account to the provider")),
     responses((status = 303, description = "to the provider; or to the sign-in page with `sso_error` when it cannot be reached"), (status = 404, body = ErrorBody))
 )]
 #[get("/auth/sso/{id}/start")]
 #[tracing::instrument(skip_all)]
 pub async fn start(
     state: web::Data<AppState>,
+    req: HttpRequest,
+    caller: Result<Caller, ApiError>,
     id: web::Path<String>,
     query: web::Query<StartQuery>,
 ) -> Result<HttpResponse, ApiError> {
+    // Only from this site's own pages (or a typed address): another site sending a browser
+    // here would sign it in to an account of the other site's choosing (login CSRF).
+    let fetch_site = req
+        .headers()
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok());
+    if fetch_site.is_some_and(|s| !matches!(s, "same-origin" | "none")) {
+        return Ok(to_login("start single sign-on from this site's sign-in page").finish());
+    }
+    let link_user = match (query.link, &caller) {
+        (false, _) => None,
+        (true, Ok(c)) => Some(c.user.id.clone()),
+        (true, Err(_)) => return Ok(to_login("sign in first, then link your account").finish()),
+    };
     let p = state
         .store
         .sso_provider(&id)
@@ -73,7 +93,12 @@ pub async fn start(
     let now = state.clock.now_ms();
     let started = match state
         .sso
-        .start(&p, &sso::return_path(query.return_to.as_deref()), now)
+        .start(
+            &p,
+            &sso::return_path(query.return_to.as_deref()),
+            link_user.as_deref(),
+            now,
+        )
         .await
     {
         Ok(s) => s,
@@ -146,34 +171,63 @@ pub async fn callback(
             }
             Ok(res.finish())
         }
-        Err((e, who, tenant)) => {
+        Err(r) => {
+            let (e, who) = (r.error, r.email);
             tracing::info!(error = %e, "single sign-on refused");
             audit::record(
                 &state,
                 Actor::anonymous(who.as_deref(), &req),
-                tenant.as_deref(),
+                r.tenant.as_deref(),
                 Action::SignInFailed,
                 &format!("user {}", who.as_deref().unwrap_or("unknown")),
                 serde_json::json!({ "method": "sso", "reason": e.to_string() }),
             )
             .await;
-            Ok(to_login(&e.to_string()).cookie(forget).finish())
+            let mut res = match r.back {
+                Some(path) => back_with(&path, &e.to_string()),
+                None => to_login(&e.to_string()),
+            };
+            Ok(res.cookie(forget).finish())
         }
     }
 }
 
 /// Back to the sign-in page, which shows why.
 fn to_login(why: &str) -> actix_web::HttpResponseBuilder {
+    back_with("/login", why)
+}
+
+/// Back to `path` (a local path) with `sso_error`, which the page shows.
+fn back_with(path: &str, why: &str) -> actix_web::HttpResponseBuilder {
     let query: String = url::form_urlencoded::Serializer::new(String::new())
         .append_pair("sso_error", why)
         .finish();
+    let sep = if path.contains('?') { '&' } else { '?' };
     let mut res = HttpResponse::SeeOther();
-    res.insert_header((header::LOCATION, format!("/login?{query}")))
+    res.insert_header((header::LOCATION, format!("{path}{sep}{query}")))
         .insert_header((header::CACHE_CONTROL, "no-store"));
     res
 }
 
-type Refusal = (SsoError, Option<String>, Option<String>);
+/// Why a callback signed nobody in, whom it concerned, and where to show it.
+struct Refusal {
+    error: SsoError,
+    email: Option<String>,
+    tenant: Option<String>,
+    /// A signed-in person linking their account goes back to where they started.
+    back: Option<String>,
+}
+
+impl From<SsoError> for Refusal {
+    fn from(error: SsoError) -> Self {
+        Refusal {
+            error,
+            email: None,
+            tenant: None,
+            back: None,
+        }
+    }
+}
 
 async fn finish(
     state: &AppState,
@@ -189,7 +243,7 @@ async fn finish(
     ),
     Refusal,
 > {
-    let refuse = |m: &str| (SsoError::Refused(m.to_owned()), None, None);
+    let refuse = |m: &str| Refusal::from(SsoError::Refused(m.to_owned()));
     let state_param = q
         .state
         .as_deref()
@@ -199,7 +253,7 @@ async fn finish(
         .store
         .take_sso_login(&digest(state_param))
         .await
-        .map_err(|e| (e.into(), None, None))?
+        .map_err(|e| Refusal::from(SsoError::from(e)))?
         .filter(|l| l.expires_at > now)
         .ok_or_else(|| {
             refuse(
@@ -219,33 +273,41 @@ async fn finish(
         .store
         .sso_provider(&login.provider_id)
         .await
-        .map_err(|e| (e.into(), None, None))?
+        .map_err(|e| Refusal::from(SsoError::from(e)))?
         .ok_or_else(|| refuse("this sign-in provider was removed"))?;
-    let tenant = p.scope.tenant().map(str::to_owned);
+    let about = |error: SsoError, email: Option<String>| Refusal {
+        error,
+        email,
+        tenant: p.scope.tenant().map(str::to_owned),
+        back: login.link_user.as_ref().map(|_| login.return_to.clone()),
+    };
     if let Some(err) = &q.error {
         let why = q.error_description.as_deref().unwrap_or(err);
-        return Err((
+        return Err(about(
             SsoError::Refused(format!("the provider refused: {why}")),
             None,
-            tenant,
         ));
     }
-    let code = q.code.as_deref().ok_or_else(|| {
-        (
-            SsoError::Refused("the provider sent no code".into()),
-            None,
-            tenant.clone(),
-        )
-    })?;
+    let code = q
+        .code
+        .as_deref()
+        .ok_or_else(|| about(SsoError::Refused("the provider sent no code".into()), None))?;
     let identity = state
         .sso
         .finish(&p, &login, code, now)
         .await
-        .map_err(|e| (e, None, tenant.clone()))?;
-    let signed = account_for(state, &p, &identity, now)
-        .await
-        .map_err(|e| (e, identity.email.clone(), tenant.clone()))?;
-    Ok((signed.user, signed.tenant, login.return_to, p.id))
+        .map_err(|e| about(e, None))?;
+    let signed = match &login.link_user {
+        Some(user_id) => link_account(state, &p, &identity, user_id, now).await,
+        None => account_for(state, &p, &identity, now).await,
+    }
+    .map_err(|e| about(e, identity.email.clone()))?;
+    Ok((
+        signed.user,
+        signed.tenant,
+        login.return_to.clone(),
+        p.id.clone(),
+    ))
 }
 
 /// The organization's single sign-on (owners and admins).
@@ -363,6 +425,10 @@ async fn put_settings(
             message: e.to_string(),
         })?;
     let saved = state.store.put_sso_provider(&record).await?;
+    if existing.as_ref().is_some_and(|e| e.issuer != saved.issuer) {
+        // Another issuer's subjects are other people.
+        state.store.forget_sso_identities(&saved.id).await?;
+    }
     if let (Some(t), Some(allowed)) = (scope.tenant(), body.password_login) {
         state.store.set_password_login(t, allowed).await?;
     }

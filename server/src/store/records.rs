@@ -613,5 +613,7 @@ pub struct SsoLoginRecord {
     pub pkce_verifier: String,
     pub browser_hash: String,
     pub return_to: String,
+    /// The signed-in account to link, when the sign-in was started to link one.
+    pub link_user: Option<String>,
     pub expires_at: i64,
 }

@@ -21,6 +21,10 @@ pub trait SingleSignOn: Send + Sync {
     /// Takes the sign-in of this state: it is gone afterwards, so a replayed state finds none.
     async fn take_sso_login(&self, state_hash: &str) -> StoreResult<Option<SsoLoginRecord>>;
     async fn sso_identity(&self, provider_id: &str, subject: &str) -> StoreResult<Option<String>>;
+    /// The providers an account is linked to.
+    async fn sso_links_of(&self, user_id: &str) -> StoreResult<Vec<String>>;
+    /// Forgets who the provider's subjects were (its issuer changed: they are other people).
+    async fn forget_sso_identities(&self, provider_id: &str) -> StoreResult<()>;
     async fn link_sso_identity(
         &self,
         provider_id: &str,

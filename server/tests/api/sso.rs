@@ -140,13 +140,12 @@ fn location(res: &reqwest::Response) -> String {
 /// Starts at the server, signs in at the provider as `login`, and stops at the callback URL
 /// the provider sends the browser to (not yet visited).
 async fn to_callback(app: &TestApp, b: &Client, provider_id: &str, login: &str) -> String {
-    let res = b
-        .get(app.url(&format!(
-            "/api/v1/auth/sso/{provider_id}/start?return_to=/tasks"
-        )))
-        .send()
-        .await
-        .unwrap();
+    let start = format!("/api/v1/auth/sso/{provider_id}/start?return_to=/tasks");
+    to_callback_from(app, b, &start, login).await
+}
+
+async fn to_callback_from(app: &TestApp, b: &Client, start: &str, login: &str) -> String {
+    let res = b.get(app.url(start)).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
     let mut url = location(&res);
     assert!(!url.contains("sso_error"), "{url}");
@@ -225,7 +224,6 @@ async fn organizations_sign_people_in_with_their_provider(backend: Backend) {
         saved["provider"]["redirect_uri"],
         app.url("/api/v1/auth/sso/callback")
     );
-    assert!(saved["provider"].get("client_secret").is_none(), "{saved}");
     // The sign-in page lists it.
     let list: Value = Client::new()
         .get(app.url("/api/v1/auth/sso/providers"))
@@ -259,14 +257,40 @@ async fn organizations_sign_people_in_with_their_provider(backend: Backend) {
     sign_in(&app, &third, &id, "ada@acme.test").await;
     assert_eq!(me(&app, &third).await.1["role"], "member");
 
-    // An existing account of the organization is linked by its verified email; the owner
-    // stays owner whatever the groups say.
+    // The provider cannot claim the owner's account by email (its admins control it)...
     op.account("owner@acme.test", true, &["ml"]).await;
     let o = browser();
-    sign_in(&app, &o, &id, "owner@acme.test").await;
-    let (_, me_owner) = me(&app, &o).await;
+    let why = refusal(&sign_in(&app, &o, &id, "owner@acme.test").await);
+    assert!(why.contains("link single sign-on themselves"), "{why}");
+    assert_eq!(me(&app, &o).await.0, StatusCode::UNAUTHORIZED);
+    // ...the owner links it, signed in; then it signs them in, and they stay owner whatever
+    // the groups say.
+    let res = o
+        .post(app.url("/api/v1/auth/login"))
+        .json(&json!({"email": "owner@acme.test", "password": PASSWORD}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let start = format!("/api/v1/auth/sso/{id}/start?link=true&return_to=/account");
+    let callback = to_callback_from(&app, &o, &start, "owner@acme.test").await;
+    let res = o.get(&callback).send().await.unwrap();
+    assert!(location(&res).ends_with("/account"), "{}", location(&res));
+    let later = browser();
+    sign_in(&app, &later, &id, "owner@acme.test").await;
+    let (_, me_owner) = me(&app, &later).await;
     assert_eq!(me_owner["id"], owner.user["id"]);
     assert_eq!(me_owner["role"], "owner");
+    // Linking needs a session; another site cannot start a sign-in in someone's browser.
+    let res = browser().get(app.url(&start)).send().await.unwrap();
+    assert!(refusal(&location(&res)).contains("sign in first"));
+    let res = browser()
+        .get(app.url(&format!("/api/v1/auth/sso/{id}/start")))
+        .header("Sec-Fetch-Site", "cross-site")
+        .send()
+        .await
+        .unwrap();
+    assert!(refusal(&location(&res)).contains("this site's sign-in page"));
 
     // Nobody from another domain, and nobody the groups give no role.
     let eve = browser();
@@ -352,10 +376,23 @@ async fn refused_tokens_states_and_people_make_no_session(backend: Backend) {
         .unwrap();
     assert!(refusal(&location(&res)).contains("already used or has expired"));
 
-    // An unverified email never takes over an existing account.
-    op.account("owner@acme.test", false, &[]).await;
+    // No account is made for an email the provider did not verify.
+    op.account("new@acme.test", false, &[]).await;
     let b = browser();
-    let why = refusal(&sign_in(&app, &b, &id, "owner@acme.test").await);
+    let why = refusal(&sign_in(&app, &b, &id, "new@acme.test").await);
+    assert!(why.contains("not verified your email"), "{why}");
+    assert!(app
+        .state
+        .store
+        .user_by_email("new@acme.test")
+        .await
+        .unwrap()
+        .is_none());
+    // An unverified email never takes over an existing account.
+    app.invite_and_join(&owner, "bob@acme.test", "member").await;
+    op.account("bob@acme.test", false, &[]).await;
+    let b = browser();
+    let why = refusal(&sign_in(&app, &b, &id, "bob@acme.test").await);
     assert!(why.contains("not verified"), "{why}");
 }
 
@@ -433,6 +470,18 @@ async fn password_sign_in_can_be_turned_off(backend: Backend) {
         )
         .await;
     assert_error(res, StatusCode::FORBIDDEN, "forbidden").await;
+    // Its people sign in through the provider (bob's account is linked by verified email).
+    op.account("bob@acme.test", true, &["ml"]).await;
+    let b = browser();
+    assert!(sign_in(
+        &app,
+        &b,
+        saved["provider"]["id"].as_str().unwrap(),
+        "bob@acme.test"
+    )
+    .await
+    .ends_with("/tasks"));
+    assert_eq!(me(&app, &b).await.1["email"], "bob@acme.test");
     // A platform admin of the organization keeps the password (the way back in).
     app.make_platform_admin(&owner.id()).await;
     assert_eq!(login("owner@acme.test").await.status(), StatusCode::OK);
@@ -567,6 +616,15 @@ async fn settings_are_checked_and_kept_to_their_owners(backend: Backend) {
     assert_eq!(body["error"]["field"], "client_secret");
     // Saved once, the secret is kept when left out, and never shown.
     configure(&app, &owner, op.settings()).await;
+    // It only ever goes to the issuer and client it was given for.
+    let other = Provider::start(&app, false).await;
+    let mut moved = other.settings();
+    moved.as_object_mut().unwrap().remove("client_secret");
+    let res = owner
+        .send(&app, Method::PUT, "/api/v1/tenant/sso", Some(moved))
+        .await;
+    let body = assert_error(res, StatusCode::FORBIDDEN, "forbidden").await;
+    assert_eq!(body["error"]["field"], "client_secret");
     s["label"] = json!("Acme SSO");
     let saved = configure(&app, &owner, s).await;
     assert_eq!(saved["provider"]["label"], "Acme SSO");
@@ -617,6 +675,16 @@ async fn the_platforms_provider_gives_newcomers_an_organization(backend: Backend
     let b = browser();
     sign_in(&app, &b, &id, "bob@acme.test").await;
     assert_eq!(me(&app, &b).await.1["id"], bob.user["id"]);
+    // Not the people of an organization that signs in through its own provider.
+    let carol = app.signup("carol@acme.test", "Carols").await;
+    app.state
+        .store
+        .set_password_login(carol.user["tenant_id"].as_str().unwrap(), false)
+        .await
+        .unwrap();
+    let b = browser();
+    let why = refusal(&sign_in(&app, &b, &id, "carol@acme.test").await);
+    assert!(why.contains("organization's provider"), "{why}");
     let records = audit_actions(&app, &admin).await;
     assert!(records
         .iter()

@@ -148,8 +148,8 @@ macro_rules! impl_sso {
                     .execute(&self.pool)
                     .await?;
                 sqlx::query(
-                    "INSERT INTO sso_logins (state_hash, provider_id, nonce, pkce_verifier, browser_hash, return_to, expires_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                    "INSERT INTO sso_logins (state_hash, provider_id, nonce, pkce_verifier, browser_hash, return_to, link_user, expires_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
                 )
                 .bind(&l.state_hash)
                 .bind(&l.provider_id)
@@ -157,6 +157,7 @@ macro_rules! impl_sso {
                 .bind(&l.pkce_verifier)
                 .bind(&l.browser_hash)
                 .bind(&l.return_to)
+                .bind(&l.link_user)
                 .bind(l.expires_at)
                 .execute(&self.pool)
                 .await?;
@@ -166,7 +167,7 @@ macro_rules! impl_sso {
             async fn take_sso_login(&self, state_hash: &str) -> StoreResult<Option<SsoLoginRecord>> {
                 Ok(sqlx::query_as(
                     "DELETE FROM sso_logins WHERE state_hash = $1
-                     RETURNING state_hash, provider_id, nonce, pkce_verifier, browser_hash, return_to, expires_at",
+                     RETURNING state_hash, provider_id, nonce, pkce_verifier, browser_hash, return_to, link_user, expires_at",
                 )
                 .bind(state_hash)
                 .fetch_optional(&self.pool)
@@ -181,6 +182,21 @@ macro_rules! impl_sso {
                 .bind(subject)
                 .fetch_optional(&self.pool)
                 .await?)
+            }
+
+            async fn sso_links_of(&self, user_id: &str) -> StoreResult<Vec<String>> {
+                Ok(sqlx::query_scalar("SELECT provider_id FROM sso_identities WHERE user_id = $1")
+                    .bind(user_id)
+                    .fetch_all(&self.pool)
+                    .await?)
+            }
+
+            async fn forget_sso_identities(&self, provider_id: &str) -> StoreResult<()> {
+                sqlx::query("DELETE FROM sso_identities WHERE provider_id = $1")
+                    .bind(provider_id)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
             }
 
             async fn link_sso_identity(
