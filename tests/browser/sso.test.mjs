@@ -79,6 +79,10 @@ test("an owner sets up single sign-on and people sign in with it; bad tokens are
   // An issuer that does not answer is named in place, and nothing is changed.
   await page.fill("[data-testid=sso-issuer]", "http://127.0.0.1:1");
   await page.click("[data-testid=sso-save]");
+  // A kept secret goes only to the issuer it was given for: it is asked for again.
+  await page.waitForSelector("[data-testid=sso-settings] .field-error:has-text('client secret given again')");
+  await page.fill("[data-testid=sso-client-secret]", "provider-given-secret");
+  await page.click("[data-testid=sso-save]");
   await page.waitForSelector("[data-testid=sso-settings] .field-error:has-text('could not read')");
   await page.reload();
   await hydrated(page);
