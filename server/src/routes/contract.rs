@@ -531,6 +531,11 @@ fn component_rules() -> Vec<(&'static str, Value)> {
             "then": {"properties": {"max_uses": {"enum": [1, null]}}}}),
         ),
         ("/AgentNode/properties/id", pattern(NODE_ID)),
+        // Task ids are the server's own (UUIDs): an agent cannot name a path with one.
+        (
+            "/RunningRef/properties/task_id",
+            json!({"pattern": r"^[A-Za-z0-9-]{1,64}$"}),
+        ),
         ("/AgentNode/properties/cpu", json!({"exclusiveMinimum": 0})),
         ("/AgentNode/properties/memory", json!({"minimum": 1})),
         ("/AgentNode/properties/gpus", json!({"maxItems": 64})),
