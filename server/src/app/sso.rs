@@ -120,16 +120,7 @@ pub async fn account_for(
             }
         }
     }
-    let tenant = state
-        .store
-        .tenant(&user.tenant_id)
-        .await?
-        .ok_or_else(|| SsoError::Internal(format!("user {} has no organization", user.id)))?;
-    Ok(SignedIn {
-        user,
-        tenant,
-        created,
-    })
+    signed_in(state, user, created).await
 }
 
 async fn create(
@@ -227,6 +218,14 @@ pub async fn link_account(
                 .await?
         }
     }
+    signed_in(state, user, false).await
+}
+
+async fn signed_in(
+    state: &AppState,
+    user: UserRecord,
+    created: bool,
+) -> Result<SignedIn, SsoError> {
     let tenant = state
         .store
         .tenant(&user.tenant_id)
@@ -235,6 +234,6 @@ pub async fn link_account(
     Ok(SignedIn {
         user,
         tenant,
-        created: false,
+        created,
     })
 }

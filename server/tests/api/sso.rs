@@ -207,6 +207,21 @@ async fn configure(app: &TestApp, owner: &crate::helpers::Session, body: Value) 
     res.json().await.unwrap()
 }
 
+/// Sets up `op` for the owner's organization, giving unmapped people `role`; the provider's id.
+async fn configure_with_default(
+    app: &TestApp,
+    owner: &crate::helpers::Session,
+    op: &Provider,
+    role: &str,
+) -> String {
+    let mut settings = op.settings();
+    settings["default_role"] = json!(role);
+    configure(app, owner, settings).await["provider"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 async fn audit_actions(app: &TestApp, who: &crate::helpers::Session) -> Vec<Value> {
     who.get(app, "/api/v1/audit?limit=200").await["records"]
         .as_array()
@@ -323,12 +338,7 @@ async fn refused_tokens_states_and_people_make_no_session(backend: Backend) {
     // Claims in the ID token this time (the other tests read them from userinfo).
     let op = Provider::start(&app, true).await;
     let owner = app.signup("owner@acme.test", "Acme").await;
-    let mut settings = op.settings();
-    settings["default_role"] = json!("member");
-    let id = configure(&app, &owner, settings).await["provider"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = configure_with_default(&app, &owner, &op, "member").await;
 
     for (mode, words) in [
         ("aud", "wrong audience"),
@@ -400,12 +410,7 @@ async fn rotated_provider_keys_are_read_again(backend: Backend) {
     let app = sso_app(backend).await;
     let op = Provider::start(&app, false).await;
     let owner = app.signup("owner@acme.test", "Acme").await;
-    let mut settings = op.settings();
-    settings["default_role"] = json!("member");
-    let id = configure(&app, &owner, settings).await["provider"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = configure_with_default(&app, &owner, &op, "member").await;
     let b = browser();
     sign_in(&app, &b, &id, "ada@acme.test").await;
     assert_eq!(me(&app, &b).await.0, StatusCode::OK);
@@ -505,12 +510,7 @@ async fn an_organizations_provider_reaches_only_its_own_people(backend: Backend)
     // Another organization's person, and an admin whose provider claims their email.
     let victim = app.signup("victim@acme.test", "Victims").await;
     let owner = app.signup("owner@acme.test", "Acme").await;
-    let mut settings = op.settings();
-    settings["default_role"] = json!("admin");
-    let id = configure(&app, &owner, settings).await["provider"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = configure_with_default(&app, &owner, &op, "admin").await;
     let b = browser();
     let why = refusal(&sign_in(&app, &b, &id, "victim@acme.test").await);
     assert!(why.contains("another organization"), "{why}");

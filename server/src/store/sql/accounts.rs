@@ -16,13 +16,7 @@ macro_rules! impl_accounts {
         impl Accounts for $store {
             async fn create_tenant_with_owner(&self, t: &TenantRecord, u: &UserRecord) -> StoreResult<()> {
                 let mut tx = self.pool.begin().await?;
-                sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES ($1, $2, $3)")
-                    .bind(&t.id)
-                    .bind(&t.name)
-                    .bind(t.created_at)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(conflict("an organization with this name already exists"))?;
+                insert_tenant!(&mut *tx, t);
                 insert_user!(&mut *tx, u);
                 tx.commit().await?;
                 Ok(())

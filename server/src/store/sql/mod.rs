@@ -67,6 +67,18 @@ macro_rules! insert_event {
     };
 }
 
+macro_rules! insert_tenant {
+    ($conn:expr, $t:expr) => {
+        sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES ($1, $2, $3)")
+            .bind(&$t.id)
+            .bind(&$t.name)
+            .bind($t.created_at)
+            .execute($conn)
+            .await
+            .map_err(conflict("an organization with this name already exists"))?
+    };
+}
+
 macro_rules! insert_user {
     ($conn:expr, $u:expr) => {
         sqlx::query(

@@ -228,13 +228,7 @@ macro_rules! impl_sso {
             ) -> StoreResult<()> {
                 let mut tx = self.pool.begin().await?;
                 if let Some(t) = tenant {
-                    sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES ($1, $2, $3)")
-                        .bind(&t.id)
-                        .bind(&t.name)
-                        .bind(t.created_at)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(conflict("an organization with this name already exists"))?;
+                    insert_tenant!(&mut *tx, t);
                 }
                 insert_user!(&mut *tx, u);
                 sqlx::query(
