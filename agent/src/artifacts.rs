@@ -415,15 +415,20 @@ pub async fn fetch_code(
     let (bytes, cached) = match read_checked(&cached_file) {
         Some(b) => (b, true),
         None => {
+            // Tasks sharing a bundle start at once on one node: each downloads to a file of
+            // its own and moves it into place whole (a rename), so none reads another's
+            // half-written copy or loses its file to another's move.
+            let part = cache_root.join(format!("{hex}.{}.part", encode_segment(task_id)));
             let path = format!("tasks/{}/code", encode_segment(task_id));
             retry("code bundle", backoff, cancel, || {
-                client.download(&path, &cached_file)
+                client.download(&path, &part)
             })
             .await?;
-            let Some(b) = read_checked(&cached_file) else {
-                let _ = std::fs::remove_file(&cached_file);
+            let Some(b) = read_checked(&part) else {
+                let _ = std::fs::remove_file(&part);
                 return Err(bad(format!("the code bundle sent is not {id}")));
             };
+            std::fs::rename(&part, &cached_file)?;
             (b, false)
         }
     };

@@ -281,7 +281,12 @@ impl ServerClient {
         if let Some(parent) = dest.parent() {
             tokio::fs::create_dir_all(parent).await.map_err(io)?;
         }
-        let tmp = dest.with_extension("autodl-part");
+        // A name of its own: two downloads to one place (tasks sharing a file) never write
+        // into each other's temporary file, and the last rename wins whole.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = dest.file_name().unwrap_or_default().to_string_lossy();
+        let tmp = dest.with_file_name(format!("{name}.{}-{n}.autodl-part", std::process::id()));
         let mut out = tokio::fs::File::create(&tmp).await.map_err(io)?;
         let mut n = 0u64;
         let mut stream = resp.bytes_stream();
