@@ -113,6 +113,10 @@ impl TaskLaunch {
         if let Some(i) = a.checkpoint.as_ref().and_then(|c| c.interval) {
             env.insert("AUTODL_CHECKPOINT_INTERVAL".to_string(), i.to_string());
         }
+        // A Python training script writes its stdout through a block buffer when it is a pipe,
+        // so its prints would reach the log long after its warnings on stderr: unbuffered
+        // output keeps the two streams in the order they were written. A task may set it off.
+        env.insert("PYTHONUNBUFFERED".to_string(), "1".to_string());
         // The server's values (rank, master address, batch size after OOM recovery, ...) win.
         env.extend(a.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         // Restored or not is known once the checkpoint is downloaded (`mark_restored`).

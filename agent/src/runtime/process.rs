@@ -631,6 +631,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_python_script_s_stdout_and_stderr_keep_their_order() {
+        let script = "import sys, time\n\
+            for i in range(6):\n\
+            \x20   print(f'out {i}')\n\
+            \x20   print(f'err {i}', file=sys.stderr)\n\
+            \x20   time.sleep(0.02)\n";
+        let (l, io, h) = launch(&format!("python3 -c \"{script}\""));
+        let o = ProcessRuntime::trusted().run(l, io).await.unwrap();
+        assert_eq!(o.exit_code, 0);
+        let got: Vec<String> = lines(&h).into_iter().map(|l| l.line).collect();
+        let want: Vec<String> = (0..6)
+            .flat_map(|i| [format!("out {i}"), format!("err {i}")])
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[tokio::test]
     async fn success_and_oom() {
         let (l, io, h) = launch("echo done");
         let o = ProcessRuntime::trusted().run(l, io).await.unwrap();
