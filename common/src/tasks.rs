@@ -108,6 +108,24 @@ pub struct CheckpointSpec {
     pub keep: Option<u32>,
 }
 
+/// Checkpointing as asked: the interval as seconds or as text ("10m"), like every length of
+/// time a task takes; the server makes it a [`CheckpointSpec`] of seconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointInput {
+    /// Time between checkpoints: seconds, or text such as "10m".
+    #[serde(default)]
+    pub interval: Option<TimeSpan>,
+    /// `s3://bucket/path` in one of the platform's buckets (below the tenant's own prefix);
+    /// the platform's default place when absent.
+    #[serde(default)]
+    pub save_to: Option<String>,
+    /// Complete checkpoints kept; older ones are deleted (platform default when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<u32>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -184,7 +202,7 @@ pub struct TaskSpecInput {
     #[serde(default)]
     pub time_limit: Option<TimeSpan>,
     #[serde(default)]
-    pub checkpoint: Option<CheckpointSpec>,
+    pub checkpoint: Option<CheckpointInput>,
     #[serde(default)]
     pub retry_policy: Option<RetryPolicy>,
     #[serde(default)]

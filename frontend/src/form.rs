@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use autodl_common::tasks::{
-    Affinity, AfterFailure, AfterWhen, CheckpointSpec, Command, GpuRequest, OneOrMany, Resources,
+    Affinity, AfterFailure, AfterWhen, CheckpointInput, Command, GpuRequest, OneOrMany, Resources,
     RetryPolicy, Size, TaskKind, TaskSpec, TaskSpecInput, TimeSpan,
 };
 
@@ -264,7 +264,7 @@ impl FormValues {
             deadline: i.deadline.clone().unwrap_or_default(),
             estimated_runtime: span_text(i.estimated_runtime.as_ref()),
             time_limit: span_text(i.time_limit.as_ref()),
-            ckpt_interval: text_of(ck.and_then(|c| c.interval)),
+            ckpt_interval: span_text(ck.and_then(|c| c.interval.as_ref())),
             ckpt_to: ck.and_then(|c| c.save_to.clone()).unwrap_or_default(),
             ckpt_keep: text_of(ck.and_then(|c| c.keep)),
             checkpointed: ck.is_some(),
@@ -310,8 +310,7 @@ impl FormValues {
             .filter(|t| !t.is_empty())
             .map(str::to_owned)
             .collect();
-        let interval: Option<u64> =
-            opt_num(&self.ckpt_interval, "checkpoint.interval", "The interval")?;
+        let interval = span(&self.ckpt_interval);
         let keep: Option<u32> = opt_num(&self.ckpt_keep, "checkpoint.keep", "Checkpoints kept")?;
         let save_to = trimmed(&self.ckpt_to);
         Ok(TaskSpecInput {
@@ -343,7 +342,7 @@ impl FormValues {
                 || interval.is_some()
                 || save_to.is_some()
                 || keep.is_some())
-            .then_some(CheckpointSpec {
+            .then_some(CheckpointInput {
                 interval,
                 save_to,
                 keep,
@@ -431,7 +430,11 @@ pub fn spec_to_input(spec: &TaskSpec) -> TaskSpecInput {
         deadline: spec.deadline.clone(),
         estimated_runtime: spec.estimated_runtime.map(TimeSpan::Seconds),
         time_limit: spec.time_limit.map(TimeSpan::Seconds),
-        checkpoint: spec.checkpoint.clone(),
+        checkpoint: spec.checkpoint.as_ref().map(|c| CheckpointInput {
+            interval: c.interval.map(TimeSpan::Seconds),
+            save_to: c.save_to.clone(),
+            keep: c.keep,
+        }),
         retry_policy: Some(RetryPolicy {
             max_retries: spec.retry_policy.max_retries,
             oom_recovery: spec.retry_policy.oom_recovery,

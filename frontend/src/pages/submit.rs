@@ -480,7 +480,7 @@ fn SubmitForm() -> impl IntoView {
                         <p class="field-error" role="alert">{move || ferr("priority").get()}</p>
                     </div>
                     <Field label="Deadline" id="deadline" value=form.deadline error=ferr("deadline") placeholder="2026-12-24T18:00:00Z"/>
-                    <Field label="Checkpoint every (seconds)" id="checkpoint_interval" kind="number" value=form.ckpt_interval error=ferr("checkpoint.interval") placeholder="no checkpoints"/>
+                    <Field label="Checkpoint every" id="checkpoint_interval" kind="text" value=form.ckpt_interval error=ferr("checkpoint.interval") placeholder="no checkpoints (e.g. 10m)"/>
                     <Field label="Checkpoint destination" id="checkpoint_save_to" value=form.ckpt_to error=ferr("checkpoint.save_to") placeholder="s3://bucket/prefix"/>
                     <Field label="Checkpoints kept" id="checkpoint_keep" kind="number" value=form.ckpt_keep error=ferr("checkpoint.keep") placeholder="platform default"/>
                     <Field label="Retries" id="max_retries" kind="number" value=form.retries error=ferr("retry_policy.max_retries")/>

@@ -118,8 +118,39 @@ const FIELD_HINTS: [(&str, &str); 9] = [
     ("", "the request is missing a field it needs, or has two that exclude each other"),
 ];
 
-/// A broken rule as a field and a sentence, for the JSON error body.
+/// A good value of a task's field, said with a broken rule that does not give one already:
+/// the researcher reads the fix instead of working it out from the rule.
+const FIELD_EXAMPLES: [(&str, &str); 14] = [
+    ("priority", "0.5"),
+    ("num_workers", "2"),
+    ("resources.cpu", "8"),
+    ("resources.gpu.count", "2"),
+    ("resources.memory", "\"32GiB\""),
+    ("resources.gpu.memory", "\"20GiB\""),
+    ("estimated_runtime", "\"90m\""),
+    ("time_limit", "\"2h30m\""),
+    ("deadline", "\"2026-12-24T18:00:00Z\""),
+    ("checkpoint.interval", "\"10m\""),
+    ("checkpoint.keep", "3"),
+    ("retry_policy.max_retries", "3"),
+    ("batch_size", "64"),
+    ("ports", "[8888]"),
+];
+
+/// A broken rule as a field, a sentence and, for a task's fields, an example of a good value.
 pub fn explain(e: &jsonschema::ValidationError<'_>) -> (Option<String>, String) {
+    let (field, message) = explain_rule(e);
+    let example = field
+        .as_deref()
+        .and_then(|f| FIELD_EXAMPLES.iter().find(|(name, _)| *name == f))
+        .filter(|_| !message.contains("e.g."));
+    match example {
+        Some((_, good)) => (field, format!("{message} (e.g. {good})")),
+        None => (field, message),
+    }
+}
+
+fn explain_rule(e: &jsonschema::ValidationError<'_>) -> (Option<String>, String) {
     use jsonschema::error::ValidationErrorKind as K;
     // Forms know a field by its name, not by an item's index: `field` leaves indices out,
     // the message keeps them ("allowed_gpu_types[2] ...") so the caller can find the item.
@@ -465,13 +496,14 @@ fn component_rules() -> Vec<(&'static str, Value)> {
             json!({"exclusiveMinimum": 0, "maximum": 1024}),
         ),
         ("/GpuRequest/properties/count", range(0.0, 64.0)),
+        // Seconds, or text such as "10m".
         (
-            "/CheckpointSpec/properties/interval",
-            range(10.0, 604_800.0),
+            "/CheckpointInput/properties/interval",
+            json!({"minimum": 10, "maximum": 604_800, "maxLength": 64}),
         ),
-        ("/CheckpointSpec/properties/keep", range(1.0, 100.0)),
+        ("/CheckpointInput/properties/keep", range(1.0, 100.0)),
         (
-            "/CheckpointSpec/properties/save_to",
+            "/CheckpointInput/properties/save_to",
             json!({"maxLength": 1024, "anyOf": [
                 {"pattern": OBJECT_URL},
                 {"pattern": ABSOLUTE_FOLDER},

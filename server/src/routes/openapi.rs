@@ -392,7 +392,18 @@ mod tests {
             json!({"name": "t", "image": "i", "command": "c", "checkpoint": {"keep": 0}}),
         );
         assert_eq!(field.as_deref(), Some("checkpoint.keep"));
-        assert!(message.ends_with("must be at least 1"), "{message}");
+        // The rule, and a good value of a task's field.
+        assert!(
+            message.ends_with("must be at least 1 (e.g. 3)"),
+            "{message}"
+        );
+        let (field, message) = said(
+            "POST",
+            "/api/v1/tasks",
+            json!({"name": "t", "image": "i", "command": "c", "resources": {"cpu": 0}}),
+        );
+        assert_eq!(field.as_deref(), Some("resources.cpu"));
+        assert_eq!(message, "resources.cpu must be more than 0 (e.g. 8)");
         let (field, message) = said(
             "POST",
             "/api/v1/tasks",

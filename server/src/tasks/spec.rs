@@ -4,7 +4,8 @@
 use std::str::FromStr;
 
 use autodl_common::tasks::{
-    Command, OneOrMany, RetryPolicy, Size, TaskKind, TaskSpec, TaskSpecInput, TimeSpan,
+    CheckpointSpec, Command, OneOrMany, RetryPolicy, Size, TaskKind, TaskSpec, TaskSpecInput,
+    TimeSpan,
 };
 use time::format_description::well_known::Rfc3339;
 use time::{OffsetDateTime, PrimitiveDateTime};
@@ -306,11 +307,26 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         .map(|s| parse_span("time_limit", s))
         .transpose()?;
     let after = after_ids(&input.after)?;
-    if let Some(c) = &input.checkpoint {
+    let checkpoint = input
+        .checkpoint
+        .as_ref()
+        .map(|c| {
+            Ok::<_, ApiError>(CheckpointSpec {
+                interval: c
+                    .interval
+                    .as_ref()
+                    .map(|s| parse_span("checkpoint.interval", s))
+                    .transpose()?,
+                save_to: c.save_to.clone(),
+                keep: c.keep,
+            })
+        })
+        .transpose()?;
+    if let Some(c) = &checkpoint {
         if c.interval.is_some_and(|i| !(10..=7 * 86_400).contains(&i)) {
             return Err(ApiError::invalid(
                 "checkpoint.interval",
-                "checkpoint.interval must be between 10 s and 7 days",
+                "checkpoint.interval must be between 10 s and 7 days (e.g. \"10m\")",
             ));
         }
         if c.keep.is_some_and(|k| !(1..=100).contains(&k)) {
@@ -430,7 +446,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         deadline,
         estimated_runtime,
         time_limit,
-        checkpoint: input.checkpoint,
+        checkpoint,
         retry_policy,
         zone_affinity,
         bandwidth: bandwidth.to_owned(),
@@ -529,7 +545,7 @@ mod tests {
     #[test]
     fn every_spec_field_survives_the_submit_form() {
         use autodl_common::tasks::{
-            Affinity, AfterFailure, AfterWhen, CheckpointSpec, RetryPolicy,
+            Affinity, AfterFailure, AfterWhen, CheckpointInput, RetryPolicy,
         };
         use autodl_frontend::form::{spec_to_input, FormValues};
         let now = 1_700_000_000;
@@ -567,8 +583,8 @@ mod tests {
             deadline: Some("2023-11-20T10:00:00Z".into()),
             estimated_runtime: Some(TimeSpan::Seconds(5_400)),
             time_limit: Some(TimeSpan::Seconds(9_000)),
-            checkpoint: Some(CheckpointSpec {
-                interval: Some(600),
+            checkpoint: Some(CheckpointInput {
+                interval: Some(TimeSpan::Text("10m".into())),
                 save_to: Some("s3://ckpt/lab/run".into()),
                 keep: Some(3),
             }),
@@ -590,7 +606,7 @@ mod tests {
             ..Default::default()
         };
         let default_checkpoints = TaskSpecInput {
-            checkpoint: Some(CheckpointSpec {
+            checkpoint: Some(CheckpointInput {
                 interval: None,
                 save_to: None,
                 keep: None,

@@ -216,6 +216,26 @@ async fn task_input_is_validated(b: Backend) {
             "validation",
             Some("resources.cpu"),
         ),
+        (
+            with("resources", json!({"cpu": 0})),
+            "validation",
+            Some("resources.cpu"),
+        ),
+        (
+            with("resources", json!({"memory": -1})),
+            "validation",
+            Some("resources.memory"),
+        ),
+        (
+            with("checkpoint", json!({"interval": "soon"})),
+            "validation",
+            Some("checkpoint.interval"),
+        ),
+        (
+            with("checkpoint", json!({"interval": "5s"})),
+            "validation",
+            Some("checkpoint.interval"),
+        ),
         (with("colour", json!("blue")), "validation", Some("colour")),
         (
             with("priority", json!("high")),
@@ -256,6 +276,24 @@ async fn task_input_is_validated(b: Backend) {
         page["items"].as_array().unwrap().is_empty(),
         "nothing was stored"
     );
+    // Lengths of time are taken as text wherever a task has one.
+    let t = submit(
+        &app,
+        &s,
+        with(
+            "checkpoint",
+            json!({"interval": "1h30m", "save_to": "/ckpt"}),
+        ),
+    )
+    .await;
+    assert_eq!(t["spec"]["checkpoint"]["interval"], 5400, "{t}");
+    s.send(
+        &app,
+        Method::POST,
+        &format!("/api/v1/tasks/{}/cancel", t["id"].as_str().unwrap()),
+        None,
+    )
+    .await;
     // Query parameters are checked too.
     for q in [
         "state=sleeping",

@@ -79,9 +79,10 @@ class TaskTemplate:
         return self
 
     def set_checkpoint(
-        self, interval: Optional[int] = None, save_to: Optional[str] = None
+        self, interval: Union[int, str, None] = None, save_to: Optional[str] = None
     ) -> TaskTemplate:
-        """Checkpoint every ``interval`` seconds into ``save_to`` (``s3://...`` or a path)."""
+        """Checkpoint every ``interval`` (seconds, or text such as ``"10m"``) into ``save_to``
+        (``s3://...`` or a path)."""
         if interval is not None:
             self.checkpoint["interval"] = interval
         if save_to is not None:
