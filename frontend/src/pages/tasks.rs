@@ -479,6 +479,7 @@ fn TaskView(id: String) -> impl IntoView {
             Some(Ok(t)) => {
                 let spec = t.spec.clone();
                 let t_for_summary = t.clone();
+                let t_for_idle = t.clone();
                 let running = !t.state.is_finished();
                 let placement = t.placement.clone().unwrap_or_default().iter().map(|p| format!("{} GPU {:?}", p.node, p.gpu_indices)).collect::<Vec<_>>().join(", ");
                 view! {
@@ -507,6 +508,14 @@ fn TaskView(id: String) -> impl IntoView {
                             failure_summary(&t_for_summary, &list).map(|m| {
                                 let head = if t_for_summary.state == TaskState::TimedOut { "Timed out. " } else { "Failed. " };
                                 view! { <p class="banner error" data-testid="failure-summary"><strong>{head}</strong>{m}</p> }
+                            })
+                        }}
+                        {move || {
+                            let list = events.get().and_then(|r| r.ok()).unwrap_or_default();
+                            idle_notice(t_for_idle.state, &list).map(|(head, e)| view! {
+                                <p class="banner warn" role="status" data-testid="idle-notice">
+                                    <strong>{head}</strong>" "<Time at=e.at.clone()/>": "{e.message.clone()}
+                                </p>
                             })
                         }}
                         <dl class="facts">
@@ -693,6 +702,20 @@ fn gpu_hours(seconds: f64) -> String {
     }
 }
 
+/// An idle warning is easy to miss among the events: the latest one is said at the top while
+/// the task runs, and the stop when idleness ended it (with the GPU-hours it held idle).
+fn idle_notice(state: TaskState, events: &[TaskEvent]) -> Option<(&'static str, &TaskEvent)> {
+    let last = events
+        .iter()
+        .rev()
+        .find(|e| e.kind == "idle" || e.kind == "idle_stop")?;
+    match (state.is_finished(), last.kind.as_str()) {
+        (false, "idle") => Some(("Idle GPUs, warned", last)),
+        (_, "idle_stop") => Some(("Stopped for idle GPUs", last)),
+        _ => None,
+    }
+}
+
 /// What a researcher asks first of a task that failed: how it ended, where, after how many
 /// tries. Said from its last attempt.
 fn failure_summary(t: &Task, attempts: &[Attempt]) -> Option<String> {
@@ -858,6 +881,28 @@ fn LogTail(id: String) -> impl IntoView {
 mod tests {
     use super::*;
     use autodl_common::tasks::WorkerPlacement;
+
+    #[test]
+    fn the_latest_idle_warning_shows_while_running_and_the_stop_after() {
+        let e = |kind: &str, message: &str| TaskEvent {
+            at: "2026-12-03T10:00:00.000Z".into(),
+            kind: kind.into(),
+            message: message.into(),
+        };
+        let warned = [e("submitted", "-"), e("idle", "first"), e("idle", "second")];
+        let (head, last) = idle_notice(TaskState::Running, &warned).unwrap();
+        assert_eq!(
+            (head, last.message.as_str()),
+            ("Idle GPUs, warned", "second")
+        );
+        // A warning is history once the task has ended for another reason.
+        assert!(idle_notice(TaskState::Completed, &warned).is_none());
+        let stopped = [e("idle", "w"), e("idle_stop", "0.50 GPU-hours idle")];
+        let (head, last) = idle_notice(TaskState::Cancelled, &stopped).unwrap();
+        assert_eq!(head, "Stopped for idle GPUs");
+        assert!(last.message.contains("GPU-hours idle"));
+        assert!(idle_notice(TaskState::Running, &warned[..1]).is_none());
+    }
 
     fn task(state: TaskState, attempts: u32) -> Task {
         Task {

@@ -202,6 +202,28 @@ async fn idle_sessions_are_warned_then_stopped(b: Backend) {
     assert_eq!(t["state"], "running", "batch tasks are only warned: {t}");
     // Its GPU is free again for others.
     runner.cycle(clock.now_ms()).await.unwrap();
+
+    // An organization that asks for it has idle batch tasks stopped as well.
+    let res = put_policy(
+        &app,
+        &ada,
+        json!({"idle_minutes": 10, "idle_util_pct": 5, "stop_idle_batch": true}),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let running = [(ids[1].clone(), 1)];
+    clock.set(t0 + 13 * 60_000);
+    let sample = json!({"samples": [{"at": rfc3339(clock.now_ms()), "gpu_index": gpu_of[&ids[1]],
+        "util": 0.0, "mem_used": 1 << 30, "mem_total": 42949672960u64, "task_id": ids[1]}]});
+    let res = agent.call("/api/v1/agent/metrics", sample).await;
+    assert!(res.status().is_success(), "{}", res.text().await.unwrap());
+    agent.poll(&running, 0).await;
+    runner.cycle(clock.now_ms()).await.unwrap();
+    let work = agent.poll(&running, 0).await;
+    assert_eq!(work["stop"][0]["task_id"], ids[1].as_str(), "{work}");
+    assert_eq!(work["stop"][0]["reason"], "idle", "{work}");
+    let said = kinds(&app, &ada, &ids[1]).await;
+    assert!(said.iter().any(|(k, _)| k == "idle_stop"), "{said:?}");
 }
 
 async fn organizations_cap_session_length_and_count(b: Backend) {

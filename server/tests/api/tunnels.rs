@@ -302,6 +302,48 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
         Some(403),
         "a member may not reach into another member's task"
     );
+    for path in [
+        format!("/api/v1/tasks/{id}/shell"),
+        format!("/api/v1/tasks/{id}/ports/{port}"),
+    ] {
+        assert_eq!(
+            connect(&app, &colleague, &path).await.err(),
+            Some(403),
+            "{path}"
+        );
+    }
+
+    // A batch task is reached too, by an admin of its organization as by its owner.
+    let batch = submit(
+        &app,
+        &ada,
+        json!({"name": "train", "image": "none", "command": "sleep 120",
+            "resources": {"gpu": {"count": 1}}}),
+    )
+    .await;
+    wait_for(&app, &ada, &batch, &["running"], 30).await;
+    let admin = app
+        .invite_and_join(&ada, "carol@example.com", "admin")
+        .await;
+    let mut ws = connect(
+        &app,
+        &admin,
+        &exec_path(&batch, &["sh", "-c", "echo batch $AUTODL_TASK_ID"]),
+    )
+    .await
+    .unwrap();
+    let ended = read_to_end(&mut ws, 20).await;
+    assert_eq!(ended.stdout, format!("batch {batch}\n"), "{ended:?}");
+    assert_eq!(ended.exit, Some(0), "{ended:?}");
+    let events = ada
+        .get(&app, &format!("/api/v1/tasks/{batch}/events"))
+        .await;
+    assert!(
+        events.as_array().unwrap().iter().any(|e| e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("carol@example.com ran: sh -c"))),
+        "{events}"
+    );
 
     // Who reached in is in the task's timeline.
     let events = ada.get(&app, &format!("/api/v1/tasks/{id}/events")).await;
@@ -311,6 +353,13 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
         .iter()
         .map(|e| format!("{} {}", e["kind"], e["message"]))
         .collect();
+    // Nothing of the refused people's reached the task.
+    assert!(
+        !said
+            .iter()
+            .any(|e| e.contains("eve@example.com") || e.contains("bob@example.com")),
+        "{said:?}"
+    );
     for want in [
         "ada@example.com ran: sh -c",
         "ada@example.com opened a shell",
