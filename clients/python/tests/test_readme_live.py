@@ -26,9 +26,12 @@ from conftest import LiveServer
 pytestmark = pytest.mark.live
 
 REPO = Path(__file__).resolve().parents[3]
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+FENCE = re.compile(r"^```([\w,-]*)\n(.*?)^```", re.S | re.M)
 FILE_HEADER = re.compile(r"^# ([\w.-]+\.(?:py|ya?ml))\n")
 README_ADDRESS = "http://127.0.0.1:8080"
+# The READMEs whose examples run here (each has its test below); `test_readme_coverage.py`
+# holds every other README to setup blocks or doctests.
+RUN_AS_EXAMPLES = ("README.md", "clients/python/README.md")
 
 
 @dataclass
