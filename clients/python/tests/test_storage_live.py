@@ -32,7 +32,8 @@ def test_results_download_matches_what_the_task_wrote(demo: LiveServer, tmp_path
     task = client.submit_spec(
         shell_task(
             "results",
-            'mkdir -p "$AUTODL_RESULTS_DIR/metrics" && printf "accuracy 0.97\\n" > "$AUTODL_RESULTS_DIR/summary.txt" '
+            'mkdir -p "$AUTODL_RESULTS_DIR/metrics" '
+            '&& printf "accuracy 0.97\\n" > "$AUTODL_RESULTS_DIR/summary.txt" '
             '&& seq 1 50000 > "$AUTODL_RESULTS_DIR/metrics/steps.csv"',
         )
     )
@@ -59,7 +60,8 @@ while step < 40:
     autodl.checkpoint.save_now(step=step)
     print("step", step, flush=True)
     time.sleep(0.25)
-(autodl.env.results_dir and open(os.path.join(autodl.env.results_dir, "final.txt"), "w").write(str(step)))
+if autodl.env.results_dir:
+    open(os.path.join(autodl.env.results_dir, "final.txt"), "w").write(str(step))
 """
 
 
@@ -114,8 +116,10 @@ def test_demo_tasks_see_neither_the_servers_secrets_nor_its_files(demo: LiveServ
     task = client.submit_spec(
         shell_task(
             "snoop",
-            f'env; for f in "{demo.tmp}/a.db" "{demo.log}"; do cat "$f" >/dev/null 2>&1 && echo "LEAK $f"; done; '
-            'cat /proc/1/environ 2>/dev/null | tr "\\0" "\\n" | grep -q JWT && echo "LEAK pid 1"; echo snooped',
+            f'env; for f in "{demo.tmp}/a.db" "{demo.log}"; do '
+            'cat "$f" >/dev/null 2>&1 && echo "LEAK $f"; done; '
+            'cat /proc/1/environ 2>/dev/null | tr "\\0" "\\n" | grep -q JWT && echo "LEAK pid 1"; '
+            "echo snooped",
         )
     )
     assert task.wait(timeout=60) == "COMPLETED", task.logs()

@@ -4,10 +4,16 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 import urllib.request
 
@@ -103,6 +109,72 @@ def test_shell_round_trips_input_and_output(demo: LiveServer, session):
     assert "42 from-the-shell" in done.stdout, done
     assert done.returncode == 5, done
     assert "shell" in [e["kind"] for e in task.events()]
+
+
+def _read_until(fd: int, want: str, timeout: float = 30.0) -> str:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while want.encode() not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {want!r} in {seen!r}"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    return seen.decode(errors="replace")
+
+
+def _set_size(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def test_shell_on_a_terminal_follows_resizes_and_passes_ctrl_c(demo: LiveServer, session):
+    """``autodl shell`` on a real (pseudo) terminal, as a person runs it: the remote terminal
+    has the local one's size and follows it when the window changes, and Ctrl-C interrupts
+    what runs remotely instead of ending the CLI."""
+    task, _ = session
+    pid, fd = pty.fork()
+    if pid == 0:
+        _set_size(0, 30, 100)
+        os.execve(
+            sys.executable, [sys.executable, "-m", "autodl.cli", "shell", task.id], demo.cli_env()
+        )
+    try:
+        # Typed once the remote prompt shows, as a person does (the CLI's switch to a raw
+        # terminal discards what was typed before it). Markers are computed remotely, so the
+        # terminal's echo of the input never matches them.
+        _read_until(fd, "$ ")
+        os.write(fd, b"stty size; echo m$((40+2))\n")
+        assert "30 100" in _read_until(fd, "m42")
+        _set_size(fd, 40, 120)  # the kernel tells the CLI (SIGWINCH), which tells the server
+        said = ""
+        for n in range(10):
+            os.write(fd, f"stty size; echo r$(({n}+100))\n".encode())
+            said += _read_until(fd, f"r{n + 100}")
+            if "40 120" in said:
+                break
+            time.sleep(0.3)
+        assert "40 120" in said, said
+        os.write(fd, b"sleep 60; echo sl$((1+1))ept\n")
+        time.sleep(0.5)
+        os.write(fd, b"\x03")
+        os.write(fd, b"echo m$((60+3))\n")
+        said = _read_until(fd, "m63")
+        assert "sl2ept" not in said, said
+        os.write(fd, b"exit 3\n")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 3
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(fd)
 
 
 def test_port_forward_serves_a_page_and_a_websocket(demo: LiveServer, session):

@@ -26,7 +26,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import IO, Callable, Optional
+from typing import IO, Callable, Dict, Optional
 
 #: The file the agent watches; its content names the step and epoch of the checkpoint.
 MARKER = ".autodl-save"
@@ -73,7 +73,7 @@ def write_atomic(path: os.PathLike[str] | str, write: Callable[[IO[bytes]], obje
 def save_now(step: Optional[int] = None, epoch: Optional[float] = None) -> Path:
     """Asks the agent to upload the checkpoint folder now, recording ``step`` and ``epoch``
     with it. Returns immediately; the upload happens in the background (within a second)."""
-    info = {}
+    info: Dict[str, float] = {}
     if step is not None:
         info["step"] = int(step)
     if epoch is not None:
