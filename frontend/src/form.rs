@@ -152,7 +152,11 @@ fn unquote(v: &str) -> String {
     v.to_string()
 }
 
-fn opt_num<T: std::str::FromStr>(s: &str, field: &str, what: &str) -> Result<Option<T>, ApiErr> {
+pub fn opt_num<T: std::str::FromStr>(
+    s: &str,
+    field: &str,
+    what: &str,
+) -> Result<Option<T>, ApiErr> {
     let s = s.trim();
     if s.is_empty() {
         return Ok(None);

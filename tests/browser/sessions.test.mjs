@@ -120,3 +120,45 @@ function freePort() {
     });
   });
 }
+
+test("an owner sets the organization's rules for sessions and idle GPUs", async () => {
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 1000 } });
+  const page = await ctx.newPage();
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(String(e)));
+  await signUpApi(ctx, server.base, "rules@example.com", "Sess-ions-2026-ok", "Rules Lab");
+  await page.goto(`${server.base}/organization`);
+  await hydrated(page);
+  const form = page.locator("[data-testid=session-policy]");
+  await form.waitFor();
+  // The defaults are shown as they apply.
+  assert.equal(await page.inputValue("#idle_util_pct"), "5");
+  assert.equal(await page.inputValue("#idle_minutes"), "30");
+  // Empty is no threshold at all: refused before anything is sent.
+  await page.fill("#idle_util_pct", "");
+  await page.click("[data-testid=save-session-policy]");
+  await form.locator(".field-error:text('The threshold must be a number')").waitFor();
+  await page.fill("#idle_util_pct", "10");
+  await page.fill("#idle_minutes", "45");
+  await page.fill("#max_session_hours", "8");
+  await page.fill("#max_sessions_per_user", "2");
+  await page.check("[data-testid=stop-idle-batch]");
+  await page.click("[data-testid=save-session-policy]");
+  await form.locator(".banner.ok:text('Saved.')").waitFor();
+  const saved = await (await ctx.request.get(`${server.base}/api/v1/tenant/session-policy`)).json();
+  assert.deepEqual(saved, {
+    idle_util_pct: 10, idle_minutes: 45, stop_idle_batch: true, max_session_hours: 8, max_sessions_per_user: 2,
+  });
+  // The server's own rule is shown at its field.
+  await page.fill("#idle_util_pct", "150");
+  await page.click("[data-testid=save-session-policy]");
+  await form.locator("#idle_util_pct-error:not(:empty)").waitFor();
+  await shot(page, "org-session-rules");
+  // A reload shows what is stored.
+  await page.reload();
+  await hydrated(page);
+  assert.equal(await page.inputValue("#idle_minutes"), "45");
+  assert.ok(await page.isChecked("[data-testid=stop-idle-batch]"));
+  assert.deepEqual(errors, []);
+  await ctx.close();
+});

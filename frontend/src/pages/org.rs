@@ -1,11 +1,13 @@
 use autodl_common::api::{
-    CreateInvitationRequest, Invitation, Member, Quota, Role, TenantInfo, UpdateMemberRequest,
+    CreateInvitationRequest, Invitation, Member, Quota, Role, SessionPolicy, TenantInfo,
+    UpdateMemberRequest,
 };
 use leptos::prelude::*;
 
 use super::quota::{quota_summary, QuotaEditor};
 use crate::api::{self, ApiErr};
 use crate::app::{general_error, use_session, Field, RequireLogin};
+use crate::form::{invalid, opt_num};
 use crate::time::Time;
 
 #[component]
@@ -116,6 +118,7 @@ fn Org() -> impl IntoView {
         </Transition>
         {move || editing.get().map(|(id, email)| view! { <MemberQuota id email on_close=move || editing.set(None)/> })}
         <Show when=manager><Invitations/></Show>
+        <Show when=manager><SessionRules/></Show>
         <Show when=manager><super::notifications::Webhooks/></Show>
         <Show when=manager><super::sso::SsoSettingsForm path="/api/v1/tenant/sso" organization=true/></Show>
     }
@@ -236,5 +239,105 @@ fn Invitations() -> impl IntoView {
             </table>
         </section>
         </Transition>
+    }
+}
+
+/// The organization's rules for sessions and idle GPUs: what counts as idle, how long before
+/// a session is stopped, whether batch tasks are stopped too, and the caps on sessions.
+#[component]
+fn SessionRules() -> impl IntoView {
+    let current = Resource::new(
+        || (),
+        |_| api::get::<SessionPolicy>("/api/v1/tenant/session-policy"),
+    );
+    view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
+        <section class="card" data-testid="session-policy">
+            <h2>"Sessions and idle GPUs"</h2>
+            <p class="muted">"A task whose GPUs stay under the threshold, with nobody connected to it, is warned at half the idle time and a session is stopped at the whole (through its grace period, so it can checkpoint). 0 minutes turns idle stopping off."</p>
+            {move || current.get().map(|p| match p {
+                Ok(p) => view! { <SessionRulesForm initial=p/> }.into_any(),
+                Err(e) => view! { <p class="error">{e.message}</p> }.into_any(),
+            })}
+        </section>
+        </Transition>
+    }
+}
+
+#[component]
+fn SessionRulesForm(initial: SessionPolicy) -> impl IntoView {
+    let util = RwSignal::new(initial.idle_util_pct.to_string());
+    let minutes = RwSignal::new(initial.idle_minutes.to_string());
+    let hours = RwSignal::new(
+        initial
+            .max_session_hours
+            .map(|h| h.to_string())
+            .unwrap_or_default(),
+    );
+    let count = RwSignal::new(
+        initial
+            .max_sessions_per_user
+            .map(|n| n.to_string())
+            .unwrap_or_default(),
+    );
+    let stop_batch = RwSignal::new(initial.stop_idle_batch);
+    let error = RwSignal::new(None::<ApiErr>);
+    let saved = RwSignal::new(false);
+    let save = Action::new_local(move |p: &SessionPolicy| {
+        let p = p.clone();
+        async move { api::put::<_, SessionPolicy>("/api/v1/tenant/session-policy", &p).await }
+    });
+    Effect::new(move |_| match save.value().get() {
+        Some(Ok(_)) => {
+            error.set(None);
+            saved.set(true);
+        }
+        Some(Err(e)) => error.set(Some(e)),
+        None => {}
+    });
+    let on_submit = move |ev: leptos::ev::SubmitEvent| {
+        ev.prevent_default();
+        saved.set(false);
+        let policy = (|| -> Result<SessionPolicy, ApiErr> {
+            Ok(SessionPolicy {
+                idle_util_pct: opt_num(&util.get_untracked(), "idle_util_pct", "The threshold")?
+                    .ok_or_else(|| invalid("idle_util_pct", "The threshold must be a number"))?,
+                idle_minutes: opt_num(&minutes.get_untracked(), "idle_minutes", "Idle minutes")?
+                    .ok_or_else(|| invalid("idle_minutes", "Idle minutes must be a number"))?,
+                stop_idle_batch: stop_batch.get_untracked(),
+                max_session_hours: opt_num(
+                    &hours.get_untracked(),
+                    "max_session_hours",
+                    "The longest session",
+                )?,
+                max_sessions_per_user: opt_num(
+                    &count.get_untracked(),
+                    "max_sessions_per_user",
+                    "Sessions per member",
+                )?,
+            })
+        })();
+        match policy {
+            Ok(p) => {
+                save.dispatch(p);
+            }
+            Err(e) => error.set(Some(e)),
+        }
+    };
+    let ferr =
+        move |f: &'static str| Signal::derive(move || error.get().and_then(|e| e.for_field(f)));
+    view! {
+        <form class="quota-form" method="post" on:submit=on_submit novalidate>
+            <Field label="Idle under (% GPU utilization)" id="idle_util_pct" kind="number" value=util error=ferr("idle_util_pct")/>
+            <Field label="Stop after (minutes idle)" id="idle_minutes" kind="number" value=minutes error=ferr("idle_minutes")/>
+            <Field label="Longest session (hours)" id="max_session_hours" kind="number" value=hours error=ferr("max_session_hours") placeholder="no cap"/>
+            <Field label="Sessions per member at once" id="max_sessions_per_user" kind="number" value=count error=ferr("max_sessions_per_user") placeholder="no cap"/>
+            <label class="check"><input type="checkbox" id="stop_idle_batch" data-testid="stop-idle-batch" bind:checked=stop_batch/>" Stop idle batch tasks too (otherwise they are only warned)"</label>
+            <p class="banner error" role="alert">{move || general_error(error.get(), &["idle_util_pct", "idle_minutes", "max_session_hours", "max_sessions_per_user"])}</p>
+            {move || saved.get().then(|| view! { <p class="banner ok">"Saved."</p> })}
+            <div class="actions">
+                <button type="submit" data-testid="save-session-policy" disabled=move || save.pending().get()>"Save rules"</button>
+            </div>
+        </form>
     }
 }
