@@ -1,7 +1,7 @@
 use autodl_common::api::Me;
 use leptos::prelude::*;
 use leptos_meta::{provide_meta_context, MetaTags, Title};
-use leptos_router::components::{Route, Router, Routes, A};
+use leptos_router::components::{Redirect, Route, Router, Routes, A};
 use leptos_router::{path, SsrMode};
 
 use crate::api;
@@ -205,6 +205,32 @@ pub fn RequireLogin(children: ChildrenFn) -> impl IntoView {
                         <p>"This page needs an account. " <a href=login data-testid="sign-in-link">"Sign in"</a> " or " <a href="/signup">"create one"</a> "."</p>
                     </section>
                 }.into_any()
+            }
+        })}
+        </Suspense>
+    }
+}
+
+/// Sign-in and sign-up are for people who are not signed in: a signed-in visitor is sent on
+/// to where the sign-in would have taken them, by the server (a redirect, so the form never
+/// shows, with or without JavaScript) or, after a client-side sign-in, by the router.
+#[component]
+pub fn SignedOutOnly(children: ChildrenFn) -> impl IntoView {
+    let session = use_session();
+    let query = leptos_router::hooks::use_query_map();
+    let children = StoredValue::new(children);
+    view! {
+        <Suspense fallback=|| view! { <p class="muted">"Loading…"</p> }>
+        {move || Suspend::new(async move {
+            if session.0.await.is_some() {
+                let to = after_sign_in(query.read_untracked().get("next"));
+                view! {
+                    <Redirect path=to.clone()/>
+                    <p class="muted">"You are signed in. " <a href=to>"Continue"</a></p>
+                }
+                .into_any()
+            } else {
+                children.read_value()().into_any()
             }
         })}
         </Suspense>

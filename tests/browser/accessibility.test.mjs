@@ -46,7 +46,18 @@ test("no serious or critical accessibility violations on any page", async () => 
     await page.waitForURL((u) => new URL(u).pathname === "/");
     const csrf = (await ctx.cookies()).find((c) => c.name === "autodl_csrf").value;
     let task = null;
+    let sweep = null;
     if (scheme === "light") {
+      const s = await ctx.request.post(`${server.base}/api/v1/sweeps`, {
+        headers: { "X-CSRF-Token": csrf },
+        data: {
+          name: "axe-sweep",
+          template: { name: "lr-${lr}", image: "python:3.12", command: "echo ${lr}", resources: { gpu: { count: 0 } } },
+          parameters: { lr: [0.1, 0.01] },
+        },
+      });
+      assert.equal(s.status(), 201, await s.text());
+      sweep = (await s.json()).id;
       const r = await ctx.request.post(`${server.base}/api/v1/tasks`, {
         headers: { "X-CSRF-Token": csrf },
         data: { name: "axe-task", image: "python:3.12", command: "sleep 300", resources: { gpu: { count: 1 } } },
@@ -56,11 +67,13 @@ test("no serious or critical accessibility violations on any page", async () => 
       await ctx.request.post(`${server.base}/api/v1/tasks/${task}/metrics`, { headers: { "X-CSRF-Token": csrf }, data: { loss: 1.5, step: 1 } });
       await ctx.request.post(`${server.base}/api/v1/tasks/${task}/metrics`, { headers: { "X-CSRF-Token": csrf }, data: { loss: 0.9, step: 2 } });
     } else {
-      const list = await (await ctx.request.get(`${server.base}/api/v1/tasks`)).json();
-      task = list.items[0].id;
+      const list = await (await ctx.request.get(`${server.base}/api/v1/tasks?limit=100`)).json();
+      task = list.items.find((t) => t.name === "axe-task").id;
+      sweep = (await (await ctx.request.get(`${server.base}/api/v1/sweeps`)).json())[0].id;
     }
     const pages = ["/", "/tasks", `/tasks/${task}`, "/submit", "/cluster", "/account", "/organization", "/admin", "/admin?tab=users", "/admin?tab=nodes",
-      "/admin?tab=usage", "/admin?tab=tokens", "/admin?tab=policy",
+      "/admin?tab=usage", "/admin?tab=tokens", "/admin?tab=policy", "/admin?tab=sso",
+      "/audit", "/usage", "/sweeps", `/sweeps/${sweep}`,
       `/compare?ids=${task}`, "/no-such-page"];
     for (const [width, label] of [[1280, "wide"], [390, "phone"]]) {
       await page.setViewportSize({ width, height: 900 });

@@ -116,6 +116,8 @@ test("set a member's quota, drain a node, see the tasks move", async () => {
   await admin.waitForURL("**/admin?tab=users&q=root*");
   await admin.waitForSelector("[data-testid=admin-count]:text('1 found')");
   assert.equal(await admin.locator("[data-testid=admin-users] tbody tr").count(), 1);
+  // That is the admin: nobody is offered to disable or demote themselves.
+  assert.equal(await admin.locator("[data-testid=admin-users] tbody tr button").count(), 0);
   await admin.click("[data-testid=tab-nodes]");
   await admin.waitForSelector("[data-testid=admin-nodes]");
   await shot(admin, "32-admin-node-drained");

@@ -56,6 +56,15 @@ test("reading pages show their data with JavaScript off", async () => {
   // Form values are in the HTML too.
   assert.equal(await page.locator("#image").inputValue(), "pytorch/pytorch:2.1");
 
+  // Signed in, the sign-in and sign-up pages send the visitor on (the server redirects: no
+  // form shows, even without JavaScript), to where the sign-in would have led.
+  for (const [path, lands] of [["/login", "/"], ["/login?next=%2Ftasks", "/tasks"], ["/signup", "/"]]) {
+    const res = await page.goto(`${server.base}${path}`);
+    assert.equal(new URL(page.url()).pathname, lands, path);
+    assert.equal(res.status(), 200, path);
+    assert.equal(await page.locator("#password").count(), 0, `${path} shows no sign-in form`);
+  }
+
   // The task list's filters are a plain form and its state is in the URL: without
   // JavaScript, filtering by state still works.
   await page.goto(`${server.base}/tasks`);

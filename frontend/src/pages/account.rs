@@ -29,7 +29,7 @@ fn Profile() -> impl IntoView {
                     <dt>"Email"</dt><dd>{me.email}</dd>
                     <dt>"Organization"</dt><dd>{me.tenant_name}</dd>
                     <dt>"Role"</dt><dd>{me.role.as_str()}{me.platform_admin.then_some(" · platform admin")}</dd>
-                    <dt>"Member since"</dt><dd>{me.created_at.get(..10).unwrap_or_default().to_string()}</dd>
+                    <dt>"Member since"</dt><dd><Time at=me.created_at.clone()/></dd>
                 </dl>
             })}
         </section>

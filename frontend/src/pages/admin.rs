@@ -82,11 +82,12 @@ fn SearchPager(#[prop(into)] total: Signal<usize>, placeholder: &'static str) ->
     };
     view! {
         <form class="filters" method="get" action="/admin" role="search">
-            <input type="hidden" name="tab" prop:value=move || query.get().tab/>
+            // The attribute too: without JavaScript the form sends what the server wrote.
+            <input type="hidden" name="tab" value=query.get_untracked().tab prop:value=move || query.get().tab/>
             <div class="field">
                 <label for="admin-search">"Search"</label>
                 <input id="admin-search" name="q" type="search" data-testid="admin-search" placeholder=placeholder
-                    prop:value=move || query.get().search/>
+                    value=query.get_untracked().search prop:value=move || query.get().search/>
             </div>
             <button type="submit" class="small secondary">"Search"</button>
         </form>
@@ -324,6 +325,7 @@ fn Users() -> impl IntoView {
                     // No one locks themselves out from here.
                     let me = use_session().me().is_some_and(|m| m.id == u.id);
                     let who = u.email.clone();
+                    let who2 = u.email.clone();
                     view! {
                         <tr class:disabled=disabled>
                             <td>{u.email}</td><td>{u.tenant_name}</td>
@@ -337,7 +339,9 @@ fn Users() -> impl IntoView {
                                     }
                                 }>{if disabled { "Enable" } else { "Disable" }}</button>
                                 <button type="button" class="small secondary" on:click=move |_| {
-                                    update.dispatch((id2.clone(), AdminUpdateUserRequest { disabled: None, platform_admin: Some(!admin) }));
+                                    if !admin || crate::live::confirm(&format!("Revoke {who2}'s platform admin rights?")) {
+                                        update.dispatch((id2.clone(), AdminUpdateUserRequest { disabled: None, platform_admin: Some(!admin) }));
+                                    }
                                 }>{if admin { "Revoke admin" } else { "Make admin" }}</button>
                                 })}
                             </td>

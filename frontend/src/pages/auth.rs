@@ -5,7 +5,7 @@ use leptos::prelude::*;
 use leptos_router::hooks::{use_navigate, use_query_map};
 
 use crate::api::{self, ApiErr};
-use crate::app::{after_sign_in, general_error, use_session, Field};
+use crate::app::{after_sign_in, general_error, use_session, Field, SignedOutOnly};
 
 fn field_err(result: RwSignal<Option<ApiErr>>, field: &'static str) -> Signal<Option<String>> {
     Signal::derive(move || result.get().and_then(|e| e.for_field(field)))
@@ -27,6 +27,20 @@ fn check_email(email: &str) -> Option<ApiErr> {
 
 #[component]
 pub fn SignupPage() -> impl IntoView {
+    // An invitation is for whoever holds the link, signed in or not.
+    let invited = use_query_map()
+        .read_untracked()
+        .get("invitation")
+        .is_some_and(|t| !t.is_empty());
+    if invited {
+        view! { <Signup/> }.into_any()
+    } else {
+        view! { <SignedOutOnly><Signup/></SignedOutOnly> }.into_any()
+    }
+}
+
+#[component]
+fn Signup() -> impl IntoView {
     let query = use_query_map();
     let next = move || query.read_untracked().get("next");
     let invitation = move || query.read().get("invitation").filter(|t| !t.is_empty());
@@ -126,6 +140,11 @@ pub fn SignupPage() -> impl IntoView {
 
 #[component]
 pub fn LoginPage() -> impl IntoView {
+    view! { <SignedOutOnly><Login/></SignedOutOnly> }
+}
+
+#[component]
+fn Login() -> impl IntoView {
     let query = use_query_map();
     let next = move || query.read_untracked().get("next");
     let email = RwSignal::new(String::new());

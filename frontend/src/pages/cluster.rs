@@ -1,5 +1,5 @@
-//! The cluster (`/cluster`): every node's GPUs as a heatmap of allocated memory, refreshed every
-//! 3 s, with the tasks sharing each GPU.
+//! The cluster (`/cluster`): every node's GPUs as a heatmap of measured utilization (memory
+//! taken below each), refreshed every 3 s, with the tasks sharing each GPU.
 
 use std::time::Duration;
 

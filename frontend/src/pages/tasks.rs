@@ -257,7 +257,7 @@ fn TaskList() -> impl IntoView {
                         value=first.search prop:value=search
                         on:input=move |ev| { let s = event_target_value(&ev); search.set(s.clone()); go4(&move |q: &mut ListQuery| q.search = s.clone(), true); }/>
                 </div>
-                <label class="check"><input type="checkbox" name="mine" value="1" data-testid="filter-mine" prop:checked=move || current.get().mine
+                <label class="check"><input type="checkbox" name="mine" value="1" data-testid="filter-mine" checked=first.mine prop:checked=move || current.get().mine
                     on:change=move |ev| { let m = event_target_checked(&ev); go5(&move |q: &mut ListQuery| { q.mine = m; q.cursor = None; }, false); }/>" Mine only"</label>
                 <button type="submit" class="small secondary" data-testid="filter-apply">"Apply"</button>
             </form>
