@@ -115,13 +115,23 @@ test("metrics charts, comparing tasks, bulk cancel, local times", async () => {
   await page.waitForSelector("[data-testid=chart-compare] figcaption:has-text('accuracy')");
   await shot(page, "51-compare");
 
-  // Cancel both from the list at once.
+  // Cancel both from the list at once: the header box ticks every row on the page, and the
+  // cancel asks first.
   await page.goto(`${server.base}/tasks`);
   await hydrated(page);
+  const rows = await page.locator("[data-testid=task-row]").count();
+  await page.check("[data-testid=select-all]");
+  await page.waitForSelector(`[data-testid=selected-count]:text('${rows} selected')`);
+  assert.ok(await page.isChecked(`tr[data-task='${a}'] [data-testid=select-task]`));
+  await page.uncheck("[data-testid=select-all]");
+  await page.waitForSelector("[data-testid=selected-count]:text('Tick tasks')");
   await page.check(`tr[data-task='${a}'] [data-testid=select-task]`);
   await page.check(`tr[data-task='${b}'] [data-testid=select-task]`);
+  const asked = [];
+  page.on("dialog", (d) => asked.push(d.message()));
   await page.click("[data-testid=cancel-selected]");
   await page.waitForSelector("[data-testid=bulk-message]:text('Cancelled 2 tasks.')");
+  assert.deepEqual(asked, ["Cancel 2 selected tasks? Work since their last checkpoint is lost."]);
   await page.waitForFunction(() => [...document.querySelectorAll("[data-testid=task-row] [data-testid=state]")].every((s) => s.textContent === "cancelled"));
 
   // A task that is not there has no live panels waiting forever.

@@ -174,3 +174,56 @@ fn Dashboard() -> impl IntoView {
         </Transition>
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use autodl_common::tasks::{PriorityFactors, TaskState, Waiting};
+
+    fn waiting(reason: &str, message: &str, fair_share: f64) -> Task {
+        let mut t = crate::pages::tasks::tests::task(TaskState::Pending, 0);
+        t.waiting = Some(Waiting {
+            reason: Some(reason.into()),
+            message: message.into(),
+            position: Some(0),
+            priority: Some(PriorityFactors {
+                fair_share,
+                utilization: 1.0,
+                deadline: 0.0,
+                declared: 0.5,
+                age: 0.0,
+                gpu_fit: 1.0,
+                total: 0.5,
+            }),
+            estimated_start: None,
+        });
+        t
+    }
+
+    #[test]
+    fn the_dashboard_says_a_quota_holds_tasks_before_any_place_in_the_queue() {
+        let held = [
+            waiting("priority", "tasks ahead of it", 0.9),
+            waiting("quota", "over your GPU quota: 2 of 2 GPUs in use", 0.9),
+        ];
+        let note = fair_share_note(&held, 2);
+        assert_eq!(
+            note,
+            "1 of your 2 waiting tasks are held by a quota: over your GPU quota: 2 of 2 GPUs in use."
+        );
+        assert!(!note.contains("near the front"));
+        assert!(fair_share_note(&held, 60).contains("the first 2 of your 60"));
+    }
+
+    #[test]
+    fn the_dashboard_says_where_fair_share_puts_the_caller() {
+        let t = |share| [waiting("priority", "tasks ahead of it", share)];
+        assert!(fair_share_note(&t(0.9), 1).starts_with("You have used little"));
+        assert!(fair_share_note(&t(0.5), 1).contains("alongside everyone else's"));
+        assert!(fair_share_note(&t(0.1), 1).contains("others' tasks go first"));
+        assert!(fair_share_note(&[], 0).starts_with("Nothing of yours is waiting"));
+        let mut fresh = crate::pages::tasks::tests::task(TaskState::Pending, 0);
+        fresh.waiting = None;
+        assert!(fair_share_note(&[fresh], 1).contains("not been through a scheduling cycle"));
+    }
+}

@@ -183,6 +183,21 @@ fn TaskList() -> impl IntoView {
     let (go1, go2, go3, go4, go5) = (go.clone(), go.clone(), go.clone(), go.clone(), go);
     // Rows ticked for a bulk action.
     let selected = RwSignal::new(BTreeSet::<String>::new());
+    // The rows on screen: this page of the list, narrowed by the typed search.
+    let shown_ids = move || -> Vec<String> {
+        let needle = current.get().search.to_lowercase();
+        tasks
+            .get()
+            .and_then(|r| r.ok())
+            .map(|p| {
+                p.items
+                    .into_iter()
+                    .filter(|t| named(t, &needle))
+                    .map(|t| t.id)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
     let bulk_msg = RwSignal::new(None::<String>);
     let cancel_many = Action::new_local(move |ids: &Vec<String>| {
         let ids = ids.clone();
@@ -285,14 +300,19 @@ fn TaskList() -> impl IntoView {
                 <span class="small" role="status" data-testid="bulk-message">{move || bulk_msg.get()}</span>
             </div>
             <table class="table" data-testid="tasks">
-                <thead><tr><th><span class="visually-hidden">"Select"</span></th><th>"Name"</th><th>"State"</th><th>"GPUs"</th><th>"User"</th><th>"Created ↓"</th><th>"Ran for"</th><th>"Waiting"</th></tr></thead>
+                <thead><tr><th><input type="checkbox" data-testid="select-all" aria-label="Select every task on this page"
+                    prop:checked=move || { let ids = shown_ids(); !ids.is_empty() && selected.with(|s| ids.iter().all(|i| s.contains(i))) }
+                    on:change=move |ev| {
+                        let (on, ids) = (event_target_checked(&ev), shown_ids());
+                        selected.update(|s| for id in ids { if on { s.insert(id); } else { s.remove(&id); } });
+                    }/></th><th>"Name"</th><th>"State"</th><th>"GPUs"</th><th>"User"</th><th>"Created ↓"</th><th>"Ran for"</th><th>"Waiting"</th></tr></thead>
                 <tbody>
                 {move || match tasks.get() {
                     None => view! { <tr><td colspan="8" class="muted">"Loading…"</td></tr> }.into_any(),
                     Some(Err(_)) => view! { <tr><td colspan="8" class="muted">"—"</td></tr> }.into_any(),
                     Some(Ok(page)) => {
                         let needle = current.get().search.to_lowercase();
-                        let rows: Vec<Task> = page.items.into_iter().filter(|t| needle.is_empty() || t.name.to_lowercase().contains(&needle)).collect();
+                        let rows: Vec<Task> = page.items.into_iter().filter(|t| named(t, &needle)).collect();
                         if rows.is_empty() {
                             return view! { <tr><td colspan="8" class="muted" data-testid="no-tasks">"No tasks match."</td></tr> }.into_any();
                         }
@@ -672,6 +692,11 @@ fn TaskView(id: String) -> impl IntoView {
     }
 }
 
+/// Whether a task's name holds the (lower-cased) search typed over the list.
+fn named(t: &Task, needle: &str) -> bool {
+    needle.is_empty() || t.name.to_lowercase().contains(needle)
+}
+
 /// How long the task has run: from its first start to its end (or now).
 pub fn ran_for(t: &Task) -> Option<String> {
     let start = t.started_at.as_deref().and_then(time::parse_ms)?;
@@ -878,7 +903,7 @@ fn LogTail(id: String) -> impl IntoView {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use autodl_common::tasks::WorkerPlacement;
 
@@ -904,7 +929,8 @@ mod tests {
         assert!(idle_notice(TaskState::Running, &warned[..1]).is_none());
     }
 
-    fn task(state: TaskState, attempts: u32) -> Task {
+    /// A task in `state` after `attempts` tries, for the pages' tests.
+    pub(crate) fn task(state: TaskState, attempts: u32) -> Task {
         Task {
             id: "t".into(),
             name: "n".into(),
