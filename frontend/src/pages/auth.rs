@@ -158,14 +158,6 @@ fn Login() -> impl IntoView {
         |_| async move { api::get::<Vec<SsoOption>>("/api/v1/auth/sso/providers").await },
     );
     let sso_error = move || query.read().get("sso_error").filter(|e| !e.is_empty());
-    // Already signed in: nothing to do here.
-    let go = navigate.clone();
-    Effect::new(move |_| {
-        if session.me().is_some() {
-            go(&after_sign_in(next()), Default::default());
-        }
-    });
-
     let submit = Action::new_local(move |req: &LoginRequest| {
         let req = req.clone();
         async move { api::post::<_, LoginResponse>("/api/v1/auth/login", &req).await }

@@ -18,8 +18,6 @@ use crate::store::{SsoProviderRecord, SsoScope, TenantRecord, UserRecord};
 pub struct SignedIn {
     pub user: UserRecord,
     pub tenant: TenantRecord,
-    /// The account was made by this sign-in.
-    pub created: bool,
 }
 
 pub async fn account_for(
@@ -46,8 +44,8 @@ pub async fn account_for(
         Some(user_id) => state.store.user(&user_id).await?,
         None => None,
     };
-    let (user, created) = match linked {
-        Some(u) => (u, false),
+    let user = match linked {
+        Some(u) => u,
         None => match state.store.user_by_email(email.as_str()).await? {
             Some(u) => {
                 if p.scope.tenant().is_some_and(|t| t != u.tenant_id) {
@@ -80,17 +78,14 @@ pub async fn account_for(
                     .store
                     .link_sso_identity(&p.id, &id.subject, &u.id, now)
                     .await?;
-                (u, false)
+                u
             }
             None if !id.email_verified => {
                 return Err(refused(
                     "the provider has not verified your email address, so no account is made",
                 ))
             }
-            None => (
-                create(state, p, id, &email, role.as_deref(), now).await?,
-                true,
-            ),
+            None => create(state, p, id, &email, role.as_deref(), now).await?,
         },
     };
     if user.disabled {
@@ -120,7 +115,7 @@ pub async fn account_for(
             }
         }
     }
-    signed_in(state, user, created).await
+    signed_in(state, user).await
 }
 
 async fn create(
@@ -218,22 +213,14 @@ pub async fn link_account(
                 .await?
         }
     }
-    signed_in(state, user, false).await
+    signed_in(state, user).await
 }
 
-async fn signed_in(
-    state: &AppState,
-    user: UserRecord,
-    created: bool,
-) -> Result<SignedIn, SsoError> {
+async fn signed_in(state: &AppState, user: UserRecord) -> Result<SignedIn, SsoError> {
     let tenant = state
         .store
         .tenant(&user.tenant_id)
         .await?
         .ok_or_else(|| SsoError::Internal(format!("user {} has no organization", user.id)))?;
-    Ok(SignedIn {
-        user,
-        tenant,
-        created,
-    })
+    Ok(SignedIn { user, tenant })
 }
