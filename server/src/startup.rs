@@ -62,11 +62,16 @@ impl Application {
         let storage = crate::storage::Storage::from_settings(&settings)?;
         let mailer = crate::notify::email::Mailer::from_settings(&settings)?;
         tracing::info!(storage = %storage.backend.describe(), bucket = storage.default_bucket, "object storage");
-        let (submissions, group_writer) = crate::store::GroupCommit::new(store.clone());
+        let (submissions, submission_writer) =
+            crate::store::Submissions::submissions(store.clone());
+        let (starts, start_writer) = crate::store::Starts::starts(store.clone());
+        let (ends, end_writer) = crate::store::Ends::ends(store.clone());
         let state = web::Data::new(AppState {
             storage,
             store,
             submissions,
+            starts,
+            ends,
             accounts: Default::default(),
             sessions: SessionKeys::new(
                 secret.as_bytes(),
@@ -92,7 +97,9 @@ impl Application {
             clock,
         });
         let mut background = crate::replicas::connect(&state).await?;
-        background.push(tokio::spawn(group_writer));
+        background.push(tokio::spawn(submission_writer));
+        background.push(tokio::spawn(start_writer));
+        background.push(tokio::spawn(end_writer));
         if settings.run_scheduler {
             let runner = Runner::new(
                 &state,

@@ -23,7 +23,9 @@ pub struct AppState {
     /// Callers' keys, quotas and organizations, kept for a moment (see `auth::cache`).
     pub accounts: Arc<crate::auth::cache::AccountCache>,
     /// New tasks, stored many to a transaction.
-    pub submissions: crate::store::GroupCommit,
+    pub submissions: crate::store::Submissions,
+    pub starts: crate::store::Starts,
+    pub ends: crate::store::Ends,
     /// Shells, commands and ports people have open into tasks.
     pub tunnels: Arc<crate::tunnels::Tunnels>,
     /// Tasks' web ports on origins of their own.

@@ -12,7 +12,7 @@ use crate::agents::skew::ClockSkew;
 use crate::app::runs::{current_run, run_for_output};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::{GpuSampleRecord, NodeRecord};
+use crate::store::{GpuSampleRecord, NodeRecord, RunEnd, RunStart};
 use crate::tasks::lifecycle::{after_attempt, final_stop, ExitKind};
 use crate::tasks::{spec::parse_time_ms, spec_of};
 
@@ -31,8 +31,12 @@ pub async fn started(
     if t.task.state == TaskState::Scheduled {
         let placed_at = t.task.updated_at;
         state
-            .store
-            .mark_running(task_id, i64::from(attempt), state.clock.now_ms())
+            .starts
+            .submit(RunStart {
+                task_id: task_id.to_owned(),
+                attempt: i64::from(attempt),
+                at: state.clock.now_ms(),
+            })
             .await?;
         state
             .metrics
@@ -125,8 +129,13 @@ pub async fn finished(
         // Stopped for good (time limit, idle), or failed while stopping: the task ends there.
         (None | Some(ExitKind::Error | ExitKind::Oom), Some(_), Some(end)) => {
             state
-                .store
-                .finish_attempt(task_id, i64::from(report.attempt), &end, now)
+                .ends
+                .submit(RunEnd {
+                    task_id: task_id.to_owned(),
+                    attempt: i64::from(report.attempt),
+                    end: end.clone(),
+                    at: now,
+                })
                 .await?;
             tell_ended(state, &t.task, &spec, report.attempt, &end, now).await;
         }
@@ -158,8 +167,13 @@ pub async fn finished(
                 kind,
             );
             state
-                .store
-                .finish_attempt(task_id, i64::from(report.attempt), &end, now)
+                .ends
+                .submit(RunEnd {
+                    task_id: task_id.to_owned(),
+                    attempt: i64::from(report.attempt),
+                    end: end.clone(),
+                    at: now,
+                })
                 .await?;
             tell_ended(state, &t.task, &spec, report.attempt, &end, now).await;
         }

@@ -42,7 +42,7 @@ pub async fn submit(
         .collect();
     let created = state
         .submissions
-        .create(NewTask {
+        .submit(NewTask {
             task: rec.clone(),
             labels,
             kind: spec.kind,

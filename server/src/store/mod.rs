@@ -24,7 +24,7 @@ use async_trait::async_trait;
 pub use accounts::Accounts;
 pub use artifacts::Artifacts;
 pub use audit::AuditTrail;
-pub use group_commit::GroupCommit;
+pub use group_commit::{Ends, GroupCommit, Starts, Submissions};
 pub use leadership::Leadership;
 pub use nodes::Nodes;
 pub use notifications::Notifications;

@@ -275,6 +275,25 @@ pub struct NewTask {
     pub kind: autodl_common::tasks::TaskKind,
 }
 
+/// An agent's report that a run's process started.
+#[derive(Debug, Clone)]
+pub struct RunStart {
+    pub task_id: String,
+    pub attempt: i64,
+    /// When the server heard it.
+    pub at: i64,
+}
+
+/// A run that ended, as its agent reported it.
+#[derive(Debug, Clone)]
+pub struct RunEnd {
+    pub task_id: String,
+    pub attempt: i64,
+    pub end: AttemptEnd,
+    /// When the server heard it.
+    pub at: i64,
+}
+
 pub enum TaskCreated {
     Created,
     /// The idempotency key was used before; this is the task it created.

@@ -85,14 +85,36 @@ pub trait Tasks: Send + Sync {
         message: &str,
         now: i64,
     ) -> StoreResult<bool>;
-    async fn mark_running(&self, id: &str, attempt: i64, now: i64) -> StoreResult<bool>;
+    /// Marks runs started, all in one transaction (agents' start reports are group-committed:
+    /// on a large cluster they come in hundreds a second). Each answer says whether its run was
+    /// still the task's scheduled one.
+    async fn mark_running_many(&self, starts: &[RunStart]) -> StoreResult<Vec<bool>>;
+    async fn mark_running(&self, id: &str, attempt: i64, now: i64) -> StoreResult<bool> {
+        let start = RunStart {
+            task_id: id.to_owned(),
+            attempt,
+            at: now,
+        };
+        Ok(self.mark_running_many(&[start]).await?[0])
+    }
+    /// Ends runs, all in one transaction (agents' end reports are group-committed, like their
+    /// starts). Each answer says whether its run was still the task's current one.
+    async fn finish_attempts(&self, ends: &[RunEnd]) -> StoreResult<Vec<bool>>;
     async fn finish_attempt(
         &self,
         id: &str,
         attempt: i64,
         end: &AttemptEnd,
         now: i64,
-    ) -> StoreResult<bool>;
+    ) -> StoreResult<bool> {
+        let end = RunEnd {
+            task_id: id.to_owned(),
+            attempt,
+            end: end.clone(),
+            at: now,
+        };
+        Ok(self.finish_attempts(&[end]).await?[0])
+    }
     /// Active tasks with their current run, for the scheduler.
     async fn scheduling_tasks(&self) -> StoreResult<Vec<SchedulingTaskRecord>>;
     async fn task_events(&self, id: &str) -> StoreResult<Vec<EventRecord>>;

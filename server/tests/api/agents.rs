@@ -16,6 +16,7 @@ crate::on_both_backends!(
     lost_nodes_requeue_their_tasks,
     drain_and_cancel_reach_the_agent,
     polls_are_recorded_in_batches_before_nodes_are_judged,
+    reports_in_a_burst_are_stored_once_each,
 );
 
 pub struct FakeAgent {
@@ -786,4 +787,96 @@ async fn polls_are_recorded_in_batches_before_nodes_are_judged(b: Backend) {
     agent.poll(&[], 0).await;
     let nodes = op.get(&app, "/api/v1/nodes").await;
     assert_eq!(nodes[0]["schedulable"], true, "{nodes}");
+}
+
+/// Starts and ends reported at once by a node's runs are group-committed: each run is marked
+/// once, a report repeated within the burst changes nothing, and every answer comes after its
+/// commit (what was answered is there).
+async fn reports_in_a_burst_are_stored_once_each(b: Backend) {
+    let app = spawn_app_with(b, |_| {}).await;
+    let op = app.operator().await;
+    let s = app.signup("burst@example.com", "Lab").await;
+    let agent = FakeAgent::join(&app, &op, "burst-node", "A100", "z1").await;
+    let mut runs = Vec::new();
+    for i in 0..4 {
+        let (id, attempt, _) = agent.placed(&app, &s, spec(&format!("t{i}"), "A100")).await;
+        runs.push((id, attempt));
+    }
+    let agent = std::sync::Arc::new(agent);
+    // Every report twice, all at once.
+    let burst = |route: &'static str, body: fn(u64) -> Value| {
+        let calls: Vec<_> = runs
+            .iter()
+            .chain(runs.iter())
+            .map(|(id, attempt)| {
+                let (agent, id, attempt) = (agent.clone(), id.clone(), *attempt);
+                tokio::spawn(async move {
+                    agent
+                        .call(&format!("/api/v1/agent/tasks/{id}/{route}"), body(attempt))
+                        .await
+                        .status()
+                })
+            })
+            .collect();
+        async move {
+            let mut statuses = Vec::new();
+            for c in calls {
+                statuses.push(c.await.unwrap());
+            }
+            statuses
+        }
+    };
+    let started = burst("started", |attempt| json!({"attempt": attempt})).await;
+    assert!(
+        started.iter().all(|st| *st == StatusCode::NO_CONTENT),
+        "{started:?}"
+    );
+    let events_of = |id: String| {
+        let (s, app) = (&s, &app);
+        async move { s.get(app, &format!("/api/v1/tasks/{id}/events")).await }
+    };
+    for (id, _) in &runs {
+        let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+        assert_eq!(t["state"], "running", "{t}");
+        let events = events_of(id.clone()).await;
+        let running = events
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "running")
+            .count();
+        assert_eq!(running, 1, "{events}");
+    }
+    let ended = burst(
+        "finished",
+        |attempt| json!({"attempt": attempt, "exit_code": 0, "reason": "success"}),
+    )
+    .await;
+    // The second report of a run is answered as the first (same batch) or as a conflict.
+    assert!(
+        ended
+            .iter()
+            .all(|st| *st == StatusCode::NO_CONTENT || *st == StatusCode::CONFLICT),
+        "{ended:?}"
+    );
+    let accepted = ended
+        .iter()
+        .filter(|st| **st == StatusCode::NO_CONTENT)
+        .count();
+    assert!(accepted >= runs.len(), "{ended:?}");
+    for (id, _) in &runs {
+        let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+        assert_eq!(t["state"], "completed", "{t}");
+        let events = events_of(id.clone()).await;
+        let completed = events
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "completed")
+            .count();
+        assert_eq!(completed, 1, "{events}");
+    }
+    // The node's GPUs are free again: nothing of the runs is left in the poll's index.
+    let work = agent.poll(&[], 0).await;
+    assert!(work["assignments"].as_array().unwrap().is_empty(), "{work}");
 }

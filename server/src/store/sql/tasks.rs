@@ -452,57 +452,66 @@ macro_rules! impl_tasks {
                 Ok(true)
             }
 
-            async fn mark_running(&self, id: &str, attempt: i64, now: i64) -> StoreResult<bool> {
+            async fn mark_running_many(&self, starts: &[RunStart]) -> StoreResult<Vec<bool>> {
                 let mut tx = self.pool.begin().await?;
-                let r = sqlx::query(
-                    "UPDATE tasks SET state = 'running', started_at = COALESCE(started_at, $1), updated_at = $1
-                     WHERE id = $2 AND state = 'scheduled' AND attempts = $3",
-                )
-                .bind(now)
-                .bind(id)
-                .bind(attempt)
-                .execute(&mut *tx)
-                .await?;
-                if r.rows_affected() != 1 {
-                    return Ok(false);
-                }
-                insert_event!(&mut *tx, id, now, "running", &format!("attempt {attempt} started"));
-                tx.commit().await?;
-                Ok(true)
-            }
-
-            async fn finish_attempt(&self, id: &str, attempt: i64, end: &AttemptEnd, now: i64) -> StoreResult<bool> {
-                let mut tx = self.pool.begin().await?;
-                let finished = if end.next_state == TaskState::Pending { None } else { Some(now) };
-                let r = sqlx::query(
-                    "UPDATE tasks SET state = $1, placement = NULL, batch_size = $2, updated_at = $3, finished_at = $4, stop_reason = NULL
-                     WHERE id = $5 AND attempts = $6 AND state IN ('scheduled', 'running')",
-                )
-                .bind(end.next_state.as_str())
-                .bind(end.next_batch_size)
-                .bind(now)
-                .bind(finished)
-                .bind(id)
-                .bind(attempt)
-                .execute(&mut *tx)
-                .await?;
-                if r.rows_affected() != 1 {
-                    return Ok(false);
-                }
-                settle_service!(&mut *tx, id);
-                unplace!(&mut *tx, id);
-                sqlx::query("UPDATE attempts SET ended_at = $1, exit_code = $2, reason = $3 WHERE task_id = $4 AND number = $5")
-                    .bind(now)
-                    .bind(end.exit_code)
-                    .bind(&end.reason)
-                    .bind(id)
-                    .bind(attempt)
+                let mut marked = Vec::with_capacity(starts.len());
+                for s in starts {
+                    let r = sqlx::query(
+                        "UPDATE tasks SET state = 'running', started_at = COALESCE(started_at, $1), updated_at = $1
+                         WHERE id = $2 AND state = 'scheduled' AND attempts = $3",
+                    )
+                    .bind(s.at)
+                    .bind(&s.task_id)
+                    .bind(s.attempt)
                     .execute(&mut *tx)
                     .await?;
-                let kind = if end.next_state == TaskState::Pending { "retrying" } else { end.next_state.as_str() };
-                insert_event!(&mut *tx, id, now, kind, &end.message);
+                    let started = r.rows_affected() == 1;
+                    if started {
+                        insert_event!(&mut *tx, &s.task_id, s.at, "running", &format!("attempt {} started", s.attempt));
+                    }
+                    marked.push(started);
+                }
                 tx.commit().await?;
-                Ok(true)
+                Ok(marked)
+            }
+
+            async fn finish_attempts(&self, ends: &[RunEnd]) -> StoreResult<Vec<bool>> {
+                let mut tx = self.pool.begin().await?;
+                let mut finished = Vec::with_capacity(ends.len());
+                for RunEnd { task_id: id, attempt, end, at: now } in ends {
+                    let ended = if end.next_state == TaskState::Pending { None } else { Some(*now) };
+                    let r = sqlx::query(
+                        "UPDATE tasks SET state = $1, placement = NULL, batch_size = $2, updated_at = $3, finished_at = $4, stop_reason = NULL
+                         WHERE id = $5 AND attempts = $6 AND state IN ('scheduled', 'running')",
+                    )
+                    .bind(end.next_state.as_str())
+                    .bind(end.next_batch_size)
+                    .bind(*now)
+                    .bind(ended)
+                    .bind(id)
+                    .bind(*attempt)
+                    .execute(&mut *tx)
+                    .await?;
+                    if r.rows_affected() != 1 {
+                        finished.push(false);
+                        continue;
+                    }
+                    settle_service!(&mut *tx, id);
+                    unplace!(&mut *tx, id);
+                    sqlx::query("UPDATE attempts SET ended_at = $1, exit_code = $2, reason = $3 WHERE task_id = $4 AND number = $5")
+                        .bind(*now)
+                        .bind(end.exit_code)
+                        .bind(&end.reason)
+                        .bind(id)
+                        .bind(*attempt)
+                        .execute(&mut *tx)
+                        .await?;
+                    let kind = if end.next_state == TaskState::Pending { "retrying" } else { end.next_state.as_str() };
+                    insert_event!(&mut *tx, id, *now, kind, &end.message);
+                    finished.push(true);
+                }
+                tx.commit().await?;
+                Ok(finished)
             }
 
             async fn scheduling_tasks(&self) -> StoreResult<Vec<SchedulingTaskRecord>> {
