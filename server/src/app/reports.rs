@@ -128,16 +128,7 @@ pub async fn finished(
     match (kind, t.task.stop_reason.as_deref(), last) {
         // Stopped for good (time limit, idle), or failed while stopping: the task ends there.
         (None | Some(ExitKind::Error | ExitKind::Oom), Some(_), Some(end)) => {
-            state
-                .ends
-                .submit(RunEnd {
-                    task_id: task_id.to_owned(),
-                    attempt: i64::from(report.attempt),
-                    end: end.clone(),
-                    at: now,
-                })
-                .await?;
-            tell_ended(state, &t.task, &spec, report.attempt, &end, now).await;
+            end_run(state, &t.task, &spec, report.attempt, end, now).await?;
         }
         // Stopped on the scheduler's request (preempted, drained), or failed while stopping:
         // back to the queue. A run that completed its work before it stopped is done.
@@ -166,16 +157,7 @@ pub async fn finished(
                 report.exit_code,
                 kind,
             );
-            state
-                .ends
-                .submit(RunEnd {
-                    task_id: task_id.to_owned(),
-                    attempt: i64::from(report.attempt),
-                    end: end.clone(),
-                    at: now,
-                })
-                .await?;
-            tell_ended(state, &t.task, &spec, report.attempt, &end, now).await;
+            end_run(state, &t.task, &spec, report.attempt, end, now).await?;
         }
         // Stopped without being asked (the agent shut down): run it again elsewhere.
         (None, None, _) => {
@@ -192,6 +174,29 @@ pub async fn finished(
         }
     }
     state.scheduler.wake();
+    Ok(())
+}
+
+/// Closes the run (group-committed with other agents' end reports), then tells whoever
+/// listens if the task ended for good.
+async fn end_run(
+    state: &AppState,
+    task: &crate::store::TaskRecord,
+    spec: &autodl_common::tasks::TaskSpec,
+    attempt: u32,
+    end: crate::store::AttemptEnd,
+    now: i64,
+) -> Result<(), ApiError> {
+    state
+        .ends
+        .submit(RunEnd {
+            task_id: task.id.clone(),
+            attempt: i64::from(attempt),
+            end: end.clone(),
+            at: now,
+        })
+        .await?;
+    tell_ended(state, task, spec, attempt, &end, now).await;
     Ok(())
 }
 

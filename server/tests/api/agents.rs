@@ -831,22 +831,25 @@ async fn reports_in_a_burst_are_stored_once_each(b: Backend) {
         started.iter().all(|st| *st == StatusCode::NO_CONTENT),
         "{started:?}"
     );
-    let events_of = |id: String| {
-        let (s, app) = (&s, &app);
-        async move { s.get(app, &format!("/api/v1/tasks/{id}/events")).await }
+    // Each task is in `state`, and its events say so once.
+    let each_once_in = |state: &'static str| {
+        let (s, app, runs) = (&s, &app, &runs);
+        async move {
+            for (id, _) in runs {
+                let t = s.get(app, &format!("/api/v1/tasks/{id}")).await;
+                assert_eq!(t["state"], state, "{t}");
+                let events = s.get(app, &format!("/api/v1/tasks/{id}/events")).await;
+                let told = events
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|e| e["kind"] == state)
+                    .count();
+                assert_eq!(told, 1, "{events}");
+            }
+        }
     };
-    for (id, _) in &runs {
-        let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
-        assert_eq!(t["state"], "running", "{t}");
-        let events = events_of(id.clone()).await;
-        let running = events
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["kind"] == "running")
-            .count();
-        assert_eq!(running, 1, "{events}");
-    }
+    each_once_in("running").await;
     let ended = burst(
         "finished",
         |attempt| json!({"attempt": attempt, "exit_code": 0, "reason": "success"}),
@@ -864,18 +867,7 @@ async fn reports_in_a_burst_are_stored_once_each(b: Backend) {
         .filter(|st| **st == StatusCode::NO_CONTENT)
         .count();
     assert!(accepted >= runs.len(), "{ended:?}");
-    for (id, _) in &runs {
-        let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
-        assert_eq!(t["state"], "completed", "{t}");
-        let events = events_of(id.clone()).await;
-        let completed = events
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["kind"] == "completed")
-            .count();
-        assert_eq!(completed, 1, "{events}");
-    }
+    each_once_in("completed").await;
     // The node's GPUs are free again: nothing of the runs is left in the poll's index.
     let work = agent.poll(&[], 0).await;
     assert!(work["assignments"].as_array().unwrap().is_empty(), "{work}");
