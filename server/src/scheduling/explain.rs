@@ -9,6 +9,8 @@ use autodl_scheduler::{ClusterState, PendingReason, PendingTask, QuotaCap, TaskR
 /// could: worked out once per request shape, as thousands of waiting tasks share a few.
 pub struct ClosedNodes<'a> {
     state: &'a ClusterState,
+    /// Whether any node is closed at all: mostly none is, and then no task needs a look.
+    any: bool,
     pending: HashMap<&'a str, &'a TaskRequest>,
     by_shape: HashMap<String, Vec<String>>,
 }
@@ -17,6 +19,7 @@ impl<'a> ClosedNodes<'a> {
     pub fn new(state: &'a ClusterState) -> Self {
         ClosedNodes {
             state,
+            any: state.nodes.iter().any(|n| !n.schedulable),
             pending: state.pending.iter().map(|t| (t.id.as_str(), t)).collect(),
             by_shape: HashMap::new(),
         }
@@ -24,6 +27,9 @@ impl<'a> ClosedNodes<'a> {
 
     /// Closed nodes that would hold `p` (empty unless it waits for resources nothing open has).
     pub fn for_task(&mut self, p: &PendingTask) -> Vec<String> {
+        if !self.any {
+            return Vec::new();
+        }
         let waits_for_room = match &p.reason {
             PendingReason::NoFit { .. } => true,
             PendingReason::Reserved { nodes, .. } => nodes.is_empty(),
@@ -120,15 +126,14 @@ pub fn explain(p: PendingTask, closed: &[String]) -> Waiting {
                 tasks.len()
             ),
         ),
-        PendingReason::BehindHigherPriority { position, .. } => (
+        PendingReason::BehindHigherPriority { .. } => (
             "priority",
             // Ahead means earlier in the scheduler's order (fair share, deadline, priority,
             // age), which is not always a higher declared priority.
-            format!(
-                "it would fit, but the free GPUs are held for tasks ahead of it in the queue \
-                 (position {})",
-                position + 1
-            ),
+            // The position has its own field: a message that carried it would change
+            // whenever anything ahead started, and be rewritten for the whole queue.
+            "it would fit, but the free GPUs are held for tasks ahead of it in the queue"
+                .to_owned(),
         ),
     };
     let message = match (reason, closed) {
@@ -156,5 +161,57 @@ pub fn explain(p: PendingTask, closed: &[String]) -> Waiting {
             gpu_fit: b.gpu_fit,
             total: b.total,
         }),
+    }
+}
+
+/// Where the queue's head ends: positions up to here are kept exact, as the researchers
+/// whose tasks are about to start watch them.
+const EXACT_POSITIONS: usize = 100;
+
+/// Whether an explanation already stored still says what a new one says, so that it need not
+/// be written again. Every placement moves everything behind it in the queue; deep in a
+/// queue of tens of thousands a move of a few per cent tells nobody anything, and rewriting
+/// every waiting task each cycle would cost more than deciding. What is kept is refreshed
+/// anyway every little while (the runner's `WAITING_REFRESH_MS`).
+pub fn still_says(old: &Waiting, new: &Waiting, now_ms: i64) -> bool {
+    let position = match (old.position, new.position) {
+        (Some(a), Some(b)) if a.max(b) > EXACT_POSITIONS => a.abs_diff(b) <= a.max(b) / 10,
+        (a, b) => a == b,
+    };
+    old.reason == new.reason
+        && old.message == new.message
+        && position
+        && super::forecast::close_enough(
+            old.estimated_start.as_deref(),
+            new.estimated_start.as_deref(),
+            now_ms,
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(position: usize) -> Waiting {
+        Waiting {
+            reason: Some("priority".into()),
+            message: "held for tasks ahead".into(),
+            position: Some(position),
+            estimated_start: None,
+            priority: None,
+        }
+    }
+
+    #[test]
+    fn the_head_of_the_queue_is_exact_and_the_deep_queue_approximate() {
+        assert!(still_says(&at(3), &at(3), 0));
+        assert!(!still_says(&at(3), &at(2), 0));
+        assert!(!still_says(&at(100), &at(99), 0));
+        assert!(still_says(&at(20_000), &at(19_000), 0));
+        assert!(!still_says(&at(20_000), &at(17_000), 0));
+        assert!(!still_says(&at(150), &at(90), 0));
+        let mut other = at(3);
+        other.reason = Some("resources".into());
+        assert!(!still_says(&at(3), &other, 0));
     }
 }

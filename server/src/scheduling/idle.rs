@@ -13,7 +13,7 @@ use autodl_common::tasks::TaskState;
 
 use crate::agents::AgentHub;
 use crate::notify::{tell, Event};
-use crate::store::{Store, Term};
+use crate::store::{ActivityAsk, Store, Term};
 use crate::tasks::session::{judge, Activity, Verdict, IDLE};
 use crate::tunnels::Tunnels;
 
@@ -54,6 +54,8 @@ impl IdleWatch {
         self.last_check = Some(now_ms);
         let mut policies: HashMap<String, SessionPolicy> = HashMap::new();
         let mut seen = Vec::new();
+        // The running tasks to judge, with their nodes and their organization's rules.
+        let mut judged: Vec<(&ActiveTask, Vec<&str>, i64)> = Vec::new();
         for t in tasks {
             let (TaskState::Running, None, Some(started)) = (
                 t.rec.task.state,
@@ -79,13 +81,23 @@ impl IdleWatch {
             if !policies.contains_key(tenant) {
                 policies.insert(tenant.clone(), store.session_policy(tenant).await?);
             }
-            let policy = &policies[tenant];
-            if policy.idle_minutes == 0 {
-                continue;
+            if policies[tenant].idle_minutes != 0 {
+                judged.push((t.as_ref(), nodes, started));
             }
-            let gpu = store
-                .task_gpu_activity(t.id(), started, policy.idle_util_pct / 100.0)
-                .await?;
+        }
+        let asks: Vec<ActivityAsk> = judged
+            .iter()
+            .map(|(t, _, started)| ActivityAsk {
+                task_id: t.id().to_owned(),
+                from: *started,
+                busy: policies[&t.rec.task.tenant_id].idle_util_pct / 100.0,
+            })
+            .collect();
+        let activity = store.gpu_activity(&asks).await?;
+        for (t, nodes, started) in judged {
+            let tenant = &t.rec.task.tenant_id;
+            let policy = &policies[tenant];
+            let gpu = activity.get(t.id()).copied().unwrap_or_default();
             let activity = Activity {
                 started,
                 first_sample: gpu.first,

@@ -75,6 +75,9 @@ const FOLLOWER_RETRY: Duration = Duration::from_secs(1);
 /// (their priority factors drift with age and usage), not every cycle.
 const WAITING_REFRESH_MS: i64 = 30_000;
 
+/// Unchanged explanations refreshed in one cycle at most.
+const WAITING_REFRESHES_PER_CYCLE: usize = 500;
+
 /// Placements written per transaction: a commit each would make a cycle that starts thousands
 /// of tasks take seconds, and one transaction for all would hold the database's write lock as
 /// long.
@@ -394,7 +397,7 @@ impl Runner {
         term: Term,
         waiting: HashMap<String, Waiting>,
         now_ms: i64,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<usize> {
         // What is stored for each task and when it was written, after this cycle.
         let mut next: HashMap<String, (Waiting, i64)> = HashMap::with_capacity(waiting.len());
         let mut changes: Vec<(String, Option<String>)> = Vec::new();
@@ -404,25 +407,31 @@ impl Runner {
                 .written
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
+            // Unchanged but due for a refresh: the oldest first, a bounded number a cycle, so
+            // that a queue submitted at once is not rewritten at once every refresh.
+            let mut due: Vec<(i64, String, Waiting, Waiting)> = Vec::new();
             for (id, w) in waiting {
                 match written.remove(&id) {
-                    Some((old, at))
-                        if old.reason == w.reason
-                            && old.message == w.message
-                            && old.position == w.position
-                            && super::forecast::close_enough(
-                                old.estimated_start.as_deref(),
-                                w.estimated_start.as_deref(),
-                                now_ms,
-                            )
-                            && now_ms - at < WAITING_REFRESH_MS =>
-                    {
-                        next.insert(id, (old, at));
+                    Some((old, at)) if super::explain::still_says(&old, &w, now_ms) => {
+                        if now_ms - at < WAITING_REFRESH_MS {
+                            next.insert(id, (old, at));
+                        } else {
+                            due.push((at, id, old, w));
+                        }
                     }
                     _ => {
                         changes.push((id.clone(), Some(serde_json::to_string(&w)?)));
                         next.insert(id, (w, now_ms));
                     }
+                }
+            }
+            due.sort_unstable_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+            for (i, (at, id, old, w)) in due.into_iter().enumerate() {
+                if i < WAITING_REFRESHES_PER_CYCLE {
+                    changes.push((id.clone(), Some(serde_json::to_string(&w)?)));
+                    next.insert(id, (w, now_ms));
+                } else {
+                    next.insert(id, (old, at));
                 }
             }
             // Those left no longer wait.
@@ -434,7 +443,7 @@ impl Runner {
             .written
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = next;
-        Ok(())
+        Ok(changes.len())
     }
 
     /// Runs forever: waits for leadership, then cycles on every wake-up and on the timer.
@@ -572,6 +581,7 @@ impl Runner {
                 tracing::debug!("a run changed while it was charged; charging again next cycle")
             }
         }
+        let accounted_at = cycle_started.elapsed();
         let agent_nodes: HashMap<String, bool> = records
             .iter()
             .map(|n| (n.id.clone(), n.credential_hash.is_some()))
@@ -661,6 +671,7 @@ impl Runner {
                 }
             }
         }
+        let acted_at = cycle_started.elapsed();
         // The cycle's placements, in a few transactions rather than one each.
         let mut to_start = to_start.into_iter();
         for chunk in placing.chunks(PLACE_BATCH) {
@@ -676,6 +687,7 @@ impl Runner {
                 }
             }
         }
+        let placed_at = cycle_started.elapsed();
         self.forecaster.collect().await;
         let starts = &self.forecaster.starts;
         let mut closed = super::explain::ClosedNodes::new(loaded.snapshot.state());
@@ -699,7 +711,9 @@ impl Runner {
             self.forecaster
                 .start(loaded.snapshot.clone(), started, now_ms, &self.config, runs);
         }
-        self.store_waiting(term, waiting, now_ms).await?;
+        let explained_at = cycle_started.elapsed();
+        let explanations = self.store_waiting(term, waiting, now_ms).await?;
+        let waiting_at = cycle_started.elapsed();
         if self
             .last_housekeeping
             .is_none_or(|t| t.elapsed() >= HOUSEKEEPING_EVERY)
@@ -722,10 +736,16 @@ impl Runner {
             flush_ms = flushed_at.as_millis() as u64,
             nodes_ms = (nodes_at - flushed_at).as_millis() as u64,
             tasks_ms = (tasks_at - nodes_at).as_millis() as u64,
-            charge_ms = (charged_at - loaded_at).as_millis() as u64,
+            charge_ms = (accounted_at - loaded_at).as_millis() as u64,
+            overdue_ms = (charged_at - accounted_at).as_millis() as u64,
             policy_ms = (decided_at - charged_at).as_millis() as u64,
+            stop_ms = (acted_at - decided_at).as_millis() as u64,
+            place_ms = (placed_at - acted_at).as_millis() as u64,
+            explain_ms = (explained_at - placed_at).as_millis() as u64,
+            waiting_ms = (waiting_at - explained_at).as_millis() as u64,
             write_ms = (total - decided_at).as_millis() as u64,
             placed,
+            explanations,
             pending = loaded.snapshot.state().pending.len(),
             running = loaded.snapshot.state().running.len(),
             "cycle phases"

@@ -268,6 +268,15 @@ pub struct GpuActivity {
     pub last_busy: Option<i64>,
 }
 
+/// Which of a task's samples [`GpuActivity`] sums up: those since `from`, and busy at or
+/// above `busy` (0..1).
+#[derive(Debug, Clone)]
+pub struct ActivityAsk {
+    pub task_id: String,
+    pub from: i64,
+    pub busy: f64,
+}
+
 /// A task to store, with its labels.
 pub struct NewTask {
     pub task: TaskRecord,

@@ -51,14 +51,13 @@ pub trait Usage: Send + Sync {
     ) -> StoreResult<Vec<UsageUtilRecord>>;
     /// Each GPU's latest sample taken since `since`: `(node, GPU index, utilization 0..1)`.
     async fn latest_gpu_utilization(&self, since: i64) -> StoreResult<Vec<(String, i64, f64)>>;
-    /// A task's GPU samples since `from`: the first, the last, and the last of a GPU at or
-    /// above `busy` utilization (0..1).
-    async fn task_gpu_activity(
+    /// Each asked task's GPU samples since its `from`: the first, the last, and the last of a
+    /// GPU at or above its `busy` utilization (0..1). Tasks without samples are left out. One
+    /// query for all: the idle check asks about every running task.
+    async fn gpu_activity(
         &self,
-        task_id: &str,
-        from: i64,
-        busy: f64,
-    ) -> StoreResult<GpuActivity>;
+        asks: &[ActivityAsk],
+    ) -> StoreResult<std::collections::HashMap<String, GpuActivity>>;
     /// Folds raw samples older than `before` into hourly rollups and deletes them; drops
     /// rollups older than `rollups_before`.
     async fn compact_gpu_samples(&self, before: i64, rollups_before: i64) -> StoreResult<u64>;

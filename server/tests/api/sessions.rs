@@ -74,7 +74,12 @@ async fn idle_sessions_are_warned_then_stopped(b: Backend) {
     let t0 = clock.now_ms();
     let mut runner = app.runner();
     let mut ids = Vec::new();
-    for (name, kind) in [("notebook", "session"), ("train", "batch")] {
+    // A third task keeps its GPU busy: each running task is judged from its own samples.
+    for (name, kind) in [
+        ("notebook", "session"),
+        ("train", "batch"),
+        ("steady", "batch"),
+    ] {
         let res = ada
             .send(
                 &app,
@@ -113,11 +118,14 @@ async fn idle_sessions_are_warned_then_stopped(b: Backend) {
         assert!(res.status().is_success());
     }
     let running: Vec<(String, u64)> = ids.iter().map(|i| (i.clone(), 1)).collect();
+    let steady = ids.pop().unwrap();
     // Busy for its first minute, then under the threshold.
     let report = |at: i64, util: f64| {
         let samples: Vec<Value> = ids
             .iter()
-            .map(|id| {
+            .map(|id| (id, util))
+            .chain([(&steady, 0.9)])
+            .map(|(id, util)| {
                 json!({"at": rfc3339(at), "gpu_index": gpu_of[id], "util": util,
                 "mem_used": 1 << 30, "mem_total": 42949672960u64, "task_id": id})
             })
@@ -146,6 +154,8 @@ async fn idle_sessions_are_warned_then_stopped(b: Backend) {
         assert_eq!(warned.len(), 1, "{warned:?}");
         assert!(warned[0].1.contains("under 5%"), "{warned:?}");
     }
+    let said = kinds(&app, &ada, &steady).await;
+    assert!(!said.iter().any(|(k, _)| k == "idle"), "{said:?}");
     let mut warned: Vec<String> = crate::webhooks::told(&app, &mut hooked, &secret, 2)
         .await
         .iter()
@@ -211,7 +221,7 @@ async fn idle_sessions_are_warned_then_stopped(b: Backend) {
     )
     .await;
     assert_eq!(res.status(), StatusCode::OK);
-    let running = [(ids[1].clone(), 1)];
+    let running = [(ids[1].clone(), 1), (steady.clone(), 1)];
     clock.set(t0 + 13 * 60_000);
     let sample = json!({"samples": [{"at": rfc3339(clock.now_ms()), "gpu_index": gpu_of[&ids[1]],
         "util": 0.0, "mem_used": 1 << 30, "mem_total": 42949672960u64, "task_id": ids[1]}]});
@@ -224,6 +234,9 @@ async fn idle_sessions_are_warned_then_stopped(b: Backend) {
     assert_eq!(work["stop"][0]["reason"], "idle", "{work}");
     let said = kinds(&app, &ada, &ids[1]).await;
     assert!(said.iter().any(|(k, _)| k == "idle_stop"), "{said:?}");
+    assert_eq!(work["stop"].as_array().unwrap().len(), 1, "{work}");
+    let said = kinds(&app, &ada, &steady).await;
+    assert!(!said.iter().any(|(k, _)| k.starts_with("idle")), "{said:?}");
 }
 
 async fn organizations_cap_session_length_and_count(b: Backend) {

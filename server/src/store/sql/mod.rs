@@ -125,8 +125,9 @@ mod webhooks;
 
 pub struct SqliteStore {
     pool: SqlitePool,
-    /// The scheduler's own few connections for its reads, so that a cycle does not queue
-    /// behind thousands of agent requests for a connection of `pool`.
+    /// The scheduler's own few connections for a cycle's reads and its bulk writes
+    /// (placements, charges, explanations, nodes' presence), so that a cycle does not queue
+    /// behind thousands of API and agent requests for a connection of `pool`.
     sched: SqlitePool,
 }
 

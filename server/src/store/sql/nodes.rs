@@ -174,7 +174,7 @@ macro_rules! impl_nodes {
             }
 
             async fn touch_nodes(&self, seen: &[(String, i64)]) -> StoreResult<()> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.sched.begin().await?;
                 for chunk in seen.chunks(1000) {
                     let mut q = sqlx::QueryBuilder::<$db>::new("WITH v (id, at) AS (");
                     q.push_values(chunk, |mut b, (id, at)| {

@@ -363,7 +363,7 @@ macro_rules! impl_tasks {
             }
 
             async fn place_tasks(&self, term: Term, placing: &[Placing], now: i64) -> StoreResult<Vec<bool>> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.sched.begin().await?;
                 fence!(&mut *tx, term);
                 // A few statements for the whole batch: one per row would make a cycle that
                 // places thousands pay thousands of round trips.
@@ -642,7 +642,7 @@ macro_rules! impl_tasks {
                 if changes.is_empty() {
                     return Ok(());
                 }
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.sched.begin().await?;
                 fence!(&mut *tx, term);
                 // Many rows to a statement: a cycle that explains thousands of new tasks
                 // would otherwise spend longer writing than deciding.

@@ -35,7 +35,7 @@ macro_rules! impl_usage {
             }
 
             async fn save_charges(&self, charges: &[RunChargeRecord], usage: &[UsageRecord]) -> StoreResult<bool> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.sched.begin().await?;
                 // Running runs, many to a statement: each cycle charges every one of them.
                 let running: Vec<&RunChargeRecord> = charges.iter().filter(|c| !c.settles).collect();
                 for chunk in running.chunks(CHARGE_ROWS) {
@@ -62,33 +62,48 @@ macro_rules! impl_usage {
                         return Ok(false);
                     }
                 }
-                for c in charges.iter().filter(|c| c.settles) {
-                    // Only as the scheduler read it: charged up to `from`, and (while it is
-                    // charged as running) not ended since.
-                    let r = sqlx::query(
-                        "UPDATE attempts SET charged_until = $1, gpu_seconds = $2, settled = $3
-                         WHERE task_id = $4 AND number = $5 AND COALESCE(charged_until, started_at) = $6
-                           AND settled = FALSE AND (($3 AND ended_at IS NOT NULL) OR (NOT $3 AND ended_at IS NULL))",
-                    )
-                    .bind(c.charged_until)
-                    .bind(c.gpu_seconds)
-                    .bind(c.settles)
-                    .bind(&c.task_id)
-                    .bind(c.number)
-                    .bind(c.from)
-                    .execute(&mut *tx)
-                    .await?;
-                    if r.rows_affected() != 1 {
+                // Ended runs settle the same way: a cycle after a wave of ends settles thousands.
+                let settling: Vec<&RunChargeRecord> = charges.iter().filter(|c| c.settles).collect();
+                for chunk in settling.chunks(CHARGE_ROWS) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new(
+                        "WITH v (task_id, number, from_ms, charged_until, gpu_seconds) AS (",
+                    );
+                    q.push_values(chunk, |mut b, c| {
+                        b.push_bind(&c.task_id)
+                            .push_bind(c.number)
+                            .push_bind(c.from)
+                            .push_bind(c.charged_until)
+                            .push_bind(c.gpu_seconds);
+                    });
+                    // Only as the scheduler read it: charged up to `from`, ended, not settled.
+                    q.push(
+                        ") UPDATE attempts SET charged_until = v.charged_until, gpu_seconds = v.gpu_seconds, settled = TRUE FROM v
+                         WHERE attempts.task_id = v.task_id AND attempts.number = v.number
+                           AND COALESCE(attempts.charged_until, attempts.started_at) = v.from_ms
+                           AND attempts.settled = FALSE AND attempts.ended_at IS NOT NULL",
+                    );
+                    let r = q.build().execute(&mut *tx).await?;
+                    if r.rows_affected() != chunk.len() as u64 {
                         tx.rollback().await?;
                         return Ok(false);
                     }
-                    if c.settles {
-                        sqlx::query("UPDATE tasks SET attained_gpu_seconds = attained_gpu_seconds + $1 WHERE id = $2")
-                            .bind(c.added)
-                            .bind(&c.task_id)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
+                }
+                // A task whose two attempts settle at once gets both: one row per task.
+                let mut attained: std::collections::BTreeMap<&str, f64> = std::collections::BTreeMap::new();
+                for c in &settling {
+                    *attained.entry(c.task_id.as_str()).or_default() += c.added;
+                }
+                let attained: Vec<(&str, f64)> = attained.into_iter().collect();
+                for chunk in attained.chunks(CHARGE_ROWS) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new("WITH v (id, added) AS (");
+                    q.push_values(chunk, |mut b, (id, added)| {
+                        b.push_bind(*id).push_bind(*added);
+                    });
+                    q.push(
+                        ") UPDATE tasks SET attained_gpu_seconds = tasks.attained_gpu_seconds + v.added FROM v
+                         WHERE tasks.id = v.id",
+                    );
+                    q.build().execute(&mut *tx).await?;
                 }
                 for r in usage {
                     sqlx::query(
@@ -183,17 +198,25 @@ macro_rules! impl_usage {
                 .await?)
             }
 
-            async fn task_gpu_activity(&self, task_id: &str, from: i64, busy: f64) -> StoreResult<GpuActivity> {
-                let (first, last, last_busy): (Option<i64>, Option<i64>, Option<i64>) = sqlx::query_as(
-                    "SELECT MIN(at), MAX(at), MAX(CASE WHEN util >= $3 THEN at END)
-                     FROM gpu_samples WHERE task_id = $1 AND at >= $2",
-                )
-                .bind(task_id)
-                .bind(from)
-                .bind(busy)
-                .fetch_one(&self.pool)
-                .await?;
-                Ok(GpuActivity { first, last, last_busy })
+            async fn gpu_activity(&self, asks: &[ActivityAsk]) -> StoreResult<std::collections::HashMap<String, GpuActivity>> {
+                let mut out = std::collections::HashMap::with_capacity(asks.len());
+                for chunk in asks.chunks(CHARGE_ROWS) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new("WITH v (task_id, from_ms, busy) AS (");
+                    q.push_values(chunk, |mut b, a| {
+                        b.push_bind(&a.task_id).push_bind(a.from).push_bind(a.busy);
+                    });
+                    q.push(
+                        ") SELECT v.task_id, MIN(s.at), MAX(s.at), MAX(CASE WHEN s.util >= v.busy THEN s.at END)
+                         FROM v JOIN gpu_samples s ON s.task_id = v.task_id AND s.at >= v.from_ms
+                         GROUP BY v.task_id",
+                    );
+                    let rows: Vec<(String, Option<i64>, Option<i64>, Option<i64>)> =
+                        q.build_query_as().fetch_all(&self.sched).await?;
+                    out.extend(rows.into_iter().map(|(id, first, last, last_busy)| {
+                        (id, GpuActivity { first, last, last_busy })
+                    }));
+                }
+                Ok(out)
             }
 
             async fn usage_attempts(&self, from: i64, to: i64) -> StoreResult<Vec<UsageAttemptRecord>> {
