@@ -149,6 +149,8 @@ struct Cycle<'a> {
     /// Skip attempts that a failed attempt of an easier request proves futile (see
     /// [`Futile`]); off only to check that skipping changes no decision.
     prune: bool,
+    /// Whether every task left pending is explained (see [`Scheduler::decide`]).
+    explain: bool,
 }
 
 impl Scheduler {
@@ -158,17 +160,25 @@ impl Scheduler {
 
     /// Runs one cycle on a snapshot taken at `now`.
     pub fn schedule(&self, state: &ClusterState, now: Time) -> Decisions {
-        self.cycle(state, now, true)
+        self.cycle(state, now, true, self.config.explain_pending)
+    }
+
+    /// The same decisions as [`Scheduler::schedule`], without explaining the tasks left
+    /// pending, whatever the configuration says. Explanations cost a pass over the whole
+    /// queue that can stop early otherwise; a server with a long queue explains it every
+    /// little while rather than every cycle. A property test checks that it decides the same.
+    pub fn decide(&self, state: &ClusterState, now: Time) -> Decisions {
+        self.cycle(state, now, true, false)
     }
 
     /// The same cycle, trying every blocked request shape however hopeless: what
     /// [`Scheduler::schedule`] must decide identically (a property test checks it).
     #[doc(hidden)]
     pub fn schedule_exhaustively(&self, state: &ClusterState, now: Time) -> Decisions {
-        self.cycle(state, now, false)
+        self.cycle(state, now, false, self.config.explain_pending)
     }
 
-    fn cycle(&self, state: &ClusterState, now: Time, prune: bool) -> Decisions {
+    fn cycle(&self, state: &ClusterState, now: Time, prune: bool, explain: bool) -> Decisions {
         let cfg = &self.config;
         let cap = Capacity::new(&state.nodes, &state.running, cfg.share_margin_bytes);
         let largest_card = largest_card_by_type(&cap);
@@ -189,6 +199,7 @@ impl Scheduler {
             largest_card,
             nodes_per_class: Vec::new(),
             prune,
+            explain,
         };
         cy.run()
     }
@@ -454,7 +465,7 @@ impl Cycle<'_> {
         let mut reserved = 0usize;
         let mut preemptions = 0usize;
         let (mut preemption_attempts, mut migration_attempts) = (0usize, 0usize);
-        let explain = cfg.explain_pending;
+        let explain = self.explain;
 
         let mut position = 0usize;
         let mut cluster_full = false;

@@ -289,4 +289,26 @@ proptest! {
             sched.schedule_exhaustively(&state, 1_600)
         );
     }
+
+    /// The live server explains a long queue only every little while: a cycle that does not
+    /// explain may stop early, and must decide exactly what the explaining cycle does.
+    #[test]
+    fn explaining_the_queue_changes_no_decision(
+        state in arb_state(),
+        more in prop::collection::vec(arb_crowded_task(), 8..40),
+    ) {
+        let sched = Scheduler::new(PolicyConfig::default());
+        let mut state = state;
+        let d = sched.schedule(&state, 1_000);
+        apply(&mut state, &d, 1_000);
+        for (k, mut t) in more.into_iter().enumerate() {
+            t.id = format!("m{k}");
+            t.user = format!("v{}", k % 3);
+            state.pending.push(t);
+        }
+        let explained = sched.schedule(&state, 1_600);
+        let quiet = sched.decide(&state, 1_600);
+        prop_assert!(quiet.pending.is_empty());
+        prop_assert_eq!(explained.decisions, quiet.decisions);
+    }
 }

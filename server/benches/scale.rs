@@ -15,7 +15,8 @@
 //!
 //! It reports submissions per second and their latency, the server's scheduling cycle time and
 //! placement-to-start latency (from its own Prometheus histograms), the server process's CPU
-//! and peak RSS, and the database size. It ends when every task finished, or after
+//! and peak RSS, and the database size; the cycle and start quantiles also over the time after
+//! the submissions alone (a steady queue). It ends when every task finished, or after
 //! `AUTODL_SCALE_SECS` (600).
 
 use std::collections::HashMap;
@@ -128,8 +129,8 @@ fn peak_rss_mib(pid: u32) -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// The `q` quantile of a Prometheus histogram, as the upper bound of its bucket.
-fn histogram_quantile(metrics: &str, name: &str, q: f64) -> Option<f64> {
+/// A Prometheus histogram's cumulative buckets: (upper bound, count), in order.
+fn histogram(metrics: &str, name: &str) -> Vec<(f64, f64)> {
     let mut buckets: Vec<(f64, f64)> = metrics
         .lines()
         .filter(|l| l.starts_with(&format!("{name}_bucket{{")))
@@ -145,6 +146,21 @@ fn histogram_quantile(metrics: &str, name: &str, q: f64) -> Option<f64> {
         })
         .collect();
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
+/// What a histogram gained between two reads (the same buckets).
+fn since(now: &[(f64, f64)], before: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    now.iter()
+        .map(|&(le, c)| {
+            let b = before.iter().find(|x| x.0 == le).map_or(0.0, |x| x.1);
+            (le, c - b)
+        })
+        .collect()
+}
+
+/// The `q` quantile of a histogram, as the upper bound of its bucket.
+fn quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
     let total = buckets.last()?.1;
     if total == 0.0 {
         return None;
@@ -155,12 +171,21 @@ fn histogram_quantile(metrics: &str, name: &str, q: f64) -> Option<f64> {
         .map(|(le, _)| *le)
 }
 
-fn histogram_count(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find(|l| l.starts_with(&format!("{name}_count")))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
+fn count(buckets: &[(f64, f64)]) -> f64 {
+    buckets.last().map_or(0.0, |b| b.1)
+}
+
+/// A histogram's count, p50 and p99, over the whole run and after the submissions.
+fn quantiles(whole: &[(f64, f64)], after: &[(f64, f64)]) -> String {
+    format!(
+        "{:.0}, p50 {}, p99 {}; after the submissions: {:.0}, p50 {}, p99 {}",
+        count(whole),
+        fmt_le(quantile(whole, 0.5)),
+        fmt_le(quantile(whole, 0.99)),
+        count(after),
+        fmt_le(quantile(after, 0.5)),
+        fmt_le(quantile(after, 0.99)),
+    )
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -492,6 +517,18 @@ async fn main() -> anyhow::Result<()> {
     let cpu_submit = cpu_seconds(pid) - cpu_before;
     let accepted = latencies.len();
 
+    let read_metrics = || async {
+        anyhow::Ok(
+            http.get(format!("{base}/metrics"))
+                .bearer_auth(METRICS_TOKEN)
+                .send()
+                .await?
+                .text()
+                .await?,
+        )
+    };
+    let submitted_metrics = read_metrics().await?;
+
     // Run until every task has finished.
     let steady_from = Instant::now();
     let cpu_steady_from = cpu_seconds(pid);
@@ -500,13 +537,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let steady_secs = steady_from.elapsed().as_secs_f64();
     let cpu_steady = cpu_seconds(pid) - cpu_steady_from;
-    let metrics = http
-        .get(format!("{base}/metrics"))
-        .bearer_auth(METRICS_TOKEN)
-        .send()
-        .await?
-        .text()
-        .await?;
+    let metrics = read_metrics().await?;
     let db_mib = match backend {
         "sqlite" => {
             let path = db.trim_start_matches("sqlite://");
@@ -542,18 +573,13 @@ async fn main() -> anyhow::Result<()> {
         percentile(&mut latencies.clone(), 50.0) * 1000.0,
         percentile(&mut latencies, 99.0) * 1000.0
     );
-    println!(
-        "scheduling cycles: {:.0}, p50 {}, p99 {}",
-        histogram_count(&metrics, cycle),
-        fmt_le(histogram_quantile(&metrics, cycle, 0.5)),
-        fmt_le(histogram_quantile(&metrics, cycle, 0.99))
-    );
-    println!(
-        "placement -> process start: {:.0} starts, p50 {}, p99 {}",
-        histogram_count(&metrics, dispatch),
-        fmt_le(histogram_quantile(&metrics, dispatch, 0.5)),
-        fmt_le(histogram_quantile(&metrics, dispatch, 0.99))
-    );
+    let of = |name: &str| {
+        let whole = histogram(&metrics, name);
+        let after = since(&whole, &histogram(&submitted_metrics, name));
+        quantiles(&whole, &after)
+    };
+    println!("scheduling cycles: {}", of(cycle));
+    println!("placement -> process start: {}", of(dispatch));
     println!(
         "finished: {} of {accepted} in {:.1} s",
         done.load(Ordering::Relaxed),

@@ -166,26 +166,38 @@ pub fn explain(p: PendingTask, closed: &[String]) -> Waiting {
 
 /// Where the queue's head ends: positions up to here are kept exact, as the researchers
 /// whose tasks are about to start watch them.
-const EXACT_POSITIONS: usize = 100;
+pub const EXACT_POSITIONS: usize = 100;
 
-/// Whether an explanation already stored still says what a new one says, so that it need not
-/// be written again. Every placement moves everything behind it in the queue; deep in a
-/// queue of tens of thousands a move of a few per cent tells nobody anything, and rewriting
+/// What a new explanation says that the one already stored does not (the first found), or
+/// `None` when the stored one still says it and need not be written again. Every placement
+/// moves everything behind it in the queue; deep in a queue of tens of thousands a move of a few per cent tells nobody anything, and rewriting
 /// every waiting task each cycle would cost more than deciding. What is kept is refreshed
 /// anyway every little while (the runner's `WAITING_REFRESH_MS`).
-pub fn still_says(old: &Waiting, new: &Waiting, now_ms: i64) -> bool {
+pub fn change(old: &Waiting, new: &Waiting, now_ms: i64) -> Option<Change> {
     let position = match (old.position, new.position) {
         (Some(a), Some(b)) if a.max(b) > EXACT_POSITIONS => a.abs_diff(b) <= a.max(b) / 10,
         (a, b) => a == b,
     };
-    old.reason == new.reason
-        && old.message == new.message
-        && position
-        && super::forecast::close_enough(
-            old.estimated_start.as_deref(),
-            new.estimated_start.as_deref(),
-            now_ms,
-        )
+    if old.reason != new.reason || old.message != new.message {
+        Some(Change::Reason)
+    } else if !position {
+        Some(Change::Position)
+    } else if !super::forecast::close_enough(
+        old.estimated_start.as_deref(),
+        new.estimated_start.as_deref(),
+        now_ms,
+    ) {
+        Some(Change::Estimate)
+    } else {
+        None
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Reason = 0,
+    Position = 1,
+    Estimate = 2,
 }
 
 #[cfg(test)]
@@ -204,14 +216,14 @@ mod tests {
 
     #[test]
     fn the_head_of_the_queue_is_exact_and_the_deep_queue_approximate() {
-        assert!(still_says(&at(3), &at(3), 0));
-        assert!(!still_says(&at(3), &at(2), 0));
-        assert!(!still_says(&at(100), &at(99), 0));
-        assert!(still_says(&at(20_000), &at(19_000), 0));
-        assert!(!still_says(&at(20_000), &at(17_000), 0));
-        assert!(!still_says(&at(150), &at(90), 0));
+        assert_eq!(change(&at(3), &at(3), 0), None);
+        assert_eq!(change(&at(3), &at(2), 0), Some(Change::Position));
+        assert_eq!(change(&at(100), &at(99), 0), Some(Change::Position));
+        assert_eq!(change(&at(20_000), &at(19_000), 0), None);
+        assert_eq!(change(&at(20_000), &at(17_000), 0), Some(Change::Position));
+        assert_eq!(change(&at(150), &at(90), 0), Some(Change::Position));
         let mut other = at(3);
         other.reason = Some("resources".into());
-        assert!(!still_says(&at(3), &other, 0));
+        assert_eq!(change(&at(3), &other, 0), Some(Change::Reason));
     }
 }

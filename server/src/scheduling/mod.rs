@@ -12,6 +12,7 @@ pub mod idle;
 pub mod runner;
 pub mod snapshot;
 pub mod sweeps;
+pub mod waiting;
 
 pub use explain::explain;
 pub use handle::SchedulerHandle;

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use autodl_common::tasks::{TaskState, Waiting, WorkerPlacement as ApiPlacement};
+use autodl_common::tasks::{TaskState, WorkerPlacement as ApiPlacement};
 use autodl_scheduler::{Decision, PolicyConfig, Scheduler};
 
 use super::active::ActiveTasks;
@@ -42,6 +42,8 @@ pub struct Runner {
     last_housekeeping: Option<Instant>,
     last_quota_check: Option<Instant>,
     last_standings: Option<Instant>,
+    /// Why tasks wait: a long queue is explained beside the cycles.
+    explanations: super::waiting::Explanations,
     /// Idle GPUs: warned, and stopped where the organization says so.
     idle: super::idle::IdleWatch,
     tunnels: Arc<crate::tunnels::Tunnels>,
@@ -70,13 +72,6 @@ const NODES_REREAD: Duration = Duration::from_secs(10);
 /// A follower asks for the leadership this often, so a dead leader is replaced within it (plus
 /// the time PostgreSQL takes to see the leader's connection gone).
 const FOLLOWER_RETRY: Duration = Duration::from_secs(1);
-
-/// Explanations whose reason, message and position stay the same are rewritten this often
-/// (their priority factors drift with age and usage), not every cycle.
-const WAITING_REFRESH_MS: i64 = 30_000;
-
-/// Unchanged explanations refreshed in one cycle at most.
-const WAITING_REFRESHES_PER_CYCLE: usize = 500;
 
 /// Placements written per transaction: a commit each would make a cycle that starts thousands
 /// of tasks take seconds, and one transaction for all would hold the database's write lock as
@@ -126,6 +121,7 @@ impl Runner {
             last_housekeeping: None,
             last_quota_check: None,
             last_standings: None,
+            explanations: Default::default(),
             idle: Default::default(),
             tunnels: state.tunnels.clone(),
             dependencies: Default::default(),
@@ -161,6 +157,7 @@ impl Runner {
             tracing::warn!(why, "this server no longer leads the scheduler");
         }
         self.leader_since = None;
+        self.explanations.forget();
         self.handle.set_leader(false);
     }
 
@@ -212,6 +209,11 @@ impl Runner {
     /// replays, which drive cycles by hand and must not wait on a timer.
     pub async fn settle_forecast(&mut self) {
         self.forecaster.settle().await;
+    }
+
+    /// Waits for a long queue's explanation under way (tests and replays).
+    pub async fn settle_explanations(&mut self) {
+        self.explanations.settle().await;
     }
 
     /// Nodes whose agent stopped polling are lost: their tasks go back to the queue (and resume
@@ -390,62 +392,6 @@ impl Runner {
         Ok(())
     }
 
-    /// Stores why tasks wait, so that every server answers with it: only what changed, and
-    /// the rest every `WAITING_REFRESH_MS`.
-    async fn store_waiting(
-        &self,
-        term: Term,
-        waiting: HashMap<String, Waiting>,
-        now_ms: i64,
-    ) -> anyhow::Result<usize> {
-        // What is stored for each task and when it was written, after this cycle.
-        let mut next: HashMap<String, (Waiting, i64)> = HashMap::with_capacity(waiting.len());
-        let mut changes: Vec<(String, Option<String>)> = Vec::new();
-        {
-            let mut written = self
-                .handle
-                .written
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            // Unchanged but due for a refresh: the oldest first, a bounded number a cycle, so
-            // that a queue submitted at once is not rewritten at once every refresh.
-            let mut due: Vec<(i64, String, Waiting, Waiting)> = Vec::new();
-            for (id, w) in waiting {
-                match written.remove(&id) {
-                    Some((old, at)) if super::explain::still_says(&old, &w, now_ms) => {
-                        if now_ms - at < WAITING_REFRESH_MS {
-                            next.insert(id, (old, at));
-                        } else {
-                            due.push((at, id, old, w));
-                        }
-                    }
-                    _ => {
-                        changes.push((id.clone(), Some(serde_json::to_string(&w)?)));
-                        next.insert(id, (w, now_ms));
-                    }
-                }
-            }
-            due.sort_unstable_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-            for (i, (at, id, old, w)) in due.into_iter().enumerate() {
-                if i < WAITING_REFRESHES_PER_CYCLE {
-                    changes.push((id.clone(), Some(serde_json::to_string(&w)?)));
-                    next.insert(id, (w, now_ms));
-                } else {
-                    next.insert(id, (old, at));
-                }
-            }
-            // Those left no longer wait.
-            changes.extend(written.drain().map(|(id, _)| (id, None)));
-        }
-        self.store.set_waiting(term, &changes).await?;
-        *self
-            .handle
-            .written
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = next;
-        Ok(changes.len())
-    }
-
     /// Runs forever: waits for leadership, then cycles on every wake-up and on the timer.
     pub async fn run(mut self) {
         let mut last: Option<(Instant, Duration)> = None;
@@ -610,7 +556,17 @@ impl Runner {
             )
             .await?;
         let charged_at = cycle_started.elapsed();
-        let decisions = self.scheduler.schedule(loaded.snapshot.state(), now);
+        use super::waiting::Plan;
+        let plan = self
+            .explanations
+            .plan(loaded.snapshot.state().pending.len(), now_ms);
+        let decisions = if plan == Plan::Now {
+            // What a long queue's explanation still writes comes before this one.
+            self.explanations.settle().await;
+            self.scheduler.schedule(loaded.snapshot.state(), now)
+        } else {
+            self.scheduler.decide(loaded.snapshot.state(), now)
+        };
         if self
             .last_standings
             .is_none_or(|t| t.elapsed() >= STANDINGS_EVERY)
@@ -690,20 +646,30 @@ impl Runner {
         let placed_at = cycle_started.elapsed();
         self.forecaster.collect().await;
         let starts = &self.forecaster.starts;
-        let mut closed = super::explain::ClosedNodes::new(loaded.snapshot.state());
-        let mut waiting: HashMap<String, Waiting> = decisions
-            .pending
-            .into_iter()
-            .map(|p| {
-                let id = p.task.clone();
-                let closed = closed.for_task(&p);
-                let mut w = super::explain(p, &closed);
-                w.estimated_start = starts.get(&id).map(|&ms| crate::state::rfc3339(ms));
-                (id, w)
-            })
-            .collect();
+        let mut waiting = if plan == Plan::Now {
+            super::waiting::explain_all(
+                decisions.pending,
+                super::explain::ClosedNodes::new(loaded.snapshot.state()),
+                starts,
+            )
+        } else {
+            HashMap::new()
+        };
+        if plan == Plan::Beside {
+            self.explanations.start(
+                self.store.clone(),
+                self.handle.clone(),
+                self.scheduler.clone(),
+                loaded.snapshot.clone(),
+                starts.clone(),
+                std::mem::take(&mut gated.held),
+                term,
+                now_ms,
+            );
+        }
         waiting.extend(gated.held);
-        if !waiting.is_empty() && self.forecaster.due(now_ms) {
+        // A long queue waits, explained or not in this cycle.
+        if (plan != Plan::Now || !waiting.is_empty()) && self.forecaster.due(now_ms) {
             let runs = self
                 .store
                 .recent_run_times(super::forecast::HISTORY_TASKS)
@@ -712,7 +678,11 @@ impl Runner {
                 .start(loaded.snapshot.clone(), started, now_ms, &self.config, runs);
         }
         let explained_at = cycle_started.elapsed();
-        let explanations = self.store_waiting(term, waiting, now_ms).await?;
+        let explanations = if plan == Plan::Now {
+            super::waiting::write(self.store.as_ref(), &self.handle, term, waiting, now_ms).await?
+        } else {
+            0
+        };
         let waiting_at = cycle_started.elapsed();
         if self
             .last_housekeeping
@@ -745,6 +715,7 @@ impl Runner {
             waiting_ms = (waiting_at - explained_at).as_millis() as u64,
             write_ms = (total - decided_at).as_millis() as u64,
             placed,
+            explain = ?plan,
             explanations,
             pending = loaded.snapshot.state().pending.len(),
             running = loaded.snapshot.state().running.len(),

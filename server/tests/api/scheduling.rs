@@ -27,6 +27,7 @@ crate::on_both_backends!(
     a_change_the_feed_misses_is_found_and_repaired,
     a_run_is_stopped_at_its_time_limit_and_ends_timed_out,
     tasks_start_after_the_tasks_they_name,
+    a_long_queue_is_explained_beside_the_cycles,
 );
 
 struct Cluster {
@@ -773,4 +774,49 @@ async fn tasks_start_after_the_tasks_they_name(b: Backend) {
     c.at(200);
     c.finished(&needs_end, 1, "success").await;
     assert_eq!(c.cycle_and_start().await, vec![(late, 1)]);
+}
+
+/// A queue longer than the server explains in every cycle is explained beside the cycles,
+/// every little while: the cycles between place the same and leave the explanations stored.
+async fn a_long_queue_is_explained_beside_the_cycles(b: Backend) {
+    let mut c = cluster(b, |_| {}).await;
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    c.at(0);
+    let first = c.submit(&x, whole_node("first", 0.9)).await;
+    let mut queued = Vec::new();
+    for i in 0..1_001 {
+        queued.push(c.submit(&x, whole_node(&format!("q{i}"), 0.5)).await);
+    }
+    // The first takes the node; the explanation of the rest comes from beside the cycle.
+    assert_eq!(c.cycle_and_start().await, vec![(first.clone(), 1)]);
+    c.runner.settle_explanations().await;
+    let waiting = |t: Value| t["waiting"].clone();
+    for id in [&queued[0], &queued[1_000]] {
+        let w = waiting(c.task(&x, id).await);
+        assert_eq!(w["reason"], "resources", "{w}");
+    }
+    let head = waiting(c.task(&x, &queued[0]).await)["position"]
+        .as_u64()
+        .unwrap();
+    let tail = waiting(c.task(&x, &queued[1_000]).await)["position"]
+        .as_u64()
+        .unwrap();
+    assert!(head < tail, "{head} {tail}");
+    // A moment later the cycle explains nothing, and nothing stored is lost.
+    c.at(1);
+    let late = c.submit(&x, whole_node("late", 0.5)).await;
+    assert!(c.cycle_and_start().await.is_empty());
+    c.runner.settle_explanations().await;
+    assert!(waiting(c.task(&x, &late).await)["reason"].is_null());
+    assert_eq!(waiting(c.task(&x, &queued[0]).await)["reason"], "resources");
+    // Ten seconds on, the queue is explained again, the new task too.
+    c.at(11);
+    assert!(c.cycle_and_start().await.is_empty());
+    c.runner.settle_explanations().await;
+    assert_eq!(waiting(c.task(&x, &late).await)["reason"], "resources");
+    // The node frees: the head of the queue starts, and its explanation is gone.
+    c.finished(&first, 1, "success").await;
+    c.at(12);
+    assert_eq!(c.cycle_and_start().await, vec![(queued[0].clone(), 1)]);
+    assert!(waiting(c.task(&x, &queued[0]).await).is_null());
 }
