@@ -187,6 +187,8 @@ pub struct Capacity {
     /// Positions of nodes changed by `apply`/`release`, in order, so placement indexes can
     /// catch up with exactly the nodes that changed.
     log: Vec<usize>,
+    /// Allocations given back so far: capacity that grows again (see [`Capacity::releases`]).
+    releases: u64,
 }
 
 impl Capacity {
@@ -243,6 +245,7 @@ impl Capacity {
             classes,
             node_pos,
             log: Vec::new(),
+            releases: 0,
         };
         for t in running {
             cap.apply_running(t, margin);
@@ -341,6 +344,13 @@ impl Capacity {
         n.release(a);
         n.version = n.version.wrapping_add(1);
         self.log.push(a.pos);
+        self.releases += 1;
+    }
+
+    /// How many allocations were given back: while it stays the same, capacity only shrank,
+    /// and a node that could not hold something still cannot.
+    pub fn releases(&self) -> u64 {
+        self.releases
     }
 
     pub fn total_gpu_capacity(&self) -> u64 {

@@ -151,6 +151,9 @@ struct Cycle<'a> {
     prune: bool,
     /// Whether every task left pending is explained (see [`Scheduler::decide`]).
     explain: bool,
+    /// Per GPU shape (a worker's need without its CPU and memory), the nodes that could hold
+    /// its GPUs, listed at the given [`Capacity::releases`]; see [`Cycle::any_node_fits`].
+    gpu_holders: FastMap<WorkerNeed, (u64, Vec<usize>)>,
 }
 
 impl Scheduler {
@@ -200,6 +203,7 @@ impl Scheduler {
             nodes_per_class: Vec::new(),
             prune,
             explain,
+            gpu_holders: FastMap::default(),
         };
         cy.run()
     }
@@ -525,7 +529,8 @@ impl Cycle<'_> {
             if failed.contains(&key) || (prune && place_futile.proves(&hard)) {
                 failed.insert(key);
             } else {
-                if let Some(allocs) = self.place_gang(t, need, true) {
+                let somewhere = !prune || self.any_node_fits(need);
+                if let Some(allocs) = somewhere.then(|| self.place_gang(t, need, true)).flatten() {
                     let placements = self.to_placements(&allocs);
                     *in_use
                         .entry((QuotaScope::User, t.user.as_str()))
@@ -813,6 +818,40 @@ impl Cycle<'_> {
     }
 
     /// All workers or none, all on one GPU type ([`Self::one_type_needs`]).
+    /// Whether some node could take one worker of `need` now, ignoring reservations and
+    /// zones: when none can, no placement of the task can succeed, and a blocked task costs a
+    /// glance at a short list instead of a pass over every node. The nodes that could hold
+    /// the GPUs of a shape (whatever their CPU and memory) are listed once per cycle; capacity
+    /// only shrinks unless an allocation is given back (preemption, migration, a gang rolled
+    /// back), and then the list is made again.
+    fn any_node_fits(&mut self, need: &WorkerNeed) -> bool {
+        if need.gpus == 0 {
+            return true;
+        }
+        let gpus_only = WorkerNeed {
+            cpu_millis: 0,
+            mem_bytes: 0,
+            ..need.clone()
+        };
+        let (cap, holders) = (&self.cap, &mut self.gpu_holders);
+        let epoch = cap.releases();
+        let (at, nodes) = holders
+            .entry(gpus_only)
+            .or_insert_with(|| (u64::MAX, Vec::new()));
+        if *at != epoch {
+            let gpus_only = WorkerNeed {
+                cpu_millis: 0,
+                mem_bytes: 0,
+                ..need.clone()
+            };
+            *nodes = (0..cap.nodes.len())
+                .filter(|&p| cap.nodes[p].fits(&gpus_only))
+                .collect();
+            *at = epoch;
+        }
+        nodes.iter().any(|&p| cap.nodes[p].fits(need))
+    }
+
     fn place_gang(
         &mut self,
         t: &TaskRequest,

@@ -137,8 +137,9 @@ pub struct PostgresStore {
     sched: PgPool,
 }
 
-/// Connections of the scheduler's own pool.
-const SCHEDULER_CONNECTIONS: u32 = 2;
+/// Connections of the scheduler's own pool: a cycle's reads run side by side, and a long
+/// queue's explanations are written beside the cycles.
+const SCHEDULER_CONNECTIONS: u32 = 4;
 
 impl SqliteStore {
     pub async fn open(url: &str, max_connections: u32) -> StoreResult<Self> {
