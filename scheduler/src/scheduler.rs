@@ -818,8 +818,8 @@ impl Cycle<'_> {
     }
 
     /// All workers or none, all on one GPU type ([`Self::one_type_needs`]).
-    /// Whether some node could take one worker of `need` now, ignoring reservations and
-    /// zones: when none can, no placement of the task can succeed, and a blocked task costs a
+    /// Whether some node not reserved for another task could take one worker of `need` now
+    /// (whatever its zone): when none can, no placement of the task can succeed, and a blocked task costs a
     /// glance at a short list instead of a pass over every node. The nodes that could hold
     /// the GPUs of a shape (whatever their CPU and memory) are listed once per cycle; capacity
     /// only shrinks unless an allocation is given back (preemption, migration, a gang rolled
@@ -849,7 +849,10 @@ impl Cycle<'_> {
                 .collect();
             *at = epoch;
         }
-        nodes.iter().any(|&p| cap.nodes[p].fits(need))
+        // Reservations only grow within a cycle, and a placement respects them.
+        nodes
+            .iter()
+            .any(|&p| !cap.nodes[p].reserved && cap.nodes[p].fits(need))
     }
 
     fn place_gang(
