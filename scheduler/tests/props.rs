@@ -191,6 +191,19 @@ fn check_no_overcommit(state: &ClusterState, margin: u64) -> Result<(), TestCase
     Ok(())
 }
 
+/// A cluster after one cycle at t = 1,000, with `more` tasks of three other users queued
+/// behind: crowded enough that many attempts fail.
+fn crowded(sched: &Scheduler, mut state: ClusterState, more: Vec<TaskRequest>) -> ClusterState {
+    let d = sched.schedule(&state, 1_000);
+    apply(&mut state, &d, 1_000);
+    for (k, mut t) in more.into_iter().enumerate() {
+        t.id = format!("m{k}");
+        t.user = format!("v{}", k % 3);
+        state.pending.push(t);
+    }
+    state
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
@@ -276,14 +289,7 @@ proptest! {
     ) {
         let cfg = PolicyConfig { explain_pending: explain, ..PolicyConfig::default() };
         let sched = Scheduler::new(cfg);
-        let mut state = state;
-        let d = sched.schedule(&state, 1_000);
-        apply(&mut state, &d, 1_000);
-        for (k, mut t) in more.into_iter().enumerate() {
-            t.id = format!("m{k}");
-            t.user = format!("v{}", k % 3);
-            state.pending.push(t);
-        }
+        let state = crowded(&sched, state, more);
         prop_assert_eq!(
             sched.schedule(&state, 1_600),
             sched.schedule_exhaustively(&state, 1_600)
@@ -298,14 +304,7 @@ proptest! {
         more in prop::collection::vec(arb_crowded_task(), 8..40),
     ) {
         let sched = Scheduler::new(PolicyConfig::default());
-        let mut state = state;
-        let d = sched.schedule(&state, 1_000);
-        apply(&mut state, &d, 1_000);
-        for (k, mut t) in more.into_iter().enumerate() {
-            t.id = format!("m{k}");
-            t.user = format!("v{}", k % 3);
-            state.pending.push(t);
-        }
+        let state = crowded(&sched, state, more);
         let explained = sched.schedule(&state, 1_600);
         let quiet = sched.decide(&state, 1_600);
         prop_assert!(quiet.pending.is_empty());

@@ -13,6 +13,7 @@ use autodl_scheduler::{Decision, PolicyConfig, Scheduler};
 use super::active::ActiveTasks;
 use super::handle::SchedulerHandle;
 use super::snapshot::{self, secs, ActiveTask};
+use super::waiting::Plan;
 use crate::agents::AgentHub;
 use crate::clock::Clock;
 use crate::config::Settings;
@@ -556,7 +557,6 @@ impl Runner {
             )
             .await?;
         let charged_at = cycle_started.elapsed();
-        use super::waiting::Plan;
         let plan = self
             .explanations
             .plan(loaded.snapshot.state().pending.len(), now_ms);

@@ -165,7 +165,7 @@ pub async fn write(
         // each time would cost the database more than the scheduling.
         let mut changed: Vec<(i64, String, Waiting, Waiting)> = Vec::new();
         let mut due: Vec<(i64, String, Waiting, Waiting)> = Vec::new();
-        // What is written: new or at the head, reworded, moved, re-estimated, refreshed.
+        // What changed: new or at the head, reworded, moved, re-estimated; and refreshed.
         let mut why = [0usize; 5];
         for (id, w) in waiting {
             let old = written.remove(&id);
@@ -188,6 +188,7 @@ pub async fn write(
                 }
             }
         }
+        why[4] = due.len().min(REFRESHES_PER_WRITE);
         for (mut waiting, limit) in [(changed, REWRITES_PER_WRITE), (due, REFRESHES_PER_WRITE)] {
             waiting.sort_unstable_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
             for (i, (at, id, old, w)) in waiting.into_iter().enumerate() {
@@ -204,6 +205,7 @@ pub async fn write(
             reworded = why[1],
             moved = why[2],
             re_estimated = why[3],
+            refreshed = why[4],
             "explanations changed"
         );
         // Those left no longer wait.

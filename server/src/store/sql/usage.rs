@@ -36,56 +36,39 @@ macro_rules! impl_usage {
 
             async fn save_charges(&self, charges: &[RunChargeRecord], usage: &[UsageRecord]) -> StoreResult<bool> {
                 let mut tx = self.sched.begin().await?;
-                // Running runs, many to a statement: each cycle charges every one of them.
-                let running: Vec<&RunChargeRecord> = charges.iter().filter(|c| !c.settles).collect();
-                for chunk in running.chunks(CHARGE_ROWS) {
-                    let mut q = sqlx::QueryBuilder::<$db>::new(
-                        "WITH v (task_id, number, from_ms, charged_until, gpu_seconds) AS (",
-                    );
-                    q.push_values(chunk, |mut b, c| {
-                        b.push_bind(&c.task_id)
-                            .push_bind(c.number)
-                            .push_bind(c.from)
-                            .push_bind(c.charged_until)
-                            .push_bind(c.gpu_seconds);
-                    });
-                    // Only as the scheduler read it: charged up to `from`, and not ended since.
-                    q.push(
-                        ") UPDATE attempts SET charged_until = v.charged_until, gpu_seconds = v.gpu_seconds FROM v
-                         WHERE attempts.task_id = v.task_id AND attempts.number = v.number
-                           AND COALESCE(attempts.charged_until, attempts.started_at) = v.from_ms
-                           AND attempts.settled = FALSE AND attempts.ended_at IS NULL",
-                    );
-                    let r = q.build().execute(&mut *tx).await?;
-                    if r.rows_affected() != chunk.len() as u64 {
-                        tx.rollback().await?;
-                        return Ok(false);
-                    }
-                }
-                // Ended runs settle the same way: a cycle after a wave of ends settles thousands.
-                let settling: Vec<&RunChargeRecord> = charges.iter().filter(|c| c.settles).collect();
-                for chunk in settling.chunks(CHARGE_ROWS) {
-                    let mut q = sqlx::QueryBuilder::<$db>::new(
-                        "WITH v (task_id, number, from_ms, charged_until, gpu_seconds) AS (",
-                    );
-                    q.push_values(chunk, |mut b, c| {
-                        b.push_bind(&c.task_id)
-                            .push_bind(c.number)
-                            .push_bind(c.from)
-                            .push_bind(c.charged_until)
-                            .push_bind(c.gpu_seconds);
-                    });
-                    // Only as the scheduler read it: charged up to `from`, ended, not settled.
-                    q.push(
-                        ") UPDATE attempts SET charged_until = v.charged_until, gpu_seconds = v.gpu_seconds, settled = TRUE FROM v
-                         WHERE attempts.task_id = v.task_id AND attempts.number = v.number
-                           AND COALESCE(attempts.charged_until, attempts.started_at) = v.from_ms
-                           AND attempts.settled = FALSE AND attempts.ended_at IS NOT NULL",
-                    );
-                    let r = q.build().execute(&mut *tx).await?;
-                    if r.rows_affected() != chunk.len() as u64 {
-                        tx.rollback().await?;
-                        return Ok(false);
+                // Running runs, many to a statement (each cycle charges every one of them), and
+                // ended runs settled the same way (a cycle after a wave of ends settles
+                // thousands). Each only as the scheduler read it: charged up to `from`, not
+                // settled, and still running, or ended.
+                let (settling, running): (Vec<&RunChargeRecord>, Vec<&RunChargeRecord>) =
+                    charges.iter().partition(|c| c.settles);
+                for (runs, settles) in [(&running, false), (&settling, true)] {
+                    for chunk in runs.chunks(CHARGE_ROWS) {
+                        let mut q = sqlx::QueryBuilder::<$db>::new(
+                            "WITH v (task_id, number, from_ms, charged_until, gpu_seconds) AS (",
+                        );
+                        q.push_values(chunk, |mut b, c| {
+                            b.push_bind(&c.task_id)
+                                .push_bind(c.number)
+                                .push_bind(c.from)
+                                .push_bind(c.charged_until)
+                                .push_bind(c.gpu_seconds);
+                        });
+                        q.push(") UPDATE attempts SET charged_until = v.charged_until, gpu_seconds = v.gpu_seconds");
+                        if settles {
+                            q.push(", settled = TRUE");
+                        }
+                        q.push(
+                            " FROM v WHERE attempts.task_id = v.task_id AND attempts.number = v.number
+                               AND COALESCE(attempts.charged_until, attempts.started_at) = v.from_ms
+                               AND attempts.settled = FALSE AND attempts.ended_at ",
+                        );
+                        q.push(if settles { "IS NOT NULL" } else { "IS NULL" });
+                        let r = q.build().execute(&mut *tx).await?;
+                        if r.rows_affected() != chunk.len() as u64 {
+                            tx.rollback().await?;
+                            return Ok(false);
+                        }
                     }
                 }
                 // A task whose two attempts settle at once gets both: one row per task.
