@@ -819,8 +819,8 @@ impl Cycle<'_> {
 
     /// All workers or none, all on one GPU type ([`Self::one_type_needs`]).
     /// Whether some node not reserved for another task could take one worker of `need` now
-    /// (whatever its zone): when none can, no placement of the task can succeed, and a blocked task costs a
-    /// glance at a short list instead of a pass over every node. The nodes that could hold
+    /// (whatever its zone): when none can, no placement of the task can succeed, and a
+    /// blocked task costs a glance at a short list instead of a pass over every node. The nodes that could hold
     /// the GPUs of a shape (whatever their CPU and memory) are listed once per cycle; capacity
     /// only shrinks unless an allocation is given back (preemption, migration, a gang rolled
     /// back), and then the list is made again.
@@ -835,20 +835,14 @@ impl Cycle<'_> {
         };
         let (cap, holders) = (&self.cap, &mut self.gpu_holders);
         let epoch = cap.releases();
-        let (at, nodes) = holders
-            .entry(gpus_only)
-            .or_insert_with(|| (u64::MAX, Vec::new()));
-        if *at != epoch {
-            let gpus_only = WorkerNeed {
-                cpu_millis: 0,
-                mem_bytes: 0,
-                ..need.clone()
-            };
-            *nodes = (0..cap.nodes.len())
+        let listed = holders.get(&gpus_only).is_some_and(|(at, _)| *at == epoch);
+        if !listed {
+            let nodes = (0..cap.nodes.len())
                 .filter(|&p| cap.nodes[p].fits(&gpus_only))
                 .collect();
-            *at = epoch;
+            holders.insert(gpus_only.clone(), (epoch, nodes));
         }
+        let nodes = &holders[&gpus_only].1;
         // Reservations only grow within a cycle, and a placement respects them.
         nodes
             .iter()

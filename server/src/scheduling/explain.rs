@@ -166,16 +166,22 @@ pub fn explain(p: PendingTask, closed: &[String]) -> Waiting {
 
 /// Where the queue's head ends: positions up to here are kept exact, as the researchers
 /// whose tasks are about to start watch them.
-pub const EXACT_POSITIONS: usize = 100;
+const EXACT_POSITIONS: usize = 100;
+
+/// Whether a queue position is at the head, where explanations are kept exact and current.
+pub fn at_the_head(position: usize) -> bool {
+    position <= EXACT_POSITIONS
+}
 
 /// What a new explanation says that the one already stored does not (the first found), or
 /// `None` when the stored one still says it and need not be written again. Every placement
-/// moves everything behind it in the queue; deep in a queue of tens of thousands a move of a few per cent tells nobody anything, and rewriting
-/// every waiting task each cycle would cost more than deciding. What is kept is refreshed
-/// anyway every little while (the runner's `WAITING_REFRESH_MS`).
+/// moves everything behind it in the queue; deep in a queue of tens of thousands a move of a
+/// few per cent tells nobody anything, and rewriting every waiting task each cycle would cost
+/// more than deciding. What is kept is refreshed anyway every little while
+/// (`waiting::REFRESH_MS`).
 pub fn change(old: &Waiting, new: &Waiting, now_ms: i64) -> Option<Change> {
     let position = match (old.position, new.position) {
-        (Some(a), Some(b)) if a.max(b) > EXACT_POSITIONS => a.abs_diff(b) <= a.max(b) / 10,
+        (Some(a), Some(b)) if !at_the_head(a.max(b)) => a.abs_diff(b) <= a.max(b) / 10,
         (a, b) => a == b,
     };
     if old.reason != new.reason || old.message != new.message {

@@ -32,8 +32,7 @@ const REWRITES_PER_WRITE: usize = 5_000;
 
 /// Whether a task is at the queue's head, where its explanation is always kept current.
 fn at_the_head(w: &Waiting) -> bool {
-    w.position
-        .is_none_or(|p| p < super::explain::EXACT_POSITIONS)
+    w.position.is_none_or(super::explain::at_the_head)
 }
 
 /// How a cycle explains its queue.
