@@ -4,7 +4,8 @@
 //! differ, so nearly every task is a request shape of its own; `exhaustive` is the same cycle
 //! trying every blocked shape, which is what skipping futile attempts saves; `busy_shared` is
 //! a full cluster of 2,000 nodes with shared cards, where blocked tasks look for victims and
-//! migrations; the last run is the scale goal, 50,000 pending on 2,000 nodes.
+//! migrations; `50k_pending` is the scale goal, 50,000 pending on 2,000 nodes, and the last
+//! run is the live server's steady cycle there (a full cluster, decided without explaining).
 
 use autodl_scheduler::*;
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -174,6 +175,27 @@ pub fn busy_shared(mut state: ClusterState, seed: u64) -> ClusterState {
     state
 }
 
+/// Starts what a cycle placed, as the live server would before its next cycle.
+fn apply_placements(state: &mut ClusterState, d: &Decisions) {
+    for x in &d.decisions {
+        if let Decision::Place {
+            task, placements, ..
+        } = x
+        {
+            if let Some(i) = state.pending.iter().position(|t| &t.id == task) {
+                let request = state.pending.swap_remove(i);
+                state.running.push(RunningTask {
+                    request,
+                    placements: placements.clone(),
+                    started_at: 100_000,
+                    last_checkpoint_at: None,
+                    preempting: false,
+                });
+            }
+        }
+    }
+}
+
 fn report(name: &str, d: &Decisions) {
     let placed = d
         .decisions
@@ -218,6 +240,20 @@ fn cycle(c: &mut Criterion) {
     report("50k_pending_2000x8_varied", &sched.schedule(&goal, 100_000));
     g.bench_function("50k_pending_2000x8_varied", |b| {
         b.iter(|| sched.schedule(std::hint::black_box(&goal), 100_000))
+    });
+    // The live server's steady state at the scale goal: a full cluster with shared cards and
+    // a long queue, decided without explanations (they are written beside the cycles).
+    let mut steady = busy_shared(fixture(2_000, 42_000, 7, true), 7);
+    for _ in 0..3 {
+        let d = sched.decide(&steady, 100_000);
+        apply_placements(&mut steady, &d);
+    }
+    report(
+        "42k_pending_2000x8_busy_shared_decide",
+        &sched.decide(&steady, 100_000),
+    );
+    g.bench_function("42k_pending_2000x8_busy_shared_decide", |b| {
+        b.iter(|| sched.decide(std::hint::black_box(&steady), 100_000))
     });
     g.finish();
 }

@@ -339,6 +339,13 @@ impl Capacity {
         self.log.push(a.pos);
     }
 
+    /// Holds the node for a blocked task: nothing of lower priority lands there this cycle.
+    /// Logged like a change of capacity, for indexes of where things could still go.
+    pub fn reserve(&mut self, pos: usize) {
+        self.nodes[pos].reserved = true;
+        self.log.push(pos);
+    }
+
     pub fn release(&mut self, a: &Alloc) {
         let n = &mut self.nodes[a.pos];
         n.release(a);
@@ -570,6 +577,117 @@ struct ShapeIndex {
     cursor: usize,
 }
 
+/// The largest room on a single GPU of each unreserved node, kept up to date from the
+/// capacity's change log: a cheap proof that a worker fits on no node open to it. A migration attempt on a full
+/// cluster tries hundreds of nodes, and for each one asks whether the tasks it would move fit
+/// anywhere else; a placement scan of the whole cluster per question made such cycles take
+/// most of a second.
+#[derive(Debug, Clone, Default)]
+pub struct RoomIndex {
+    /// Keyed by the complement of the room, so the tree's minimum is the largest room.
+    ranked: MinTree,
+    cursor: usize,
+}
+
+impl RoomIndex {
+    /// What one GPU of the node can still take: a free card counts as room for anything, as
+    /// [`CapGpu::fits`] lets a free card take a whole-card demand or a share of any size.
+    fn room(n: &CapNode) -> Option<u64> {
+        if !n.schedulable || n.reserved {
+            return None;
+        }
+        n.gpus
+            .iter()
+            .map(|g| {
+                if g.capacity > 0 && g.free == g.capacity {
+                    u64::MAX
+                } else {
+                    g.free
+                }
+            })
+            .max()
+            .filter(|&r| r > 0)
+    }
+
+    fn refresh(&mut self, cap: &Capacity) {
+        let n = cap.nodes.len();
+        if self.ranked.n != n || self.cursor > cap.log.len() {
+            self.ranked = MinTree::new(n);
+            for (p, node) in cap.nodes.iter().enumerate() {
+                self.ranked.set(p, Self::room(node).map(|r| !r));
+            }
+        } else {
+            for &p in &cap.log[self.cursor..] {
+                self.ranked.set(p, Self::room(&cap.nodes[p]).map(|r| !r));
+            }
+        }
+        self.cursor = cap.log.len();
+    }
+
+    /// The unreserved nodes (in order) that could have room for one GPU of the worker, when
+    /// there are at most `limit` of them: every node the worker fits on is among them.
+    pub fn holders(
+        &mut self,
+        cap: &Capacity,
+        need: &WorkerNeed,
+        limit: usize,
+    ) -> Option<Vec<usize>> {
+        if need.gpus == 0 {
+            return None;
+        }
+        self.refresh(cap);
+        let most = !wanted_room(need.demand);
+        let (t, n) = (&self.ranked.t, self.ranked.n);
+        let mut found = Vec::new();
+        let mut stack = vec![1usize];
+        while let Some(j) = stack.pop() {
+            if j >= t.len() || t[j] == EMPTY || t[j].0 > most {
+                continue;
+            }
+            if j >= n {
+                if found.len() == limit {
+                    return None;
+                }
+                found.push(j - n);
+            } else {
+                stack.extend([2 * j, 2 * j + 1]);
+            }
+        }
+        found.sort_unstable();
+        Some(found)
+    }
+
+    /// Whether some unreserved node other than `except` could have room for one GPU of the
+    /// worker. False proves that it fits on none of them; true proves nothing (CPU, memory, GPU types and
+    /// node classes are not looked at).
+    pub fn may_hold_elsewhere(&mut self, cap: &Capacity, need: &WorkerNeed, except: usize) -> bool {
+        if need.gpus == 0 {
+            return true;
+        }
+        self.refresh(cap);
+        let wanted = wanted_room(need.demand);
+        let largest = match self.ranked.min() {
+            Some((_, p)) if p == except => {
+                let kept = self.ranked.t[except + self.ranked.n];
+                self.ranked.set(except, None);
+                let second = self.ranked.min();
+                self.ranked.set(except, (kept != EMPTY).then_some(kept.0));
+                second
+            }
+            other => other,
+        };
+        largest.is_some_and(|(k, _)| !k >= wanted)
+    }
+}
+
+/// The room on one GPU that a demand needs at least (see [`RoomIndex::room`]).
+fn wanted_room(d: GpuDemand) -> u64 {
+    match d {
+        GpuDemand::Share(m) => m.max(1),
+        GpuDemand::Whole => u64::MAX,
+    }
+}
+
 /// Minimum (score key, node position) over all nodes, updated in O(log n) without allocating.
 #[derive(Debug, Clone, Default)]
 struct MinTree {
@@ -776,6 +894,36 @@ impl Placer {
         let c = self.cached_choice(cap, pos, shape, need)?;
         let gpus = mask_positions(c.gpus);
         Some(self.commit(cap, pos, gpus, need))
+    }
+
+    /// Places one worker as [`Placer::place_worker`] would when the nodes it fits on are all
+    /// among `among` (in order): the same choice, from a scan of those nodes alone.
+    pub fn place_among<R: Rng>(
+        &mut self,
+        cap: &mut Capacity,
+        among: &[usize],
+        need: &WorkerNeed,
+        rng: &mut R,
+    ) -> Option<Alloc> {
+        if self.policy == PlacementPolicy::Random {
+            return self.place_worker(cap, need, &|n: &CapNode| !n.reserved, rng);
+        }
+        let shape = self.shape_id(need);
+        let mut best: Option<(u64, usize, Choice)> = None;
+        for &p in among {
+            if cap.nodes[p].reserved {
+                continue;
+            }
+            if let Some(c) = self.cached_choice(cap, p, shape, need) {
+                let k = score_key(c.score + self.jitter(p));
+                if best.is_none_or(|b| k < b.0) {
+                    best = Some((k, p, c));
+                }
+            }
+        }
+        let (_, p, c) = best?;
+        let gpus = mask_positions(c.gpus);
+        Some(self.commit(cap, p, gpus, need))
     }
 
     /// The best-ranked node of the shape's index that `allowed` admits.

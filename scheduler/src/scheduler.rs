@@ -4,7 +4,8 @@
 use crate::config::{Backfill, PolicyConfig};
 use crate::fasthash::{FastMap, FastSet};
 use crate::placement::{
-    demand_for, Alloc, CapNode, Capacity, FragModel, GpuDemand, Placer, TypeMask, WorkerNeed,
+    demand_for, Alloc, CapNode, Capacity, FragModel, GpuDemand, Placer, RoomIndex, TypeMask,
+    WorkerNeed,
 };
 use crate::priority::{PriorityBreakdown, PriorityContext};
 use crate::types::{ClusterState, Quota, RunningTask, TaskId, TaskRequest, Time, WorkerPlacement};
@@ -154,6 +155,8 @@ struct Cycle<'a> {
     /// Per GPU shape (a worker's need without its CPU and memory), the nodes that could hold
     /// its GPUs, listed at the given [`Capacity::releases`]; see [`Cycle::any_node_fits`].
     gpu_holders: FastMap<WorkerNeed, (u64, Vec<usize>)>,
+    /// Each node's largest room on one GPU, for proofs that a moved task fits nowhere.
+    rooms: RoomIndex,
 }
 
 impl Scheduler {
@@ -204,6 +207,7 @@ impl Scheduler {
             prune,
             explain,
             gpu_holders: FastMap::default(),
+            rooms: RoomIndex::default(),
         };
         cy.run()
     }
@@ -306,6 +310,18 @@ fn intersect(
         .filter(|&i| a.contains(i) && b.contains(i))
         .collect();
     crate::placement::TypeMask::from_ids(&ids)
+}
+
+/// What a running task holding `a` needs to be placed again elsewhere.
+fn migrant_need(cap: &Capacity, r: &TaskRequest, a: &Alloc) -> WorkerNeed {
+    WorkerNeed {
+        gpus: a.gpu_pos.len() as u32,
+        demand: a.demand,
+        cpu_millis: a.cpu_millis,
+        mem_bytes: a.mem_bytes,
+        types: cap.type_mask(&r.gpu_types),
+        classes: cap.class_mask(&r.tolerations, &r.requires),
+    }
 }
 
 /// `nodes_per_class` counts the nodes of each node class (taints and features).
@@ -1219,25 +1235,39 @@ impl Cycle<'_> {
                     .place_on(&mut self.cap, pos, need, &mut self.rng);
                 success = target.is_some();
             }
+            if success && self.prune {
+                // On a full cluster most moves fail: proving first that some task moved would
+                // find no room costs a lookup per task, where placing the others first costs a
+                // placement scan of the cluster each. Placements only take room, so what has
+                // no room now has none after them either.
+                success = released.iter().all(|(v, a)| {
+                    let vneed = migrant_need(&self.cap, &self.state.running[*v].request, a);
+                    self.cap.nodes[pos].fits(&vneed)
+                        || self.rooms.may_hold_elsewhere(&self.cap, &vneed, pos)
+                });
+            }
             if success {
                 for (v, a) in &released {
-                    let r = &self.state.running[*v];
-                    let vneed = WorkerNeed {
-                        gpus: a.gpu_pos.len() as u32,
-                        demand: a.demand,
-                        cpu_millis: a.cpu_millis,
-                        mem_bytes: a.mem_bytes,
-                        types: self.cap.type_mask(&r.request.gpu_types),
-                        classes: self
-                            .cap
-                            .class_mask(&r.request.tolerations, &r.request.requires),
+                    let vneed = migrant_need(&self.cap, &self.state.running[*v].request, a);
+                    // On a full cluster few nodes have the room: choosing among those alone
+                    // is the same choice without a scan of the cluster.
+                    let among = if self.prune {
+                        self.rooms.holders(&self.cap, &vneed, 128)
+                    } else {
+                        None
                     };
-                    match self.placer.place_worker(
-                        &mut self.cap,
-                        &vneed,
-                        &|n: &CapNode| !n.reserved,
-                        &mut self.rng,
-                    ) {
+                    let placed = if let Some(among) = among {
+                        self.placer
+                            .place_among(&mut self.cap, &among, &vneed, &mut self.rng)
+                    } else {
+                        self.placer.place_worker(
+                            &mut self.cap,
+                            &vneed,
+                            &|n: &CapNode| !n.reserved,
+                            &mut self.rng,
+                        )
+                    };
+                    match placed {
                         Some(na) => moved.push((*v, na)),
                         None => {
                             success = false;
@@ -1301,7 +1331,7 @@ impl Cycle<'_> {
         cands.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         let mut nodes = Vec::new();
         for &(_, pos) in cands.iter().take(t.workers.max(1) as usize) {
-            self.cap.nodes[pos].reserved = true;
+            self.cap.reserve(pos);
             nodes.push(self.state.nodes[self.cap.nodes[pos].node].id.clone());
         }
         nodes

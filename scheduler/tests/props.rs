@@ -296,6 +296,58 @@ proptest! {
         );
     }
 
+    /// A task that migration moves is placed among the few nodes with room on one GPU
+    /// (`RoomIndex::holders`) instead of by a scan of the cluster: the same choice, for each
+    /// placement policy that scores nodes, as placements fill the cluster and nodes are held.
+    #[test]
+    fn placing_among_the_nodes_with_room_is_placing_anywhere(
+        state in arb_state(),
+        more in prop::collection::vec(arb_crowded_task(), 8..40),
+        asks in prop::collection::vec(
+            (1u32..3, prop::option::of(1u64..100), 0u64..16_000, 0u64..64),
+            1..30,
+        ),
+        held in prop::collection::vec(any::<bool>(), 6),
+    ) {
+        use autodl_scheduler::placement::{
+            CapNode, Capacity, FragModel, GpuDemand, Placer, RoomIndex, TypeMask, WorkerNeed,
+        };
+        use rand::SeedableRng;
+        let sched = Scheduler::default();
+        let state = crowded(&sched, state, more);
+        for policy in [PlacementPolicy::BestFit, PlacementPolicy::Fgd, PlacementPolicy::Autodl] {
+            let mut scanned = Capacity::new(&state.nodes, &state.running, 0);
+            let nodes = scanned.nodes.len();
+            for (p, _) in held.iter().enumerate().filter(|(p, h)| **h && *p < nodes) {
+                scanned.reserve(p);
+            }
+            let mut chosen = scanned.clone();
+            let all_types: Vec<u16> = (0..scanned.types.len() as u16).collect();
+            let classes = scanned.class_mask_all();
+            let need = |(gpus, gib, cpu, mem): (u32, Option<u64>, u64, u64)| WorkerNeed {
+                gpus,
+                demand: gib.map_or(GpuDemand::Whole, |g| GpuDemand::Share(g << 30)),
+                cpu_millis: cpu,
+                mem_bytes: mem << 30,
+                types: TypeMask::from_ids(&all_types),
+                classes: classes.clone(),
+            };
+            let model = FragModel::from_counts(vec![(need((1, None, 4_000, 16)), 1.0)], 0.95, 16, 80 << 30);
+            let (mut scan, mut among) = (Placer::new(policy, model.clone()), Placer::new(policy, model));
+            let mut rooms = RoomIndex::default();
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+            for &ask in &asks {
+                let need = need(ask);
+                let a = scan.place_worker(&mut scanned, &need, &|n: &CapNode| !n.reserved, &mut rng);
+                let b = match rooms.holders(&chosen, &need, 128) {
+                    Some(h) => among.place_among(&mut chosen, &h, &need, &mut rng),
+                    None => among.place_worker(&mut chosen, &need, &|n: &CapNode| !n.reserved, &mut rng),
+                };
+                prop_assert_eq!(a, b);
+            }
+        }
+    }
+
     /// The live server explains a long queue only every little while: a cycle that does not
     /// explain may stop early, and must decide exactly what the explaining cycle does.
     #[test]

@@ -36,7 +36,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 mod support;
-use support::env_num;
+use support::{env_num, percentile};
 
 const GIB: u64 = 1 << 30;
 const PASSWORD: &str = "Scale-passw0rd";
@@ -186,14 +186,6 @@ fn quantiles(whole: &[(f64, f64)], after: &[(f64, f64)]) -> String {
         fmt_le(quantile(after, 0.5)),
         fmt_le(quantile(after, 0.99)),
     )
-}
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[(((p / 100.0) * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
 }
 
 fn fmt_le(v: Option<f64>) -> String {

@@ -14,7 +14,7 @@ use autodl_common::tasks::TaskState;
 use serde_json::{json, Value};
 
 mod support;
-use support::env_num;
+use support::{env_num, percentile};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -60,6 +60,7 @@ async fn main() -> anyhow::Result<()> {
         );
         workers.push(tokio::spawn(async move {
             let mut i = 0u64;
+            let mut latencies = Vec::new();
             // The load generator shares the server's two cores: it formats each body from a
             // template instead of building a JSON value, as a load tool would.
             let url = format!("{base}/api/v1/tasks");
@@ -68,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
                 let body = format!(
                     r#"{{"name":"bench-{c}-{i}","image":"pytorch:2","command":"python train.py","resources":{{"gpu":{{"type":"A100","count":1,"memory":"10GiB"}}}}}}"#
                 );
+                let sent_at = Instant::now();
                 let sent = http
                     .post(&url)
                     .header("authorization", &auth)
@@ -76,15 +78,20 @@ async fn main() -> anyhow::Result<()> {
                     .send()
                     .await;
                 match sent {
-                    Ok(r) if r.status().as_u16() == 201 => done.fetch_add(1, Ordering::Relaxed),
+                    Ok(r) if r.status().as_u16() == 201 => {
+                        latencies.push(sent_at.elapsed().as_secs_f64());
+                        done.fetch_add(1, Ordering::Relaxed)
+                    }
                     _ => failed.fetch_add(1, Ordering::Relaxed),
                 };
                 i += 1;
             }
+            latencies
         }));
     }
+    let mut latencies = Vec::new();
     for w in workers {
-        w.await?;
+        latencies.extend(w.await?);
     }
     let elapsed = started.elapsed().as_secs_f64();
     let n = done.load(Ordering::Relaxed);
@@ -99,10 +106,13 @@ async fn main() -> anyhow::Result<()> {
             .count();
         if unexplained == 0 || considered_by.elapsed() > Duration::from_secs(60) {
             println!(
-                "backend={backend} clients={clients} submitted={n} failed={} elapsed={elapsed:.1}s rate={:.0}/s; \
+                "backend={backend} clients={clients} submitted={n} failed={} elapsed={elapsed:.1}s rate={:.0}/s \
+                 latency p50={:.1}ms p99={:.1}ms; \
                  scheduler caught up {:.2}s after the last submission ({} unexplained)",
                 failed.load(Ordering::Relaxed),
                 n as f64 / elapsed,
+                percentile(&mut latencies, 50.0) * 1000.0,
+                percentile(&mut latencies, 99.0) * 1000.0,
                 considered_by.elapsed().as_secs_f64(),
                 unexplained
             );

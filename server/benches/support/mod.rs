@@ -55,6 +55,15 @@ pub async fn start_with(tweak: impl FnOnce(&mut Settings)) -> anyhow::Result<Ben
     })
 }
 
+/// The `p` percentile (nearest rank) of `v`, which it sorts; 0 when empty.
+pub fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[(((p / 100.0) * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
 /// Signs a user up (a new organization); the answer has `token` and `user`.
 pub async fn signup(
     http: &reqwest::Client,
