@@ -1,7 +1,9 @@
 //! Start-time estimates for waiting tasks, kept fresh beside the cycles. The forward run
 //! ([`autodl_scheduler::forecast::estimate_starts`]) can take longer than a cycle on a long
-//! queue, so it runs on a blocking thread from a copy of the cycle's input, and the cycles that
-//! follow publish its answer with their explanations; no decision waits for it.
+//! queue, so it runs beside them ([`super::beside`], at a lower priority) from a copy of the
+//! cycle's input, and the cycles that follow publish its answer with their explanations; no
+//! decision waits for it. Its budget is wall time: on a host whose cores are all busy it looks
+//! less far ahead rather than slowing the cycles.
 
 use autodl_scheduler::forecast::{estimate_starts, RuntimeHistory};
 use autodl_scheduler::{PolicyConfig, Snapshot, TaskId, WorkerPlacement};
@@ -68,7 +70,7 @@ impl Forecaster {
         let config = config.clone();
         let now = super::snapshot::secs(now_ms);
         self.started_ms = Some(now_ms);
-        self.running = Some(tokio::task::spawn_blocking(move || {
+        self.running = Some(super::beside::spawn(move || {
             snapshot.place(placed, now);
             let mut history = RuntimeHistory::new(config.default_runtime_s);
             // Oldest first, so each user's latest runs are the ones kept.

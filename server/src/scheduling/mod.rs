@@ -3,6 +3,7 @@
 //! at the clock's `now`, and applies them.
 
 pub mod active;
+pub mod beside;
 pub mod dependencies;
 pub mod explain;
 pub mod forecast;

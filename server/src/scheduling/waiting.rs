@@ -99,7 +99,7 @@ impl Explanations {
         self.last = Some(now_ms);
         let now = super::snapshot::secs(now_ms);
         self.job = Some(tokio::spawn(async move {
-            let explained = tokio::task::spawn_blocking(move || {
+            let explained = super::beside::spawn(move || {
                 let state = snapshot.state();
                 let pending = scheduler.schedule(state, now).pending;
                 explain_all(pending, ClosedNodes::new(state), &starts)
