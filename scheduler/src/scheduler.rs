@@ -453,7 +453,7 @@ impl Cycle<'_> {
         // it, to explain it or because shared cards let a small task fit until the end, sorts
         // it at once: the same order, for a fraction of the cost of as many pops.
         let walks_all = self.explain || (has_shared && cfg.backfill != Backfill::None);
-        let mut order = if walks_all {
+        let order = if walks_all {
             let mut v: Vec<QueueKey<'_>> = keys.collect();
             v.sort_unstable_by(|a, b| b.cmp(a));
             Order::Sorted(v.into_iter())
@@ -494,7 +494,7 @@ impl Cycle<'_> {
 
         let mut position = 0usize;
         let mut cluster_full = false;
-        while let Some(QueueKey { idx: i, .. }) = order.next() {
+        for QueueKey { idx: i, .. } in order {
             position += 1;
             let position = position - 1;
             if !explain && position > 0 {
