@@ -578,10 +578,10 @@ struct ShapeIndex {
 }
 
 /// The largest room on a single GPU of each unreserved node, kept up to date from the
-/// capacity's change log: a cheap proof that a worker fits on no node open to it. A migration attempt on a full
-/// cluster tries hundreds of nodes, and for each one asks whether the tasks it would move fit
-/// anywhere else; a placement scan of the whole cluster per question made such cycles take
-/// most of a second.
+/// capacity's change log: a cheap proof that a worker fits on no node open to it, and a short
+/// list of the nodes it might fit on. A migration attempt on a full cluster tries hundreds of
+/// nodes, and for each one asks where the tasks it would move could go; a placement scan of
+/// the whole cluster per question made such cycles take most of a second.
 #[derive(Debug, Clone, Default)]
 pub struct RoomIndex {
     /// Keyed by the complement of the room, so the tree's minimum is the largest room.
@@ -658,8 +658,8 @@ impl RoomIndex {
     }
 
     /// Whether some unreserved node other than `except` could have room for one GPU of the
-    /// worker. False proves that it fits on none of them; true proves nothing (CPU, memory, GPU types and
-    /// node classes are not looked at).
+    /// worker. False proves that it fits on none of them; true proves nothing (CPU, memory,
+    /// GPU types and node classes are not looked at).
     pub fn may_hold_elsewhere(&mut self, cap: &Capacity, need: &WorkerNeed, except: usize) -> bool {
         if need.gpus == 0 {
             return true;

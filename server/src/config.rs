@@ -37,6 +37,8 @@ pub struct Settings {
     /// Seconds between checks of the leader's kept task state against a full read
     /// (`scheduling::active`).
     pub scheduler_state_check_secs: u64,
+    /// Over this many active tasks that check reads beside the cycles instead of within one.
+    pub scheduler_state_check_beside_over: usize,
     /// Run the scheduler in this process (tests that drive cycles by hand turn it off).
     pub run_scheduler: bool,
     /// Address tasks and agents use to reach this server; defaults to `http://<listen>`.
@@ -118,6 +120,7 @@ impl Default for Settings {
             db_max_connections: 16,
             schedule_interval_ms: 2000,
             scheduler_state_check_secs: 300,
+            scheduler_state_check_beside_over: 1_000,
             run_scheduler: true,
             public_url: None,
             apps_url: None,
