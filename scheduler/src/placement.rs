@@ -841,22 +841,7 @@ impl Placer {
         }
         let shape = self.shape_id(need);
         if !std::mem::replace(&mut self.placed_before[shape], true) {
-            // The best (score, position) among allowed nodes, as the index would rank them.
-            let mut best: Option<(u64, usize, Choice)> = None;
-            for p in 0..cap.nodes.len() {
-                if !allowed(&cap.nodes[p]) {
-                    continue;
-                }
-                if let Some(c) = self.cached_choice(cap, p, shape, need) {
-                    let k = score_key(c.score + self.jitter(p));
-                    if best.is_none_or(|b| k < b.0) {
-                        best = Some((k, p, c));
-                    }
-                }
-            }
-            let (_, p, c) = best?;
-            let gpus = mask_positions(c.gpus);
-            return Some(self.commit(cap, p, gpus, need));
+            return self.place_best_of(cap, shape, need, 0..cap.nodes.len(), allowed);
         }
         self.refresh(cap, shape, need);
         let mut p = self.select(cap, shape, allowed)?;
@@ -909,9 +894,23 @@ impl Placer {
             return self.place_worker(cap, need, &|n: &CapNode| !n.reserved, rng);
         }
         let shape = self.shape_id(need);
+        let unreserved = |n: &CapNode| !n.reserved;
+        self.place_best_of(cap, shape, need, among.iter().copied(), &unreserved)
+    }
+
+    /// Places the worker on the best (score, position) of `nodes` (in order) that `allowed`
+    /// admits, as the shape's index would rank them.
+    fn place_best_of(
+        &mut self,
+        cap: &mut Capacity,
+        shape: usize,
+        need: &WorkerNeed,
+        nodes: impl Iterator<Item = usize>,
+        allowed: &dyn Fn(&CapNode) -> bool,
+    ) -> Option<Alloc> {
         let mut best: Option<(u64, usize, Choice)> = None;
-        for &p in among {
-            if cap.nodes[p].reserved {
+        for p in nodes {
+            if !allowed(&cap.nodes[p]) {
                 continue;
             }
             if let Some(c) = self.cached_choice(cap, p, shape, need) {
