@@ -42,6 +42,8 @@ pub struct ActiveTasks {
     check_beside_over: usize,
     /// The check's full read under way beside the cycles.
     reading: Option<JoinHandle<anyhow::Result<FullRead>>>,
+    /// That read, once done, until a cycle compares it.
+    read: Option<anyhow::Result<FullRead>>,
     /// Tasks whose charges cycles stored while that read was under way: the read may hold
     /// either side of the charge, so they are left out of the comparison.
     charged_while_reading: HashSet<String>,
@@ -117,6 +119,7 @@ impl ActiveTasks {
             check_every,
             check_beside_over,
             reading: None,
+            read: None,
             charged_while_reading: HashSet::new(),
         }
     }
@@ -126,7 +129,16 @@ impl ActiveTasks {
         self.read_in_full = None;
         self.charged.clear();
         self.reading = None;
+        self.read = None;
         self.charged_while_reading.clear();
+    }
+
+    /// Waits for the check's read under way beside the cycles, if any; the next cycle compares
+    /// it. For tests, which drive cycles by hand.
+    pub async fn settle(&mut self) {
+        if let Some(job) = self.reading.take() {
+            self.read = Some(job.await.map_err(anyhow::Error::from).and_then(|r| r));
+        }
     }
 
     /// The runs' charges the last cycle stored.
@@ -148,7 +160,8 @@ impl ActiveTasks {
         match self.read_in_full {
             None => self.read_all(store.as_ref()).await,
             Some(at) if at.elapsed() >= self.check_every => {
-                if self.reading.is_some() || self.tasks.len() > self.check_beside_over {
+                let beside = self.reading.is_some() || self.read.is_some();
+                if beside || self.tasks.len() > self.check_beside_over {
                     self.check_beside(store, metrics).await
                 } else {
                     self.check(store.as_ref(), metrics).await
@@ -187,27 +200,23 @@ impl ActiveTasks {
         store: &Arc<dyn Store>,
         metrics: &Metrics,
     ) -> anyhow::Result<()> {
-        let done = match &self.reading {
-            None => {
-                let reader = store.clone();
-                self.charged_while_reading.clear();
-                self.reading = Some(tokio::spawn(async move {
-                    let cursor = reader.task_change_cursor().await?;
-                    let rows = reader.scheduling_tasks().await?;
-                    Ok(FullRead { cursor, rows })
-                }));
-                false
-            }
-            Some(job) => job.is_finished(),
-        };
-        self.apply_changes(store.as_ref()).await?;
-        if !done {
-            return Ok(());
+        if self.reading.as_ref().is_some_and(|job| job.is_finished()) {
+            self.settle().await;
         }
-        let Some(job) = self.reading.take() else {
+        if self.reading.is_none() && self.read.is_none() {
+            let reader = store.clone();
+            self.charged_while_reading.clear();
+            self.reading = Some(tokio::spawn(async move {
+                let cursor = reader.task_change_cursor().await?;
+                let rows = reader.scheduling_tasks().await?;
+                Ok(FullRead { cursor, rows })
+            }));
+        }
+        self.apply_changes(store.as_ref()).await?;
+        let Some(read) = self.read.take() else {
             return Ok(());
         };
-        let read = job.await??;
+        let read = read?;
         let (moved, _) = store.scheduling_task_changes(read.cursor).await?;
         let moved: HashSet<&str> = moved.iter().map(|r| r.task.id.as_str()).collect();
         let charged = std::mem::take(&mut self.charged_while_reading);

@@ -213,6 +213,11 @@ impl Runner {
         self.forecaster.settle().await;
     }
 
+    /// Waits for the kept tasks' check read under way beside the cycles (tests).
+    pub async fn settle_state_check(&mut self) {
+        self.active.settle().await;
+    }
+
     /// Waits for a long queue's explanation under way (tests and replays).
     pub async fn settle_explanations(&mut self) {
         self.explanations.settle().await;

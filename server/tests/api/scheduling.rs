@@ -611,7 +611,7 @@ async fn a_change_the_feed_misses_is_found_beside_the_cycles(b: Backend) {
     for s in 1..=8 {
         c.at(s * 5);
         c.cycle().await;
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        c.runner.settle_state_check().await;
     }
     drop_the_feed_trigger(&c, b).await;
     c.at(50);
@@ -621,8 +621,8 @@ async fn a_change_the_feed_misses_is_found_beside_the_cycles(b: Backend) {
         assert!(cycles < 50, "no cycle compared the read beside it");
         c.at(51 + cycles);
         c.runner.cycle(c.clock.now_ms()).await.unwrap();
+        c.runner.settle_state_check().await;
         cycles += 1;
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     c.at(52 + cycles);
     c.runner.cycle(c.clock.now_ms()).await.unwrap();
