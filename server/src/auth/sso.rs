@@ -760,4 +760,55 @@ mod tests {
         assert!(domain_allowed(&p, "ada@ACME.test"));
         assert!(!domain_allowed(&p, "ada@evil.test"));
     }
+
+    /// The generator takes the pattern without its anchors (it makes whole strings anyway).
+    fn issuers() -> impl proptest::strategy::Strategy<Value = String> {
+        let pattern = crate::routes::contract::ISSUER;
+        let unanchored = pattern.trim_start_matches('^').trim_end_matches('$');
+        proptest::string::string_regex(unanchored).unwrap()
+    }
+
+    proptest::proptest! {
+        /// The document's issuer pattern promises what the parser keeps: any issuer the request
+        /// check lets through is read as a URL, never refused as malformed afterwards.
+        #[test]
+        fn every_issuer_the_document_allows_is_a_url(
+            issuer in issuers()
+        ) {
+            let req = autodl_common::api::SsoSettingsRequest {
+                label: "Idp".into(),
+                issuer: issuer.clone(),
+                client_id: "c".into(),
+                client_secret: Some("s".into()),
+                allowed_domains: vec![],
+                scopes: vec![],
+                role_claim: None,
+                role_map: Default::default(),
+                default_role: None,
+                password_login: None,
+            };
+            let parsed = parse_settings(&req, SsoScope::Platform, None, 0);
+            proptest::prop_assert!(parsed.is_ok(), "{issuer:?}: {:?}", parsed.err());
+        }
+    }
+
+    #[test]
+    fn hosts_that_parsers_read_as_numbers_are_outside_the_issuer_pattern() {
+        let pattern = regex::Regex::new(crate::routes::contract::ISSUER).unwrap();
+        for ok in [
+            "https://idp.example.com",
+            "http://127.0.0.1:8080/realms/a",
+            "https://a-b.c1/",
+        ] {
+            assert!(pattern.is_match(ok), "{ok}");
+        }
+        for bad in [
+            "https://r.2:65532/x",
+            "https://a.0x1f",
+            "https://256.1.1.1",
+            "https://xn--zz.com",
+        ] {
+            assert!(!pattern.is_match(bad), "{bad}");
+        }
+    }
 }

@@ -35,8 +35,10 @@ pub const MONTH: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])$";
 pub const DATE: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])$";
 /// A UTC date, or an instant as [`RFC3339`] says it.
 pub const DATE_OR_RFC3339: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])(T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-](0[0-9]|1[0-3]):[0-5][0-9]))?$";
-/// An OpenID issuer: an http(s) URL without query or fragment.
-pub const ISSUER: &str = r"^https?://[A-Za-z0-9]([A-Za-z0-9.-]{0,250}[A-Za-z0-9])?(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?(/[A-Za-z0-9._~-]+)*/?$";
+/// An OpenID issuer: an http(s) URL without query or fragment. The host is an IPv4 address or
+/// names whose last label starts with a letter: URL parsers read a host ending in a number as an
+/// IPv4 address (`r.2` is refused), and a label with `--` may be punycode that does not decode.
+pub const ISSUER: &str = r"^https?://((25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])){3}|([A-Za-z0-9]{1,63}(-[A-Za-z0-9]{1,63})*\.){0,8}[A-Za-z][A-Za-z0-9]{0,62}(-[A-Za-z0-9]{1,63})*)(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?(/[A-Za-z0-9._~-]+)*/?$";
 /// An email domain: labels of letters, digits and inner hyphens, at least two.
 pub const EMAIL_DOMAIN: &str = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?){1,4}$";
 /// A code bundle's id: `sha256:` and the digest in lower-case hex.
