@@ -12,8 +12,13 @@ use crate::protocol::{
     LogBatch, MetricBatch, PollRequest, PollResponse, RegisterRequest, RegisterResponse,
 };
 
-/// Time allowed for an ordinary report; a long poll gets its wait on top.
+/// Time allowed for an ordinary report.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time a poll may take beyond its wait. The server answers a poll when its wait is over, so
+/// a poll still unanswered long after was lost on the way (a dropped handshake, a dead
+/// connection): asking again soon keeps the node from being judged lost, which the server
+/// does after 30 s of silence by default, less than a poll's wait plus [`REQUEST_TIMEOUT`].
+pub const POLL_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 pub struct ServerClient {
@@ -149,7 +154,7 @@ impl ServerClient {
     ) -> Result<PollResponse, ClientError> {
         let path = format!("/api/v1/agent/poll?wait={}", wait.as_secs());
         Ok(self
-            .post(&path, req, wait + REQUEST_TIMEOUT)
+            .post(&path, req, wait + POLL_GRACE)
             .await?
             .unwrap_or_default())
     }
@@ -387,6 +392,33 @@ mod tests {
             .await
             .unwrap_err();
         assert!(e.is_transient(), "{e}");
+    }
+
+    /// A poll whose answer never comes (the server took the connection and went quiet) is
+    /// given up soon after its wait, so the agent asks again well before it would be judged
+    /// lost, rather than after a poll's wait plus an ordinary report's timeout.
+    #[tokio::test]
+    async fn a_poll_lost_on_the_way_is_given_up_after_its_grace() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let c = ServerClient::new(&format!("http://{addr}")).unwrap();
+        let wait = Duration::from_secs(1);
+        let began = std::time::Instant::now();
+        let e = c.poll(wait, &PollRequest::default()).await.unwrap_err();
+        let took = began.elapsed();
+        assert!(e.is_transient(), "{e}");
+        assert!(took >= wait + POLL_GRACE, "gave up after {took:?}");
+        assert!(
+            took < wait + POLL_GRACE + Duration::from_secs(3),
+            "{took:?}"
+        );
+        silent.abort();
     }
 }
 

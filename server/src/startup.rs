@@ -1,7 +1,7 @@
 //! Builds the application: store, shared state, HTTP server. Binding happens in `build` so
 //! tests can ask for port 0 and read the real port before serving.
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +21,25 @@ use crate::error::{path_error_handler, query_error_handler};
 use crate::scheduling::{Runner, SchedulerHandle};
 use crate::state::AppState;
 use crate::store::{self, Store};
+
+/// Connections the kernel holds for the server before it accepts them. std's listeners ask
+/// for 128: a thousand agents reconnecting at once (after a restart of the server or a network
+/// blip) overflow that, and the kernel then drops their handshakes without a word; each such
+/// agent waits out TCP's retransmissions, seconds to tens of seconds, and may be judged lost
+/// meanwhile. The kernel caps the figure at `net.core.somaxconn`.
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// A listening socket as `TcpListener::bind` makes one, with a deeper accept queue.
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    // As std does on Unix: a restarted server binds again while old connections linger.
+    #[cfg(unix)]
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(socket.into())
+}
 
 pub struct Application {
     port: u16,
@@ -50,7 +69,7 @@ impl Application {
         clock: Arc<dyn crate::clock::Clock>,
     ) -> anyhow::Result<Application> {
         // Bind first: with port 0 the real port is only known now, and tasks are told it.
-        let listener = TcpListener::bind(settings.listen)?;
+        let listener = listen(settings.listen)?;
         let port = listener.local_addr()?.port();
         settings.listen.set_port(port);
         let secret = if settings.jwt_secret.is_empty() {
@@ -211,4 +230,31 @@ async fn renew_session(
         }
     }
     Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// A burst of agents connecting while the server is busy (nothing accepted yet): every
+    /// handshake completes at once instead of waiting on the kernel's retransmissions.
+    #[tokio::test]
+    async fn a_burst_of_connections_is_queued_not_dropped() {
+        let listener = super::listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Four times std's queue; a dropped handshake is retried after a second at the earliest.
+        let burst = (0..512).map(|_| {
+            tokio::time::timeout(
+                Duration::from_millis(800),
+                tokio::net::TcpStream::connect(addr),
+            )
+        });
+        let results = futures_util::future::join_all(burst).await;
+        let waited = results.iter().filter(|r| r.is_err()).count();
+        assert_eq!(
+            waited, 0,
+            "{waited} of 512 connections waited for a retransmission"
+        );
+        drop(listener);
+    }
 }
