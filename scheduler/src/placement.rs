@@ -22,6 +22,24 @@ pub enum GpuDemand {
     Share(u64),
 }
 
+impl GpuDemand {
+    /// A demand no larger than this one, out of a few per power of two: every card that fits
+    /// this demand fits that one too (a smaller share fits wherever a larger one does, and a
+    /// share that takes a whole card takes no more than that card's room). Lists of the nodes
+    /// that could hold a demand are kept per coarse demand, so that they stay few when every
+    /// task asks for its own amount of memory; the exact demand is checked on the list.
+    pub fn coarse_below(self) -> GpuDemand {
+        match self {
+            GpuDemand::Share(m) if m >= 16 => {
+                // Keeps the four highest bits.
+                let shift = (63 - m.leading_zeros()) - 3;
+                GpuDemand::Share((m >> shift) << shift)
+            }
+            d => d,
+        }
+    }
+}
+
 /// A set of interned GPU type ids a request accepts. Bitset so that fit checks stay branch-cheap.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TypeMask(Vec<u64>);
@@ -358,6 +376,12 @@ impl Capacity {
     /// and a node that could not hold something still cannot.
     pub fn releases(&self) -> u64 {
         self.releases
+    }
+
+    /// Nodes changed (taken from, reserved or given back to) since the log held `cursor`
+    /// entries, and the log's length now, for lists that follow capacity.
+    pub fn changed_since(&self, cursor: usize) -> (&[usize], usize) {
+        (self.log.get(cursor..).unwrap_or(&[]), self.log.len())
     }
 
     pub fn total_gpu_capacity(&self) -> u64 {
@@ -1207,6 +1231,26 @@ mod tests {
     use super::*;
     use crate::types::Gpu;
     use rand::SeedableRng;
+
+    proptest::proptest! {
+        /// A coarse demand is a safe filter: any card, of any size and in any state, that fits
+        /// a demand also fits its coarse form, which is never larger.
+        #[test]
+        fn a_card_that_fits_a_demand_fits_its_coarse_form(
+            m in 0u64..(1 << 40),
+            capacity in 1u64..(1 << 40),
+            used in 0u64..(1 << 40),
+            whole in proptest::bool::ANY,
+        ) {
+            let d = if whole { GpuDemand::Whole } else { GpuDemand::Share(m) };
+            let gpu = CapGpu { index: 0, type_id: 0, capacity, free: capacity.saturating_sub(used) };
+            let coarse = d.coarse_below();
+            proptest::prop_assert!(!gpu.fits(d) || gpu.fits(coarse), "{d:?} -> {coarse:?} on {gpu:?}");
+            if let (GpuDemand::Share(a), GpuDemand::Share(b)) = (d, coarse) {
+                proptest::prop_assert!(b <= a && b * 9 >= a * 8, "{a} -> {b}");
+            }
+        }
+    }
 
     fn node(id: &str, gpus: u32, ty: &str) -> Node {
         Node {

@@ -154,9 +154,46 @@ struct Cycle<'a> {
     explain: bool,
     /// Per GPU shape (a worker's need without its CPU and memory), the nodes that could hold
     /// its GPUs, listed at the given [`Capacity::releases`]; see [`Cycle::any_node_fits`].
-    gpu_holders: FastMap<WorkerNeed, (u64, Vec<usize>)>,
+    gpu_holders: FastMap<WorkerNeed, Holders>,
     /// Each node's largest room on one GPU, for proofs that a moved task fits nowhere.
     rooms: RoomIndex,
+}
+
+/// The nodes that could hold the GPUs of one shape: a superset of those that can now, so that
+/// an exact check runs over a short list. Capacity only shrinks within a cycle until an
+/// allocation is given back (a preemption, a migration, a gang rolled back); then the nodes
+/// changed since the list was made are looked at again, and those that grew room join it.
+struct Holders {
+    nodes: Vec<usize>,
+    member: Vec<bool>,
+    releases: u64,
+    cursor: usize,
+}
+
+impl Holders {
+    fn list(cap: &Capacity, gpus: &WorkerNeed) -> Holders {
+        let member: Vec<bool> = cap.nodes.iter().map(|n| n.fits(gpus)).collect();
+        Holders {
+            nodes: (0..member.len()).filter(|&p| member[p]).collect(),
+            member,
+            releases: cap.releases(),
+            cursor: cap.changed_since(0).1,
+        }
+    }
+
+    fn follow(&mut self, cap: &Capacity, gpus: &WorkerNeed) {
+        let (changed, now) = cap.changed_since(self.cursor);
+        if self.releases != cap.releases() {
+            for &p in changed {
+                if !self.member[p] && cap.nodes[p].fits(gpus) {
+                    self.member[p] = true;
+                    self.nodes.push(p);
+                }
+            }
+            self.releases = cap.releases();
+        }
+        self.cursor = now;
+    }
 }
 
 impl Scheduler {
@@ -838,13 +875,12 @@ impl Cycle<'_> {
         )
     }
 
-    /// All workers or none, all on one GPU type ([`Self::one_type_needs`]).
     /// Whether some node not reserved for another task could take one worker of `need` now
     /// (whatever its zone): when none can, no placement of the task can succeed, and a
-    /// blocked task costs a glance at a short list instead of a pass over every node. The nodes that could hold
-    /// the GPUs of a shape (whatever their CPU and memory) are listed once per cycle; capacity
-    /// only shrinks unless an allocation is given back (preemption, migration, a gang rolled
-    /// back), and then the list is made again.
+    /// blocked task costs a glance at a short list instead of a pass over every node. The
+    /// nodes that could hold the GPUs of a shape (whatever their CPU and memory, and for a
+    /// coarser share of memory: [`GpuDemand::coarse_below`]) are listed once per cycle and
+    /// follow capacity from then on ([`Holders`]).
     fn any_node_fits(&mut self, need: &WorkerNeed) -> bool {
         if need.gpus == 0 {
             return true;
@@ -852,24 +888,23 @@ impl Cycle<'_> {
         let gpus_only = WorkerNeed {
             cpu_millis: 0,
             mem_bytes: 0,
+            demand: need.demand.coarse_below(),
             ..need.clone()
         };
-        let (cap, holders) = (&self.cap, &mut self.gpu_holders);
-        let epoch = cap.releases();
-        let listed = holders.get(&gpus_only).is_some_and(|(at, _)| *at == epoch);
-        if !listed {
-            let nodes = (0..cap.nodes.len())
-                .filter(|&p| cap.nodes[p].fits(&gpus_only))
-                .collect();
-            holders.insert(gpus_only.clone(), (epoch, nodes));
-        }
-        let nodes = &holders[&gpus_only].1;
+        let cap = &self.cap;
+        let holders = self
+            .gpu_holders
+            .entry(gpus_only.clone())
+            .or_insert_with(|| Holders::list(cap, &gpus_only));
+        holders.follow(cap, &gpus_only);
         // Reservations only grow within a cycle, and a placement respects them.
-        nodes
+        holders
+            .nodes
             .iter()
             .any(|&p| !cap.nodes[p].reserved && cap.nodes[p].fits(need))
     }
 
+    /// All workers or none, all on one GPU type ([`Self::one_type_needs`]).
     fn place_gang(
         &mut self,
         t: &TaskRequest,
