@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use autodl_common::tasks::TaskState;
 
@@ -32,8 +32,9 @@ pub struct ActiveTasks {
     submitted_at: HashMap<String, i64>,
     /// Where the next read of the change feed starts.
     cursor: i64,
-    /// `None`: the next refresh reads everything.
-    read_in_full: Option<Instant>,
+    /// When (the runner's clock, ms) everything was last read; `None`: the next refresh reads
+    /// everything.
+    read_in_full: Option<i64>,
     /// Charges kept by the last cycle, applied before the next (the cycle holds the tasks).
     charged: Vec<RunChargeRecord>,
     /// How often the kept state is compared with a full read.
@@ -150,21 +151,24 @@ impl ActiveTasks {
         self.charged.extend(rows.into_iter().filter(|c| !c.settles));
     }
 
-    /// Brings the kept tasks up to date with the store.
+    /// Brings the kept tasks up to date with the store at `now_ms` (the runner's clock).
     pub async fn refresh(
         &mut self,
         store: &Arc<dyn Store>,
         metrics: &Metrics,
+        now_ms: i64,
     ) -> anyhow::Result<()> {
         self.apply_charges();
+        let every = self.check_every.as_millis() as i64;
         match self.read_in_full {
-            None => self.read_all(store.as_ref()).await,
-            Some(at) if at.elapsed() >= self.check_every => {
+            None => self.read_all(store.as_ref(), now_ms).await,
+            // A clock stepped back checks at once rather than after the step.
+            Some(at) if now_ms < at || now_ms - at >= every => {
                 let beside = self.reading.is_some() || self.read.is_some();
                 if beside || self.tasks.len() > self.check_beside_over {
-                    self.check_beside(store, metrics).await
+                    self.check_beside(store, metrics, now_ms).await
                 } else {
-                    self.check(store.as_ref(), metrics).await
+                    self.check(store.as_ref(), metrics, now_ms).await
                 }
             }
             Some(_) => self.apply_changes(store.as_ref()).await,
@@ -172,11 +176,16 @@ impl ActiveTasks {
     }
 
     /// Compares what the changes built with a full read, and keeps the full read.
-    async fn check(&mut self, store: &dyn Store, metrics: &Metrics) -> anyhow::Result<()> {
+    async fn check(
+        &mut self,
+        store: &dyn Store,
+        metrics: &Metrics,
+        now_ms: i64,
+    ) -> anyhow::Result<()> {
         self.apply_changes(store).await?;
         let since = self.cursor;
         let kept = std::mem::take(&mut self.tasks);
-        self.read_all(store).await?;
+        self.read_all(store, now_ms).await?;
         // Tasks that changed after the changes were read may differ rightly.
         let (moved, _) = store.scheduling_task_changes(since).await?;
         let moved: HashSet<&str> = moved.iter().map(|r| r.task.id.as_str()).collect();
@@ -199,6 +208,7 @@ impl ActiveTasks {
         &mut self,
         store: &Arc<dyn Store>,
         metrics: &Metrics,
+        now_ms: i64,
     ) -> anyhow::Result<()> {
         if self.reading.as_ref().is_some_and(|job| job.is_finished()) {
             self.settle().await;
@@ -235,7 +245,7 @@ impl ActiveTasks {
         let drift = count_drift(&kept, &rows, |id| {
             moved.contains(id) || charged.contains(id)
         });
-        self.read_in_full = Some(Instant::now());
+        self.read_in_full = Some(now_ms);
         if drift > 0 {
             metrics.state_drift.inc_by(drift as u64);
             self.forget();
@@ -248,14 +258,14 @@ impl ActiveTasks {
         self.tasks.values().cloned().collect()
     }
 
-    async fn read_all(&mut self, store: &dyn Store) -> anyhow::Result<()> {
+    async fn read_all(&mut self, store: &dyn Store, now_ms: i64) -> anyhow::Result<()> {
         self.cursor = store.task_change_cursor().await?;
         self.tasks.clear();
         self.submitted_at.clear();
         for row in store.scheduling_tasks().await? {
             self.put(row);
         }
-        self.read_in_full = Some(Instant::now());
+        self.read_in_full = Some(now_ms);
         Ok(())
     }
 

@@ -492,14 +492,18 @@ impl Runner {
         let flushed_at = cycle_started.elapsed();
         self.read_nodes().await?;
         let nodes_at = cycle_started.elapsed();
-        self.active.refresh(&self.store, &self.metrics).await?;
+        self.active
+            .refresh(&self.store, &self.metrics, now_ms)
+            .await?;
         let mut listed = self.active.tasks();
         let tasks_at = cycle_started.elapsed();
         if self.detect_lost_nodes(term, &listed, now_ms).await? {
             // Nodes went lost (which bumped the node generation) and their tasks back to the
             // queue: read what changed.
             self.read_nodes().await?;
-            self.active.refresh(&self.store, &self.metrics).await?;
+            self.active
+                .refresh(&self.store, &self.metrics, now_ms)
+                .await?;
             listed = self.active.tasks();
         }
         // Tasks waiting for others to end are not the policy's to place yet.
