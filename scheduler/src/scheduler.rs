@@ -259,7 +259,10 @@ fn workload_model(
 ) -> FragModel {
     // Group identical requests first: the need of each distinct request is computed once.
     type Sig<'a> = (&'a [String], Option<u64>, u32, u64, u64);
-    let mut sigs: FastMap<Sig<'_>, (&TaskRequest, f64)> = FastMap::default();
+    let mut sigs: FastMap<Sig<'_>, (&TaskRequest, f64)> = FastMap::with_capacity_and_hasher(
+        state.pending.len() + state.running.len(),
+        Default::default(),
+    );
     let all = state
         .pending
         .iter()
@@ -276,9 +279,10 @@ fn workload_model(
     }
     let mut counts: FastMap<WorkerNeed, f64> = FastMap::default();
     let everywhere = cap.class_mask_all();
+    let mut masks = Masks::default();
     for (t, n) in sigs.into_values() {
         // The model describes shapes; which nodes admit them is the placement's concern.
-        let mut need = worker_need(cap, t, None, margin, largest_card);
+        let mut need = worker_need(cap, t, None, margin, largest_card, &mut masks);
         need.classes = everywhere.clone();
         *counts.entry(need).or_default() += n;
     }
@@ -306,20 +310,38 @@ fn largest_card_by_type(cap: &Capacity) -> Vec<u64> {
     largest
 }
 
+/// The GPU-type and node-class masks of the lists requests name, each worked out once per
+/// cycle: with every task a shape of its own (each asks for its own CPU, memory and GPU
+/// memory), matching each one's lists against the cluster's types again was a tenth of a
+/// steady cycle.
+#[derive(Default)]
+struct Masks<'s> {
+    types: FastMap<(&'s [String], Option<&'s [String]>), TypeMask>,
+    classes: FastMap<(&'s [String], &'s [String]), TypeMask>,
+}
+
 /// One worker's need in this cluster's coordinates. A shared request is expressed against the
 /// smallest card it accepts; on a bigger card it still takes only its declared memory.
-fn worker_need(
+fn worker_need<'s>(
     cap: &Capacity,
-    t: &TaskRequest,
-    allowed_types: Option<&[String]>,
+    t: &'s TaskRequest,
+    allowed_types: Option<&'s [String]>,
     margin: u64,
     largest_card: &[u64],
+    masks: &mut Masks<'s>,
 ) -> WorkerNeed {
-    let mut types = cap.type_mask(&t.gpu_types);
-    if let Some(allowed) = allowed_types.filter(|a| !a.is_empty()) {
-        let q = cap.type_mask(allowed);
-        types = intersect(&types, &q, cap.types.len());
-    }
+    let allowed_types = allowed_types.filter(|a| !a.is_empty());
+    let mut types = masks
+        .types
+        .entry((t.gpu_types.as_slice(), allowed_types))
+        .or_insert_with(|| {
+            let types = cap.type_mask(&t.gpu_types);
+            match allowed_types {
+                Some(allowed) => intersect(&types, &cap.type_mask(allowed), cap.types.len()),
+                None => types,
+            }
+        })
+        .clone();
     if let Some(m) = t.gpu_mem_bytes {
         // Cards smaller than the declared memory cannot run the task at all.
         let big_enough: Vec<u16> = (0..cap.types.len() as u16)
@@ -334,7 +356,11 @@ fn worker_need(
         cpu_millis: t.cpu_millis,
         mem_bytes: t.mem_bytes,
         types,
-        classes: cap.class_mask(&t.tolerations, &t.requires),
+        classes: masks
+            .classes
+            .entry((t.tolerations.as_slice(), t.requires.as_slice()))
+            .or_insert_with(|| cap.class_mask(&t.tolerations, &t.requires))
+            .clone(),
     }
 }
 
@@ -433,8 +459,10 @@ impl Cycle<'_> {
             u64,
             (&'s [String], &'s [String]),
         );
-        let mut sig_ids: FastMap<Sig<'_>, usize> = FastMap::default();
+        let mut sig_ids: FastMap<Sig<'_>, usize> =
+            FastMap::with_capacity_and_hasher(state.pending.len(), Default::default());
         let mut shapes: Vec<WorkerNeed> = Vec::new();
+        let mut masks = Masks::default();
         let need_of: Vec<usize> = state
             .pending
             .iter()
@@ -456,6 +484,7 @@ impl Cycle<'_> {
                         allowed,
                         cfg.share_margin_bytes,
                         &self.largest_card,
+                        &mut masks,
                     ));
                     shapes.len() - 1
                 })
@@ -522,6 +551,7 @@ impl Cycle<'_> {
         let (mut place_futile, mut preempt_futile) = (Futile::default(), Futile::default());
         // Requests that fit on no node even ignoring reservations (for explanations).
         let mut unfit = Futile::default();
+        let mut classes = ShapeClasses::default();
         let mut fits_memo: FastMap<ShapeKey, bool> = FastMap::default();
         let mut blocked_by: Option<&TaskId> = None;
         let mut reserved = 0usize;
@@ -583,7 +613,7 @@ impl Cycle<'_> {
                 continue;
             }
             let prune = self.prune;
-            let hard = Hardness::of(need, t, prio.total);
+            let hard = classes.hardness(key, need, t, prio.total);
             if failed.contains(&key) || (prune && place_futile.proves(&hard)) {
                 failed.insert(key);
             } else {
@@ -604,7 +634,7 @@ impl Cycle<'_> {
                     continue;
                 }
                 failed.insert(key);
-                place_futile.note(hard.clone());
+                place_futile.note(hard);
                 // Capacity only shrinks within a cycle, so once no GPU is free none will be.
                 cluster_full = cluster_full || self.cap.total_gpu_free() == 0;
             }
@@ -654,7 +684,7 @@ impl Cycle<'_> {
                     }
                     None => {
                         preempt_failed.insert(key);
-                        preempt_futile.note(hard.clone());
+                        preempt_futile.note(hard);
                     }
                 }
             }
@@ -731,7 +761,7 @@ impl Cycle<'_> {
                             let f = !(self.prune && unfit.proves(&hard))
                                 && self.fits_ignoring_reservations(t, need);
                             if !f {
-                                unfit.note(hard.clone());
+                                unfit.note(hard);
                             }
                             fits_memo.insert(key, f);
                             f
@@ -1394,37 +1424,65 @@ type ShapeClass = (
 /// How hard a blocked request is to satisfy, for [`Futile`]: requests of one class (same GPU
 /// count, workers, zone affinity, whole or shared cards, acceptable types and node classes)
 /// are ordered by CPU, memory and shared-card memory; a lower priority can claim fewer victims.
-#[derive(Debug, Clone)]
+/// The class is a number given out per cycle ([`ShapeClasses`]): a queue walked to its end
+/// judges every task's hardness, and copying and hashing its masks each time was a visible
+/// part of a steady cycle.
+#[derive(Debug, Clone, Copy)]
 struct Hardness {
-    class: ShapeClass,
+    class: u32,
     cpu: u64,
     mem: u64,
     share: u64,
     priority: f64,
 }
 
-impl Hardness {
-    fn of(need: &WorkerNeed, t: &TaskRequest, priority: f64) -> Hardness {
+/// Numbers the classes of a cycle's request shapes, each worked out once per shape.
+#[derive(Default)]
+struct ShapeClasses {
+    of_shape: FastMap<ShapeKey, u32>,
+    ids: FastMap<ShapeClass, u32>,
+}
+
+impl ShapeClasses {
+    fn hardness(
+        &mut self,
+        key: ShapeKey,
+        need: &WorkerNeed,
+        t: &TaskRequest,
+        priority: f64,
+    ) -> Hardness {
         let (whole, share) = match need.demand {
             GpuDemand::Whole => (true, 0),
             GpuDemand::Share(m) => (false, m),
         };
+        let class = match self.of_shape.get(&key) {
+            Some(&c) => c,
+            None => {
+                let class: ShapeClass = (
+                    need.gpus,
+                    t.workers.max(1),
+                    t.zone_affinity,
+                    whole,
+                    need.types.clone(),
+                    need.classes.clone(),
+                );
+                let next = self.ids.len() as u32;
+                let c = *self.ids.entry(class).or_insert(next);
+                self.of_shape.insert(key, c);
+                c
+            }
+        };
         Hardness {
-            class: (
-                need.gpus,
-                t.workers.max(1),
-                t.zone_affinity,
-                whole,
-                need.types.clone(),
-                need.classes.clone(),
-            ),
+            class,
             cpu: need.cpu_millis,
             mem: need.mem_bytes,
             share,
             priority,
         }
     }
+}
 
+impl Hardness {
     fn at_least(&self, easier: &Hardness) -> bool {
         self.cpu >= easier.cpu
             && self.mem >= easier.mem
@@ -1441,7 +1499,7 @@ impl Hardness {
 /// cycle from trying every blocked shape; it changes no decision.
 #[derive(Default)]
 struct Futile {
-    by_class: FastMap<ShapeClass, Vec<Hardness>>,
+    by_class: FastMap<u32, Vec<Hardness>>,
 }
 
 /// Failed attempts kept per class: enough to cover the usual spread of shapes, and a bound on
@@ -1456,7 +1514,7 @@ impl Futile {
     }
 
     fn note(&mut self, h: Hardness) {
-        let v = self.by_class.entry(h.class.clone()).or_default();
+        let v = self.by_class.entry(h.class).or_default();
         if v.iter().any(|f| h.at_least(f)) {
             return;
         }
