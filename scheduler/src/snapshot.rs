@@ -111,6 +111,14 @@ impl Snapshot {
         &self.state.usage
     }
 
+    /// Takes back one of the charges [`Snapshot::charge`] just made at `now` (with the same
+    /// measured utilisation `busy`): the store kept it not, so the policy must not count it.
+    pub fn take_back(&mut self, charge: &Charge, busy: Option<f64>, now: Time) {
+        self.state
+            .usage
+            .uncharge(&charge.user, &charge.tenant, charge.gpu_seconds, busy, now);
+    }
+
     /// A task waiting to be placed. Its `attained_gpu_seconds` is the service of its ended
     /// runs only: a running task's current run is counted by the policy from its start.
     pub fn add_pending(&mut self, request: TaskRequest) {

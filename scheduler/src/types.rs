@@ -246,6 +246,18 @@ impl UserUsage {
         self.month_gpu_seconds += gpu_s;
         self.updated_at = self.updated_at.max(now);
     }
+
+    fn uncharge(&mut self, gpu_s: f64, busy: Option<f64>, now: Time) {
+        if let Some(b) = busy {
+            self.window_alloc_gpu_seconds = (self.window_alloc_gpu_seconds - gpu_s).max(0.0);
+            self.window_busy_gpu_seconds =
+                (self.window_busy_gpu_seconds - gpu_s * b.clamp(0.0, 1.0)).max(0.0);
+        }
+        self.decayed_gpu_seconds = (self.decayed_gpu_seconds - gpu_s).max(0.0);
+        if self.month == month_of(now) {
+            self.month_gpu_seconds = (self.month_gpu_seconds - gpu_s).max(0.0);
+        }
+    }
 }
 
 /// The calendar month (UTC) of a Unix time, as `year * 12 + month - 1`.
@@ -290,6 +302,26 @@ impl UsageLedger {
             self.tenants.entry(tenant.to_string()).or_default(),
         ] {
             entry.charge(gpu_seconds, busy, now, half_life_s, window_s);
+        }
+    }
+
+    /// Takes back a charge made at `now` by [`UsageLedger::charge`], after that user's and
+    /// tenant's entries were brought to `now`: what the charge added then is subtracted, and
+    /// the entries stay at `now`. For a charge the store refused (its run changed meanwhile),
+    /// so that what the policy sees is what was kept.
+    pub fn uncharge(
+        &mut self,
+        user: &str,
+        tenant: &str,
+        gpu_seconds: f64,
+        busy: Option<f64>,
+        now: Time,
+    ) {
+        for entry in [self.users.get_mut(user), self.tenants.get_mut(tenant)]
+            .into_iter()
+            .flatten()
+        {
+            entry.uncharge(gpu_seconds, busy, now);
         }
     }
 

@@ -531,7 +531,9 @@ impl Runner {
         match snapshot::charge(self.store.as_ref(), &mut loaded, now_ms, &self.config).await? {
             Some(kept) => self.active.charged(kept),
             None => {
-                tracing::debug!("a run changed while it was charged; charging again next cycle")
+                tracing::debug!(
+                    "an ended run changed while it was settled; charging again next cycle"
+                )
             }
         }
         let accounted_at = cycle_started.elapsed();

@@ -286,9 +286,11 @@ fn empty_task() -> crate::store::TaskRecord {
 }
 
 /// Brings accounting up to `now` with the utilisation measured since each run was last
-/// charged, and keeps it: the charged runs and the usage rows they changed. Returns the runs'
-/// new charges as kept, or `None` when a run changed meanwhile (the next cycle charges again
-/// from the store).
+/// charged, and keeps it: the charged runs and the usage rows they changed. A running run that
+/// ended (or was charged elsewhere) since it was read is left for a later cycle, which charges
+/// it from the store, and its charge is taken back from the cycle's ledger. Returns the runs'
+/// new charges as kept, or `None` when an ended run's settling found it changed (the next
+/// cycle charges again from the store).
 pub async fn charge(
     store: &dyn Store,
     loaded: &mut Loaded,
@@ -309,40 +311,83 @@ pub async fn charge(
     if charges.is_empty() {
         return Ok(Some(Vec::new()));
     }
-    let mut users = HashSet::new();
-    let mut tenants = HashSet::new();
     let rows: Vec<RunChargeRecord> = charges
         .iter()
-        .map(|c| {
-            users.insert(c.user.clone());
-            tenants.insert(c.tenant.clone());
-            RunChargeRecord {
-                task_id: c.task.clone(),
-                number: i64::from(c.account.attempt),
-                from: loaded
-                    .charged_from
-                    .get(&(c.task.clone(), c.account.attempt))
-                    .copied()
-                    .unwrap_or(c.from as i64 * 1000),
-                charged_until: c.account.charged_until as i64 * 1000,
-                gpu_seconds: c.account.gpu_seconds,
-                added: c.gpu_seconds,
-                settles: c.ended,
-            }
+        .map(|c| RunChargeRecord {
+            task_id: c.task.clone(),
+            number: i64::from(c.account.attempt),
+            from: loaded
+                .charged_from
+                .get(&(c.task.clone(), c.account.attempt))
+                .copied()
+                .unwrap_or(c.from as i64 * 1000),
+            charged_until: c.account.charged_until as i64 * 1000,
+            gpu_seconds: c.account.gpu_seconds,
+            added: c.gpu_seconds,
+            settles: c.ended,
         })
         .collect();
-    let usage = loaded.snapshot.usage();
-    let mut usage_rows: Vec<UsageRecord> = users
-        .iter()
-        .filter_map(|u| usage.users.get(u).map(|x| usage_record("user", u, x)))
-        .collect();
-    usage_rows.extend(
-        tenants
+    let take_back = |ledger: &mut UsageLedger, left_out: &[usize]| {
+        for c in left_out.iter().map(|&i| &charges[i]) {
+            ledger.uncharge(
+                &c.user,
+                &c.tenant,
+                c.gpu_seconds,
+                util.get(&c.task).copied(),
+                now,
+            );
+        }
+    };
+    let usage_rows = |left_out: &[usize]| -> Vec<UsageRecord> {
+        let users: HashSet<&str> = charges.iter().map(|c| c.user.as_str()).collect();
+        let tenants: HashSet<&str> = charges.iter().map(|c| c.tenant.as_str()).collect();
+        let all = loaded.snapshot.usage();
+        let mut ledger = UsageLedger {
+            users: users
+                .iter()
+                .filter_map(|u| all.users.get(*u).map(|x| (u.to_string(), x.clone())))
+                .collect(),
+            tenants: tenants
+                .iter()
+                .filter_map(|t| all.tenants.get(*t).map(|x| (t.to_string(), x.clone())))
+                .collect(),
+        };
+        take_back(&mut ledger, left_out);
+        let mut rows: Vec<UsageRecord> = ledger
+            .users
             .iter()
-            .filter_map(|t| usage.tenants.get(t).map(|x| usage_record("tenant", t, x))),
+            .map(|(u, x)| usage_record("user", u, x))
+            .collect();
+        rows.extend(
+            ledger
+                .tenants
+                .iter()
+                .map(|(t, x)| usage_record("tenant", t, x)),
+        );
+        rows
+    };
+    let Some(left_out) = store.save_charges(&rows, &usage_rows).await? else {
+        return Ok(None);
+    };
+    if left_out.is_empty() {
+        return Ok(Some(rows));
+    }
+    tracing::debug!(
+        left_out = left_out.len(),
+        "runs that changed while they were charged are charged by a later cycle"
     );
-    Ok(store
-        .save_charges(&rows, &usage_rows)
-        .await?
-        .then_some(rows))
+    for &i in &left_out {
+        let c = &charges[i];
+        loaded
+            .snapshot
+            .take_back(c, util.get(&c.task).copied(), now);
+    }
+    let left_out: HashSet<usize> = left_out.into_iter().collect();
+    Ok(Some(
+        rows.into_iter()
+            .enumerate()
+            .filter(|(i, _)| !left_out.contains(i))
+            .map(|(_, r)| r)
+            .collect(),
+    ))
 }

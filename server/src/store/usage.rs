@@ -11,13 +11,17 @@ pub trait Usage: Send + Sync {
     async fn unsettled_runs(&self) -> StoreResult<Vec<UnsettledRunRecord>>;
     /// Mean measured GPU utilisation (0..1) per task over samples in `(from, to]`.
     async fn task_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<(String, f64)>>;
-    /// Keeps one cycle's charges and the usage rows they changed, all or nothing: `false`
-    /// (and nothing kept) when a run was charged or ended by someone else meanwhile.
+    /// Keeps one cycle's charges and the usage rows they changed, in one transaction. A
+    /// running run that ended or was charged by someone else since the scheduler read it is
+    /// left as it is (a later cycle charges it from what the store says); `usage` is given the
+    /// positions in `charges` of those left out and answers the usage rows of the rest, which
+    /// are written with them. The answer is those positions, or `None` (nothing kept) when an
+    /// ended run to be settled was changed meanwhile.
     async fn save_charges(
         &self,
         charges: &[RunChargeRecord],
-        usage: &[UsageRecord],
-    ) -> StoreResult<bool>;
+        usage: &(dyn for<'x> Fn(&'x [usize]) -> Vec<UsageRecord> + Sync),
+    ) -> StoreResult<Option<Vec<usize>>>;
     async fn load_usage(&self) -> StoreResult<Vec<UsageRecord>>;
     async fn insert_gpu_samples(&self, samples: &[GpuSampleRecord]) -> StoreResult<()>;
     async fn task_gpu_samples(

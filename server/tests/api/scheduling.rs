@@ -17,6 +17,7 @@ use crate::helpers::{spawn_app_on_clock, Backend, Session, TestApp};
 crate::on_both_backends!(
     a_new_run_is_judged_from_its_own_start,
     usage_is_charged_once_whoever_charges_it,
+    a_run_that_ends_while_runs_are_charged_holds_none_back,
     victims_already_stopping_are_not_replaced,
     utilization_comes_from_the_store_and_unmeasured_time_is_neutral,
     the_policy_and_shares_come_from_configuration,
@@ -280,6 +281,62 @@ async fn usage_is_charged_once_whoever_charges_it(b: Backend) {
     assert!((used - 500.0).abs() < 0.1, "2 GPUs x 250 s, got {used}");
     let attempts = x.get(&c.app, &format!("/api/v1/tasks/{a}/attempts")).await;
     assert_eq!(attempts[0]["gpu_seconds"], 500.0);
+}
+
+/// With thousands running, a run ends during most charging cycles: it is left for the next
+/// cycle to settle from what the store says, and the others are charged now (all or nothing,
+/// a busy cluster's usage could go uncharged for ever).
+async fn a_run_that_ends_while_runs_are_charged_holds_none_back(b: Backend) {
+    let mut c = cluster(b, |_| {}).await;
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    c.at(0);
+    let a = c.submit(&x, half_node("a", 0.5)).await;
+    let bee = c.submit(&x, half_node("b", 0.5)).await;
+    assert_eq!(c.cycle_and_start().await.len(), 2);
+    c.runner.resign().await.unwrap();
+    // A cycle reads both runs, and `a` ends before it stores their charges.
+    c.at(50);
+    let store = c.app.state.store.clone();
+    let nodes = c.app.state.scheduler.nodes(store.as_ref()).await.unwrap();
+    let tasks = store
+        .scheduling_tasks()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| Arc::new(snapshot::ActiveTask::parse(r).unwrap()))
+        .collect();
+    let mut loaded = snapshot::load(store.as_ref(), nodes.as_ref().clone(), tasks)
+        .await
+        .unwrap();
+    c.finished(&a, 1, "success").await;
+    let cfg = autodl_scheduler::PolicyConfig::default();
+    let kept = snapshot::charge(store.as_ref(), &mut loaded, c.t0 + 100_000, &cfg)
+        .await
+        .unwrap()
+        .expect("the run still running is charged");
+    let kept: Vec<&str> = kept.iter().map(|r| r.task_id.as_str()).collect();
+    assert_eq!(kept, vec![bee.as_str()]);
+    let user = x.id();
+    // What the cycle's policy counts is what was stored: `b`'s 2 GPUs x 100 s.
+    let counted = loaded.snapshot.usage().users[&user].decayed_gpu_seconds;
+    let (stored, _, _) = c.user_usage(&user).await;
+    assert!((stored - 200.0).abs() < 0.1, "got {stored}");
+    assert!(
+        (counted - stored).abs() < 1e-6,
+        "{counted} counted, {stored} stored"
+    );
+    // The next cycle settles `a` up to its end, once: 2 GPUs x 50 s more.
+    c.runner = c.app.runner();
+    c.at(100);
+    c.cycle().await;
+    let (used, _, _) = c.user_usage(&user).await;
+    assert!((used - 300.0).abs() < 0.1, "got {used}");
+    for (task, gpu_s) in [(&a, 100.0), (&bee, 200.0)] {
+        let attempts = x
+            .get(&c.app, &format!("/api/v1/tasks/{task}/attempts"))
+            .await;
+        assert_eq!(attempts[0]["gpu_seconds"], gpu_s, "{task}");
+    }
 }
 
 async fn victims_already_stopping_are_not_replaced(b: Backend) {
@@ -557,6 +614,9 @@ async fn a_change_the_feed_misses_is_found_and_repaired(b: Backend) {
     let a = c.submit(&x, whole_node("a", 0.0)).await;
     let bee = c.submit(&x, whole_node("b", 0.0)).await;
     assert_eq!(c.cycle_and_start().await, vec![(a.clone(), 1)]);
+    // The cycle's read of the feed must start past the run's start, or the next read would
+    // bring the run's row again whatever the feed says.
+    cursor_past_last_change(&c, &a).await;
     c.at(10);
     c.cycle().await;
     drop_the_feed_trigger(&c, b).await;
@@ -572,6 +632,43 @@ async fn a_change_the_feed_misses_is_found_and_repaired(b: Backend) {
         vec![(bee, 1)],
         "placed on the freed node by the same cycle"
     );
+}
+
+/// Waits until the change feed's cursor has passed the task's last change. On PostgreSQL the
+/// cursor is the oldest transaction still running in the whole cluster (other tests' databases
+/// included), and the feed brings again every task changed after it: read again, a task whose
+/// change the feed missed looks current, and the check has nothing to find.
+async fn cursor_past_last_change(c: &Cluster, task: &str) {
+    let store = &c.app.state.store;
+    let rev: i64 = match c.app.state.settings.database_url.starts_with("postgres") {
+        true => {
+            let db = sqlx::PgPool::connect(&c.app.state.settings.database_url)
+                .await
+                .unwrap();
+            sqlx::query_scalar("SELECT rev FROM tasks WHERE id = $1")
+                .bind(task)
+                .fetch_one(&db)
+                .await
+                .unwrap()
+        }
+        false => {
+            let db = sqlx::SqlitePool::connect(&c.app.state.settings.database_url)
+                .await
+                .unwrap();
+            sqlx::query_scalar("SELECT rev FROM tasks WHERE id = $1")
+                .bind(task)
+                .fetch_one(&db)
+                .await
+                .unwrap()
+        }
+    };
+    for _ in 0..600 {
+        if store.task_change_cursor().await.unwrap() > rev {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the change feed's cursor stayed at or before the task's last change for 30 s");
 }
 
 /// Drops the trigger that feeds the change feed on task updates, behind the server's back.

@@ -51,20 +51,25 @@ macro_rules! impl_usage {
                 .await?)
             }
 
-            async fn save_charges(&self, charges: &[RunChargeRecord], usage: &[UsageRecord]) -> StoreResult<bool> {
+            async fn save_charges(
+                &self,
+                charges: &[RunChargeRecord],
+                usage: &(dyn for<'x> Fn(&'x [usize]) -> Vec<UsageRecord> + Sync),
+            ) -> StoreResult<Option<Vec<usize>>> {
                 let mut tx = self.sched.begin().await?;
                 // Running runs, many to a statement (each cycle charges every one of them), and
                 // ended runs settled the same way (a cycle after a wave of ends settles
                 // thousands). Each only as the scheduler read it: charged up to `from`, not
                 // settled, and still running, or ended.
-                let (settling, running): (Vec<&RunChargeRecord>, Vec<&RunChargeRecord>) =
-                    charges.iter().partition(|c| c.settles);
+                let (settling, running): (Vec<(usize, &RunChargeRecord)>, Vec<(usize, &RunChargeRecord)>) =
+                    charges.iter().enumerate().partition(|(_, c)| c.settles);
+                let mut left_out = Vec::new();
                 for (runs, settles) in [(&running, false), (&settling, true)] {
                     for chunk in runs.chunks(CHARGE_ROWS) {
                         let mut q = sqlx::QueryBuilder::<$db>::new(
                             "WITH v (task_id, number, from_ms, charged_until, gpu_seconds) AS (",
                         );
-                        q.push_values(chunk, |mut b, c| {
+                        q.push_values(chunk, |mut b, (_, c)| {
                             b.push_bind(&c.task_id)
                                 .push_bind(c.number)
                                 .push_bind(c.from)
@@ -72,13 +77,32 @@ macro_rules! impl_usage {
                                 .push_bind(c.gpu_seconds);
                         });
                         q.push(charge_update(settles));
-                        let r = q.build().execute(&mut *tx).await?;
-                        if r.rows_affected() != chunk.len() as u64 {
-                            tx.rollback().await?;
-                            return Ok(false);
+                        q.push(" RETURNING attempts.task_id, attempts.number");
+                        let charged: std::collections::HashSet<(String, i64)> =
+                            q.build_query_as().fetch_all(&mut *tx).await?.into_iter().collect();
+                        if charged.len() == chunk.len() {
+                            continue;
                         }
+                        if settles {
+                            // What an ended run owes joins its task's service: settled once,
+                            // by whoever read it last.
+                            tx.rollback().await?;
+                            return Ok(None);
+                        }
+                        // A run that ended meanwhile (or was charged by someone else) is charged
+                        // from what the store says by a later cycle; the others are not held
+                        // back by it: with thousands running, one of them ends during most
+                        // cycles.
+                        left_out.extend(
+                            chunk
+                                .iter()
+                                .filter(|(_, c)| !charged.contains(&(c.task_id.clone(), c.number)))
+                                .map(|(i, _)| *i),
+                        );
                     }
                 }
+                let settling: Vec<&RunChargeRecord> = settling.into_iter().map(|(_, c)| c).collect();
+                let usage = usage(&left_out);
                 // A task whose two attempts settle at once gets both: one row per task.
                 let mut attained: std::collections::BTreeMap<&str, f64> = std::collections::BTreeMap::new();
                 for c in &settling {
@@ -96,7 +120,7 @@ macro_rules! impl_usage {
                     );
                     q.build().execute(&mut *tx).await?;
                 }
-                for r in usage {
+                for r in &usage {
                     sqlx::query(
                         "INSERT INTO usage (scope, subject_id, decayed_gpu_seconds, updated_at, window_alloc_gpu_seconds,
                             window_busy_gpu_seconds, month, month_gpu_seconds)
@@ -118,7 +142,7 @@ macro_rules! impl_usage {
                     .await?;
                 }
                 tx.commit().await?;
-                Ok(true)
+                Ok(Some(left_out))
             }
 
             async fn load_usage(&self) -> StoreResult<Vec<UsageRecord>> {
