@@ -297,10 +297,7 @@ impl UsageLedger {
         half_life_s: f64,
         window_s: u64,
     ) {
-        for entry in [
-            self.users.entry(user.to_string()).or_default(),
-            self.tenants.entry(tenant.to_string()).or_default(),
-        ] {
+        for entry in self.entries(user, tenant) {
             entry.charge(gpu_seconds, busy, now, half_life_s, window_s);
         }
     }
@@ -317,12 +314,17 @@ impl UsageLedger {
         busy: Option<f64>,
         now: Time,
     ) {
-        for entry in [self.users.get_mut(user), self.tenants.get_mut(tenant)]
-            .into_iter()
-            .flatten()
-        {
+        for entry in self.entries(user, tenant) {
             entry.uncharge(gpu_seconds, busy, now);
         }
+    }
+
+    /// The user's and the tenant's entries, made when missing.
+    fn entries(&mut self, user: &str, tenant: &str) -> [&mut UserUsage; 2] {
+        [
+            self.users.entry(user.to_string()).or_default(),
+            self.tenants.entry(tenant.to_string()).or_default(),
+        ]
     }
 
     /// Decayed usage of a user at `now`.

@@ -640,30 +640,10 @@ async fn a_change_the_feed_misses_is_found_and_repaired(b: Backend) {
 /// change the feed missed looks current, and the check has nothing to find.
 async fn cursor_past_last_change(c: &Cluster, task: &str) {
     let store = &c.app.state.store;
-    let rev: i64 = match c.app.state.settings.database_url.starts_with("postgres") {
-        true => {
-            let db = sqlx::PgPool::connect(&c.app.state.settings.database_url)
-                .await
-                .unwrap();
-            sqlx::query_scalar("SELECT rev FROM tasks WHERE id = $1")
-                .bind(task)
-                .fetch_one(&db)
-                .await
-                .unwrap()
-        }
-        false => {
-            let db = sqlx::SqlitePool::connect(&c.app.state.settings.database_url)
-                .await
-                .unwrap();
-            sqlx::query_scalar("SELECT rev FROM tasks WHERE id = $1")
-                .bind(task)
-                .fetch_one(&db)
-                .await
-                .unwrap()
-        }
-    };
     for _ in 0..600 {
-        if store.task_change_cursor().await.unwrap() > rev {
+        let cursor = store.task_change_cursor().await.unwrap();
+        let (again, _) = store.scheduling_task_changes(cursor).await.unwrap();
+        if again.iter().all(|r| r.task.id != task) {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
