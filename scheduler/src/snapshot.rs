@@ -112,7 +112,7 @@ impl Snapshot {
     }
 
     /// Takes back one of the charges [`Snapshot::charge`] just made at `now` (with the same
-    /// measured utilisation `busy`): the store kept it not, so the policy must not count it.
+    /// measured utilisation `busy`): the store did not keep it, so the policy must not count it.
     pub fn take_back(&mut self, charge: &Charge, busy: Option<f64>, now: Time) {
         self.state
             .usage

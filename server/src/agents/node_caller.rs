@@ -1,5 +1,7 @@
 //! The `NodeCaller` extractor: an agent authenticated by its node credential. Users' keys and
-//! sessions are never accepted here, and node credentials are never accepted elsewhere.
+//! sessions are never accepted here, and node credentials are never accepted elsewhere. Any
+//! request a node makes proves it alive, not only its polls: an agent busy reporting starts
+//! and ends (slowly, in a burst) between two polls is not judged lost for it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,6 +10,7 @@ use actix_web::{web, FromRequest, HttpRequest};
 
 use super::NODE_CREDENTIAL_PREFIX;
 use crate::auth::secrets::digest;
+use crate::domain::NodeStatus;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::NodeRecord;
@@ -43,6 +46,14 @@ impl FromRequest for NodeCaller {
                 .ok_or_else(|| {
                     ApiError::Unauthorized("unknown or revoked node credential".into())
                 })?;
+            if node.status != NodeStatus::Lost {
+                // A lost node comes back by its poll, which writes its time at once.
+                state.agents.presence.heard(
+                    &node,
+                    state.clock.now_ms(),
+                    state.settings.node_lost_timeout_secs,
+                );
+            }
             Ok(NodeCaller { node })
         })
     }

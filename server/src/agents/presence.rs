@@ -1,10 +1,10 @@
-//! When each node was last heard from, written in batches. Every poll proves its node alive;
-//! writing that per poll would be thousands of small write transactions a second on a large
-//! cluster, all competing with submissions and the scheduler for the database. Polls only note
-//! the time here; a flush every [`FLUSH_EVERY`] (and the leader, before it judges nodes lost)
-//! writes the nodes that need it in one statement. A crash loses at most that second, against
-//! a lost-node timeout of tens of seconds. A node marked lost is still written at once by its
-//! poll, so that it comes back without waiting.
+//! When each node was last heard from, written in batches. Every request of a node (its polls,
+//! its reports) proves it alive; writing that per request would be thousands of small write
+//! transactions a second on a large cluster, all competing with submissions and the scheduler
+//! for the database. Requests only note the time here; a flush every [`FLUSH_EVERY`] (and the
+//! leader, before it judges nodes lost) writes the nodes that need it in one statement. A crash
+//! loses at most that second, against a lost-node timeout of tens of seconds. A node marked
+//! lost is still written at once by its poll, so that it comes back without waiting.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -24,7 +24,7 @@ pub struct Presence {
 }
 
 impl Presence {
-    /// Notes a poll of `node` at `now_ms`, to be written if the stored time needs it.
+    /// Notes a request of `node` at `now_ms`, to be written if the stored time needs it.
     pub fn heard(&self, node: &NodeRecord, now_ms: i64, lost_timeout_secs: u64) {
         debug_assert!(
             node.status != NodeStatus::Lost,

@@ -189,13 +189,9 @@ pub async fn poll(
     let waiter = state.agents.waiter(&node.node.id);
     let now_ms = state.clock.now_ms();
     let n = &node.node;
+    // Any other node is noted as heard by `NodeCaller`.
     if n.status == NodeStatus::Lost {
         state.store.touch_node(&n.id, now_ms).await?;
-    } else {
-        state
-            .agents
-            .presence
-            .heard(n, now_ms, state.settings.node_lost_timeout_secs);
     }
     // An agent restarted with other settings (Docker gone, isolation off, new dataset roots)
     // says so in its polls; an agent that says nothing keeps what it said at registration.

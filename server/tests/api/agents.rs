@@ -16,6 +16,7 @@ crate::on_both_backends!(
     lost_nodes_requeue_their_tasks,
     drain_and_cancel_reach_the_agent,
     polls_are_recorded_in_batches_before_nodes_are_judged,
+    a_node_heard_by_its_reports_is_not_judged_lost,
     reports_in_a_burst_are_stored_once_each,
 );
 
@@ -787,6 +788,37 @@ async fn polls_are_recorded_in_batches_before_nodes_are_judged(b: Backend) {
     agent.poll(&[], 0).await;
     let nodes = op.get(&app, "/api/v1/nodes").await;
     assert_eq!(nodes[0]["schedulable"], true, "{nodes}");
+}
+
+/// Any request of a node proves it alive, not only its polls: an agent busy reporting between
+/// two slow polls (a burst of starts and ends) is not judged lost for it.
+async fn a_node_heard_by_its_reports_is_not_judged_lost(b: Backend) {
+    use autodl_server::clock::Clock;
+    let (app, clock) = spawn_app_on_clock(b, |s| s.node_lost_timeout_secs = 30).await;
+    let op = app.operator().await;
+    let agent = FakeAgent::join(&app, &op, "n1", "A100-40G", "z1").await;
+    let t0 = clock.now_ms();
+    let mut runner = app.runner();
+    runner.cycle(t0).await.unwrap();
+    clock.set(t0 + 20_000);
+    // A report about a run it does not have is refused, and still heard.
+    let res = agent
+        .call(
+            "/api/v1/agent/tasks/not-a-task/started",
+            json!({"attempt": 1}),
+        )
+        .await;
+    assert!(res.status().is_client_error(), "{}", res.status());
+    // 45 s without a poll, 25 s after the report: not silent for the timeout.
+    clock.set(t0 + 45_000);
+    runner.cycle(clock.now_ms()).await.unwrap();
+    let nodes = op.get(&app, "/api/v1/nodes").await;
+    assert_eq!(nodes[0]["schedulable"], true, "{nodes}");
+    // Silent from then on: lost once the timeout has passed since the report.
+    clock.set(t0 + 51_000);
+    runner.cycle(clock.now_ms()).await.unwrap();
+    let nodes = op.get(&app, "/api/v1/nodes").await;
+    assert_eq!(nodes[0]["schedulable"], false, "lost: {nodes}");
 }
 
 /// Starts and ends reported at once by a node's runs are group-committed: each run is marked
