@@ -113,6 +113,7 @@ impl Snapshot {
 
     /// Takes back one of the charges [`Snapshot::charge`] just made at `now` (with the same
     /// measured utilisation `busy`): the store did not keep it, so the policy must not count it.
+    /// The run's own account stays as charged: a snapshot taken for one cycle only.
     pub fn take_back(&mut self, charge: &Charge, busy: Option<f64>, now: Time) {
         self.state
             .usage

@@ -532,7 +532,7 @@ impl Runner {
             Some(kept) => self.active.charged(kept),
             None => {
                 tracing::debug!(
-                    "an ended run changed while it was settled; charging again next cycle"
+                    "a run was charged or settled elsewhere meanwhile; charging again next cycle"
                 )
             }
         }

@@ -287,10 +287,10 @@ fn empty_task() -> crate::store::TaskRecord {
 
 /// Brings accounting up to `now` with the utilisation measured since each run was last
 /// charged, and keeps it: the charged runs and the usage rows they changed. A running run that
-/// ended (or was charged elsewhere) since it was read is left for a later cycle, which charges
-/// it from the store, and its charge is taken back from the cycle's ledger. Returns the runs'
-/// new charges as kept, or `None` when an ended run's settling found it changed (the next
-/// cycle charges again from the store).
+/// ended since it was read is left for a later cycle, which settles it from the store, and its
+/// charge is taken back from the cycle's ledger. Returns the runs' new charges as kept, or
+/// `None` when a run was charged or settled by someone else meanwhile (the next cycle charges
+/// again from the store).
 pub async fn charge(
     store: &dyn Store,
     loaded: &mut Loaded,
@@ -339,8 +339,14 @@ pub async fn charge(
         }
     };
     let usage_rows = |left_out: &[usize]| -> Vec<UsageRecord> {
-        let users: HashSet<&str> = charges.iter().map(|c| c.user.as_str()).collect();
-        let tenants: HashSet<&str> = charges.iter().map(|c| c.tenant.as_str()).collect();
+        // Only the users and tenants a kept charge changed: a row is written whole.
+        let kept = charges
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !left_out.contains(i))
+            .map(|(_, c)| c);
+        let users: HashSet<&str> = kept.clone().map(|c| c.user.as_str()).collect();
+        let tenants: HashSet<&str> = kept.map(|c| c.tenant.as_str()).collect();
         let all = loaded.snapshot.usage();
         let mut ledger = UsageLedger {
             users: users

@@ -12,11 +12,11 @@ pub trait Usage: Send + Sync {
     /// Mean measured GPU utilisation (0..1) per task over samples in `(from, to]`.
     async fn task_utilization(&self, from: i64, to: i64) -> StoreResult<Vec<(String, f64)>>;
     /// Keeps one cycle's charges and the usage rows they changed, in one transaction. A
-    /// running run that ended or was charged by someone else since the scheduler read it is
-    /// left as it is (a later cycle charges it from what the store says); `usage` is given the
-    /// positions in `charges` of those left out and answers the usage rows of the rest, which
-    /// are written with them. The answer is those positions, or `None` (nothing kept) when an
-    /// ended run to be settled was changed meanwhile.
+    /// running run that ended since the scheduler read it is left as it is (a later cycle
+    /// settles it from what the store says); `usage` is given the positions in `charges` of
+    /// those left out and answers the usage rows of the rest, which are written with them. The
+    /// answer is those positions, or `None` (nothing kept) when any run was charged or settled
+    /// by someone else meanwhile: the caller's ledger is then stale.
     async fn save_charges(
         &self,
         charges: &[RunChargeRecord],

@@ -18,6 +18,7 @@ crate::on_both_backends!(
     a_new_run_is_judged_from_its_own_start,
     usage_is_charged_once_whoever_charges_it,
     a_run_that_ends_while_runs_are_charged_holds_none_back,
+    a_charge_from_a_stale_leader_keeps_nothing,
     victims_already_stopping_are_not_replaced,
     utilization_comes_from_the_store_and_unmeasured_time_is_neutral,
     the_policy_and_shares_come_from_configuration,
@@ -297,17 +298,7 @@ async fn a_run_that_ends_while_runs_are_charged_holds_none_back(b: Backend) {
     // A cycle reads both runs, and `a` ends before it stores their charges.
     c.at(50);
     let store = c.app.state.store.clone();
-    let nodes = c.app.state.scheduler.nodes(store.as_ref()).await.unwrap();
-    let tasks = store
-        .scheduling_tasks()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| Arc::new(snapshot::ActiveTask::parse(r).unwrap()))
-        .collect();
-    let mut loaded = snapshot::load(store.as_ref(), nodes.as_ref().clone(), tasks)
-        .await
-        .unwrap();
+    let mut loaded = load_as_a_cycle(&c).await;
     c.finished(&a, 1, "success").await;
     let cfg = autodl_scheduler::PolicyConfig::default();
     let kept = snapshot::charge(store.as_ref(), &mut loaded, c.t0 + 100_000, &cfg)
@@ -337,6 +328,49 @@ async fn a_run_that_ends_while_runs_are_charged_holds_none_back(b: Backend) {
             .await;
         assert_eq!(attempts[0]["gpu_seconds"], gpu_s, "{task}");
     }
+}
+
+/// Reads the store as a cycle does, for a test to charge from it later.
+async fn load_as_a_cycle(c: &Cluster) -> snapshot::Loaded {
+    let store = c.app.state.store.clone();
+    let nodes = c.app.state.scheduler.nodes(store.as_ref()).await.unwrap();
+    let tasks = store
+        .scheduling_tasks()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| Arc::new(snapshot::ActiveTask::parse(r).unwrap()))
+        .collect();
+    snapshot::load(store.as_ref(), nodes.as_ref().clone(), tasks)
+        .await
+        .unwrap()
+}
+
+/// Two leaders for a moment (one deposed mid-cycle): the one whose read is stale finds a run
+/// charged by the other and keeps nothing, so its older usage rows overwrite nothing.
+async fn a_charge_from_a_stale_leader_keeps_nothing(b: Backend) {
+    let mut c = cluster(b, |_| {}).await;
+    let x = c.app.signup("x@example.com", "Lab X").await;
+    c.at(0);
+    let a = c.submit(&x, half_node("a", 0.5)).await;
+    assert_eq!(c.cycle_and_start().await.len(), 1);
+    c.runner.resign().await.unwrap();
+    let mut stale = load_as_a_cycle(&c).await;
+    // The new leader charges the run up to 100 s.
+    c.runner = c.app.runner();
+    c.at(100);
+    c.cycle().await;
+    // The deposed one would charge it up to 60 s from its older read.
+    let store = c.app.state.store.clone();
+    let cfg = autodl_scheduler::PolicyConfig::default();
+    let kept = snapshot::charge(store.as_ref(), &mut stale, c.t0 + 60_000, &cfg)
+        .await
+        .unwrap();
+    assert!(kept.is_none(), "a stale charge was kept: {kept:?}");
+    let (used, _, _) = c.user_usage(&x.id()).await;
+    assert!((used - 200.0).abs() < 0.1, "2 GPUs x 100 s, got {used}");
+    let attempts = x.get(&c.app, &format!("/api/v1/tasks/{a}/attempts")).await;
+    assert_eq!(attempts[0]["gpu_seconds"], 200.0);
 }
 
 async fn victims_already_stopping_are_not_replaced(b: Backend) {

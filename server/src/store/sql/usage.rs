@@ -89,16 +89,27 @@ macro_rules! impl_usage {
                             tx.rollback().await?;
                             return Ok(None);
                         }
-                        // A run that ended meanwhile (or was charged by someone else) is charged
-                        // from what the store says by a later cycle; the others are not held
-                        // back by it: with thousands running, one of them ends during most
-                        // cycles.
-                        left_out.extend(
-                            chunk
-                                .iter()
-                                .filter(|(_, c)| !charged.contains(&(c.task_id.clone(), c.number)))
-                                .map(|(i, _)| *i),
-                        );
+                        // A run that ended meanwhile is settled from what the store says by a
+                        // later cycle; the others are not held back by it: with thousands
+                        // running, one of them ends during most cycles. A run charged by
+                        // someone else (another leader, for a moment) means this cycle's ledger
+                        // is stale: nothing of it is kept.
+                        for (i, c) in chunk.iter().filter(|(_, c)| !charged.contains(&(c.task_id.clone(), c.number))) {
+                            let ended: Option<i64> = sqlx::query_scalar(
+                                "SELECT number FROM attempts WHERE task_id = $1 AND number = $2 AND settled = FALSE
+                                   AND ended_at IS NOT NULL AND COALESCE(charged_until, started_at) = $3",
+                            )
+                            .bind(&c.task_id)
+                            .bind(c.number)
+                            .bind(c.from)
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                            if ended.is_none() {
+                                tx.rollback().await?;
+                                return Ok(None);
+                            }
+                            left_out.push(*i);
+                        }
                     }
                 }
                 let settling: Vec<&RunChargeRecord> = settling.into_iter().map(|(_, c)| c).collect();
