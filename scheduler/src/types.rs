@@ -297,7 +297,10 @@ impl UsageLedger {
         half_life_s: f64,
         window_s: u64,
     ) {
-        for entry in self.entries(user, tenant) {
+        for entry in [
+            self.users.entry(user.to_string()).or_default(),
+            self.tenants.entry(tenant.to_string()).or_default(),
+        ] {
             entry.charge(gpu_seconds, busy, now, half_life_s, window_s);
         }
     }
@@ -314,17 +317,14 @@ impl UsageLedger {
         busy: Option<f64>,
         now: Time,
     ) {
-        for entry in self.entries(user, tenant) {
+        // Never made here: a ledger of only some subjects (the rows a save writes) must not
+        // gain an empty entry, which would be written over the subject's usage.
+        for entry in [self.users.get_mut(user), self.tenants.get_mut(tenant)]
+            .into_iter()
+            .flatten()
+        {
             entry.uncharge(gpu_seconds, busy, now);
         }
-    }
-
-    /// The user's and the tenant's entries, made when missing.
-    fn entries(&mut self, user: &str, tenant: &str) -> [&mut UserUsage; 2] {
-        [
-            self.users.entry(user.to_string()).or_default(),
-            self.tenants.entry(tenant.to_string()).or_default(),
-        ]
     }
 
     /// Decayed usage of a user at `now`.
@@ -382,6 +382,23 @@ pub struct ClusterState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Taking a charge back restores what was there, and makes no entry for a subject the
+    /// ledger does not hold (a partial ledger's rows are written whole).
+    #[test]
+    fn uncharge_undoes_a_charge_and_makes_no_entry() {
+        let mut l = UsageLedger::default();
+        l.charge("u", "t", 100.0, Some(0.5), 1_000, 3_600.0, 86_400);
+        let before = l.clone();
+        l.charge("u", "t", 40.0, Some(0.25), 1_000, 3_600.0, 86_400);
+        l.uncharge("u", "t", 40.0, Some(0.25), 1_000);
+        let (a, b) = (&l.users["u"], &before.users["u"]);
+        assert!((a.decayed_gpu_seconds - b.decayed_gpu_seconds).abs() < 1e-9);
+        assert!((a.window_busy_gpu_seconds - b.window_busy_gpu_seconds).abs() < 1e-9);
+        assert!((a.month_gpu_seconds - b.month_gpu_seconds).abs() < 1e-9);
+        l.uncharge("other", "other-lab", 40.0, None, 1_000);
+        assert!(!l.users.contains_key("other") && !l.tenants.contains_key("other-lab"));
+    }
 
     #[test]
     fn family_matching() {
