@@ -100,7 +100,7 @@ start_docker() {
   local rootfs="$DOCKER_DIR/rootfs"
   mkdir -p "$rootfs/bin" "$rootfs/tmp"
   cp /bin/busybox "$rootfs/bin/busybox"
-  for tool in sh echo cat sleep env ls mkdir trap printf true false grep tr id head touch wc httpd stty; do ln -sf busybox "$rootfs/bin/$tool"; done
+  for tool in sh echo cat sleep env ls mkdir trap printf true false grep tr id head touch wc httpd stty ln mv rm; do ln -sf busybox "$rootfs/bin/$tool"; done
   tar -C "$rootfs" -c . | /usr/bin/docker import - autodl-test:busybox >/dev/null
   export AUTODL_TEST_DOCKER_IMAGE=autodl-test:busybox
   log "Docker engine at $DOCKER_HOST with image $AUTODL_TEST_DOCKER_IMAGE"

@@ -9,7 +9,9 @@ export RUST_LOG="${RUST_LOG:-warn}"
 
 command -v chromium >/dev/null || apt_install chromium
 # Task isolation (a sandbox per task) is tested as root, with bubblewrap.
-[ "$(id -u)" -ne 0 ] || command -v bwrap >/dev/null || apt_install bubblewrap
+# Root isolates tasks: bubblewrap, a network namespace per task (iproute2, util-linux's
+# nsenter) and nftables for its way out and what it may not reach.
+[ "$(id -u)" -ne 0 ] || apt_install bubblewrap iproute2 util-linux nftables
 command -v node >/dev/null && command -v npm >/dev/null || apt_install nodejs npm
 ensure_web_toolchain
 
@@ -37,7 +39,12 @@ export AUTODL_TEST_PYTHON="$PYVENV/bin/python"
 (cd tests/oidc && npm ci --no-audit --no-fund --silent)
 
 log "unit and API tests (SQLite and PostgreSQL)"
-cargo test --locked --workspace
+# A test that hangs fails the run here (saying so) rather than holding it to CI's limit.
+timeout 50m cargo test --locked --workspace || {
+  rc=$?
+  [ "$rc" -ne 124 ] || log "unit and API tests ran past 50 minutes: a test hangs"
+  exit "$rc"
+}
 
 log "browser tests (headless Chromium)"
 # `cargo test` above built the server binary (integration tests need it); building it again
@@ -45,7 +52,7 @@ log "browser tests (headless Chromium)"
 [ -x "$CARGO_TARGET_DIR/debug/autodl-server" ] || build_server
 export AUTODL_SERVER_BIN="$CARGO_TARGET_DIR/debug/autodl-server"
 export AUTODL_ARTIFACTS="${AUTODL_ARTIFACTS:-$ROOT/artifacts/screenshots}"
-(cd tests/browser && npm ci --no-audit --no-fund --silent && node --test --test-concurrency=1)
+(cd tests/browser && npm ci --no-audit --no-fund --silent && node --test --test-concurrency=1 --test-force-exit --test-timeout=600000)
 
 log "Python SDK tests (against a live server)"
 "$PYVENV/bin/pip" install --quiet --disable-pip-version-check -e "clients/python[test]"

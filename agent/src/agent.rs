@@ -19,7 +19,7 @@ use crate::config::AgentConfig;
 use crate::error::{AgentError, ClientError, RuntimeError};
 use crate::gpu::{AgentGpu, GpuAllocation, GpuBackend};
 use crate::hostinfo;
-use crate::isolation::{IsolationLevel, UidLease, UidPool};
+use crate::isolation::{UidLease, UidPool};
 use crate::logs::LogBuffer;
 use crate::metrics::AgentMetrics;
 use crate::protocol::{
@@ -213,6 +213,11 @@ impl Agent {
             source,
         };
         std::fs::create_dir_all(inner.config.state_dir.join("tasks")).map_err(state_err)?;
+        if inner.runtime.tasks_see_host_paths() {
+            // Without a sandbox a task reaches its folders by their host paths.
+            crate::isolation::check_reachable_by_task_users(&inner.config.state_dir)
+                .map_err(AgentError::Config)?;
+        }
         if let Some(pool) = &inner.uids {
             crate::isolation::lock_down_state_dir(&inner.config.state_dir).map_err(state_err)?;
             let reaped = pool.reap_orphans();
@@ -301,6 +306,8 @@ impl Inner {
                 .iter()
                 .map(|r| r.display().to_string())
                 .collect(),
+            limits: self.runtime.limits(),
+            network: self.runtime.network(),
         }
     }
 
@@ -935,7 +942,7 @@ fn take_task_user(
         .map_err(|e| fail("could not prepare the task folder", e))?;
     let link = launch.data_link_dir();
     let _ = std::fs::remove_dir_all(&link);
-    if inner.runtime.isolation() == IsolationLevel::Uid {
+    if inner.runtime.tasks_see_host_paths() {
         if let Some(d) = launch.data.as_ref().filter(|d| d.requested_path.is_none()) {
             crate::isolation::link_tree(&d.host, &link, user.gid)
                 .map_err(|e| fail("could not show the data to the task", e))?;
@@ -945,12 +952,13 @@ fn take_task_user(
     Ok(Some(lease))
 }
 
-/// Uploads one folder and says so in the task's log; returns what was uploaded.
+/// Uploads one folder and says so in the task's log; returns what was uploaded. `folder`:
+/// the folder and, on an isolated node, the task uid whose files it holds.
 async fn upload_and_log(
     inner: &Inner,
     key: &TaskKey,
     kind: &str,
-    dir: &std::path::Path,
+    (dir, owner): (&std::path::Path, Option<u32>),
     mark: Option<(Option<i64>, Option<f64>)>,
     log: &LogBuffer,
     cancel: &CancellationToken,
@@ -966,6 +974,7 @@ async fn upload_and_log(
         staging: &staging,
         step,
         epoch,
+        owner,
     };
     let r = artifacts::upload_folder(&inner.client, req, &mut backoff, cancel).await;
     match &r {
@@ -993,7 +1002,7 @@ async fn upload_and_log(
 async fn checkpoint_loop(
     inner: Arc<Inner>,
     key: TaskKey,
-    dir: std::path::PathBuf,
+    (dir, owner): (std::path::PathBuf, Option<u32>),
     interval: Option<Duration>,
     log: Arc<LogBuffer>,
     stop: CancellationToken,
@@ -1015,13 +1024,23 @@ async fn checkpoint_loop(
             continue;
         }
         last_at = Instant::now();
-        let Ok(fp) = artifacts::scan(&dir) else {
+        let Ok(fp) = artifacts::scan(&dir, owner) else {
             continue;
         };
         if mark.is_none() && last.as_ref() == Some(&fp) {
             continue;
         }
-        match upload_and_log(&inner, &key, "checkpoint", &dir, mark, &log, &shutdown).await {
+        match upload_and_log(
+            &inner,
+            &key,
+            "checkpoint",
+            (&dir, owner),
+            mark,
+            &log,
+            &shutdown,
+        )
+        .await
+        {
             Ok(Some(_)) => last = Some(fp),
             Ok(None) => {}
             Err(artifacts::TransferError::Stale) => return last,
@@ -1067,6 +1086,7 @@ async fn supervise(
     let task_dir = launch.task_dir.clone();
     let checkpoint_dir = launch.checkpoint_dir.clone();
     let results_dir = launch.results_dir.clone();
+    let owner = launch.user.map(|u| u.uid);
     let loop_stop = CancellationToken::new();
     // Only the first node of a task saves (see `rank_zero`); the others just run.
     if !job.uploads_results {
@@ -1075,7 +1095,7 @@ async fn supervise(
     let saver = tokio::spawn(checkpoint_loop(
         inner.clone(),
         key.clone(),
-        checkpoint_dir.clone(),
+        (checkpoint_dir.clone(), owner),
         job.checkpoint_interval,
         log.clone(),
         loop_stop.clone(),
@@ -1138,13 +1158,13 @@ async fn supervise(
         && job.uploads_results
         && (job.checkpointing || last_saved.is_some() || mark.is_some())
     {
-        let changed = artifacts::scan(&checkpoint_dir).ok() != last_saved;
+        let changed = artifacts::scan(&checkpoint_dir, owner).ok() != last_saved;
         if changed || mark.is_some() {
             let _ = upload_and_log(
                 &inner,
                 &key,
                 "checkpoint",
-                &checkpoint_dir,
+                (&checkpoint_dir, owner),
                 mark,
                 &log,
                 &shutdown,
@@ -1153,7 +1173,16 @@ async fn supervise(
         }
     }
     if reason == ExitReason::Success && job.uploads_results {
-        let _ = upload_and_log(&inner, &key, "results", &results_dir, None, &log, &shutdown).await;
+        let _ = upload_and_log(
+            &inner,
+            &key,
+            "results",
+            (&results_dir, owner),
+            None,
+            &log,
+            &shutdown,
+        )
+        .await;
     }
     if let Some(e) = lock(&inner.tasks).get_mut(&key) {
         e.finished = true;

@@ -5,13 +5,15 @@
 //! An upload first snapshots the folder (hard links, so the task may keep writing new files),
 //! then sends each file and commits; the server makes a checkpoint visible only at the commit.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
+use crate::beneath::Folder;
 use crate::client::{encode_path, encode_segment, ServerClient};
 use crate::error::ClientError;
 use crate::protocol::{ArtifactCommit, ArtifactFile, ArtifactStart, DataManifest, RestoreRef};
@@ -49,82 +51,110 @@ pub struct Uploaded {
 /// `(path, size, mtime)` of every file: equal fingerprints mean nothing changed since.
 pub type Fingerprint = Vec<(String, u64, u128)>;
 
-/// Files below `dir` (relative `/` paths), without the agent's own `.autodl-*` files.
-pub fn scan(dir: &Path) -> std::io::Result<Fingerprint> {
-    let mut out = Vec::new();
-    if !dir.exists() {
-        return Ok(out);
+/// Whether the agent may send a file under this name: not one of its own `.autodl-*` files,
+/// and a name object storage can hold.
+fn sendable(rel: &str) -> bool {
+    if rel
+        .split('/')
+        .any(|seg| seg.starts_with(PRIVATE_PREFIX) || seg.ends_with(".autodl-part"))
+    {
+        return false;
     }
-    for entry in walkdir::WalkDir::new(dir).follow_links(false) {
-        let entry = entry.map_err(std::io::Error::other)?;
-        if !entry.file_type().is_file() {
-            continue;
-        }
-        let Ok(rel) = entry.path().strip_prefix(dir) else {
-            continue;
-        };
-        let Some(rel) = rel.to_str().map(str::to_owned) else {
-            tracing::warn!(path = %entry.path().display(), "skipping a file whose name is not UTF-8");
-            continue;
-        };
-        if rel
+    if rel.len() > 1024
+        || rel
             .split('/')
-            .any(|seg| seg.starts_with(PRIVATE_PREFIX) || seg.ends_with(".autodl-part"))
-        {
-            continue;
-        }
-        if rel.len() > 1024
-            || rel
-                .split('/')
-                .any(|seg| seg.len() > 255 || seg.chars().any(|c| c.is_control() || c == '\\'))
-        {
-            tracing::warn!(
-                path = rel,
-                "skipping a file whose name object storage cannot hold"
-            );
-            continue;
-        }
-        let meta = entry.metadata().map_err(std::io::Error::other)?;
-        let mtime = meta
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos());
-        out.push((rel, meta.len(), mtime));
+            .any(|seg| seg.len() > 255 || seg.chars().any(|c| c.is_control() || c == '\\'))
+    {
+        tracing::warn!(
+            path = rel,
+            "skipping a file whose name object storage cannot hold"
+        );
+        return false;
     }
+    true
+}
+
+/// Files below `dir` (relative `/` paths), without the agent's own `.autodl-*` files. With
+/// `owner`, only files of that uid count: a task can place nothing else there but hard links
+/// to files of others, which are not its to save.
+///
+/// The folder is walked beneath a handle ([`crate::beneath`]): the task may change it
+/// meanwhile, and no link it plants is followed.
+pub fn scan(dir: &Path, owner: Option<u32>) -> std::io::Result<Fingerprint> {
+    let folder = match Folder::open(dir) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut skipped = |p: &str| {
+        tracing::warn!(
+            path = p,
+            "skipping a file whose name is not UTF-8 or that is nested too deep"
+        )
+    };
+    let mut out: Fingerprint = folder
+        .files(&mut skipped)?
+        .into_iter()
+        .filter(|f| sendable(&f.path) && owner.is_none_or(|o| o == f.uid))
+        .map(|f| (f.path, f.size, f.mtime_ns))
+        .collect();
     out.sort();
     Ok(out)
 }
 
 /// Hard-links (or copies, across file systems) the listed files into `staging`; returns the
-/// ones still there. A hard link shares the file, so an upload checks afterwards that the
-/// task did not rewrite it in place meanwhile (`unchanged`).
-fn snapshot(src: &Path, staging: &Path, files: &Fingerprint) -> std::io::Result<Fingerprint> {
+/// ones still there, as they are now. Each file is opened beneath `src` with no link
+/// followed, checked by its handle (a regular file of `owner`), and linked from that handle:
+/// whatever the task renames or swaps meanwhile, only its own files are taken. A hard link
+/// shares the file, so an upload checks afterwards that the task did not rewrite it in place
+/// meanwhile (`unchanged`).
+fn snapshot(
+    src: &Path,
+    staging: &Path,
+    files: &Fingerprint,
+    owner: Option<u32>,
+) -> std::io::Result<Fingerprint> {
+    let src = Folder::open(src)?;
+    let staging = Folder::open(staging)?;
     let mut kept = Vec::with_capacity(files.len());
     for f in files {
-        let from = src.join(&f.0);
-        let to = staging.join(&f.0);
-        if let Some(p) = to.parent() {
-            std::fs::create_dir_all(p)?;
+        let (file, meta) = match src.open_file(&f.0) {
+            Ok(opened) => opened,
+            // Rotated away (or swapped for a link) by the task between the scan and now:
+            // not part of this checkpoint.
+            Err(e) => {
+                tracing::debug!(path = f.0, error = %e, "left out of the snapshot");
+                continue;
+            }
+        };
+        if owner.is_some_and(|o| o != meta.uid()) {
+            continue;
         }
-        let linked =
-            std::fs::hard_link(&from, &to).or_else(|_| std::fs::copy(&from, &to).map(|_| ()));
-        match linked {
-            Ok(()) => kept.push(f.clone()),
-            // Rotated away by the task between the scan and now: not part of this checkpoint.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+        let (parent, name) = match f.0.rsplit_once('/') {
+            Some((p, n)) => (Some(p), n),
+            None => (None, f.0.as_str()),
+        };
+        let at = match parent {
+            Some(p) => staging.create_dir_all(p, 0o700)?,
+            None => staging.try_clone()?,
+        };
+        if let Err(e) = at.link_or_copy(&file, name) {
+            tracing::warn!(path = f.0, error = %e, "left out of the snapshot");
+            continue;
         }
+        kept.push((f.0.clone(), meta.len(), crate::beneath::mtime_ns(&meta)));
     }
     Ok(kept)
 }
 
 /// Reads the step and epoch a task left in its save marker, and removes the marker.
 pub fn take_marker(dir: &Path) -> Option<(Option<i64>, Option<f64>)> {
-    let path = dir.join(SAVE_MARKER);
-    let text = std::fs::read_to_string(&path).ok()?;
-    let _ = std::fs::remove_file(&path);
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let folder = Folder::open(dir).ok()?;
+    let text = folder.read_small(SAVE_MARKER, 64 * 1024);
+    // Removed whatever it is (a link is removed itself), so it is not seen again.
+    let _ = folder.remove(SAVE_MARKER);
+    let text = text.ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&text).unwrap_or_default();
     Some((
         v.get("step").and_then(serde_json::Value::as_i64),
         v.get("epoch").and_then(serde_json::Value::as_f64),
@@ -172,6 +202,8 @@ pub struct UploadRequest<'a> {
     pub staging: &'a Path,
     pub step: Option<i64>,
     pub epoch: Option<f64>,
+    /// The task's uid on an isolated node: only its files are sent.
+    pub owner: Option<u32>,
 }
 
 /// Uploads the folder as one artifact; `Ok(None)` when it holds no files.
@@ -182,8 +214,8 @@ pub async fn upload_folder(
     cancel: &CancellationToken,
 ) -> Result<Option<Uploaded>, TransferError> {
     let started = Instant::now();
-    let dir = req.dir.to_path_buf();
-    let files = blocking(move || scan(&dir)).await?;
+    let (dir, owner) = (req.dir.to_path_buf(), req.owner);
+    let files = blocking(move || scan(&dir, owner)).await?;
     if files.is_empty() {
         return Ok(None);
     }
@@ -199,7 +231,11 @@ pub async fn upload_folder(
     let mut opened: Option<String> = None;
     let result = async {
         let (src, dst, listed) = (req.dir.to_path_buf(), staging.clone(), files.clone());
-        let files = blocking(move || snapshot(&src, &dst, &listed)).await?;
+        let files = blocking(move || snapshot(&src, &dst, &listed, owner)).await?;
+        if files.is_empty() {
+            // Everything listed went away (or was not the task's) before it could be taken.
+            return Ok(None);
+        }
         let start = ArtifactStart {
             attempt: req.attempt,
             kind: req.kind.to_string(),
@@ -260,16 +296,11 @@ pub async fn upload_folder(
     result
 }
 
-/// Same size and modification time as when the folder was scanned.
+/// Same size and modification time as when the folder was snapshot (`path` is in the
+/// agent's own staging folder, which no task can reach).
 fn unchanged(path: &Path, size: u64, mtime: u128) -> bool {
-    std::fs::metadata(path).is_ok_and(|m| {
-        m.len() == size
-            && m.modified()
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_nanos())
-                == mtime
-    })
+    std::fs::symlink_metadata(path)
+        .is_ok_and(|m| m.is_file() && m.len() == size && crate::beneath::mtime_ns(&m) == mtime)
 }
 
 /// Runs file-system work off the async workers, so polls and heartbeats keep going.
@@ -458,11 +489,91 @@ mod tests {
         std::fs::create_dir_all(d.path().join("sub")).unwrap();
         std::fs::write(d.path().join("sub/w.pt"), b"1234").unwrap();
         std::fs::write(d.path().join(SAVE_MARKER), b"{}").unwrap();
-        let a = scan(d.path()).unwrap();
+        let a = scan(d.path(), None).unwrap();
         assert_eq!(a.len(), 1);
         assert_eq!((a[0].0.as_str(), a[0].1), ("sub/w.pt", 4));
         std::fs::write(d.path().join("sub/w.pt"), b"123456").unwrap();
-        assert_ne!(scan(d.path()).unwrap(), a);
+        assert_ne!(scan(d.path(), None).unwrap(), a);
+    }
+
+    /// The race of a task against the agent: between the scan and the snapshot it swaps a
+    /// listed folder for a link to a folder of the host, where a file of the same name, size
+    /// and time waits. Nothing of the host may be taken.
+    #[test]
+    fn a_folder_swapped_for_a_link_after_the_scan_leaks_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let host = d.path().join("host");
+        std::fs::create_dir_all(&host).unwrap();
+        std::fs::write(host.join("w.pt"), b"HOST-SECRET").unwrap();
+        let ck = d.path().join("ck");
+        std::fs::create_dir_all(ck.join("sub")).unwrap();
+        std::fs::write(ck.join("sub/w.pt"), b"decoy-bytes").unwrap();
+        let when = std::fs::metadata(host.join("w.pt"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(ck.join("sub/w.pt"))
+            .unwrap()
+            .set_modified(when)
+            .unwrap();
+        let me = Some(nix::unistd::getuid().as_raw());
+        let listed = scan(&ck, me).unwrap();
+        assert_eq!(listed.len(), 1);
+        std::fs::rename(ck.join("sub"), ck.join("moved")).unwrap();
+        std::os::unix::fs::symlink(&host, ck.join("sub")).unwrap();
+        let staging = d.path().join("staging");
+        std::fs::create_dir_all(&staging).unwrap();
+        let kept = snapshot(&ck, &staging, &listed, me).unwrap();
+        assert!(kept.is_empty(), "{kept:?}");
+        for e in walkdir::WalkDir::new(&staging) {
+            let e = e.unwrap();
+            if e.file_type().is_file() {
+                assert_ne!(std::fs::read(e.path()).unwrap(), b"HOST-SECRET");
+            }
+        }
+        // A link planted as the file itself is no better.
+        std::fs::remove_file(ck.join("sub")).unwrap();
+        std::fs::create_dir_all(ck.join("sub")).unwrap();
+        std::os::unix::fs::symlink(host.join("w.pt"), ck.join("sub/w.pt")).unwrap();
+        assert!(snapshot(&ck, &staging, &listed, me).unwrap().is_empty());
+        let names: Vec<String> = scan(&ck, me).unwrap().into_iter().map(|f| f.0).collect();
+        assert_eq!(names, ["moved/w.pt"], "links are not listed");
+    }
+
+    #[test]
+    fn only_the_task_s_own_files_are_sent() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("w.pt"), b"1").unwrap();
+        let me = nix::unistd::getuid().as_raw();
+        assert_eq!(scan(d.path(), Some(me)).unwrap().len(), 1);
+        assert!(scan(d.path(), Some(me.wrapping_add(1))).unwrap().is_empty());
+        let listed = scan(d.path(), None).unwrap();
+        let staging = tempfile::tempdir().unwrap();
+        let other = Some(me.wrapping_add(1));
+        assert!(snapshot(d.path(), staging.path(), &listed, other)
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            snapshot(d.path(), staging.path(), &listed, Some(me))
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_marker_that_is_a_link_is_removed_unread() {
+        let d = tempfile::tempdir().unwrap();
+        let secret = d.path().join("secret.json");
+        std::fs::write(&secret, br#"{"step": 99}"#).unwrap();
+        let ck = d.path().join("ck");
+        std::fs::create_dir_all(&ck).unwrap();
+        std::os::unix::fs::symlink(&secret, ck.join(SAVE_MARKER)).unwrap();
+        assert_eq!(take_marker(&ck), None);
+        assert!(std::fs::symlink_metadata(ck.join(SAVE_MARKER)).is_err());
+        assert!(secret.exists());
     }
 
     #[test]

@@ -386,6 +386,7 @@ mod tests {
                         runtime: "process".into(),
                         isolation: "none".into(),
                         data_roots: vec![],
+                        ..Default::default()
                     }),
                 },
             )

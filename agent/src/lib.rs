@@ -11,6 +11,7 @@
 
 pub mod artifacts;
 pub mod backoff;
+pub mod beneath;
 pub mod client;
 pub mod config;
 pub mod error;

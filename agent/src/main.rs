@@ -94,9 +94,17 @@ struct Cli {
     /// s3:// data paths are accepted.
     #[arg(long = "data-root", env = "AUTODL_DATA_ROOTS", value_delimiter = ',')]
     data_roots: Vec<PathBuf>,
-    /// Most processes one container may hold.
+    /// Most processes (and threads) one task may hold, in a container or a cgroup.
     #[arg(long, default_value = "4096")]
     pids_limit: i64,
+    /// Addresses for the networks of process-runtime tasks (a /30 each, leased host-wide);
+    /// tasks reach the outside through the host with address translation.
+    #[arg(long, value_parser = autodl_agent::isolation::network::parse_cidr, default_value = "10.213.0.0/16")]
+    task_network: (std::net::Ipv4Addr, u8),
+    /// A private network tasks may reach (an internal package mirror); repeatable. Every other
+    /// private, shared and link-local address is closed to them.
+    #[arg(long = "task-network-allow", value_parser = autodl_agent::isolation::network::parse_cidr_any)]
+    task_network_allow: Vec<(std::net::Ipv4Addr, u8)>,
     /// GPU sampling period: "5s", "500ms", "1m" or plain seconds.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     sample_interval: Duration,
@@ -248,6 +256,11 @@ async fn main() -> Result<()> {
             IsolationArg::Off => IsolationChoice::Off,
         },
         task_uids: cli.task_uids,
+        network: autodl_agent::isolation::network::NetworkConfig {
+            cidr: cli.task_network,
+            lock_dir: autodl_agent::isolation::network::lock_dir_beside(&cli.uid_lock_dir),
+            allow: cli.task_network_allow,
+        },
         lock_dir: cli.uid_lock_dir,
         bwrap: cli.bwrap,
         read_only_paths: cli.task_paths,

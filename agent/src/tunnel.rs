@@ -225,23 +225,10 @@ async fn forward(
     launch: &TaskLaunch,
     port: u16,
 ) {
-    let addr = match runtime.port_address(launch, port).await {
-        Ok(a) => a,
+    let tcp = match runtime.connect_port(launch, port, CONNECT_TIMEOUT).await {
+        Ok(s) => s,
         Err(e) => {
             let why = format!("the task's port {port} cannot be reached: {e}");
-            refuse(sink, stream, &why).await;
-            return;
-        }
-    };
-    let tcp = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            let why = format!("nothing listens on the task's port {port}: {e}");
-            refuse(sink, stream, &why).await;
-            return;
-        }
-        Err(_) => {
-            let why = format!("the task's port {port} did not answer");
             refuse(sink, stream, &why).await;
             return;
         }

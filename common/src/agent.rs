@@ -45,7 +45,7 @@ pub struct AgentNode {
 }
 
 /// How a node runs tasks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AgentHost {
@@ -57,6 +57,13 @@ pub struct AgentHost {
     /// Host folders tasks may name as `data_path`.
     #[serde(default)]
     pub data_roots: Vec<String>,
+    /// How tasks are held to their memory, CPU and process limits, in words (e.g.
+    /// "cgroup v2: memory, cpu, pids", or "none (why)").
+    #[serde(default)]
+    pub limits: String,
+    /// What network a task gets, in words.
+    #[serde(default)]
+    pub network: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -73,6 +73,24 @@ impl Role {
     }
 }
 
+/// A sign-up that waits for its email to be confirmed (`202`): answered the same whether the
+/// address has an account or not.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SignupPending {
+    /// `confirm_email`.
+    pub status: String,
+    pub message: String,
+}
+
+/// The token of a sign-up confirmation link.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SignupConfirmRequest {
+    pub token: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]

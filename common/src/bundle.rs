@@ -7,7 +7,7 @@
 //! sent). Only regular files and folders are kept; a link, an absolute path or a `..` is
 //! refused, so unpacking can write nowhere but below the folder it is given.
 
-use std::io::{Cursor, Read};
+use std::io::{Cursor, Read, Write};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -15,9 +15,12 @@ use sha2::{Digest, Sha256};
 /// The prefix of a bundle id, as in `sha256:<64 hex digits>`.
 pub const ID_PREFIX: &str = "sha256:";
 
-/// What a bundle may hold once unpacked.
+/// What a bundle may hold once unpacked. Entries of every kind count (150,000 empty folders
+/// pack into 705 KB and are as many folders to make on a node), and files are never read whole
+/// into memory (a 1 MB archive of zeros unpacks to gigabytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
+    /// Files and folders together.
     pub max_files: u64,
     pub max_unpacked_bytes: u64,
 }
@@ -79,7 +82,7 @@ pub enum BundleError {
     UnsafePath(String),
     #[error("{0:?} is a link; bundles hold only files and folders")]
     Link(String),
-    #[error("more than {0} files")]
+    #[error("more than {0} files and folders")]
     TooManyFiles(u64),
     #[error("more than {0} bytes once unpacked")]
     TooLarge(u64),
@@ -101,13 +104,19 @@ pub fn parse_id(id: &str) -> Option<&str> {
     (hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))).then_some(hex)
 }
 
-/// Checks every entry of the bundle without writing anything.
+/// Checks every entry of the bundle without writing anything (file contents are read
+/// through, never held).
 pub fn inspect(bytes: &[u8], limits: Limits) -> Result<Summary, BundleError> {
-    walk(bytes, limits, |_, _| Ok(()))
+    walk(bytes, limits, |_, content| match content {
+        None => Ok(0),
+        Some(r) => {
+            std::io::copy(r, &mut std::io::sink()).map_err(|e| BundleError::Damaged(e.to_string()))
+        }
+    })
 }
 
 /// Unpacks the bundle below `dest`, which must be a fresh folder: nothing in it may have been
-/// made by a task (a link planted there would be followed).
+/// made by a task (a link planted there would be followed). Files are streamed to disk.
 pub fn unpack(bytes: &[u8], dest: &Path, limits: Limits) -> Result<Summary, BundleError> {
     walk(bytes, limits, |entry, content| {
         let target = dest.join(&entry.path);
@@ -116,13 +125,21 @@ pub fn unpack(bytes: &[u8], dest: &Path, limits: Limits) -> Result<Summary, Bund
             source,
         };
         match content {
-            None => std::fs::create_dir_all(&target).map_err(failed),
-            Some(data) => {
+            None => std::fs::create_dir_all(&target).map_err(failed).map(|()| 0),
+            Some(r) => {
                 if let Some(parent) = target.parent() {
                     std::fs::create_dir_all(parent).map_err(failed)?;
                 }
-                std::fs::write(&target, data).map_err(failed)?;
-                set_mode(&target, entry.executable).map_err(failed)
+                let mut f = std::fs::File::create(&target).map_err(failed)?;
+                let n = std::io::copy(r, &mut f).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => {
+                        BundleError::Damaged(e.to_string())
+                    }
+                    _ => failed(e),
+                })?;
+                f.flush().map_err(failed)?;
+                set_mode(&target, entry.executable).map_err(failed)?;
+                Ok(n)
             }
         }
     })
@@ -170,54 +187,49 @@ fn relative(name: &str) -> Result<Option<PathBuf>, BundleError> {
     Ok((!out.as_os_str().is_empty()).then_some(out))
 }
 
-/// Reads one entry's bytes, never more than the room left.
-fn read_limited(r: impl Read, room: u64, limits: Limits) -> Result<Vec<u8>, BundleError> {
-    let mut data = Vec::new();
-    r.take(room.saturating_add(1))
-        .read_to_end(&mut data)
-        .map_err(|e| BundleError::Damaged(e.to_string()))?;
-    if data.len() as u64 > room {
-        return Err(BundleError::TooLarge(limits.max_unpacked_bytes));
-    }
-    Ok(data)
-}
-
-/// Calls `visit` for each folder (`None`) and file (its bytes) in archive order, after the
-/// entry passed every rule.
+/// Calls `visit` for each folder (`None`) and file (a reader of its bytes, which `visit`
+/// reads through and whose length it returns) in archive order, after the entry passed every
+/// rule; no file may take more than the room left.
 fn walk(
     bytes: &[u8],
     limits: Limits,
-    mut visit: impl FnMut(&Entry, Option<&[u8]>) -> Result<(), BundleError>,
+    mut visit: impl FnMut(&Entry, Option<&mut dyn Read>) -> Result<u64, BundleError>,
 ) -> Result<Summary, BundleError> {
     let format = Format::detect(bytes).ok_or(BundleError::NotAnArchive)?;
     let mut files = 0u64;
+    let mut entries = 0u64;
     let mut total = 0u64;
-    let mut one = |name: &str,
-                   kind: Kind,
-                   executable: bool,
-                   read: &mut dyn FnMut(u64) -> Result<Vec<u8>, BundleError>|
-     -> Result<(), BundleError> {
+    let mut one = |name: &str, kind: Kind, executable: bool, content: &mut dyn Read| {
         let Some(path) = relative(name)? else {
             return Ok(());
         };
         let entry = Entry { path, executable };
+        if matches!(kind, Kind::Link) {
+            return Err(BundleError::Link(name.to_string()));
+        }
+        entries += 1;
+        if entries > limits.max_files {
+            return Err(BundleError::TooManyFiles(limits.max_files));
+        }
         match kind {
             Kind::Link => Err(BundleError::Link(name.to_string())),
-            Kind::Dir => visit(&entry, None),
+            Kind::Dir => visit(&entry, None).map(|_| ()),
             Kind::File => {
                 files += 1;
-                if files > limits.max_files {
-                    return Err(BundleError::TooManyFiles(limits.max_files));
+                let room = limits.max_unpacked_bytes - total;
+                let mut limited = content.take(room.saturating_add(1));
+                let n = visit(&entry, Some(&mut limited))?;
+                if n > room {
+                    return Err(BundleError::TooLarge(limits.max_unpacked_bytes));
                 }
-                let data = read(limits.max_unpacked_bytes - total)?;
-                total += data.len() as u64;
-                visit(&entry, Some(&data))
+                total += n;
+                Ok(())
             }
         }
     };
     match format {
-        Format::TarGz => tar_entries(flate2::read::GzDecoder::new(bytes), limits, &mut one)?,
-        Format::Tar => tar_entries(bytes, limits, &mut one)?,
+        Format::TarGz => tar_entries(flate2::read::GzDecoder::new(bytes), &mut one)?,
+        Format::Tar => tar_entries(bytes, &mut one)?,
         Format::Zip => {
             let damaged = |e: zip::result::ZipError| BundleError::Damaged(e.to_string());
             let mut archive = zip::ZipArchive::new(Cursor::new(bytes)).map_err(damaged)?;
@@ -232,9 +244,7 @@ fn walk(
                 } else {
                     Kind::File
                 };
-                one(&name, kind, mode & 0o111 != 0, &mut |room| {
-                    read_limited(&mut f, room, limits)
-                })?;
+                one(&name, kind, mode & 0o111 != 0, &mut f)?;
             }
         }
     }
@@ -245,15 +255,9 @@ fn walk(
     })
 }
 
-type Visit<'a> = dyn FnMut(
-        &str,
-        Kind,
-        bool,
-        &mut dyn FnMut(u64) -> Result<Vec<u8>, BundleError>,
-    ) -> Result<(), BundleError>
-    + 'a;
+type Visit<'a> = dyn FnMut(&str, Kind, bool, &mut dyn Read) -> Result<(), BundleError> + 'a;
 
-fn tar_entries(r: impl Read, limits: Limits, one: &mut Visit<'_>) -> Result<(), BundleError> {
+fn tar_entries(r: impl Read, one: &mut Visit<'_>) -> Result<(), BundleError> {
     let damaged = |e: std::io::Error| BundleError::Damaged(e.to_string());
     let mut archive = tar::Archive::new(r);
     for entry in archive.entries().map_err(damaged)? {
@@ -268,9 +272,7 @@ fn tar_entries(r: impl Read, limits: Limits, one: &mut Visit<'_>) -> Result<(), 
             _ => return Err(BundleError::Link(name)),
         };
         let executable = entry.header().mode().is_ok_and(|m| m & 0o111 != 0);
-        one(&name, kind, executable, &mut |room| {
-            read_limited(&mut entry, room, limits)
-        })?;
+        one(&name, kind, executable, &mut entry)?;
     }
     Ok(())
 }
@@ -396,6 +398,74 @@ mod tests {
             inspect(&[0x1f, 0x8b, 0, 0], Limits::default()),
             Err(BundleError::Damaged(_))
         ));
+    }
+
+    #[test]
+    fn folders_count_as_entries() {
+        let mut b = tar::Builder::new(flate2::write::GzEncoder::new(
+            Vec::new(),
+            flate2::Compression::default(),
+        ));
+        for i in 0..300 {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_size(0);
+            h.set_mode(0o755);
+            b.append_data(&mut h, format!("d{i}/"), std::io::empty())
+                .unwrap();
+        }
+        let bytes = b.into_inner().unwrap().finish().unwrap();
+        let small = Limits {
+            max_files: 100,
+            max_unpacked_bytes: 1 << 20,
+        };
+        assert!(matches!(
+            inspect(&bytes, small),
+            Err(BundleError::TooManyFiles(100))
+        ));
+        let d = tempfile::tempdir().unwrap();
+        assert!(unpack(&bytes, d.path(), small).is_err());
+        assert!(
+            std::fs::read_dir(d.path()).unwrap().count() <= 100,
+            "no more folders are made than allowed"
+        );
+    }
+
+    #[test]
+    fn a_small_archive_of_zeros_stops_at_the_limit_as_it_streams() {
+        // 64 MiB of zeros packs into about 64 KB.
+        let mut b = tar::Builder::new(flate2::write::GzEncoder::new(
+            Vec::new(),
+            flate2::Compression::best(),
+        ));
+        let mut h = tar::Header::new_gnu();
+        h.set_size(64 << 20);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, "zeros.bin", std::io::repeat(0).take(64 << 20))
+            .unwrap();
+        let bytes = b.into_inner().unwrap().finish().unwrap();
+        assert!(bytes.len() < 1 << 20, "{}", bytes.len());
+        let limits = Limits {
+            max_files: 10,
+            max_unpacked_bytes: 8 << 20,
+        };
+        assert!(matches!(
+            inspect(&bytes, limits),
+            Err(BundleError::TooLarge(_))
+        ));
+        let d = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            unpack(&bytes, d.path(), limits),
+            Err(BundleError::TooLarge(_))
+        ));
+        let written = std::fs::metadata(d.path().join("zeros.bin")).map_or(0, |m| m.len());
+        assert!(written <= (8 << 20) + 1, "{written} bytes written");
+        let roomy = Limits {
+            max_files: 10,
+            max_unpacked_bytes: 128 << 20,
+        };
+        assert_eq!(inspect(&bytes, roomy).unwrap().unpacked_bytes, 64 << 20);
     }
 
     #[test]

@@ -108,6 +108,43 @@ pub struct CheckpointSpec {
     pub keep: Option<u32>,
 }
 
+/// Folders of a container's or sandbox's file system that a task's own checkpoint folder may
+/// not be shown at, nor above or below: its system and the platform's own places. Shown over
+/// `/etc` or `/usr/bin`, a folder the task writes would hand it what root runs as it starts.
+const RESERVED_MOUNTS: [&str; 22] = [
+    "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/proc",
+    "/dev", "/sys", "/tmp", "/var", "/run", "/root", "/home", "/boot", "/srv", "/mnt", "/media",
+    "/autodl",
+];
+
+/// Whether an absolute `checkpoint.save_to` (the seed articles' `checkpoint_path:
+/// "/checkpoints"`) may be where a task sees its checkpoint folder: a plain absolute folder
+/// apart from every reserved one. `Err` says why not.
+pub fn checkpoint_mount_allowed(path: &str) -> Result<(), String> {
+    let plain = path.starts_with('/')
+        && path.len() > 1
+        && !path.ends_with('/')
+        && path[1..]
+            .split('/')
+            .all(|s| !s.is_empty() && s != "." && s != ".." && !s.contains(':'))
+        && !path.chars().any(char::is_control);
+    if !plain {
+        return Err(format!(
+            "{path:?} is not a plain absolute folder (such as /checkpoints)"
+        ));
+    }
+    let within = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}/"));
+    if let Some(r) = RESERVED_MOUNTS
+        .iter()
+        .find(|r| within(path, r) || within(r, path))
+    {
+        return Err(format!(
+            "{path} would cover {r}, which tasks may not replace; choose a folder of its own such as /checkpoints"
+        ));
+    }
+    Ok(())
+}
+
 /// Checkpointing as asked: the interval as seconds or as text ("10m"), like every length of
 /// time a task takes; the server makes it a [`CheckpointSpec`] of seconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -700,6 +737,12 @@ pub struct NodeInfo {
     /// Host folders tasks may name as `data_path` on this node.
     #[serde(default)]
     pub data_roots: Vec<String>,
+    /// How the node holds tasks to their memory, CPU and process limits, as its agent says.
+    #[serde(default)]
+    pub limits: String,
+    /// What network a task gets on the node, as its agent says.
+    #[serde(default)]
+    pub network: String,
 }
 
 /// One saved checkpoint of a task, as `GET /tasks/{id}/checkpoints` lists it.
@@ -715,4 +758,34 @@ pub struct Checkpoint {
     pub created_at: String,
     /// Where it is stored: `s3://bucket/key-prefix/`.
     pub location: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_mounts_stay_apart_from_the_system() {
+        for ok in ["/checkpoints", "/data/ckpt", "/workspace/run1"] {
+            assert!(checkpoint_mount_allowed(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "/",
+            "/etc",
+            "/usr/bin",
+            "/usr",
+            "/lib64",
+            "/proc/self",
+            "/autodl",
+            "/autodl/home",
+            "/tmp/x",
+            "relative",
+            "/a/../etc",
+            "/a//b",
+            "/a/",
+            "/x:y",
+        ] {
+            assert!(checkpoint_mount_allowed(bad).is_err(), "{bad}");
+        }
+    }
 }

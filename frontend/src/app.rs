@@ -6,9 +6,9 @@ use leptos_router::{path, SsrMode};
 
 use crate::api;
 use crate::pages::{
-    account::AccountPage, admin::AdminPage, auth::LoginPage, auth::SignupPage,
-    cluster::ClusterPage, home::HomePage, org::OrgPage, submit::SubmitPage, tasks::TaskPage,
-    tasks::TasksPage,
+    account::AccountPage, admin::AdminPage, auth::LoginPage, auth::SignupConfirmPage,
+    auth::SignupPage, cluster::ClusterPage, home::HomePage, org::OrgPage, submit::SubmitPage,
+    tasks::TaskPage, tasks::TasksPage,
 };
 
 /// The HTML document around the app, rendered on the server only.
@@ -74,6 +74,7 @@ pub fn App() -> impl IntoView {
                 <Routes fallback=NotFound>
                     <Route path=path!("/") view=HomePage ssr=SsrMode::Async/>
                     <Route path=path!("/signup") view=SignupPage ssr=SsrMode::Async/>
+                    <Route path=path!("/signup/confirm") view=SignupConfirmPage/>
                     <Route path=path!("/login") view=LoginPage ssr=SsrMode::Async/>
                     <Route path=path!("/account") view=AccountPage ssr=SsrMode::Async/>
                     <Route path=path!("/organization") view=OrgPage ssr=SsrMode::Async/>

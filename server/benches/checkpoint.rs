@@ -123,6 +123,7 @@ async fn main() -> anyhow::Result<()> {
                 staging: &dir.path().join("staging"),
                 step: Some(round as i64),
                 epoch: None,
+                owner: None,
             },
             &mut backoff,
             &CancellationToken::new(),

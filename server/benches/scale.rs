@@ -401,6 +401,7 @@ async fn main() -> anyhow::Result<()> {
                                         runtime: "docker".into(),
                                         isolation: "container".into(),
                                         data_roots: Vec::new(),
+                                        ..Default::default()
                                     }),
                                 },
                             })

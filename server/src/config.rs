@@ -63,6 +63,10 @@ pub struct Settings {
     pub smtp_url: Option<String>,
     /// The sender of the platform's email.
     pub mail_from: String,
+    /// A sign-up is finished from a link sent to its email address, and answered the same
+    /// whether the address has an account or not (no account enumeration). Unset: on when the
+    /// server sends email (`smtp_url`).
+    pub signup_confirmation: Option<bool>,
     /// A node whose agent has not polled for this long is lost and its tasks requeued.
     pub node_lost_timeout_secs: u64,
     /// Raw GPU samples are kept this long, then folded into hourly rollups.
@@ -128,6 +132,7 @@ impl Default for Settings {
             sso_allow_internal: false,
             smtp_url: None,
             mail_from: "autodl <autodl@localhost>".into(),
+            signup_confirmation: None,
             node_lost_timeout_secs: 30,
             raw_sample_retention_days: 7,
             rollup_retention_days: 400,
@@ -151,6 +156,12 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// Whether sign-ups are finished from an emailed link (see `signup_confirmation`).
+    pub fn confirms_signups(&self) -> bool {
+        self.signup_confirmation
+            .unwrap_or_else(|| self.smtp_url.as_deref().is_some_and(|u| !u.is_empty()))
+    }
+
     pub fn public_url(&self) -> String {
         self.public_url
             .clone()

@@ -550,6 +550,7 @@ fn host() -> AgentHost {
         runtime: "docker".into(),
         isolation: "container".into(),
         data_roots: Vec::new(),
+        ..Default::default()
     }
 }
 

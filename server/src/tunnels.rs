@@ -14,6 +14,7 @@ use actix_ws::{Message, MessageStream, Session};
 use autodl_common::agent::{TunnelControl, TunnelRequest};
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::state::AppState;
@@ -64,6 +65,8 @@ struct Waiting {
     person: Peer,
     /// Receives the agent's session once it dials in.
     agent: oneshot::Sender<Session>,
+    /// Ends the tunnel, both ways (the person lost the right to it).
+    stop: CancellationToken,
 }
 
 /// A request to tell a node's agent of, until it is too late to answer it.
@@ -97,6 +100,16 @@ impl Inner {
                 .retain(|_, at| now - *at < TRAFFIC_KEPT_MS);
         }
     }
+}
+
+/// A parked tunnel its agent dialled in for.
+pub struct Answered {
+    pub person: Peer,
+    pub task_id: String,
+    /// Gives the person's side the agent's session.
+    pub hand_over: oneshot::Sender<Session>,
+    /// Cancelled when the tunnel must end.
+    pub stop: CancellationToken,
 }
 
 /// The tunnels this server holds.
@@ -137,6 +150,7 @@ impl Tunnels {
         node: &str,
         req: TunnelRequest,
         person: Peer,
+        stop: CancellationToken,
     ) -> (oneshot::Receiver<Session>, OpenGuard) {
         let (tx, rx) = oneshot::channel();
         let now = self.clock.now_ms();
@@ -148,6 +162,7 @@ impl Tunnels {
                 task_id: req.task_id.clone(),
                 person,
                 agent: tx,
+                stop,
             },
         );
         g.note_traffic(&req.task_id, now);
@@ -217,7 +232,7 @@ impl Tunnels {
 
     /// The agent of `node` dialled in for tunnel `id`: hands over the person's side. `None`
     /// when there is no such tunnel for this node (gone, or another node's).
-    pub fn answer(&self, id: &str, node: &str) -> Option<(Peer, String, oneshot::Sender<Session>)> {
+    pub fn answer(&self, id: &str, node: &str) -> Option<Answered> {
         let mut g = lock(&self.inner);
         if g.waiting.get(id).is_none_or(|w| w.node != node) {
             return None;
@@ -227,7 +242,12 @@ impl Tunnels {
         if let Some(list) = g.unsent.get_mut(node) {
             list.retain(|u| u.request.id != id);
         }
-        Some((w.person, w.task_id, w.agent))
+        Some(Answered {
+            person: w.person,
+            task_id: w.task_id,
+            hand_over: w.agent,
+            stop: w.stop,
+        })
     }
 
     pub fn traffic(&self, task_id: &str) {
@@ -268,9 +288,10 @@ pub fn ask(
     node: &str,
     request: TunnelRequest,
     near: Peer,
+    stop: CancellationToken,
 ) -> (oneshot::Receiver<Session>, OpenGuard) {
     let offer = (request.server.is_some()).then(|| Tunnels::offer(node, &request));
-    let parked = state.tunnels.request(node, request, near);
+    let parked = state.tunnels.request(node, request, near, stop);
     if let Some(offer) = offer {
         state
             .agents
@@ -297,7 +318,15 @@ pub async fn connect_port(
         autodl_common::agent::TunnelTarget::Port { port },
     );
     let id = request.id.clone();
-    let (agent, guard) = ask(state, node, request, Peer::Local(tx));
+    // Each request through the apps proxy is admitted on its own; a WebSocket relayed on top
+    // ends the stream when its person loses access (see the proxy).
+    let (agent, guard) = ask(
+        state,
+        node,
+        request,
+        Peer::Local(tx),
+        CancellationToken::new(),
+    );
     let mut agent = match tokio::time::timeout(AGENT_ANSWER, agent).await {
         Ok(Ok(a)) => a,
         _ => {
@@ -381,17 +410,25 @@ impl TrafficNote {
     }
 }
 
-/// Copies every frame of `from` to `to` until either side ends, then closes `to`. `own` is
-/// the session of `from`'s own connection, which answers its pings.
+/// Copies every frame of `from` to `to` until either side ends or `stop` is cancelled, then
+/// closes `to`. `own` is the session of `from`'s own connection, which answers its pings.
 pub async fn pipe(
     mut from: MessageStream,
     mut own: Session,
     mut to: Peer,
     tunnels: Arc<Tunnels>,
     task_id: String,
+    stop: CancellationToken,
 ) {
     let mut traffic = TrafficNote::new(tunnels, task_id.clone());
-    while let Some(msg) = from.next().await {
+    loop {
+        let msg = tokio::select! {
+            () = stop.cancelled() => break,
+            msg = from.next() => match msg {
+                Some(m) => m,
+                None => break,
+            },
+        };
         let msg = match msg {
             Ok(m) => m,
             Err(e) => {
@@ -407,6 +444,7 @@ pub async fn pipe(
                 Ok(())
             }
             Message::Close(reason) => {
+                stop.cancel();
                 to.close(reason).await;
                 let _ = own.close(None).await;
                 return;
@@ -419,6 +457,7 @@ pub async fn pipe(
         }
         traffic.note();
     }
+    stop.cancel();
     tracing::debug!(task = %task_id, "tunnel stream ended");
     to.close(None).await;
     let _ = own.close(None).await;

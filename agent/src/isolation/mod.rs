@@ -9,6 +9,8 @@
 //! root) reports itself trusted-only and the server sends it only tasks of organizations an
 //! administrator allowed there.
 
+pub mod limits;
+pub mod network;
 pub mod sandbox;
 pub mod uids;
 
@@ -18,6 +20,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 pub use sandbox::Sandbox;
+
+use crate::beneath::Folder;
 pub use uids::{is_root, kill_all, signal_uid, TaskUser, UidLease, UidPool};
 
 /// Reported to the server at registration and in every poll, shown to administrators.
@@ -76,8 +80,10 @@ pub struct IsolationConfig {
     pub read_only_paths: Vec<PathBuf>,
     /// Variables the operator gives every task (e.g. `LD_LIBRARY_PATH` of a CUDA install).
     pub task_env: BTreeMap<String, String>,
-    /// Most processes one container may hold (Docker's pids limit).
+    /// Most processes one task may hold (Docker's pids limit, a cgroup's for processes).
     pub pids_limit: i64,
+    /// The networks of process-runtime tasks.
+    pub network: network::NetworkConfig,
 }
 
 pub const DEFAULT_TASK_UIDS: RangeInclusive<u32> = 2_000_000..=2_099_999;
@@ -93,6 +99,7 @@ impl Default for IsolationConfig {
             read_only_paths: Vec::new(),
             task_env: BTreeMap::new(),
             pids_limit: 4096,
+            network: network::NetworkConfig::default(),
         }
     }
 }
@@ -132,19 +139,17 @@ fn chmod(path: &Path, mode: u32) -> std::io::Result<()> {
 }
 
 /// Gives the task's sub-folders (and everything in them, e.g. a restored checkpoint) to the
-/// task user, and the task folder to root with the task's group.
+/// task user, and the task folder to root with the task's group. The sub-folders are walked
+/// beneath a handle ([`crate::beneath`]): an earlier attempt may have left links in them.
 pub fn hand_over_task_dir(task_dir: &Path, user: TaskUser) -> std::io::Result<()> {
     std::fs::create_dir_all(task_dir)?;
-    chown(task_dir, 0, user.gid)?;
-    chmod(task_dir, 0o750)?;
+    let task = Folder::open(task_dir)?;
+    task.chown_self(0, user.gid)?;
+    task.set_mode(0o750)?;
     for sub in TASK_SUBDIRS {
-        let dir = task_dir.join(sub);
-        std::fs::create_dir_all(&dir)?;
-        for e in walkdir::WalkDir::new(&dir).follow_links(false) {
-            let e = e.map_err(std::io::Error::other)?;
-            chown(e.path(), user.uid, user.gid)?;
-        }
-        chmod(&dir, 0o700)?;
+        let dir = task.create_dir_all(sub, 0o700)?;
+        dir.chown_all(user.uid, user.gid)?;
+        dir.set_mode(0o700)?;
     }
     Ok(())
 }
@@ -155,6 +160,46 @@ pub fn seal_task_dir(task_dir: &Path) -> std::io::Result<()> {
     if task_dir.exists() {
         chown(task_dir, 0, 0)?;
         chmod(task_dir, 0o700)?;
+    }
+    Ok(())
+}
+
+/// Whether `/proc` hides other users' processes (`hidepid=2`/`invisible`, or `ptraceable`):
+/// without it any user reads every process's command line.
+pub fn proc_hides_processes() -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once(" - "))
+        .filter(|(pre, _)| pre.split_whitespace().nth(4) == Some("/proc"))
+        .filter_map(|(_, post)| post.split_whitespace().nth(2))
+        .any(|opts| {
+            opts.split(',').any(|o| {
+                matches!(
+                    o,
+                    "hidepid=2" | "hidepid=invisible" | "hidepid=4" | "hidepid=ptraceable"
+                )
+            })
+        })
+}
+
+/// Without a sandbox a task reaches its folders by their host paths, as its own uid: every
+/// folder above the state folder must let others pass (`o+x`). `Err` names the first that
+/// does not (a `mktemp -d` folder, the root user's home).
+pub fn check_reachable_by_task_users(state_dir: &Path) -> Result<(), String> {
+    let abs = std::path::absolute(state_dir).map_err(|e| e.to_string())?;
+    for dir in abs.ancestors().skip(1) {
+        let Ok(meta) = std::fs::metadata(dir) else {
+            continue;
+        };
+        if meta.permissions().mode() & 0o001 == 0 {
+            return Err(format!(
+                "task users cannot reach their folders under {}: {} is mode {:o}, which lets no other user pass; choose a state folder elsewhere (e.g. /var/lib/autodl-agent) or install bubblewrap, whose sandbox shows tasks their folders wherever they are",
+                abs.display(),
+                dir.display(),
+                meta.permissions().mode() & 0o7777
+            ));
+        }
     }
     Ok(())
 }
@@ -237,6 +282,19 @@ mod tests {
             || k == "LANGUAGE"
             || k == "TZ"
             || k.starts_with("LC_")));
+    }
+
+    #[test]
+    fn a_state_folder_under_a_closed_folder_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let closed = d.path().join("closed");
+        std::fs::create_dir_all(closed.join("state")).unwrap();
+        chmod(d.path(), 0o755).unwrap();
+        chmod(&closed, 0o700).unwrap();
+        let why = check_reachable_by_task_users(&closed.join("state")).unwrap_err();
+        assert!(why.contains("mode 700"), "{why}");
+        chmod(&closed, 0o711).unwrap();
+        check_reachable_by_task_users(&closed.join("state")).unwrap();
     }
 
     #[test]

@@ -69,11 +69,24 @@ pub struct SandboxLaunch<'a> {
 /// Where the environment file appears inside the sandbox.
 pub const SANDBOX_ENV_FILE: &str = "/autodl/.env";
 
-fn which(name: &str) -> Option<PathBuf> {
+pub(crate) fn which(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| super::DEFAULT_PATH.into());
     std::env::split_paths(&path)
         .map(|d| d.join(name))
         .find(|p| p.is_file())
+}
+
+/// `setpriv` (util-linux), which drops a root process to a task's uid; it must be in a system
+/// folder, which a sandbox shows.
+pub fn find_setpriv() -> Result<PathBuf, String> {
+    let setpriv = which("setpriv").ok_or("setpriv (util-linux) is not installed")?;
+    if !SYSTEM_PATHS.iter().any(|s| setpriv.starts_with(s)) {
+        return Err(format!(
+            "setpriv at {} is outside the system folders a sandbox shows",
+            setpriv.display()
+        ));
+    }
+    Ok(setpriv)
 }
 
 impl Sandbox {
@@ -88,13 +101,7 @@ impl Sandbox {
             Some(p) => p.to_path_buf(),
             None => which("bwrap").ok_or("bubblewrap (bwrap) is not installed")?,
         };
-        let setpriv = which("setpriv").ok_or("setpriv (util-linux) is not installed")?;
-        if !SYSTEM_PATHS.iter().any(|s| setpriv.starts_with(s)) {
-            return Err(format!(
-                "setpriv at {} is outside the system folders a sandbox shows",
-                setpriv.display()
-            ));
-        }
+        let setpriv = find_setpriv()?;
         let sb = Sandbox {
             bwrap,
             setpriv,
@@ -327,7 +334,7 @@ impl Args {
 }
 
 /// Single-quotes a value for `sh`.
-fn sh_quote(v: &str) -> String {
+pub fn sh_quote(v: &str) -> String {
     format!("'{}'", v.replace('\'', "'\\''"))
 }
 

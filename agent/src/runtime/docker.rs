@@ -26,6 +26,11 @@ pub const LABEL_TASK: &str = "autodl.task";
 pub const LABEL_ATTEMPT: &str = "autodl.attempt";
 pub const LABEL_NODE: &str = "autodl.node";
 
+/// The network task containers join: Docker's default bridge lets every container reach every
+/// other (one organization's batch task another's app port), this one does not
+/// (`enable_icc=false`); each still reaches the outside world through the host.
+pub const TASK_NETWORK: &str = "autodl-tasks";
+
 /// How long the log stream may lag behind the container's exit before it is abandoned.
 const LOG_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -42,12 +47,57 @@ impl DockerRuntime {
     pub async fn connect() -> Result<Self, RuntimeError> {
         let docker = Docker::connect_with_defaults()?.negotiate_version().await?;
         docker.ping().await?;
+        Self::ensure_task_network(&docker).await?;
         let defaults = IsolationConfig::default();
         Ok(DockerRuntime {
             docker,
             pids_limit: defaults.pids_limit,
             operator_env: defaults.task_env,
         })
+    }
+
+    /// Makes [`TASK_NETWORK`] unless it exists; one that exists with containers talking to
+    /// each other is refused rather than used.
+    async fn ensure_task_network(docker: &Docker) -> Result<(), RuntimeError> {
+        const ICC: &str = "com.docker.network.bridge.enable_icc";
+        match docker.inspect_network(TASK_NETWORK, None).await {
+            Ok(n) => {
+                let icc = n
+                    .options
+                    .as_ref()
+                    .and_then(|o| o.get(ICC))
+                    .map(String::as_str);
+                if icc != Some("false") {
+                    return Err(RuntimeError::Unavailable(format!(
+                        "the Docker network {TASK_NETWORK} lets containers reach each other; remove it (docker network rm {TASK_NETWORK}) and the agent makes it again"
+                    )));
+                }
+                Ok(())
+            }
+            Err(DockerError::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {
+                let request = bollard::models::NetworkCreateRequest {
+                    name: TASK_NETWORK.into(),
+                    driver: Some("bridge".into()),
+                    options: Some(HashMap::from([(ICC.to_string(), "false".to_string())])),
+                    labels: Some(HashMap::from([(
+                        "autodl.purpose".to_string(),
+                        "task containers".to_string(),
+                    )])),
+                    ..Default::default()
+                };
+                match docker.create_network(request).await {
+                    Ok(_) => Ok(()),
+                    // Another agent of the host made it meanwhile.
+                    Err(DockerError::DockerResponseServerError {
+                        status_code: 409, ..
+                    }) => Ok(()),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Takes the operator's pids limit and task variables.
@@ -134,6 +184,7 @@ impl DockerRuntime {
                 security_opt: Some(vec!["no-new-privileges".into()]),
                 pids_limit: Some(self.pids_limit),
                 privileged: Some(false),
+                network_mode: Some(TASK_NETWORK.into()),
                 ..Default::default()
             }),
             ..Default::default()
@@ -223,6 +274,14 @@ impl Runtime for DockerRuntime {
 
     fn isolation(&self) -> IsolationLevel {
         IsolationLevel::Container
+    }
+
+    fn limits(&self) -> String {
+        format!("Docker: memory, cpu, pids ({} processes)", self.pids_limit)
+    }
+
+    fn network(&self) -> String {
+        format!("Docker network {TASK_NETWORK}, no traffic between containers")
     }
 
     /// As root the agent gives each container its own uid; otherwise containers run as the
@@ -437,11 +496,12 @@ impl Runtime for DockerRuntime {
     }
 
     /// The container's address on its network.
-    async fn port_address(
+    async fn connect_port(
         &self,
         launch: &TaskLaunch,
         port: u16,
-    ) -> Result<std::net::SocketAddr, RuntimeError> {
+        timeout: Duration,
+    ) -> Result<tokio::net::TcpStream, RuntimeError> {
         let name = Self::container_name(&launch.task_id, launch.attempt);
         let info = self.docker.inspect_container(&name, None).await?;
         let ip = info
@@ -454,7 +514,11 @@ impl Runtime for DockerRuntime {
             .ok_or_else(|| {
                 RuntimeError::Unavailable("the task's container has no network address".into())
             })?;
-        Ok(std::net::SocketAddr::new(ip, port))
+        let addr = std::net::SocketAddr::new(ip, port);
+        tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr))
+            .await
+            .map_err(|_| RuntimeError::Unavailable(format!("port {port} did not answer")))?
+            .map_err(RuntimeError::from)
     }
 }
 

@@ -143,11 +143,19 @@ impl TaskLaunch {
             task_dir,
             restored: false,
             has_code: false,
+            // Only a folder apart from the system's and the platform's (the server refuses
+            // others; an agent trusts no assignment): shown over /etc, a folder the task writes
+            // would run as root in its sandbox.
             checkpoint_mount: a
                 .checkpoint
                 .as_ref()
                 .and_then(|c| c.save_to.clone())
-                .filter(|p| p.starts_with('/') && !p.contains(':') && p != "/"),
+                .filter(|p| {
+                    p.starts_with('/')
+                        && autodl_common::tasks::checkpoint_mount_allowed(p)
+                            .inspect_err(|why| tracing::warn!(task = a.task_id, %why, "the checkpoint folder is shown at the usual place instead"))
+                            .is_ok()
+                }),
             user: None,
             state_dir,
         }
@@ -328,6 +336,22 @@ pub trait Runtime: Send + Sync {
     /// How this runtime keeps tasks apart (reported to the server).
     fn isolation(&self) -> IsolationLevel;
 
+    /// How tasks are held to their memory, CPU and process limits, for the node's page.
+    fn limits(&self) -> String {
+        String::new()
+    }
+
+    /// What network a task gets, for the node's page.
+    fn network(&self) -> String {
+        String::new()
+    }
+
+    /// Tasks reach their folders by host paths as their own uid (no mount namespace shows
+    /// them): the folders must be reachable, and cached data is linked in for them.
+    fn tasks_see_host_paths(&self) -> bool {
+        false
+    }
+
     /// The agent leases a task uid for every attempt and hands the task's folders to it.
     fn task_users(&self) -> bool {
         matches!(
@@ -353,12 +377,14 @@ pub trait Runtime: Send + Sync {
     /// sandbox or container, its environment and folders).
     async fn exec(&self, launch: &TaskLaunch, spec: &ExecSpec) -> Result<Exec, RuntimeError>;
 
-    /// Where a port the attempt listens on is reached from the agent.
-    async fn port_address(
+    /// A connection to a port the attempt listens on, made from where the task's own
+    /// network is (its loopback, or its container's address).
+    async fn connect_port(
         &self,
         launch: &TaskLaunch,
         port: u16,
-    ) -> Result<std::net::SocketAddr, RuntimeError>;
+        timeout: Duration,
+    ) -> Result<tokio::net::TcpStream, RuntimeError>;
 }
 
 /// A command someone runs in a task: a shell (no command, a terminal) or `autodl exec`.

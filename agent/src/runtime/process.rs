@@ -5,11 +5,11 @@
 //! forked (dataloaders, torchrun children). An isolated task is stopped through its uid:
 //! every process running as it is the task's, including ones that left the process group.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -22,7 +22,9 @@ use super::leftovers::Leftovers;
 use super::{
     Exec, ExecControl, ExecSpec, RunOutcome, Runtime, RuntimeError, Started, TaskIo, TaskLaunch,
 };
-use crate::isolation::sandbox::{write_env_file, write_identity_files, SandboxLaunch};
+use crate::isolation::limits::{Limiter, Limits, TaskCgroup, JOIN_SCRIPT};
+use crate::isolation::network::{needs_relay, Networks, TaskNetwork};
+use crate::isolation::sandbox::{sh_quote, write_env_file, write_identity_files, SandboxLaunch};
 use crate::isolation::{
     inherited_env, is_root, signal_uid, IsolationChoice, IsolationConfig, IsolationLevel, Sandbox,
     TaskUser, UidPool, DEFAULT_PATH,
@@ -37,15 +39,40 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone)]
 enum Mode {
     Trusted,
-    Uid,
+    /// `setpriv` drops to the task's uid. `shareable`: `/proc` hides other users' processes
+    /// (`hidepid`), so tasks of other organizations may share the node; without it every
+    /// task's command line is readable by all, and the node is trusted-only.
+    Uid {
+        setpriv: PathBuf,
+        shareable: bool,
+    },
     Sandbox(Sandbox),
 }
+
+/// What confines one running attempt besides its uid: its cgroup and its network. Made when
+/// the attempt starts and ended (every process in it killed) when it ends.
+#[derive(Debug)]
+struct Confinement {
+    cgroup: Option<TaskCgroup>,
+    network: Option<TaskNetwork>,
+}
+
+/// Running attempts by node, task and attempt (one runtime may serve several agents, as the
+/// demo's two do).
+type Attempts = Arc<Mutex<HashMap<(String, String, u32), Arc<Confinement>>>>;
 
 #[derive(Debug, Clone)]
 pub struct ProcessRuntime {
     mode: Mode,
     workdir: Option<PathBuf>,
     operator_env: BTreeMap<String, String>,
+    /// How isolated tasks are limited; `Err` says why they are not.
+    limiter: Result<Limiter, String>,
+    /// Task networks (isolated modes only); `Err` says why tasks share the host's.
+    networks: Result<Networks, String>,
+    /// Most processes an isolated task may hold.
+    pids_limit: u64,
+    attempts: Attempts,
 }
 
 impl ProcessRuntime {
@@ -56,6 +83,10 @@ impl ProcessRuntime {
             mode: Mode::Trusted,
             workdir: None,
             operator_env: BTreeMap::new(),
+            limiter: Err("tasks run as the agent's own user".into()),
+            networks: Err("tasks run as the agent's own user".into()),
+            pids_limit: 4096,
+            attempts: Attempts::default(),
         }
     }
 
@@ -91,10 +122,94 @@ impl ProcessRuntime {
             Ok(sb) => Mode::Sandbox(sb),
             Err(why) => {
                 tracing::warn!(%why, "no namespace sandbox: tasks run as their own uid without namespaces");
-                Mode::Uid
+                let shareable = crate::isolation::proc_hides_processes();
+                if !shareable {
+                    tracing::warn!("tasks run as their own uids without namespaces, and /proc shows every process's command line to every user: the node is trusted-only; remount /proc with hidepid=invisible, or install bubblewrap, to share it between organizations");
+                }
+                Mode::Uid {
+                    setpriv: crate::isolation::sandbox::find_setpriv()?,
+                    shareable,
+                }
             }
         };
+        rt.pids_limit = u64::try_from(config.pids_limit).unwrap_or(4096).max(1);
+        rt.limiter = Limiter::detect();
+        if let Err(why) = &rt.limiter {
+            tracing::warn!(%why, "tasks' memory, CPU and processes are not limited");
+        }
+        rt.networks = Networks::detect(config.network.clone());
+        if let Err(why) = &rt.networks {
+            if config.choice == IsolationChoice::Required {
+                return Err(format!(
+                    "isolating tasks needs a network namespace for each: {why}"
+                ));
+            }
+            tracing::warn!(%why, "tasks would share the host's network (each could reach the others' ports and the host's loopback services): this node is trusted-only");
+        }
         Ok(rt)
+    }
+
+    /// For the node's page: how tasks are limited and what network they get.
+    pub fn describe_limits(&self) -> String {
+        match &self.limiter {
+            Ok(l) => l.describe(),
+            Err(why) => format!("none ({why})"),
+        }
+    }
+
+    pub fn describe_network(&self) -> String {
+        match &self.networks {
+            Ok(n) => n.describe(),
+            Err(why) => format!("the host's ({why})"),
+        }
+    }
+
+    /// Makes the attempt's cgroup and network (isolated tasks only).
+    async fn confine(&self, launch: &TaskLaunch) -> Result<Confinement, RuntimeError> {
+        let mut c = Confinement {
+            cgroup: None,
+            network: None,
+        };
+        if launch.user.is_none() {
+            return Ok(c);
+        }
+        if let Ok(limiter) = &self.limiter {
+            let limits = Limits {
+                memory: launch.memory,
+                cpu: launch.cpu,
+                pids: self.pids_limit,
+            };
+            let name = format!(
+                "{}-{}-{}",
+                super::safe_name(&launch.node_id),
+                super::safe_name(&launch.task_id),
+                launch.attempt
+            );
+            let limiter = limiter.clone();
+            let made = tokio::task::spawn_blocking(move || limiter.create(&name, &limits))
+                .await
+                .map_err(|e| RuntimeError::Unavailable(e.to_string()))?;
+            c.cgroup = Some(made.map_err(|e| {
+                RuntimeError::Unavailable(format!("could not make the task's cgroup: {e}"))
+            })?);
+        }
+        if let Ok(networks) = &self.networks {
+            let relayed = relayed_addresses(launch).await;
+            let name = format!(
+                "{}-{}-{}",
+                super::safe_name(&launch.node_id),
+                super::safe_name(&launch.task_id),
+                launch.attempt
+            );
+            c.network = Some(networks.create(&name, &relayed).await.map_err(|e| {
+                RuntimeError::Unavailable(format!("could not make the task's network: {e}"))
+            })?);
+        }
+        Ok(c)
+    }
+
+    fn confinement(&self, launch: &TaskLaunch) -> Option<Arc<Confinement>> {
+        lock(&self.attempts).get(&attempt_key(launch)).cloned()
     }
 
     /// Tasks start in `dir` instead of their home folder, e.g. a checkout holding the
@@ -103,6 +218,44 @@ impl ProcessRuntime {
         self.workdir = Some(dir.into());
         self
     }
+}
+
+fn attempt_key(launch: &TaskLaunch) -> (String, String, u32) {
+    (
+        launch.node_id.clone(),
+        launch.task_id.clone(),
+        launch.attempt,
+    )
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The platform's own addresses when tasks cannot reach them themselves (on the host's
+/// loopback in a single-host install or the demo, or on a private network the task firewall
+/// closes): the agent relays each into the task's network at the same address and port.
+async fn relayed_addresses(launch: &TaskLaunch) -> Vec<std::net::SocketAddr> {
+    let Some(url) = launch
+        .env
+        .get("AUTODL_API_URL")
+        .and_then(|u| reqwest::Url::parse(u).ok())
+    else {
+        return Vec::new();
+    };
+    let Some(port) = url.port_or_known_default() else {
+        return Vec::new();
+    };
+    let addrs: Vec<std::net::SocketAddr> = match url.host() {
+        Some(url::Host::Ipv4(ip)) => vec![(ip, port).into()],
+        Some(url::Host::Ipv6(ip)) => vec![(ip, port).into()],
+        Some(url::Host::Domain(name)) => match tokio::net::lookup_host((name, port)).await {
+            Ok(addrs) => addrs.collect(),
+            Err(_) => Vec::new(),
+        },
+        None => Vec::new(),
+    };
+    addrs.into_iter().filter(|a| needs_relay(a.ip())).collect()
 }
 
 fn signal_group(pid: u32, sig: Signal) {
@@ -115,11 +268,14 @@ fn signal_group(pid: u32, sig: Signal) {
 /// Signals what belongs to the task: its uid's processes when it has one (the sandbox's own
 /// helpers run as root and must live on to report the exit), else its process group. A kill
 /// also takes the group, so the sandbox goes too.
-fn signal_task(pid: u32, user: Option<TaskUser>, sig: Signal) {
+fn signal_task(pid: u32, user: Option<TaskUser>, cgroup: Option<&TaskCgroup>, sig: Signal) {
     match user {
         Some(u) => {
             signal_uid(u.uid, sig);
             if sig == Signal::SIGKILL {
+                if let Some(cg) = cgroup {
+                    cg.signal(sig);
+                }
                 signal_group(pid, sig);
             }
         }
@@ -150,13 +306,14 @@ async fn terminate(
     child: &mut Child,
     pid: u32,
     user: Option<TaskUser>,
+    cgroup: Option<&TaskCgroup>,
     grace: Duration,
 ) -> std::io::Result<std::process::ExitStatus> {
-    signal_task(pid, user, Signal::SIGTERM);
+    signal_task(pid, user, cgroup, Signal::SIGTERM);
     match tokio::time::timeout(grace, child.wait()).await {
         Ok(status) => status,
         Err(_) => {
-            signal_task(pid, user, Signal::SIGKILL);
+            signal_task(pid, user, cgroup, Signal::SIGKILL);
             child.wait().await
         }
     }
@@ -169,9 +326,6 @@ struct Plan {
     args: Vec<std::ffi::OsString>,
     env: BTreeMap<String, String>,
     cwd: Option<PathBuf>,
-    /// Dropped to before the exec; `None` when the agent's user runs it (or the sandbox
-    /// drops it itself).
-    user: Option<TaskUser>,
 }
 
 impl Plan {
@@ -180,9 +334,6 @@ impl Plan {
         cmd.args(&self.args).env_clear().envs(&self.env);
         if let Some(d) = &self.cwd {
             cmd.current_dir(d);
-        }
-        if let Some(u) = self.user {
-            cmd.uid(u.uid).gid(u.gid);
         }
         cmd
     }
@@ -196,9 +347,6 @@ impl Plan {
         if let Some(d) = &self.cwd {
             cmd = cmd.current_dir(d);
         }
-        if let Some(u) = self.user {
-            cmd = cmd.uid(u.uid).gid(u.gid);
-        }
         cmd
     }
 }
@@ -207,6 +355,11 @@ impl ProcessRuntime {
     /// The plan for running `argv` in the task's environment, with nothing of the agent's
     /// environment but the allow-listed variables. `terminal`: a person's shell reads a
     /// terminal of its own.
+    ///
+    /// An isolated task starts as a root shell with an empty environment that moves itself
+    /// into the attempt's cgroup and execs the sandbox (or `setpriv`), which drops to the
+    /// task's uid before a shell, now the task user, reads the task's environment from a file
+    /// and execs the command: nothing running as root sees a variable the task chose.
     fn plan(
         &self,
         launch: &TaskLaunch,
@@ -219,7 +372,14 @@ impl ProcessRuntime {
             .entry("PATH".into())
             .or_insert_with(|| DEFAULT_PATH.into());
         operator.extend(self.operator_env.clone());
-        let plan = match (&self.mode, launch.user) {
+        let confinement = self.confinement(launch);
+        if launch.user.is_some() && confinement.is_none() && !matches!(self.mode, Mode::Trusted) {
+            return Err(RuntimeError::Unavailable(
+                "the attempt does not run on this node (any more)".into(),
+            ));
+        }
+        let root_env = BTreeMap::from([("PATH".to_string(), DEFAULT_PATH.to_string())]);
+        let (program, args, env, cwd) = match (&self.mode, launch.user) {
             (Mode::Sandbox(sb), Some(user)) => {
                 let paths = launch.mounted_paths();
                 let env = launch.full_env(&paths, &operator, true);
@@ -271,67 +431,103 @@ impl ProcessRuntime {
                     terminal,
                     identity: Some((&identity.0, &identity.1)),
                 };
-                Plan {
-                    program: sb.bwrap().to_path_buf(),
-                    args: sb.args(&l),
-                    env: BTreeMap::from([("PATH".to_string(), DEFAULT_PATH.to_string())]),
-                    cwd: None,
-                    user: None,
-                }
+                (sb.bwrap().to_path_buf(), sb.args(&l), root_env, None)
             }
-            (_, user) => {
+            (Mode::Uid { setpriv, .. }, Some(user)) => {
                 let paths = launch.host_paths();
-                Plan {
-                    program: PathBuf::from(program),
-                    args: args.iter().map(Into::into).collect(),
-                    env: launch.full_env(&paths, &operator, true),
-                    cwd: Some(match (&paths.code, &self.workdir) {
-                        (Some(code), _) => PathBuf::from(code),
-                        (None, Some(w)) => w.clone(),
-                        (None, None) => PathBuf::from(&paths.home),
-                    }),
-                    user,
-                }
+                let env = launch.full_env(&paths, &operator, true);
+                let env_file = launch.task_dir.join(".autodl-env");
+                write_env_file(
+                    &env_file,
+                    user.gid,
+                    env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                )?;
+                let workdir = match (&paths.code, &self.workdir) {
+                    (Some(code), _) => code.clone(),
+                    (None, Some(w)) => w.display().to_string(),
+                    (None, None) => paths.home.clone(),
+                };
+                let mut a: Vec<std::ffi::OsString> = vec![
+                    format!("--reuid={}", user.uid).into(),
+                    format!("--regid={}", user.gid).into(),
+                    "--clear-groups".into(),
+                    "--no-new-privs".into(),
+                    "--".into(),
+                    "/bin/sh".into(),
+                    "-c".into(),
+                    // Files the task makes in the host's shared folders (/tmp, /dev/shm) are
+                    // its own alone.
+                    format!(
+                        "umask 077 && cd {} && . {} && exec \"$@\"",
+                        sh_quote(&workdir),
+                        sh_quote(&env_file.display().to_string())
+                    )
+                    .into(),
+                    "autodl-task".into(),
+                ];
+                a.extend(argv.iter().map(Into::into));
+                (setpriv.clone(), a, root_env, None)
+            }
+            (_, _) => {
+                let paths = launch.host_paths();
+                let cwd = match (&paths.code, &self.workdir) {
+                    (Some(code), _) => PathBuf::from(code),
+                    (None, Some(w)) => w.clone(),
+                    (None, None) => PathBuf::from(&paths.home),
+                };
+                (
+                    PathBuf::from(program),
+                    args.iter().map(Into::into).collect(),
+                    launch.full_env(&paths, &operator, true),
+                    Some(cwd),
+                )
             }
         };
-        Ok(plan)
+        // Into the attempt's network, then (outermost) its cgroup, before anything of the
+        // task runs.
+        let (program, args) = match (
+            confinement.as_ref().and_then(|c| c.network.as_ref()),
+            &self.networks,
+        ) {
+            (Some(net), Ok(networks)) => {
+                let mut a: Vec<std::ffi::OsString> = vec![
+                    format!("--net={}", net.path().display()).into(),
+                    "--".into(),
+                    program.into(),
+                ];
+                a.extend(args);
+                (networks.nsenter().to_path_buf(), a)
+            }
+            _ => (program, args),
+        };
+        let (program, args) = match confinement.as_ref().and_then(|c| c.cgroup.as_ref()) {
+            Some(cg) => {
+                let mut a: Vec<std::ffi::OsString> =
+                    vec!["-c".into(), JOIN_SCRIPT.into(), "autodl-join".into()];
+                a.extend(cg.procs_files().into_iter().map(Into::into));
+                a.push("--".into());
+                a.push(program.into());
+                a.extend(args);
+                (PathBuf::from("/bin/sh"), a)
+            }
+            None => (program, args),
+        };
+        Ok(Plan {
+            program,
+            args,
+            env,
+            cwd,
+        })
     }
 
-    /// The command for one attempt.
-    fn command(&self, launch: &TaskLaunch) -> Result<Command, RuntimeError> {
-        Ok(self.plan(launch, &launch.command, false)?.command())
-    }
-}
-
-#[async_trait]
-impl Runtime for ProcessRuntime {
-    fn name(&self) -> &'static str {
-        "process"
-    }
-
-    fn isolation(&self) -> IsolationLevel {
-        match self.mode {
-            Mode::Trusted => IsolationLevel::None,
-            Mode::Uid => IsolationLevel::Uid,
-            Mode::Sandbox(_) => IsolationLevel::Sandbox,
-        }
-    }
-
-    async fn cleanup(
+    async fn run_confined(
         &self,
-        _node_id: &str,
-        state_dir: &Path,
-        _keep: &[(String, u32)],
-    ) -> Result<(), RuntimeError> {
-        let killed = Leftovers::new(state_dir).reap();
-        if killed > 0 {
-            tracing::warn!(killed, "stopped tasks an earlier agent run left running");
-        }
-        Ok(())
-    }
-
-    async fn run(&self, launch: TaskLaunch, io: TaskIo) -> Result<RunOutcome, RuntimeError> {
-        let mut cmd = self.command(&launch)?;
+        launch: TaskLaunch,
+        io: TaskIo,
+        confinement: &Confinement,
+    ) -> Result<RunOutcome, RuntimeError> {
+        let plan = self.plan(&launch, &launch.command, false)?;
+        let mut cmd = plan.command();
         if launch.user.is_none() {
             std::fs::create_dir_all(launch.home_dir())?;
         }
@@ -341,6 +537,7 @@ impl Runtime for ProcessRuntime {
             .process_group(0)
             .kill_on_drop(true);
         let user = launch.user;
+        let cgroup = confinement.cgroup.as_ref();
         let mut child = cmd.spawn().map_err(RuntimeError::Spawn)?;
         let pid = child.id().unwrap_or(0);
         // Noted until the attempt ends, for an agent that dies before it can stop it.
@@ -378,7 +575,7 @@ impl Runtime for ProcessRuntime {
             let requested = *stop.borrow_and_update();
             if let Some(grace) = requested {
                 stopped = true;
-                break terminate(&mut child, pid, user, grace).await?;
+                break terminate(&mut child, pid, user, cgroup, grace).await?;
             }
             tokio::select! {
                 status = child.wait() => break status?,
@@ -393,7 +590,7 @@ impl Runtime for ProcessRuntime {
 
         let drain = futures_util::future::join_all(readers.iter_mut());
         if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
-            signal_task(pid, user, Signal::SIGKILL);
+            signal_task(pid, user, cgroup, Signal::SIGKILL);
             for r in &readers {
                 r.abort();
             }
@@ -401,60 +598,132 @@ impl Runtime for ProcessRuntime {
         let exit_code = status
             .code()
             .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+        let oom_killed = cgroup.is_some_and(|cg| cg.oom_kills() > 0);
+        if oom_killed {
+            let limit = launch
+                .memory
+                .map(|m| format!(" of {} MiB", m >> 20))
+                .unwrap_or_default();
+            io.output.push(
+                Stream::Stderr,
+                format!(
+                    "[autodl-agent] the kernel killed a process of the task for using more than its memory limit{limit} (the task's memory request)"
+                ),
+            );
+        }
         Ok(RunOutcome {
             exit_code,
-            oom_killed: false,
+            oom_killed,
             stopped,
         })
+    }
+}
+
+#[async_trait]
+impl Runtime for ProcessRuntime {
+    fn name(&self) -> &'static str {
+        "process"
+    }
+
+    fn limits(&self) -> String {
+        self.describe_limits()
+    }
+
+    fn task_users(&self) -> bool {
+        matches!(self.mode, Mode::Uid { .. } | Mode::Sandbox(_))
+    }
+
+    fn tasks_see_host_paths(&self) -> bool {
+        matches!(self.mode, Mode::Uid { .. })
+    }
+
+    fn network(&self) -> String {
+        self.describe_network()
+    }
+
+    fn isolation(&self) -> IsolationLevel {
+        // Tasks on the host's network reach each other's ports and the host's loopback
+        // services: only trusted organizations' tasks may be placed there.
+        if self.networks.is_err() {
+            return IsolationLevel::None;
+        }
+        match self.mode {
+            Mode::Trusted => IsolationLevel::None,
+            Mode::Uid {
+                shareable: true, ..
+            } => IsolationLevel::Uid,
+            Mode::Uid {
+                shareable: false, ..
+            } => IsolationLevel::None,
+            Mode::Sandbox(_) => IsolationLevel::Sandbox,
+        }
+    }
+
+    async fn cleanup(
+        &self,
+        _node_id: &str,
+        state_dir: &Path,
+        _keep: &[(String, u32)],
+    ) -> Result<(), RuntimeError> {
+        let killed = Leftovers::new(state_dir).reap();
+        if killed > 0 {
+            tracing::warn!(killed, "stopped tasks an earlier agent run left running");
+        }
+        Ok(())
+    }
+
+    async fn run(&self, launch: TaskLaunch, io: TaskIo) -> Result<RunOutcome, RuntimeError> {
+        let key = attempt_key(&launch);
+        let confinement = Arc::new(self.confine(&launch).await?);
+        lock(&self.attempts).insert(key.clone(), confinement.clone());
+        let outcome = self.run_confined(launch, io, &confinement).await;
+        lock(&self.attempts).remove(&key);
+        // Nothing of the attempt outlives it: what is left in its cgroup is killed, its
+        // network is taken down.
+        let _ = tokio::task::spawn_blocking(move || drop(confinement)).await;
+        outcome
     }
 
     async fn exec(&self, launch: &TaskLaunch, spec: &ExecSpec) -> Result<Exec, RuntimeError> {
         self.start_exec(launch, spec)
     }
 
-    /// Processes share the host's network: the task listens on the host's loopback. On an
-    /// isolated node the port must be one a process of the task's own uid listens on, so a
-    /// task cannot declare the port of another task or of a service of the node and have
-    /// the server carry people to it.
-    async fn port_address(
+    /// An isolated task listens in a network of its own: the agent connects from inside it,
+    /// to the task's own loopback, so no other task and no service of the node is reachable
+    /// this way. A trusted task listens on the host's loopback.
+    async fn connect_port(
         &self,
         launch: &TaskLaunch,
         port: u16,
-    ) -> Result<std::net::SocketAddr, RuntimeError> {
-        if let Some(user) = launch.user {
-            let mut owners = Vec::new();
-            for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-                if let Ok(text) = tokio::fs::read_to_string(table).await {
-                    owners.extend(listeners(&text));
-                }
-            }
-            if !owners.contains(&(port, user.uid)) {
-                return Err(RuntimeError::Unavailable(format!(
-                    "no process of the task listens on port {port}"
-                )));
-            }
+        timeout: Duration,
+    ) -> Result<tokio::net::TcpStream, RuntimeError> {
+        let local = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        if launch.user.is_none() || matches!(self.mode, Mode::Trusted) {
+            return Ok(
+                tokio::time::timeout(timeout, tokio::net::TcpStream::connect(local))
+                    .await
+                    .map_err(|_| {
+                        RuntimeError::Unavailable(format!("port {port} did not answer"))
+                    })??,
+            );
         }
-        Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        let confinement = self.confinement(launch).ok_or_else(|| {
+            RuntimeError::Unavailable("the attempt does not run on this node (any more)".into())
+        })?;
+        let net = confinement.network.as_ref().ok_or_else(|| {
+            RuntimeError::Unavailable("the attempt has no network of its own".into())
+        })?;
+        match net.connect(local, timeout).await {
+            Ok(s) => Ok(s),
+            // A server listening on IPv6 only.
+            Err(_) => Ok(net
+                .connect(
+                    std::net::SocketAddr::from(([0u16, 0, 0, 0, 0, 0, 0, 1], port)),
+                    timeout,
+                )
+                .await?),
+        }
     }
-}
-
-/// The listening TCP sockets of a `/proc/net/tcp` (or `tcp6`) table: (port, owner uid).
-fn listeners(table: &str) -> Vec<(u16, u32)> {
-    const LISTEN: &str = "0A";
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            if cols.get(3) != Some(&LISTEN) {
-                return None;
-            }
-            let port = cols.get(1)?.rsplit(':').next()?;
-            let port = u16::from_str_radix(port, 16).ok()?;
-            let uid = cols.get(7)?.parse().ok()?;
-            Some((port, uid))
-        })
-        .collect()
 }
 
 /// A command running in a task's environment, on a terminal or on pipes.
@@ -493,7 +762,8 @@ impl ProcessRuntime {
         if spec.tty {
             let (pty, pts) = pty_process::open()?;
             pty.resize(pty_process::Size::new(spec.rows.max(1), spec.cols.max(1)))?;
-            let child = plan.terminal_command().spawn(pts)?;
+            let cmd = plan.terminal_command();
+            let child = cmd.spawn(pts).map_err(std::io::Error::other)?;
             let control = std::os::fd::AsFd::as_fd(&pty).try_clone_to_owned()?;
             let (read, write) = pty.into_split();
             return Ok(Exec {
@@ -536,17 +806,6 @@ impl ProcessRuntime {
 mod tests {
     use super::*;
 
-    #[test]
-    fn listening_sockets_name_their_owner() {
-        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  2000123        0 4242 1 0000000000000000 100 0 0 10 0
-   1: 0100007F:22B8 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  2000123        0 4243 1 0000000000000000 20 4 30 10 -1
-   2: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 17 1 0000000000000000 100 0 0 10 0
-";
-        // 8080 listens as the task's uid; 8888 is only a connection; 22 is root's.
-        assert_eq!(listeners(table), vec![(8080, 2_000_123), (22, 0)]);
-        assert!(listeners("").is_empty());
-    }
     use crate::protocol::{AgentLogLine, Assignment, ExitReason};
     use crate::runtime::classify_exit;
     use std::path::Path;
@@ -574,7 +833,14 @@ mod tests {
             batch_size: Some(64),
             ..Default::default()
         };
-        let l = TaskLaunch::from_assignment(&a, "node-a", dir.path(), false);
+        // A node of its own per launch: the tests run at once, and an attempt's cgroup is
+        // named by its node, task and attempt.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let node = format!(
+            "node-{}",
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let l = TaskLaunch::from_assignment(&a, &node, dir.path(), false);
         std::fs::create_dir_all(&l.checkpoint_dir).unwrap();
         std::fs::create_dir_all(&l.results_dir).unwrap();
         let output = Arc::new(LogBuffer::new(10_000));

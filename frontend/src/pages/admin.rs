@@ -400,6 +400,8 @@ fn Nodes() -> impl IntoView {
                                 {how}
                                 {trusted_only.then(|| view! { " " <span class="badge warn">"trusted-only"</span> })}
                                 {(unisolated && !trusted_only).then(|| view! { " " <span class="badge warn">"open to all, unisolated"</span> })}
+                                {(!n.limits.is_empty()).then(|| view! { <div class="muted small" data-testid="node-limits">"Limits: "{n.limits.clone()}</div> })}
+                                {(!n.network.is_empty()).then(|| view! { <div class="muted small" data-testid="node-network">"Network: "{n.network.clone()}</div> })}
                             </td>
                             <td><span class="badge" data-testid="node-status">{if n.schedulable { "ready" } else { "cordoned" }}</span></td>
                             <td class="row-actions">

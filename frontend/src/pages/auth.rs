@@ -39,6 +39,52 @@ pub fn SignupPage() -> impl IntoView {
     }
 }
 
+/// The page a sign-up confirmation link opens: it finishes the sign-up and signs in.
+#[component]
+pub fn SignupConfirmPage() -> impl IntoView {
+    let query = use_query_map();
+    let session = use_session();
+    let navigate = use_navigate();
+    let error = RwSignal::new(None::<String>);
+    let confirm = Action::new_local(move |token: &String| {
+        let body = autodl_common::api::SignupConfirmRequest {
+            token: token.clone(),
+        };
+        async move { api::post::<_, LoginResponse>("/api/v1/auth/signup/confirm", &body).await }
+    });
+    Effect::new(move |_| {
+        if let Some(t) = query
+            .read_untracked()
+            .get("token")
+            .filter(|t| !t.is_empty())
+        {
+            confirm.dispatch(t);
+        } else {
+            error.set(Some(
+                "this link has no token: open the link from the email".into(),
+            ));
+        }
+    });
+    Effect::new(move |_| match confirm.value().get() {
+        Some(Ok(_)) => {
+            session.refresh();
+            navigate("/tasks", Default::default());
+        }
+        Some(Err(e)) => error.set(Some(e.message)),
+        None => {}
+    });
+    view! {
+        <section class="card narrow">
+            <h1>"Finishing your sign-up"</h1>
+            {move || match error.get() {
+                Some(e) => view! { <p class="banner error" role="alert" data-testid="signup-confirm-error">{e}</p> }.into_any(),
+                None => view! { <p class="muted">"One moment…"</p> }.into_any(),
+            }}
+            <p class="muted"><a href="/signup">"Sign up again"</a>" · "<a href="/login">"Sign in"</a></p>
+        </section>
+    }
+}
+
 #[component]
 fn Signup() -> impl IntoView {
     let query = use_query_map();
@@ -72,9 +118,14 @@ fn Signup() -> impl IntoView {
 
     let submit = Action::new_local(move |req: &SignupRequest| {
         let req = req.clone();
-        async move { api::post::<_, LoginResponse>("/api/v1/auth/signup", &req).await }
+        async move { api::post::<_, serde_json::Value>("/api/v1/auth/signup", &req).await }
     });
+    // Where the server sends email, a sign-up is finished from the link it sends.
+    let pending = RwSignal::new(None::<String>);
     Effect::new(move |_| match submit.value().get() {
+        Some(Ok(v)) if v["status"] == "confirm_email" => {
+            pending.set(v["message"].as_str().map(str::to_owned));
+        }
         Some(Ok(_)) => {
             session.refresh();
             navigate(&after_sign_in(next()), Default::default());
@@ -119,6 +170,7 @@ fn Signup() -> impl IntoView {
                 Some(Some(Err(e))) => view! { <p class="banner error">{e.message}</p> }.into_any(),
                 _ => ().into_any(),
             }}
+            {move || pending.get().map(|m| view! { <p class="banner ok" role="status" data-testid="signup-pending">{m}</p> })}
             <form method="post" on:submit=on_submit novalidate>
                 <Field label="Email" id="email" kind="email" value=email error=field_err(error, "email") autocomplete="email"/>
                 <Field label="Password" id="password" kind="password" value=password error=field_err(error, "password")
@@ -152,10 +204,28 @@ fn Login() -> impl IntoView {
     let error = RwSignal::new(None::<ApiErr>);
     let session = use_session();
     let navigate = use_navigate();
-    // Single sign-on: the providers' buttons, and why the last round trip was refused.
+    // Single sign-on: the providers' buttons (the platform's, and an organization's once the
+    // email typed is of a domain its provider names), and why the last round trip was refused.
+    let domain = Memo::new(move |_| {
+        email
+            .get()
+            .trim()
+            .rsplit_once('@')
+            .map(|(_, d)| d.to_ascii_lowercase())
+            .filter(|d| d.contains('.'))
+    });
     let providers = Resource::new(
-        || (),
-        |_| async move { api::get::<Vec<SsoOption>>("/api/v1/auth/sso/providers").await },
+        move || domain.get(),
+        |domain| async move {
+            let path = match domain {
+                Some(d) => format!(
+                    "/api/v1/auth/sso/providers?email={}",
+                    super::tasks::encode(&format!("someone@{d}"))
+                ),
+                None => "/api/v1/auth/sso/providers".to_owned(),
+            };
+            api::get::<Vec<SsoOption>>(&path).await
+        },
     );
     let sso_error = move || query.read().get("sso_error").filter(|e| !e.is_empty());
     let submit = Action::new_local(move |req: &LoginRequest| {

@@ -19,6 +19,12 @@ pub fn OrgPage() -> impl IntoView {
 fn Org() -> impl IntoView {
     let session = use_session();
     let manager = move || session.me().is_some_and(|m| m.role.can_manage());
+    // How people sign in is the owners' to decide.
+    let owner = move || {
+        session
+            .me()
+            .is_some_and(|m| m.role == autodl_common::api::Role::Owner || m.platform_admin)
+    };
     let tenant = Resource::new(|| (), |_| api::get::<TenantInfo>("/api/v1/tenant"));
     let quota = Resource::new(|| (), |_| api::get::<Quota>("/api/v1/tenant/quota"));
     let members = Resource::new(|| (), |_| api::get::<Vec<Member>>("/api/v1/tenant/members"));
@@ -120,7 +126,7 @@ fn Org() -> impl IntoView {
         <Show when=manager><Invitations/></Show>
         <Show when=manager><SessionRules/></Show>
         <Show when=manager><super::notifications::Webhooks/></Show>
-        <Show when=manager><super::sso::SsoSettingsForm path="/api/v1/tenant/sso" organization=true/></Show>
+        <Show when=owner><super::sso::SsoSettingsForm path="/api/v1/tenant/sso" organization=true/></Show>
     }
 }
 

@@ -12,7 +12,7 @@ use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::domain::{parse_node_id, NodeStatus};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::{NodeRecord, RegistrationTokenRecord, Store, StoreResult};
+use crate::store::{HostDetail, NodeHost, NodeRecord, RegistrationTokenRecord, Store, StoreResult};
 use crate::tasks::access::{self, Isolation};
 
 /// What a new registration token allows.
@@ -85,7 +85,7 @@ pub async fn register(
             n.id
         )));
     }
-    let (runtime, isolation, data_roots) = host_fields(n.host.as_ref())?;
+    let host = host_fields(n.host.as_ref())?;
     if !n.cpu.is_finite() || n.cpu <= 0.0 || n.memory == 0 {
         return Err(ApiError::invalid("node", "cpu and memory must be positive"));
     }
@@ -139,9 +139,10 @@ pub async fn register(
         credential_hash: None,
         last_seen: Some(now),
         status: NodeStatus::Ready,
-        runtime,
-        isolation,
-        data_roots,
+        runtime: host.runtime,
+        isolation: host.isolation,
+        data_roots: host.data_roots,
+        host_detail: host.detail,
         open_to_all: false,
     };
     state.store.upsert_node(&rec).await?;
@@ -160,11 +161,17 @@ pub async fn register(
     })
 }
 
-/// How a node runs tasks, as its agent reports it: runtime, isolation level and dataset roots
-/// (as the node row keeps them). An agent that says nothing runs nothing untrusted.
-pub(crate) fn host_fields(h: Option<&AgentHost>) -> Result<(String, String, String), ApiError> {
+/// How a node runs tasks, as its agent reports it: runtime, isolation level, dataset roots and
+/// how it limits and networks tasks (as the node row keeps them). An agent that says nothing
+/// runs nothing untrusted.
+pub(crate) fn host_fields(h: Option<&AgentHost>) -> Result<NodeHost, ApiError> {
     let Some(h) = h else {
-        return Ok((String::new(), Isolation::None.as_str().into(), "[]".into()));
+        return Ok(NodeHost {
+            runtime: String::new(),
+            isolation: Isolation::None.as_str().into(),
+            data_roots: "[]".into(),
+            detail: "{}".into(),
+        });
     };
     if !matches!(h.runtime.as_str(), "docker" | "process") {
         return Err(ApiError::invalid(
@@ -189,9 +196,20 @@ pub(crate) fn host_fields(h: Option<&AgentHost>) -> Result<(String, String, Stri
             "at most 64 dataset roots, each a normalised absolute folder other than /",
         ));
     }
-    Ok((
-        h.runtime.clone(),
-        isolation.as_str().into(),
-        serde_json::to_string(&h.data_roots).map_err(anyhow::Error::from)?,
-    ))
+    if h.limits.len() > 1024 || h.network.len() > 1024 {
+        return Err(ApiError::invalid(
+            "host.limits",
+            "limits and network are at most 1,024 characters each",
+        ));
+    }
+    let detail = HostDetail {
+        limits: h.limits.clone(),
+        network: h.network.clone(),
+    };
+    Ok(NodeHost {
+        runtime: h.runtime.clone(),
+        isolation: isolation.as_str().into(),
+        data_roots: serde_json::to_string(&h.data_roots).map_err(anyhow::Error::from)?,
+        detail: serde_json::to_string(&detail).map_err(anyhow::Error::from)?,
+    })
 }

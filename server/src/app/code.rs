@@ -64,11 +64,17 @@ pub async fn store(
             return Err(usage::over_quota(room, Some(size)));
         }
     }
-    let written = put_bytes(backend, &bucket, &key, bytes).await?;
-    state
-        .store
-        .add_storage_bytes(tenant_id, written as i64 - old as i64)
-        .await?;
+    // Taken before it is written, in one statement: bundles uploaded at once never pass the
+    // cap together.
+    let mut quota = usage::Reservation::new(state.store.as_ref(), tenant_id, old).await?;
+    quota.take(size).await?;
+    match put_bytes(backend, &bucket, &key, bytes).await {
+        Ok(written) => quota.finish(written).await?,
+        Err(e) => {
+            quota.finish(old).await?;
+            return Err(e.into());
+        }
+    }
     Ok(CodeBundle {
         stored: true,
         ..found

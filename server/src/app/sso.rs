@@ -1,11 +1,11 @@
-//! Who a provider's sign-in is here: the account linked to its subject, an account of the
-//! same verified email (linked now), or a new one.
+//! Who a provider's sign-in is here: the account linked to its subject, or a new one it makes.
 //!
-//! A provider is controlled by whoever configured it, and an organization's admins are not
-//! trusted beyond their organization: its provider can neither reach an account elsewhere nor
-//! place people in another organization, and it links neither owners nor platform admins by
-//! email (they link it themselves, signed in: [`link_account`]). New accounts need an email
-//! the provider verified. The platform's provider links by email only accounts no other
+//! A provider is controlled by whoever configured it (an organization's owner), and it says
+//! whatever it likes of its people: an organization's provider signs in only the people it was
+//! linked to (each linked themselves, signed in: [`link_account`]) or that it made, never an
+//! existing account because it claims the account's email, and never anyone of another
+//! organization. New accounts need an email the provider verified. The platform's provider,
+//! set up by platform administrators, also links by verified email the accounts no other
 //! provider speaks for, of organizations that let their people choose how to sign in.
 
 use crate::auth::password;
@@ -54,10 +54,11 @@ pub async fn account_for(
                          cannot sign it in",
                     ));
                 }
-                if p.scope.tenant().is_some() && (u.platform_admin || u.role == "owner") {
+                if p.scope.tenant().is_some() {
                     return Err(refused(
-                        "owners and platform admins link single sign-on themselves: sign in \
-                         with your password and link it on your account page",
+                        "an account with this email exists and is not linked to this provider: \
+                         sign in with your password and link single sign-on on your account page \
+                         (an owner can turn password sign-in on again for that)",
                     ));
                 }
                 if p.scope == SsoScope::Platform

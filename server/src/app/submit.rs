@@ -13,7 +13,9 @@ use crate::domain::IdempotencyKey;
 use crate::error::ApiError;
 use crate::scheduling::to_quota;
 use crate::state::AppState;
-use crate::store::{NewTask, QuotaRecord, QuotaScope, TaskCreated, TaskRecord, TaskWithUser};
+use crate::store::{
+    NewTask, QuotaRecord, QuotaScope, TaskCaps, TaskCreated, TaskRecord, TaskWithUser,
+};
 use crate::tasks::{access, session, spec, to_request};
 
 /// What a submission did.
@@ -33,7 +35,7 @@ pub async fn submit(
     let mut spec = spec::normalise(input, now / 1000)?;
     session_rules(state, caller, &mut spec).await?;
     let rec = new_record(caller, &spec, key.map(IdempotencyKey::into_inner), now)?;
-    vet(state, caller, &rec, &spec, 1).await?;
+    let caps = vet(state, caller, &rec, &spec, 1).await?;
 
     let labels: Vec<(String, String)> = spec
         .labels
@@ -46,6 +48,7 @@ pub async fn submit(
             task: rec.clone(),
             labels,
             kind: spec.kind,
+            caps,
         })
         .await?;
     Ok(match created {
@@ -60,6 +63,7 @@ pub async fn submit(
             same_request(&t.task, &spec)?;
             Submitted::Existing(*t)
         }
+        TaskCreated::OverCap(why) => return Err(ApiError::Quota(why)),
     })
 }
 
@@ -108,14 +112,15 @@ pub(crate) fn new_record(
 
 /// Everything a new task is checked against before it is stored: its storage, code and data,
 /// the caller's GPU types and queue caps (for `adding` tasks at once), what it starts after,
-/// and whether it could ever fit.
+/// and whether it could ever fit. Returns the caps the store checks again as it stores it
+/// (concurrent submissions could all pass this first check).
 pub(crate) async fn vet(
     state: &AppState,
     caller: &Caller,
     rec: &TaskRecord,
     spec: &TaskSpec,
     adding: i64,
-) -> Result<(), ApiError> {
+) -> Result<TaskCaps, ApiError> {
     check_storage_urls(state, caller.tenant_id(), spec).await?;
     if let Some(code) = &spec.code {
         crate::app::code::check_submitted(state, caller.tenant_id(), code).await?;
@@ -134,12 +139,19 @@ pub(crate) async fn vet(
     check_gpu_types(spec, &tenant_q, &user_q)?;
     check_after(state, caller, spec).await?;
     check_queue_caps(state, caller, &tenant_q, &user_q, adding).await?;
+    let mut caps = TaskCaps {
+        user_queued: user_q.max_queued_tasks,
+        tenant_queued: tenant_q.max_queued_tasks,
+        user_sessions: None,
+    };
     if spec.kind == TaskKind::Session {
         let policy = state.store.session_policy(caller.tenant_id()).await?;
         let open = state.store.count_open_sessions(&caller.user.id).await?;
         session::check_open_sessions(open, adding, &policy)?;
+        caps.user_sessions = policy.max_sessions_per_user.map(i64::from);
     }
-    admit(state, caller, rec, spec, &nodes, &tenant_q, &user_q).await
+    admit(state, caller, rec, spec, &nodes, &tenant_q, &user_q).await?;
+    Ok(caps)
 }
 
 /// A repeated idempotency key must come with the request it was first used for: a different

@@ -69,6 +69,8 @@ pub async fn create(
             task: rec,
             labels,
             kind: spec.kind,
+            // The sweep's trials are counted together above, and stored all or none.
+            caps: Default::default(),
         });
     }
     let record = SweepRecord {

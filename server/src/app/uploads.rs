@@ -127,7 +127,8 @@ pub async fn abandon(state: &AppState, node: &str, id: &str) -> Result<(), ApiEr
 }
 
 /// One file of an open upload, streamed into object storage. Agents' files have no size cap
-/// of their own: the quota is checked when an upload starts.
+/// of their own: their bytes count against the organization's storage quota as they arrive,
+/// and a file that would pass it is refused (the upload then fails and is given up).
 pub async fn put_file<E: std::fmt::Display>(
     state: &AppState,
     node: &str,
@@ -144,11 +145,22 @@ pub async fn put_file<E: std::fmt::Display>(
         Ok(u) => u,
         Err(e) => return Err(storage_failed(state, &a.task_id, &what, e).await),
     };
-    match receive(up, body, u64::MAX, || {
-        ApiError::PayloadTooLarge("file too large".into())
-    })
-    .await
-    {
+    let mut quota = usage::Reservation::new(state.store.as_ref(), &a.tenant_id, 0).await?;
+    let received = receive(
+        up,
+        body,
+        u64::MAX,
+        || ApiError::PayloadTooLarge("file too large".into()),
+        &mut quota,
+    )
+    .await;
+    let kept = *received.as_ref().unwrap_or(&0);
+    quota.finish(kept).await?;
+    if kept > 0 {
+        // Counted now; the commit settles it against what the bucket holds.
+        state.store.add_upload_bytes(&a.id, kept as i64).await?;
+    }
+    match received {
         Ok(_) => Ok(()),
         Err(ReceiveError::Request(e)) => Err(e),
         Err(ReceiveError::Storage(e)) => Err(storage_failed(state, &a.task_id, &what, e).await),
@@ -242,9 +254,11 @@ pub async fn commit(
             a.id
         )));
     }
+    // Its bytes were counted as they arrived (`a`, read before every file was in; a file
+    // sent twice counted twice): settled against what the bucket holds.
     state
         .store
-        .add_storage_bytes(&a.tenant_id, size as i64)
+        .add_storage_bytes(&a.tenant_id, size as i64 - a.size_bytes)
         .await?;
     let keep = if a.kind == ArtifactKind::Checkpoint {
         let task = state.store.task(None, &a.task_id).await?;
@@ -317,13 +331,20 @@ async fn retire(
 /// deletion that fails stays `deleting` and the next sweep finishes it. `false` when the upload
 /// was not there to discard (completed, or already gone).
 pub async fn discard_upload(store: &dyn Store, storage: &Storage, a: &ArtifactRecord) -> bool {
-    if a.state == ArtifactState::Uploading
-        && !store
+    if a.state == ArtifactState::Uploading {
+        if !store
             .set_artifact_state(&a.id, ArtifactState::Uploading, ArtifactState::Deleting)
             .await
             .unwrap_or(false)
-    {
-        return false;
+        {
+            return false;
+        }
+        // What it received counted against the quota; it is the organization's no more.
+        if let Ok(Some(now)) = store.artifact(&a.id).await {
+            let _ = store
+                .add_storage_bytes(&now.tenant_id, -now.size_bytes)
+                .await;
+        }
     }
     if !matches!(a.state, ArtifactState::Uploading | ArtifactState::Deleting) {
         return false;
@@ -407,11 +428,14 @@ pub(crate) enum ReceiveError {
 
 /// Streams a request body into an object, refusing more than `max` bytes (with `too_big`'s
 /// error); aborts the upload on any error.
+/// Streams a request body into storage, at most `max` bytes, each chunk counted against the
+/// organization's storage quota (`quota`) before it is written.
 pub(crate) async fn receive<E: std::fmt::Display>(
     mut up: Box<dyn crate::storage::Upload>,
     payload: &mut (impl Stream<Item = Result<Bytes, E>> + Unpin),
     max: u64,
     too_big: impl Fn() -> ApiError,
+    quota: &mut usage::Reservation<'_>,
 ) -> Result<u64, ReceiveError> {
     let mut n = 0u64;
     while let Some(chunk) = payload.next().await {
@@ -423,6 +447,8 @@ pub(crate) async fn receive<E: std::fmt::Display>(
                 n += chunk.len() as u64;
                 if n > max {
                     ReceiveError::Request(too_big())
+                } else if let Err(e) = quota.take(chunk.len() as u64).await {
+                    ReceiveError::Request(e)
                 } else {
                     match up.write(chunk).await {
                         Ok(()) => continue,

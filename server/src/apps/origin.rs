@@ -109,13 +109,15 @@ impl AppsOrigin {
     }
 }
 
-/// A `Host` header's name, lower-case, without its port.
+/// A `Host` header's name, lower-case, without its port and without the root's trailing dot
+/// (`apps.localhost.` is the same name as `apps.localhost`: DNS and browsers take both).
 fn name_of(host: &str) -> String {
     let host = host.trim().to_ascii_lowercase();
-    match host.rsplit_once(':') {
+    let name = match host.rsplit_once(':') {
         Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name.to_owned(),
         _ => host,
-    }
+    };
+    name.strip_suffix('.').map(str::to_owned).unwrap_or(name)
 }
 
 fn is_default(scheme: &str, port: u16) -> bool {
@@ -162,6 +164,21 @@ mod tests {
         }
         assert!(o.covers("apps.localhost:8080") && o.covers("x.apps.localhost"));
         assert!(!o.covers("localhost:8080") && !o.covers("evilapps.localhost"));
+        // The name with the root's dot is the same name: still the apps site.
+        for host in [
+            "evil.apps.localhost.:8080",
+            "apps.localhost.",
+            "X.APPS.LOCALHOST.",
+        ] {
+            assert!(o.covers(host), "{host}");
+        }
+        assert_eq!(
+            o.app_of(&format!("8888-{TASK}.apps.localhost.:8080")),
+            Some(AppHost {
+                task_id: TASK.into(),
+                port: 8888
+            })
+        );
     }
 
     #[test]

@@ -186,7 +186,8 @@ async fn carry(
         let request = builder
             .body(empty())
             .map_err(|e| ApiError::BadRequest(format!("this request cannot be carried: {e}")))?;
-        return websocket(state, req, body, &task.task, &node, app, request).await;
+        let watch = (claims.sub.clone(), claims.via());
+        return websocket(state, req, body, (&task.task, &node, app), request, watch).await;
     }
     let request = builder
         .body(request_body(req, body))
@@ -425,15 +426,16 @@ fn is_websocket(req: &HttpRequest) -> bool {
 
 /// A WebSocket: the app's handshake first (its answer, its chosen subprotocol), then the
 /// person's, then messages both ways until either side closes.
-#[allow(clippy::too_many_arguments)]
+///
+/// The relay ends once the person the pass is for may no longer reach the task (a revoked
+/// key, a signed-out session, a removed member), as tunnels do.
 async fn websocket(
     state: &AppState,
     req: &HttpRequest,
     body: web::Payload,
-    task: &crate::store::TaskRecord,
-    node: &str,
-    app: &AppHost,
+    (task, node, app): (&crate::store::TaskRecord, &str, &AppHost),
     request: hyper::Request<Body>,
+    (user_id, via): (String, Option<crate::auth::CallerVia>),
 ) -> Result<HttpResponse, ApiError> {
     let stream = crate::tunnels::connect_port(state, task, node, app.port).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -476,7 +478,17 @@ async fn websocket(
         .max_frame_size(MAX_WS_MESSAGE)
         .aggregate_continuations()
         .max_continuation_size(MAX_WS_MESSAGE);
-    actix_web::rt::spawn(relay(messages, person, to_app));
+    let stop = tokio_util::sync::CancellationToken::new();
+    if let (Some(via), Some(data)) = (via, req.app_data::<web::Data<AppState>>()) {
+        actix_web::rt::spawn(crate::routes::tunnels::watch_access(
+            data.clone(),
+            (user_id, via),
+            (app.task_id.clone(), None),
+            None,
+            stop.clone(),
+        ));
+    }
+    actix_web::rt::spawn(relay(messages, person, to_app, stop));
     Ok(response)
 }
 
@@ -484,14 +496,21 @@ async fn relay<S>(
     mut from_person: actix_ws::AggregatedMessageStream,
     mut person: actix_ws::Session,
     to_app: tokio_tungstenite::WebSocketStream<S>,
+    stop: tokio_util::sync::CancellationToken,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     use actix_ws::AggregatedMessage as P;
-    // Traffic into the task is noted by the port tunnel underneath.
+    // Traffic into the task is noted by the port tunnel underneath. However it ends, the
+    // watch on its person ends with it.
+    let _watch = stop.clone().drop_guard();
     let (mut app_sink, mut from_app) = to_app.split();
     loop {
         tokio::select! {
+            () = stop.cancelled() => {
+                let _ = app_sink.send(TaskMessage::Close(None)).await;
+                break;
+            }
             m = from_person.next() => {
                 let out = match m {
                     Some(Ok(P::Text(t))) => TaskMessage::text(t.to_string()),

@@ -60,6 +60,18 @@ impl Caller {
         }
     }
 
+    /// How people sign in (single sign-on, passwords) is the owners' to decide: an admin who
+    /// could set a provider could sign in as anyone it names.
+    pub fn require_owner(&self) -> Result<(), ApiError> {
+        if self.role == Role::Owner || self.user.platform_admin {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden(
+                "only an owner of your organization changes how people sign in".into(),
+            ))
+        }
+    }
+
     pub fn require_platform_admin(&self) -> Result<(), ApiError> {
         if self.user.platform_admin {
             Ok(())

@@ -8,4 +8,4 @@ pub mod secrets;
 pub mod session;
 pub mod sso;
 
-pub use caller::{Caller, CallerVia};
+pub use caller::{Caller, CallerVia, LiveCaller};

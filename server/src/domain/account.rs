@@ -123,6 +123,32 @@ pub fn parse_name(field: &'static str, raw: &str, max: usize) -> Result<String, 
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// The document's email pattern promises what the account rules take: an address a
+        /// request check lets through is never refused by the handler afterwards.
+        #[test]
+        fn every_email_the_document_allows_is_an_email(
+            email in proptest::string::string_regex(
+                crate::routes::contract::EMAIL.trim_start_matches('^').trim_end_matches('$')
+            ).unwrap()
+        ) {
+            proptest::prop_assert!(Email::parse(&email).is_ok(), "{email:?}");
+        }
+    }
+
+    #[test]
+    fn long_local_parts_are_in_the_document() {
+        let pattern = regex::Regex::new(crate::routes::contract::EMAIL).unwrap();
+        for ok in [
+            "a.very.long.name@example.com",
+            "christopher-alexander-montgomery@university.example.edu",
+            "firstname.lastname+notebooks@lab.example.org",
+        ] {
+            assert!(pattern.is_match(ok), "{ok}");
+            assert!(Email::parse(ok).is_ok(), "{ok}");
+        }
+    }
+
     #[test]
     fn emails() {
         assert_eq!(

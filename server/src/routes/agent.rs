@@ -196,14 +196,11 @@ pub async fn poll(
     // An agent restarted with other settings (Docker gone, isolation off, new dataset roots)
     // says so in its polls; an agent that says nothing keeps what it said at registration.
     if body.host.is_some() {
-        let (runtime, isolation, data_roots) = agents::host_fields(body.host.as_ref())?;
+        let host = agents::host_fields(body.host.as_ref())?;
         let n = &node.node;
-        if (&runtime, &isolation, &data_roots) != (&n.runtime, &n.isolation, &n.data_roots) {
-            tracing::info!(node = %n.id, %runtime, %isolation, "node reports a change in how it runs tasks");
-            state
-                .store
-                .set_node_host(&n.id, &runtime, &isolation, &data_roots)
-                .await?;
+        if host != crate::store::NodeHost::of(n) {
+            tracing::info!(node = %n.id, runtime = %host.runtime, isolation = %host.isolation, "node reports a change in how it runs tasks");
+            state.store.set_node_host(&n.id, &host).await?;
             state.scheduler.invalidate_nodes();
             state.scheduler.wake();
         }

@@ -21,6 +21,7 @@ use crate::app::runs::placed_on;
 use crate::app::uploads::{
     self, check_key, not_writable, parse_rel, receive, Committed, ReceiveError,
 };
+use crate::audit::{self, Action, Actor};
 use crate::auth::Caller;
 use crate::domain::{ArtifactKind, ArtifactState};
 use crate::error::ApiError;
@@ -468,11 +469,13 @@ pub async fn put_object(
     path: web::Path<(String, String)>,
     mut payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let (bucket, path) = path.into_inner();
-    let (bucket, key, rel) = user_object(&state, &caller, &bucket, &path, true)?;
+    let (bucket_name, path) = path.into_inner();
+    let (bucket, key, rel) = user_object(&state, &caller, &bucket_name, &path, true)?;
     let backend = state.storage.backend.as_ref();
     // Replacing an object frees what it held.
-    let old = backend.size(&bucket, &key).await?.unwrap_or(0);
+    let previous = backend.size(&bucket, &key).await?;
+    let existed = previous.is_some();
+    let old = previous.unwrap_or(0);
     let room = usage::room(state.store.as_ref(), caller.tenant_id())
         .await?
         .map(|r| r.saturating_add(old));
@@ -487,21 +490,35 @@ pub async fn put_object(
         }
     }
     let max_object = state.settings.storage_max_object_bytes;
-    let max = room.map_or(max_object, |r| r.min(max_object));
     let up = backend.start_upload(&bucket, &key).await?;
-    let size = receive(up, &mut payload, max, || match room {
-        Some(r) if r < max_object => usage::over_quota(r, None),
-        _ => ApiError::PayloadTooLarge(format!("objects are at most {max_object} bytes")),
-    })
-    .await
-    .map_err(|e| match e {
+    // Counted as the bytes arrive: concurrent uploads never pass the cap together.
+    let mut quota = usage::Reservation::new(state.store.as_ref(), caller.tenant_id(), old).await?;
+    let received = receive(
+        up,
+        &mut payload,
+        max_object,
+        || ApiError::PayloadTooLarge(format!("objects are at most {max_object} bytes")),
+        &mut quota,
+    )
+    .await;
+    // A failed write leaves the old object as it was (nothing was replaced).
+    quota.finish(received.as_ref().map_or(old, |n| *n)).await?;
+    let size = received.map_err(|e| match e {
         ReceiveError::Request(e) => e,
         ReceiveError::Storage(e) => e.into(),
     })?;
-    state
-        .store
-        .add_storage_bytes(caller.tenant_id(), size as i64 - old as i64)
-        .await?;
+    if existed {
+        // The organization's objects are shared: who replaced which is on record.
+        audit::record(
+            &state,
+            Actor::of(&caller, &req),
+            Some(caller.tenant_id()),
+            Action::ObjectReplaced,
+            &format!("object {bucket_name}/{rel}"),
+            serde_json::json!({ "size": size, "old_size": old }),
+        )
+        .await;
+    }
     Ok(HttpResponse::Created().json(ObjectInfo {
         path: rel,
         size,
@@ -528,11 +545,12 @@ pub async fn get_object(
 #[tracing::instrument(skip(state, caller))]
 pub async fn delete_object(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    let (bucket, path) = path.into_inner();
-    let (bucket, key, _) = user_object(&state, &caller, &bucket, &path, true)?;
+    let (bucket_name, path) = path.into_inner();
+    let (bucket, key, rel) = user_object(&state, &caller, &bucket_name, &path, true)?;
     let backend = state.storage.backend.as_ref();
     let old = backend.size(&bucket, &key).await?;
     backend.delete(&bucket, &key).await?;
@@ -541,6 +559,15 @@ pub async fn delete_object(
             .store
             .add_storage_bytes(caller.tenant_id(), -(old as i64))
             .await?;
+        audit::record(
+            &state,
+            Actor::of(&caller, &req),
+            Some(caller.tenant_id()),
+            Action::ObjectDeleted,
+            &format!("object {bucket_name}/{rel}"),
+            serde_json::json!({ "size": old }),
+        )
+        .await;
     }
     Ok(HttpResponse::NoContent().finish())
 }

@@ -1,6 +1,7 @@
 use actix_web::{get, post, web, HttpRequest, HttpResponse};
 use autodl_common::api::{
-    ErrorBody, LoginRequest, LoginResponse, Me, PasswordChangeRequest, SignupRequest,
+    ErrorBody, LoginRequest, LoginResponse, Me, PasswordChangeRequest, SignupConfirmRequest,
+    SignupPending, SignupRequest,
 };
 
 use crate::audit::{self, Action, Actor};
@@ -11,13 +12,16 @@ use crate::domain::{parse_name, Email, Password};
 use crate::error::ApiError;
 use crate::json::Json;
 use crate::state::AppState;
-use crate::store::{SessionRecord, TenantRecord, UserRecord};
+use crate::store::{EmailRecord, SessionRecord, SignupRequestRecord, TenantRecord, UserRecord};
+
+/// How long a sign-up confirmation link works.
+const SIGNUP_LINK_MS: i64 = 24 * 3_600_000;
 
 /// Creates an account: a new organization owned by the user, or membership of an existing one
 /// through an invitation token.
 #[utoipa::path(
     request_body = SignupRequest,
-    responses((status = 201, body = LoginResponse), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody), (status = 429, body = ErrorBody))
+    responses((status = 201, body = LoginResponse), (status = 202, body = SignupPending, description = "the server sends email: the sign-up is finished from the link sent to the address (answered so whether it has an account or not)"), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody), (status = 429, body = ErrorBody))
 )]
 #[post("/auth/signup")]
 #[tracing::instrument(skip_all)]
@@ -74,6 +78,9 @@ pub async fn signup(
             req.tenant_name.as_deref().unwrap_or_default(),
             64,
         )?;
+        if state.settings.confirms_signups() {
+            return ask_to_confirm(&state, &email, pw, name, now).await;
+        }
         if state.store.user_by_email(email.as_str()).await?.is_some() {
             return Err(ApiError::Conflict(
                 "an account with this email already exists".into(),
@@ -103,6 +110,127 @@ pub async fn signup(
         Action::SignUp,
         &format!("user {}", user.email),
         serde_json::json!({ "role": user.role, "invited": req.invitation.as_deref().is_some_and(|t| !t.is_empty()) }),
+    )
+    .await;
+    start_session(&state, &user, &tenant, now, true).await
+}
+
+/// A sign-up where the server sends email: kept until the link sent to the address is
+/// followed, and answered the same whether the address has an account (it is told so by
+/// email instead) or not, so nobody learns who has one.
+async fn ask_to_confirm(
+    state: &AppState,
+    email: &Email,
+    pw: Password,
+    tenant_name: String,
+    now: i64,
+) -> Result<HttpResponse, ApiError> {
+    // Hashed in both cases: the answer takes as long either way.
+    let password_hash = password::hash(pw.into_inner()).await?;
+    let site = state.settings.public_url();
+    let (subject, body) = if state.store.user_by_email(email.as_str()).await?.is_some() {
+        (
+            "Your autodl account".to_owned(),
+            format!(
+                "Someone (perhaps you) asked to make an autodl account with this address, which \
+                 already has one. Sign in at {site}/login.\n\nIf it was not you, nothing has \
+                 changed and you need do nothing."
+            ),
+        )
+    } else {
+        let token = random_hex(32);
+        state
+            .store
+            .create_signup_request(&SignupRequestRecord {
+                token_hash: digest(&token),
+                email: email.as_str().to_owned(),
+                password_hash,
+                tenant_name,
+                created_at: now,
+                expires_at: now + SIGNUP_LINK_MS,
+            })
+            .await?;
+        (
+            "Finish signing up to autodl".to_owned(),
+            format!(
+                "Follow this link within 24 hours to finish making your autodl account:\n\n\
+                 {site}/signup/confirm?token={token}\n\nIf you did not ask for an account, \
+                 ignore this email."
+            ),
+        )
+    };
+    state
+        .store
+        .queue_email(&EmailRecord {
+            id: uuid::Uuid::now_v7().to_string(),
+            to_addr: email.as_str().to_owned(),
+            event: "auth.sign_up".into(),
+            subject,
+            body,
+            attempts: 0,
+            next_at: Some(now),
+            sent_at: None,
+            last_error: None,
+            created_at: now,
+        })
+        .await?;
+    Ok(HttpResponse::Accepted().json(SignupPending {
+        status: "confirm_email".into(),
+        message: format!(
+            "We sent a link to {} to finish signing up; it works for 24 hours.",
+            email.as_str()
+        ),
+    }))
+}
+
+/// Finishes a sign-up from the link its email was sent: the organization and its owner are
+/// made, and the person is signed in.
+#[utoipa::path(
+    request_body = SignupConfirmRequest,
+    responses((status = 201, body = LoginResponse), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 429, body = ErrorBody))
+)]
+#[post("/auth/signup/confirm")]
+#[tracing::instrument(skip_all)]
+pub async fn confirm_signup(
+    state: web::Data<AppState>,
+    http: HttpRequest,
+    body: Json<SignupConfirmRequest>,
+) -> Result<HttpResponse, ApiError> {
+    state
+        .login_limiter
+        .check_signup(http.peer_addr().map(|a| a.ip()))?;
+    let now = state.clock.now_ms();
+    let r = state
+        .store
+        .take_signup_request(&digest(&body.token), now)
+        .await?
+        .ok_or_else(|| {
+            ApiError::NotFound(
+                "this sign-up link is invalid, used or expired: sign up again".into(),
+            )
+        })?;
+    if state.store.user_by_email(&r.email).await?.is_some() {
+        return Err(ApiError::Conflict(
+            "this address has an account already: sign in".into(),
+        ));
+    }
+    let email = Email::parse(&r.email)?;
+    let tenant = TenantRecord {
+        id: new_id(),
+        name: r.tenant_name,
+        created_at: now,
+        trusted: false,
+    };
+    let user = new_user(&email, r.password_hash, &tenant.id, "owner", now);
+    state.store.create_tenant_with_owner(&tenant, &user).await?;
+    tracing::info!(user = %user.id, tenant = %tenant.id, "signed up (email confirmed)");
+    audit::record(
+        &state,
+        Actor::user(&user, &http),
+        Some(&tenant.id),
+        Action::SignUp,
+        &format!("user {}", user.email),
+        serde_json::json!({ "role": user.role, "invited": false, "email_confirmed": true }),
     )
     .await;
     start_session(&state, &user, &tenant, now, true).await
@@ -222,8 +350,12 @@ pub async fn login(
         refused("account disabled").await;
         return Err(ApiError::Unauthorized("this account is disabled".into()));
     }
-    // Platform admins keep their password: the way back in when a provider is down.
-    if !user.platform_admin && !state.store.password_login(&user.tenant_id).await? {
+    // Platform admins and owners keep their password: the way back in when a provider is down
+    // or misconfigured (an owner is never locked out of their own organization).
+    if !user.platform_admin
+        && user.role != "owner"
+        && !state.store.password_login(&user.tenant_id).await?
+    {
         refused("password sign-in is off for this organization").await;
         return Err(ApiError::Forbidden(
             "your organization signs in with single sign-on: use its button on the sign-in page"

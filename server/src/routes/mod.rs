@@ -57,6 +57,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         web::scope("/api/v1")
             .service(openapi::document)
             .service(auth::signup)
+            .service(auth::confirm_signup)
             .service(auth::login)
             .service(auth::logout)
             .service(auth::change_password)

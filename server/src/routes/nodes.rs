@@ -100,6 +100,8 @@ pub async fn list(
             isolation: r.isolation.clone(),
             trusted_only: access::is_trusted_only(r),
             data_roots: access::data_roots(r),
+            limits: crate::store::HostDetail::of(r).limits,
+            network: crate::store::HostDetail::of(r).network,
         });
     }
     Ok(web::Json(out))
@@ -203,6 +205,7 @@ pub async fn register(
         runtime: String::new(),
         isolation: Isolation::Declared.as_str().into(),
         data_roots: serde_json::to_string(&input.data_roots).map_err(anyhow::Error::from)?,
+        host_detail: "{}".into(),
         open_to_all: false,
     };
     state.store.upsert_node(&rec).await?;
@@ -232,6 +235,8 @@ pub async fn register(
         isolation: Isolation::Declared.as_str().into(),
         trusted_only: false,
         data_roots: input.data_roots.clone(),
+        limits: String::new(),
+        network: String::new(),
     };
     audit::record(
         &state,

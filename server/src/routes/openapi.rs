@@ -16,7 +16,7 @@ use super::{
     info(title = "autodl API", description = "Submit and watch GPU training tasks; manage accounts, organizations and quotas."),
     paths(
         health::healthz,
-        auth::signup, auth::login, auth::logout, auth::change_password, auth::me,
+        auth::signup, auth::confirm_signup, auth::login, auth::logout, auth::change_password, auth::me,
         sso::providers, sso::start, sso::callback, sso::tenant_settings, sso::put_tenant_settings, sso::delete_tenant_settings,
         sso::platform_settings, sso::put_platform_settings, sso::delete_platform_settings,
         api_keys::list, api_keys::create, api_keys::revoke,
@@ -45,12 +45,13 @@ use super::{
 pub struct ApiDoc;
 
 /// Operations anyone may call: no credential is looked at.
-const PUBLIC: [(&str, &str); 9] = [
+const PUBLIC: [(&str, &str); 10] = [
     ("get", "/healthz"),
     ("get", "/auth/sso/providers"),
     ("get", "/auth/sso/{id}/start"),
     ("get", "/auth/sso/callback"),
     ("post", "/auth/signup"),
+    ("post", "/auth/signup/confirm"),
     ("post", "/auth/login"),
     ("post", "/auth/logout"),
     ("get", "/invitations/{token}"),

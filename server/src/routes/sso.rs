@@ -6,6 +6,7 @@ use actix_web::http::header;
 use actix_web::{delete, get, put, web, HttpRequest, HttpResponse};
 use autodl_common::api::{ErrorBody, SsoOption, SsoProvider, SsoSettings, SsoSettingsRequest};
 use serde::Deserialize;
+use utoipa::IntoParams;
 
 use crate::app::sso::{account_for, link_account};
 use crate::audit::{self, Action, Actor};
@@ -33,13 +34,42 @@ fn to_api(state: &AppState, p: &SsoProviderRecord) -> SsoProvider {
     }
 }
 
-/// The providers people may sign in with.
-#[utoipa::path(responses((status = 200, body = [SsoOption])))]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ProvidersQuery {
+    /// The email someone is about to sign in with: organizations' providers that admit its
+    /// domain are listed too.
+    email: Option<String>,
+}
+
+/// The providers someone may sign in with: the platform's; an organization's only to its own
+/// signed-in people, or for an email of a domain the provider names. Nobody lists every
+/// organization's provider (which organizations use the platform, look-alike buttons).
+#[utoipa::path(params(ProvidersQuery), responses((status = 200, body = [SsoOption])))]
 #[get("/auth/sso/providers")]
-pub async fn providers(state: web::Data<AppState>) -> Result<web::Json<Vec<SsoOption>>, ApiError> {
+pub async fn providers(
+    state: web::Data<AppState>,
+    caller: Option<Caller>,
+    q: web::Query<ProvidersQuery>,
+) -> Result<web::Json<Vec<SsoOption>>, ApiError> {
+    let domain = q
+        .email
+        .as_deref()
+        .and_then(|e| e.trim().rsplit_once('@'))
+        .map(|(_, d)| d.trim_end_matches('.').to_ascii_lowercase())
+        .filter(|d| !d.is_empty());
     let all = state.store.sso_providers().await?;
     Ok(web::Json(
         all.into_iter()
+            .filter(|p| match p.scope.tenant() {
+                None => true,
+                Some(t) => {
+                    caller.as_ref().is_some_and(|c| c.tenant_id() == t)
+                        || domain
+                            .as_ref()
+                            .is_some_and(|d| p.allowed_domains.contains(d))
+                }
+            })
             .map(|p| SsoOption {
                 id: p.id,
                 label: p.label,
@@ -322,7 +352,7 @@ pub async fn tenant_settings(
 }
 
 /// Sets up or changes the organization's provider, and whether passwords still work.
-#[utoipa::path(request_body = SsoSettingsRequest, responses((status = 200, body = SsoSettings), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody, description = "not an owner or admin; or the issuer could not be read (field `issuer`)")))]
+#[utoipa::path(request_body = SsoSettingsRequest, responses((status = 200, body = SsoSettings), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody, description = "not an owner; or the issuer could not be read (field `issuer`)")))]
 #[put("/tenant/sso")]
 #[tracing::instrument(skip_all, fields(user = %caller.user.id))]
 pub async fn put_tenant_settings(
@@ -331,7 +361,7 @@ pub async fn put_tenant_settings(
     caller: Caller,
     body: Json<SsoSettingsRequest>,
 ) -> Result<web::Json<SsoSettings>, ApiError> {
-    caller.require_manager()?;
+    caller.require_owner()?;
     let scope = SsoScope::Tenant(caller.tenant_id().to_owned());
     put_settings(&state, &req, &caller, scope, body.into_inner()).await
 }
@@ -345,7 +375,7 @@ pub async fn delete_tenant_settings(
     req: HttpRequest,
     caller: Caller,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require_manager()?;
+    caller.require_owner()?;
     let scope = SsoScope::Tenant(caller.tenant_id().to_owned());
     delete_settings(&state, &req, &caller, scope).await
 }

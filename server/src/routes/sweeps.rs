@@ -1,10 +1,11 @@
 //! Sweeps: submitted, listed, shown (a table of parameters and metrics) and cancelled as one.
 
-use actix_web::{get, post, web, HttpResponse};
+use actix_web::{get, post, web, HttpRequest, HttpResponse};
 use autodl_common::api::ErrorBody;
 use autodl_common::tasks::{Sweep, SweepInput};
 use serde::{Deserialize, Serialize};
 
+use crate::audit::{self, Action, Actor};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::json::Json;
@@ -76,9 +77,26 @@ pub struct SweepCancelled {
 #[tracing::instrument(skip(state, caller))]
 pub async fn cancel(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<web::Json<SweepCancelled>, ApiError> {
+    let owner = state
+        .store
+        .sweep(caller.tenant_id(), &id)
+        .await?
+        .map(|s| (s.sweep.user_id, s.user_email, s.sweep.name));
     let cancelled = crate::app::sweeps::cancel(&state, &caller, &id).await?;
+    if let Some((_, email, name)) = owner.filter(|o| o.0 != caller.user.id) {
+        audit::record(
+            &state,
+            Actor::of(&caller, &req),
+            Some(caller.tenant_id()),
+            Action::SweepCancelledByOther,
+            &format!("sweep {id}"),
+            serde_json::json!({ "owner": email, "name": name, "cancelled": cancelled }),
+        )
+        .await;
+    }
     Ok(web::Json(SweepCancelled { cancelled }))
 }

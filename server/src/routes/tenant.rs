@@ -258,6 +258,7 @@ pub async fn invite(
 #[delete("/tenant/invitations/{id}")]
 pub async fn revoke_invitation(
     state: web::Data<AppState>,
+    req: HttpRequest,
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
@@ -267,6 +268,15 @@ pub async fn revoke_invitation(
         .revoke_invitation(caller.tenant_id(), &id)
         .await?
     {
+        audit::record(
+            &state,
+            Actor::of(&caller, &req),
+            Some(caller.tenant_id()),
+            Action::InvitationRevoked,
+            &format!("invitation {id}"),
+            serde_json::json!({}),
+        )
+        .await;
         Ok(HttpResponse::NoContent().finish())
     } else {
         Err(ApiError::NotFound("no such invitation".into()))

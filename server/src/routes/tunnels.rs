@@ -15,6 +15,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use crate::tasks::{placement_of, spec_of};
 use crate::tunnels::{pipe, refuse, Peer, AGENT_ANSWER, MAX_FRAME};
+use tokio_util::sync::CancellationToken;
 
 /// Most arguments and bytes a one-shot command may have.
 const MAX_ARGS: usize = 256;
@@ -146,6 +147,112 @@ pub(crate) async fn target_of(
     Ok((t, node))
 }
 
+/// A shell or a port opened into a batch task holds it like a session: the member's session
+/// cap counts it (the owner's sessions and batch tasks already held this way), and from then
+/// on its organization's session length and idle stop apply (`scheduling::idle`).
+async fn hold_like_a_session(
+    state: &AppState,
+    task: &crate::store::TaskWithUser,
+) -> Result<(), ApiError> {
+    use autodl_common::tasks::TaskKind;
+    let t = &task.task;
+    if crate::tasks::spec_of(t)?.kind != TaskKind::Batch {
+        return Ok(());
+    }
+    let policy = state.store.session_policy(&t.tenant_id).await?;
+    if policy.max_sessions_per_user.is_none() {
+        return Ok(());
+    }
+    let started = t.started_at.unwrap_or(0);
+    let running = state
+        .store
+        .list_tasks(&crate::store::TaskFilter {
+            tenant_id: t.tenant_id.clone(),
+            state: Some(TaskState::Running),
+            user_id: Some(t.user_id.clone()),
+            label: None,
+            before: None,
+            limit: 1000,
+        })
+        .await?;
+    let batch: Vec<String> = running
+        .iter()
+        .filter(|r| crate::tasks::spec_of(&r.task).is_ok_and(|s| s.kind == TaskKind::Batch))
+        .map(|r| r.task.id.clone())
+        .collect();
+    let held = state.store.last_held(&batch).await?;
+    if held.get(&t.id).is_some_and(|at| *at >= started) {
+        // Already held this run: counted already.
+        return Ok(());
+    }
+    let held_others = running
+        .iter()
+        .filter(|r| r.task.id != t.id)
+        .filter(|r| {
+            held.get(&r.task.id)
+                .is_some_and(|at| *at >= r.task.started_at.unwrap_or(0))
+        })
+        .count() as i64;
+    let sessions = state.store.count_open_sessions(&t.user_id).await?;
+    crate::tasks::session::check_holding(sessions + held_others, &policy)
+}
+
+/// Whether the person `user_id` (signed in `via`) may still reach into the task: the sign-in
+/// holds, the account is active and in the task's organization, they own the task or manage
+/// the organization, and it runs. `None` when the store could not say (kept open then).
+pub(crate) async fn still_reaches(
+    state: &AppState,
+    user_id: &str,
+    via: &CallerVia,
+    task_id: &str,
+    rank: Option<u32>,
+) -> Option<bool> {
+    let refused = |e: &ApiError| {
+        matches!(
+            e,
+            ApiError::Unauthorized(_)
+                | ApiError::Forbidden(_)
+                | ApiError::NotFound(_)
+                | ApiError::Conflict(_)
+                | ApiError::Validation { .. }
+        )
+    };
+    let caller = match crate::auth::caller::resume(state, user_id, via.clone()).await {
+        Ok(c) => c,
+        Err(e) => return refused(&e).then_some(false),
+    };
+    match target_of(state, &caller, task_id, rank).await {
+        Ok(_) => Some(true),
+        Err(e) => refused(&e).then_some(false),
+    }
+}
+
+/// Ends a tunnel (`stop`) once its person may no longer reach into the task, as live log
+/// and metric streams end ([`crate::auth::LiveCaller::EVERY`]): a revoked key, a session
+/// signed out, a member removed, demoted or disabled. `person`, when given, is told why.
+pub(crate) async fn watch_access(
+    state: web::Data<AppState>,
+    who: (String, CallerVia),
+    (task_id, rank): (String, Option<u32>),
+    person: Option<actix_ws::Session>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(crate::auth::LiveCaller::EVERY) => {}
+        }
+        if still_reaches(&state, &who.0, &who.1, &task_id, rank).await == Some(false) {
+            tracing::info!(task = %task_id, user = %who.0, "tunnel ended: its person may no longer reach the task");
+            if let Some(p) = person {
+                refuse(p, "access to the task was revoked; the tunnel is closed").await;
+            }
+            stop.cancel();
+            return;
+        }
+    }
+}
+
 /// What a person asked to reach, and how the task's timeline will say it.
 struct Reach {
     task: crate::store::TaskWithUser,
@@ -153,6 +260,8 @@ struct Reach {
     target: TunnelTarget,
     /// The event's kind and what follows the person's email in it.
     event: (&'static str, String),
+    /// The worker reached.
+    rank: Option<u32>,
 }
 
 /// Opens the WebSocket and parks it until the node's agent answers; records who reached in.
@@ -168,8 +277,12 @@ async fn open(
         node,
         target,
         event,
+        rank,
     } = reach;
     same_origin(&req, &caller)?;
+    if event.0 != "exec" {
+        hold_like_a_session(&state, &task).await?;
+    }
     let (response, person, stream) = actix_ws::handle(&req, body).map_err(|e| {
         ApiError::invalid(
             "upgrade",
@@ -205,12 +318,27 @@ async fn open(
     .await;
     tracing::info!(task = %task_id, node = %node, user = %caller.user.email, kind = event.0, "tunnel requested");
     let tunnels = state.tunnels.clone();
-    let (agent, guard) = crate::tunnels::ask(&state, &node, request, Peer::Socket(person.clone()));
+    let stop = CancellationToken::new();
+    let (agent, guard) = crate::tunnels::ask(
+        &state,
+        &node,
+        request,
+        Peer::Socket(person.clone()),
+        stop.clone(),
+    );
+    actix_web::rt::spawn(watch_access(
+        state.clone(),
+        (caller.user.id.clone(), caller.via.clone()),
+        (task_id.clone(), rank),
+        Some(person.clone()),
+        stop.clone(),
+    ));
     actix_web::rt::spawn(async move {
         let _guard = guard;
         match tokio::time::timeout(AGENT_ANSWER, agent).await {
-            Ok(Ok(far)) => pipe(stream, person, Peer::Socket(far), tunnels, task_id).await,
+            Ok(Ok(far)) => pipe(stream, person, Peer::Socket(far), tunnels, task_id, stop).await,
             _ => {
+                stop.cancel();
                 tunnels.abandon(&id);
                 refuse(person, "the task's node did not answer; try again").await;
             }
@@ -245,6 +373,7 @@ pub async fn shell(
         node,
         target,
         event,
+        rank: q.rank,
     };
     open(state, req, body, caller, reach).await
 }
@@ -276,6 +405,7 @@ pub async fn exec(
         node,
         target,
         event,
+        rank: q.rank,
     };
     open(state, req, body, caller, reach).await
 }
@@ -299,6 +429,7 @@ pub async fn port(
         node,
         target: TunnelTarget::Port { port },
         event: ("port_forward", format!("opened port {port}")),
+        rank: q.rank,
     };
     open(state, req, body, caller, reach).await
 }
@@ -340,6 +471,7 @@ pub async fn open_app(
     let (id, number) = path.into_inner();
     let (task, _) = target_of(&state, &caller, &id, None).await?;
     declared(&task, number)?;
+    hold_like_a_session(&state, &task).await?;
     let origin = state.apps.origin.as_ref().ok_or_else(|| {
         ApiError::Conflict(
             "this server serves no apps: its operator sets AUTODL_APPS_URL (see the README)".into(),
@@ -392,7 +524,12 @@ pub async fn agent_side(
     node: NodeCaller,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let (person, task_id, hand_over) = state
+    let crate::tunnels::Answered {
+        person,
+        task_id,
+        hand_over,
+        stop,
+    } = state
         .tunnels
         .answer(&id, &node.node.id)
         .ok_or_else(|| ApiError::NotFound("no such tunnel for this node".into()))?;
@@ -406,7 +543,7 @@ pub async fn agent_side(
         return Ok(response);
     }
     let tunnels = state.tunnels.clone();
-    actix_web::rt::spawn(pipe(stream, agent, person, tunnels, task_id));
+    actix_web::rt::spawn(pipe(stream, agent, person, tunnels, task_id, stop));
     Ok(response)
 }
 

@@ -9,12 +9,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use autodl_common::api::SessionPolicy;
-use autodl_common::tasks::TaskState;
+use autodl_common::tasks::{TaskKind, TaskState};
 
 use crate::agents::AgentHub;
 use crate::notify::{tell, Event};
 use crate::store::{ActivityAsk, Store, Term};
-use crate::tasks::session::{judge, Activity, Verdict, IDLE};
+use crate::tasks::lifecycle::TIMED_OUT;
+use crate::tasks::session::{judge, past_session_length, treated_as, Activity, Verdict, IDLE};
 use crate::tunnels::Tunnels;
 
 use super::snapshot::ActiveTask;
@@ -81,7 +82,11 @@ impl IdleWatch {
             if !policies.contains_key(tenant) {
                 policies.insert(tenant.clone(), store.session_policy(tenant).await?);
             }
-            if policies[tenant].idle_minutes != 0 {
+            let p = &policies[tenant];
+            // Held batch tasks are also held to the session length.
+            if p.idle_minutes != 0
+                || (p.max_session_hours.is_some() && t.spec.kind == TaskKind::Batch)
+            {
                 judged.push((t.as_ref(), nodes, started));
             }
         }
@@ -94,6 +99,17 @@ impl IdleWatch {
             })
             .collect();
         let activity = store.gpu_activity(&asks).await?;
+        // Batch tasks someone holds like a session (a shell, a port) are under its rules.
+        let batch: Vec<String> = judged
+            .iter()
+            .filter(|(t, _, _)| t.spec.kind == TaskKind::Batch)
+            .map(|(t, _, _)| t.id().to_owned())
+            .collect();
+        let held = if batch.is_empty() {
+            HashMap::new()
+        } else {
+            store.last_held(&batch).await?
+        };
         for (t, nodes, started) in judged {
             let tenant = &t.rec.task.tenant_id;
             let policy = &policies[tenant];
@@ -105,8 +121,27 @@ impl IdleWatch {
                 last_busy: gpu.last_busy,
                 last_traffic: tunnels.last_traffic(t.id()),
             };
-            let Verdict::Idle { since, stop } = judge(policy, t.spec.kind, &activity, now_ms)
-            else {
+            let kind = treated_as(t.spec.kind, started, held.get(t.id()).copied());
+            if kind != t.spec.kind && past_session_length(policy, started, now_ms) {
+                if store.set_stop_reason(Some(term), t.id(), TIMED_OUT).await? {
+                    let message = format!(
+                        "stopping: a shell or an app held this batch task like a session, and it has run the {} h your organization allows sessions",
+                        policy.max_session_hours.unwrap_or_default()
+                    );
+                    store
+                        .add_event(t.id(), "session_length", &message, now_ms)
+                        .await?;
+                    tracing::info!(
+                        task = t.id(),
+                        "held like a session past its length: stopping the run"
+                    );
+                    for n in &nodes {
+                        agents.notify(n);
+                    }
+                }
+                continue;
+            }
+            let Verdict::Idle { since, stop } = judge(policy, kind, &activity, now_ms) else {
                 continue;
             };
             let idle = minutes(now_ms - since);

@@ -53,6 +53,15 @@ pub trait Accounts: Send + Sync {
     async fn revoke_api_key(&self, user_id: &str, id: &str) -> StoreResult<bool>;
     async fn revoke_user_api_keys(&self, user_id: &str) -> StoreResult<()>;
     async fn create_invitation(&self, inv: &InvitationRecord) -> StoreResult<()>;
+    /// Keeps a sign-up until its email is confirmed (older requests of that email and expired
+    /// ones are dropped).
+    async fn create_signup_request(&self, r: &SignupRequestRecord) -> StoreResult<()>;
+    /// The sign-up a confirmation link names, taken once; `None` when unknown or expired.
+    async fn take_signup_request(
+        &self,
+        token_hash: &str,
+        now: i64,
+    ) -> StoreResult<Option<SignupRequestRecord>>;
     async fn list_invitations(&self, tenant_id: &str) -> StoreResult<Vec<InvitationRecord>>;
     async fn invitation_by_token_hash(&self, hash: &str) -> StoreResult<Option<InvitationRecord>>;
     async fn revoke_invitation(&self, tenant_id: &str, id: &str) -> StoreResult<bool>;

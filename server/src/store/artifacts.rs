@@ -12,6 +12,16 @@ pub trait Artifacts: Send + Sync {
     async fn storage_bytes(&self, tenant_id: &str) -> StoreResult<i64>;
     /// Adds (or, negative, removes) bytes; the count never goes below zero.
     async fn add_storage_bytes(&self, tenant_id: &str, delta: i64) -> StoreResult<()>;
+    /// Adds `bytes` only if the count stays within `limit`, in one statement (concurrent
+    /// writes of one organization never pass its cap together); whether it did.
+    async fn reserve_storage_bytes(
+        &self,
+        tenant_id: &str,
+        bytes: i64,
+        limit: i64,
+    ) -> StoreResult<bool>;
+    /// Bytes an open upload has received so far (counted against the quota as they came).
+    async fn add_upload_bytes(&self, artifact_id: &str, bytes: i64) -> StoreResult<()>;
     async fn create_artifact(&self, a: &ArtifactRecord) -> StoreResult<()>;
     async fn artifact(&self, id: &str) -> StoreResult<Option<ArtifactRecord>>;
     /// Marks an uploading artifact complete (with an event on its task); `false` if it was not

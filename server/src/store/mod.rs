@@ -26,7 +26,7 @@ pub use artifacts::Artifacts;
 pub use audit::AuditTrail;
 pub use group_commit::{Ends, GroupCommit, Starts, Submissions};
 pub use leadership::Leadership;
-pub use nodes::Nodes;
+pub use nodes::{NodeHost, Nodes};
 pub use notifications::Notifications;
 pub use records::*;
 pub use sql::{PostgresStore, SqliteStore};

@@ -6,6 +6,28 @@ use async_trait::async_trait;
 use super::*;
 use crate::domain::NodeStatus;
 
+/// How a node runs tasks, as the node row keeps what its agent reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeHost {
+    pub runtime: String,
+    pub isolation: String,
+    /// JSON array of host dataset roots.
+    pub data_roots: String,
+    /// JSON of [`HostDetail`].
+    pub detail: String,
+}
+
+impl NodeHost {
+    pub fn of(n: &NodeRecord) -> NodeHost {
+        NodeHost {
+            runtime: n.runtime.clone(),
+            isolation: n.isolation.clone(),
+            data_roots: n.data_roots.clone(),
+            detail: n.host_detail.clone(),
+        }
+    }
+}
+
 #[async_trait]
 pub trait Nodes: Send + Sync {
     async fn upsert_node(&self, node: &NodeRecord) -> StoreResult<()>;
@@ -13,14 +35,8 @@ pub trait Nodes: Send + Sync {
     /// Nodes with an agent, not already lost, last heard from before `before`.
     async fn silent_nodes(&self, before: i64) -> StoreResult<Vec<NodeRecord>>;
     async fn delete_node(&self, id: &str) -> StoreResult<bool>;
-    /// What the node's agent reports about how it runs tasks (`data_roots`: JSON array).
-    async fn set_node_host(
-        &self,
-        id: &str,
-        runtime: &str,
-        isolation: &str,
-        data_roots: &str,
-    ) -> StoreResult<()>;
+    /// What the node's agent reports about how it runs tasks.
+    async fn set_node_host(&self, id: &str, host: &NodeHost) -> StoreResult<()>;
     async fn set_node_open_to_all(&self, id: &str, open: bool) -> StoreResult<bool>;
     async fn create_registration_token(&self, t: &RegistrationTokenRecord) -> StoreResult<()>;
     async fn list_registration_tokens(&self) -> StoreResult<Vec<RegistrationTokenRecord>>;

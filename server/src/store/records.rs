@@ -66,6 +66,18 @@ pub struct ApiKeyRecord {
     pub revoked: bool,
 }
 
+/// A sign-up waiting for its email address to be confirmed: the account is made from it when
+/// the link sent there is followed.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SignupRequestRecord {
+    pub token_hash: String,
+    pub email: String,
+    pub password_hash: String,
+    pub tenant_name: String,
+    pub created_at: i64,
+    pub expires_at: i64,
+}
+
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct InvitationRecord {
     pub id: String,
@@ -133,9 +145,27 @@ pub struct NodeRecord {
     pub isolation: String,
     /// JSON array of host dataset roots tasks may name as `data_path`.
     pub data_roots: String,
+    /// JSON of [`HostDetail`]: what the agent says of its limits and task networks.
+    pub host_detail: String,
     /// An administrator lets every organization use this node although it cannot isolate
     /// tasks (the demo on a machine where it does not run as root).
     pub open_to_all: bool,
+}
+
+/// What a node's agent says of how it confines tasks beyond its isolation level, kept as it
+/// said it and shown to administrators.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HostDetail {
+    #[serde(default)]
+    pub limits: String,
+    #[serde(default)]
+    pub network: String,
+}
+
+impl HostDetail {
+    pub fn of(node: &NodeRecord) -> HostDetail {
+        serde_json::from_str(&node.host_detail).unwrap_or_default()
+    }
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -278,10 +308,29 @@ pub struct ActivityAsk {
 }
 
 /// A task to store, with its labels.
+#[derive(Clone)]
 pub struct NewTask {
     pub task: TaskRecord,
     pub labels: Vec<(String, String)>,
     pub kind: autodl_common::tasks::TaskKind,
+    /// Caps the task is held to, counted in the transaction that stores it (with everything
+    /// stored before it), so concurrent submissions never pass them together.
+    pub caps: TaskCaps,
+}
+
+/// A submission's caps: queued tasks of its user and of its organization, open sessions of
+/// its user (a session only). `None`: no cap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TaskCaps {
+    pub user_queued: Option<i64>,
+    pub tenant_queued: Option<i64>,
+    pub user_sessions: Option<i64>,
+}
+
+impl TaskCaps {
+    pub fn any(&self) -> bool {
+        self.user_queued.is_some() || self.tenant_queued.is_some() || self.user_sessions.is_some()
+    }
 }
 
 /// An agent's report that a run's process started.
@@ -307,6 +356,8 @@ pub enum TaskCreated {
     Created,
     /// The idempotency key was used before; this is the task it created.
     Existing(Box<TaskWithUser>),
+    /// Not stored: it would pass one of its caps (what to tell the submitter).
+    OverCap(String),
 }
 
 pub enum CancelOutcome {

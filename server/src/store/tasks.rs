@@ -118,6 +118,12 @@ pub trait Tasks: Send + Sync {
     /// Active tasks with their current run, for the scheduler.
     async fn scheduling_tasks(&self) -> StoreResult<Vec<SchedulingTaskRecord>>;
     async fn task_events(&self, id: &str) -> StoreResult<Vec<EventRecord>>;
+    /// When each of these tasks last had a shell or a port (an app) opened into it, if ever:
+    /// what holds a batch task like a session.
+    async fn last_held(
+        &self,
+        task_ids: &[String],
+    ) -> StoreResult<std::collections::HashMap<String, i64>>;
     async fn task_attempts(&self, id: &str) -> StoreResult<Vec<AttemptRecord>>;
     /// Lines of one attempt; `rank` is the worker that printed them, in a multi-worker task.
     async fn append_logs(

@@ -64,6 +64,34 @@ pub fn check_open_sessions(open: i64, adding: i64, p: &SessionPolicy) -> Result<
     }
 }
 
+/// How the rules see a task: a session, or a batch task someone holds like one (a shell or a
+/// port opened into its current run; `held_at` is when the last was). A batch task that
+/// sleeps with `ports` would otherwise be a session outside its organization's rules.
+pub fn treated_as(kind: TaskKind, run_started: i64, held_at: Option<i64>) -> TaskKind {
+    match (kind, held_at) {
+        (TaskKind::Batch, Some(at)) if at >= run_started => TaskKind::Session,
+        (k, _) => k,
+    }
+}
+
+/// The refusal when a shell or a port would hold one more batch task like a session than a
+/// member may hold (`holding`: their sessions and batch tasks already held).
+pub fn check_holding(holding: i64, p: &SessionPolicy) -> Result<(), ApiError> {
+    match p.max_sessions_per_user {
+        Some(cap) if holding + 1 > i64::from(cap) => Err(ApiError::Quota(format!(
+            "a shell or an app in a batch task holds it like a session, and its owner holds \
+             {holding} session(s) already; your organization allows {cap} per member"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Whether a run held like a session has lasted its organization's session length.
+pub fn past_session_length(p: &SessionPolicy, run_started: i64, now: i64) -> bool {
+    p.max_session_hours
+        .is_some_and(|h| (now - run_started) as f64 >= h * 3_600_000.0)
+}
+
 /// What is known of a running task's activity. Times are clock milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Activity {

@@ -343,6 +343,11 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
                     "checkpoint.save_to must not contain '..'",
                 ));
             }
+            if to.starts_with('/') {
+                autodl_common::tasks::checkpoint_mount_allowed(to).map_err(|m| {
+                    ApiError::invalid("checkpoint.save_to", format!("checkpoint.save_to: {m}"))
+                })?;
+            }
         }
     }
     let mut retry_policy: RetryPolicy = input.retry_policy.clone().unwrap_or_default();

@@ -16,14 +16,20 @@ use crate::tunnels::free_port;
 
 crate::on_both_backends!(a_tasks_web_port_opens_on_its_own_origin);
 
-const APP: &str = include_str!("app_server.py");
+pub const APP: &str = include_str!("app_server.py");
 
-fn server_port(app: &TestApp) -> u16 {
+pub fn server_port(app: &TestApp) -> u16 {
     app.address.rsplit(':').next().unwrap().parse().unwrap()
 }
 
 /// Asks the platform to open the app; returns the answer (a redirect, not followed).
-async fn open(app: &TestApp, s: &Session, id: &str, port: u16, path: &str) -> reqwest::Response {
+pub async fn open(
+    app: &TestApp,
+    s: &Session,
+    id: &str,
+    port: u16,
+    path: &str,
+) -> reqwest::Response {
     Client::builder()
         .redirect(redirect::Policy::none())
         .build()
@@ -36,7 +42,7 @@ async fn open(app: &TestApp, s: &Session, id: &str, port: u16, path: &str) -> re
 }
 
 /// A browser of the apps origin: `*.localhost` names go to this server.
-fn browser(app: &TestApp, host: &str) -> Client {
+pub fn browser(app: &TestApp, host: &str) -> Client {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], server_port(app)));
     Client::builder()
         .redirect(redirect::Policy::none())
@@ -175,6 +181,29 @@ async fn a_tasks_web_port_opens_on_its_own_origin(backend: Backend) {
         Message::binary(b"echo: \x01\x02\x03".to_vec())
     );
     ws.close(None).await.unwrap();
+
+    // The apps site serves nothing of the platform's, whatever the spelling of its name (a
+    // trailing dot is the same name to DNS and to browsers).
+    for host in [
+        format!("evil.apps.localhost.:{}", server_port(&app)),
+        format!("EVIL.apps.localhost:{}", server_port(&app)),
+    ] {
+        for path in ["/login", "/api/v1/auth/sso/providers", "/api/v1/me"] {
+            let res = Client::new()
+                .get(format!("http://127.0.0.1:{}{path}", server_port(&app)))
+                .header("host", &host)
+                .send()
+                .await
+                .unwrap();
+            let status = res.status();
+            let body = res.text().await.unwrap();
+            assert!(
+                status == StatusCode::NOT_FOUND || status == StatusCode::BAD_REQUEST,
+                "{host}{path}: {status} {body}"
+            );
+            assert!(!body.contains("Sign in"), "{host}{path}: {body}");
+        }
+    }
 
     // Refusals: no pass, another app's pass, another site's page acting with it.
     let res = b.get(format!("{origin}/")).send().await.unwrap();

@@ -12,6 +12,7 @@ use crate::helpers::{assert_error, spawn_app, Backend, Session, TestApp, PASSWOR
 crate::on_both_backends!(
     actions_are_recorded_and_each_organization_sees_its_own,
     the_chain_holds_after_ten_thousand_actions_and_tampering_is_found,
+    changes_to_shared_things_are_recorded,
 );
 
 async fn records(app: &TestApp, s: &Session, query: &str) -> Vec<Value> {
@@ -352,4 +353,103 @@ async fn the_chain_holds_after_ten_thousand_actions_and_tampering_is_found(b: Ba
     let said = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(said.contains("broken at record 777"), "{said}");
+}
+
+/// What one member does to what others share is on record: a colleague's sweep cancelled, a
+/// shared object replaced or deleted, an invitation revoked.
+async fn changes_to_shared_things_are_recorded(b: Backend) {
+    let app = spawn_app(b).await;
+    let ada = app.signup("ada@example.com", "Lab").await;
+    let bob = app.invite_and_join(&ada, "bob@example.com", "member").await;
+    let carol = app
+        .invite_and_join(&ada, "carol@example.com", "member")
+        .await;
+    let sweep: Value = bob
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/sweeps",
+            Some(json!({"name": "lr",
+                "parameters": {"lr": [0.1, 0.01]},
+                "template": {"name": "t", "image": "i", "command": "echo ${lr}"}})),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let sweep_id = sweep["id"].as_str().unwrap_or_else(|| panic!("{sweep}"));
+    let res = carol
+        .send(
+            &app,
+            Method::POST,
+            &format!("/api/v1/sweeps/{sweep_id}/cancel"),
+            None,
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let put = |s: &Session, body: &'static str| {
+        s.request(
+            &app,
+            Method::PUT,
+            "/api/v1/objects/autodl/datasets/shared.bin",
+        )
+        .header("Content-Type", "application/octet-stream")
+        .body(body)
+        .send()
+    };
+    assert_eq!(
+        put(&bob, "bob's data").await.unwrap().status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        put(&carol, "carol's").await.unwrap().status(),
+        StatusCode::CREATED
+    );
+    let res = carol
+        .send(
+            &app,
+            Method::DELETE,
+            "/api/v1/objects/autodl/datasets/shared.bin",
+            None,
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let inv: Value = ada
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/tenant/invitations",
+            Some(json!({"email": "dan@example.com", "role": "member"})),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let res = ada
+        .send(
+            &app,
+            Method::DELETE,
+            &format!("/api/v1/tenant/invitations/{}", inv["id"].as_str().unwrap()),
+            None,
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+
+    let lab = records(&app, &ada, "").await;
+    let find = |action: &str| {
+        lab.iter()
+            .find(|r| r["action"] == action)
+            .unwrap_or_else(|| panic!("{action} missing from {:?}", actions(&lab)))
+            .clone()
+    };
+    let r = find("sweep.cancelled_by_other");
+    assert_eq!(r["actor_email"], "carol@example.com");
+    assert_eq!(r["detail"]["owner"], "bob@example.com");
+    let r = find("object.replaced");
+    assert_eq!(r["actor_email"], "carol@example.com");
+    assert_eq!(r["target"], "object autodl/datasets/shared.bin");
+    let r = find("object.deleted");
+    assert_eq!(r["actor_email"], "carol@example.com");
+    let r = find("member.invitation_revoked");
+    assert_eq!(r["actor_email"], "ada@example.com");
 }

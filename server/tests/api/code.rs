@@ -160,6 +160,37 @@ async fn bundles_are_checked_and_stay_in_their_organization(b: Backend) {
         "{e}"
     );
 
+    // Folders count: 150,000 empty ones pack into far less than the size limit.
+    let mut folders = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::best(),
+    ));
+    for i in 0..150_000 {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_size(0);
+        h.set_mode(0o755);
+        folders
+            .append_data(&mut h, format!("{i}/"), std::io::empty())
+            .unwrap();
+    }
+    let folders = folders.into_inner().unwrap().finish().unwrap();
+    let roomy = spawn_app_with(b, |_| {}).await;
+    let carol = roomy.signup("carol@example.com", "Gamma").await;
+    let e = assert_error(
+        upload(&roomy, &carol, folders).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+    )
+    .await;
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("files and folders"),
+        "{e}"
+    );
+
     let up: Value = upload(&app, &alice, tar_gz(&[("main.py", 0o644, b"print(1)")]))
         .await
         .json()

@@ -113,6 +113,7 @@ async fn spawn_app_on(
 }
 
 /// A logged-in browser-like client: cookie jar plus the CSRF token it must echo.
+#[derive(Clone)]
 pub struct Session {
     pub client: Client,
     pub csrf: String,
@@ -129,7 +130,13 @@ impl TestApp {
 
     /// A new server on the same database, address and clock, as after a restart.
     pub async fn restart(&self) -> TestApp {
-        let settings = self.state.settings.clone();
+        self.restart_with(|_| {}).await
+    }
+
+    /// A restart with other settings.
+    pub async fn restart_with(&self, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+        let mut settings = self.state.settings.clone();
+        tweak(&mut settings);
         let store = store::open(&settings.database_url, settings.db_max_connections)
             .await
             .expect("open store");

@@ -20,6 +20,14 @@ crate::on_both_backends!(
     dataset_roots_are_read_only_and_links_stay_inside,
 );
 
+/// The store plays no part in what a task can reach on its host: one backend suffices.
+#[tokio::test]
+async fn a_task_racing_the_agent_s_saves_takes_nothing_of_the_host() {
+    for (mode, runtime, image) in runtimes().await {
+        race_on(mode, runtime, &image).await;
+    }
+}
+
 /// The runtimes to attack, with how a task names its image under them.
 async fn runtimes() -> Vec<(&'static str, Arc<dyn Runtime>, String)> {
     if !autodl_agent::isolation::is_root() {
@@ -38,7 +46,16 @@ async fn runtimes() -> Vec<(&'static str, Arc<dyn Runtime>, String)> {
         ..IsolationConfig::default()
     })
     .unwrap();
-    assert_eq!(uid_only.isolation(), IsolationLevel::Uid);
+    // Shared between organizations only where /proc hides other users' processes.
+    let shared = autodl_agent::isolation::proc_hides_processes();
+    assert_eq!(
+        uid_only.isolation(),
+        if shared {
+            IsolationLevel::Uid
+        } else {
+            IsolationLevel::None
+        }
+    );
     let mut out: Vec<(&'static str, Arc<dyn Runtime>, String)> = vec![
         ("sandbox", Arc::new(sandbox), "none".into()),
         ("uid", Arc::new(uid_only), "none".into()),
@@ -53,6 +70,40 @@ async fn runtimes() -> Vec<(&'static str, Arc<dyn Runtime>, String)> {
         ),
     }
     out
+}
+
+/// Lets every organization use the node even where it is trusted-only (a uid node whose
+/// /proc shows every command line): an administrator who accepts that, so that every other
+/// defence of such a node is still attacked.
+async fn share(app: &TestApp, op: &Session, node: &str) {
+    let nodes = op.get(app, "/api/v1/nodes").await;
+    if nodes.as_array().is_some_and(|l| {
+        l.iter()
+            .any(|n| n["id"] == node && n["trusted_only"] == false)
+    }) {
+        return;
+    }
+    let res = op
+        .send(
+            app,
+            Method::POST,
+            &format!("/api/v1/admin/nodes/{node}/open-to-all"),
+            None,
+        )
+        .await;
+    assert!(res.status().is_success(), "{}", res.status());
+    // Placed on once the scheduler has read the change.
+    for _ in 0..50 {
+        let nodes = op.get(app, "/api/v1/nodes").await;
+        if nodes.as_array().is_some_and(|l| {
+            l.iter()
+                .any(|n| n["id"] == node && n["trusted_only"] == false)
+        }) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{node} stayed trusted-only");
 }
 
 fn settings_path(url: &str, scheme: &str) -> String {
@@ -93,6 +144,7 @@ async fn attack_on(b: Backend, mode: &str, runtime: Arc<dyn Runtime>, image: &st
     // behind, and both backends' tests share one engine.
     let node = format!("shared-host-{b:?}").to_lowercase();
     let agent = start_agent_with(&app, &op, &node, "2xA100-40G", runtime, &[]).await;
+    share(&app, &op, &node).await;
     let a = app.signup("a@example.com", "Org A").await;
     let bee = app.signup("b@example.com", "Org B").await;
 
@@ -245,6 +297,7 @@ async fn datasets_on(b: Backend, mode: &str, runtime: Arc<dyn Runtime>, image: &
         std::slice::from_ref(&root),
     )
     .await;
+    share(&app, &op, &node).await;
     let s = app.signup("ada@example.com", "Lab").await;
     let path = |p: &Path| p.display().to_string();
 
@@ -290,6 +343,552 @@ async fn datasets_on(b: Backend, mode: &str, runtime: Arc<dyn Runtime>, image: &
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "[{mode}] {p}");
         let e: Value = res.json().await.unwrap();
         assert_eq!(e["error"]["field"], "data_path");
+    }
+    agent.shutdown.cancel();
+    let _ = agent.handle.await;
+}
+
+/// The task swaps the folders the agent is saving for links to a root-only folder of the
+/// host, between the agent's listing and its taking of the files, again and again (atomically,
+/// with `renameat2(RENAME_EXCHANGE)`, where Python is at hand), with a decoy of the secret's
+/// name, size and time. Every save is asked for by the task itself.
+const RACE: &str = r#"
+export TZ=UTC0
+for d in "$AUTODL_CHECKPOINT_DIR" "$AUTODL_RESULTS_DIR"; do
+  mkdir -p "$d/sub"
+  printf '%s' "$DECOY" > "$d/sub/credential.json"
+  touch -t "$STAMP" "$d/sub/credential.json"
+  ln -s "$TARGET" "$d/lnk"
+done
+if command -v python3 >/dev/null 2>&1; then
+python3 - <<'PY'
+import ctypes, os, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+stop = False
+def swap(d):
+    a, b = (d + "/sub").encode(), (d + "/lnk").encode()
+    while not stop:
+        libc.renameat2(-100, a, -100, b, 2)
+dirs = [os.environ["AUTODL_CHECKPOINT_DIR"], os.environ["AUTODL_RESULTS_DIR"]]
+threads = [threading.Thread(target=swap, args=(d,)) for d in dirs]
+for t in threads: t.start()
+for i in range(24):
+    with open(dirs[0] + "/.autodl-save", "w") as f: f.write("{}")
+    time.sleep(0.6)
+stop = True
+for t in threads: t.join()
+PY
+else
+  i=0
+  while [ $i -lt 3000 ]; do
+    for d in "$AUTODL_CHECKPOINT_DIR" "$AUTODL_RESULTS_DIR"; do
+      mv "$d/sub" "$d/sub.real" && ln -s "$TARGET" "$d/sub" && rm -f "$d/sub" && mv "$d/sub.real" "$d/sub"
+    done
+    [ $((i % 100)) -eq 0 ] && echo '{}' > "$AUTODL_CHECKPOINT_DIR/.autodl-save"
+    i=$((i+1))
+  done
+fi
+echo race-done
+"#;
+
+async fn race_on(mode: &str, runtime: Arc<dyn Runtime>, image: &str) {
+    let app = spawn_app(Backend::Sqlite).await;
+    let op = app.operator().await;
+    let node = format!("race-host-{mode}");
+    let agent = start_agent_with(&app, &op, &node, "1xA100-40G", runtime, &[]).await;
+    share(&app, &op, &node).await;
+    // A root-only folder of the host holding a secret, as the node's own credential is.
+    let secret_dir = agent.state_dir.join("cache").join("host-secret");
+    std::fs::create_dir_all(&secret_dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&secret_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let secret = "HOST-ROOT-ONLY-SECRET-0123456789";
+    let file = secret_dir.join("credential.json");
+    std::fs::write(&file, secret).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let when = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    let s = app.signup("mallory@example.com", "Mallory Lab").await;
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "race", "image": image, "command": RACE,
+        "env": {"TARGET": secret_dir.display().to_string(), "DECOY": "x".repeat(secret.len()),
+                "STAMP": "202311142213.20"}}),
+    )
+    .await;
+    let t = wait_for(&app, &s, &id, &["completed", "failed"], 180).await;
+    let out = log_text(&app, &s, &id).await;
+    assert_eq!(t["state"], "completed", "[{mode}] {t}\n{out}");
+    assert!(out.contains("race-done"), "[{mode}] {out}");
+    let saves = s
+        .get(&app, &format!("/api/v1/tasks/{id}/checkpoints"))
+        .await;
+    assert!(
+        saves.as_array().is_some_and(|c| !c.is_empty()),
+        "[{mode}] the race asked for saves that never happened: {saves}\n{out}"
+    );
+    // Nothing stored for anyone holds the secret.
+    let storage = PathBuf::from(settings_path(&app.state.settings.storage_url, "file://"));
+    for e in walkdir::WalkDir::new(&storage) {
+        let e = e.unwrap();
+        if e.file_type().is_file() {
+            let bytes = std::fs::read(e.path()).unwrap();
+            assert!(
+                !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "[{mode}] the host's secret was saved as {}",
+                e.path().display()
+            );
+        }
+    }
+    agent.shutdown.cancel();
+    let _ = agent.handle.await;
+}
+
+/// Organization B's task tries the network of its host: A's app port on the loopback, a
+/// root-only service on the host's loopback, a service of the host on its other addresses,
+/// the addresses task networks are given, and a cloud's metadata address. It must reach none
+/// of them, list no listener but its own, and still reach the outside world (a host on a
+/// network of its own, here a namespace routed from the host). A's app stays reachable
+/// through the platform's tunnel, and a declared port A binds elsewhere on its own loopback
+/// (127.0.0.2) never leads the tunnel to the host's service on that port.
+#[tokio::test]
+async fn tasks_have_networks_of_their_own() {
+    for (mode, runtime, _image) in runtimes().await {
+        if mode == "docker" {
+            // A container has had a network of its own all along (its bridge is checked in
+            // the agent's Docker tests).
+            continue;
+        }
+        network_on(mode, runtime).await;
+    }
+}
+
+/// A service answering every connection with `text`, on a thread of its own.
+fn serve(listener: std::net::TcpListener, text: &'static str) {
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { return };
+            use std::io::Write;
+            let _ = c.write_all(text.as_bytes());
+        }
+    });
+}
+
+/// A host outside this one: a network namespace with an address routed from here.
+struct Outside {
+    name: String,
+    host_if: String,
+    address: String,
+    /// This host's address on the link to it.
+    host_address: String,
+}
+
+impl Outside {
+    /// A host on the network `<prefix>.0/24` (this host is `.1` there, it is `.2`).
+    fn new(n: u32, prefix: &str) -> Outside {
+        let name = format!("autodl-outside-{}-{n}", std::process::id());
+        // Named by this process too: two runs of the suite on one machine never meet.
+        let pid = std::process::id() & 0xfffff;
+        let (host_if, peer) = (format!("adlt{pid:x}s{n}"), format!("adlt{pid:x}p{n}"));
+        let ip = |args: &[&str]| {
+            let ok = std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .unwrap();
+            assert!(ok.success(), "ip {args:?}");
+        };
+        ip(&["netns", "add", &name]);
+        ip(&[
+            "link", "add", &host_if, "type", "veth", "peer", "name", &peer,
+        ]);
+        ip(&["link", "set", &peer, "netns", &name]);
+        ip(&["addr", "add", &format!("{prefix}.1/24"), "dev", &host_if]);
+        ip(&["link", "set", &host_if, "up"]);
+        ip(&[
+            "-n",
+            &name,
+            "addr",
+            "add",
+            &format!("{prefix}.2/24"),
+            "dev",
+            &peer,
+        ]);
+        ip(&["-n", &name, "link", "set", &peer, "up"]);
+        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        ip(&[
+            "-n",
+            &name,
+            "route",
+            "add",
+            "default",
+            "via",
+            &format!("{prefix}.1"),
+        ]);
+        Outside {
+            name,
+            host_if,
+            address: format!("{prefix}.2"),
+            host_address: format!("{prefix}.1"),
+        }
+    }
+
+    fn listen(&self) -> std::net::TcpListener {
+        let ns = std::fs::File::open(format!("/run/netns/{}", self.name)).unwrap();
+        let addr = format!("{}:0", self.address);
+        autodl_agent::isolation::network::inside(&ns, || std::net::TcpListener::bind(addr)).unwrap()
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .status();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+const PROBE: &str = r#"
+import os, socket
+def grab(host, port):
+    try:
+        s = socket.create_connection((host, int(port)), timeout=2)
+        s.sendall(b"GET /secret.txt HTTP/1.0\r\n\r\n")
+        data = s.recv(4096).decode(errors="replace")
+        s.close()
+        return data
+    except Exception as e:
+        return "refused " + type(e).__name__
+env = os.environ
+targets = [("A's app on the loopback", "127.0.0.1", env["A_PORT"]),
+           ("the host's loopback service", "127.0.0.1", env["HOST_PORT"]),
+           ("the host's service on its outside address", env["HOST_ADDR"], env["ANY_PORT"]),
+           ("the metadata address", "169.254.169.254", "80"),
+           ("a neighbour on a private network", env["NEAR_ADDR"], env["NEAR_PORT"])]
+targets += [("a task network address", "10.213.0.%d" % (4 * i + d), p)
+            for i in range(8) for d in (1, 2) for p in (env["A_PORT"], env["ANY_PORT"])]
+for name, host, port in targets:
+    got = grab(host, port)
+    if "SECRET" in got:
+        print("LEAK", name, host, port, got)
+print("OUTSIDE", grab(env["OUT_ADDR"], env["OUT_PORT"]))
+ports = set()
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(table).read().splitlines()[1:]:
+        cols = line.split()
+        if cols[3] == "0A":
+            ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+for p in (env["A_PORT"], env["HOST_PORT"], env["ANY_PORT"]):
+    if int(p) in ports:
+        print("LEAK sees the listener on", p)
+print("probe-done")
+"#;
+
+async fn network_on(mode: &str, runtime: Arc<dyn Runtime>) {
+    let app = spawn_app(Backend::Sqlite).await;
+    let op = app.operator().await;
+    let node = format!("net-host-{mode}");
+    let agent = start_agent_with(&app, &op, &node, "2xA100-40G", runtime, &[]).await;
+    share(&app, &op, &node).await;
+    // The world (a documentation network, as public addresses are to tasks) and a neighbour
+    // on a private network of the host's (another host's service, a Docker container).
+    let (world, private) = if mode == "sandbox" {
+        ("198.51.100", "10.77.1")
+    } else {
+        ("203.0.113", "10.77.2")
+    };
+    let n = if mode == "sandbox" { 1 } else { 2 };
+    let outside = Outside::new(n, world);
+    let out = outside.listen();
+    let out_port = out.local_addr().unwrap().port();
+    serve(out, "OUTSIDE-OK");
+    let neighbour = Outside::new(n + 10, private);
+    let near = neighbour.listen();
+    let near_port = near.local_addr().unwrap().port();
+    serve(near, "NEIGHBOUR-SECRET");
+    let loopback = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let host_port = loopback.local_addr().unwrap().port();
+    serve(loopback, "HOST-LOOPBACK-SECRET");
+    let any = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let any_port = any.local_addr().unwrap().port();
+    serve(any, "HOST-ANY-SECRET");
+
+    let a = app.signup("a@example.com", "Org A").await;
+    let a_port = crate::tunnels::free_port();
+    let a_id = submit(
+        &app,
+        &a,
+        json!({"name": "app", "image": "none", "kind": "session",
+        "ports": [a_port, host_port],
+        "command": format!("echo A-APP-SECRET > secret.txt; python3 - <<'PY' &\n\
+import socket\n\
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+s.bind(('127.0.0.2', {host_port})); s.listen(5)\n\
+while True:\n\
+    c, _ = s.accept(); c.sendall(b'A-OWN-SERVICE'); c.close()\n\
+PY\n\
+exec python3 -m http.server {a_port} --bind 0.0.0.0"),
+        "resources": {"gpu": {"count": 1}}}),
+    )
+    .await;
+    wait_for(&app, &a, &a_id, &["running"], 60).await;
+
+    // A's app through the tunnel, once it listens.
+    let mut page = String::new();
+    for _ in 0..50 {
+        let mut ws =
+            crate::tunnels::connect(&app, &a, &format!("/api/v1/tasks/{a_id}/ports/{a_port}"))
+                .await
+                .unwrap();
+        use futures_util::{SinkExt, StreamExt};
+        ws.send(tokio_tungstenite::tungstenite::Message::binary(
+            b"GET /secret.txt HTTP/1.0\r\n\r\n".to_vec(),
+        ))
+        .await
+        .unwrap();
+        page.clear();
+        while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
+            match m {
+                tokio_tungstenite::tungstenite::Message::Binary(b) => {
+                    page.push_str(&String::from_utf8_lossy(&b))
+                }
+                tokio_tungstenite::tungstenite::Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        if page.contains("A-APP-SECRET") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        page.contains("A-APP-SECRET"),
+        "[{mode}] A's app through its tunnel: {page}"
+    );
+    // The declared port that is the host's loopback service's: the tunnel reaches A's own
+    // loopback only, where nothing listens on 127.0.0.1 for it.
+    let mut ws =
+        crate::tunnels::connect(&app, &a, &format!("/api/v1/tasks/{a_id}/ports/{host_port}"))
+            .await
+            .unwrap();
+    let ended = crate::tunnels::read_to_end(&mut ws, 10).await;
+    assert!(
+        !format!("{ended:?}").contains("HOST-LOOPBACK-SECRET"),
+        "[{mode}] the tunnel led to the host's service: {ended:?}"
+    );
+
+    let bee = app.signup("b@example.com", "Org B").await;
+    let b_id = submit(
+        &app,
+        &bee,
+        json!({"name": "probe", "image": "none",
+        "command": ["python3", "-c", PROBE],
+        "env": {"A_PORT": a_port.to_string(), "HOST_PORT": host_port.to_string(),
+                "ANY_PORT": any_port.to_string(), "HOST_ADDR": outside.host_address,
+                "OUT_ADDR": outside.address, "OUT_PORT": out_port.to_string(),
+                "NEAR_ADDR": neighbour.address, "NEAR_PORT": near_port.to_string()},
+        "resources": {"gpu": {"count": 1}}}),
+    )
+    .await;
+    let t = wait_for(&app, &bee, &b_id, &["completed", "failed"], 120).await;
+    let out = log_text(&app, &bee, &b_id).await;
+    assert_eq!(t["state"], "completed", "[{mode}] {t}\n{out}");
+    assert!(out.contains("probe-done"), "[{mode}] {out}");
+    assert!(!out.contains("LEAK"), "[{mode}] B reached something: {out}");
+    assert!(
+        out.contains("OUTSIDE OUTSIDE-OK"),
+        "[{mode}] no way out to the world: {out}"
+    );
+    cancel(&app, &a, &a_id).await;
+    agent.shutdown.cancel();
+    let _ = agent.handle.await;
+}
+
+/// A task asking for 256 MiB and one CPU is held to them on a shared node: it cannot grow
+/// past its memory (the kernel kills it, and the attempt says it ran out of memory) nor fork
+/// past the node's process limit, and it sees its own CPU quota.
+#[tokio::test]
+async fn a_task_is_held_to_what_it_asked_for() {
+    if !autodl_agent::isolation::is_root() {
+        eprintln!("skipped: limits need root (CI runs the suite as root)");
+        return;
+    }
+    for bwrap in [None, Some(PathBuf::from("/nonexistent/bwrap"))] {
+        let config = IsolationConfig {
+            bwrap: bwrap.clone(),
+            pids_limit: 64,
+            ..IsolationConfig::default()
+        };
+        let runtime = ProcessRuntime::detect(&config).unwrap();
+        let mode = runtime.isolation().as_str();
+        assert!(
+            runtime.describe_limits().starts_with("cgroup"),
+            "[{mode}] {}",
+            runtime.describe_limits()
+        );
+        limits_on(mode, Arc::new(runtime)).await;
+    }
+}
+
+const GREEDY: &str = r#"
+import subprocess, time
+procs = []
+try:
+    for i in range(200):
+        procs.append(subprocess.Popen(["sleep", "30"]))
+except OSError as e:
+    print("fork refused:", type(e).__name__)
+print("PROCS", len(procs))
+for p in procs:
+    p.kill()
+    p.wait()
+for f in ("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
+    try:
+        print("CPU", open(f).read().strip())
+    except OSError:
+        pass
+blocks = []
+for i in range(64):
+    blocks.append(bytearray(32 << 20))
+    print("MB", (i + 1) * 32, flush=True)
+print("survived")
+"#;
+
+async fn limits_on(mode: &str, runtime: Arc<dyn Runtime>) {
+    let app = spawn_app(Backend::Sqlite).await;
+    let op = app.operator().await;
+    let node = format!("limits-host-{mode}");
+    let agent = start_agent_with(&app, &op, &node, "1xA100-40G", runtime, &[]).await;
+    share(&app, &op, &node).await;
+    let s = app.signup("greedy@example.com", "Greedy Lab").await;
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "greedy", "image": "none",
+        "command": ["python3", "-c", GREEDY],
+        "resources": {"gpu": {"count": 1}, "cpu": 1, "memory": "256MiB"}}),
+    )
+    .await;
+    let t = wait_for(&app, &s, &id, &["completed", "failed"], 120).await;
+    let out = log_text(&app, &s, &id).await;
+    assert_eq!(t["state"], "failed", "[{mode}] {t}\n{out}");
+    assert!(!out.contains("survived"), "[{mode}] {out}");
+    let procs: usize = out
+        .lines()
+        .find_map(|l| l.strip_prefix("PROCS "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("[{mode}] {out}"));
+    assert!(procs < 64, "[{mode}] {procs} processes: {out}");
+    assert!(out.contains("fork refused"), "[{mode}] {out}");
+    let most: u64 = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("MB "))
+        .filter_map(|n| n.trim().parse().ok())
+        .max()
+        .unwrap_or(0);
+    assert!(most <= 256, "[{mode}] held {most} MB: {out}");
+    assert!(out.contains("memory limit"), "[{mode}] {out}");
+    let attempts = s.get(&app, &format!("/api/v1/tasks/{id}/attempts")).await;
+    assert_eq!(attempts[0]["reason"], "oom", "[{mode}] {attempts}");
+    // The node says how it limits tasks and what network they get.
+    let nodes = op.get(&app, "/api/v1/nodes").await;
+    let n = nodes
+        .as_array()
+        .and_then(|l| l.iter().find(|n| n["id"] == node.as_str()))
+        .unwrap_or_else(|| panic!("[{mode}] {nodes}"));
+    assert!(
+        n["limits"]
+            .as_str()
+            .is_some_and(|l| l.starts_with("cgroup v")),
+        "[{mode}] {n}"
+    );
+    assert!(
+        n["network"]
+            .as_str()
+            .is_some_and(|l| l.contains("namespace per task")),
+        "[{mode}] {n}"
+    );
+    agent.shutdown.cancel();
+    let _ = agent.handle.await;
+}
+
+/// A uid node hands uids out again, lowest first: what one organization's task left in the
+/// host's shared folders must be gone before the next task of that uid, another
+/// organization's, starts. And the node says it is trusted-only unless /proc hides other
+/// users' command lines.
+#[tokio::test]
+async fn a_uid_s_leftovers_never_reach_its_next_task() {
+    if !autodl_agent::isolation::is_root() {
+        eprintln!("skipped: isolating tasks needs root (CI runs the suite as root)");
+        return;
+    }
+    let locks = tempfile::tempdir().unwrap();
+    // One uid, so that the second task surely gets the first one's.
+    let config = IsolationConfig {
+        bwrap: Some(PathBuf::from("/nonexistent/bwrap")),
+        task_uids: 2_098_765..=2_098_765,
+        lock_dir: locks.path().join("uids"),
+        ..IsolationConfig::default()
+    };
+    let runtime: Arc<dyn Runtime> = Arc::new(ProcessRuntime::detect(&config).unwrap());
+    let app = spawn_app(Backend::Sqlite).await;
+    let op = app.operator().await;
+    let node = "uid-leftovers-host";
+    let agent = crate::e2e::start_agent_configured(&app, &op, node, "1xA100-40G", runtime, |c| {
+        c.isolation(config.clone())
+    })
+    .await;
+    let nodes = op.get(&app, "/api/v1/nodes").await;
+    let n = nodes
+        .as_array()
+        .and_then(|l| l.iter().find(|n| n["id"] == node))
+        .unwrap()
+        .clone();
+    if !autodl_agent::isolation::proc_hides_processes() {
+        assert_eq!(n["trusted_only"], true, "{n}");
+        share(&app, &op, node).await;
+    }
+    let a = app.signup("a@example.com", "Org A").await;
+    let a_id = submit(&app, &a, json!({"name": "a", "image": "none",
+        "command": "for d in /tmp /var/tmp /dev/shm; do echo A-LEFTOVER > $d/autodl-test-a-left; chmod 644 $d/autodl-test-a-left; mkdir -p $d/autodl-test-a-dir; echo A-LEFTOVER > $d/autodl-test-a-dir/f; done; ipcmk -M 4096 -p 0666 && ipcmk -Q -p 0666 && ipcmk -S 1 -p 0666 && echo IPC-MADE; id -u"})).await;
+    let t = wait_for(&app, &a, &a_id, &["completed", "failed"], 60).await;
+    let out = log_text(&app, &a, &a_id).await;
+    assert_eq!(t["state"], "completed", "{t}\n{out}");
+    assert!(out.contains("2098765"), "{out}");
+    // System V IPC objects (the host's, without an IPC namespace) outlive their maker.
+    assert!(out.contains("IPC-MADE"), "{out}");
+    let bee = app.signup("b@example.com", "Org B").await;
+    let b_id = submit(&app, &bee, json!({"name": "b", "image": "none",
+        "command": "id -u; for d in /tmp /var/tmp /dev/shm; do cat $d/autodl-test-a-left $d/autodl-test-a-dir/f 2>/dev/null; done; echo b-done"})).await;
+    let t = wait_for(&app, &bee, &b_id, &["completed", "failed"], 60).await;
+    let out = log_text(&app, &bee, &b_id).await;
+    assert_eq!(t["state"], "completed", "{t}\n{out}");
+    assert!(out.contains("2098765"), "the same uid: {out}");
+    assert!(out.contains("b-done"), "{out}");
+    assert!(!out.contains("A-LEFTOVER"), "B read what A left: {out}");
+    for d in ["/tmp", "/var/tmp", "/dev/shm"] {
+        assert!(!Path::new(d).join("autodl-test-a-left").exists(), "{d}");
+    }
+    for table in ["shm", "msg", "sem"] {
+        let text = std::fs::read_to_string(format!("/proc/sysvipc/{table}")).unwrap();
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        let uid = header.iter().position(|c| *c == "uid").unwrap();
+        let kept: Vec<&str> = lines
+            .filter(|l| l.split_whitespace().nth(uid) == Some("2098765"))
+            .collect();
+        assert!(
+            kept.is_empty(),
+            "A's {table} objects were kept for B: {kept:?}"
+        );
     }
     agent.shutdown.cancel();
     let _ = agent.handle.await;

@@ -18,6 +18,7 @@ use crate::webhooks::{receiver, told};
 crate::on_both_backends!(
     people_are_emailed_the_events_they_chose,
     without_a_mail_server_nobody_can_ask_for_email,
+    sign_ups_are_finished_by_email_and_tell_nobody_who_has_an_account,
 );
 
 /// The test mail server: its port, and each message it takes as a JSON line.
@@ -85,6 +86,8 @@ async fn people_are_emailed_the_events_they_chose(b: Backend) {
     let port = mail.port;
     let (app, clock) = spawn_app_on_clock(b, |s| {
         s.smtp_url = Some(format!("smtp://127.0.0.1:{port}"));
+        // Accounts made at once here; sign-ups by email link are tested on their own.
+        s.signup_confirmation = Some(false);
         s.mail_from = "autodl <noreply@autodl.example>".into();
         s.webhook_allow_internal = true;
         s.node_lost_timeout_secs = 3600;
@@ -254,4 +257,99 @@ async fn without_a_mail_server_nobody_can_ask_for_email(b: Backend) {
         )
         .await;
     assert_eq!(res.status(), StatusCode::OK);
+}
+
+/// Where the server sends email, a sign-up is answered the same whether the address has an
+/// account or not (no account enumeration): the address is told by email, with a link to
+/// finish a new account, or that it has one.
+async fn sign_ups_are_finished_by_email_and_tell_nobody_who_has_an_account(b: Backend) {
+    let mut mail = sink().await;
+    let port = mail.port;
+    let app = crate::helpers::spawn_app_with(b, |s| {
+        s.smtp_url = Some(format!("smtp://127.0.0.1:{port}"));
+        s.signup_confirmation = Some(false);
+    })
+    .await;
+    let existing = app.signup("ada@example.com", "Lab").await;
+    drop(existing);
+    // From now on sign-ups are confirmed by email (a server restarted with it on).
+    app.kill().await;
+    let app = app
+        .restart_with(|s| s.signup_confirmation = Some(true))
+        .await;
+    let sign_up = |email: &'static str| {
+        let app = &app;
+        async move {
+            let res = app
+                .post_json(
+                    "/api/v1/auth/signup",
+                    &json!({"email": email, "password": crate::helpers::PASSWORD, "tenant_name": "Org"}),
+                )
+                .await;
+            let status = res.status();
+            let cookies = res.headers().get_all("set-cookie").iter().count();
+            let body: Value = res.json().await.unwrap();
+            (status, cookies, body)
+        }
+    };
+    let (s_old, c_old, b_old) = sign_up("ada@example.com").await;
+    let (s_new, c_new, b_new) = sign_up("new@example.com").await;
+    assert_eq!((s_old, c_old), (StatusCode::ACCEPTED, 0), "{b_old}");
+    assert_eq!((s_new, c_new), (StatusCode::ACCEPTED, 0), "{b_new}");
+    let shape = |b: &Value| {
+        b["message"]
+            .as_str()
+            .unwrap()
+            .replace("ada@example.com", "X")
+            .replace("new@example.com", "X")
+    };
+    assert_eq!(shape(&b_old), shape(&b_new), "the same answer either way");
+    assert_eq!(b_old["status"], "confirm_email");
+    // Each address is told by email.
+    let mut told = std::collections::HashMap::new();
+    for _ in 0..2 {
+        let m = mail.next().await;
+        let to = m["to"][0].as_str().unwrap_or_default().to_owned();
+        // Long lines travel quoted-printable.
+        let data = m["data"]
+            .as_str()
+            .unwrap()
+            .replace("=\r\n", "")
+            .replace("=\n", "")
+            .replace("=3D", "=");
+        told.insert(to, data);
+    }
+    let old = told
+        .get("ada@example.com")
+        .expect("the existing address is told");
+    assert!(old.contains("already"), "{old}");
+    let new = told
+        .get("new@example.com")
+        .expect("the new address is told");
+    let token = new
+        .split("token=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("a link with its token")
+        .trim_end_matches('=')
+        .to_owned();
+    // Nothing is made until the link is followed; then the account exists and is signed in.
+    let res = app
+        .post_json(
+            "/api/v1/auth/login",
+            &json!({"email": "new@example.com", "password": crate::helpers::PASSWORD}),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let res = app
+        .post_json("/api/v1/auth/signup/confirm", &json!({"token": token}))
+        .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["user"]["email"], "new@example.com", "{body}");
+    assert_eq!(body["user"]["role"], "owner", "{body}");
+    let again = app
+        .post_json("/api/v1/auth/signup/confirm", &json!({"token": token}))
+        .await;
+    assert_error(again, StatusCode::NOT_FOUND, "not_found").await;
 }

@@ -28,6 +28,7 @@ crate::on_both_backends!(
     sign_up_refuses_weak_passwords_lookalike_emails_and_floods,
     deadlines_in_the_past_are_refused,
     storage_quota_holds_uploads,
+    storage_quota_holds_concurrent_uploads_and_checkpoints,
     a_file_and_a_folder_of_the_same_name_conflict,
     data_paths_are_storage_or_a_dataset_root,
     trusted_only_nodes_take_only_trusted_organizations,
@@ -1019,4 +1020,95 @@ async fn the_bundle_is_served_gzipped_ahead_of_time(b: Backend) {
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(ty.unwrap().starts_with("text/html"));
     assert!(String::from_utf8_lossy(&body).contains("Page not found"));
+}
+
+/// The storage cap holds when an organization's uploads arrive together (each checked only
+/// at its start, five of eight 300-byte uploads passed a 1,000-byte cap), and for a
+/// checkpoint, whose bytes count as they arrive (a 30 MB checkpoint was stored under a
+/// 100,000-byte cap).
+async fn storage_quota_holds_concurrent_uploads_and_checkpoints(b: Backend) {
+    let app = spawn_app(b).await;
+    let op = app.operator().await;
+    let s = app.signup("ada@example.com", "Lab").await;
+    let tenant = s.user["tenant_id"].as_str().unwrap().to_owned();
+    let cap = |bytes: u64| {
+        let (op, app, tenant) = (&op, &app, &tenant);
+        async move {
+            let res = op
+                .send(
+                    app,
+                    Method::PUT,
+                    &format!("/api/v1/admin/tenants/{tenant}/quota"),
+                    Some(json!({ "max_storage_bytes": bytes })),
+                )
+                .await;
+            assert_eq!(res.status(), StatusCode::OK);
+        }
+    };
+    cap(1000).await;
+    // Bodies that do not say their length, all at once.
+    let uploads = (0..8).map(|i| {
+        let chunks =
+            futures_util::stream::iter((0..3).map(|_| Ok::<_, std::io::Error>(vec![1u8; 100])));
+        s.request(
+            &app,
+            Method::PUT,
+            &format!("/api/v1/objects/autodl/p{i}.bin"),
+        )
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+    });
+    let answers = futures_util::future::join_all(uploads).await;
+    let stored = answers
+        .iter()
+        .filter(|r| r.as_ref().unwrap().status() == StatusCode::CREATED)
+        .count();
+    assert!(
+        stored <= 3,
+        "{stored} uploads of 300 bytes under a 1,000-byte cap"
+    );
+    let used = s.get(&app, "/api/v1/tenant").await["storage_bytes"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(used, 300 * stored as u64, "the count is what is stored");
+
+    // A checkpoint larger than what is left: refused as it arrives.
+    for i in 0..8 {
+        let _ = s
+            .send(
+                &app,
+                Method::DELETE,
+                &format!("/api/v1/objects/autodl/p{i}.bin"),
+                None,
+            )
+            .await;
+    }
+    cap(100_000).await;
+    let agent = crate::e2e::start_agent(&app, &op, "quota-node", "1xA100-40G").await;
+    let id = crate::e2e::submit(&app, &s, json!({"name": "big", "image": "none",
+        "command": "head -c 30000000 /dev/zero > \"$AUTODL_CHECKPOINT_DIR/model.pt\" && echo '{}' > \"$AUTODL_CHECKPOINT_DIR/.autodl-save\" && sleep 3",
+        "resources": {"gpu": {"count": 1}}})).await;
+    let t = crate::e2e::wait_for(&app, &s, &id, &["completed", "failed"], 90).await;
+    let log = crate::e2e::log_text(&app, &s, &id).await;
+    assert_eq!(t["state"], "completed", "{t}\n{log}");
+    assert!(log.contains("checkpoint upload failed"), "{log}");
+    assert!(log.contains("storage quota"), "{log}");
+    let saves = s
+        .get(&app, &format!("/api/v1/tasks/{id}/checkpoints"))
+        .await;
+    assert_eq!(saves, json!([]), "{saves}");
+    // What was received and given up no longer counts.
+    let mut used = u64::MAX;
+    for _ in 0..50 {
+        used = s.get(&app, "/api/v1/tenant").await["storage_bytes"]
+            .as_u64()
+            .unwrap();
+        if used == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(used, 0);
+    agent.shutdown.cancel();
+    let _ = agent.handle.await;
 }

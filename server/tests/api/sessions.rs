@@ -9,7 +9,8 @@ use crate::helpers::{assert_error, spawn_app_on_clock, spawn_app_with, Backend, 
 
 crate::on_both_backends!(
     idle_sessions_are_warned_then_stopped,
-    organizations_cap_session_length_and_count
+    organizations_cap_session_length_and_count,
+    a_batch_task_held_by_a_shell_is_under_the_session_rules,
 );
 
 fn rfc3339(ms: i64) -> String {
@@ -301,4 +302,89 @@ async fn organizations_cap_session_length_and_count(b: Backend) {
         .send(&app, Method::POST, "/api/v1/tasks", Some(session))
         .await;
     assert_eq!(res.status(), StatusCode::CREATED);
+}
+
+/// A batch task that sleeps with `ports` is a session by another name: once a shell or an
+/// app holds it, the member's session cap counts it and the organization's session length
+/// ends it.
+async fn a_batch_task_held_by_a_shell_is_under_the_session_rules(b: Backend) {
+    use autodl_server::clock::Clock;
+    let (app, clock) = spawn_app_on_clock(b, |s| s.node_lost_timeout_secs = 3600).await;
+    let op = app.operator().await;
+    let agent = FakeAgent::join(&app, &op, "n1", "A100-40G", "z1").await;
+    let ada = app.signup("ada@example.com", "Lab").await;
+    let res = put_policy(
+        &app,
+        &ada,
+        json!({"max_sessions_per_user": 1, "max_session_hours": 1, "idle_minutes": 0}),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let t0 = clock.now_ms();
+    let mut runner = app.runner();
+    let mut ids = Vec::new();
+    for name in ["hideout", "other"] {
+        let res = ada
+            .send(
+                &app,
+                Method::POST,
+                "/api/v1/tasks",
+                Some(
+                    json!({"name": name, "image": "busybox", "command": "sleep 100000",
+                    "time_limit": "30d", "ports": [8888], "resources": {"gpu": {"count": 1}}}),
+                ),
+            )
+            .await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+        ids.push(
+            res.json::<Value>().await.unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    runner.cycle(t0).await.unwrap();
+    agent.poll(&[], 0).await;
+    for id in &ids {
+        let res = agent
+            .call(
+                &format!("/api/v1/agent/tasks/{id}/started"),
+                json!({"attempt": 1}),
+            )
+            .await;
+        assert!(res.status().is_success());
+    }
+    let running: Vec<(String, u64)> = ids.iter().map(|i| (i.clone(), 1)).collect();
+    // The first shell holds `hideout` like a session (its one allowed).
+    let held =
+        crate::tunnels::connect(&app, &ada, &format!("/api/v1/tasks/{}/shell", ids[0])).await;
+    assert!(held.is_ok(), "{:?}", held.err());
+    // A port into the second is one session too many; a one-shot command is no hold.
+    let second =
+        crate::tunnels::connect(&app, &ada, &format!("/api/v1/tasks/{}/ports/8888", ids[1])).await;
+    assert_eq!(second.err(), Some(403));
+    let exec = crate::tunnels::exec_path(&ids[1], &["nvidia-smi"]);
+    assert!(crate::tunnels::connect(&app, &ada, &exec).await.is_ok());
+    // Opening `hideout` again is the same hold.
+    assert!(
+        crate::tunnels::connect(&app, &ada, &format!("/api/v1/tasks/{}/shell", ids[0]))
+            .await
+            .is_ok()
+    );
+    // Past the organization's session length (an hour), the held one is stopped; the other
+    // runs on to its own 30 days.
+    clock.set(t0 + 61 * 60_000);
+    agent.poll(&running, 0).await;
+    runner.cycle(clock.now_ms()).await.unwrap();
+    let work = agent.poll(&running, 0).await;
+    let stops: Vec<&str> = work["stop"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["task_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(stops, [ids[0].as_str()], "{work}");
+    let said = kinds(&app, &ada, &ids[0]).await;
+    assert!(said.iter().any(|(k, _)| k == "session_length"), "{said:?}");
+    drop(held);
 }

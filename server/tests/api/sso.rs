@@ -18,7 +18,8 @@ crate::on_both_backends!(
     password_sign_in_can_be_turned_off,
     an_organizations_provider_reaches_only_its_own_people,
     settings_are_checked_and_kept_to_their_owners,
-    the_platforms_provider_gives_newcomers_an_organization
+    the_platforms_provider_gives_newcomers_an_organization,
+    an_admin_cannot_take_over_through_single_sign_on,
 );
 
 /// The provider process; killed when dropped.
@@ -239,16 +240,36 @@ async fn organizations_sign_people_in_with_their_provider(backend: Backend) {
         saved["provider"]["redirect_uri"],
         app.url("/api/v1/auth/sso/callback")
     );
-    // The sign-in page lists it.
-    let list: Value = Client::new()
-        .get(app.url("/api/v1/auth/sso/providers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(list, json!([{"id": id, "label": "Acme login"}]));
+    // The sign-in page lists it for an email of its domain, and to its own people; nobody
+    // else learns which organizations have one.
+    let listed = |query: &'static str| {
+        let app = &app;
+        async move {
+            Client::new()
+                .get(app.url(&format!("/api/v1/auth/sso/providers{query}")))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        listed("?email=someone@ACME.test").await,
+        json!([{"id": id, "label": "Acme login"}])
+    );
+    assert_eq!(listed("").await, json!([]));
+    assert_eq!(listed("?email=someone@other.test").await, json!([]));
+    assert_eq!(
+        owner.get(&app, "/api/v1/auth/sso/providers").await,
+        json!([{"id": id, "label": "Acme login"}])
+    );
+    let stranger = app.signup("eve@other.test", "Other").await;
+    assert_eq!(
+        stranger.get(&app, "/api/v1/auth/sso/providers").await,
+        json!([])
+    );
 
     // A first sign-in makes the account, in the organization, with the mapped role.
     op.account("ada@acme.test", true, &["ml-admins", "everyone"])
@@ -276,7 +297,7 @@ async fn organizations_sign_people_in_with_their_provider(backend: Backend) {
     op.account("owner@acme.test", true, &["ml"]).await;
     let o = browser();
     let why = refusal(&sign_in(&app, &o, &id, "owner@acme.test").await);
-    assert!(why.contains("link single sign-on themselves"), "{why}");
+    assert!(why.contains("not linked to this provider"), "{why}");
     assert_eq!(me(&app, &o).await.0, StatusCode::UNAUTHORIZED);
     // ...the owner links it, signed in; then it signs them in, and they stay owner whatever
     // the groups say.
@@ -403,7 +424,7 @@ async fn refused_tokens_states_and_people_make_no_session(backend: Backend) {
     op.account("bob@acme.test", false, &[]).await;
     let b = browser();
     let why = refusal(&sign_in(&app, &b, &id, "bob@acme.test").await);
-    assert!(why.contains("not verified"), "{why}");
+    assert!(why.contains("not linked to this provider"), "{why}");
 }
 
 async fn rotated_provider_keys_are_read_again(backend: Backend) {
@@ -429,7 +450,23 @@ async fn password_sign_in_can_be_turned_off(backend: Backend) {
     let op = Provider::start(&app, false).await;
     let owner = app.signup("owner@acme.test", "Acme").await;
     let member = app.invite_and_join(&owner, "bob@acme.test", "member").await;
+    let saved = configure(&app, &owner, op.settings()).await;
+    // bob links his account himself, signed in, while passwords still work.
+    op.account("bob@acme.test", true, &["ml"]).await;
+    let id = saved["provider"]["id"].as_str().unwrap().to_owned();
+    let start = format!("/api/v1/auth/sso/{id}/start?link=true&return_to=/account");
     drop(member);
+    let m = browser();
+    let res = m
+        .post(app.url("/api/v1/auth/login"))
+        .json(&json!({"email": "bob@acme.test", "password": PASSWORD}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let callback = to_callback_from(&app, &m, &start, "bob@acme.test").await;
+    let res = m.get(&callback).send().await.unwrap();
+    assert!(location(&res).ends_with("/account"), "{}", location(&res));
     let mut settings = op.settings();
     settings["password_login"] = json!(false);
     let saved = configure(&app, &owner, settings).await;
@@ -475,8 +512,7 @@ async fn password_sign_in_can_be_turned_off(backend: Backend) {
         )
         .await;
     assert_error(res, StatusCode::FORBIDDEN, "forbidden").await;
-    // Its people sign in through the provider (bob's account is linked by verified email).
-    op.account("bob@acme.test", true, &["ml"]).await;
+    // Its people sign in through the provider (bob's account is linked).
     let b = browser();
     assert!(sign_in(
         &app,
@@ -487,8 +523,7 @@ async fn password_sign_in_can_be_turned_off(backend: Backend) {
     .await
     .ends_with("/tasks"));
     assert_eq!(me(&app, &b).await.1["email"], "bob@acme.test");
-    // A platform admin of the organization keeps the password (the way back in).
-    app.make_platform_admin(&owner.id()).await;
+    // Its owner keeps the password (the way back in), as a platform admin does.
     assert_eq!(login("owner@acme.test").await.status(), StatusCode::OK);
     // Existing sessions and the provider still work; removing it brings passwords back.
     let res = owner
@@ -689,4 +724,71 @@ async fn the_platforms_provider_gives_newcomers_an_organization(backend: Backend
     assert!(records
         .iter()
         .any(|r| r["action"] == "sso.configured" && r["tenant_id"].is_null()));
+}
+
+/// An organization's admin (not its owner) tries to take the organization over through a
+/// provider of their own: changing how people sign in is refused; and the owner's provider
+/// cannot sign anyone in by claiming an existing account's email.
+async fn an_admin_cannot_take_over_through_single_sign_on(backend: Backend) {
+    let app = sso_app(backend).await;
+    let op = Provider::start(&app, false).await;
+    let owner = app.signup("owner@acme.test", "Acme").await;
+    let admin = app
+        .invite_and_join(&owner, "mallory@acme.test", "admin")
+        .await;
+    let _colleague = app
+        .invite_and_join(&owner, "carol@acme.test", "admin")
+        .await;
+    let _member = app.invite_and_join(&owner, "bob@acme.test", "member").await;
+    let mut settings = op.settings();
+    settings["password_login"] = json!(false);
+    let res = admin
+        .send(
+            &app,
+            Method::PUT,
+            "/api/v1/tenant/sso",
+            Some(settings.clone()),
+        )
+        .await;
+    let body = assert_error(res, StatusCode::FORBIDDEN, "forbidden").await;
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("owner"),
+        "{body}"
+    );
+    let res = admin
+        .send(&app, Method::DELETE, "/api/v1/tenant/sso", None)
+        .await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    // The owner turns passwords off and keeps their own way in.
+    let saved = configure(&app, &owner, settings).await;
+    let id = saved["provider"]["id"].as_str().unwrap().to_owned();
+    let res = Client::new()
+        .post(app.url("/api/v1/auth/login"))
+        .json(&json!({"email": "owner@acme.test", "password": PASSWORD}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "the owner is locked out");
+    // Whoever controls the provider claims existing people's emails: nobody is signed in.
+    for (email, groups) in [
+        ("owner@acme.test", &["ml-admins"][..]),
+        ("carol@acme.test", &["ml-admins"]),
+        ("bob@acme.test", &["ml"]),
+    ] {
+        op.account(email, true, groups).await;
+        let b = browser();
+        let why = refusal(&sign_in(&app, &b, &id, email).await);
+        assert!(
+            why.contains("not linked to this provider"),
+            "{email}: {why}"
+        );
+        assert_eq!(me(&app, &b).await.0, StatusCode::UNAUTHORIZED, "{email}");
+    }
+    let records = audit_actions(&app, &owner).await;
+    assert!(
+        !records
+            .iter()
+            .any(|r| r["action"] == "auth.sign_in" && r["detail"]["method"] == "sso"),
+        "{records:?}"
+    );
 }

@@ -18,7 +18,8 @@ crate::on_both_backends!(
     a_burst_is_stored_once_each,
     a_repeated_key_in_one_batch_makes_one_task,
     a_server_killed_mid_burst_keeps_every_acknowledged_task,
-    account_changes_apply_to_the_next_request
+    account_changes_apply_to_the_next_request,
+    caps_hold_under_concurrent_submissions,
 );
 
 async fn api_key(app: &TestApp, s: &Session) -> String {
@@ -142,6 +143,7 @@ async fn a_repeated_key_in_one_batch_makes_one_task(b: Backend) {
             task: record(id, key),
             labels: vec![("who".into(), id.into())],
             kind: Default::default(),
+            caps: Default::default(),
         })
         .collect();
     let out = app.state.store.create_tasks(&batch).await.unwrap();
@@ -335,4 +337,82 @@ async fn account_changes_apply_to_the_next_request(b: Backend) {
         "unauthorized",
     )
     .await;
+}
+
+/// Caps counted as tasks are stored, not only before: 40 submissions at once under a cap of 5
+/// queued tasks store 5 (7 were stored when each was counted only ahead of the write), and 10
+/// sessions at once under one session per member store 1.
+async fn caps_hold_under_concurrent_submissions(b: Backend) {
+    let app = spawn_app(b).await;
+    let op = app.operator().await;
+    let owner = app.signup("q@example.com", "Lab").await;
+    let tenant = owner.user["tenant_id"].as_str().unwrap().to_owned();
+    let res = op
+        .send(
+            &app,
+            Method::PUT,
+            &format!("/api/v1/admin/tenants/{tenant}/quota"),
+            Some(json!({"max_queued_tasks": 5})),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let key = api_key(&app, &owner).await;
+    let http = Client::new();
+    let burst = |body: Value, n: usize| {
+        let (http, app, key) = (&http, &app, &key);
+        futures_util::future::join_all((0..n).map(move |i| {
+            let mut body = body.clone();
+            body["name"] = json!(format!("t{i}"));
+            async move {
+                http.post(app.url("/api/v1/tasks"))
+                    .bearer_auth(key)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            }
+        }))
+    };
+    let answers = burst(json!({"image": "i", "command": "true"}), 40).await;
+    let created = answers
+        .iter()
+        .filter(|s| **s == StatusCode::CREATED)
+        .count();
+    assert_eq!(created, 5, "{answers:?}");
+    assert!(answers
+        .iter()
+        .all(|s| *s == StatusCode::CREATED || *s == StatusCode::FORBIDDEN));
+    let listed = owner.get(&app, "/api/v1/tasks?state=pending").await;
+    assert_eq!(listed["total"], 5, "{listed}");
+
+    // One session per member, ten asked for at once.
+    let res = op
+        .send(
+            &app,
+            Method::PUT,
+            &format!("/api/v1/admin/tenants/{tenant}/quota"),
+            Some(json!({"max_queued_tasks": null})),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = owner
+        .send(
+            &app,
+            Method::PUT,
+            "/api/v1/tenant/session-policy",
+            Some(json!({"max_sessions_per_user": 1})),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let answers = burst(
+        json!({"image": "jupyter", "kind": "session", "resources": {"gpu": {"count": 1}}}),
+        10,
+    )
+    .await;
+    let created = answers
+        .iter()
+        .filter(|s| **s == StatusCode::CREATED)
+        .count();
+    assert_eq!(created, 1, "{answers:?}");
 }

@@ -13,6 +13,204 @@ use crate::helpers::{spawn_app_with, Backend, Session, TestApp};
 
 crate::on_both_backends!(shells_commands_and_ports_reach_a_running_task);
 
+/// A WebSocket into the server as a program holding `token` (an API key or a session).
+async fn connect_as(app: &TestApp, token: &str, path: &str) -> Ws {
+    let url = app.url(path).replacen("http://", "ws://", 1);
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    tokio_tungstenite::connect_async(req).await.unwrap().0
+}
+
+/// A shell running a loop until its tunnel ends; returns how long it lasted after `cut`.
+async fn shell_until_cut(
+    app: &TestApp,
+    token: &str,
+    id: &str,
+    cut: impl std::future::Future<Output = ()>,
+) -> (Ended, Duration) {
+    let mut ws = connect_as(app, token, &format!("/api/v1/tasks/{id}/shell")).await;
+    ws.send(stdin("while true; do echo tick; sleep 0.2; done\n"))
+        .await
+        .unwrap();
+    read_until(&mut ws, "tick", 20).await;
+    cut.await;
+    let at = std::time::Instant::now();
+    let ended = read_to_end(&mut ws, 15).await;
+    (ended, at.elapsed())
+}
+
+/// Tunnels end as live streams do when their person loses access: a revoked key, a removed
+/// admin, a signed-out session; and so does an app's WebSocket opened with a pass.
+#[tokio::test]
+async fn open_tunnels_end_when_access_ends() {
+    let app = spawn_app_with(Backend::Sqlite, |_| {}).await;
+    let op = app.operator().await;
+    let agent = start_agent(&app, &op, "sim-cut", "2xA100-40G").await;
+    let ada = app.signup("ada@example.com", "Lab").await;
+    let port = free_port();
+    let id = submit(
+        &app,
+        &ada,
+        json!({"name": "notebook", "image": "none", "kind": "session", "ports": [port],
+            "env": {"APP": crate::apps::APP},
+            "command": format!("exec python3 -c \"$APP\" {port}"),
+            "resources": {"gpu": {"count": 1}}}),
+    )
+    .await;
+    wait_for(&app, &ada, &id, &["running"], 30).await;
+    let new_key = |s: &Session| {
+        let s = s.clone();
+        let app = &app;
+        async move {
+            let k: Value = s
+                .send(
+                    app,
+                    reqwest::Method::POST,
+                    "/api/v1/api-keys",
+                    Some(json!({"name": "k"})),
+                )
+                .await
+                .json()
+                .await
+                .unwrap();
+            (
+                k["info"]["id"].as_str().unwrap().to_owned(),
+                k["key"].as_str().unwrap().to_owned(),
+            )
+        }
+    };
+    let within = Duration::from_secs(6);
+
+    // A revoked key.
+    let (key_id, key) = new_key(&ada).await;
+    let (ended, took) = shell_until_cut(&app, &key, &id, async {
+        let res = ada
+            .send(
+                &app,
+                reqwest::Method::DELETE,
+                &format!("/api/v1/api-keys/{key_id}"),
+                None,
+            )
+            .await;
+        assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    })
+    .await;
+    assert!(
+        took < within,
+        "the shell lasted {took:?} after its key was revoked"
+    );
+    assert!(
+        ended
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("revoked")),
+        "{ended:?}"
+    );
+
+    // An admin removed from the organization, in a colleague's task.
+    let admin = app.invite_and_join(&ada, "root@example.com", "admin").await;
+    let (ended, took) = shell_until_cut(&app, &admin.token, &id, async {
+        let res = ada
+            .send(
+                &app,
+                reqwest::Method::DELETE,
+                &format!("/api/v1/tenant/members/{}", admin.id()),
+                None,
+            )
+            .await;
+        assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    })
+    .await;
+    assert!(
+        took < within,
+        "the shell lasted {took:?} after its admin was removed"
+    );
+    assert!(ended.error.is_some(), "{ended:?}");
+
+    // A session signed out.
+    let again = app.login("ada@example.com", crate::helpers::PASSWORD).await;
+    let (ended, took) = shell_until_cut(&app, &again.token, &id, async {
+        let res = again
+            .send(&app, reqwest::Method::POST, "/api/v1/auth/logout", None)
+            .await;
+        assert!(res.status().is_success(), "{}", res.status());
+    })
+    .await;
+    assert!(took < within, "the shell lasted {took:?} after sign-out");
+    assert!(ended.error.is_some(), "{ended:?}");
+
+    // An app's WebSocket, through a pass made with a key that is then revoked.
+    let (key_id, key) = new_key(&ada).await;
+    let keyed = Session {
+        token: key.clone(),
+        ..ada.clone()
+    };
+    let res = crate::apps::open(&app, &keyed, &id, port, "").await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    let to = res.headers()["location"].to_str().unwrap().to_owned();
+    let host = format!("{port}-{id}.apps.localhost");
+    let server_port = crate::apps::server_port(&app);
+    let res = crate::apps::browser(&app, &host)
+        .get(&to)
+        .send()
+        .await
+        .unwrap();
+    let pass = res.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let mut req = format!("ws://127.0.0.1:{server_port}/ws")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("host", format!("{host}:{server_port}").parse().unwrap());
+    req.headers_mut().insert("cookie", pass.parse().unwrap());
+    let mut ws = None;
+    for _ in 0..50 {
+        if let Ok((w, _)) = tokio_tungstenite::connect_async(req.clone()).await {
+            ws = Some(w);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut ws = ws.expect("the app's WebSocket opens");
+    ws.send(Message::text("hi")).await.unwrap();
+    let echoed = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .unwrap();
+    assert_eq!(echoed.unwrap().unwrap(), Message::text("echo: hi"));
+    let res = ada
+        .send(
+            &app,
+            reqwest::Method::DELETE,
+            &format!("/api/v1/api-keys/{key_id}"),
+            None,
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let at = std::time::Instant::now();
+    let closed = tokio::time::timeout(within, async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the app's WebSocket outlived its key by {:?}",
+        at.elapsed()
+    );
+    agent.shutdown.cancel();
+    let _ = agent.handle.await;
+}
+
 pub type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
@@ -238,8 +436,9 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
     assert!(page.contains("Directory listing"), "{page}");
 
     // A declared port that is not the task's own: on an isolated node (root, as in CI) the
-    // agent refuses to carry anyone to it.
+    // task has a network of its own, so the tunnel reaches nothing of the host's.
     if running_as_root() {
+        foreign.set_nonblocking(true).unwrap();
         let mut ws = connect(
             &app,
             &ada,
@@ -252,8 +451,12 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
             ended
                 .error
                 .as_deref()
-                .is_some_and(|e| e.contains("no process of the task listens")),
+                .is_some_and(|e| e.contains("cannot be reached")),
             "{ended:?}"
+        );
+        assert!(
+            foreign.accept().is_err(),
+            "the tunnel reached the host's service"
         );
     }
     drop(foreign);

@@ -15,7 +15,7 @@ macro_rules! impl_accounts {
         #[async_trait]
         impl Accounts for $store {
             async fn create_tenant_with_owner(&self, t: &TenantRecord, u: &UserRecord) -> StoreResult<()> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 insert_tenant!(&mut *tx, t);
                 insert_user!(&mut *tx, u);
                 tx.commit().await?;
@@ -23,7 +23,7 @@ macro_rules! impl_accounts {
             }
 
             async fn accept_invitation(&self, invitation_id: &str, u: &UserRecord, now: i64) -> StoreResult<()> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 let done = sqlx::query(
                     "UPDATE invitations SET accepted_at = $1
                      WHERE id = $2 AND accepted_at IS NULL AND revoked = FALSE AND expires_at > $1",
@@ -248,6 +248,46 @@ macro_rules! impl_accounts {
                     .execute(&self.pool)
                     .await?;
                 Ok(())
+            }
+
+            async fn create_signup_request(&self, r: &SignupRequestRecord) -> StoreResult<()> {
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
+                sqlx::query("DELETE FROM signup_requests WHERE email = $1 OR expires_at < $2")
+                    .bind(&r.email)
+                    .bind(r.created_at)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "INSERT INTO signup_requests (token_hash, email, password_hash, tenant_name, created_at, expires_at)
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                )
+                .bind(&r.token_hash)
+                .bind(&r.email)
+                .bind(&r.password_hash)
+                .bind(&r.tenant_name)
+                .bind(r.created_at)
+                .bind(r.expires_at)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn take_signup_request(&self, token_hash: &str, now: i64) -> StoreResult<Option<SignupRequestRecord>> {
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
+                let found: Option<SignupRequestRecord> = sqlx::query_as(
+                    "SELECT token_hash, email, password_hash, tenant_name, created_at, expires_at
+                     FROM signup_requests WHERE token_hash = $1",
+                )
+                .bind(token_hash)
+                .fetch_optional(&mut *tx)
+                .await?;
+                sqlx::query("DELETE FROM signup_requests WHERE token_hash = $1")
+                    .bind(token_hash)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(found.filter(|r| r.expires_at > now))
             }
 
             async fn create_invitation(&self, i: &InvitationRecord) -> StoreResult<()> {

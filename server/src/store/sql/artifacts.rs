@@ -18,7 +18,7 @@ macro_rules! impl_artifacts {
             }
 
             async fn add_storage_bytes(&self, tenant_id: &str, delta: i64) -> StoreResult<()> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 sqlx::query("INSERT INTO tenant_storage (tenant_id, bytes) VALUES ($1, 0) ON CONFLICT (tenant_id) DO NOTHING")
                     .bind(tenant_id)
                     .execute(&mut *tx)
@@ -32,6 +32,33 @@ macro_rules! impl_artifacts {
                 .execute(&mut *tx)
                 .await?;
                 tx.commit().await?;
+                Ok(())
+            }
+
+            async fn reserve_storage_bytes(&self, tenant_id: &str, bytes: i64, limit: i64) -> StoreResult<bool> {
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
+                sqlx::query("INSERT INTO tenant_storage (tenant_id, bytes) VALUES ($1, 0) ON CONFLICT (tenant_id) DO NOTHING")
+                    .bind(tenant_id)
+                    .execute(&mut *tx)
+                    .await?;
+                let r = sqlx::query(
+                    "UPDATE tenant_storage SET bytes = bytes + $1 WHERE tenant_id = $2 AND bytes + $1 <= $3",
+                )
+                .bind(bytes)
+                .bind(tenant_id)
+                .bind(limit)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn add_upload_bytes(&self, artifact_id: &str, bytes: i64) -> StoreResult<()> {
+                sqlx::query("UPDATE artifacts SET size_bytes = size_bytes + $1 WHERE id = $2 AND state = 'uploading'")
+                    .bind(bytes)
+                    .bind(artifact_id)
+                    .execute(&self.pool)
+                    .await?;
                 Ok(())
             }
 
@@ -67,7 +94,7 @@ macro_rules! impl_artifacts {
             }
 
             async fn complete_artifact(&self, a: &ArtifactRecord, now: i64) -> StoreResult<bool> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 let r = sqlx::query(
                     "UPDATE artifacts SET state = 'complete', manifest = $1, files = $2, size_bytes = $3, step = $4, epoch = $5, completed_at = $6
                      WHERE id = $7 AND state = 'uploading'

@@ -10,7 +10,7 @@ macro_rules! impl_audit {
         #[async_trait]
         impl AuditTrail for $store {
             async fn append_audit(&self, r: &NewAuditRecord, at: i64) -> StoreResult<AuditRecord> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 // A write first: it takes the head's lock (SQLite's write lock, PostgreSQL's row
                 // lock) before anything is read, so appends queue instead of forking the chain.
                 let (seq, prev): (i64, String) = sqlx::query_as(

@@ -142,6 +142,11 @@ pub struct PostgresStore {
 const SCHEDULER_CONNECTIONS: u32 = 4;
 
 impl SqliteStore {
+    /// Every transaction here writes. A deferred one that reads first and then writes fails
+    /// at once with SQLITE_BUSY (no busy timeout applies) when another connection wrote in
+    /// between; taking the write lock at `BEGIN` waits for it instead.
+    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
+
     pub async fn open(url: &str, max_connections: u32) -> StoreResult<Self> {
         let opts = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
@@ -185,6 +190,9 @@ impl SqliteStore {
 }
 
 impl PostgresStore {
+    /// See [`SqliteStore::BEGIN_WRITE`]; PostgreSQL locks rows as it writes them.
+    const BEGIN_WRITE: &'static str = "BEGIN";
+
     pub async fn open(url: &str, max_connections: u32) -> StoreResult<Self> {
         let pool_of = |n: u32| {
             PgPoolOptions::new()

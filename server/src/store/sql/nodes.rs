@@ -8,7 +8,7 @@ const REG_TOKEN_COLS: &str =
 
 const NODE_COLS: &str =
     "id, zone, labels, cpu_millis, mem_bytes, gpus, schedulable, created_at, updated_at, credential_hash, last_seen, status, \
-     runtime, isolation, data_roots, open_to_all";
+     runtime, isolation, data_roots, open_to_all, host_detail";
 
 macro_rules! impl_nodes {
     ($store:ty, $db:ty) => {
@@ -17,12 +17,13 @@ macro_rules! impl_nodes {
             async fn upsert_node(&self, n: &NodeRecord) -> StoreResult<()> {
                 sqlx::query(
                     "INSERT INTO nodes (id, zone, labels, cpu_millis, mem_bytes, gpus, schedulable, created_at, updated_at, status,
-                                        runtime, isolation, data_roots)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                                        runtime, isolation, data_roots, host_detail)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
                      ON CONFLICT (id) DO UPDATE SET zone = excluded.zone, labels = excluded.labels,
                         cpu_millis = excluded.cpu_millis, mem_bytes = excluded.mem_bytes, gpus = excluded.gpus,
                         schedulable = excluded.schedulable, updated_at = excluded.updated_at,
-                        runtime = excluded.runtime, isolation = excluded.isolation, data_roots = excluded.data_roots",
+                        runtime = excluded.runtime, isolation = excluded.isolation, data_roots = excluded.data_roots,
+                        host_detail = excluded.host_detail",
                 )
                 .bind(&n.id)
                 .bind(&n.zone)
@@ -37,6 +38,7 @@ macro_rules! impl_nodes {
                 .bind(&n.runtime)
                 .bind(&n.isolation)
                 .bind(&n.data_roots)
+                .bind(&n.host_detail)
                 .execute(&self.pool)
                 .await?;
                 Ok(())
@@ -63,11 +65,12 @@ macro_rules! impl_nodes {
                 Ok(r.rows_affected() == 1)
             }
 
-            async fn set_node_host(&self, id: &str, runtime: &str, isolation: &str, data_roots: &str) -> StoreResult<()> {
-                sqlx::query("UPDATE nodes SET runtime = $1, isolation = $2, data_roots = $3 WHERE id = $4")
-                    .bind(runtime)
-                    .bind(isolation)
-                    .bind(data_roots)
+            async fn set_node_host(&self, id: &str, host: &NodeHost) -> StoreResult<()> {
+                sqlx::query("UPDATE nodes SET runtime = $1, isolation = $2, data_roots = $3, host_detail = $4 WHERE id = $5")
+                    .bind(&host.runtime)
+                    .bind(&host.isolation)
+                    .bind(&host.data_roots)
+                    .bind(&host.detail)
                     .bind(id)
                     .execute(&self.pool)
                     .await?;
@@ -174,7 +177,7 @@ macro_rules! impl_nodes {
             }
 
             async fn touch_nodes(&self, seen: &[(String, i64)]) -> StoreResult<()> {
-                let mut tx = self.sched.begin().await?;
+                let mut tx = self.sched.begin_with(Self::BEGIN_WRITE).await?;
                 for chunk in seen.chunks(1000) {
                     let mut q = sqlx::QueryBuilder::<$db>::new("WITH v (id, at) AS (");
                     q.push_values(chunk, |mut b, (id, at)| {

@@ -109,7 +109,7 @@ macro_rules! impl_sso {
             }
 
             async fn delete_sso_provider(&self, scope: &SsoScope) -> StoreResult<bool> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 let r = sqlx::query("DELETE FROM sso_providers WHERE scope = $1")
                     .bind(scope.key())
                     .execute(&mut *tx)
@@ -226,7 +226,7 @@ macro_rules! impl_sso {
                 provider_id: &str,
                 subject: &str,
             ) -> StoreResult<()> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 if let Some(t) = tenant {
                     insert_tenant!(&mut *tx, t);
                 }

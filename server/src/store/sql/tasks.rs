@@ -35,6 +35,45 @@ macro_rules! impl_tasks {
                 }
             }
 
+            /// Why `n` may not be stored now, by its caps and what `tx` sees (other servers'
+            /// submissions of the organization wait for this transaction: see `TENANT_LOCK`).
+            async fn over_cap(tx: &mut sqlx::Transaction<'_, $db>, n: &NewTask) -> StoreResult<Option<String>> {
+                let t = &n.task;
+                if let Some(lock) = Self::TENANT_LOCK {
+                    sqlx::query(lock).bind(&t.tenant_id).execute(&mut **tx).await?;
+                }
+                let (mine, tenant): (i64, i64) = sqlx::query_as(
+                    "SELECT COALESCE(SUM(CASE WHEN user_id = $1 THEN 1 ELSE 0 END), 0), COUNT(*)
+                     FROM tasks WHERE tenant_id = $2 AND state = 'pending'",
+                )
+                .bind(&t.user_id)
+                .bind(&t.tenant_id)
+                .fetch_one(&mut **tx)
+                .await?;
+                if let Some(cap) = n.caps.user_queued.filter(|c| mine >= *c) {
+                    return Ok(Some(format!("you already have {mine} queued tasks (your cap is {cap})")));
+                }
+                if let Some(cap) = n.caps.tenant_queued.filter(|c| tenant >= *c) {
+                    return Ok(Some(format!("your organization already has {tenant} queued tasks (cap {cap})")));
+                }
+                if let Some(cap) = n.caps.user_sessions {
+                    let (open,): (i64,) = sqlx::query_as(
+                        "SELECT COUNT(*) FROM tasks WHERE user_id = $1 AND kind = 'session'
+                         AND state IN ('pending', 'scheduled', 'running')",
+                    )
+                    .bind(&t.user_id)
+                    .fetch_one(&mut **tx)
+                    .await?;
+                    if open >= cap {
+                        return Ok(Some(format!(
+                            "you have {open} session(s) pending or running; your organization allows {cap} \
+                             per member (stop one with `autodl cancel`)"
+                        )));
+                    }
+                }
+                Ok(None)
+            }
+
             /// Inserts new tasks, their labels and their first event inside `tx`; answers the
             /// ids stored (a repeated idempotency key stores nothing).
             async fn insert_tasks(
@@ -104,7 +143,7 @@ macro_rules! impl_tasks {
         #[async_trait]
         impl Tasks for $store {
             async fn create_sweep(&self, sweep: &SweepRecord, trials: &[NewTask]) -> StoreResult<()> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 sqlx::query(
                     "INSERT INTO sweeps (id, tenant_id, user_id, name, method, parameters, max_concurrency, trials, created_at)
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
@@ -172,14 +211,35 @@ macro_rules! impl_tasks {
             }
 
             async fn create_tasks(&self, batch: &[NewTask]) -> StoreResult<Vec<StoreResult<TaskCreated>>> {
-                let mut tx = self.pool.begin().await?;
-                let stored = Self::insert_tasks(&mut tx, batch).await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
+                let mut over: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+                let stored = if batch.iter().any(|n| n.caps.any()) {
+                    let (capped, free): (Vec<NewTask>, Vec<NewTask>) =
+                        batch.iter().cloned().partition(|n| n.caps.any());
+                    let mut stored = Self::insert_tasks(&mut tx, &free).await?;
+                    // One at a time, each counted with all stored before it.
+                    for n in capped {
+                        match Self::over_cap(&mut tx, &n).await? {
+                            Some(why) => {
+                                over.insert(n.task.id.clone(), why);
+                            }
+                            None => stored.extend(Self::insert_tasks(&mut tx, std::slice::from_ref(&n)).await?),
+                        }
+                    }
+                    stored
+                } else {
+                    Self::insert_tasks(&mut tx, batch).await?
+                };
                 tx.commit().await?;
                 let mut out = Vec::with_capacity(batch.len());
                 for n in batch {
                     let t = &n.task;
                     if stored.contains(&t.id) {
                         out.push(Ok(TaskCreated::Created));
+                        continue;
+                    }
+                    if let Some(why) = over.remove(&t.id) {
+                        out.push(Ok(TaskCreated::OverCap(why)));
                         continue;
                     }
                     // Not stored: its idempotency key made a task before (else an id clash).
@@ -292,7 +352,7 @@ macro_rules! impl_tasks {
             }
 
             async fn cancel_task(&self, tenant_id: &str, id: &str, now: i64) -> StoreResult<CancelOutcome> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 let r = sqlx::query(&format!(
                     "UPDATE tasks SET state = 'cancelled', placement = NULL, updated_at = $1, finished_at = $1
                      WHERE id = $2 AND tenant_id = $3 AND state IN {ACTIVE}"
@@ -344,7 +404,7 @@ macro_rules! impl_tasks {
             }
 
             async fn end_unstarted(&self, id: &str, state: TaskState, message: &str, now: i64) -> StoreResult<bool> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 let r = sqlx::query(
                     "UPDATE tasks SET state = $1, updated_at = $2, finished_at = $2, waiting = NULL
                      WHERE id = $3 AND state = 'pending'",
@@ -363,7 +423,7 @@ macro_rules! impl_tasks {
             }
 
             async fn place_tasks(&self, term: Term, placing: &[Placing], now: i64) -> StoreResult<Vec<bool>> {
-                let mut tx = self.sched.begin().await?;
+                let mut tx = self.sched.begin_with(Self::BEGIN_WRITE).await?;
                 fence!(&mut *tx, term);
                 // A few statements for the whole batch: one per row would make a cycle that
                 // places thousands pay thousands of round trips.
@@ -424,7 +484,7 @@ macro_rules! impl_tasks {
             }
 
             async fn requeue_task(&self, fence: Option<Term>, id: &str, reason: &str, message: &str, now: i64) -> StoreResult<bool> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 if let Some(term) = fence {
                     fence!(&mut *tx, term);
                 }
@@ -453,7 +513,7 @@ macro_rules! impl_tasks {
             }
 
             async fn mark_running_many(&self, starts: &[RunStart]) -> StoreResult<Vec<bool>> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 let mut marked = Vec::with_capacity(starts.len());
                 for s in starts {
                     let r = sqlx::query(
@@ -476,7 +536,7 @@ macro_rules! impl_tasks {
             }
 
             async fn finish_attempts(&self, ends: &[RunEnd]) -> StoreResult<Vec<bool>> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 let mut finished = Vec::with_capacity(ends.len());
                 for RunEnd { task_id: id, attempt, end, at: now } in ends {
                     let ended = if end.next_state == TaskState::Pending { None } else { Some(*now) };
@@ -543,6 +603,23 @@ macro_rules! impl_tasks {
                 .fetch_all(&self.sched)
                 .await?;
                 Ok((rows, next))
+            }
+
+            async fn last_held(&self, task_ids: &[String]) -> StoreResult<std::collections::HashMap<String, i64>> {
+                let mut out = std::collections::HashMap::new();
+                for chunk in task_ids.chunks(500) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new(
+                        "SELECT task_id, MAX(at) FROM task_events WHERE kind IN ('shell', 'port_forward') AND task_id IN (",
+                    );
+                    let mut ids = q.separated(", ");
+                    for id in chunk {
+                        ids.push_bind(id);
+                    }
+                    q.push(") GROUP BY task_id");
+                    let rows: Vec<(String, i64)> = q.build_query_as().fetch_all(&self.pool).await?;
+                    out.extend(rows);
+                }
+                Ok(out)
             }
 
             async fn task_events(&self, id: &str) -> StoreResult<Vec<EventRecord>> {
@@ -623,7 +700,7 @@ macro_rules! impl_tasks {
             }
 
             async fn set_stop_reason(&self, fence: Option<Term>, id: &str, reason: &str) -> StoreResult<bool> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 if let Some(term) = fence {
                     fence!(&mut *tx, term);
                 }
@@ -642,7 +719,7 @@ macro_rules! impl_tasks {
                 if changes.is_empty() {
                     return Ok(());
                 }
-                let mut tx = self.sched.begin().await?;
+                let mut tx = self.sched.begin_with(Self::BEGIN_WRITE).await?;
                 fence!(&mut *tx, term);
                 // Many rows to a statement: a cycle that explains thousands of new tasks
                 // would otherwise spend longer writing than deciding.
@@ -682,6 +759,19 @@ impl PostgresStore {
         "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint";
     /// The inserting transaction, as the update trigger records it.
     const NEW_TASK_REV: &'static str = "pg_current_xact_id()::text::bigint";
+}
+
+impl SqliteStore {
+    /// SQLite has one writer (and one server): a transaction begun with the write lock
+    /// ([`SqliteStore::BEGIN_WRITE`]) already counts what no other can change.
+    const TENANT_LOCK: Option<&'static str> = None;
+}
+
+impl PostgresStore {
+    /// Several servers may store an organization's submissions at once: a capped one is
+    /// counted under a lock of its organization's, held to the end of the transaction.
+    const TENANT_LOCK: Option<&'static str> =
+        Some("SELECT pg_advisory_xact_lock(7103, hashtext($1))");
 }
 
 impl_tasks!(SqliteStore, sqlx::Sqlite);

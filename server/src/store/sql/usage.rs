@@ -56,7 +56,7 @@ macro_rules! impl_usage {
                 charges: &[RunChargeRecord],
                 usage: &(dyn for<'x> Fn(&'x [usize]) -> Vec<UsageRecord> + Sync),
             ) -> StoreResult<Option<Vec<usize>>> {
-                let mut tx = self.sched.begin().await?;
+                let mut tx = self.sched.begin_with(Self::BEGIN_WRITE).await?;
                 // Running runs, many to a statement (each cycle charges every one of them), and
                 // ended runs settled the same way (a cycle after a wave of ends settles
                 // thousands). Each only as the scheduler read it: charged up to `from`, not
@@ -166,7 +166,7 @@ macro_rules! impl_usage {
             }
 
             async fn insert_gpu_samples(&self, samples: &[GpuSampleRecord]) -> StoreResult<()> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 // Parameters per statement are bounded (SQLite allows 32766): chunk the batch.
                 for chunk in samples.chunks(3000) {
                     let mut q = sqlx::QueryBuilder::<$db>::new(format!("INSERT INTO gpu_samples ({SAMPLE_COLS}) "));
@@ -263,7 +263,7 @@ macro_rules! impl_usage {
             }
 
             async fn record_standings(&self, rows: &[StandingRecord]) -> StoreResult<()> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 for r in rows {
                     sqlx::query(
                         "INSERT INTO standings (user_id, tenant_id, at, fair_share, utilization)
@@ -328,7 +328,7 @@ macro_rules! impl_usage {
             }
 
             async fn compact_gpu_samples(&self, before: i64, rollups_before: i64) -> StoreResult<u64> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 sqlx::query(
                     "INSERT INTO gpu_rollups (node_id, gpu_index, hour, samples, avg_util, max_mem)
                      SELECT node_id, gpu_index, (at / 3600000) * 3600000, COUNT(*), AVG(util), MAX(mem_used)

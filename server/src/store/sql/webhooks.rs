@@ -53,7 +53,7 @@ macro_rules! impl_webhooks {
                 now: i64,
             ) -> StoreResult<usize> {
                 let hooks = self.webhooks(tenant_id).await?;
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 let mut queued = 0;
                 for w in hooks {
                     let wants: Vec<String> = serde_json::from_str(&w.events).unwrap_or_default();
