@@ -65,6 +65,8 @@ struct Inner {
     data_lock: tokio::sync::Mutex<()>,
     /// Task uids, when the runtime runs each task as its own user.
     uids: Option<UidPool>,
+    /// Ports of the rendezvous of gangs meeting on this node.
+    ports: crate::ports::PortLeases,
     /// Current byte budget of one log batch (see `LOG_BATCH_BYTES`).
     log_batch_bytes: std::sync::atomic::AtomicUsize,
     /// Current number of GPU samples per call, halved when the server finds a batch too large.
@@ -156,6 +158,7 @@ impl Agent {
                 tracker: TaskTracker::new(),
                 data_lock: tokio::sync::Mutex::new(()),
                 uids,
+                ports: Default::default(),
                 log_batch_bytes: std::sync::atomic::AtomicUsize::new(LOG_BATCH_BYTES),
                 samples_per_call: std::sync::atomic::AtomicUsize::new(MAX_SAMPLES_PER_CALL),
             }),
@@ -308,6 +311,7 @@ impl Inner {
                 .collect(),
             limits: self.runtime.limits(),
             network: self.runtime.network(),
+            address: Some(self.config.advertise_addr.to_string()),
         }
     }
 
@@ -541,12 +545,14 @@ impl Inner {
     }
 
     fn start_task(self: &Arc<Self>, a: Assignment, shutdown: &CancellationToken) {
-        let launch = TaskLaunch::from_assignment(
+        let mut launch = TaskLaunch::from_assignment(
             &a,
             &self.config.node_id,
             &self.config.state_dir,
             !self.backend.is_simulated(),
         );
+        // Held until the attempt's supervision ends.
+        let port = self.ports.lease_rendezvous(&mut launch.env);
         let (stop_tx, stop_rx) = watch::channel(None);
         let key = (a.task_id.clone(), a.attempt);
         tracing::info!(task = a.task_id, attempt = a.attempt, gpus = ?a.gpu_indices, "starting task");
@@ -566,9 +572,13 @@ impl Inner {
             },
         );
         self.push_allocations();
-        // In a multi-node task the first node saves checkpoints and results for all of them
-        // (as torchrun's rank 0 does), so ranks do not overwrite one another's.
-        let rank_zero = a.env.get("RANK").is_none_or(|r| r == "0");
+        // In a multi-node task the first node (rank 0's) saves checkpoints and results for all
+        // of them, as torchrun's rank 0 does, so ranks do not overwrite one another's.
+        let rank_zero = a
+            .env
+            .get("NODE_RANK")
+            .or(a.env.get("RANK"))
+            .is_none_or(|r| r == "0");
         let job = StorageJob {
             restore: a.restore.clone(),
             checkpoint_interval: a
@@ -585,14 +595,11 @@ impl Inner {
                 .is_some_and(|p| p.starts_with("s3://")),
             code: a.code.clone(),
         };
-        self.tracker.spawn(supervise(
-            self.clone(),
-            key,
-            launch,
-            job,
-            stop_rx,
-            shutdown.clone(),
-        ));
+        let supervised = supervise(self.clone(), key, launch, job, stop_rx, shutdown.clone());
+        self.tracker.spawn(async move {
+            supervised.await;
+            drop(port);
+        });
     }
 
     async fn deliver<F, Fut>(

@@ -58,6 +58,9 @@ pub struct AgentConfig {
     /// Host folders tasks may name as `data_path` (read-only); none by default, so no host
     /// path reaches a task unless an operator says so.
     pub data_roots: Vec<PathBuf>,
+    /// Where the tasks of other nodes reach this node's tasks (the rendezvous of a gang whose
+    /// rank 0 runs here); the host's primary address by default.
+    pub advertise_addr: std::net::IpAddr,
 }
 
 macro_rules! setters {
@@ -96,11 +99,17 @@ impl AgentConfig {
             shutdown_grace: Duration::from_secs(10),
             isolation: IsolationConfig::default(),
             data_roots: Vec::new(),
+            advertise_addr: hostinfo::primary_address(),
         }
     }
 
     pub fn data_root(mut self, dir: impl Into<PathBuf>) -> Self {
         self.data_roots.push(dir.into());
+        self
+    }
+
+    pub fn advertise_addr(mut self, addr: std::net::IpAddr) -> Self {
+        self.advertise_addr = addr;
         self
     }
 

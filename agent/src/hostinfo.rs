@@ -10,6 +10,21 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
+/// The address this host reaches other hosts from: the source of its route toward a public
+/// address (a UDP "connection" sends nothing); the loopback where it has no such route.
+pub fn primary_address() -> std::net::IpAddr {
+    let routed = || -> std::io::Result<std::net::IpAddr> {
+        let probe = std::net::UdpSocket::bind(("0.0.0.0", 0))?;
+        // TEST-NET-2: never a real peer, only a route to look up.
+        probe.connect(("198.51.100.1", 9))?;
+        Ok(probe.local_addr()?.ip())
+    };
+    routed()
+        .ok()
+        .filter(|ip| !ip.is_unspecified())
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+}
+
 /// Cores this process may use (honours CPU affinity, e.g. a container's cpuset).
 pub fn cpu_count() -> u32 {
     std::thread::available_parallelism()
@@ -43,5 +58,6 @@ mod tests {
         assert!(cpu_count() >= 1);
         assert!(!hostname().is_empty());
         assert!(memory_bytes() > 0);
+        assert!(!primary_address().is_unspecified());
     }
 }

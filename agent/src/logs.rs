@@ -67,7 +67,12 @@ impl LogBuffer {
 
     /// Adds one line (without its newline). OOM detection happens here, before any line can
     /// be dropped, so a long outage cannot hide the reason a task failed.
-    pub fn push(&self, stream: Stream, mut line: String) {
+    pub fn push(&self, stream: Stream, line: String) {
+        self.push_from(stream, line, None);
+    }
+
+    /// Adds a line a worker printed (`rank`: the worker, in an attempt of several).
+    pub fn push_from(&self, stream: Stream, mut line: String, rank: Option<u32>) {
         if is_oom_line(&line) {
             self.oom.store(true, Ordering::Relaxed);
         }
@@ -83,6 +88,7 @@ impl LogBuffer {
             at: now_rfc3339(),
             stream,
             line,
+            rank,
         });
         while q.lines.len() > self.capacity {
             q.lines.pop_front();
@@ -137,6 +143,7 @@ impl LogBuffer {
                     "[autodl-agent] {} log lines dropped while the server was unreachable",
                     q.dropped
                 ),
+                rank: None,
             });
             q.dropped = 0;
         }

@@ -94,6 +94,10 @@ struct Cli {
     /// s3:// data paths are accepted.
     #[arg(long = "data-root", env = "AUTODL_DATA_ROOTS", value_delimiter = ',')]
     data_roots: Vec<PathBuf>,
+    /// The address other nodes' tasks reach this node's tasks at (where a gang spanning nodes
+    /// meets when its rank 0 is here); default: the host's primary address.
+    #[arg(long, env = "AUTODL_ADVERTISE_ADDR")]
+    advertise_addr: Option<std::net::IpAddr>,
     /// Most processes (and threads) one task may hold, in a container or a cgroup.
     #[arg(long, default_value = "4096")]
     pids_limit: i64,
@@ -270,6 +274,9 @@ async fn main() -> Result<()> {
     config = config.isolation(isolation.clone());
     for r in cli.data_roots {
         config = config.data_root(r);
+    }
+    if let Some(addr) = cli.advertise_addr {
+        config = config.advertise_addr(addr);
     }
     let runtime = pick_runtime(cli.runtime, cli.workdir, &isolation).await?;
     let agent = Agent::new(config, backend, runtime)?;

@@ -61,6 +61,7 @@ mod tests {
             at: "2024-01-01T00:00:00Z".into(),
             stream: Stream::Stderr,
             line: "x".into(),
+            rank: None,
         };
         assert_eq!(serde_json::to_value(&l).unwrap()["stream"], "stderr");
         // The agent stamps `sent_at` when it sends; the batch itself leaves it out.

@@ -64,6 +64,10 @@ pub struct AgentHost {
     /// What network a task gets, in words.
     #[serde(default)]
     pub network: String,
+    /// The address the tasks of other nodes reach this node's tasks at (`--advertise-addr`):
+    /// where a gang whose rank 0 is here meets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -136,6 +140,23 @@ pub struct Assignment {
     /// The latest complete checkpoint, to download before the task starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreRef>,
+    /// The worker processes to start on this node (`launcher: "workers"`), each with its own
+    /// GPUs and variables on top of `env`; empty: one process with all of `gpu_indices`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<WorkerSlot>,
+}
+
+/// One worker process of an attempt.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct WorkerSlot {
+    /// Its rank in the whole task (0..num_workers).
+    pub rank: u32,
+    #[serde(default)]
+    pub gpu_indices: Vec<u32>,
+    /// Set on top of the assignment's `env` (`RANK`, `LOCAL_RANK`, ...).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -336,6 +357,9 @@ pub struct AgentLogLine {
     pub at: String,
     pub stream: Stream,
     pub line: String,
+    /// The worker that printed it, when the attempt runs a process per worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

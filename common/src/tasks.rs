@@ -207,6 +207,34 @@ impl TaskKind {
     }
 }
 
+/// How a task's workers are started on each of its nodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Launcher {
+    /// A process per worker, each with its own GPUs and the variables of
+    /// `torch.distributed`'s `env://` (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, ...), as a Kubeflow
+    /// PyTorchJob or torchrun would start them: a script written for either runs unchanged.
+    #[default]
+    Workers,
+    /// One process per node for the user's own `torchrun`, whose options come from `PET_*`
+    /// variables (nodes, this node's rank, processes per node, the rendezvous endpoint).
+    Torchrun,
+    /// One process per node with all of the node's GPUs and node-level variables; the
+    /// command starts its workers itself.
+    None,
+}
+
+impl Launcher {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Launcher::Workers => "workers",
+            Launcher::Torchrun => "torchrun",
+            Launcher::None => "none",
+        }
+    }
+}
+
 /// What a user submits.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
@@ -226,6 +254,9 @@ pub struct TaskSpecInput {
     pub num_workers: Option<u32>,
     #[serde(default)]
     pub gpu_per_worker: Option<u32>,
+    /// How workers start: `workers` (default, a process each), `torchrun` or `none`.
+    #[serde(default)]
+    pub launcher: Option<Launcher>,
     #[serde(default)]
     pub priority: Option<f64>,
     /// ISO 8601; without an offset it is UTC.
@@ -280,6 +311,10 @@ pub struct TaskSpec {
     pub name: String,
     pub image: String,
     pub command: Vec<String>,
+    /// The script the task was given as (`command` runs it with Python): the node checks it
+    /// is there before it starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry_point: Option<String>,
     pub env: BTreeMap<String, String>,
     /// Acceptable GPU types; empty accepts any.
     pub gpu_types: Vec<String>,
@@ -289,6 +324,9 @@ pub struct TaskSpec {
     pub cpu: f64,
     pub memory: u64,
     pub num_workers: u32,
+    /// Specs stored before launchers existed read as the default.
+    #[serde(default)]
+    pub launcher: Launcher,
     pub priority: f64,
     pub deadline: Option<String>,
     pub estimated_runtime: Option<u64>,
@@ -499,6 +537,10 @@ impl TryFrom<String> for TaskState {
 pub struct WorkerPlacement {
     pub node: String,
     pub gpu_indices: Vec<u32>,
+    /// On the first worker of a gang spanning nodes: the port its rendezvous is at on that
+    /// worker's node (leased to this placement alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 
 use autodl_common::tasks::{
-    Affinity, AfterFailure, AfterWhen, CheckpointInput, Command, GpuRequest, OneOrMany, Resources,
-    RetryPolicy, Size, TaskKind, TaskSpec, TaskSpecInput, TimeSpan,
+    Affinity, AfterFailure, AfterWhen, CheckpointInput, Command, GpuRequest, Launcher, OneOrMany,
+    Resources, RetryPolicy, Size, TaskKind, TaskSpec, TaskSpecInput, TimeSpan,
 };
 
 use crate::api::ApiErr;
@@ -27,6 +27,8 @@ pub struct FormValues {
     /// GPUs per worker.
     pub gpu_count: String,
     pub workers: String,
+    /// `workers`, `torchrun` or `none` (see [`Launcher`]).
+    pub launcher: String,
     pub gpu_memory: String,
     pub cpu: String,
     pub memory: String,
@@ -74,6 +76,7 @@ impl Default for FormValues {
             gpu_type: String::new(),
             gpu_count: "1".into(),
             workers: "1".into(),
+            launcher: Launcher::default().as_str().into(),
             gpu_memory: String::new(),
             cpu: String::new(),
             memory: String::new(),
@@ -256,6 +259,7 @@ impl FormValues {
             },
             gpu_count: text_of(i.gpu_per_worker.or(gpu.count)),
             workers: text_of(i.num_workers.or(Some(1))),
+            launcher: i.launcher.unwrap_or_default().as_str().into(),
             gpu_memory: gpu.memory.as_ref().map(size_text).unwrap_or_default(),
             cpu: text_of(i.resources.cpu),
             memory: i
@@ -338,6 +342,11 @@ impl FormValues {
             },
             num_workers: opt_num(&self.workers, "num_workers", "Workers")?,
             gpu_per_worker: None,
+            launcher: match self.launcher.as_str() {
+                "torchrun" => Some(Launcher::Torchrun),
+                "none" => Some(Launcher::None),
+                _ => None,
+            },
             priority: opt_num(&self.priority, "priority", "Priority")?,
             deadline: trimmed(&self.deadline),
             estimated_runtime: span(&self.estimated_runtime),
@@ -430,6 +439,7 @@ pub fn spec_to_input(spec: &TaskSpec) -> TaskSpecInput {
         },
         num_workers: Some(spec.num_workers),
         gpu_per_worker: None,
+        launcher: Some(spec.launcher),
         priority: Some(spec.priority),
         deadline: spec.deadline.clone(),
         estimated_runtime: spec.estimated_runtime.map(TimeSpan::Seconds),

@@ -82,6 +82,8 @@ pub async fn start_agents(
             .state_dir(data_dir.join(node))
             .cpu(32)
             .memory(256 << 30)
+            // All of the demo's nodes are this host.
+            .advertise_addr(std::net::Ipv4Addr::LOCALHOST.into())
             .isolation(isolation.clone());
         for r in &state.settings.demo_data_roots {
             config = config.data_root(r);

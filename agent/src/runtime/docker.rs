@@ -320,6 +320,16 @@ impl Runtime for DockerRuntime {
     }
 
     async fn run(&self, launch: TaskLaunch, io: TaskIo) -> Result<RunOutcome, RuntimeError> {
+        // One container per node: a node's single worker is that container.
+        let launch = match launch.worker_launches().as_slice() {
+            [one] => one.launch.clone(),
+            _ => {
+                return Err(RuntimeError::Unavailable(format!(
+                    "{} workers of this task were placed on this Docker node, which runs one container per node: submit it with \"launcher\": \"torchrun\" (or \"none\") to start its workers in that container",
+                    launch.workers.len()
+                )))
+            }
+        };
         let name = Self::container_name(&launch.task_id, launch.attempt);
         // A container of the same attempt can only be a leftover of a crashed agent.
         self.remove(&name).await;

@@ -42,15 +42,27 @@ impl Leftovers {
         }
     }
 
-    /// Notes that `pid` leads the process group of this attempt.
-    pub fn record(&self, task: &str, attempt: u32, pid: u32) -> std::io::Result<Record> {
+    /// Notes that `pid` leads the process group of this attempt (of its worker `rank` when it
+    /// runs a process per worker).
+    pub fn record(
+        &self,
+        task: &str,
+        attempt: u32,
+        rank: Option<u32>,
+        pid: u32,
+    ) -> std::io::Result<Record> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&self.dir)?;
         let pid = i32::try_from(pid).map_err(std::io::Error::other)?;
         let started = start_time(pid).ok_or_else(|| std::io::Error::other("no such process"))?;
-        let path = self.dir.join(format!("{}-{attempt}", safe_name(task)));
+        let path = match rank {
+            Some(r) => self
+                .dir
+                .join(format!("{}-{attempt}-rank{r}", safe_name(task))),
+            None => self.dir.join(format!("{}-{attempt}", safe_name(task))),
+        };
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -102,7 +114,7 @@ mod tests {
             .process_group(0)
             .spawn()
             .unwrap();
-        let record = left.record("task/1", 2, child.id()).unwrap();
+        let record = left.record("task/1", 2, None, child.id()).unwrap();
         // The agent dies: its record stays.
         std::mem::forget(record);
         // A record whose pid now belongs to someone else (another start time) is ignored.
@@ -120,7 +132,7 @@ mod tests {
         );
         // Ended attempts leave no record behind.
         let mut child = std::process::Command::new("true").spawn().unwrap();
-        drop(left.record("t", 1, child.id()));
+        drop(left.record("t", 1, Some(3), child.id()));
         child.wait().unwrap();
         assert_eq!(left.reap(), 0);
     }

@@ -19,7 +19,7 @@ pub use process::ProcessRuntime;
 pub use crate::error::RuntimeError;
 use crate::isolation::IsolationLevel;
 use crate::logs::LogBuffer;
-use crate::protocol::{Assignment, ExitReason};
+use crate::protocol::{Assignment, ExitReason, WorkerSlot};
 
 /// Paths of the per-task folders as a task sees them in a container or in the sandbox.
 pub const CONTAINER_CHECKPOINT_DIR: &str = "/autodl/checkpoints";
@@ -76,6 +76,19 @@ pub struct TaskLaunch {
     pub user: Option<crate::isolation::TaskUser>,
     /// The agent's state folder (its own: tasks cannot write there).
     pub state_dir: PathBuf,
+    /// The worker processes of this attempt on this node, each with its own GPUs and
+    /// variables; empty: one process.
+    pub workers: Vec<WorkerSlot>,
+    /// The worker this launch starts (one of `workers` of the attempt's launch); `None`: the
+    /// attempt's one process, or a command run in the attempt.
+    pub rank: Option<u32>,
+}
+
+/// One process of an attempt: its rank when the attempt runs a process per worker.
+#[derive(Debug, Clone)]
+pub struct WorkerLaunch {
+    pub rank: Option<u32>,
+    pub launch: TaskLaunch,
 }
 
 /// Variables only the runtime sets: a task's own `env` cannot point them elsewhere.
@@ -158,7 +171,58 @@ impl TaskLaunch {
                 }),
             user: None,
             state_dir,
+            workers: a
+                .workers
+                .iter()
+                .map(|w| WorkerSlot {
+                    rank: w.rank,
+                    gpu_indices: w.gpu_indices.clone(),
+                    // A worker's own variables are its rank's; nothing it could use to point
+                    // the runtime's folders or GPUs elsewhere.
+                    env: w
+                        .env
+                        .iter()
+                        .filter(|(k, _)| !RUNTIME_OWNED.contains(&k.as_str()))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
+                })
+                .collect(),
+            rank: None,
         }
+    }
+
+    /// The file the task's shell reads its variables from: one per worker, so that workers
+    /// starting together never read one another's.
+    pub fn env_file(&self) -> PathBuf {
+        match self.rank {
+            Some(r) => self.task_dir.join(format!(".autodl-env-{r}")),
+            None => self.task_dir.join(".autodl-env"),
+        }
+    }
+
+    /// The processes to start: one per worker (each with its GPUs and its variables on top
+    /// of the attempt's), or the attempt itself as one process.
+    pub fn worker_launches(&self) -> Vec<WorkerLaunch> {
+        if self.workers.is_empty() {
+            return vec![WorkerLaunch {
+                rank: None,
+                launch: self.clone(),
+            }];
+        }
+        self.workers
+            .iter()
+            .map(|w| {
+                let mut launch = self.clone();
+                launch.workers = Vec::new();
+                launch.rank = Some(w.rank);
+                launch.gpu_indices = w.gpu_indices.clone();
+                launch.env.extend(w.env.clone());
+                WorkerLaunch {
+                    rank: Some(w.rank),
+                    launch,
+                }
+            })
+            .collect()
     }
 
     /// The checkpoint folder now holds a restored checkpoint: the task sees

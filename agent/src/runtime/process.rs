@@ -35,6 +35,9 @@ use crate::protocol::Stream;
 /// How long output may keep flowing after the leader exited before the rest of its process
 /// group is killed (a forgotten background child would otherwise hold the pipes open forever).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a gang's other workers get to end (SIGTERM, then SIGKILL) once one of them
+/// failed: what a training script needs to leave its collective, not to save.
+const PEER_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 enum Mode {
@@ -283,7 +286,14 @@ fn signal_task(pid: u32, user: Option<TaskUser>, cgroup: Option<&TaskCgroup>, si
     }
 }
 
-async fn read_lines<R: AsyncRead + Unpin>(reader: R, stream: Stream, out: Arc<LogBuffer>) {
+/// Reads a process's lines into the task's log (`rank`: the worker it is, in an attempt of
+/// several).
+async fn read_lines<R: AsyncRead + Unpin>(
+    reader: R,
+    stream: Stream,
+    out: Arc<LogBuffer>,
+    rank: Option<u32>,
+) {
     let mut reader = BufReader::new(reader);
     let mut buf = Vec::with_capacity(1024);
     loop {
@@ -296,25 +306,8 @@ async fn read_lines<R: AsyncRead + Unpin>(reader: R, stream: Stream, out: Arc<Lo
                 while matches!(buf.last(), Some(b'\n' | b'\r')) {
                     buf.pop();
                 }
-                out.push(stream, String::from_utf8_lossy(&buf).into_owned());
+                out.push_from(stream, String::from_utf8_lossy(&buf).into_owned(), rank);
             }
-        }
-    }
-}
-
-async fn terminate(
-    child: &mut Child,
-    pid: u32,
-    user: Option<TaskUser>,
-    cgroup: Option<&TaskCgroup>,
-    grace: Duration,
-) -> std::io::Result<std::process::ExitStatus> {
-    signal_task(pid, user, cgroup, Signal::SIGTERM);
-    match tokio::time::timeout(grace, child.wait()).await {
-        Ok(status) => status,
-        Err(_) => {
-            signal_task(pid, user, cgroup, Signal::SIGKILL);
-            child.wait().await
         }
     }
 }
@@ -383,7 +376,7 @@ impl ProcessRuntime {
             (Mode::Sandbox(sb), Some(user)) => {
                 let paths = launch.mounted_paths();
                 let env = launch.full_env(&paths, &operator, true);
-                let env_file = launch.task_dir.join(".autodl-env");
+                let env_file = launch.env_file();
                 write_env_file(
                     &env_file,
                     user.gid,
@@ -436,7 +429,7 @@ impl ProcessRuntime {
             (Mode::Uid { setpriv, .. }, Some(user)) => {
                 let paths = launch.host_paths();
                 let env = launch.full_env(&paths, &operator, true);
-                let env_file = launch.task_dir.join(".autodl-env");
+                let env_file = launch.env_file();
                 write_env_file(
                     &env_file,
                     user.gid,
@@ -526,59 +519,103 @@ impl ProcessRuntime {
         io: TaskIo,
         confinement: &Confinement,
     ) -> Result<RunOutcome, RuntimeError> {
-        let plan = self.plan(&launch, &launch.command, false)?;
-        let mut cmd = plan.command();
         if launch.user.is_none() {
             std::fs::create_dir_all(launch.home_dir())?;
         }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
         let user = launch.user;
         let cgroup = confinement.cgroup.as_ref();
-        let mut child = cmd.spawn().map_err(RuntimeError::Spawn)?;
-        let pid = child.id().unwrap_or(0);
-        // Noted until the attempt ends, for an agent that dies before it can stop it.
-        let _record =
-            match Leftovers::new(&launch.state_dir).record(&launch.task_id, launch.attempt, pid) {
-                Ok(r) => Some(r),
+        // Every worker is planned (its variables written) before the first one starts.
+        let workers = launch.worker_launches();
+        let plans = workers
+            .iter()
+            .map(|w| self.plan(&w.launch, &w.launch.command, false))
+            .collect::<Result<Vec<_>, _>>()?;
+        let leftovers = Leftovers::new(&launch.state_dir);
+        let mut pids = Vec::with_capacity(plans.len());
+        let mut waits = futures_util::stream::FuturesUnordered::new();
+        let mut records = Vec::new();
+        let mut readers = Vec::new();
+        for (i, (w, plan)) in workers.iter().zip(&plans).enumerate() {
+            let mut cmd = plan.command();
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0)
+                .kill_on_drop(true);
+            let mut child = match cmd.spawn() {
+                Ok(c) => c,
                 Err(e) => {
-                    tracing::warn!(error = %e, "could not note the task's process group");
-                    None
+                    // A gang starts whole or not at all.
+                    for pid in &pids {
+                        signal_task(*pid, user, cgroup, Signal::SIGKILL);
+                    }
+                    return Err(RuntimeError::Spawn(e));
                 }
             };
+            let pid = child.id().unwrap_or(0);
+            pids.push(pid);
+            // Noted until the attempt ends, for an agent that dies before it can stop it.
+            match leftovers.record(&launch.task_id, launch.attempt, w.rank, pid) {
+                Ok(r) => records.push(r),
+                Err(e) => tracing::warn!(error = %e, "could not note the task's process group"),
+            }
+            // Each worker's lines say whose they are (the task's log holds them all).
+            if let Some(out) = child.stdout.take() {
+                readers.push(tokio::spawn(read_lines(
+                    out,
+                    Stream::Stdout,
+                    io.output.clone(),
+                    w.rank,
+                )));
+            }
+            if let Some(err) = child.stderr.take() {
+                readers.push(tokio::spawn(read_lines(
+                    err,
+                    Stream::Stderr,
+                    io.output.clone(),
+                    w.rank,
+                )));
+            }
+            waits.push(async move { (i, child.wait().await) });
+        }
         let _ = io.started.send(Started {
-            pid: (pid != 0).then_some(pid),
+            pid: pids.first().copied().filter(|p| *p != 0),
         });
-        let mut readers = Vec::new();
-        if let Some(out) = child.stdout.take() {
-            readers.push(tokio::spawn(read_lines(
-                out,
-                Stream::Stdout,
-                io.output.clone(),
-            )));
-        }
-        if let Some(err) = child.stderr.take() {
-            readers.push(tokio::spawn(read_lines(
-                err,
-                Stream::Stderr,
-                io.output.clone(),
-            )));
-        }
 
+        use futures_util::StreamExt;
+        let mut codes: Vec<Option<i32>> = vec![None; pids.len()];
         let mut stop = io.stop;
         let mut stop_open = true;
         let mut stopped = false;
-        let status = loop {
+        let mut failed = None;
+        // How long the processes still running get once the attempt ends: a stop's grace, or
+        // the peers' of a worker that failed.
+        let mut grace = None;
+        while !waits.is_empty() {
             let requested = *stop.borrow_and_update();
-            if let Some(grace) = requested {
+            if let Some(g) = requested {
                 stopped = true;
-                break terminate(&mut child, pid, user, cgroup, grace).await?;
+                grace = Some(g);
+                break;
             }
             tokio::select! {
-                status = child.wait() => break status?,
+                Some((i, status)) = waits.next() => {
+                    let code = code_of(status?);
+                    codes[i] = Some(code);
+                    if code != 0 && pids.len() > 1 {
+                        // A gang lives and dies together: its collective cannot go on.
+                        failed = Some(i);
+                        grace = Some(PEER_GRACE);
+                        io.output.push(
+                            Stream::Stderr,
+                            format!(
+                                "[autodl-agent] worker {} exited with code {code}: stopping the other workers",
+                                workers[i].rank.unwrap_or(0)
+                            ),
+                        );
+                        break;
+                    }
+                }
                 changed = stop.changed(), if stop_open => {
                     if changed.is_err() {
                         // The agent dropped its handle; nobody can ask for a stop any more.
@@ -586,18 +623,51 @@ impl ProcessRuntime {
                     }
                 }
             }
-        };
+        }
+        if !waits.is_empty() {
+            // SIGTERM, then SIGKILL after the grace period (to the task's uid, so to all of
+            // its workers, where it has one).
+            let still: Vec<u32> = (0..pids.len())
+                .filter(|i| codes[*i].is_none())
+                .map(|i| pids[i])
+                .collect();
+            for pid in &still {
+                signal_task(*pid, user, cgroup, Signal::SIGTERM);
+            }
+            let deadline = tokio::time::Instant::now() + grace.unwrap_or(PEER_GRACE);
+            loop {
+                match tokio::time::timeout_at(deadline, waits.next()).await {
+                    Ok(Some((i, status))) => codes[i] = Some(code_of(status?)),
+                    Ok(None) => break,
+                    Err(_) => {
+                        for pid in &still {
+                            signal_task(*pid, user, cgroup, Signal::SIGKILL);
+                        }
+                        while let Some((i, status)) = waits.next().await {
+                            codes[i] = Some(code_of(status?));
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        drop(waits);
+        drop(records);
 
         let drain = futures_util::future::join_all(readers.iter_mut());
         if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
-            signal_task(pid, user, cgroup, Signal::SIGKILL);
+            for pid in &pids {
+                signal_task(*pid, user, cgroup, Signal::SIGKILL);
+            }
             for r in &readers {
                 r.abort();
             }
         }
-        let exit_code = status
-            .code()
-            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+        // The failed worker's code; else the first that is not 0 (rank order).
+        let exit_code = failed
+            .and_then(|i| codes[i])
+            .or_else(|| codes.iter().flatten().find(|c| **c != 0).copied())
+            .unwrap_or(0);
         let oom_killed = cgroup.is_some_and(|cg| cg.oom_kills() > 0);
         if oom_killed {
             let limit = launch
@@ -617,6 +687,13 @@ impl ProcessRuntime {
             stopped,
         })
     }
+}
+
+/// Exit status as a code: 128 + the signal's number when a signal ended the process.
+fn code_of(status: std::process::ExitStatus) -> i32 {
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
 #[async_trait]
@@ -894,6 +971,54 @@ mod tests {
                 .any(|l| l.stream == Stream::Stderr && l.line == "err"),
             "{ls:?}"
         );
+    }
+
+    /// The launch of `script` as a gang of `ranks` workers on this node, a GPU each.
+    fn gang(script: &str, ranks: u32) -> (TaskLaunch, TaskIo, Harness) {
+        let (mut l, io, h) = launch(script);
+        l.workers = (0..ranks)
+            .map(|r| crate::protocol::WorkerSlot {
+                rank: r,
+                gpu_indices: vec![r],
+                env: [("RANK".to_string(), r.to_string())].into(),
+            })
+            .collect();
+        (l, io, h)
+    }
+
+    #[tokio::test]
+    async fn each_worker_is_a_process_with_its_gpu_rank_and_lines() {
+        let (l, io, mut h) = gang("echo \"rank $RANK gpus $CUDA_VISIBLE_DEVICES\"", 3);
+        let o = ProcessRuntime::trusted().run(l, io).await.unwrap();
+        assert_eq!(o.exit_code, 0);
+        assert!(h.started.try_recv().unwrap().pid.is_some());
+        let mut got: Vec<(Option<u32>, String)> =
+            lines(&h).into_iter().map(|l| (l.rank, l.line)).collect();
+        got.sort();
+        assert_eq!(
+            got,
+            (0..3)
+                .map(|r| (Some(r), format!("rank {r} gpus {r}")))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_worker_stops_the_others() {
+        // Rank 1 fails at once; the others would wait for it for a minute.
+        let (l, io, h) = gang("if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60", 3);
+        let began = Instant::now();
+        let o = ProcessRuntime::trusted().run(l, io).await.unwrap();
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            began.elapsed()
+        );
+        assert_eq!(o.exit_code, 3);
+        assert!(!o.stopped);
+        assert!(lines(&h).iter().any(|l| l
+            .line
+            .contains("worker 1 exited with code 3: stopping the other workers")),);
     }
 
     #[tokio::test]

@@ -248,6 +248,23 @@ def test_logs_pages_and_follow():
     assert list(follow) == ["epoch 1", "warn"]
 
 
+def test_logs_of_one_worker():
+    lines = [
+        {"seq": 1, "line": "r0 a", "rank": 0},
+        {"seq": 2, "line": "r1 a", "rank": 1},
+        {"seq": 3, "line": "r1 b", "rank": 1},
+    ]
+
+    def handler(req):
+        after = int(req.url.params["after"])
+        rest = [line for line in lines if line["seq"] > after]
+        return httpx.Response(200, json={"lines": rest, "next_after": 3})
+
+    task = client_for(handler).task("t1")
+    assert task.logs(rank=1) == ["r1 a", "r1 b"]
+    assert task.logs(rank=0, markers=True) == ["[rank 0] r0 a"]
+
+
 def _tar_bytes(files):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:

@@ -147,3 +147,32 @@ def test_an_unchanged_folder_is_not_packed_again(tmp_path, monkeypatch):
     assert changed["uploaded"] is True and changed["id"] != first["id"]
     stored.clear()
     assert client.upload_code(project)["uploaded"] is True
+
+
+def test_an_entry_point_in_the_submitting_folder_ships_that_folder(tmp_path, monkeypatch, capsys):
+    (tmp_path / "train.py").write_text("print(1)\n")
+    monkeypatch.chdir(tmp_path)
+    sent = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path.startswith("/api/v1/code/"):
+            return httpx.Response(404, json={"error": {"code": "not_found", "message": "no"}})
+        if request.method == "POST" and request.url.path == "/api/v1/code":
+            return httpx.Response(
+                201,
+                json={"id": bundle_id(request.content), "size_bytes": 2_500_000, "stored": True},
+            )
+        body = json.loads(request.content)
+        sent.append(body)
+        return httpx.Response(201, json={"id": "t1", "state": "pending", "spec": body})
+
+    client = autodl.Client(api_key="k", base_url="http://x", transport=httpx.MockTransport(handler))
+    client.submit_task({"name": "n", "image": "i", "entry_point": "train.py --epochs 3"})
+    assert sent[-1]["code"].startswith("sha256:"), sent
+    said = capsys.readouterr().err
+    assert "train.py --epochs 3" in said and str(tmp_path) in said and "2.5 MB" in said, said
+    # A script that is not here is the image's; a task with code of its own keeps it.
+    client.submit_task({"name": "n", "image": "i", "entry_point": "elsewhere.py"})
+    assert "code" not in sent[-1], sent
+    client.submit_task({"name": "n", "image": "i", "entry_point": "train.py", "code": "sha256:x"})
+    assert sent[-1]["code"] == "sha256:x", sent

@@ -31,6 +31,7 @@ struct Form {
     gpu_type: RwSignal<String>,
     gpu_count: RwSignal<String>,
     workers: RwSignal<String>,
+    launcher: RwSignal<String>,
     gpu_memory: RwSignal<String>,
     cpu: RwSignal<String>,
     memory: RwSignal<String>,
@@ -70,6 +71,7 @@ impl Form {
             gpu_type: RwSignal::new(v.gpu_type.clone()),
             gpu_count: RwSignal::new(v.gpu_count.clone()),
             workers: RwSignal::new(v.workers.clone()),
+            launcher: RwSignal::new(v.launcher.clone()),
             gpu_memory: RwSignal::new(v.gpu_memory.clone()),
             cpu: RwSignal::new(v.cpu.clone()),
             memory: RwSignal::new(v.memory.clone()),
@@ -108,6 +110,7 @@ impl Form {
             gpu_type: self.gpu_type.get(),
             gpu_count: self.gpu_count.get(),
             workers: self.workers.get(),
+            launcher: self.launcher.get(),
             gpu_memory: self.gpu_memory.get(),
             cpu: self.cpu.get(),
             memory: self.memory.get(),
@@ -151,6 +154,7 @@ impl Form {
         self.gpu_type.set(v.gpu_type.clone());
         self.gpu_count.set(v.gpu_count.clone());
         self.workers.set(v.workers.clone());
+        self.launcher.set(v.launcher.clone());
         self.gpu_memory.set(v.gpu_memory.clone());
         self.cpu.set(v.cpu.clone());
         self.memory.set(v.memory.clone());
@@ -450,6 +454,14 @@ fn SubmitForm() -> impl IntoView {
                     </div>
                     <Field label="GPUs per worker" id="gpu_count" kind="number" value=form.gpu_count error=count_err/>
                     <Field label="Workers" id="num_workers" kind="number" value=form.workers error=ferr("num_workers")/>
+                    <div class="field">
+                        <label for="launcher">"Start workers as"</label>
+                        <select id="launcher" prop:value=move || form.launcher.get() on:change=move |ev| form.launcher.set(event_target_value(&ev))>
+                            <option value="workers">"a process per worker (RANK, WORLD_SIZE, MASTER_ADDR set for env://)"</option>
+                            <option value="torchrun">"one torchrun per node (its options in PET_* variables)"</option>
+                            <option value="none">"one process per node (the command starts its workers)"</option>
+                        </select>
+                    </div>
                     <Field label="GPU memory per GPU" id="gpu_memory" value=form.gpu_memory error=ferr("resources.gpu.memory") placeholder="whole GPU (or 20GiB)"/>
                     <Field label="CPU cores" id="cpu" kind="number" value=form.cpu error=ferr("resources.cpu") placeholder="1"/>
                     <Field label="RAM" id="memory" value=form.memory error=ferr("resources.memory") placeholder="4GiB"/>

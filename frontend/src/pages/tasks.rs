@@ -942,6 +942,7 @@ pub(crate) mod tests {
                 name: "n".into(),
                 image: "i".into(),
                 command: vec!["true".into()],
+                entry_point: None,
                 env: Default::default(),
                 gpu_types: vec![],
                 gpus_per_worker: 1,
@@ -949,6 +950,7 @@ pub(crate) mod tests {
                 cpu: 1.0,
                 memory: 1,
                 num_workers: 1,
+                launcher: Default::default(),
                 priority: 0.5,
                 deadline: None,
                 estimated_runtime: None,
@@ -988,6 +990,7 @@ pub(crate) mod tests {
             placement: vec![WorkerPlacement {
                 node: "gpu-7".into(),
                 gpu_indices: vec![0],
+                port: None,
             }],
             started_at: "2026-12-02T10:00:00Z".into(),
             ended_at: Some("2026-12-02T10:05:00Z".into()),

@@ -10,12 +10,10 @@ use autodl_common::tasks::{TaskSpec, TaskState};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::{NodeRecord, TaskRecord};
+use crate::store::{HostDetail, NodeRecord, TaskRecord};
 use crate::tasks::lifecycle::final_stop;
 use crate::tasks::{placement_of, spec_of};
 
-/// Port the first node of a multi-node task listens on for its peers (torchrun's default).
-const MASTER_PORT: u16 = 29500;
 pub const HEARTBEAT_S: u64 = 5;
 
 /// Runs the server believes this node has but its agent does not report (its agent was
@@ -152,7 +150,8 @@ pub async fn work_for(
         }
         if t.state == TaskState::Scheduled && !runs_here {
             let spec = spec_of(t)?;
-            let mut a = assignment(state, t, &spec, node, &placement)?;
+            let rank0 = rank0_address(state, node, &placement).await?;
+            let mut a = assignment(state, t, &spec, node, &placement, rank0.as_deref())?;
             a.restore =
                 crate::tasks::checkpoints::latest_checkpoint(state.store.as_ref(), &t.id).await?;
             out.assignments.push(a);
@@ -176,20 +175,36 @@ pub async fn work_for(
     Ok(out)
 }
 
+/// Where the tasks of other nodes reach rank 0's node, for a gang spanning nodes: its agent's
+/// advertised address.
+async fn rank0_address(
+    state: &AppState,
+    node: &NodeRecord,
+    placement: &[autodl_common::tasks::WorkerPlacement],
+) -> Result<Option<String>, ApiError> {
+    let Some(first) = placement.first() else {
+        return Ok(None);
+    };
+    if placement.iter().all(|p| p.node == first.node) {
+        return Ok(None);
+    }
+    let rank0 = if first.node == node.id {
+        Some(node.clone())
+    } else {
+        state.store.node(&first.node).await?
+    };
+    Ok(rank0.and_then(|n| HostDetail::of(&n).address))
+}
+
 fn assignment(
     state: &AppState,
     t: &TaskRecord,
     spec: &TaskSpec,
     node: &NodeRecord,
     placement: &[autodl_common::tasks::WorkerPlacement],
+    rank0_address: Option<&str>,
 ) -> Result<Assignment, ApiError> {
-    let mut nodes: Vec<&str> = Vec::new();
-    for p in placement {
-        if !nodes.contains(&p.node.as_str()) {
-            nodes.push(&p.node);
-        }
-    }
-    let rank = nodes.iter().position(|n| *n == node.id).unwrap_or(0);
+    let launch = crate::tasks::gang::node_launch(spec.launcher, placement, &node.id, rank0_address);
     let here: Vec<_> = placement.iter().filter(|p| p.node == node.id).collect();
     let gpu_indices: Vec<u32> = here
         .iter()
@@ -220,22 +235,13 @@ fn assignment(
     );
     set("AUTODL_NUM_WORKERS", spec.num_workers.to_string());
     set("AUTODL_GPUS_PER_WORKER", spec.gpus_per_worker.to_string());
-    // torchrun conventions: one launcher per node, ranks by node.
-    set("WORLD_SIZE", nodes.len().to_string());
-    set("RANK", rank.to_string());
-    set("NODE_RANK", rank.to_string());
-    set("LOCAL_RANK", "0".into());
-    set(
-        "MASTER_ADDR",
-        nodes.first().copied().unwrap_or(&node.id).to_owned(),
-    );
-    set("MASTER_PORT", MASTER_PORT.to_string());
+    env.extend(launch.env);
 
     Ok(Assignment {
         task_id: t.id.clone(),
         attempt: t.attempts as u32,
         image: spec.image.clone(),
-        command: spec.command.clone(),
+        command: crate::tasks::spec::launch_command(spec),
         env,
         gpu_indices,
         gpu_memory: spec.gpu_memory,
@@ -246,5 +252,6 @@ fn assignment(
         checkpoint: spec.checkpoint.clone(),
         batch_size: t.batch_size.and_then(|b| u32::try_from(b).ok()),
         restore: None,
+        workers: launch.workers,
     })
 }

@@ -202,9 +202,23 @@ pub(crate) fn host_fields(h: Option<&AgentHost>) -> Result<NodeHost, ApiError> {
             "limits and network are at most 1,024 characters each",
         ));
     }
+    let address = match h.address.as_deref() {
+        None => None,
+        Some(a) => Some(
+            a.parse::<std::net::IpAddr>()
+                .map_err(|_| {
+                    ApiError::invalid(
+                        "host.address",
+                        "the advertised address is an IPv4 or IPv6 address",
+                    )
+                })?
+                .to_string(),
+        ),
+    };
     let detail = HostDetail {
         limits: h.limits.clone(),
         network: h.network.clone(),
+        address,
     };
     Ok(NodeHost {
         runtime: h.runtime.clone(),

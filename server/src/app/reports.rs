@@ -12,7 +12,7 @@ use crate::agents::skew::ClockSkew;
 use crate::app::runs::{current_run, run_for_output};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::{GpuSampleRecord, NodeRecord, RunEnd, RunStart};
+use crate::store::{GpuSampleRecord, NewLogLine, NodeRecord, RunEnd, RunStart};
 use crate::tasks::lifecycle::{after_attempt, final_stop, ExitKind};
 use crate::tasks::{spec::parse_time_ms, spec_of};
 
@@ -72,13 +72,27 @@ pub async fn logs(
             .find(|a| a.number == i64::from(report.attempt))
             .and_then(|a| serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement).ok()),
     };
-    let rank = placement
+    // The ranks this node runs; a line names its own (the agent's word for it is taken only
+    // among these), else it is the node's first.
+    let ranks: Vec<i64> = placement
         .filter(|p| p.len() > 1)
-        .and_then(|p| p.iter().position(|w| w.node == node))
-        .map(|i| i as i64);
+        .map(|p| {
+            crate::tasks::gang::nodes_by_rank(&p)
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n == node)
+                .map(|(r, _)| r as i64)
+                .collect()
+        })
+        .unwrap_or_default();
     let skew = ClockSkew::of_batch(report.sent_at.as_deref(), state.clock.now_ms());
     let mut lines = Vec::with_capacity(report.lines.len());
     for l in &report.lines {
+        let rank = l
+            .rank
+            .map(i64::from)
+            .filter(|r| ranks.contains(r))
+            .or(ranks.first().copied());
         let stream = l.stream.as_str().to_owned();
         let at = skew.correct(parse_time_ms(&l.at));
         let mut line = l.line.clone();
@@ -89,11 +103,16 @@ pub async fn logs(
             }
             line.truncate(cut);
         }
-        lines.push((at, stream, line));
+        lines.push(NewLogLine {
+            at,
+            stream,
+            line,
+            rank,
+        });
     }
     state
         .store
-        .append_logs(task_id, i64::from(report.attempt), rank, &lines)
+        .append_logs(task_id, i64::from(report.attempt), &lines)
         .await?;
     state.agents.data_stored();
     Ok(())

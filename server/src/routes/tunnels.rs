@@ -135,7 +135,8 @@ pub(crate) async fn target_of(
     }
     let placement = placement_of(&t.task).unwrap_or_default();
     let rank = rank.unwrap_or(0) as usize;
-    let node = placement.get(rank).map(|p| p.node.clone()).ok_or_else(|| {
+    let by_rank = crate::tasks::gang::nodes_by_rank(&placement);
+    let node = by_rank.get(rank).map(|n| (*n).to_owned()).ok_or_else(|| {
         ApiError::invalid(
             "rank",
             format!(

@@ -592,17 +592,21 @@ impl Runner {
         let mut placed = 0;
         let mut placing: Vec<crate::store::Placing> = Vec::new();
         let mut to_start: Vec<(String, Vec<autodl_scheduler::WorkerPlacement>)> = Vec::new();
+        // Rendezvous ports held on each node by live gangs spanning nodes, and those this
+        // cycle hands out.
+        let mut rendezvous: HashMap<String, std::collections::BTreeSet<u16>> = HashMap::new();
         let mut started: Vec<(String, Vec<autodl_scheduler::WorkerPlacement>)> = Vec::new();
         for d in decisions.decisions {
             match d {
                 Decision::Place {
                     task, placements, ..
                 } => {
-                    let api: Vec<ApiPlacement> = placements
+                    let mut api: Vec<ApiPlacement> = placements
                         .iter()
                         .map(|p| ApiPlacement {
                             node: p.node.clone(),
                             gpu_indices: p.gpu_indices.clone(),
+                            port: None,
                         })
                         .collect();
                     let gpus: usize = placements.iter().map(|p| p.gpu_indices.len()).sum();
@@ -610,6 +614,25 @@ impl Runner {
                     for p in &placements {
                         if !nodes.contains(&p.node) {
                             nodes.push(p.node.clone());
+                        }
+                    }
+                    if let (true, Some(first)) = (nodes.len() > 1, api.first_mut()) {
+                        let taken = rendezvous.entry(first.node.clone()).or_insert_with(|| {
+                            crate::tasks::gang::rendezvous_ports_on(
+                                &first.node,
+                                tasks.iter().filter_map(|t| t.placement.as_deref()),
+                            )
+                        });
+                        first.port = crate::tasks::gang::free_rendezvous_port(taken);
+                        match first.port {
+                            Some(port) => {
+                                taken.insert(port);
+                            }
+                            None => tracing::warn!(
+                                task = %task,
+                                node = %first.node,
+                                "every rendezvous port of the node is held: the gang meets at the first"
+                            ),
                         }
                     }
                     placing.push(crate::store::Placing {

@@ -32,6 +32,7 @@ impl NodeHost {
 pub trait Nodes: Send + Sync {
     async fn upsert_node(&self, node: &NodeRecord) -> StoreResult<()>;
     async fn list_nodes(&self) -> StoreResult<Vec<NodeRecord>>;
+    async fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>>;
     /// Nodes with an agent, not already lost, last heard from before `before`.
     async fn silent_nodes(&self, before: i64) -> StoreResult<Vec<NodeRecord>>;
     async fn delete_node(&self, id: &str) -> StoreResult<bool>;

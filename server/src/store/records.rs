@@ -160,6 +160,9 @@ pub struct HostDetail {
     pub limits: String,
     #[serde(default)]
     pub network: String,
+    /// Where other nodes' tasks reach this node's (see `AgentHost::address`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 impl HostDetail {
@@ -386,6 +389,16 @@ pub struct AttemptRecord {
     pub reason: Option<String>,
     pub batch_size: Option<i64>,
     pub gpu_seconds: f64,
+}
+
+/// A line of output to store: when (ms), `stdout`/`stderr`, the text, and the worker that
+/// printed it in a multi-worker task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewLogLine {
+    pub at: i64,
+    pub stream: String,
+    pub line: String,
+    pub rank: Option<i64>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]

@@ -125,14 +125,8 @@ pub trait Tasks: Send + Sync {
         task_ids: &[String],
     ) -> StoreResult<std::collections::HashMap<String, i64>>;
     async fn task_attempts(&self, id: &str) -> StoreResult<Vec<AttemptRecord>>;
-    /// Lines of one attempt; `rank` is the worker that printed them, in a multi-worker task.
-    async fn append_logs(
-        &self,
-        id: &str,
-        attempt: i64,
-        rank: Option<i64>,
-        lines: &[(i64, String, String)],
-    ) -> StoreResult<()>;
+    /// Lines of one attempt, kept in this order, in one statement.
+    async fn append_logs(&self, id: &str, attempt: i64, lines: &[NewLogLine]) -> StoreResult<()>;
     async fn task_logs(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>>;
     async fn add_metrics(&self, id: &str, samples: &[(i64, String)]) -> StoreResult<()>;
     async fn task_metrics(

@@ -3,6 +3,7 @@
 
 pub mod access;
 pub mod checkpoints;
+pub mod gang;
 pub mod lifecycle;
 pub mod metrics;
 pub mod session;

@@ -185,7 +185,18 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
             }
             v.clone()
         }
-        (None, Some(e)) => vec!["python".into(), text("entry_point", e, 1024)?],
+        (None, Some(e)) => {
+            // A script and its arguments, as a shell would split them.
+            let words = shlex::split(&text("entry_point", e, 1024)?)
+                .filter(|w| !w.is_empty())
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "entry_point",
+                        "entry_point is a script and its arguments (\"train.py --epochs 3\"); this one has an unclosed quote",
+                    )
+                })?;
+            std::iter::once("python".to_owned()).chain(words).collect()
+        }
         // A session with nothing to run waits for its owner's shells.
         (None, None) if kind == TaskKind::Session => {
             SESSION_COMMAND.iter().map(|s| s.to_string()).collect()
@@ -440,6 +451,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         name,
         image,
         command,
+        entry_point: input.entry_point.map(|e| e.trim().to_owned()),
         env: input.env,
         gpu_types,
         gpus_per_worker,
@@ -447,6 +459,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         cpu,
         memory,
         num_workers,
+        launcher: input.launcher.unwrap_or_default(),
         priority,
         deadline,
         estimated_runtime,
@@ -469,6 +482,24 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         kind,
         ports,
     })
+}
+
+/// What a node runs for the task. An entry point runs with the image's `python` (`python3`
+/// where there is none), once the node found the script where the task starts: a missing one
+/// says where it was looked for and how code travels with a task, rather than Python's
+/// "can't open file".
+pub fn launch_command(spec: &TaskSpec) -> Vec<String> {
+    const CHECKED: &str = r#"if [ ! -f "$1" ]; then echo "autodl: the entry point $1 is not in $(pwd): send the folder that holds it with the task (\"workdir\": \".\" in the SDK or the CLI, or a code bundle as \"code\"), or name a script of the image by its full path" >&2; exit 2; fi; if command -v python >/dev/null 2>&1; then exec python "$@"; fi; exec python3 "$@""#;
+    match (&spec.entry_point, spec.command.split_first()) {
+        (Some(_), Some((python, script_and_args))) if python == "python" => {
+            ["/bin/sh", "-c", CHECKED, "autodl-entry-point"]
+                .into_iter()
+                .map(str::to_owned)
+                .chain(script_and_args.iter().cloned())
+                .collect()
+        }
+        _ => spec.command.clone(),
+    }
 }
 
 /// What a session runs when its owner gave no command: nothing, until someone opens a shell.
@@ -536,6 +567,52 @@ mod tests {
     use super::*;
     use autodl_common::tasks::{GpuRequest, Resources};
 
+    #[test]
+    fn an_entry_point_is_a_script_and_its_arguments_checked_on_the_node() {
+        let spec = normalise(
+            TaskSpecInput {
+                command: None,
+                entry_point: Some("train.py --epochs 3 --note 'two words'".into()),
+                ..base()
+            },
+            0,
+        )
+        .unwrap();
+        assert_eq!(
+            spec.command,
+            ["python", "train.py", "--epochs", "3", "--note", "two words"]
+        );
+        let argv = launch_command(&spec);
+        assert_eq!(&argv[..2], ["/bin/sh", "-c"]);
+        assert_eq!(
+            &argv[3..],
+            [
+                "autodl-entry-point",
+                "train.py",
+                "--epochs",
+                "3",
+                "--note",
+                "two words"
+            ]
+        );
+        // A command is run as given.
+        let plain = normalise(base(), 0).unwrap();
+        assert_eq!(launch_command(&plain), plain.command);
+        let unclosed = normalise(
+            TaskSpecInput {
+                command: None,
+                entry_point: Some("train.py 'oops".into()),
+                ..base()
+            },
+            0,
+        )
+        .unwrap_err();
+        assert!(
+            format!("{unclosed:?}").contains("entry_point"),
+            "{unclosed:?}"
+        );
+    }
+
     fn base() -> TaskSpecInput {
         TaskSpecInput {
             name: "train".into(),
@@ -584,6 +661,7 @@ mod tests {
                 memory: Some(Size::Bytes((48 << 30) + 12_345)),
             },
             num_workers: Some(2),
+            launcher: Some(autodl_common::tasks::Launcher::Torchrun),
             priority: Some(0.85),
             deadline: Some("2023-11-20T10:00:00Z".into()),
             estimated_runtime: Some(TimeSpan::Seconds(5_400)),

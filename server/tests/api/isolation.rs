@@ -38,7 +38,7 @@ async fn runtimes() -> Vec<(&'static str, Arc<dyn Runtime>, String)> {
     assert_eq!(
         sandbox.isolation(),
         IsolationLevel::Sandbox,
-        "bubblewrap is missing (scripts/test.sh installs it)"
+        "bubblewrap, iproute2 or nsenter is missing (scripts/test.sh installs them)"
     );
     // Without bubblewrap the process runtime still gives every task its own uid.
     let uid_only = ProcessRuntime::detect(&IsolationConfig {
@@ -75,7 +75,7 @@ async fn runtimes() -> Vec<(&'static str, Arc<dyn Runtime>, String)> {
 /// Lets every organization use the node even where it is trusted-only (a uid node whose
 /// /proc shows every command line): an administrator who accepts that, so that every other
 /// defence of such a node is still attacked.
-async fn share(app: &TestApp, op: &Session, node: &str) {
+pub(crate) async fn share(app: &TestApp, op: &Session, node: &str) {
     let nodes = op.get(app, "/api/v1/nodes").await;
     if nodes.as_array().is_some_and(|l| {
         l.iter()
@@ -492,6 +492,18 @@ struct Outside {
 impl Outside {
     /// A host on the network `<prefix>.0/24` (this host is `.1` there, it is `.2`).
     fn new(n: u32, prefix: &str) -> Outside {
+        Self::remove_left_by_dead_runs();
+        // An address of that network already here (a host another run made, a real one)
+        // would take the traffic this test sends and make its result meaningless.
+        let held = std::process::Command::new("ip")
+            .args(["-o", "addr", "show", "to", &format!("{prefix}.0/24")])
+            .output()
+            .unwrap();
+        let held = String::from_utf8_lossy(&held.stdout);
+        assert!(
+            held.trim().is_empty(),
+            "{prefix}.0/24 is already a network of this host, which this test needs: {held}"
+        );
         let name = format!("autodl-outside-{}-{n}", std::process::id());
         // Named by this process too: two runs of the suite on one machine never meet.
         let pid = std::process::id() & 0xfffff;
@@ -535,6 +547,29 @@ impl Outside {
             host_if,
             address: format!("{prefix}.2"),
             host_address: format!("{prefix}.1"),
+        }
+    }
+
+    /// Hosts of runs that were killed before they could remove them: a namespace gone takes
+    /// its end of the link, and the host's end, with it.
+    fn remove_left_by_dead_runs() {
+        let Ok(names) = std::fs::read_dir("/run/netns") else {
+            return;
+        };
+        for entry in names.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name
+                .strip_prefix("autodl-outside-")
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::process::Command::new("ip")
+                    .args(["netns", "del", &name])
+                    .status();
+            }
         }
     }
 
@@ -596,6 +631,12 @@ async fn network_on(mode: &str, runtime: Arc<dyn Runtime>) {
     let app = spawn_app(Backend::Sqlite).await;
     let op = app.operator().await;
     let node = format!("net-host-{mode}");
+    // Without a way out this test would only say "no way out" at its end.
+    assert!(
+        !runtime.network().contains("loopback only"),
+        "[{mode}] tasks get no way out of their networks (scripts/test.sh installs nftables): {}",
+        runtime.network()
+    );
     let agent = start_agent_with(&app, &op, &node, "2xA100-40G", runtime, &[]).await;
     share(&app, &op, &node).await;
     // The world (a documentation network, as public addresses are to tasks) and a neighbour

@@ -761,14 +761,16 @@ async fn logs_and_metrics(b: Backend) {
     let t = submit(&app, &s, spec("logs", "A100", 1)).await;
     let id = t["id"].as_str().unwrap().to_owned();
     wait_state(&app, &s, &id, "scheduled").await;
-    let lines: Vec<(i64, String, String)> = (0..5)
-        .map(|i| (i, "stdout".to_string(), format!("step {i}")))
+    let line = |at: i64, stream: &str, text: String| autodl_server::store::NewLogLine {
+        at,
+        stream: stream.to_owned(),
+        line: text,
+        rank: None,
+    };
+    let lines: Vec<_> = (0..5)
+        .map(|i| line(i, "stdout", format!("step {i}")))
         .collect();
-    app.state
-        .store
-        .append_logs(&id, 1, None, &lines)
-        .await
-        .unwrap();
+    app.state.store.append_logs(&id, 1, &lines).await.unwrap();
     let page = s.get(&app, &format!("/api/v1/tasks/{id}/logs")).await;
     assert_eq!(page["lines"].as_array().unwrap().len(), 5);
     assert_eq!(page["lines"][4]["line"], "step 4");
@@ -781,12 +783,8 @@ async fn logs_and_metrics(b: Backend) {
     assert_eq!(page["lines"][0]["attempt"], 1);
     // A second run's lines say so; the download holds both runs, each line with its time,
     // attempt and stream.
-    let second: Vec<(i64, String, String)> = vec![(9, "stderr".into(), "retrying".into())];
-    app.state
-        .store
-        .append_logs(&id, 2, None, &second)
-        .await
-        .unwrap();
+    let second = vec![line(9, "stderr", "retrying".into())];
+    app.state.store.append_logs(&id, 2, &second).await.unwrap();
     let res = s
         .send(
             &app,

@@ -202,7 +202,7 @@ def cmd_status(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_logs(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     task = client.task(args.id)
-    for line in task.logs(follow=args.follow, markers=True):
+    for line in task.logs(follow=args.follow, markers=True, rank=args.rank):
         out.write(line + "\n")
         out.flush()
     return 0
@@ -460,6 +460,8 @@ def cmd_run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         config["resources"]["memory"] = args.memory
     if args.workers:
         config["num_workers"] = args.workers
+    if args.launcher:
+        config["launcher"] = args.launcher
     if args.time_limit:
         config["time_limit"] = args.time_limit
     if args.workdir:
@@ -720,6 +722,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu", type=float, help="CPU cores per worker")
     p.add_argument("--memory", help="RAM per worker, e.g. 32GiB")
     p.add_argument("--workers", type=int, help="workers of a gang (default 1)")
+    p.add_argument(
+        "--launcher",
+        choices=("workers", "torchrun", "none"),
+        help="how workers start: a process each with RANK/WORLD_SIZE (workers, the default), "
+        "one torchrun per node (torchrun), or one process per node (none)",
+    )
     p.add_argument("--time-limit", help="stop a run after this long, e.g. 2h30m (ends TIMED_OUT)")
     p.add_argument(
         "--workdir",
@@ -818,6 +826,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("logs", parents=[common], help="print a task's output")
     p.add_argument("id")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the task ends")
+    p.add_argument("--rank", type=int, help="only this worker's lines (a task of several workers)")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("cancel", parents=[common], help="cancel tasks")

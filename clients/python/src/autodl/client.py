@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import sys
 from pathlib import Path
 from typing import (
     TYPE_CHECKING,
@@ -124,9 +126,25 @@ class Client:
         return Task(self, info)
 
     def _with_code(self, spec: Mapping[str, Any]) -> Dict[str, Any]:
-        """The spec with its ``workdir`` uploaded and named as ``code``."""
+        """The spec with its ``workdir`` uploaded and named as ``code``.
+
+        Without ``workdir`` or ``code``, a relative ``entry_point`` that is a file of the
+        current folder (``train.py``, as the articles write it) ships that folder: the node
+        would not find it otherwise. One that is not here is left to the image."""
         body = dict(spec)
         workdir = body.pop("workdir", None)
+        if workdir is None and body.get("code") is None:
+            workdir = _entry_point_folder(body.get("entry_point"))
+            if workdir is not None:
+                stored = self.upload_code(workdir)
+                print(
+                    f"autodl: {body['entry_point']!r} is in {os.path.abspath(workdir)}: that folder"
+                    f" ships with the task ({stored['size_bytes'] / 1e6:.1f} MB; .gitignore and"
+                    " .autodlignore apply; give workdir= to choose another)",
+                    file=sys.stderr,
+                )
+                body["code"] = stored["id"]
+                return body
         if workdir is not None:
             body["code"] = self.upload_code(workdir)["id"]
         return body
@@ -403,3 +421,17 @@ def default_client() -> Client:
     """A client configured from ``AUTODL_API_URL`` / ``AUTODL_API_KEY``, for the helpers
     that accept ``client=None``."""
     return Client()
+
+
+def _entry_point_folder(entry_point: Any) -> Optional[str]:
+    """``"."`` when ``entry_point`` names a script (before its arguments) by a relative path
+    that is a file here."""
+    if not isinstance(entry_point, str):
+        return None
+    try:
+        script = shlex.split(entry_point)[0]
+    except (ValueError, IndexError):
+        return None
+    if os.path.isabs(script) or not os.path.isfile(script):
+        return None
+    return "."

@@ -235,6 +235,7 @@ SPEC_FIELDS = (
     "resources",
     "num_workers",
     "gpu_per_worker",
+    "launcher",
     "priority",
     "deadline",
     "estimated_runtime",

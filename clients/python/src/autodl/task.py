@@ -176,7 +176,11 @@ class Task:
             cursor = next_after
 
     def logs(
-        self, follow: bool = False, after: int = 0, markers: bool = False
+        self,
+        follow: bool = False,
+        after: int = 0,
+        markers: bool = False,
+        rank: Optional[int] = None,
     ) -> Union[List[str], Iterator[str]]:
         """The task's output lines, stdout and stderr in the order they were written.
 
@@ -185,10 +189,14 @@ class Task:
         task finishes; it resumes after a dropped connection without repeating lines. With
         ``markers``, a line ``── attempt N ──`` starts each retried run and lines of a task
         with several workers start with ``[rank R]`` (as ``autodl logs`` prints them).
+        ``rank`` keeps the lines of that worker alone.
         """
+        records = self._follow_records(after) if follow else self.log_records(after)
+        if rank is not None:
+            records = (r for r in records if r.get("rank") == rank)
         if follow:
-            return _marked(self._follow_records(after), markers)
-        return list(_marked(self.log_records(after), markers))
+            return _marked(records, markers)
+        return list(_marked(records, markers))
 
     def _follow_records(self, after: int) -> Iterator[Dict[str, Any]]:
         cursor = after

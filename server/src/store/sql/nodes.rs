@@ -50,6 +50,13 @@ macro_rules! impl_nodes {
                 .await?)
             }
 
+            async fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>> {
+                Ok(sqlx::query_as(&format!("SELECT {NODE_COLS} FROM nodes WHERE id = $1"))
+                    .bind(id)
+                    .fetch_optional(&self.pool)
+                    .await?)
+            }
+
             async fn silent_nodes(&self, before: i64) -> StoreResult<Vec<NodeRecord>> {
                 Ok(sqlx::query_as(&format!(
                     "SELECT {NODE_COLS} FROM nodes

@@ -639,13 +639,13 @@ macro_rules! impl_tasks {
                 .await?)
             }
 
-            async fn append_logs(&self, id: &str, attempt: i64, rank: Option<i64>, lines: &[(i64, String, String)]) -> StoreResult<()> {
+            async fn append_logs(&self, id: &str, attempt: i64, lines: &[NewLogLine]) -> StoreResult<()> {
                 if lines.is_empty() {
                     return Ok(());
                 }
                 let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_logs (task_id, attempt, rank, at, stream, line) ");
-                q.push_values(lines, |mut b, (at, stream, line)| {
-                    b.push_bind(id).push_bind(attempt).push_bind(rank).push_bind(*at).push_bind(stream).push_bind(line);
+                q.push_values(lines, |mut b, l| {
+                    b.push_bind(id).push_bind(attempt).push_bind(l.rank).push_bind(l.at).push_bind(&l.stream).push_bind(&l.line);
                 });
                 q.build().execute(&self.pool).await?;
                 Ok(())
