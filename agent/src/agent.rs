@@ -825,6 +825,14 @@ async fn prepare_storage(
         message: format!("could not prepare the task's home folder: {e}"),
         transient: false,
     })?;
+    // The results folder of each worker (made while the task folder is still the agent's own).
+    for w in &launch.workers {
+        let dir = launch.worker_results_dir(w.rank);
+        std::fs::create_dir_all(&dir).map_err(|e| PrepareError {
+            message: format!("could not prepare {}: {e}", dir.display()),
+            transient: false,
+        })?;
+    }
     let mut backoff = inner.new_backoff(&format!("{}/prepare", key.0));
     if let Some(id) = &job.code {
         let t = Instant::now();

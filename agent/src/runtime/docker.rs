@@ -2,6 +2,7 @@
 //! task attempt so a restarted agent can find and remove what it no longer tracks.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,7 +17,7 @@ use futures_util::StreamExt;
 
 use super::{
     safe_name, Exec, ExecControl, ExecSpec, RunOutcome, Runtime, RuntimeError, Started, TaskIo,
-    TaskLaunch,
+    TaskLaunch, PEER_GRACE,
 };
 use crate::isolation::{IsolationConfig, IsolationLevel};
 use crate::logs::{LogBuffer, MAX_LINE_BYTES};
@@ -60,6 +61,11 @@ impl DockerRuntime {
     /// each other is refused rather than used.
     async fn ensure_task_network(docker: &Docker) -> Result<(), RuntimeError> {
         const ICC: &str = "com.docker.network.bridge.enable_icc";
+        // An engine before API 1.44 makes a second network of the same name when two
+        // requests meet (containers then cannot name it): agents of one process (the demo,
+        // the tests) make it one at a time.
+        static MAKING: std::sync::OnceLock<tokio::sync::Mutex<()>> = std::sync::OnceLock::new();
+        let _one_at_a_time = MAKING.get_or_init(Default::default).lock().await;
         match docker.inspect_network(TASK_NETWORK, None).await {
             Ok(n) => {
                 let icc = n
@@ -191,6 +197,36 @@ impl DockerRuntime {
         }
     }
 
+    /// The container of worker `i` of `n` (`first`: rank 0's container). A worker holds its
+    /// share of what the node's part of the attempt asked for.
+    fn worker_body(
+        &self,
+        launch: &TaskLaunch,
+        i: usize,
+        n: usize,
+        first: &str,
+    ) -> ContainerCreateBody {
+        let mut body = self.create_body(launch);
+        if n > 1 {
+            let host = body.host_config.get_or_insert_with(Default::default);
+            host.nano_cpus = launch
+                .cpu
+                .filter(|c| *c > 0.0)
+                .map(|c| (c / n as f64 * 1e9).round() as i64);
+            host.memory = launch
+                .memory
+                .filter(|m| *m > 0)
+                .and_then(|m| i64::try_from(m / n as u64).ok());
+            if i == 0 {
+                host.ipc_mode = Some("shareable".into());
+            } else {
+                host.network_mode = Some(format!("container:{first}"));
+                host.ipc_mode = Some(format!("container:{first}"));
+            }
+        }
+        body
+    }
+
     async fn remove(&self, name: &str) {
         let opts = RemoveContainerOptionsBuilder::default().force(true).build();
         match self.docker.remove_container(name, Some(opts)).await {
@@ -232,10 +268,44 @@ impl DockerRuntime {
     }
 }
 
+/// Follows a container's output into the task's log until the container ends (`rank`: the
+/// worker it runs, in an attempt of several).
+async fn follow_logs(docker: Docker, name: String, output: Arc<LogBuffer>, rank: Option<u32>) {
+    let opts = LogsOptionsBuilder::default()
+        .follow(true)
+        .stdout(true)
+        .stderr(true)
+        .build();
+    let mut stream = docker.logs(&name, Some(opts));
+    let mut out = LineSplitter {
+        rank,
+        ..Default::default()
+    };
+    let mut err = LineSplitter {
+        rank,
+        ..Default::default()
+    };
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(bollard::container::LogOutput::StdErr { message }) => {
+                err.feed(&message, Stream::Stderr, &output)
+            }
+            Ok(other) => out.feed(&other.into_bytes(), Stream::Stdout, &output),
+            Err(e) => {
+                tracing::warn!(container = name, error = %e, "log stream ended");
+                break;
+            }
+        }
+    }
+    out.finish(Stream::Stdout, &output);
+    err.finish(Stream::Stderr, &output);
+}
+
 /// Splits Docker's log chunks (which need not end at line breaks) into lines per stream.
 #[derive(Default)]
 struct LineSplitter {
     partial: Vec<u8>,
+    rank: Option<u32>,
 }
 
 impl LineSplitter {
@@ -255,7 +325,11 @@ impl LineSplitter {
         if self.partial.last() == Some(&b'\r') {
             self.partial.pop();
         }
-        out.push(stream, String::from_utf8_lossy(&self.partial).into_owned());
+        out.push_from(
+            stream,
+            String::from_utf8_lossy(&self.partial).into_owned(),
+            self.rank,
+        );
         self.partial.clear();
     }
 
@@ -319,115 +393,179 @@ impl Runtime for DockerRuntime {
         Ok(())
     }
 
+    /// Runs the attempt's containers: one, or one per worker (rank 0's named as the attempt,
+    /// so that shells and ports reach into it; the others in its network and IPC namespaces,
+    /// so that the gang meets on its loopback and shares memory as processes of one host do).
+    /// A worker that fails stops the others, as on the process runtime.
     async fn run(&self, launch: TaskLaunch, io: TaskIo) -> Result<RunOutcome, RuntimeError> {
-        // One container per node: a node's single worker is that container.
-        let launch = match launch.worker_launches().as_slice() {
-            [one] => one.launch.clone(),
-            _ => {
-                return Err(RuntimeError::Unavailable(format!(
-                    "{} workers of this task were placed on this Docker node, which runs one container per node: submit it with \"launcher\": \"torchrun\" (or \"none\") to start its workers in that container",
-                    launch.workers.len()
-                )))
-            }
-        };
-        let name = Self::container_name(&launch.task_id, launch.attempt);
-        // A container of the same attempt can only be a leftover of a crashed agent.
-        self.remove(&name).await;
-        let opts = CreateContainerOptionsBuilder::default().name(&name).build();
-        self.docker
-            .create_container(Some(opts), self.create_body(&launch))
-            .await?;
-        if let Err(e) = self.docker.start_container(&name, None).await {
+        let workers = launch.worker_launches();
+        let first = Self::container_name(&launch.task_id, launch.attempt);
+        let mut containers: Vec<(String, Option<u32>)> = Vec::new();
+        for (i, w) in workers.iter().enumerate() {
+            let name = match w.rank {
+                Some(rank) if i > 0 => format!("{first}-rank{rank}"),
+                _ => first.clone(),
+            };
+            // A container of the same attempt can only be a leftover of a crashed agent.
             self.remove(&name).await;
-            return Err(e.into());
+            let body = self.worker_body(&w.launch, i, workers.len(), &first);
+            let opts = CreateContainerOptionsBuilder::default().name(&name).build();
+            let started = match self.docker.create_container(Some(opts), body).await {
+                Ok(_) => self
+                    .docker
+                    .start_container(&name, None)
+                    .await
+                    .map_err(RuntimeError::from),
+                Err(e) => Err(e.into()),
+            };
+            if let Err(e) = started {
+                // A gang starts whole or not at all.
+                self.remove(&name).await;
+                for (c, _) in &containers {
+                    self.remove(c).await;
+                }
+                return Err(e);
+            }
+            containers.push((name, w.rank));
         }
         let pid = self
             .docker
-            .inspect_container(&name, None)
+            .inspect_container(&first, None)
             .await
             .ok()
             .and_then(|i| i.state?.pid)
             .and_then(|p| u32::try_from(p).ok())
             .filter(|p| *p != 0);
         let _ = io.started.send(Started { pid });
+        let logs: Vec<_> = containers
+            .iter()
+            .map(|(name, rank)| {
+                tokio::spawn(follow_logs(
+                    self.docker.clone(),
+                    name.clone(),
+                    io.output.clone(),
+                    *rank,
+                ))
+            })
+            .collect();
 
-        let docker = self.docker.clone();
-        let log_name = name.clone();
-        let output = io.output.clone();
-        let logs = tokio::spawn(async move {
-            let opts = LogsOptionsBuilder::default()
-                .follow(true)
-                .stdout(true)
-                .stderr(true)
-                .build();
-            let mut stream = docker.logs(&log_name, Some(opts));
-            let (mut out, mut err) = (LineSplitter::default(), LineSplitter::default());
-            while let Some(item) = stream.next().await {
-                match item {
-                    Ok(bollard::container::LogOutput::StdErr { message }) => {
-                        err.feed(&message, Stream::Stderr, &output)
-                    }
-                    Ok(other) => out.feed(&other.into_bytes(), Stream::Stdout, &output),
-                    Err(e) => {
-                        tracing::warn!(container = log_name, error = %e, "log stream ended");
-                        break;
-                    }
-                }
-            }
-            out.finish(Stream::Stdout, &output);
-            err.finish(Stream::Stderr, &output);
-        });
-
+        let mut waits: futures_util::stream::FuturesUnordered<_> = containers
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| async move { (i, self.wait_exit(name).await) })
+            .collect();
+        let mut codes: Vec<Option<i64>> = vec![None; containers.len()];
         let mut stop = io.stop;
         let mut stop_open = true;
         let mut stopped = false;
-        let wait = self.wait_exit(&name);
-        tokio::pin!(wait);
-        let exit = loop {
+        let mut failed = None;
+        let mut grace = None;
+        let mut error = None;
+        while !waits.is_empty() {
             let requested = *stop.borrow_and_update();
-            if let Some(grace) = requested {
+            if let Some(g) = requested {
                 stopped = true;
-                self.kill(&name, "SIGTERM").await;
-                break match tokio::time::timeout(grace, &mut wait).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        self.kill(&name, "SIGKILL").await;
-                        wait.await
-                    }
-                };
+                grace = Some(g);
+                break;
             }
             tokio::select! {
-                r = &mut wait => break r,
+                Some((i, exit)) = waits.next() => match exit {
+                    Ok(code) => {
+                        codes[i] = Some(code);
+                        if code != 0 && containers.len() > 1 {
+                            failed = Some(i);
+                            grace = Some(PEER_GRACE);
+                            io.output.push(
+                                Stream::Stderr,
+                                format!(
+                                    "[autodl-agent] worker {} exited with code {code}: stopping the other workers",
+                                    containers[i].1.unwrap_or(0)
+                                ),
+                            );
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                },
                 changed = stop.changed(), if stop_open => {
                     if changed.is_err() {
                         stop_open = false;
                     }
                 }
             }
-        };
-        let exit = match exit {
-            Ok(code) => code,
-            Err(e) => {
-                logs.abort();
-                self.remove(&name).await;
-                return Err(e);
-            }
-        };
-        if tokio::time::timeout(LOG_DRAIN_TIMEOUT, logs).await.is_err() {
-            tracing::warn!(
-                container = name,
-                "log stream did not end after the container"
-            );
         }
-        let state = self
-            .docker
-            .inspect_container(&name, None)
-            .await
-            .ok()
-            .and_then(|i| i.state);
-        let oom_killed = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
-        let exit_code = state.and_then(|s| s.exit_code).unwrap_or(exit);
-        self.remove(&name).await;
+        if !waits.is_empty() && error.is_none() {
+            let running: Vec<&str> = (0..containers.len())
+                .filter(|i| codes[*i].is_none())
+                .map(|i| containers[i].0.as_str())
+                .collect();
+            for name in &running {
+                self.kill(name, "SIGTERM").await;
+            }
+            let deadline = tokio::time::Instant::now() + grace.unwrap_or(PEER_GRACE);
+            loop {
+                match tokio::time::timeout_at(deadline, waits.next()).await {
+                    Ok(Some((i, Ok(code)))) => codes[i] = Some(code),
+                    Ok(Some((_, Err(e)))) => {
+                        error = Some(e);
+                        break;
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        for name in &running {
+                            self.kill(name, "SIGKILL").await;
+                        }
+                        while let Some((i, exit)) = waits.next().await {
+                            match exit {
+                                Ok(code) => codes[i] = Some(code),
+                                Err(e) => error = Some(e),
+                            }
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        drop(waits);
+        if let Some(e) = error {
+            for l in &logs {
+                l.abort();
+            }
+            for (name, _) in &containers {
+                self.remove(name).await;
+            }
+            return Err(e);
+        }
+        for l in logs {
+            if tokio::time::timeout(LOG_DRAIN_TIMEOUT, l).await.is_err() {
+                tracing::warn!(
+                    container = first,
+                    "log stream did not end after the container"
+                );
+            }
+        }
+        let mut oom_killed = false;
+        for (i, (name, _)) in containers.iter().enumerate() {
+            let state = self
+                .docker
+                .inspect_container(name, None)
+                .await
+                .ok()
+                .and_then(|i| i.state);
+            oom_killed |= state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
+            if let Some(code) = state.and_then(|s| s.exit_code) {
+                codes[i] = Some(code);
+            }
+            self.remove(name).await;
+        }
+        // The failed worker's code; else the first that is not 0 (rank order).
+        let exit_code = failed
+            .and_then(|i| codes[i])
+            .or_else(|| codes.iter().flatten().find(|c| **c != 0).copied())
+            .unwrap_or(0);
         Ok(RunOutcome {
             exit_code: i32::try_from(exit_code).unwrap_or(-1),
             oom_killed,
@@ -572,7 +710,6 @@ impl ExecControl for DockerExec {
 mod tests {
     use super::*;
     use crate::protocol::Assignment;
-    use std::sync::Arc;
     use tokio::sync::{oneshot, watch};
 
     fn prepare(l: &TaskLaunch) {
@@ -691,6 +828,127 @@ mod tests {
         s.finish(Stream::Stdout, &out);
         let got: Vec<_> = out.take_batch(10).into_iter().map(|l| l.line).collect();
         assert_eq!(got, ["a", "bc", "", "d"]);
+    }
+
+    /// A worker's container holds its share of the node's part of the attempt; the others
+    /// join rank 0's network and IPC namespaces.
+    #[test]
+    fn a_gang_is_a_container_per_worker_in_rank_0_s_namespaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Assignment {
+            task_id: "gang".into(),
+            attempt: 1,
+            image: "img:1".into(),
+            command: vec!["python".into(), "train.py".into()],
+            gpu_indices: vec![0, 1],
+            cpu: 4.0,
+            memory: 8 << 30,
+            workers: (0..2)
+                .map(|r| crate::protocol::WorkerSlot {
+                    rank: r,
+                    gpu_indices: vec![r],
+                    env: [("RANK".to_string(), r.to_string())].into(),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let l = TaskLaunch::from_assignment(&a, "n1", dir.path(), false);
+        let workers = l.worker_launches();
+        let rt = offline();
+        let first = DockerRuntime::container_name("gang", 1);
+        let zero = rt.worker_body(&workers[0].launch, 0, 2, &first);
+        let one = rt.worker_body(&workers[1].launch, 1, 2, &first);
+        let (h0, h1) = (zero.host_config.unwrap(), one.host_config.unwrap());
+        assert_eq!(h0.network_mode.as_deref(), Some(TASK_NETWORK));
+        assert_eq!(h0.ipc_mode.as_deref(), Some("shareable"));
+        let joined = format!("container:{first}");
+        assert_eq!(h1.network_mode.as_deref(), Some(joined.as_str()));
+        assert_eq!(h1.ipc_mode.as_deref(), Some(joined.as_str()));
+        assert_eq!(h1.nano_cpus, Some(2_000_000_000));
+        assert_eq!(h1.memory, Some(4 << 30));
+        let env = one.env.unwrap();
+        assert!(env.contains(&"RANK=1".to_string()), "{env:?}");
+        assert!(
+            env.contains(&"CUDA_VISIBLE_DEVICES=1".to_string()),
+            "{env:?}"
+        );
+    }
+
+    /// On a real engine: each worker's container prints its own rank and GPU, and one that
+    /// fails stops the others (which would wait for a minute).
+    #[tokio::test]
+    async fn a_docker_gang_lives_and_dies_together() {
+        let Ok(image) = std::env::var("AUTODL_TEST_DOCKER_IMAGE") else {
+            eprintln!("skipping: set AUTODL_TEST_DOCKER_IMAGE to a local image with /bin/sh to run the Docker runtime test");
+            return;
+        };
+        let rt = DockerRuntime::connect()
+            .await
+            .expect("docker engine reachable");
+        let dir = tempfile::tempdir().unwrap();
+        let a = Assignment {
+            task_id: format!("dockergang{}", std::process::id()),
+            attempt: 1,
+            image,
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                "echo \"rank $RANK gpus $CUDA_VISIBLE_DEVICES\"; if [ \"$RANK\" = 1 ]; then sleep 1; exit 3; fi; sleep 60".into(),
+            ],
+            gpu_indices: vec![0, 1, 2],
+            workers: (0..3)
+                .map(|r| crate::protocol::WorkerSlot {
+                    rank: r,
+                    gpu_indices: vec![r],
+                    env: [("RANK".to_string(), r.to_string())].into(),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let l = TaskLaunch::from_assignment(&a, "gang-node", dir.path(), false);
+        prepare(&l);
+        let output = Arc::new(LogBuffer::new(1000));
+        let (started_tx, _started_rx) = oneshot::channel();
+        let (_stop, stop_rx) = watch::channel(None);
+        let io = TaskIo {
+            output: output.clone(),
+            started: started_tx,
+            stop: stop_rx,
+        };
+        let began = std::time::Instant::now();
+        let o = rt.run(l, io).await.unwrap();
+        assert!(
+            began.elapsed() < Duration::from_secs(40),
+            "{:?}",
+            began.elapsed()
+        );
+        assert_eq!(o.exit_code, 3);
+        let lines = output.take_batch(100);
+        for r in 0..3u32 {
+            assert!(
+                lines
+                    .iter()
+                    .any(|l| l.rank == Some(r) && l.line == format!("rank {r} gpus {r}")),
+                "{lines:?}"
+            );
+        }
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.line.contains("worker 1 exited with code 3")),
+            "{lines:?}"
+        );
+        let first = DockerRuntime::container_name(&a.task_id, 1);
+        for name in [
+            first.clone(),
+            format!("{first}-rank1"),
+            format!("{first}-rank2"),
+        ] {
+            assert!(
+                rt.docker.inspect_container(&name, None).await.is_err(),
+                "{name} left behind"
+            );
+        }
     }
 
     /// Needs a Docker engine and a local image with /bin/sh named by AUTODL_TEST_DOCKER_IMAGE

@@ -91,6 +91,10 @@ pub struct WorkerLaunch {
     pub launch: TaskLaunch,
 }
 
+/// How long a gang's other workers get to end (SIGTERM, then SIGKILL) once one of them
+/// failed: what a training script needs to leave its collective, not to save.
+pub(crate) const PEER_GRACE: Duration = Duration::from_secs(10);
+
 /// Variables only the runtime sets: a task's own `env` cannot point them elsewhere.
 const RUNTIME_OWNED: [&str; 9] = [
     "AUTODL_CODE_DIR",
@@ -200,6 +204,15 @@ impl TaskLaunch {
         }
     }
 
+    /// Where worker `rank` leaves its results: rank 0 at the top of the results folder, the
+    /// others in a folder each, so that what every worker leaves is kept.
+    pub fn worker_results_dir(&self, rank: u32) -> PathBuf {
+        match rank {
+            0 => self.results_dir.clone(),
+            r => self.results_dir.join(format!("rank-{r}")),
+        }
+    }
+
     /// The processes to start: one per worker (each with its GPUs and its variables on top
     /// of the attempt's), or the attempt itself as one process.
     pub fn worker_launches(&self) -> Vec<WorkerLaunch> {
@@ -215,6 +228,7 @@ impl TaskLaunch {
                 let mut launch = self.clone();
                 launch.workers = Vec::new();
                 launch.rank = Some(w.rank);
+                launch.results_dir = self.worker_results_dir(w.rank);
                 launch.gpu_indices = w.gpu_indices.clone();
                 launch.env.extend(w.env.clone());
                 WorkerLaunch {

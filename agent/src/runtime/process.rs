@@ -19,6 +19,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use super::leftovers::Leftovers;
+use super::PEER_GRACE;
 use super::{
     Exec, ExecControl, ExecSpec, RunOutcome, Runtime, RuntimeError, Started, TaskIo, TaskLaunch,
 };
@@ -35,9 +36,6 @@ use crate::protocol::Stream;
 /// How long output may keep flowing after the leader exited before the rest of its process
 /// group is killed (a forgotten background child would otherwise hold the pipes open forever).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a gang's other workers get to end (SIGTERM, then SIGKILL) once one of them
-/// failed: what a training script needs to leave its collective, not to save.
-const PEER_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 enum Mode {

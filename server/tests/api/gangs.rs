@@ -74,6 +74,8 @@ for step in range(start, 50):
         torch.save({"model": net.state_dict(), "step": 20}, os.path.join(folder, "model.tmp"))
         os.replace(os.path.join(folder, "model.tmp"), os.path.join(folder, "model.pt"))
 weights = sum(p.sum().item() for p in model.parameters())
+with open(os.path.join(os.environ["AUTODL_RESULTS_DIR"], "rank.txt"), "w") as f:
+    f.write(str(rank))
 print(f"RESULT rank={rank} world={world} local={os.environ['LOCAL_RANK']} "
       f"gpus={os.environ.get('CUDA_VISIBLE_DEVICES')} port={os.environ['MASTER_PORT']} "
       f"first={first:.4f} last={loss.item():.4f} weights={weights:.6f}", flush=True)
@@ -193,6 +195,37 @@ async fn four_workers_on_one_node_train_as_one_group() {
     for r in &results {
         assert_eq!(r.fields["local"], r.rank.to_string(), "{r:?}");
     }
+    // What every worker left is kept: rank 0's at the top, the others' in a folder each.
+    let archive = s
+        .send(
+            &app,
+            reqwest::Method::GET,
+            &format!("/api/v1/tasks/{id}/results"),
+            None,
+        )
+        .await;
+    assert_eq!(archive.status(), reqwest::StatusCode::OK);
+    let bytes = archive.bytes().await.unwrap();
+    let mut files = BTreeMap::new();
+    for e in tar::Archive::new(bytes.as_ref()).entries().unwrap() {
+        let mut e = e.unwrap();
+        if e.header().entry_type().is_file() {
+            let path = e.path().unwrap().display().to_string();
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut e, &mut text).unwrap();
+            files.insert(path, text);
+        }
+    }
+    let want: BTreeMap<String, String> = [
+        ("rank.txt", "0"),
+        ("rank-1/rank.txt", "1"),
+        ("rank-2/rank.txt", "2"),
+        ("rank-3/rank.txt", "3"),
+    ]
+    .into_iter()
+    .map(|(p, t)| (p.to_owned(), t.to_owned()))
+    .collect();
+    assert_eq!(files, want);
     agent.shutdown.cancel();
     let _ = agent.handle.await;
 }
