@@ -15,9 +15,10 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use futures_util::StreamExt;
 
+use super::gang::{wait_for_workers, GangEnd, WorkerExit, Workers};
 use super::{
     safe_name, Exec, ExecControl, ExecSpec, RunOutcome, Runtime, RuntimeError, Started, TaskIo,
-    TaskLaunch, PEER_GRACE,
+    TaskLaunch,
 };
 use crate::isolation::{IsolationConfig, IsolationLevel};
 use crate::logs::{LogBuffer, MAX_LINE_BYTES};
@@ -268,6 +269,27 @@ impl DockerRuntime {
     }
 }
 
+/// An attempt's containers, signalled through the engine.
+struct DockerWorkers<'a> {
+    runtime: &'a DockerRuntime,
+    names: Vec<&'a str>,
+}
+
+#[async_trait]
+impl Workers for DockerWorkers<'_> {
+    async fn terminate(&self, which: &[usize]) {
+        for i in which {
+            self.runtime.kill(self.names[*i], "SIGTERM").await;
+        }
+    }
+
+    async fn kill(&self, which: &[usize]) {
+        for i in which {
+            self.runtime.kill(self.names[*i], "SIGKILL").await;
+        }
+    }
+}
+
 /// Follows a container's output into the task's log until the container ends (`rank`: the
 /// worker it runs, in an attempt of several).
 async fn follow_logs(docker: Docker, name: String, output: Arc<LogBuffer>, rank: Option<u32>) {
@@ -449,96 +471,32 @@ impl Runtime for DockerRuntime {
             })
             .collect();
 
-        let mut waits: futures_util::stream::FuturesUnordered<_> = containers
+        let waits: Vec<WorkerExit<'_>> = containers
             .iter()
             .enumerate()
-            .map(|(i, (name, _))| async move { (i, self.wait_exit(name).await) })
+            .map(|(i, (name, _))| {
+                Box::pin(async move { (i, self.wait_exit(name).await) }) as WorkerExit<'_>
+            })
             .collect();
-        let mut codes: Vec<Option<i64>> = vec![None; containers.len()];
+        let ranks: Vec<Option<u32>> = containers.iter().map(|(_, rank)| *rank).collect();
+        let signals = DockerWorkers {
+            runtime: self,
+            names: containers.iter().map(|(name, _)| name.as_str()).collect(),
+        };
         let mut stop = io.stop;
-        let mut stop_open = true;
-        let mut stopped = false;
-        let mut failed = None;
-        let mut grace = None;
-        let mut error = None;
-        while !waits.is_empty() {
-            let requested = *stop.borrow_and_update();
-            if let Some(g) = requested {
-                stopped = true;
-                grace = Some(g);
-                break;
-            }
-            tokio::select! {
-                Some((i, exit)) = waits.next() => match exit {
-                    Ok(code) => {
-                        codes[i] = Some(code);
-                        if code != 0 && containers.len() > 1 {
-                            failed = Some(i);
-                            grace = Some(PEER_GRACE);
-                            io.output.push(
-                                Stream::Stderr,
-                                format!(
-                                    "[autodl-agent] worker {} exited with code {code}: stopping the other workers",
-                                    containers[i].1.unwrap_or(0)
-                                ),
-                            );
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        error = Some(e);
-                        break;
-                    }
-                },
-                changed = stop.changed(), if stop_open => {
-                    if changed.is_err() {
-                        stop_open = false;
-                    }
+        let end = match wait_for_workers(waits, &ranks, &signals, &mut stop, &io.output).await {
+            Ok(end) => end,
+            Err(e) => {
+                for l in &logs {
+                    l.abort();
                 }
-            }
-        }
-        if !waits.is_empty() && error.is_none() {
-            let running: Vec<&str> = (0..containers.len())
-                .filter(|i| codes[*i].is_none())
-                .map(|i| containers[i].0.as_str())
-                .collect();
-            for name in &running {
-                self.kill(name, "SIGTERM").await;
-            }
-            let deadline = tokio::time::Instant::now() + grace.unwrap_or(PEER_GRACE);
-            loop {
-                match tokio::time::timeout_at(deadline, waits.next()).await {
-                    Ok(Some((i, Ok(code)))) => codes[i] = Some(code),
-                    Ok(Some((_, Err(e)))) => {
-                        error = Some(e);
-                        break;
-                    }
-                    Ok(None) => break,
-                    Err(_) => {
-                        for name in &running {
-                            self.kill(name, "SIGKILL").await;
-                        }
-                        while let Some((i, exit)) = waits.next().await {
-                            match exit {
-                                Ok(code) => codes[i] = Some(code),
-                                Err(e) => error = Some(e),
-                            }
-                        }
-                        break;
-                    }
+                for (name, _) in &containers {
+                    self.remove(name).await;
                 }
+                return Err(e);
             }
-        }
-        drop(waits);
-        if let Some(e) = error {
-            for l in &logs {
-                l.abort();
-            }
-            for (name, _) in &containers {
-                self.remove(name).await;
-            }
-            return Err(e);
-        }
+        };
+        let mut codes = end.codes.clone();
         for l in logs {
             if tokio::time::timeout(LOG_DRAIN_TIMEOUT, l).await.is_err() {
                 tracing::warn!(
@@ -561,15 +519,12 @@ impl Runtime for DockerRuntime {
             }
             self.remove(name).await;
         }
-        // The failed worker's code; else the first that is not 0 (rank order).
-        let exit_code = failed
-            .and_then(|i| codes[i])
-            .or_else(|| codes.iter().flatten().find(|c| **c != 0).copied())
-            .unwrap_or(0);
+        // The engine's word on each exit code, where it has one.
+        let end = GangEnd { codes, ..end };
         Ok(RunOutcome {
-            exit_code: i32::try_from(exit_code).unwrap_or(-1),
+            exit_code: i32::try_from(end.exit_code()).unwrap_or(-1),
             oom_killed,
-            stopped,
+            stopped: end.stopped,
         })
     }
 

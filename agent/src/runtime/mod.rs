@@ -2,6 +2,7 @@
 //! (hosts without Docker, the in-process demo, tests).
 
 mod docker;
+mod gang;
 pub mod leftovers;
 mod process;
 

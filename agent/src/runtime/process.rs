@@ -18,8 +18,8 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use super::gang::{wait_for_workers, WorkerExit, Workers};
 use super::leftovers::Leftovers;
-use super::PEER_GRACE;
 use super::{
     Exec, ExecControl, ExecSpec, RunOutcome, Runtime, RuntimeError, Started, TaskIo, TaskLaunch,
 };
@@ -530,7 +530,7 @@ impl ProcessRuntime {
             .collect::<Result<Vec<_>, _>>()?;
         let leftovers = Leftovers::new(&launch.state_dir);
         let mut pids = Vec::with_capacity(plans.len());
-        let mut waits = futures_util::stream::FuturesUnordered::new();
+        let mut waits: Vec<WorkerExit<'_>> = Vec::with_capacity(plans.len());
         let mut records = Vec::new();
         let mut readers = Vec::new();
         for (i, (w, plan)) in workers.iter().zip(&plans).enumerate() {
@@ -574,82 +574,23 @@ impl ProcessRuntime {
                     w.rank,
                 )));
             }
-            waits.push(async move { (i, child.wait().await) });
+            waits.push(Box::pin(async move {
+                let exit = child.wait().await.map_err(RuntimeError::from);
+                (i, exit.map(|status| i64::from(code_of(status))))
+            }));
         }
         let _ = io.started.send(Started {
             pid: pids.first().copied().filter(|p| *p != 0),
         });
 
-        use futures_util::StreamExt;
-        let mut codes: Vec<Option<i32>> = vec![None; pids.len()];
+        let ranks: Vec<Option<u32>> = workers.iter().map(|w| w.rank).collect();
+        let signals = ProcessWorkers {
+            pids: &pids,
+            user,
+            cgroup,
+        };
         let mut stop = io.stop;
-        let mut stop_open = true;
-        let mut stopped = false;
-        let mut failed = None;
-        // How long the processes still running get once the attempt ends: a stop's grace, or
-        // the peers' of a worker that failed.
-        let mut grace = None;
-        while !waits.is_empty() {
-            let requested = *stop.borrow_and_update();
-            if let Some(g) = requested {
-                stopped = true;
-                grace = Some(g);
-                break;
-            }
-            tokio::select! {
-                Some((i, status)) = waits.next() => {
-                    let code = code_of(status?);
-                    codes[i] = Some(code);
-                    if code != 0 && pids.len() > 1 {
-                        // A gang lives and dies together: its collective cannot go on.
-                        failed = Some(i);
-                        grace = Some(PEER_GRACE);
-                        io.output.push(
-                            Stream::Stderr,
-                            format!(
-                                "[autodl-agent] worker {} exited with code {code}: stopping the other workers",
-                                workers[i].rank.unwrap_or(0)
-                            ),
-                        );
-                        break;
-                    }
-                }
-                changed = stop.changed(), if stop_open => {
-                    if changed.is_err() {
-                        // The agent dropped its handle; nobody can ask for a stop any more.
-                        stop_open = false;
-                    }
-                }
-            }
-        }
-        if !waits.is_empty() {
-            // SIGTERM, then SIGKILL after the grace period (to the task's uid, so to all of
-            // its workers, where it has one).
-            let still: Vec<u32> = (0..pids.len())
-                .filter(|i| codes[*i].is_none())
-                .map(|i| pids[i])
-                .collect();
-            for pid in &still {
-                signal_task(*pid, user, cgroup, Signal::SIGTERM);
-            }
-            let deadline = tokio::time::Instant::now() + grace.unwrap_or(PEER_GRACE);
-            loop {
-                match tokio::time::timeout_at(deadline, waits.next()).await {
-                    Ok(Some((i, status))) => codes[i] = Some(code_of(status?)),
-                    Ok(None) => break,
-                    Err(_) => {
-                        for pid in &still {
-                            signal_task(*pid, user, cgroup, Signal::SIGKILL);
-                        }
-                        while let Some((i, status)) = waits.next().await {
-                            codes[i] = Some(code_of(status?));
-                        }
-                        break;
-                    }
-                }
-            }
-        }
-        drop(waits);
+        let end = wait_for_workers(waits, &ranks, &signals, &mut stop, &io.output).await?;
         drop(records);
 
         let drain = futures_util::future::join_all(readers.iter_mut());
@@ -661,11 +602,7 @@ impl ProcessRuntime {
                 r.abort();
             }
         }
-        // The failed worker's code; else the first that is not 0 (rank order).
-        let exit_code = failed
-            .and_then(|i| codes[i])
-            .or_else(|| codes.iter().flatten().find(|c| **c != 0).copied())
-            .unwrap_or(0);
+        let exit_code = i32::try_from(end.exit_code()).unwrap_or(-1);
         let oom_killed = cgroup.is_some_and(|cg| cg.oom_kills() > 0);
         if oom_killed {
             let limit = launch
@@ -682,8 +619,30 @@ impl ProcessRuntime {
         Ok(RunOutcome {
             exit_code,
             oom_killed,
-            stopped,
+            stopped: end.stopped,
         })
+    }
+}
+
+/// An attempt's processes, signalled by their process groups or (isolated tasks) their uid.
+struct ProcessWorkers<'a> {
+    pids: &'a [u32],
+    user: Option<TaskUser>,
+    cgroup: Option<&'a TaskCgroup>,
+}
+
+#[async_trait]
+impl Workers for ProcessWorkers<'_> {
+    async fn terminate(&self, which: &[usize]) {
+        for i in which {
+            signal_task(self.pids[*i], self.user, self.cgroup, Signal::SIGTERM);
+        }
+    }
+
+    async fn kill(&self, which: &[usize]) {
+        for i in which {
+            signal_task(self.pids[*i], self.user, self.cgroup, Signal::SIGKILL);
+        }
     }
 }
 
