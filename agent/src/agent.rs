@@ -27,7 +27,7 @@ use crate::protocol::{
     MetricBatch, PollRequest, PollResponse, RegisterRequest, RestoreRef, RunningRef, Stream,
 };
 use crate::runtime::DataMount;
-use crate::runtime::{classify_exit, Runtime, TaskIo, TaskLaunch};
+use crate::runtime::{classify_exit, RunOutcome, Runtime, TaskIo, TaskLaunch};
 use crate::state::{load_credential, save_credential, SavedCredential};
 
 /// Protocol limits per call.
@@ -1138,7 +1138,18 @@ async fn supervise(
             tracing::warn!(task = key.0, error = %e, "could not close the task folder");
         }
     }
+    let mut detail = None;
     let (exit_code, reason) = match outcome {
+        // Ended by the agent because its gang never formed: a failure of the attempt, whatever
+        // its workers' codes after the SIGTERM.
+        Ok(RunOutcome {
+            exit_code,
+            unformed: Some(why),
+            ..
+        }) => {
+            detail = Some(why);
+            (Some(exit_code), ExitReason::Error)
+        }
         Ok(o) => (
             Some(o.exit_code),
             classify_exit(
@@ -1209,7 +1220,7 @@ async fn supervise(
         .with_label_values(&[reason.as_str()])
         .inc();
     log.close();
-    let _ = done_tx.send((exit_code, reason));
+    let _ = done_tx.send((exit_code, reason, detail));
     let _ = reporter.await;
     lock(&inner.tasks).remove(&key);
 }
@@ -1220,7 +1231,7 @@ async fn report(
     key: TaskKey,
     log: Arc<LogBuffer>,
     started_rx: oneshot::Receiver<crate::runtime::Started>,
-    done_rx: oneshot::Receiver<(Option<i32>, ExitReason)>,
+    done_rx: oneshot::Receiver<(Option<i32>, ExitReason, Option<String>)>,
     shutdown: CancellationToken,
 ) {
     let (task_id, attempt) = key.clone();
@@ -1264,11 +1275,12 @@ async fn report(
             break;
         }
     }
-    let (exit_code, reason) = done.unwrap_or((None, ExitReason::Error));
+    let (exit_code, reason, detail) = done.unwrap_or((None, ExitReason::Error, None));
     let body = FinishedReport {
         attempt,
         exit_code: exit_code.map(i64::from),
         reason,
+        detail,
     };
     inner
         .deliver("finished", &shutdown, || {

@@ -42,6 +42,7 @@ mod tests {
             attempt: 2,
             exit_code: Some(137),
             reason: ExitReason::Oom,
+            detail: None,
         };
         assert_eq!(
             serde_json::to_value(&f).unwrap(),

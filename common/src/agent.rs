@@ -144,6 +144,10 @@ pub struct Assignment {
     /// GPUs and variables on top of `env`; empty: one process with all of `gpu_indices`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workers: Vec<WorkerSlot>,
+    /// Seconds the workers of a gang have to meet at its rendezvous, judged on rank 0's node;
+    /// `None`: one process, nothing to meet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendezvous_timeout: Option<u64>,
 }
 
 /// One worker process of an attempt.
@@ -383,6 +387,10 @@ pub struct FinishedReport {
     #[serde(default)]
     pub exit_code: Option<i64>,
     pub reason: ExitReason,
+    /// Why, in the agent's words, where the exit code does not say it (a gang that did not
+    /// form); put in the attempt's message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// Why a run ended, as its agent saw it.

@@ -269,6 +269,11 @@ pub struct TaskSpecInput {
     /// period, and ends `timed_out`.
     #[serde(default)]
     pub time_limit: Option<TimeSpan>,
+    /// How long a gang's workers have to meet at its rendezvous once rank 0 runs (seconds, or
+    /// "10m"; default 10 minutes): then an attempt that has not formed ends, saying so,
+    /// instead of holding its GPUs.
+    #[serde(default)]
+    pub rendezvous_timeout: Option<TimeSpan>,
     #[serde(default)]
     pub checkpoint: Option<CheckpointInput>,
     #[serde(default)]
@@ -333,6 +338,9 @@ pub struct TaskSpec {
     /// Seconds a run may last.
     #[serde(default)]
     pub time_limit: Option<u64>,
+    /// Seconds a gang's workers have to meet (see [`TaskSpecInput::rendezvous_timeout`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendezvous_timeout: Option<u64>,
     pub checkpoint: Option<CheckpointSpec>,
     pub retry_policy: RetryPolicy,
     pub zone_affinity: bool,

@@ -37,6 +37,8 @@ pub struct FormValues {
     /// Seconds, or text such as "2h30m" (as `time_limit`).
     pub estimated_runtime: String,
     pub time_limit: String,
+    /// How long a gang's workers have to meet (as `time_limit`); empty: the platform's default.
+    pub rendezvous_timeout: String,
     pub ckpt_interval: String,
     pub ckpt_to: String,
     pub ckpt_keep: String,
@@ -84,6 +86,7 @@ impl Default for FormValues {
             deadline: String::new(),
             estimated_runtime: String::new(),
             time_limit: String::new(),
+            rendezvous_timeout: String::new(),
             ckpt_interval: String::new(),
             ckpt_to: String::new(),
             ckpt_keep: String::new(),
@@ -272,6 +275,7 @@ impl FormValues {
             deadline: i.deadline.clone().unwrap_or_default(),
             estimated_runtime: span_text(i.estimated_runtime.as_ref()),
             time_limit: span_text(i.time_limit.as_ref()),
+            rendezvous_timeout: span_text(i.rendezvous_timeout.as_ref()),
             ckpt_interval: span_text(ck.and_then(|c| c.interval.as_ref())),
             ckpt_to: ck.and_then(|c| c.save_to.clone()).unwrap_or_default(),
             ckpt_keep: text_of(ck.and_then(|c| c.keep)),
@@ -351,6 +355,7 @@ impl FormValues {
             deadline: trimmed(&self.deadline),
             estimated_runtime: span(&self.estimated_runtime),
             time_limit: span(&self.time_limit),
+            rendezvous_timeout: span(&self.rendezvous_timeout),
             checkpoint: (self.checkpointed
                 || interval.is_some()
                 || save_to.is_some()
@@ -444,6 +449,7 @@ pub fn spec_to_input(spec: &TaskSpec) -> TaskSpecInput {
         deadline: spec.deadline.clone(),
         estimated_runtime: spec.estimated_runtime.map(TimeSpan::Seconds),
         time_limit: spec.time_limit.map(TimeSpan::Seconds),
+        rendezvous_timeout: spec.rendezvous_timeout.map(TimeSpan::Seconds),
         checkpoint: spec.checkpoint.as_ref().map(|c| CheckpointInput {
             interval: c.interval.map(TimeSpan::Seconds),
             save_to: c.save_to.clone(),

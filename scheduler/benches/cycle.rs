@@ -42,6 +42,7 @@ pub fn fixture(nodes: usize, pending: usize, seed: u64, varied: bool) -> Cluster
             schedulable: true,
             taints: vec![],
             features: vec![],
+            own_network: false,
         });
     }
     let mk = move |rng: &mut ChaCha8Rng, id: String, at: u64| {

@@ -35,13 +35,15 @@ pub enum AdmissionError {
     },
     #[error("{requested} GPUs requested, but the cluster has only {available} acceptable GPUs")]
     TooManyGpus { requested: u32, available: u32 },
-    #[error("{workers} workers requested, but at most {possible} fit in the cluster{}{}", if *.same_zone { " within one zone" } else { "" }, if *.one_type { " on GPUs of one type (a gang never mixes types)" } else { "" })]
+    #[error("{workers} workers requested, but at most {possible} fit in the cluster{}{}{}", if *.same_zone { " within one zone" } else { "" }, if *.one_type { " on GPUs of one type (a gang never mixes types)" } else { "" }, if *.isolated { " (a gang does not span isolated nodes: each task there has a network of its own)" } else { "" })]
     TooManyWorkers {
         workers: u32,
         possible: u32,
         same_zone: bool,
         /// The task accepts several GPU types, and no one type has room for all its workers.
         one_type: bool,
+        /// Some nodes keep each task's network apart: a gang there stays on one node.
+        isolated: bool,
     },
     #[error("{} may use at most {limit} GPUs at once, the task asks for {requested}", whose(.scope))]
     OverGpuQuota {
@@ -219,20 +221,31 @@ pub fn admission_check(view: &ClusterView<'_>, t: &TaskRequest) -> Result<(), Ad
         }
         k.min(t.workers)
     };
+    // Nodes whose tasks share their network hold a gang together, per zone; a node that
+    // keeps each task's network apart holds one only by itself (its `""` entry is the most
+    // any one such node holds).
     let by_zone = |gpu_ok: &dyn Fn(&crate::types::Gpu) -> bool| {
-        let mut by_zone: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut by_zone: BTreeMap<Option<&str>, u32> = BTreeMap::new();
         for n in view.nodes {
-            let z = by_zone.entry(n.zone.as_str()).or_default();
-            *z = z.saturating_add(per_node(n, gpu_ok));
+            let k = per_node(n, gpu_ok);
+            if n.own_network {
+                let best = by_zone.entry(None).or_default();
+                *best = (*best).max(k);
+            } else {
+                let z = by_zone.entry(Some(n.zone.as_str())).or_default();
+                *z = z.saturating_add(k);
+            }
         }
         by_zone
     };
-    let fits = |by_zone: &BTreeMap<&str, u32>| {
-        if t.zone_affinity {
-            by_zone.values().copied().max().unwrap_or(0)
+    let fits = |by_zone: &BTreeMap<Option<&str>, u32>| {
+        let shared = by_zone.iter().filter(|(z, _)| z.is_some()).map(|(_, k)| *k);
+        let shared = if t.zone_affinity {
+            shared.max().unwrap_or(0)
         } else {
-            by_zone.values().fold(0u32, |a, &b| a.saturating_add(b))
-        }
+            shared.fold(0u32, u32::saturating_add)
+        };
+        shared.max(by_zone.get(&None).copied().unwrap_or(0))
     };
     let all_types = by_zone(&gpu_ok);
     if all_types.values().all(|&k| k == 0) {
@@ -275,6 +288,7 @@ pub fn admission_check(view: &ClusterView<'_>, t: &TaskRequest) -> Result<(), Ad
             possible,
             same_zone: t.zone_affinity,
             one_type,
+            isolated: view.nodes.iter().any(|n| n.own_network),
         });
     }
     Ok(())

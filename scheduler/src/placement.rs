@@ -124,6 +124,8 @@ pub struct CapNode {
     pub gpus: Vec<CapGpu>,
     /// Bumped on every change so cached scores can be invalidated per node.
     pub version: u32,
+    /// See [`crate::Node::own_network`].
+    pub own_network: bool,
 }
 
 impl CapNode {
@@ -254,6 +256,7 @@ impl Capacity {
                 cpu_total: n.cpu_millis,
                 gpus,
                 version: 0,
+                own_network: n.own_network,
             });
         }
         let mut cap = Capacity {
@@ -1270,6 +1273,7 @@ mod tests {
             schedulable: true,
             taints: vec![],
             features: vec![],
+            own_network: false,
         }
     }
 

@@ -422,8 +422,15 @@ fn describe(
     } else {
         String::new()
     };
+    // Said where it narrows the choice: a gang cannot span isolated nodes.
+    let meeting = if t.workers > 1 && cap.nodes.iter().any(|n| n.own_network) {
+        ", on nodes whose tasks share their network or all on one isolated node \
+         (a gang does not span isolated nodes: their tasks' networks do not reach each other)"
+    } else {
+        ""
+    };
     format!(
-        "{} worker(s) x {} {} of type {} with {} mCPU and {:.1} GiB RAM each{}{restricted}",
+        "{} worker(s) x {} {} of type {} with {} mCPU and {:.1} GiB RAM each{}{restricted}{meeting}",
         t.workers,
         t.gpus_per_worker,
         gpu,
@@ -974,7 +981,7 @@ impl Cycle<'_> {
                 .collect();
             zones.sort();
             for (_, z) in zones {
-                if let Some(a) = self.place_workers(need, workers, &|n: &CapNode| {
+                if let Some(a) = self.place_meeting(need, workers, &|n: &CapNode| {
                     n.zone == z && (!respect_reserved || !n.reserved)
                 }) {
                     return Some(a);
@@ -982,9 +989,56 @@ impl Cycle<'_> {
             }
             return None;
         }
-        self.place_workers(need, workers, &|n: &CapNode| {
+        self.place_meeting(need, workers, &|n: &CapNode| {
             !respect_reserved || !n.reserved
         })
+    }
+
+    /// Places a gang where its workers can meet: on nodes whose tasks share their hosts'
+    /// network, or all on one node whose tasks each have a network of their own
+    /// ([`crate::Node::own_network`]). Where no such node takes part, this is the plain
+    /// placement.
+    fn place_meeting(
+        &mut self,
+        need: &WorkerNeed,
+        workers: u32,
+        allowed: &dyn Fn(&CapNode) -> bool,
+    ) -> Option<Vec<Alloc>> {
+        let allocs = self.place_workers(need, workers, allowed)?;
+        if !self.cannot_meet(&allocs) {
+            return Some(allocs);
+        }
+        for a in allocs.iter().rev() {
+            self.cap.release(a);
+        }
+        if let Some(a) =
+            self.place_workers(need, workers, &|n: &CapNode| !n.own_network && allowed(n))
+        {
+            return Some(a);
+        }
+        // The isolated nodes with GPUs enough for the whole gang, fullest first.
+        let whole = workers as usize * need.gpus as usize;
+        let mut islands: Vec<(u64, usize)> = self
+            .cap
+            .nodes
+            .iter()
+            .filter(|n| n.own_network && n.gpus.len() >= whole && allowed(n))
+            .map(|n| (n.gpu_free_total(), n.node))
+            .collect();
+        islands.sort_unstable();
+        islands.into_iter().find_map(|(_, node)| {
+            self.place_workers(need, workers, &|n: &CapNode| n.node == node && allowed(n))
+        })
+    }
+
+    /// Whether a gang placed as `allocs` spans nodes one of which keeps each task's network
+    /// apart: its workers there could not reach the others.
+    fn cannot_meet(&self, allocs: &[Alloc]) -> bool {
+        let Some(first) = allocs.first() else {
+            return false;
+        };
+        allocs.iter().any(|a| a.pos != first.pos)
+            && allocs.iter().any(|a| self.cap.nodes[a.pos].own_network)
     }
 
     fn place_workers(
@@ -1182,7 +1236,7 @@ impl Cycle<'_> {
                 }
             }
         }
-        if !ok {
+        if !ok || self.cannot_meet(&placed) {
             for a in placed.iter().rev() {
                 self.cap.release(a);
             }

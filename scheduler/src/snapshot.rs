@@ -375,6 +375,7 @@ mod tests {
             schedulable: true,
             taints: vec![],
             features: vec![],
+            own_network: false,
         }
     }
 

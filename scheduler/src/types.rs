@@ -65,6 +65,11 @@ pub struct Node {
     /// What the node offers that a task may require (e.g. a dataset root).
     #[serde(default)]
     pub features: Vec<String>,
+    /// Each task here has a network of its own (an isolated node), which the tasks of other
+    /// nodes do not reach: the workers of a gang meet over the network, so a gang placed here
+    /// keeps all of its workers on this one node.
+    #[serde(default)]
+    pub own_network: bool,
 }
 
 impl Node {
@@ -468,6 +473,7 @@ mod tests {
             schedulable: false,
             taints: vec!["trusted-only".into()],
             features: vec![],
+            own_network: false,
         };
         let mut t = TaskRequest {
             id: "t".into(),

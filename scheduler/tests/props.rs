@@ -1,6 +1,7 @@
 //! Property: whatever the cluster and the queue, no placement over-commits a GPU (memory or
 //! exclusivity), a node's CPU or its memory, gangs are complete, and no task lands on a node
-//! whose taints it does not tolerate or that lacks a feature it requires.
+//! whose taints it does not tolerate or that lacks a feature it requires, and no gang spans
+//! nodes one of which keeps each task's network apart.
 
 mod common;
 
@@ -18,7 +19,7 @@ fn arb_node(i: usize) -> impl Strategy<Value = Node> {
         8_000u64..64_000,
         16u64..256,
         0usize..2,
-        0usize..4,
+        0usize..8,
     )
         .prop_map(move |(g, ty, cpu, mem, zone, class)| {
             let mem_gib = match TYPES[ty] {
@@ -35,6 +36,7 @@ fn arb_node(i: usize) -> impl Strategy<Value = Node> {
             if class & 2 != 0 {
                 n.features = vec!["data:/ds".into()];
             }
+            n.own_network = class & 4 != 0;
             n
         })
 }
@@ -152,6 +154,16 @@ fn check_no_overcommit(state: &ClusterState, margin: u64) -> Result<(), TestCase
                 p.node
             );
         }
+        let spans = r.placements.windows(2).any(|w| w[0].node != w[1].node);
+        prop_assert!(
+            !spans
+                || r.placements
+                    .iter()
+                    .all(|p| !nodes[p.node.as_str()].own_network),
+            "gang {} spans nodes, one of them isolated: {:?}",
+            t.id,
+            r.placements
+        );
         if t.zone_affinity {
             let zones: Vec<&str> = r
                 .placements

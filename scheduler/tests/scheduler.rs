@@ -74,6 +74,99 @@ fn gang_is_all_or_nothing() {
     assert!(p.iter().all(|w| w.gpu_indices.len() == 4));
 }
 
+/// A task no one may preempt on GPU 0 of nodes `i1` and `i2`.
+fn occupy_one_gpu_of_each(state: &mut ClusterState) {
+    for (i, n) in ["i1", "i2"].into_iter().enumerate() {
+        let mut t = task(&format!("busy{i}"), "other", 1, 0);
+        t.preemptible = false;
+        state.running.push(running(t, n, &[0], 0));
+    }
+}
+
+/// Each task of an isolated node has a network of its own that other nodes' tasks do not
+/// reach: a gang goes on one such node, or on nodes that share their network, never across.
+#[test]
+fn a_gang_does_not_span_isolated_nodes() {
+    let isolated = |id: &str| {
+        let mut n = node(id, "", 2, "A100", 80);
+        n.own_network = true;
+        n
+    };
+    let gang = |id: &str, workers: u32| {
+        let mut t = task(id, "u", 1, 0);
+        t.workers = workers;
+        t
+    };
+    // Two isolated nodes of two GPUs each, one GPU taken on each: a gang of two waits,
+    // saying why, though two GPUs are free; on an empty node it runs there.
+    let mut state = ClusterState {
+        nodes: vec![isolated("i1"), isolated("i2")],
+        pending: vec![gang("two", 2)],
+        ..Default::default()
+    };
+    occupy_one_gpu_of_each(&mut state);
+    let d = Scheduler::default().schedule(&state, 10);
+    assert!(placed(&d, "two").is_none(), "{d:?}");
+    let p = d.pending.iter().find(|p| p.task == "two").expect("waits");
+    match &p.reason {
+        PendingReason::NoFit { waiting_for } | PendingReason::Reserved { waiting_for, .. } => {
+            assert!(
+                waiting_for.contains("does not span isolated nodes"),
+                "{waiting_for}"
+            )
+        }
+        r => panic!("unexpected reason {r:?}"),
+    }
+    state.running.pop();
+    let d = Scheduler::default().schedule(&state, 20);
+    let two = placed(&d, "two").expect("fits the empty node");
+    assert!(two.iter().all(|p| p.node == "i2"), "{two:?}");
+    // Admission refuses at once a gang no isolated node can hold by itself.
+    let nodes = [isolated("i1"), isolated("i2")];
+    let quotas = Quotas::default();
+    let cfg = PolicyConfig::default();
+    let view = ClusterView {
+        nodes: &nodes,
+        quotas: &quotas,
+        config: &cfg,
+    };
+    let e = admission_check(&view, &gang("four", 4)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AdmissionError::TooManyWorkers {
+                possible: 2,
+                isolated: true,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("does not span isolated nodes"),
+        "{e}"
+    );
+    assert!(admission_check(&view, &gang("two", 2)).is_ok());
+    // One GPU free on each isolated node and two nodes sharing their network: the gang of
+    // two goes to the shared nodes even where it must span them.
+    let mut state = ClusterState {
+        nodes: vec![
+            isolated("i1"),
+            isolated("i2"),
+            node("s1", "", 1, "A100", 80),
+            node("s2", "", 1, "A100", 80),
+        ],
+        pending: vec![gang("two", 2)],
+        ..Default::default()
+    };
+    occupy_one_gpu_of_each(&mut state);
+    let d = Scheduler::default().schedule(&state, 10);
+    let two = placed(&d, "two").unwrap_or_else(|| panic!("placed on the shared nodes: {d:?}"));
+    let mut nodes: Vec<&str> = two.iter().map(|p| p.node.as_str()).collect();
+    nodes.sort_unstable();
+    assert_eq!(nodes, ["s1", "s2"]);
+}
+
 #[test]
 fn a_gang_runs_on_one_gpu_type() {
     // Two A100 nodes (one half taken) and two A40 nodes: a 2 x 4-GPU gang that accepts any

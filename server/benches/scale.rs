@@ -228,6 +228,7 @@ async fn agent_loop(
                     attempt: r.attempt,
                     exit_code: Some(0),
                     reason: ExitReason::Success,
+                    detail: None,
                 };
                 if client.finished(&r.task_id, &report).await.is_ok() {
                     done.fetch_add(1, Ordering::Relaxed);
@@ -261,6 +262,7 @@ async fn agent_loop(
                 attempt: s.attempt,
                 exit_code: None,
                 reason: ExitReason::Stopped,
+                detail: None,
             };
             let _ = client.finished(&s.task_id, &report).await;
         }

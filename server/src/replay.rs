@@ -135,6 +135,8 @@ struct Agent {
     client: ServerClient,
     gpus: Vec<AgentGpu>,
     running: Vec<RunningRef>,
+    /// What it says of itself in every poll, as at registration.
+    host: AgentHost,
 }
 
 /// The live server as the world's decider. Calls come from the world's blocking thread and
@@ -281,13 +283,21 @@ impl LiveCluster {
                         cpu: hw.node_cpu_millis as f64 / 1000.0,
                         memory: hw.node_mem_bytes,
                         gpus: gpus.clone(),
-                        host: Some(host()),
+                        host: Some(host(&node)),
                     },
                 })
                 .await
                 .with_context(|| format!("registering node {}", node.id))?;
             client.set_credential(Some(reg.credential));
+            if !node.own_network {
+                // The simulator's node shares its host's network (gangs span it): a node that
+                // does not isolate tasks, opened to every organization as its administrator
+                // would.
+                state.store.set_node_open_to_all(&node.id, true).await?;
+                state.scheduler.invalidate_nodes();
+            }
             agents.push(Agent {
+                host: host(&node),
                 node: node.id,
                 client,
                 gpus,
@@ -429,6 +439,7 @@ impl LiveCluster {
                     attempt,
                     exit_code,
                     reason,
+                    detail: None,
                 },
             )
             .await?;
@@ -452,7 +463,7 @@ impl LiveCluster {
                     &PollRequest {
                         running: agent.running.clone(),
                         gpus: Some(agent.gpus.clone()),
-                        host: Some(host()),
+                        host: Some(agent.host.clone()),
                     },
                 )
                 .await
@@ -545,10 +556,18 @@ impl Decider for LiveCluster {
     }
 }
 
-fn host() -> AgentHost {
+/// What the agent of a simulated node says of itself: where the simulator's node keeps each
+/// task's network apart, an isolated container node; otherwise one whose tasks share its
+/// network.
+fn host(node: &autodl_scheduler::Node) -> AgentHost {
     AgentHost {
         runtime: "docker".into(),
-        isolation: "container".into(),
+        isolation: if node.own_network {
+            "container"
+        } else {
+            "none"
+        }
+        .into(),
         data_roots: Vec::new(),
         ..Default::default()
     }

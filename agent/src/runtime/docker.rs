@@ -484,7 +484,12 @@ impl Runtime for DockerRuntime {
             names: containers.iter().map(|(name, _)| name.as_str()).collect(),
         };
         let mut stop = io.stop;
-        let end = match wait_for_workers(waits, &ranks, &signals, &mut stop, &io.output).await {
+        // Every worker's container is in the first one's network.
+        let formation = super::Rendezvous::held_here(&launch)
+            .map(|r| Box::pin(r.unformed(pid)) as super::gang::Formation<'_>);
+        let end = match wait_for_workers(waits, &ranks, &signals, &mut stop, &io.output, formation)
+            .await
+        {
             Ok(end) => end,
             Err(e) => {
                 for l in &logs {
@@ -525,6 +530,7 @@ impl Runtime for DockerRuntime {
             exit_code: i32::try_from(end.exit_code()).unwrap_or(-1),
             oom_killed,
             stopped: end.stopped,
+            unformed: end.unformed,
         })
     }
 

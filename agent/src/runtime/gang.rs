@@ -39,6 +39,8 @@ pub(crate) struct GangEnd {
     pub failed: Option<usize>,
     /// The agent asked for the stop.
     pub stopped: bool,
+    /// The gang never formed, and why: its workers were ended.
+    pub unformed: Option<String>,
 }
 
 impl GangEnd {
@@ -52,14 +54,19 @@ impl GangEnd {
     }
 }
 
+/// Says why a gang did not form, if it did not ([`super::Rendezvous::unformed`]).
+pub(crate) type Formation<'a> = BoxFuture<'a, String>;
+
 /// Waits for the workers whose exits are `waits` (`ranks`: each one's rank, by index). An
-/// error waiting for one kills them all and is returned.
+/// error waiting for one kills them all and is returned. `formation`, on rank 0's node of a
+/// gang, ends them all when it resolves.
 pub(crate) async fn wait_for_workers(
     waits: Vec<WorkerExit<'_>>,
     ranks: &[Option<u32>],
     workers: &dyn Workers,
     stop: &mut watch::Receiver<Option<Duration>>,
     output: &LogBuffer,
+    formation: Option<Formation<'_>>,
 ) -> Result<GangEnd, RuntimeError> {
     let n = waits.len();
     let mut waits: FuturesUnordered<_> = waits.into_iter().collect();
@@ -67,7 +74,10 @@ pub(crate) async fn wait_for_workers(
         codes: vec![None; n],
         failed: None,
         stopped: false,
+        unformed: None,
     };
+    let watching = formation.is_some();
+    let mut formation = formation.unwrap_or_else(|| Box::pin(std::future::pending()));
     let all: Vec<usize> = (0..n).collect();
     let mut stop_open = true;
     // How long the workers still running get: a stop's grace, or the peers' of one that failed.
@@ -101,6 +111,15 @@ pub(crate) async fn wait_for_workers(
                     );
                     break;
                 }
+            }
+            why = &mut formation, if watching => {
+                output.push(
+                    Stream::Stderr,
+                    format!("[autodl-agent] {why}: stopping the workers"),
+                );
+                end.unformed = Some(why);
+                grace = Some(PEER_GRACE);
+                break;
             }
             changed = stop.changed(), if stop_open => {
                 if changed.is_err() {
@@ -199,9 +218,16 @@ mod tests {
         let f = fake(vec![(0, None), (10, Some(3)), (0, None)]);
         let (_tx, mut stop) = watch::channel(None);
         let log = LogBuffer::new(10);
-        let end = wait_for_workers(exits(&f), &[Some(0), Some(1), Some(2)], &f, &mut stop, &log)
-            .await
-            .unwrap();
+        let end = wait_for_workers(
+            exits(&f),
+            &[Some(0), Some(1), Some(2)],
+            &f,
+            &mut stop,
+            &log,
+            None,
+        )
+        .await
+        .unwrap();
         assert_eq!(end.failed, Some(1));
         assert_eq!(end.exit_code(), 3);
         assert!(!end.stopped);
@@ -216,7 +242,7 @@ mod tests {
         let f = fake(vec![(5, Some(0)), (1, Some(0))]);
         let (_tx, mut stop) = watch::channel(None);
         let log = LogBuffer::new(10);
-        let end = wait_for_workers(exits(&f), &[Some(0), Some(1)], &f, &mut stop, &log)
+        let end = wait_for_workers(exits(&f), &[Some(0), Some(1)], &f, &mut stop, &log, None)
             .await
             .unwrap();
         assert_eq!((end.exit_code(), end.failed), (0, None));
@@ -225,7 +251,7 @@ mod tests {
         let f = fake(vec![(0, None), (0, None)]);
         let (tx, mut stop) = watch::channel(None);
         tx.send_replace(Some(Duration::from_secs(5)));
-        let end = wait_for_workers(exits(&f), &[Some(0), Some(1)], &f, &mut stop, &log)
+        let end = wait_for_workers(exits(&f), &[Some(0), Some(1)], &f, &mut stop, &log, None)
             .await
             .unwrap();
         assert!(end.stopped);
@@ -259,12 +285,39 @@ mod tests {
         let (_tx, mut stop) = watch::channel(None);
         let log = LogBuffer::new(10);
         let began = tokio::time::Instant::now();
-        let end = wait_for_workers(waits, &[Some(0), Some(1)], &deaf, &mut stop, &log)
+        let end = wait_for_workers(waits, &[Some(0), Some(1)], &deaf, &mut stop, &log, None)
             .await
             .unwrap();
         assert_eq!(began.elapsed(), PEER_GRACE);
         assert_eq!(*deaf.1.lock().unwrap(), ["TERM", "KILL"]);
         assert_eq!(end.codes, [Some(1), Some(137)]);
         assert_eq!(end.exit_code(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gang_that_did_not_form_is_ended_saying_why() {
+        let f = fake(vec![(0, None), (0, None)]);
+        let (_tx, mut stop) = watch::channel(None);
+        let log = LogBuffer::new(10);
+        let formation: Formation<'_> = Box::pin(async {
+            tokio::time::sleep(Duration::from_secs(600)).await;
+            "the gang did not form".to_owned()
+        });
+        let end = wait_for_workers(
+            exits(&f),
+            &[Some(0), Some(1)],
+            &f,
+            &mut stop,
+            &log,
+            Some(formation),
+        )
+        .await
+        .unwrap();
+        assert_eq!(end.unformed.as_deref(), Some("the gang did not form"));
+        assert!(!end.stopped);
+        assert_eq!(*f.signals.lock().unwrap(), [("TERM", vec![0, 1])]);
+        assert!(log.take_batch(10)[0]
+            .line
+            .contains("the gang did not form: stopping the workers"));
     }
 }

@@ -5,6 +5,7 @@ mod docker;
 mod gang;
 pub mod leftovers;
 mod process;
+mod rendezvous;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,6 +17,7 @@ use tokio::sync::{oneshot, watch};
 
 pub use docker::DockerRuntime;
 pub use process::ProcessRuntime;
+pub use rendezvous::Rendezvous;
 
 pub use crate::error::RuntimeError;
 use crate::isolation::IsolationLevel;
@@ -83,6 +85,8 @@ pub struct TaskLaunch {
     /// The worker this launch starts (one of `workers` of the attempt's launch); `None`: the
     /// attempt's one process, or a command run in the attempt.
     pub rank: Option<u32>,
+    /// How long a gang's workers have to meet, judged where rank 0 runs ([`Rendezvous`]).
+    pub rendezvous_timeout: Option<Duration>,
 }
 
 /// One process of an attempt: its rank when the attempt runs a process per worker.
@@ -193,6 +197,7 @@ impl TaskLaunch {
                 })
                 .collect(),
             rank: None,
+            rendezvous_timeout: a.rendezvous_timeout.map(Duration::from_secs),
         }
     }
 
@@ -398,7 +403,7 @@ pub struct TaskIo {
     pub stop: watch::Receiver<Option<Duration>>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RunOutcome {
     /// Exit status; 128 + signal number when a signal ended it (137 after SIGKILL).
     pub exit_code: i32,
@@ -406,6 +411,8 @@ pub struct RunOutcome {
     pub oom_killed: bool,
     /// The agent stopped it on request.
     pub stopped: bool,
+    /// The gang never formed, and why ([`Rendezvous::unformed`]): the agent ended it.
+    pub unformed: Option<String>,
 }
 
 #[async_trait]

@@ -20,6 +20,7 @@ use tokio::process::{Child, Command};
 
 use super::gang::{wait_for_workers, WorkerExit, Workers};
 use super::leftovers::Leftovers;
+use super::Rendezvous;
 use super::{
     Exec, ExecControl, ExecSpec, RunOutcome, Runtime, RuntimeError, Started, TaskIo, TaskLaunch,
 };
@@ -590,7 +591,16 @@ impl ProcessRuntime {
             cgroup,
         };
         let mut stop = io.stop;
-        let end = wait_for_workers(waits, &ranks, &signals, &mut stop, &io.output).await?;
+        // Rank 0's process shows the attempt's network (its own namespace on an isolated node).
+        let rank0 = ranks
+            .iter()
+            .position(|r| r.unwrap_or(0) == 0)
+            .and_then(|i| pids.get(i).copied())
+            .filter(|p| *p != 0);
+        let formation = Rendezvous::held_here(&launch)
+            .map(|r| Box::pin(r.unformed(rank0)) as super::gang::Formation<'_>);
+        let end =
+            wait_for_workers(waits, &ranks, &signals, &mut stop, &io.output, formation).await?;
         drop(records);
 
         let drain = futures_util::future::join_all(readers.iter_mut());
@@ -620,6 +630,7 @@ impl ProcessRuntime {
             exit_code,
             oom_killed,
             stopped: end.stopped,
+            unformed: end.unformed,
         })
     }
 }

@@ -39,6 +39,7 @@ struct Form {
     deadline: RwSignal<String>,
     estimated_runtime: RwSignal<String>,
     time_limit: RwSignal<String>,
+    rendezvous_timeout: RwSignal<String>,
     ckpt_interval: RwSignal<String>,
     ckpt_to: RwSignal<String>,
     ckpt_keep: RwSignal<String>,
@@ -79,6 +80,7 @@ impl Form {
             deadline: RwSignal::new(v.deadline.clone()),
             estimated_runtime: RwSignal::new(v.estimated_runtime.clone()),
             time_limit: RwSignal::new(v.time_limit.clone()),
+            rendezvous_timeout: RwSignal::new(v.rendezvous_timeout.clone()),
             ckpt_interval: RwSignal::new(v.ckpt_interval.clone()),
             ckpt_to: RwSignal::new(v.ckpt_to.clone()),
             ckpt_keep: RwSignal::new(v.ckpt_keep.clone()),
@@ -118,6 +120,7 @@ impl Form {
             deadline: self.deadline.get(),
             estimated_runtime: self.estimated_runtime.get(),
             time_limit: self.time_limit.get(),
+            rendezvous_timeout: self.rendezvous_timeout.get(),
             ckpt_interval: self.ckpt_interval.get(),
             ckpt_to: self.ckpt_to.get(),
             ckpt_keep: self.ckpt_keep.get(),
@@ -162,6 +165,7 @@ impl Form {
         self.deadline.set(v.deadline.clone());
         self.estimated_runtime.set(v.estimated_runtime.clone());
         self.time_limit.set(v.time_limit.clone());
+        self.rendezvous_timeout.set(v.rendezvous_timeout.clone());
         self.ckpt_interval.set(v.ckpt_interval.clone());
         self.ckpt_to.set(v.ckpt_to.clone());
         self.ckpt_keep.set(v.ckpt_keep.clone());
@@ -462,6 +466,7 @@ fn SubmitForm() -> impl IntoView {
                             <option value="none">"one process per node (the command starts its workers)"</option>
                         </select>
                     </div>
+                    <Field label="Workers meet within" id="rendezvous_timeout" kind="text" value=form.rendezvous_timeout error=ferr("rendezvous_timeout") placeholder="10m (a gang that has not formed by then ends)"/>
                     <Field label="GPU memory per GPU" id="gpu_memory" value=form.gpu_memory error=ferr("resources.gpu.memory") placeholder="whole GPU (or 20GiB)"/>
                     <Field label="CPU cores" id="cpu" kind="number" value=form.cpu error=ferr("resources.cpu") placeholder="1"/>
                     <Field label="RAM" id="memory" value=form.memory error=ferr("resources.memory") placeholder="4GiB"/>

@@ -955,6 +955,7 @@ pub(crate) mod tests {
                 deadline: None,
                 estimated_runtime: None,
                 time_limit: None,
+                rendezvous_timeout: None,
                 checkpoint: None,
                 retry_policy: Default::default(),
                 zone_affinity: false,

@@ -526,6 +526,7 @@ pub fn nodes(cfg: &JobsConfig) -> Vec<Node> {
             schedulable: true,
             taints: vec![],
             features: vec![],
+            own_network: false,
         })
         .collect()
 }

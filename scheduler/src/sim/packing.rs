@@ -80,6 +80,7 @@ pub fn read_nodes<R: Read>(r: R) -> Result<Vec<Node>, SimError> {
             schedulable: true,
             taints: vec![],
             features: vec![],
+            own_network: false,
         });
     }
     Ok(out)

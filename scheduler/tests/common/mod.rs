@@ -22,6 +22,7 @@ pub fn node(id: &str, zone: &str, gpus: u32, gpu_type: &str, gpu_mem_gib: u64) -
         schedulable: true,
         taints: vec![],
         features: vec![],
+        own_network: false,
     }
 }
 

@@ -253,5 +253,6 @@ fn assignment(
         batch_size: t.batch_size.and_then(|b| u32::try_from(b).ok()),
         restore: None,
         workers: launch.workers,
+        rendezvous_timeout: crate::tasks::gang::rendezvous_timeout(spec),
     })
 }

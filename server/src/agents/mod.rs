@@ -72,8 +72,11 @@ impl AgentHub {
         self.tell(crate::replicas::Signal::Node(node.to_owned()));
     }
 
+    /// Every poll of the node wakes, not one: the poll of an agent that died stays parked
+    /// until its wait ends, and woken alone it would leave the live agent's poll asleep for its
+    /// whole wait. Each poll registers before it looks at the store, so none misses a wake.
     pub(crate) fn notify_here(&self, node: &str) {
-        self.waiter(node).notify_one();
+        self.waiter(node).notify_waiters();
     }
 }
 

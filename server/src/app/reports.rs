@@ -133,6 +133,11 @@ pub async fn finished(
         ExitReason::Stopped => None,
     };
     let t = current_run(state, node, task_id, report.attempt).await?;
+    // The agent's words go into the task's timeline: a sentence, not a log.
+    let detail: Option<String> = report
+        .detail
+        .as_deref()
+        .map(|d| d.chars().filter(|c| !c.is_control()).take(500).collect());
     let now = state.clock.now_ms();
     let spec = spec_of(&t.task)?;
     let last = t.task.stop_reason.as_deref().and_then(|r| {
@@ -175,6 +180,7 @@ pub async fn finished(
                 t.task.batch_size.map(|b| b as u32),
                 report.exit_code,
                 kind,
+                detail.as_deref(),
             );
             end_run(state, &t.task, &spec, report.attempt, end, now).await?;
         }

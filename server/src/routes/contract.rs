@@ -124,7 +124,7 @@ const FIELD_HINTS: [(&str, &str); 9] = [
 
 /// A good value of a task's field, said with a broken rule that does not give one already:
 /// the researcher reads the fix instead of working it out from the rule.
-const FIELD_EXAMPLES: [(&str, &str); 14] = [
+const FIELD_EXAMPLES: [(&str, &str); 15] = [
     ("priority", "0.5"),
     ("num_workers", "2"),
     ("resources.cpu", "8"),
@@ -133,6 +133,7 @@ const FIELD_EXAMPLES: [(&str, &str); 14] = [
     ("resources.gpu.memory", "\"20GiB\""),
     ("estimated_runtime", "\"90m\""),
     ("time_limit", "\"2h30m\""),
+    ("rendezvous_timeout", "\"10m\""),
     ("deadline", "\"2026-12-24T18:00:00Z\""),
     ("checkpoint.interval", "\"10m\""),
     ("checkpoint.keep", "3"),
@@ -428,6 +429,10 @@ fn component_rules() -> Vec<(&'static str, Value)> {
         ("/TaskSpecInput/properties/after", json!({"maxItems": 1000})),
         (
             "/TaskSpecInput/properties/time_limit",
+            json!({"minimum": 1, "maximum": 31_536_000, "maxLength": 64}),
+        ),
+        (
+            "/TaskSpecInput/properties/rendezvous_timeout",
             json!({"minimum": 1, "maximum": 31_536_000, "maxLength": 64}),
         ),
         (

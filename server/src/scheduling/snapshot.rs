@@ -31,6 +31,7 @@ pub fn to_node(r: &NodeRecord) -> anyhow::Result<Node> {
         schedulable: r.schedulable && r.status.takes_new_tasks(),
         taints: crate::tasks::access::node_taints(r),
         features: crate::tasks::access::node_features(r),
+        own_network: crate::tasks::access::tasks_have_own_network(r),
     })
 }
 

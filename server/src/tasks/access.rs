@@ -57,6 +57,13 @@ pub fn is_trusted_only(n: &NodeRecord) -> bool {
     Isolation::parse(&n.isolation) == Isolation::None && !n.open_to_all
 }
 
+/// Each task on this node has a network of its own: every runtime that isolates tasks gives
+/// them one (the agent reports no isolation where it cannot), so only the tasks of a node that
+/// does not isolate them share their host's network, where other nodes reach them.
+pub fn tasks_have_own_network(n: &NodeRecord) -> bool {
+    Isolation::parse(&n.isolation) != Isolation::None
+}
+
 pub fn data_roots(n: &NodeRecord) -> Vec<String> {
     serde_json::from_str(&n.data_roots).unwrap_or_default()
 }
@@ -149,6 +156,7 @@ mod tests {
             schedulable: true,
             taints: vec![],
             features: roots.iter().map(|r| data_feature(r)).collect(),
+            own_network: false,
         }
     }
 

@@ -38,6 +38,20 @@ pub fn free_rendezvous_port(taken: &std::collections::BTreeSet<u16>) -> Option<u
     RENDEZVOUS_PORTS.into_iter().find(|p| !taken.contains(p))
 }
 
+/// How long a gang's workers have to meet when its task does not say: long enough for the
+/// other nodes to pull a large image, short enough that GPUs held by a gang that cannot meet
+/// go back within minutes rather than at torch's own 30-minute limit.
+pub const DEFAULT_RENDEZVOUS_TIMEOUT_S: u64 = 600;
+
+/// The seconds `spec`'s workers have to meet at the rendezvous (judged on rank 0's node);
+/// `None` for a task of one worker.
+pub fn rendezvous_timeout(spec: &autodl_common::tasks::TaskSpec) -> Option<u64> {
+    (spec.num_workers > 1).then(|| {
+        spec.rendezvous_timeout
+            .unwrap_or(DEFAULT_RENDEZVOUS_TIMEOUT_S)
+    })
+}
+
 /// What one node of an attempt starts: variables for all of its processes, and the worker
 /// processes themselves (empty: one process with all of the node's GPUs).
 #[derive(Debug, Clone, PartialEq, Default)]

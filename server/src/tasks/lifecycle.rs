@@ -25,7 +25,8 @@ impl ExitKind {
 
 /// `attempt` is the number of the attempt that ended (1 for the first run), `earlier_failures`
 /// how many attempts before it failed (errors and OOMs: preempted, lost or drained runs are
-/// not the task's failures and do not spend its retries); `batch_size` the one it ran with.
+/// not the task's failures and do not spend its retries); `batch_size` the one it ran with;
+/// `detail` what the agent said of why (see `FinishedReport::detail`).
 pub fn after_attempt(
     spec: &TaskSpec,
     attempt: u32,
@@ -33,10 +34,14 @@ pub fn after_attempt(
     batch_size: Option<u32>,
     exit_code: Option<i64>,
     kind: ExitKind,
+    detail: Option<&str>,
 ) -> AttemptEnd {
-    let code = exit_code
+    let mut code = exit_code
         .map(|c| format!(" (exit code {c})"))
         .unwrap_or_default();
+    if let Some(d) = detail {
+        code = format!("{code}: {d}");
+    }
     if kind == ExitKind::Success {
         return AttemptEnd {
             exit_code,
@@ -158,7 +163,15 @@ mod tests {
 
     #[test]
     fn success_completes() {
-        let e = after_attempt(&spec(3, true), 1, 0, Some(64), Some(0), ExitKind::Success);
+        let e = after_attempt(
+            &spec(3, true),
+            1,
+            0,
+            Some(64),
+            Some(0),
+            ExitKind::Success,
+            None,
+        );
         assert_eq!(e.next_state, TaskState::Completed);
         assert_eq!(e.reason, None);
     }
@@ -167,39 +180,66 @@ mod tests {
     fn failures_retry_until_the_budget_is_spent() {
         let s = spec(2, false);
         assert_eq!(
-            after_attempt(&s, 1, 0, None, Some(1), ExitKind::Error).next_state,
+            after_attempt(&s, 1, 0, None, Some(1), ExitKind::Error, None).next_state,
             TaskState::Pending
         );
         assert_eq!(
-            after_attempt(&s, 2, 1, None, Some(1), ExitKind::Error).next_state,
+            after_attempt(&s, 2, 1, None, Some(1), ExitKind::Error, None).next_state,
             TaskState::Pending
         );
-        let last = after_attempt(&s, 3, 2, None, Some(1), ExitKind::Error);
+        let last = after_attempt(&s, 3, 2, None, Some(1), ExitKind::Error, None);
         assert_eq!(last.next_state, TaskState::Failed);
         assert_eq!(last.reason.as_deref(), Some("error"));
         assert_eq!(
-            after_attempt(&spec(0, false), 1, 0, None, Some(1), ExitKind::Error).next_state,
+            after_attempt(&spec(0, false), 1, 0, None, Some(1), ExitKind::Error, None).next_state,
             TaskState::Failed
         );
         // Runs that were preempted or lost before do not count: attempt 4 is the first failure.
         assert_eq!(
-            after_attempt(&spec(1, false), 4, 0, None, Some(1), ExitKind::Error).next_state,
+            after_attempt(&spec(1, false), 4, 0, None, Some(1), ExitKind::Error, None).next_state,
             TaskState::Pending
         );
     }
 
     #[test]
+    fn the_agent_s_reason_is_in_the_message() {
+        let why = "the gang did not form within 600 s";
+        let e = after_attempt(
+            &spec(0, false),
+            1,
+            0,
+            None,
+            Some(143),
+            ExitKind::Error,
+            Some(why),
+        );
+        assert_eq!(e.next_state, TaskState::Failed);
+        assert_eq!(
+            e.message,
+            format!("attempt 1 failed (exit code 143): {why}; no retries left")
+        );
+    }
+
+    #[test]
     fn oom_recovery_halves_the_batch() {
-        let e = after_attempt(&spec(3, true), 1, 0, Some(64), Some(137), ExitKind::Oom);
+        let e = after_attempt(
+            &spec(3, true),
+            1,
+            0,
+            Some(64),
+            Some(137),
+            ExitKind::Oom,
+            None,
+        );
         assert_eq!(e.next_state, TaskState::Pending);
         assert_eq!(e.next_batch_size, Some(32));
         assert_eq!(e.reason.as_deref(), Some("oom"));
         assert_eq!(
-            after_attempt(&spec(3, true), 2, 1, Some(1), None, ExitKind::Oom).next_batch_size,
+            after_attempt(&spec(3, true), 2, 1, Some(1), None, ExitKind::Oom, None).next_batch_size,
             Some(1)
         );
         // Without a batch size there is nothing to halve, and the retry says so.
-        let e = after_attempt(&spec(3, true), 1, 0, None, Some(137), ExitKind::Oom);
+        let e = after_attempt(&spec(3, true), 1, 0, None, Some(137), ExitKind::Oom, None);
         assert_eq!(
             (e.next_state, e.next_batch_size),
             (TaskState::Pending, None)
@@ -207,7 +247,8 @@ mod tests {
         assert!(e.message.contains("no batch_size"), "{}", e.message);
         // Without oom_recovery the batch stays.
         assert_eq!(
-            after_attempt(&spec(3, false), 1, 0, Some(64), None, ExitKind::Oom).next_batch_size,
+            after_attempt(&spec(3, false), 1, 0, Some(64), None, ExitKind::Oom, None)
+                .next_batch_size,
             Some(64)
         );
     }

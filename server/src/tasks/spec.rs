@@ -317,6 +317,11 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         .as_ref()
         .map(|s| parse_span("time_limit", s))
         .transpose()?;
+    let rendezvous_timeout = input
+        .rendezvous_timeout
+        .as_ref()
+        .map(|s| parse_span("rendezvous_timeout", s))
+        .transpose()?;
     let after = after_ids(&input.after)?;
     let checkpoint = input
         .checkpoint
@@ -464,6 +469,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
         deadline,
         estimated_runtime,
         time_limit,
+        rendezvous_timeout,
         checkpoint,
         retry_policy,
         zone_affinity,

@@ -18,6 +18,7 @@ crate::on_both_backends!(
     polls_are_recorded_in_batches_before_nodes_are_judged,
     a_node_heard_by_its_reports_is_not_judged_lost,
     reports_in_a_burst_are_stored_once_each,
+    a_restarted_agent_s_poll_is_woken_beside_its_old_one,
 );
 
 pub struct FakeAgent {
@@ -903,4 +904,55 @@ async fn reports_in_a_burst_are_stored_once_each(b: Backend) {
     // The node's GPUs are free again: nothing of the runs is left in the poll's index.
     let work = agent.poll(&[], 0).await;
     assert!(work["assignments"].as_array().unwrap().is_empty(), "{work}");
+}
+
+/// An agent killed mid-poll leaves its long poll parked on the server until its wait ends;
+/// the restarted agent polls beside it. Work for the node must wake the live poll at once,
+/// not whichever poll came first (which would leave the live agent asleep for its whole
+/// wait: 19 s from submission to start after every agent restart). Default waits (30 s).
+async fn a_restarted_agent_s_poll_is_woken_beside_its_old_one(b: Backend) {
+    let app = spawn_app_with(b, |_| {}).await;
+    let op = app.operator().await;
+    let s = app.signup("restart@example.com", "Lab").await;
+    let agent = std::sync::Arc::new(FakeAgent::join(&app, &op, "restarted", "A100", "z").await);
+    // The old agent's poll, parked.
+    let old = {
+        let agent = agent.clone();
+        tokio::spawn(async move { agent.poll(&[], 30).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The restarted agent's.
+    let live = {
+        let agent = agent.clone();
+        tokio::spawn(async move { agent.poll(&[], 30).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let res = s
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/tasks",
+            Some(spec("wake", "A100")),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let id = res.json::<Value>().await.unwrap()["id"].clone();
+    let submitted = Instant::now();
+    let work = tokio::time::timeout(Duration::from_secs(5), live)
+        .await
+        .expect("the live poll slept through the work")
+        .unwrap();
+    assert!(
+        work["assignments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["task_id"] == id),
+        "{work}"
+    );
+    eprintln!(
+        "submission to the live poll's answer: {:.2} s",
+        submitted.elapsed().as_secs_f64()
+    );
+    old.abort();
 }

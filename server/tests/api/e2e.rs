@@ -208,8 +208,14 @@ async fn commands_run_to_completion_with_logs_metrics_and_retries(b: Backend) {
 async fn each_line_of_a_gang_names_its_worker(b: Backend) {
     let app = spawn_app_with(b, |_| {}).await;
     let op = app.operator().await;
-    let one = start_agent(&app, &op, "sim-1", "1xA100-40G").await;
-    let two = start_agent(&app, &op, "sim-2", "1xA100-40G").await;
+    // A gang spans nodes whose tasks share their host's network (isolated nodes keep a gang
+    // on one node): trusted nodes, opened to every organization.
+    let mut agents = Vec::new();
+    for node in ["sim-1", "sim-2"] {
+        let runtime = Arc::new(ProcessRuntime::trusted());
+        agents.push(start_agent_configured(&app, &op, node, "1xA100-40G", runtime, |c| c).await);
+        crate::isolation::share(&app, &op, node).await;
+    }
     let s = app.signup("ada@example.com", "Lab").await;
     let id = submit(
         &app,
@@ -260,7 +266,7 @@ async fn each_line_of_a_gang_names_its_worker(b: Backend) {
             .all(|l| l.get("rank").is_none()),
         "{logs}"
     );
-    for a in [one, two] {
+    for a in agents {
         a.shutdown.cancel();
         let _ = a.handle.await;
     }

@@ -230,24 +230,40 @@ async fn four_workers_on_one_node_train_as_one_group() {
     let _ = agent.handle.await;
 }
 
+/// Two agents of two GPUs on this machine, each advertising an address of its own in
+/// 127.0.0.0/8 (from `127.0.0.<first>` on), running tasks with what `runtime` makes.
+async fn two_nodes(
+    app: &TestApp,
+    op: &Session,
+    nodes: [&str; 2],
+    first: u8,
+    runtime: impl Fn() -> Arc<dyn autodl_agent::Runtime>,
+) -> Vec<crate::e2e::RunningAgent> {
+    let mut agents = Vec::new();
+    for (node, last) in nodes.into_iter().zip(first..) {
+        let addr = std::net::Ipv4Addr::new(127, 0, 0, last);
+        agents.push(
+            start_agent_configured(app, op, node, "2xA100-40G", runtime(), |c| {
+                c.advertise_addr(addr.into())
+            })
+            .await,
+        );
+    }
+    agents
+}
+
 /// A gang spanning two nodes: two agents on this machine, each advertising an address of its
 /// own in 127.0.0.0/8, two workers each; the ranks of the second node meet rank 0 at the
 /// first node's address and the port the placement leased there. Tasks here share the host's
-/// network (trusted nodes): across per-task network namespaces gangs do not form yet.
+/// network (trusted nodes): a gang never spans isolated nodes (see below).
 #[tokio::test]
 async fn a_gang_across_two_nodes_trains_as_one_group() {
     let Some(python) = torch_python() else { return };
     let app = spawn_app(Backend::Sqlite).await;
     let op = app.operator().await;
-    let mut agents = Vec::new();
-    for (node, addr) in [("span-a", [127, 0, 0, 2]), ("span-b", [127, 0, 0, 3])] {
-        let runtime = Arc::new(ProcessRuntime::trusted());
-        agents.push(
-            start_agent_configured(&app, &op, node, "2xA100-40G", runtime, |c| {
-                c.advertise_addr(std::net::Ipv4Addr::from(addr).into())
-            })
-            .await,
-        );
+    let trusted = || Arc::new(ProcessRuntime::trusted()) as Arc<dyn autodl_agent::Runtime>;
+    let agents = two_nodes(&app, &op, ["span-a", "span-b"], 2, trusted).await;
+    for node in ["span-a", "span-b"] {
         crate::isolation::share(&app, &op, node).await;
     }
     let s = app.signup("span@example.com", "Lab").await;
@@ -438,4 +454,130 @@ async fn a_missing_entry_point_says_how_code_gets_there() {
     );
     agent.shutdown.cancel();
     let _ = agent.handle.await;
+}
+
+/// A gang whose workers never all meet (here rank 1 never reaches `init_process_group`) is
+/// ended at its `rendezvous_timeout`, saying so, instead of holding its GPUs until torch's
+/// own half-hour limit.
+#[tokio::test]
+async fn a_gang_that_cannot_form_ends_within_its_limit() {
+    let Some(python) = torch_python() else { return };
+    let app = spawn_app(Backend::Sqlite).await;
+    let op = app.operator().await;
+    let agent = start_agent(&app, &op, "gang-unformed", "2xA100-40G").await;
+    let s = app.signup("unformed@example.com", "Lab").await;
+    let script = "import os, time\n\
+                  if os.environ['RANK'] == '1':\n    time.sleep(3600)\n\
+                  import torch.distributed as dist\n\
+                  dist.init_process_group('gloo', init_method='env://')\n\
+                  print('formed', flush=True)\n";
+    let submitted = std::time::Instant::now();
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "unformed", "image": "none", "num_workers": 2, "gpu_per_worker": 1,
+               "rendezvous_timeout": "20s", "retry_policy": {"max_retries": 0},
+               "command": [python, "-c", script]}),
+    )
+    .await;
+    let t = wait_for(&app, &s, &id, &["completed", "failed"], 120).await;
+    let took = submitted.elapsed();
+    let events = s.get(&app, &format!("/api/v1/tasks/{id}/events")).await;
+    assert_eq!(t["state"], "failed", "{t}\n{events}");
+    // The limit, then at most the peers' grace period (and the start and the reports).
+    assert!(
+        took >= std::time::Duration::from_secs(20) && took < std::time::Duration::from_secs(50),
+        "ended {took:?} after its submission"
+    );
+    assert!(
+        events.to_string().contains(
+            "the gang did not form within 20 s: 1 of its 2 workers reached the rendezvous"
+        ),
+        "{events}"
+    );
+    let logs = crate::e2e::log_text(&app, &s, &id).await;
+    assert!(
+        logs.contains("did not form") && !logs.contains("formed\n"),
+        "{logs}"
+    );
+    // Its GPUs are free again: a one-GPU task starts at once.
+    let next = submit(
+        &app,
+        &s,
+        json!({"name": "after", "image": "none", "gpu_per_worker": 2, "command": "true"}),
+    )
+    .await;
+    let t = wait_for(&app, &s, &next, &["completed", "failed"], 60).await;
+    assert_eq!(t["state"], "completed", "{t}");
+    agent.shutdown.cancel();
+    let _ = agent.handle.await;
+}
+
+/// Two nodes whose tasks each have a network of their own (isolated nodes): a gang's workers
+/// on different nodes could not reach each other, so a gang never spans them. One too wide for
+/// either node is refused at once, saying why; one that fits a node runs there, whole.
+#[tokio::test]
+async fn a_gang_never_spans_isolated_nodes() {
+    let Some(python) = torch_python() else { return };
+    let app = spawn_app(Backend::Sqlite).await;
+    let op = app.operator().await;
+    if !autodl_agent::isolation::is_root() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs the suite as root: per-task networks can be tested there"
+        );
+        eprintln!("SKIPPED: per-task networks need root (CI runs the suite as root)");
+        return;
+    }
+    let sandboxed = || {
+        let runtime = ProcessRuntime::detect(&autodl_agent::IsolationConfig::default()).unwrap();
+        assert_eq!(
+            autodl_agent::Runtime::isolation(&runtime),
+            autodl_agent::IsolationLevel::Sandbox
+        );
+        Arc::new(runtime) as Arc<dyn autodl_agent::Runtime>
+    };
+    let agents = two_nodes(&app, &op, ["iso-a", "iso-b"], 4, sandboxed).await;
+    let s = app.signup("iso@example.com", "Lab").await;
+    let res = s
+        .send(
+            &app,
+            reqwest::Method::POST,
+            "/api/v1/tasks",
+            Some(
+                json!({"name": "wide", "image": "none", "num_workers": 4, "gpu_per_worker": 1,
+                        "command": [python, "-c", TRAIN]}),
+            ),
+        )
+        .await;
+    assert_eq!(res.status(), reqwest::StatusCode::BAD_REQUEST);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unschedulable", "{body}");
+    assert!(
+        body.to_string().contains("does not span isolated nodes"),
+        "{body}"
+    );
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "narrow", "image": "none", "num_workers": 2, "gpu_per_worker": 1,
+               "command": [python, "-c", TRAIN]}),
+    )
+    .await;
+    let placed = wait_for(&app, &s, &id, &["scheduled", "running"], 60).await;
+    let nodes: BTreeSet<&str> = placed["placement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["node"].as_str())
+        .collect();
+    assert_eq!(nodes.len(), 1, "{placed}");
+    let t = wait_for(&app, &s, &id, &["completed", "failed"], 180).await;
+    let results = results(&app, &s, &id, 1).await;
+    assert_eq!(t["state"], "completed", "{t}\n{results:?}");
+    assert_trained_as_one_group(&results, 2, "one isolated node");
+    for a in agents {
+        a.shutdown.cancel();
+        let _ = a.handle.await;
+    }
 }

@@ -657,6 +657,7 @@ async fn end_attempt(app: &TestApp, id: &str, exit: ExitKind, code: i64) {
         t.batch_size.map(|b| b as u32),
         Some(code),
         exit,
+        None,
     );
     assert!(store
         .finish_attempt(

@@ -73,6 +73,7 @@ async fn ran_half_an_hour(app: &TestApp, s: &Session, name: &str, utils: &[f64])
         None,
         Some(0),
         ExitKind::Success,
+        None,
     );
     assert!(store
         .finish_attempt(&id, t.attempts, &end, started + 1_800_000)
@@ -327,6 +328,7 @@ async fn metric_stream_sends_samples_and_ends_with_the_task(b: Backend) {
         None,
         Some(0),
         ExitKind::Success,
+        None,
     );
     assert!(store
         .finish_attempt(&id, t.attempts, &end, now + 2000)

@@ -240,6 +240,7 @@ SPEC_FIELDS = (
     "deadline",
     "estimated_runtime",
     "time_limit",
+    "rendezvous_timeout",
     "checkpoint",
     "retry_policy",
     "affinity",
