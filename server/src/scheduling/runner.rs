@@ -36,6 +36,10 @@ pub struct Runner {
     /// When this server became the leader: nodes are judged silent only over time it has
     /// been listening for them (not while it was down, or another server led).
     leader_since: Option<i64>,
+    /// The clock at this server's last cycle, and when it last woke from a stretch without
+    /// cycles too long for a working server (see [`Runner::heard_since`]).
+    last_cycle_at: Option<i64>,
+    awake_since: Option<i64>,
     /// Held while this server leads; its term fences every scheduling write.
     guard: Option<LeaderGuard>,
     /// This server, as the leader table names it (host and process).
@@ -113,6 +117,8 @@ impl Runner {
             storage: state.storage.clone(),
             clock: state.clock.clone(),
             leader_since: None,
+            last_cycle_at: None,
+            awake_since: None,
             guard: None,
             holder: format!(
                 "{}:{}",
@@ -226,13 +232,16 @@ impl Runner {
     /// Nodes whose agent stopped polling are lost: their tasks go back to the queue (and resume
     /// from their last checkpoint when they start again).
     async fn detect_lost_nodes(
-        &self,
+        &mut self,
         term: Term,
         tasks: &[Arc<ActiveTask>],
         now_ms: i64,
     ) -> anyhow::Result<bool> {
         let timeout = (self.settings.node_lost_timeout_secs as i64) * 1000;
-        let listening_since = self.leader_since.unwrap_or(now_ms);
+        let listening_since = self
+            .leader_since
+            .unwrap_or(now_ms)
+            .max(self.heard_since(now_ms));
         if now_ms - listening_since <= timeout {
             return Ok(false);
         }
@@ -272,6 +281,26 @@ impl Runner {
             self.handle.invalidate_nodes();
         }
         Ok(any)
+    }
+
+    /// Since when this server has been awake to hear its nodes. A leader cycles every few
+    /// seconds; a stretch of the clock without a cycle longer than a third of the node timeout
+    /// is one it was not listening through (the process stopped or frozen: a debugger, a
+    /// cgroup freezer, a VM paused or migrated), and nodes silent only because of it are not
+    /// lost: each gets a whole timeout from the wake-up to be heard again.
+    fn heard_since(&mut self, now_ms: i64) -> i64 {
+        let gap = (self.settings.node_lost_timeout_secs as i64 * 1000 / 3)
+            .max(3 * i64::try_from(self.interval.as_millis()).unwrap_or(i64::MAX / 4));
+        if let Some(last) = self.last_cycle_at.replace(now_ms) {
+            if now_ms - last > gap {
+                tracing::warn!(
+                    gap_ms = now_ms - last,
+                    "this server was not running for a while (paused or frozen): nodes get a whole timeout to be heard before any is judged lost"
+                );
+                self.awake_since = Some(now_ms);
+            }
+        }
+        self.awake_since.unwrap_or(i64::MIN)
     }
 
     /// Keeps the factors this cycle ranks each competing person by, computed as the policy

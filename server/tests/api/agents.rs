@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, spawn_app_on_clock, spawn_app_with, Backend, Session, TestApp};
+use crate::helpers::{
+    assert_error, live_until, spawn_app_on_clock, spawn_app_with, Backend, Session, TestApp,
+};
 
 crate::on_both_backends!(
     registration_and_credentials,
@@ -19,6 +21,7 @@ crate::on_both_backends!(
     a_node_heard_by_its_reports_is_not_judged_lost,
     reports_in_a_burst_are_stored_once_each,
     a_restarted_agent_s_poll_is_woken_beside_its_old_one,
+    a_server_s_own_pause_is_not_its_nodes_silence,
 );
 
 pub struct FakeAgent {
@@ -771,18 +774,16 @@ async fn polls_are_recorded_in_batches_before_nodes_are_judged(b: Backend) {
     // The leader has listened since the node joined.
     let mut runner = app.runner();
     runner.cycle(t0).await.unwrap();
-    clock.set(t0 + 20_000);
+    live_until(&mut runner, &clock, t0 + 20_000).await;
     agent.poll(&[], 0).await;
     // 45 s after joining but 25 s after that poll: not silent for the timeout.
-    clock.set(t0 + 45_000);
-    runner.cycle(clock.now_ms()).await.unwrap();
+    live_until(&mut runner, &clock, t0 + 45_000).await;
     let nodes = op.get(&app, "/api/v1/nodes").await;
     assert_eq!(nodes[0]["schedulable"], true, "{nodes}");
     let stored = app.state.store.list_nodes().await.unwrap();
     assert_eq!(stored[0].last_seen, Some(t0 + 20_000));
     // Silent from then on: judged lost once the timeout has passed since that poll.
-    clock.set(t0 + 51_000);
-    runner.cycle(clock.now_ms()).await.unwrap();
+    live_until(&mut runner, &clock, t0 + 51_000).await;
     let nodes = op.get(&app, "/api/v1/nodes").await;
     assert_eq!(nodes[0]["schedulable"], false, "lost: {nodes}");
     // Its next poll brings it back at once.
@@ -801,7 +802,7 @@ async fn a_node_heard_by_its_reports_is_not_judged_lost(b: Backend) {
     let t0 = clock.now_ms();
     let mut runner = app.runner();
     runner.cycle(t0).await.unwrap();
-    clock.set(t0 + 20_000);
+    live_until(&mut runner, &clock, t0 + 20_000).await;
     // A report about a run it does not have is refused, and still heard.
     let res = agent
         .call(
@@ -811,13 +812,11 @@ async fn a_node_heard_by_its_reports_is_not_judged_lost(b: Backend) {
         .await;
     assert!(res.status().is_client_error(), "{}", res.status());
     // 45 s without a poll, 25 s after the report: not silent for the timeout.
-    clock.set(t0 + 45_000);
-    runner.cycle(clock.now_ms()).await.unwrap();
+    live_until(&mut runner, &clock, t0 + 45_000).await;
     let nodes = op.get(&app, "/api/v1/nodes").await;
     assert_eq!(nodes[0]["schedulable"], true, "{nodes}");
     // Silent from then on: lost once the timeout has passed since the report.
-    clock.set(t0 + 51_000);
-    runner.cycle(clock.now_ms()).await.unwrap();
+    live_until(&mut runner, &clock, t0 + 51_000).await;
     let nodes = op.get(&app, "/api/v1/nodes").await;
     assert_eq!(nodes[0]["schedulable"], false, "lost: {nodes}");
 }
@@ -955,4 +954,37 @@ async fn a_restarted_agent_s_poll_is_woken_beside_its_old_one(b: Backend) {
         submitted.elapsed().as_secs_f64()
     );
     old.abort();
+}
+
+/// A server that stopped running for 45 s (SIGSTOP, a frozen VM) heard nothing meanwhile: on
+/// waking, its nodes are not judged by that silence, but get a whole timeout to be heard, as
+/// after a restart. Time here is the clock's: the pause is 45 s of it without a cycle.
+async fn a_server_s_own_pause_is_not_its_nodes_silence(b: Backend) {
+    use autodl_server::clock::Clock;
+    let (app, clock) = spawn_app_on_clock(b, |s| s.node_lost_timeout_secs = 30).await;
+    let op = app.operator().await;
+    let agent = FakeAgent::join(&app, &op, "n1", "A100-40G", "z1").await;
+    let t0 = clock.now_ms();
+    let mut runner = app.runner();
+    runner.cycle(t0).await.unwrap();
+    live_until(&mut runner, &clock, t0 + 10_000).await;
+    agent.poll(&[], 0).await;
+    // Paused from t0 + 10 s to t0 + 55 s: no cycle, no poll heard.
+    clock.set(t0 + 55_000);
+    runner.cycle(clock.now_ms()).await.unwrap();
+    let nodes = op.get(&app, "/api/v1/nodes").await;
+    assert_eq!(
+        nodes[0]["schedulable"], true,
+        "judged by the server's own pause: {nodes}"
+    );
+    // The agent is heard again soon after the wake-up: never lost.
+    clock.set(t0 + 57_000);
+    agent.poll(&[], 0).await;
+    live_until(&mut runner, &clock, t0 + 80_000).await;
+    let nodes = op.get(&app, "/api/v1/nodes").await;
+    assert_eq!(nodes[0]["schedulable"], true, "{nodes}");
+    // One that stays silent after the wake-up is lost a timeout after it.
+    live_until(&mut runner, &clock, t0 + 120_000).await;
+    let nodes = op.get(&app, "/api/v1/nodes").await;
+    assert_eq!(nodes[0]["schedulable"], false, "lost: {nodes}");
 }

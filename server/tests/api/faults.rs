@@ -616,3 +616,220 @@ async fn assert_kept(app: &crate::helpers::TestApp, s: &crate::helpers::Session,
         );
     }
 }
+
+/// A server stopped for 45 s (SIGSTOP: a debugger, a cgroup freezer, a VM paused) with the
+/// production defaults (30 s node timeout, agents' 20 s polls): on waking it heard nothing for
+/// longer than the node timeout, but that silence was its own. No node is judged lost and no
+/// task restarted: the running one is still on its first attempt, and runs on.
+#[tokio::test]
+async fn a_paused_server_restarts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let env = [
+        (
+            "AUTODL_DATABASE_URL",
+            format!("sqlite://{}/a.db", dir.path().display()),
+        ),
+        ("AUTODL_SITE_ROOT", dir.path().display().to_string()),
+        ("AUTODL_LISTEN", format!("127.0.0.1:{port}")),
+        (
+            "AUTODL_STORAGE_URL",
+            format!("file://{}/objects", dir.path().display()),
+        ),
+        ("AUTODL_JWT_SECRET", format!("pause-{}", std::process::id())),
+        ("RUST_LOG", "warn".to_owned()),
+    ];
+    let server_bin = env!("CARGO_BIN_EXE_autodl-server");
+    let (email, password) = ("ops@example.com", "Operat0r-secret!");
+    let made = std::process::Command::new(server_bin)
+        .args([
+            "admin",
+            "create-admin",
+            "--email",
+            email,
+            "--password",
+            password,
+        ])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let server = Child(
+        std::process::Command::new(server_bin)
+            .arg("serve")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // A fresh connection each call: the server drops idle ones when it wakes.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .map_or(true, |r| !r.status().is_success())
+    {
+        assert!(Instant::now() < deadline, "the server never started");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let call = |token: Option<String>,
+                method: reqwest::Method,
+                path: &str,
+                body: Option<serde_json::Value>| {
+        let mut req = http.request(method, format!("{base}{path}"));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        async move {
+            let res = req.send().await.unwrap();
+            let status = res.status();
+            let text = res.text().await.unwrap();
+            assert!(status.is_success(), "{status}: {text}");
+            serde_json::from_str::<serde_json::Value>(&text).unwrap_or_default()
+        }
+    };
+    use reqwest::Method;
+    let op = call(
+        None,
+        Method::POST,
+        "/api/v1/auth/login",
+        Some(json!({"email": email, "password": password})),
+    )
+    .await["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let reg = call(
+        Some(op.clone()),
+        Method::POST,
+        "/api/v1/admin/registration-tokens",
+        Some(json!({"node_id": "paused-1"})),
+    )
+    .await["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let state = tempfile::tempdir().unwrap();
+    let _agent = Child(
+        std::process::Command::new(agent_binary())
+            .args(["--server", &base, "--node-id", "paused-1", "--token", &reg])
+            .args(["--simulate", "1xA100-40G", "--runtime", "process"])
+            .args(["--isolation", "off", "--metrics-listen", "off"])
+            .arg("--state-dir")
+            .arg(state.path())
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let nodes = call(Some(op.clone()), Method::GET, "/api/v1/nodes", None).await;
+        if nodes.to_string().contains("paused-1") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the agent never joined");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    call(
+        Some(op.clone()),
+        Method::POST,
+        "/api/v1/admin/nodes/paused-1/open-to-all",
+        None,
+    )
+    .await;
+    let user = call(
+        None,
+        Method::POST,
+        "/api/v1/auth/signup",
+        Some(
+            json!({"email": "ada@example.com", "password": "Resear-cher-2024!",
+                    "tenant_name": "Lab"}),
+        ),
+    )
+    .await["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let id = call(
+        Some(user.clone()),
+        Method::POST,
+        "/api/v1/tasks",
+        Some(json!({"name": "long", "image": "none",
+                    "command": "echo on attempt $AUTODL_ATTEMPT; sleep 600",
+                    "resources": {"gpu": {"type": "A100", "count": 1}}})),
+    )
+    .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let task = |user: String| {
+        call(
+            Some(user),
+            Method::GET,
+            &format!("/api/v1/tasks/{id}"),
+            None,
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while task(user.clone()).await["state"] != "running" {
+        assert!(Instant::now() < deadline, "the task never started");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pid = server.0.id().to_string();
+    let signal = |sig: &str| {
+        let done = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap();
+        assert!(done.success());
+    };
+    signal("-STOP");
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    signal("-CONT");
+    // Past another node timeout after the wake-up: the first attempt runs on.
+    let until = Instant::now() + Duration::from_secs(40);
+    while Instant::now() < until {
+        let t = task(user.clone()).await;
+        assert_eq!(t["state"], "running", "{t}");
+        assert_eq!(
+            t["attempts"], 1,
+            "restarted after the server's own pause: {t}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let events = call(
+        Some(user.clone()),
+        Method::GET,
+        &format!("/api/v1/tasks/{id}/events"),
+        None,
+    )
+    .await;
+    assert!(!events.to_string().contains("node_lost"), "{events}");
+    // The agent stops its task when told to: nothing is left behind.
+    call(
+        Some(user.clone()),
+        Method::POST,
+        &format!("/api/v1/tasks/{id}/cancel"),
+        None,
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while task(user.clone()).await["state"] != "cancelled" {
+        assert!(Instant::now() < deadline, "the task was never cancelled");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+}

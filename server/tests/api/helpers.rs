@@ -418,3 +418,15 @@ macro_rules! on_both_backends {
         )*
     };
 }
+
+/// Moves the manual `clock` forward to `to` as a working leader lives through the time: a
+/// cycle every 5 s. (A stretch of the clock without cycles is one the server was not running
+/// through, a pause, and no node is judged lost for silence it could not hear.)
+pub async fn live_until(runner: &mut Runner, clock: &ManualClock, to: i64) {
+    let mut t = clock.now_ms();
+    while t < to {
+        t = (t + 5_000).min(to);
+        clock.set(t);
+        runner.cycle(t).await.unwrap();
+    }
+}

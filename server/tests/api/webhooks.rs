@@ -432,10 +432,7 @@ async fn a_lost_node_is_told_to_the_organizations_it_ran_for(b: Backend) {
         assert!(res.status().is_success());
     }
     // The agent falls silent past the timeout.
-    clock.set(t0 + 31_000);
-    runner.cycle(clock.now_ms()).await.unwrap();
-    clock.set(t0 + 62_000);
-    runner.cycle(clock.now_ms()).await.unwrap();
+    crate::helpers::live_until(&mut runner, &clock, t0 + 62_000).await;
     for (rx, secret, id) in &mut hooks {
         let body = told(&app, rx, secret, 1).await.remove(0);
         assert_eq!(body["event"], "node.lost");
