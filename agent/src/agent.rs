@@ -71,7 +71,21 @@ struct Inner {
     log_batch_bytes: std::sync::atomic::AtomicUsize,
     /// Current number of GPU samples per call, halved when the server finds a batch too large.
     samples_per_call: std::sync::atomic::AtomicUsize,
+    /// When the server last answered, and its node timeout as it last said (see [`fence`]).
+    last_heard: Mutex<Instant>,
+    node_lost_s: std::sync::atomic::AtomicU64,
 }
+
+/// The agent's fence: after `node_lost / 2` without an answer from the server, it stops its
+/// tasks with a grace of `node_lost / 3`, so that they have ended (checkpointed, then killed)
+/// before the server, hearing nothing for `node_lost`, runs them elsewhere: a task never runs
+/// twice at once. With the server's default 30 s: tasks stop from 15 s of silence, gone by 25 s.
+pub fn fence(node_lost: Duration) -> (Duration, Duration) {
+    (node_lost / 2, node_lost / 3)
+}
+
+/// The server's node timeout assumed until it says its own.
+const DEFAULT_NODE_LOST: Duration = Duration::from_secs(30);
 
 /// One node agent. Cheap to clone (all clones share the same state); run it once.
 ///
@@ -159,6 +173,8 @@ impl Agent {
                 data_lock: tokio::sync::Mutex::new(()),
                 uids,
                 ports: Default::default(),
+                last_heard: Mutex::new(Instant::now()),
+                node_lost_s: std::sync::atomic::AtomicU64::new(0),
                 log_batch_bytes: std::sync::atomic::AtomicUsize::new(LOG_BATCH_BYTES),
                 samples_per_call: std::sync::atomic::AtomicUsize::new(MAX_SAMPLES_PER_CALL),
             }),
@@ -253,6 +269,7 @@ impl Agent {
             ));
         }
         loops.spawn(sample_loop(inner.clone(), background.clone()));
+        loops.spawn(fence_loop(inner.clone(), background.clone()));
 
         // Our own token below the caller's: an early error return must wind down the task
         // reporters too, not only a cancellation by the caller.
@@ -317,6 +334,17 @@ impl Inner {
 
     fn set_reachable(&self, up: bool) {
         self.metrics.server_reachable.set(i64::from(up));
+        if up {
+            *lock(&self.last_heard) = Instant::now();
+        }
+    }
+
+    /// The server's node timeout, as it last said.
+    fn node_lost(&self) -> Duration {
+        match self.node_lost_s.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => DEFAULT_NODE_LOST,
+            s => Duration::from_secs(s),
+        }
     }
 
     fn running_list(&self) -> Vec<RunningRef> {
@@ -428,6 +456,8 @@ impl Inner {
                     }
                     self.set_reachable(true);
                     backoff.reset();
+                    self.node_lost_s
+                        .store(resp.node_lost_s, std::sync::atomic::Ordering::Relaxed);
                     wait = match resp.heartbeat_s {
                         0 => cfg.poll_wait,
                         h => Duration::from_secs(h).min(cfg.poll_wait),
@@ -624,6 +654,7 @@ impl Inner {
                     return Delivery::TooLarge;
                 }
                 Err(e) if e.is_conflict() => {
+                    self.set_reachable(true);
                     tracing::info!(what, "server says the attempt is no longer current");
                     return Delivery::Rejected { stale: true };
                 }
@@ -1287,6 +1318,40 @@ async fn report(
             inner.client.finished(&task_id, &body)
         })
         .await;
+}
+
+/// Stops every task once the server has not answered for the fence time ([`fence`]): past
+/// its node timeout the server runs them elsewhere, and two runs of a task must never overlap.
+async fn fence_loop(inner: Arc<Inner>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut fenced = false;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let (after, grace) = fence(inner.node_lost());
+        let silent = lock(&inner.last_heard).elapsed();
+        if silent < after {
+            if fenced {
+                tracing::info!("the server answers again: new tasks may start");
+            }
+            fenced = false;
+            continue;
+        }
+        let running = lock(&inner.tasks).values().any(|e| !e.finished);
+        if fenced || !running {
+            continue;
+        }
+        fenced = true;
+        tracing::warn!(
+            silent_s = silent.as_secs(),
+            grace_s = grace.as_secs(),
+            "the server has not answered for half its node timeout: stopping every task (they checkpoint within the grace period), so that none runs here while the server starts it elsewhere"
+        );
+        inner.stop_all(grace);
+    }
 }
 
 async fn sample_loop(inner: Arc<Inner>, stop: CancellationToken) {

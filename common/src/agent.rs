@@ -260,6 +260,11 @@ pub struct PollResponse {
     /// agent's own default.
     #[serde(default)]
     pub heartbeat_s: u64,
+    /// After how many seconds of silence the server judges a node lost and runs its tasks
+    /// elsewhere; the agent stops its tasks well before (its fence), so no task ever runs
+    /// twice. 0: not said (the agent assumes 30).
+    #[serde(default)]
+    pub node_lost_s: u64,
     /// People waiting to reach into tasks here: the agent opens each as a WebSocket.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tunnels: Vec<TunnelRequest>,

@@ -105,8 +105,11 @@ pub async fn work_for(
         .map(|r| (r.task_id.as_str(), r.attempt))
         .collect();
     let grace_s = state.scheduler.config.grace_s;
+    let lost_s = state.settings.node_lost_timeout_secs;
     let mut out = PollResponse {
-        heartbeat_s: HEARTBEAT_S,
+        // Heard well within the agent's fence (half the node timeout), whatever the timeout.
+        heartbeat_s: HEARTBEAT_S.min((lost_s / 4).max(1)),
+        node_lost_s: lost_s,
         tunnels: state.tunnels.take_for(&node.id),
         ..Default::default()
     };

@@ -16,6 +16,7 @@ crate::on_both_backends!(
     a_server_killed_mid_run_loses_nothing,
     a_burst_of_output_over_the_body_limit_loses_no_line,
     a_node_clock_minutes_off_loses_nothing_and_is_corrected,
+    an_agent_cut_off_stops_its_tasks_before_they_run_elsewhere,
 );
 
 /// Alive and not a zombie.
@@ -141,13 +142,9 @@ async fn an_agent_killed_mid_task_leaves_nothing_running(b: Backend) {
 }
 
 async fn a_server_killed_mid_run_loses_nothing(b: Backend) {
-    // Nodes are judged lost after 4 s of silence; the server stays down for 6 and cycles
-    // every 100 ms once back, before the agent (retrying every 1 to 2.5 s) reaches it.
-    let app = spawn_app_with(b, |s| {
-        s.node_lost_timeout_secs = 4;
-        s.schedule_interval_ms = 100;
-    })
-    .await;
+    // The server stays down for 6 s, less than the agents' fence (half the 30 s node timeout:
+    // past it they stop their tasks, see `an_agent_cut_off_stops_its_tasks_before_they_run_elsewhere`).
+    let app = spawn_app_with(b, |_| {}).await;
     let op = app.operator().await;
     let runtime = Arc::new(ProcessRuntime::detect(&IsolationConfig::default()).unwrap());
     let agent = start_agent_configured(&app, &op, "sim-1", "1xA100-40G", runtime, |c| {
@@ -619,10 +616,9 @@ async fn assert_kept(app: &crate::helpers::TestApp, s: &crate::helpers::Session,
 
 /// A server stopped for 45 s (SIGSTOP: a debugger, a cgroup freezer, a VM paused) with the
 /// production defaults (30 s node timeout, agents' 20 s polls): on waking it heard nothing for
-/// longer than the node timeout, but that silence was its own. No node is judged lost and no
-/// task restarted: the running one is still on its first attempt, and runs on.
+/// longer than the node timeout, but that silence was its own. No node is judged lost.
 #[tokio::test]
-async fn a_paused_server_restarts_nothing() {
+async fn a_paused_server_judges_no_node_lost() {
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -799,14 +795,15 @@ async fn a_paused_server_restarts_nothing() {
     signal("-STOP");
     tokio::time::sleep(Duration::from_secs(45)).await;
     signal("-CONT");
-    // Past another node timeout after the wake-up: the first attempt runs on.
+    // Past another node timeout after the wake-up: the node was never judged lost. (Its agent,
+    // which cannot tell a paused server from a partition, stopped the task at its fence and
+    // it runs again, from the queue, on the same node.)
     let until = Instant::now() + Duration::from_secs(40);
     while Instant::now() < until {
-        let t = task(user.clone()).await;
-        assert_eq!(t["state"], "running", "{t}");
+        let nodes = call(Some(op.clone()), Method::GET, "/api/v1/nodes", None).await;
         assert_eq!(
-            t["attempts"], 1,
-            "restarted after the server's own pause: {t}"
+            nodes[0]["schedulable"], true,
+            "judged lost for the server's own pause: {nodes}"
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -817,7 +814,12 @@ async fn a_paused_server_restarts_nothing() {
         None,
     )
     .await;
-    assert!(!events.to_string().contains("node_lost"), "{events}");
+    assert!(
+        !events.to_string().contains("stopped answering"),
+        "{events}"
+    );
+    let t = task(user.clone()).await;
+    assert_eq!(t["state"], "running", "{t}\n{events}");
     // The agent stops its task when told to: nothing is left behind.
     call(
         Some(user.clone()),
@@ -832,4 +834,112 @@ async fn a_paused_server_restarts_nothing() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
+}
+
+/// A TCP relay to the server that can be cut, as a network partition cuts one node off.
+struct Link {
+    addr: String,
+    cut: autodl_agent::CancellationToken,
+}
+
+impl Link {
+    async fn to(server: &str) -> Link {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let target = server.trim_start_matches("http://").to_owned();
+        let cut = autodl_agent::CancellationToken::new();
+        let stop = cut.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut inbound, _) = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    a = listener.accept() => match a { Ok(a) => a, Err(_) => return },
+                };
+                let (target, stop) = (target.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                    }
+                });
+            }
+        });
+        Link { addr, cut }
+    }
+}
+
+/// One node is cut off from the server (a partition) while its task runs, with the production
+/// defaults (30 s node timeout). Past half that silence its agent stops the task (SIGTERM, a
+/// third of the timeout to checkpoint); past the timeout the server runs it on another node.
+/// The two runs never overlap: the first ended before the second began.
+async fn an_agent_cut_off_stops_its_tasks_before_they_run_elsewhere(b: Backend) {
+    let app = spawn_app_with(b, |_| {}).await;
+    let op = app.operator().await;
+    let link = Link::to(&app.address).await;
+    let server = link.addr.clone();
+    let trusted = || Arc::new(ProcessRuntime::trusted());
+    let cut_off = start_agent_configured(&app, &op, "cut-1", "1xA100-40G", trusted(), |mut c| {
+        c.server_url = server.clone();
+        c
+    })
+    .await;
+    crate::isolation::share(&app, &op, "cut-1").await;
+    let s = app.signup("cut@example.com", "Lab").await;
+    let marks = tempfile::tempdir().unwrap();
+    let file = marks.path().join("runs");
+    let command = format!(
+        "trap 'echo $AUTODL_ATTEMPT end $(date +%s%N) >> {f}; exit 0' TERM; \
+         echo $AUTODL_ATTEMPT start $(date +%s%N) >> {f}; while true; do sleep 0.1; done",
+        f = file.display()
+    );
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "partitioned", "image": "none", "command": command,
+               "resources": {"gpu": {"type": "A100", "count": 1}}}),
+    )
+    .await;
+    wait_for(&app, &s, &id, &["running"], 30).await;
+    // A second node to run it once the first is judged lost.
+    let other = start_agent_configured(&app, &op, "cut-2", "1xA100-40G", trusted(), |c| c).await;
+    crate::isolation::share(&app, &op, "cut-2").await;
+    let cut_at = Instant::now();
+    link.cut.cancel();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let runs = loop {
+        let runs = std::fs::read_to_string(&file).unwrap_or_default();
+        if runs.contains("2 start") {
+            break runs;
+        }
+        assert!(Instant::now() < deadline, "never ran elsewhere: {runs}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let at = |what: &str| -> u128 {
+        runs.lines()
+            .find_map(|l| l.strip_prefix(what))
+            .unwrap_or_else(|| panic!("no {what:?} in {runs}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (first_end, second_start) = (at("1 end"), at("2 start"));
+    assert!(
+        first_end < second_start,
+        "the two runs overlapped by {} ms: {runs}",
+        (first_end - second_start) / 1_000_000
+    );
+    eprintln!(
+        "cut off, the second run started {:.1} s later, {:.1} s after the first ended",
+        cut_at.elapsed().as_secs_f64(),
+        (second_start - first_end) as f64 / 1e9
+    );
+    let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+    assert_eq!(t["attempts"], 2, "{t}");
+    for a in [cut_off, other] {
+        a.shutdown.cancel();
+        let _ = a.handle.await;
+    }
 }
