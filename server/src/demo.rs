@@ -1,8 +1,6 @@
-//! `serve --demo`: three agents on simulated GPUs (two of 4xA100-40G, one of 4xA40) run inside
-//! the server process with the process runtime, so a newcomer can submit a task and watch it
-//! run with one command and no GPU. Two nodes of one type let a gang span nodes: where the
-//! demo's tasks share the host's network (not run as root), a gang of six A100 workers meets
-//! across both; isolated, each task has a network of its own and gangs stay on one node.
+//! `serve --demo`: two agents on simulated GPUs (4xA100-40G and 4xA40) run inside the server
+//! process with the process runtime, so a newcomer can submit a task and watch it run with one
+//! command and no GPU.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,11 +14,7 @@ use crate::app::agents::{issue_registration_token, TokenGrant};
 use crate::auth::secrets::new_id;
 use crate::state::AppState;
 
-pub const DEMO_NODES: [(&str, &str); 3] = [
-    ("demo-a100", "4xA100-40G"),
-    ("demo-a100-b", "4xA100-40G"),
-    ("demo-a40", "4xA40"),
-];
+pub const DEMO_NODES: [(&str, &str); 2] = [("demo-a100", "4xA100-40G"), ("demo-a40", "4xA40")];
 
 /// Starts the demo agents; they stop (SIGTERM to their tasks, then SIGKILL) when `shutdown`
 /// is cancelled.
