@@ -191,7 +191,8 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    // The sockets are real; the waiting is on a paused clock, so nothing here sleeps for real.
+    #[tokio::test(start_paused = true)]
     async fn a_gang_is_formed_when_every_member_connected() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -214,14 +215,14 @@ mod tests {
         assert!(judged.is_err(), "{judged:?}");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_gang_short_of_members_at_its_limit_says_so() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let _a = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let (_a2, _) = listener.accept().unwrap();
         let r = rendezvous(port, 3, Duration::from_secs(2));
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let why = r.unformed(Some(std::process::id())).await;
         assert!(started.elapsed() >= Duration::from_secs(2));
         assert!(
@@ -231,7 +232,7 @@ mod tests {
         assert!(why.contains(&format!("port {port}")), "{why}");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_gang_that_meets_elsewhere_is_not_judged() {
         let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = free.local_addr().unwrap().port();
