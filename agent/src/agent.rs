@@ -22,9 +22,11 @@ use crate::hostinfo;
 use crate::isolation::{UidLease, UidPool};
 use crate::logs::LogBuffer;
 use crate::metrics::AgentMetrics;
+use crate::outbox::{Kept, Outbox, Part};
 use crate::protocol::{
     now_rfc3339, AgentHost, AgentNode, Assignment, ExitReason, FinishedReport, GpuSample, LogBatch,
-    MetricBatch, PollRequest, PollResponse, RegisterRequest, RestoreRef, RunningRef, Stream,
+    MetricBatch, NotKeptReport, PollRequest, PollResponse, RegisterRequest, RestoreRef, RunningRef,
+    Stream,
 };
 use crate::runtime::DataMount;
 use crate::runtime::{classify_exit, RunOutcome, Runtime, TaskIo, TaskLaunch};
@@ -74,6 +76,11 @@ struct Inner {
     /// When the server last answered, and its node timeout as it last said (see [`fence`]).
     last_heard: Mutex<Instant>,
     node_lost_s: std::sync::atomic::AtomicU64,
+    /// Ended attempts kept on disk until the server has their report and folders.
+    outbox: Outbox,
+    /// Kept attempts whose end the server has not heard yet (from an earlier agent run):
+    /// listed as running in polls, so the server does not take them for lost meanwhile.
+    unreported: Mutex<std::collections::BTreeSet<TaskKey>>,
 }
 
 /// The agent's fence: after `node_lost / 2` without an answer from the server, it stops its
@@ -159,6 +166,10 @@ impl Agent {
         } else {
             None
         };
+        let outbox = Outbox::open(&config.state_dir).map_err(|source| AgentError::State {
+            path: config.state_dir.clone(),
+            source,
+        })?;
         Ok(Agent {
             inner: Arc::new(Inner {
                 config,
@@ -175,6 +186,8 @@ impl Agent {
                 ports: Default::default(),
                 last_heard: Mutex::new(Instant::now()),
                 node_lost_s: std::sync::atomic::AtomicU64::new(0),
+                outbox,
+                unreported: Mutex::new(Default::default()),
                 log_batch_bytes: std::sync::atomic::AtomicUsize::new(LOG_BATCH_BYTES),
                 samples_per_call: std::sync::atomic::AtomicUsize::new(MAX_SAMPLES_PER_CALL),
             }),
@@ -270,6 +283,16 @@ impl Agent {
         }
         loops.spawn(sample_loop(inner.clone(), background.clone()));
         loops.spawn(fence_loop(inner.clone(), background.clone()));
+        // Attempts an earlier run kept but could not report are still this node's to end.
+        lock(&inner.unreported).extend(
+            inner
+                .outbox
+                .all()
+                .into_iter()
+                .filter(|k| !k.reported)
+                .map(|k| (k.task_id.clone(), k.attempt())),
+        );
+        loops.spawn(outbox_loop(inner.clone(), background.clone()));
 
         // Our own token below the caller's: an early error return must wind down the task
         // reporters too, not only a cancellation by the caller.
@@ -348,15 +371,12 @@ impl Inner {
     }
 
     fn running_list(&self) -> Vec<RunningRef> {
-        let mut v: Vec<RunningRef> = lock(&self.tasks)
-            .keys()
-            .map(|(task_id, attempt)| RunningRef {
-                task_id: task_id.clone(),
-                attempt: *attempt,
-            })
-            .collect();
-        v.sort();
-        v
+        let mut keys: std::collections::BTreeSet<TaskKey> =
+            lock(&self.tasks).keys().cloned().collect();
+        keys.extend(lock(&self.unreported).iter().cloned());
+        keys.into_iter()
+            .map(|(task_id, attempt)| RunningRef { task_id, attempt })
+            .collect()
     }
 
     fn push_allocations(&self) {
@@ -672,6 +692,83 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Tells the server an attempt ended, with what of it is still uploading, and records
+    /// that it knows; the kept attempt goes once nothing of it is left to upload or tell.
+    /// False when given up because the agent is leaving (the next start reports it).
+    async fn report_end(&self, kept: &mut Kept, shutdown: &CancellationToken) -> bool {
+        kept.report.uploading = kept.pending();
+        let delivery = {
+            let (task_id, report) = (&kept.task_id, &kept.report);
+            self.deliver("finished", shutdown, || {
+                self.client.finished(task_id, report)
+            })
+            .await
+        };
+        if let Delivery::Abandoned = delivery {
+            return false;
+        }
+        // Refused too (it had the report already, or the attempt is no longer current): what
+        // is left to upload is tried still, and dropped when the server refuses it as stale.
+        kept.reported = true;
+        lock(&self.unreported).remove(&(kept.task_id.clone(), kept.attempt()));
+        self.settle_kept(kept);
+        true
+    }
+
+    /// Writes a kept attempt back, or removes it when nothing of it is left.
+    fn settle_kept(&self, kept: &Kept) {
+        if kept.reported && kept.parts.is_empty() && kept.lost.is_empty() {
+            self.outbox.remove(&kept.task_id, kept.attempt());
+        } else if let Err(e) = self.outbox.save(kept) {
+            tracing::warn!(task = kept.task_id, error = %e, "could not update a kept attempt");
+        }
+    }
+
+    /// Gives up what is kept of an attempt (kept too long, or the room for it is full): its
+    /// copies go now; the server is told (with the end report if it has not had it, else in
+    /// a report of its own), so the task says plainly that they are lost.
+    fn give_up(&self, kept: &mut Kept, why: &str) {
+        tracing::warn!(
+            task = kept.task_id,
+            attempt = kept.attempt(),
+            why,
+            "giving up what an ended attempt left"
+        );
+        for part in std::mem::take(&mut kept.parts) {
+            let _ = std::fs::remove_dir_all(self.outbox.folder(kept, &part.kind));
+            if !kept.reported && part.kind == RESULTS {
+                kept.report.not_kept = Some(why.to_owned());
+            } else if kept.reported {
+                kept.lost.push((part.kind, why.to_owned()));
+            }
+        }
+        self.settle_kept(kept);
+    }
+
+    /// Tells the server of parts given up; false while it cannot be reached.
+    async fn tell_lost(&self, kept: &mut Kept) -> bool {
+        while let Some((kind, reason)) = kept.lost.first().cloned() {
+            let report = NotKeptReport {
+                attempt: kept.attempt(),
+                kind,
+                reason,
+            };
+            match self.client.not_kept(&kept.task_id, &report).await {
+                Ok(()) => {}
+                Err(e) if e.is_transient() || e.is_unauthorized() => {
+                    tracing::info!(task = kept.task_id, error = %e, "could not tell the server of lost results yet");
+                    return false;
+                }
+                Err(e) => {
+                    tracing::warn!(task = kept.task_id, error = %e, "the server refused a lost-results report")
+                }
+            }
+            kept.lost.remove(0);
+            self.settle_kept(kept);
+        }
+        true
     }
 
     /// Sends one batch; returns false when the attempt turned out stale.
@@ -1006,7 +1103,7 @@ async fn upload_and_log(
     kind: &str,
     (dir, owner): (&std::path::Path, Option<u32>),
     mark: Option<(Option<i64>, Option<f64>)>,
-    log: &LogBuffer,
+    log: Option<&LogBuffer>,
     cancel: &CancellationToken,
 ) -> Result<Option<artifacts::Uploaded>, artifacts::TransferError> {
     let (step, epoch) = mark.unwrap_or((None, None));
@@ -1023,8 +1120,8 @@ async fn upload_and_log(
         owner,
     };
     let r = artifacts::upload_folder(&inner.client, req, &mut backoff, cancel).await;
-    match &r {
-        Ok(Some(u)) => log.push(
+    let said = match &r {
+        Ok(Some(u)) => Some((
             Stream::Stdout,
             format!(
                 "[autodl-agent] {kind} uploaded: {} files, {} bytes in {:.1} s",
@@ -1032,13 +1129,17 @@ async fn upload_and_log(
                 u.bytes,
                 u.took.as_secs_f64()
             ),
-        ),
-        Ok(None) => {}
-        Err(artifacts::TransferError::Stale) => {}
-        Err(e) => log.push(
+        )),
+        Ok(None) | Err(artifacts::TransferError::Stale) => None,
+        Err(e) => Some((
             Stream::Stderr,
             format!("[autodl-agent] {kind} upload failed: {e}"),
-        ),
+        )),
+    };
+    match (said, log) {
+        (Some((stream, line)), Some(log)) => log.push(stream, line),
+        (Some((_, line)), None) => tracing::info!(task = key.0, attempt = key.1, "{line}"),
+        (None, _) => {}
     }
     r
 }
@@ -1082,7 +1183,7 @@ async fn checkpoint_loop(
             "checkpoint",
             (&dir, owner),
             mark,
-            &log,
+            Some(&log),
             &shutdown,
         )
         .await
@@ -1209,38 +1310,52 @@ async fn supervise(
         "task ended"
     );
     // The task has stopped (ended, or stopped for preemption or cancel within its grace
-    // period): save what it left, before `finished` lets the server requeue it.
+    // period): keep what it left and save it, before `finished` lets the server requeue it.
     let mark = artifacts::take_marker(&checkpoint_dir);
-    if prepare_failed.is_none()
-        && job.uploads_results
-        && (job.checkpointing || last_saved.is_some() || mark.is_some())
-    {
-        let changed = artifacts::scan(&checkpoint_dir, owner).ok() != last_saved;
-        if changed || mark.is_some() {
-            let _ = upload_and_log(
-                &inner,
-                &key,
-                "checkpoint",
-                (&checkpoint_dir, owner),
-                mark,
-                &log,
-                &shutdown,
-            )
-            .await;
+    let mut parts = Vec::new();
+    if prepare_failed.is_none() && job.uploads_results {
+        if job.checkpointing || last_saved.is_some() || mark.is_some() {
+            let changed = artifacts::scan(&checkpoint_dir, owner).ok() != last_saved;
+            if changed || mark.is_some() {
+                let (step, epoch) = mark.unwrap_or((None, None));
+                parts.push(Part {
+                    kind: CHECKPOINT.into(),
+                    step,
+                    epoch,
+                });
+            }
+        }
+        if reason == ExitReason::Success {
+            parts.push(Part {
+                kind: RESULTS.into(),
+                step: None,
+                epoch: None,
+            });
         }
     }
-    if reason == ExitReason::Success && job.uploads_results {
-        let _ = upload_and_log(
-            &inner,
-            &key,
-            "results",
-            (&results_dir, owner),
-            None,
-            &log,
-            &shutdown,
-        )
-        .await;
-    }
+    let kept = Kept {
+        task_id: key.0.clone(),
+        report: FinishedReport {
+            attempt: key.1,
+            exit_code: exit_code.map(i64::from),
+            reason,
+            detail,
+            uploading: vec![],
+            not_kept: None,
+        },
+        reported: false,
+        parts,
+        kept_at: crate::outbox::unix_now(),
+        lost: vec![],
+    };
+    let kept = save_at_end(
+        &inner,
+        kept,
+        (&checkpoint_dir, &results_dir, owner),
+        &log,
+        &shutdown,
+    )
+    .await;
     if let Some(e) = lock(&inner.tasks).get_mut(&key) {
         e.finished = true;
     }
@@ -1251,7 +1366,7 @@ async fn supervise(
         .with_label_values(&[reason.as_str()])
         .inc();
     log.close();
-    let _ = done_tx.send((exit_code, reason, detail));
+    let _ = done_tx.send(kept);
     let _ = reporter.await;
     lock(&inner.tasks).remove(&key);
 }
@@ -1262,7 +1377,7 @@ async fn report(
     key: TaskKey,
     log: Arc<LogBuffer>,
     started_rx: oneshot::Receiver<crate::runtime::Started>,
-    done_rx: oneshot::Receiver<(Option<i32>, ExitReason, Option<String>)>,
+    done_rx: oneshot::Receiver<Kept>,
     shutdown: CancellationToken,
 ) {
     let (task_id, attempt) = key.clone();
@@ -1306,18 +1421,228 @@ async fn report(
             break;
         }
     }
-    let (exit_code, reason, detail) = done.unwrap_or((None, ExitReason::Error, None));
-    let body = FinishedReport {
-        attempt,
-        exit_code: exit_code.map(i64::from),
-        reason,
-        detail,
+    let mut kept = done.unwrap_or_else(|| Kept {
+        task_id: task_id.clone(),
+        report: FinishedReport {
+            attempt,
+            exit_code: None,
+            reason: ExitReason::Error,
+            detail: None,
+            uploading: vec![],
+            not_kept: None,
+        },
+        reported: false,
+        parts: vec![],
+        kept_at: crate::outbox::unix_now(),
+        lost: vec![],
+    });
+    inner.report_end(&mut kept, &shutdown).await;
+}
+
+/// An upload that will never go through (a bad request, an unreadable file), as opposed to one to try again
+/// later: the server or storage away, the organization's storage quota full (its people may
+/// free some), the attempt superseded (handled as stale).
+fn refused_for_good(e: &artifacts::TransferError) -> bool {
+    matches!(e, artifacts::TransferError::Client(c) if !c.is_transient() && !c.is_unauthorized())
+}
+
+/// The kinds of folder an attempt saves.
+const CHECKPOINT: &str = "checkpoint";
+const RESULTS: &str = "results";
+
+/// Keeps the ended attempt in the outbox ([`crate::outbox`]), then uploads its folders from
+/// there; returns it with what is left to upload. Where the node's disk refuses to keep it,
+/// the folders are uploaded from the task's own, and results that fail are said lost.
+async fn save_at_end(
+    inner: &Inner,
+    mut kept: Kept,
+    (checkpoint_dir, results_dir, owner): (&std::path::Path, &std::path::Path, Option<u32>),
+    log: &LogBuffer,
+    shutdown: &CancellationToken,
+) -> Kept {
+    let source = |kind: &str| {
+        if kind == CHECKPOINT {
+            checkpoint_dir
+        } else {
+            results_dir
+        }
     };
-    inner
-        .deliver("finished", &shutdown, || {
-            inner.client.finished(&task_id, &body)
-        })
+    let folders: Vec<(&str, &std::path::Path, Option<u32>)> = kept
+        .parts
+        .iter()
+        .map(|p| (p.kind.as_str(), source(&p.kind), owner))
+        .collect();
+    let durable = match inner.outbox.keep(&kept, &folders) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(task = kept.task_id, error = %e, "could not keep an ended attempt on this node");
+            log.push(
+                Stream::Stderr,
+                format!("[autodl-agent] this node could not keep what the run saved ({e}); uploading it from the task's folder"),
+            );
+            false
+        }
+    };
+    let key = (kept.task_id.clone(), kept.attempt());
+    for part in kept.parts.clone() {
+        let (dir, from) = if durable {
+            (inner.outbox.folder(&kept, &part.kind), None)
+        } else {
+            (source(&part.kind).to_path_buf(), owner)
+        };
+        let r = upload_and_log(
+            inner,
+            &key,
+            &part.kind,
+            (&dir, from),
+            Some((part.step, part.epoch)),
+            Some(log),
+            shutdown,
+        )
         .await;
+        let done = match &r {
+            Ok(_) | Err(artifacts::TransferError::Stale) => true,
+            Err(e) if refused_for_good(e) => {
+                if part.kind == RESULTS {
+                    kept.report.not_kept = Some(format!("the server refused them ({e})"));
+                }
+                true
+            }
+            Err(e) if !durable => {
+                if part.kind == RESULTS {
+                    kept.report.not_kept = Some(format!(
+                        "the node's disk could not keep them and their upload failed ({e})"
+                    ));
+                }
+                true
+            }
+            Err(_) => {
+                log.push(
+                    Stream::Stderr,
+                    format!("[autodl-agent] the {} is kept on this node and uploaded when the server and storage take it", part.kind),
+                );
+                false
+            }
+        };
+        if done {
+            if durable {
+                let _ = inner.outbox.drop_part(&mut kept, &part.kind);
+            } else {
+                kept.parts.retain(|p| p.kind != part.kind);
+            }
+        }
+    }
+    kept
+}
+
+/// How often the outbox is looked at when nothing failed, and the longest wait after failures.
+const OUTBOX_PERIOD: Duration = Duration::from_secs(5);
+const OUTBOX_MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// Keeps trying what ended attempts left ([`crate::outbox`]): end reports an earlier agent
+/// run could not deliver, and folders the server or storage could not take when the run
+/// ended. What is kept longer than `keep_results_for`, or beyond `keep_results_bytes` (the
+/// oldest first), is given up and said lost.
+async fn outbox_loop(inner: Arc<Inner>, stop: CancellationToken) {
+    let mut wait = Duration::ZERO;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        let mut failed = false;
+        let mut bytes = inner.outbox.bytes();
+        for listed in inner.outbox.all() {
+            let key = (listed.task_id.clone(), listed.attempt());
+            // An attempt still ending is its supervisor's; read it afresh, it may have moved on.
+            if lock(&inner.tasks).contains_key(&key) {
+                continue;
+            }
+            let Some(mut kept) = inner.outbox.load(&key.0, key.1) else {
+                continue;
+            };
+            let age = crate::outbox::unix_now().saturating_sub(kept.kept_at);
+            let limit = &inner.config;
+            if !kept.parts.is_empty()
+                && (age >= limit.keep_results_for.as_secs() || bytes > limit.keep_results_bytes)
+            {
+                let why = if age >= limit.keep_results_for.as_secs() {
+                    format!(
+                        "node {} kept them for {} without the server and storage taking them",
+                        limit.node_id,
+                        humanize(limit.keep_results_for)
+                    )
+                } else {
+                    format!(
+                        "node {}'s room for results waiting to upload ({} bytes) is full",
+                        limit.node_id, limit.keep_results_bytes
+                    )
+                };
+                bytes = bytes.saturating_sub(inner.outbox.bytes_of(&kept));
+                inner.give_up(&mut kept, &why);
+            }
+            for part in kept.parts.clone() {
+                let dir = inner.outbox.folder(&kept, &part.kind);
+                let r = upload_and_log(
+                    &inner,
+                    &key,
+                    &part.kind,
+                    (&dir, None),
+                    Some((part.step, part.epoch)),
+                    None,
+                    &stop,
+                )
+                .await;
+                match r {
+                    Ok(_) | Err(artifacts::TransferError::Stale) => {}
+                    Err(e) if refused_for_good(&e) => {
+                        if part.kind == RESULTS {
+                            if kept.reported {
+                                kept.lost.push((
+                                    part.kind.clone(),
+                                    format!("the server refused them ({e})"),
+                                ));
+                            } else {
+                                kept.report.not_kept =
+                                    Some(format!("the server refused them ({e})"));
+                            }
+                        }
+                    }
+                    Err(_) => {
+                        failed = true;
+                        break;
+                    }
+                }
+                bytes = bytes.saturating_sub(crate::outbox::folder_bytes(&dir));
+                let _ = inner.outbox.drop_part(&mut kept, &part.kind);
+            }
+            if !kept.reported && !inner.report_end(&mut kept, &stop).await {
+                return;
+            }
+            if !inner.tell_lost(&mut kept).await {
+                failed = true;
+            }
+            inner.settle_kept(&kept);
+            if stop.is_cancelled() {
+                return;
+            }
+        }
+        wait = if failed {
+            (wait * 2).clamp(OUTBOX_PERIOD, OUTBOX_MAX_WAIT)
+        } else {
+            OUTBOX_PERIOD
+        };
+    }
+}
+
+/// "3d", "12h", "90s": a keep time as an operator wrote it.
+fn humanize(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        s if s >= 86_400 && s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s >= 3600 && s % 3600 == 0 => format!("{}h", s / 3600),
+        s => format!("{s}s"),
+    }
 }
 
 /// Stops every task once the server has not answered for the fence time ([`fence`]): past

@@ -147,6 +147,18 @@ fn snapshot(
     Ok(kept)
 }
 
+/// Takes the files of `src` (those of `owner`, as [`scan`] lists them) into `dest`, a new
+/// folder of the agent's own: hard links where they share a file system, else copies, each
+/// opened beneath `src` with no link followed. Returns how many files it took.
+pub fn keep_folder(src: &Path, dest: &Path, owner: Option<u32>) -> std::io::Result<usize> {
+    let files = scan(src, owner)?;
+    std::fs::create_dir_all(dest)?;
+    if files.is_empty() {
+        return Ok(0);
+    }
+    Ok(snapshot(src, dest, &files, owner)?.len())
+}
+
 /// Reads the step and epoch a task left in its save marker, and removes the marker.
 pub fn take_marker(dir: &Path) -> Option<(Option<i64>, Option<f64>)> {
     let folder = Folder::open(dir).ok()?;

@@ -9,7 +9,8 @@ use serde::Serialize;
 use crate::error::ClientError;
 use crate::protocol::{
     ArtifactCommit, ArtifactCreated, ArtifactStart, AttemptRef, DataManifest, FinishedReport,
-    LogBatch, MetricBatch, PollRequest, PollResponse, RegisterRequest, RegisterResponse,
+    LogBatch, MetricBatch, NotKeptReport, PollRequest, PollResponse, RegisterRequest,
+    RegisterResponse,
 };
 
 /// Time allowed for an ordinary report.
@@ -175,6 +176,11 @@ impl ServerClient {
         report: &FinishedReport,
     ) -> Result<(), ClientError> {
         self.post_unit(&task_path(task_id, "finished"), report)
+            .await
+    }
+
+    pub async fn not_kept(&self, task_id: &str, report: &NotKeptReport) -> Result<(), ClientError> {
+        self.post_unit(&task_path(task_id, "not-kept"), report)
             .await
     }
 

@@ -53,6 +53,11 @@ pub struct AgentConfig {
     pub metrics_buffer_samples: usize,
     /// SIGTERM-to-SIGKILL time for tasks still running when the agent shuts down.
     pub shutdown_grace: Duration,
+    /// How long an ended attempt's results and last checkpoint are kept on the node while
+    /// the server or storage cannot take them ([`crate::outbox`]).
+    pub keep_results_for: Duration,
+    /// Most bytes kept that way; past it the oldest are given up.
+    pub keep_results_bytes: u64,
     /// How tasks are kept apart (task uids, sandbox, what tasks may read).
     pub isolation: IsolationConfig,
     /// Host folders tasks may name as `data_path` (read-only); none by default, so no host
@@ -97,6 +102,8 @@ impl AgentConfig {
             log_buffer_lines: 50_000,
             metrics_buffer_samples: 50_000,
             shutdown_grace: Duration::from_secs(10),
+            keep_results_for: Duration::from_secs(3 * 86_400),
+            keep_results_bytes: 50 << 30,
             isolation: IsolationConfig::default(),
             data_roots: Vec::new(),
             advertise_addr: hostinfo::primary_address(),
@@ -168,6 +175,8 @@ impl AgentConfig {
         log_buffer_lines: usize,
         metrics_buffer_samples: usize,
         shutdown_grace: Duration,
+        keep_results_for: Duration,
+        keep_results_bytes: u64,
         isolation: IsolationConfig,
     }
 }

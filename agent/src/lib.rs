@@ -20,6 +20,7 @@ pub mod hostinfo;
 pub mod isolation;
 pub mod logs;
 pub mod metrics;
+pub mod outbox;
 pub mod ports;
 pub mod protocol;
 pub mod runtime;

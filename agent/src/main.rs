@@ -118,6 +118,13 @@ struct Cli {
     /// Grace period for tasks still running when the agent stops.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     shutdown_grace: Duration,
+    /// How long a finished task's results and last checkpoint are kept on this node while
+    /// the server or storage cannot take them ("3d", "12h"); then they are given up.
+    #[arg(long, default_value = "3d", value_parser = parse_duration)]
+    keep_results_for: Duration,
+    /// Most bytes kept that way; past it the oldest are given up.
+    #[arg(long, default_value = "53687091200")]
+    keep_results_bytes: u64,
     /// Prometheus endpoint address, or "off".
     #[arg(long, env = "AUTODL_METRICS_LISTEN", default_value = "127.0.0.1:9101")]
     metrics_listen: String,
@@ -157,6 +164,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         (n, 1.0)
     } else if let Some(n) = s.strip_suffix('m') {
         (n, 60.0)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3600.0)
+    } else if let Some(n) = s.strip_suffix('d') {
+        (n, 86400.0)
     } else {
         (s, 1.0)
     };
@@ -216,7 +227,9 @@ async fn main() -> Result<()> {
         .zone(cli.zone)
         .sample_interval(cli.sample_interval)
         .poll_wait(cli.poll_wait)
-        .shutdown_grace(cli.shutdown_grace);
+        .shutdown_grace(cli.shutdown_grace)
+        .keep_results_for(cli.keep_results_for)
+        .keep_results_bytes(cli.keep_results_bytes);
     if let Some(id) = cli.node_id {
         config = config.node_id(id);
     }

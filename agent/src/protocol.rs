@@ -43,6 +43,8 @@ mod tests {
             exit_code: Some(137),
             reason: ExitReason::Oom,
             detail: None,
+            uploading: vec![],
+            not_kept: None,
         };
         assert_eq!(
             serde_json::to_value(&f).unwrap(),

@@ -396,6 +396,27 @@ pub struct FinishedReport {
     /// form); put in the attempt's message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// What the attempt saved that the server does not have yet ("results", "checkpoint"):
+    /// kept on the node's disk and uploaded once the server or storage takes it. The task
+    /// ends now (its GPUs are free) and says its results are uploading meanwhile.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uploading: Vec<String>,
+    /// Why what the attempt saved could not be kept (the node's disk refused it); the task
+    /// says so plainly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_kept: Option<String>,
+}
+
+/// An agent gives up a folder it kept for the server (kept too long, or its disk is needed):
+/// the task says plainly that it is lost.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NotKeptReport {
+    pub attempt: u32,
+    /// "results" or "checkpoint".
+    pub kind: String,
+    pub reason: String,
 }
 
 /// Why a run ended, as its agent saw it.

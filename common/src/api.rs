@@ -319,7 +319,8 @@ pub struct AdminUpdateUserRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Health {
-    /// "ok", or "degraded" (503) when the database cannot be reached or cannot write.
+    /// "ok", or "degraded": 503 when the database cannot be reached or cannot write, 200 when
+    /// only the scheduler has stalled.
     pub status: String,
     pub database: String,
     /// A write to the database just succeeded: a full or read-only disk shows here.
@@ -328,9 +329,17 @@ pub struct Health {
     /// "leader" on the server that schedules, "follower" on the others of its database.
     #[serde(default)]
     pub role: String,
-    /// Why the database is not usable, when it is not.
+    /// Why the database is not usable, or why scheduling has stalled, when it is so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// Seconds since the scheduler's last cycle ended, on whichever server leads (the
+    /// database records it); null before the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_cycle_s: Option<f64>,
+    /// No cycle for far longer than the scheduling interval: placement has stopped
+    /// (`status` says "degraded"; the answer stays 200, since every server would say the same).
+    #[serde(default)]
+    pub scheduler_stalled: bool,
 }
 
 /// The scheduling policy this server runs, as its configuration sets it (`[policy]`).

@@ -605,6 +605,11 @@ pub struct Task {
     /// GPU time it has used over all its runs (a shared card counts by its memory share).
     #[serde(default)]
     pub gpu_seconds: f64,
+    /// Where its results stand when they are not simply there: "uploading" (the run ended
+    /// while the server or storage was away; its node keeps them and uploads them) or "lost"
+    /// (they could not be kept; the timeline says why). Null otherwise.
+    #[serde(default)]
+    pub results: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

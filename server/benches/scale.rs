@@ -229,6 +229,8 @@ async fn agent_loop(
                     exit_code: Some(0),
                     reason: ExitReason::Success,
                     detail: None,
+                    uploading: vec![],
+                    not_kept: None,
                 };
                 if client.finished(&r.task_id, &report).await.is_ok() {
                     done.fetch_add(1, Ordering::Relaxed);
@@ -263,6 +265,8 @@ async fn agent_loop(
                 exit_code: None,
                 reason: ExitReason::Stopped,
                 detail: None,
+                uploading: vec![],
+                not_kept: None,
             };
             let _ = client.finished(&s.task_id, &report).await;
         }

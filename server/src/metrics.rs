@@ -3,7 +3,7 @@
 
 use actix_web::{get, web, HttpResponse};
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntGaugeVec, Opts, Registry,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
 
@@ -17,6 +17,10 @@ pub struct Metrics {
     pub samples_ingested: IntCounter,
     /// Tasks the scheduler's kept state had wrong when checked against a full read.
     pub state_drift: IntCounter,
+    /// Since the leader's last cycle and its last lease renewal, as the database records
+    /// them (set when scraped, so any server tells of a stalled or frozen leader).
+    pub last_cycle_age: Gauge,
+    pub lease_age: Gauge,
 }
 
 impl Metrics {
@@ -67,6 +71,16 @@ impl Metrics {
         )?;
         registry.register(Box::new(samples_ingested.clone()))?;
         registry.register(Box::new(state_drift.clone()))?;
+        let last_cycle_age = Gauge::new(
+            "scheduler_last_cycle_age_seconds",
+            "Since the scheduler's last cycle ended, on whichever server leads (-1: none yet)",
+        )?;
+        let lease_age = Gauge::new(
+            "scheduler_leader_lease_age_seconds",
+            "Since the leader last renewed its lease (PostgreSQL; -1: no lease)",
+        )?;
+        registry.register(Box::new(last_cycle_age.clone()))?;
+        registry.register(Box::new(lease_age.clone()))?;
         Ok(Metrics {
             registry,
             tasks,
@@ -76,6 +90,8 @@ impl Metrics {
             gpu_mem,
             samples_ingested,
             state_drift,
+            last_cycle_age,
+            lease_age,
         })
     }
 
@@ -112,6 +128,11 @@ pub async fn endpoint(
         let caller =
             crate::auth::Caller::from_request(&req, &mut actix_web::dev::Payload::None).await?;
         caller.require_platform_admin()?;
+    }
+    if let Ok(l) = state.store.leader_status(state.clock.now_ms()).await {
+        let secs = |ms: Option<i64>| ms.map_or(-1.0, |ms| ms as f64 / 1000.0);
+        state.metrics.last_cycle_age.set(secs(l.last_cycle_age_ms));
+        state.metrics.lease_age.set(secs(l.lease_age_ms));
     }
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")

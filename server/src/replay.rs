@@ -440,6 +440,8 @@ impl LiveCluster {
                     exit_code,
                     reason,
                     detail: None,
+                    uploading: vec![],
+                    not_kept: None,
                 },
             )
             .await?;

@@ -211,7 +211,7 @@ pub fn lock_down_state_dir(state_dir: &Path) -> std::io::Result<()> {
     let tasks = state_dir.join("tasks");
     std::fs::create_dir_all(&tasks)?;
     chmod(&tasks, 0o711)?;
-    for private in ["cache", "staging"] {
+    for private in ["cache", "staging", "outbox"] {
         let p = state_dir.join(private);
         std::fs::create_dir_all(&p)?;
         chmod(&p, 0o700)?;

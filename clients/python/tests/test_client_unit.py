@@ -212,6 +212,26 @@ def test_status_wait_and_timeout(monkeypatch):
     assert isinstance(exc.value, TimeoutError) and "PENDING" in str(exc.value)
 
 
+def test_wait_waits_for_results_still_uploading():
+    # Completed while its results were uploading from its node: wait() waits for them.
+    states = iter(["uploading", "uploading", None])
+    c = client_for(
+        lambda req: httpx.Response(200, json={**TASK, "state": "completed", "results": next(states)})
+    )
+    task = c.task("t1").refresh()
+    assert task.results_state == "uploading"
+    assert task.wait(poll=0) == "COMPLETED"
+    assert task.results_state is None
+
+    stuck = client_for(
+        lambda req: httpx.Response(200, json={**TASK, "state": "completed", "results": "uploading"})
+    ).task("t1")
+    assert stuck.wait(poll=0, results=False) == "COMPLETED"
+    with pytest.raises(autodl.TaskTimeout) as exc:
+        stuck.wait(timeout=0.05, poll=0.01)
+    assert "results uploading" in str(exc.value)
+
+
 def test_logs_pages_and_follow():
     def handler(req):
         if req.url.path.endswith("/logs"):

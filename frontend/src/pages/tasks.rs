@@ -538,6 +538,9 @@ fn TaskView(id: String) -> impl IntoView {
                                 </p>
                             })
                         }}
+                        {results_notice(&t).map(|(class, text)| view! {
+                            <p class=class role="status" data-testid="results-notice">{text}</p>
+                        })}
                         <dl class="facts">
                             <dt>"Submitted"</dt><dd><Time at=t.created_at.clone()/>" by "{t.user_email.clone()}</dd>
                             {t.started_at.clone().map(|at| view! { <dt>"Started"</dt><dd><Time at/></dd> })}
@@ -729,6 +732,21 @@ fn gpu_hours(seconds: f64) -> String {
 
 /// An idle warning is easy to miss among the events: the latest one is said at the top while
 /// the task runs, and the stop when idleness ended it (with the GPU-hours it held idle).
+/// What the page says of results that are not simply there (`Task::results`).
+fn results_notice(t: &Task) -> Option<(&'static str, &'static str)> {
+    match t.results.as_deref()? {
+        "uploading" => Some((
+            "banner warn",
+            "Results uploading: the run ended while the server or storage was away; its node keeps them and uploads them (the timeline says which node).",
+        )),
+        "lost" => Some((
+            "banner error",
+            "Results lost: they could not be kept (the timeline says why).",
+        )),
+        _ => None,
+    }
+}
+
 fn idle_notice(state: TaskState, events: &[TaskEvent]) -> Option<(&'static str, &TaskEvent)> {
     let last = events
         .iter()
@@ -929,6 +947,19 @@ pub(crate) mod tests {
         assert!(idle_notice(TaskState::Running, &warned[..1]).is_none());
     }
 
+    #[test]
+    fn results_not_simply_there_are_said() {
+        let mut t = task(TaskState::Completed, 1);
+        assert!(results_notice(&t).is_none());
+        t.results = Some("uploading".into());
+        assert!(results_notice(&t)
+            .unwrap()
+            .1
+            .starts_with("Results uploading"));
+        t.results = Some("lost".into());
+        assert_eq!(results_notice(&t).unwrap().0, "banner error");
+    }
+
     /// A task in `state` after `attempts` tries, for the pages' tests.
     pub(crate) fn task(state: TaskState, attempts: u32) -> Task {
         Task {
@@ -981,6 +1012,7 @@ pub(crate) mod tests {
             started_at: None,
             finished_at: None,
             gpu_seconds: 0.0,
+            results: None,
         }
     }
 

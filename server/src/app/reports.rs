@@ -4,16 +4,18 @@
 
 use std::collections::HashMap;
 
-use autodl_common::agent::{ExitReason, FinishedReport, GpuSample, LogBatch, MetricBatch};
+use autodl_common::agent::{
+    ExitReason, FinishedReport, GpuSample, LogBatch, MetricBatch, NotKeptReport,
+};
 use autodl_common::tasks::{TaskState, WorkerPlacement};
 use autodl_scheduler::Gpu;
 
 use crate::agents::skew::ClockSkew;
-use crate::app::runs::{current_run, run_for_output};
+use crate::app::runs::{current_run, run_for_output, run_for_upload};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{GpuSampleRecord, NewLogLine, NodeRecord, RunEnd, RunStart};
-use crate::tasks::lifecycle::{after_attempt, final_stop, ExitKind};
+use crate::tasks::lifecycle::{after_attempt, final_stop, results_on_end, ExitKind, RESULTS_LOST};
 use crate::tasks::{spec::parse_time_ms, spec_of};
 
 const MAX_LOG_LINES: usize = 1000;
@@ -152,7 +154,7 @@ pub async fn finished(
     match (kind, t.task.stop_reason.as_deref(), last) {
         // Stopped for good (time limit, idle), or failed while stopping: the task ends there.
         (None | Some(ExitKind::Error | ExitKind::Oom), Some(_), Some(end)) => {
-            end_run(state, &t.task, &spec, report.attempt, end, now).await?;
+            end_run(state, &t.task, &spec, (report, node), end, now).await?;
         }
         // Stopped on the scheduler's request (preempted, drained), or failed while stopping:
         // back to the queue. A run that completed its work before it stopped is done.
@@ -182,7 +184,7 @@ pub async fn finished(
                 kind,
                 detail.as_deref(),
             );
-            end_run(state, &t.task, &spec, report.attempt, end, now).await?;
+            end_run(state, &t.task, &spec, (report, node), end, now).await?;
         }
         // Stopped without being asked (the agent shut down): run it again elsewhere.
         (None, None, _) => {
@@ -203,15 +205,24 @@ pub async fn finished(
 }
 
 /// Closes the run (group-committed with other agents' end reports), then tells whoever
-/// listens if the task ended for good.
+/// listens if the task ended for good. The report says what of its saved folders the node
+/// still keeps ([`results_on_end`]).
 async fn end_run(
     state: &AppState,
     task: &crate::store::TaskRecord,
     spec: &autodl_common::tasks::TaskSpec,
-    attempt: u32,
-    end: crate::store::AttemptEnd,
+    (report, node): (&FinishedReport, &str),
+    mut end: crate::store::AttemptEnd,
     now: i64,
 ) -> Result<(), ApiError> {
+    let not_kept: Option<String> = report
+        .not_kept
+        .as_deref()
+        .map(|d| d.chars().filter(|c| !c.is_control()).take(300).collect());
+    let (results, note) =
+        results_on_end(end.next_state, &report.uploading, not_kept.as_deref(), node);
+    end.message.push_str(&note);
+    let attempt = report.attempt;
     state
         .ends
         .submit(RunEnd {
@@ -219,9 +230,63 @@ async fn end_run(
             attempt: i64::from(attempt),
             end: end.clone(),
             at: now,
+            results: results.map(str::to_owned),
         })
         .await?;
-    tell_ended(state, task, spec, attempt, &end, now).await;
+    tell_ended(state, task, spec, attempt, (&end, results), now).await;
+    Ok(())
+}
+
+/// The node gave up results (or a checkpoint) it kept for the server: kept too long, or its
+/// disk was needed. The task says plainly that they are lost.
+pub async fn not_kept(
+    state: &AppState,
+    node: &str,
+    task_id: &str,
+    report: &NotKeptReport,
+) -> Result<(), ApiError> {
+    let t = run_for_upload(state, node, task_id, report.attempt).await?;
+    let reason: String = report
+        .reason
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(300)
+        .collect();
+    let now = state.clock.now_ms();
+    match report.kind.as_str() {
+        "results" => {
+            state
+                .store
+                .settle_results(
+                    &t.task.id,
+                    i64::from(report.attempt),
+                    Some(RESULTS_LOST),
+                    &format!("its results could not be kept by node {node}: {reason}"),
+                    now,
+                )
+                .await?;
+        }
+        "checkpoint" => {
+            state
+                .store
+                .add_event(
+                    &t.task.id,
+                    "checkpoint_lost",
+                    &format!(
+                        "the last checkpoint of attempt {} could not be kept by node {node}: {reason}",
+                        report.attempt
+                    ),
+                    now,
+                )
+                .await?;
+        }
+        other => {
+            return Err(ApiError::invalid(
+                "kind",
+                format!("{other:?} is not \"results\" or \"checkpoint\""),
+            ))
+        }
+    }
     Ok(())
 }
 
@@ -231,7 +296,7 @@ async fn tell_ended(
     task: &crate::store::TaskRecord,
     spec: &autodl_common::tasks::TaskSpec,
     attempt: u32,
-    end: &crate::store::AttemptEnd,
+    (end, results): (&crate::store::AttemptEnd, Option<&str>),
     now: i64,
 ) {
     use crate::notify::{tell, Event};
@@ -245,6 +310,7 @@ async fn tell_ended(
         "exit_code": end.exit_code,
         "reason": end.reason,
         "message": end.message,
+        "results": results,
     });
     let owner = [task.user_id.as_str()];
     tell(

@@ -6,6 +6,7 @@ use autodl_common::tasks::{TaskState, WorkerPlacement};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{TaskRecord, TaskWithUser};
+use crate::tasks::lifecycle::RESULTS_UPLOADING;
 use crate::tasks::placement_of;
 
 /// The task whose latest attempt ran on `node`, or 409. A cancelled task has lost its
@@ -29,6 +30,28 @@ pub async fn run_for_output(
     attempt: u32,
 ) -> Result<TaskWithUser, ApiError> {
     run_on(state, node, task_id, attempt, true).await
+}
+
+/// As [`current_run`], and also the last run of a completed task whose results its node
+/// still keeps: they are uploaded after the end when the server or storage was away then
+/// (`FinishedReport::uploading`). A cancelled task's run may still save what it left.
+pub async fn run_for_upload(
+    state: &AppState,
+    node: &str,
+    task_id: &str,
+    attempt: u32,
+) -> Result<TaskWithUser, ApiError> {
+    let t = run_on(state, node, task_id, attempt, true).await?;
+    let ended = !t.task.state.is_placed();
+    if ended
+        && t.task.state != TaskState::Cancelled
+        && t.task.results.as_deref() != Some(RESULTS_UPLOADING)
+    {
+        return Err(ApiError::Conflict(format!(
+            "attempt {attempt} of task {task_id} has ended and left nothing to upload"
+        )));
+    }
+    Ok(t)
 }
 
 async fn run_on(

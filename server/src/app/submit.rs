@@ -107,6 +107,7 @@ pub(crate) fn new_record(
         finished_at: None,
         stop_reason: None,
         waiting: None,
+        results: None,
     })
 }
 

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::Serialize;
 
-use crate::app::runs::current_run;
+use crate::app::runs::run_for_upload;
 use crate::domain::{ArtifactKind, ArtifactState};
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -38,7 +38,7 @@ pub async fn start(
     task_id: &str,
     body: &ArtifactStart,
 ) -> Result<String, ApiError> {
-    let t = current_run(state, node, task_id, body.attempt).await?;
+    let t = run_for_upload(state, node, task_id, body.attempt).await?;
     let kind = ArtifactKind::parse(&body.kind)?;
     if body.epoch.is_some_and(|e| !e.is_finite()) {
         return Err(ApiError::invalid("epoch", "epoch must be a finite number"));
@@ -117,7 +117,7 @@ pub async fn abandon(state: &AppState, node: &str, id: &str) -> Result<(), ApiEr
     let a = artifact(state, id).await?;
     match a.state {
         ArtifactState::Uploading => {
-            current_run(state, node, &a.task_id, a.attempt as u32).await?;
+            run_for_upload(state, node, &a.task_id, a.attempt as u32).await?;
             discard_upload(state.store.as_ref(), &state.storage, &a).await;
             Ok(())
         }
@@ -277,6 +277,22 @@ pub async fn commit(
         a.kind,
     );
     tokio::spawn(async move { retire(store.as_ref(), &storage, &task_id, kind, keep).await });
+    if a.kind == ArtifactKind::Results {
+        // Uploaded after the run ended (its node kept them meanwhile): the task now has them.
+        state
+            .store
+            .settle_results(
+                &a.task_id,
+                a.attempt,
+                None,
+                &format!(
+                    "results saved from node {node} after the run ended ({} files, {size} bytes)",
+                    files.len()
+                ),
+                state.clock.now_ms(),
+            )
+            .await?;
+    }
     Ok(Committed {
         id: a.id,
         files: files.len() as u64,
@@ -383,7 +399,7 @@ async fn check_open(state: &AppState, node: &str, a: &ArtifactRecord) -> Result<
             a.id, a.state
         )));
     }
-    current_run(state, node, &a.task_id, a.attempt as u32).await?;
+    run_for_upload(state, node, &a.task_id, a.attempt as u32).await?;
     Ok(())
 }
 

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
 use autodl_common::agent::{
-    AttemptRef, CreateRegistrationToken, FinishedReport, LogBatch, MetricBatch, PollRequest,
-    PollResponse, RegisterRequest, RegisterResponse, RegistrationToken,
+    AttemptRef, CreateRegistrationToken, FinishedReport, LogBatch, MetricBatch, NotKeptReport,
+    PollRequest, PollResponse, RegisterRequest, RegisterResponse, RegistrationToken,
 };
 use autodl_common::api::ErrorBody;
 use serde::Deserialize;
@@ -272,6 +272,21 @@ pub async fn finished(
     body: Json<FinishedReport>,
 ) -> Result<HttpResponse, ApiError> {
     reports::finished(&state, &node.node.id, &id, &body).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// The node gives up results or a last checkpoint it kept after the run ended (kept too
+/// long, or its disk was needed): the task says plainly that they are lost.
+#[utoipa::path(params(("id" = String, Path)), request_body = NotKeptReport, responses((status = 204), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
+#[post("/agent/tasks/{id}/not-kept")]
+#[tracing::instrument(skip_all, fields(node = %node.node.id, task = %id))]
+pub async fn not_kept(
+    state: web::Data<AppState>,
+    node: NodeCaller,
+    id: web::Path<String>,
+    body: Json<NotKeptReport>,
+) -> Result<HttpResponse, ApiError> {
+    reports::not_kept(&state, &node.node.id, &id, &body).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 

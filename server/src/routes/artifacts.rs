@@ -198,7 +198,7 @@ pub async fn data_manifest(
     }))
 }
 
-#[utoipa::path(params(("id" = String, Path), ("path" = String, Path)), responses((status = 200, content_type = "application/octet-stream"), (status = 404, body = ErrorBody)))]
+#[utoipa::path(params(("id" = String, Path), ("path" = String, Path)), responses((status = 200, content_type = "application/octet-stream"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 #[get("/agent/tasks/{id}/data/files/{path:.*}")]
 #[tracing::instrument(skip(state, node), fields(node = %node.node.id))]
 pub async fn data_file(
@@ -253,7 +253,7 @@ pub async fn checkpoints(
 }
 
 /// The task's results as a tar archive, streamed from object storage file by file.
-#[utoipa::path(params(("id" = String, Path)), responses((status = 200, content_type = "application/x-tar"), (status = 404, body = ErrorBody)))]
+#[utoipa::path(params(("id" = String, Path)), responses((status = 200, content_type = "application/x-tar"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 #[get("/tasks/{id}/results")]
 #[tracing::instrument(skip(state, caller))]
 pub async fn results(
@@ -284,6 +284,18 @@ pub async fn results(
 
 /// The task's results artifact, or why there is none.
 async fn results_of(state: &AppState, t: &TaskRecord) -> Result<ArtifactRecord, ApiError> {
+    if t.results.as_deref() == Some(crate::tasks::lifecycle::RESULTS_UPLOADING) {
+        return Err(ApiError::Conflict(format!(
+            "the results of task {} are still uploading: its run ended while the server or storage was away, and its node keeps them until they are stored",
+            t.id
+        )));
+    }
+    if t.results.as_deref() == Some(crate::tasks::lifecycle::RESULTS_LOST) {
+        return Err(ApiError::NoResults(format!(
+            "the results of task {} could not be kept (its timeline says why)",
+            t.id
+        )));
+    }
     state
         .store
         .task_artifacts(&t.id, ArtifactKind::Results)
@@ -299,7 +311,7 @@ async fn results_of(state: &AppState, t: &TaskRecord) -> Result<ArtifactRecord, 
 }
 
 /// The files among the task's results, to pick one instead of fetching them all.
-#[utoipa::path(params(("id" = String, Path)), responses((status = 200, body = Vec<autodl_common::agent::ArtifactFile>), (status = 404, body = ErrorBody)))]
+#[utoipa::path(params(("id" = String, Path)), responses((status = 200, body = Vec<autodl_common::agent::ArtifactFile>), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 #[get("/tasks/{id}/results/files")]
 #[tracing::instrument(skip(state, caller))]
 pub async fn result_files(
@@ -314,7 +326,7 @@ pub async fn result_files(
 
 /// One result file. Always sent as a download of bytes: a task's output is never shown as a
 /// page of this site (it could be HTML written to run in the viewer's session).
-#[utoipa::path(params(("id" = String, Path), ("path" = String, Path)), responses((status = 200, content_type = "application/octet-stream"), (status = 404, body = ErrorBody)))]
+#[utoipa::path(params(("id" = String, Path), ("path" = String, Path)), responses((status = 200, content_type = "application/octet-stream"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 #[get("/tasks/{id}/results/files/{path:.*}")]
 #[tracing::instrument(skip(state, caller))]
 pub async fn result_file(
@@ -526,7 +538,7 @@ pub async fn put_object(
     }))
 }
 
-#[utoipa::path(params(("bucket" = String, Path), ("path" = String, Path)), responses((status = 200, content_type = "application/octet-stream"), (status = 404, body = ErrorBody)))]
+#[utoipa::path(params(("bucket" = String, Path), ("path" = String, Path)), responses((status = 200, content_type = "application/octet-stream"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 #[get("/objects/{bucket}/{path:.*}")]
 #[tracing::instrument(skip(state, caller))]
 pub async fn get_object(

@@ -609,6 +609,14 @@ fn component_rules() -> Vec<(&'static str, Value)> {
             "/FinishedReport/properties/reason",
             json!({"enum": ["success", "error", "oom", "stopped"]}),
         ),
+        (
+            "/FinishedReport/properties/uploading",
+            json!({"maxItems": 2, "items": {"enum": ["checkpoint", "results"]}}),
+        ),
+        (
+            "/NotKeptReport/properties/kind",
+            json!({"enum": ["checkpoint", "results"]}),
+        ),
         ("/LogBatch/properties/lines", json!({"maxItems": 1000})),
         (
             "/AgentLogLine/properties/stream",

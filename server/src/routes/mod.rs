@@ -155,6 +155,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(agent::started)
             .service(agent::logs)
             .service(agent::finished)
+            .service(agent::not_kept)
             .service(
                 web::resource("/agent/metrics")
                     .app_data(crate::json::JsonLimit(agent::METRIC_BODY_LIMIT))

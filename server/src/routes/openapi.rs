@@ -37,7 +37,7 @@ use super::{
         sweeps::create, sweeps::list, sweeps::show, sweeps::cancel,
         nodes::list, nodes::register, nodes::remove, nodes::set_status,
         agent::create_token, agent::list_tokens, agent::revoke_token, agent::register, agent::poll,
-        agent::started, agent::logs, agent::finished, agent::metrics,
+        agent::started, agent::logs, agent::finished, agent::not_kept, agent::metrics,
     ),
     modifiers(&Security, &Conventions),
     security(("bearer" = []), ("session" = []))

@@ -20,7 +20,8 @@ pub struct SchedulerHandle {
     pub(super) notify: Notify,
     /// Explanations as this leader last wrote them, so a cycle writes only what changed.
     pub(super) written: std::sync::Mutex<HashMap<String, (Waiting, i64)>>,
-    leading: std::sync::atomic::AtomicBool,
+    /// The term this server leads in; 0 while it does not lead.
+    leading: std::sync::atomic::AtomicI64,
     /// Other servers of the database, told of wake-ups and node changes.
     peers: crate::replicas::Peers,
     nodes: RwLock<(Option<Instant>, Arc<Vec<Node>>)>,
@@ -44,7 +45,7 @@ impl SchedulerHandle {
         Arc::new(SchedulerHandle {
             notify: Notify::new(),
             written: std::sync::Mutex::new(HashMap::new()),
-            leading: std::sync::atomic::AtomicBool::new(false),
+            leading: std::sync::atomic::AtomicI64::new(0),
             peers: crate::replicas::Peers::default(),
             nodes: RwLock::new((None, Arc::new(Vec::new()))),
             config,
@@ -68,12 +69,20 @@ impl SchedulerHandle {
     }
 
     pub fn is_leader(&self) -> bool {
-        self.leading.load(std::sync::atomic::Ordering::Relaxed)
+        self.leader_term().is_some()
     }
 
-    pub(super) fn set_leader(&self, leading: bool) {
-        self.leading
-            .store(leading, std::sync::atomic::Ordering::Relaxed);
+    /// The term this server believes it leads in. A server woken from a freeze believes so
+    /// until its runner next asks; the database's term says whether it still does.
+    pub fn leader_term(&self) -> Option<i64> {
+        Some(self.leading.load(std::sync::atomic::Ordering::Relaxed)).filter(|t| *t != 0)
+    }
+
+    pub(super) fn set_leader(&self, term: Option<crate::store::Term>) {
+        self.leading.store(
+            term.map_or(0, |t| t.0),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     pub(crate) fn peers(&self) -> &crate::replicas::Peers {

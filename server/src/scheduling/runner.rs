@@ -147,7 +147,7 @@ impl Runner {
         tracing::info!(term = term.0, "this server is now the scheduler leader");
         self.guard = Some(guard);
         self.leader_since = Some(now_ms);
-        self.handle.set_leader(true);
+        self.handle.set_leader(Some(term));
         // What another leader did meanwhile is not in any change this one has seen.
         self.active.forget();
         self.nodes = None;
@@ -166,7 +166,7 @@ impl Runner {
         }
         self.leader_since = None;
         self.explanations.forget();
-        self.handle.set_leader(false);
+        self.handle.set_leader(None);
     }
 
     /// Hands the leadership over now (another server, or a test's next runner, takes it at
@@ -474,6 +474,12 @@ impl Runner {
             last = Some((started, started.elapsed()));
             match done {
                 Ok(placed) => {
+                    // The heartbeat every server reads (`/healthz`: has scheduling stalled?).
+                    if let Some(g) = &self.guard {
+                        if let Err(e) = self.store.cycled(g.term, self.clock.now_ms()).await {
+                            tracing::warn!(error = %e, "could not record the cycle");
+                        }
+                    }
                     tracing::debug!(
                         placed,
                         elapsed_ms = started.elapsed().as_millis() as u64,

@@ -283,6 +283,7 @@ fn empty_task() -> crate::store::TaskRecord {
         finished_at: None,
         stop_reason: None,
         waiting: None,
+        results: None,
     }
 }
 

@@ -21,4 +21,21 @@ pub trait Leadership: Send + Sync {
     async fn publish(&self, payload: &str) -> StoreResult<()>;
     /// What the other servers publish, as it arrives; `None` where there are none (SQLite).
     async fn subscribe(&self) -> StoreResult<Option<tokio::sync::mpsc::Receiver<String>>>;
+    /// The leader of `term` ended a scheduling cycle at `now` (the heartbeat every server
+    /// reads for `/healthz`); nothing when another term leads.
+    async fn cycled(&self, term: Term, now: i64) -> StoreResult<()>;
+    /// The leadership as the database records it, ages measured at `now` (PostgreSQL
+    /// measures by its own clock, which every replica shares).
+    async fn leader_status(&self, now: i64) -> StoreResult<LeaderStatus>;
+}
+
+/// Who leads and how recently it was heard, for `/healthz` and `/metrics`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaderStatus {
+    pub holder: String,
+    pub term: i64,
+    /// Since the leader last renewed its lease (PostgreSQL); `None` where there is no lease.
+    pub lease_age_ms: Option<i64>,
+    /// Since the leader's last scheduling cycle ended; `None` before the first.
+    pub last_cycle_age_ms: Option<i64>,
 }

@@ -25,7 +25,7 @@ pub use accounts::Accounts;
 pub use artifacts::Artifacts;
 pub use audit::AuditTrail;
 pub use group_commit::{Ends, GroupCommit, Starts, Submissions};
-pub use leadership::Leadership;
+pub use leadership::{LeaderStatus, Leadership};
 pub use nodes::{NodeHost, Nodes};
 pub use notifications::Notifications;
 pub use records::*;

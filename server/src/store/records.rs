@@ -197,6 +197,8 @@ pub struct TaskRecord {
     pub stop_reason: Option<String>,
     /// Why it waits (JSON of `Waiting`), as the leader's latest cycle explained it.
     pub waiting: Option<String>,
+    /// "uploading" or "lost" when its results are not simply stored (see `Task::results`).
+    pub results: Option<String>,
 }
 
 /// One placement the scheduler writes: the task, its placement (JSON of worker placements), the
@@ -353,6 +355,8 @@ pub struct RunEnd {
     pub end: AttemptEnd,
     /// When the server heard it.
     pub at: i64,
+    /// Where the task's results stand if not simply stored ("uploading", "lost").
+    pub results: Option<String>,
 }
 
 pub enum TaskCreated {

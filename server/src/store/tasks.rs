@@ -112,6 +112,7 @@ pub trait Tasks: Send + Sync {
             attempt,
             end: end.clone(),
             at: now,
+            results: None,
         };
         Ok(self.finish_attempts(&[end]).await?[0])
     }
@@ -163,4 +164,14 @@ pub trait Tasks: Send + Sync {
         message: &str,
         now: i64,
     ) -> StoreResult<()>;
+    /// Settles the results of a task's last attempt that were uploading (`None`: stored,
+    /// `Some("lost")`), with a line in its timeline. False when they were not uploading.
+    async fn settle_results(
+        &self,
+        task_id: &str,
+        attempt: i64,
+        results: Option<&str>,
+        message: &str,
+        now: i64,
+    ) -> StoreResult<bool>;
 }

@@ -138,6 +138,44 @@ pub fn final_stop(
     }
 }
 
+/// A completed task whose results its node still keeps, uploading them once the server or
+/// storage takes them (see `FinishedReport::uploading`).
+pub const RESULTS_UPLOADING: &str = "uploading";
+/// A completed task whose results could not be kept: its timeline says why.
+pub const RESULTS_LOST: &str = "lost";
+
+/// What an end report says of the folders the attempt saved, for a run ending in `next`:
+/// where the task's results stand (`Task::results`) and the words added to the attempt's
+/// message. `uploading` lists the folders its node keeps until the server has them;
+/// `not_kept`, why the node could not keep them.
+pub fn results_on_end(
+    next: TaskState,
+    uploading: &[String],
+    not_kept: Option<&str>,
+    node: &str,
+) -> (Option<&'static str>, String) {
+    let results_uploading = uploading.iter().any(|k| k == "results");
+    let checkpoint_uploading = uploading.iter().any(|k| k == "checkpoint");
+    let completed = next == TaskState::Completed;
+    let mut note = String::new();
+    let mut results = None;
+    if completed && results_uploading {
+        results = Some(RESULTS_UPLOADING);
+        note.push_str(&format!(
+            "; its results are uploading: node {node} keeps them until they are stored"
+        ));
+    } else if let Some(why) = not_kept.filter(|_| completed) {
+        results = Some(RESULTS_LOST);
+        note.push_str(&format!("; its results could not be kept: {why}"));
+    }
+    if checkpoint_uploading {
+        note.push_str(&format!(
+            "; its last checkpoint is uploading from node {node}"
+        ));
+    }
+    (results, note)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,6 +288,29 @@ mod tests {
             after_attempt(&spec(3, false), 1, 0, Some(64), None, ExitKind::Oom, None)
                 .next_batch_size,
             Some(64)
+        );
+    }
+
+    #[test]
+    fn results_kept_on_the_node_are_said_and_only_for_a_completed_task() {
+        let up = vec!["results".to_owned(), "checkpoint".to_owned()];
+        let (r, note) = results_on_end(TaskState::Completed, &up, None, "n1");
+        assert_eq!(r, Some(RESULTS_UPLOADING));
+        assert!(
+            note.contains("results are uploading: node n1 keeps them"),
+            "{note}"
+        );
+        assert!(note.contains("last checkpoint is uploading"), "{note}");
+        let (r, note) = results_on_end(TaskState::Completed, &[], Some("disk full"), "n1");
+        assert_eq!(r, Some(RESULTS_LOST));
+        assert!(note.contains("could not be kept: disk full"), "{note}");
+        // A retried or failed run has no results to wait for; its checkpoint is still said.
+        let (r, note) = results_on_end(TaskState::Pending, &up, Some("x"), "n1");
+        assert_eq!(r, None);
+        assert_eq!(note, "; its last checkpoint is uploading from node n1");
+        assert_eq!(
+            results_on_end(TaskState::Completed, &[], None, "n1"),
+            (None, String::new())
         );
     }
 }

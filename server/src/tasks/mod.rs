@@ -97,5 +97,6 @@ pub fn to_api(t: TaskWithUser) -> Result<Task, ApiError> {
         started_at: t.task.started_at.map(rfc3339),
         finished_at: t.task.finished_at.map(rfc3339),
         gpu_seconds: t.task.attained_gpu_seconds,
+        results: t.task.results,
     })
 }

@@ -602,6 +602,112 @@ async fn a_read_only_database_file_is_reported_and_recovered_from() {
     app.kill().await;
 }
 
+/// The database file becomes unwritable while the server runs, as an operator's `chattr +i` or
+/// a remount does from outside: connections already open keep writing (their descriptors were
+/// opened for writing), and only the connections opened afterwards cannot. Writes through the
+/// open ones go on and are kept; once the pool opens new ones, writes answer a clear 503 (never
+/// 500); when the file is writable again the server writes by itself; and after a restart
+/// every write it acknowledged, before, during and after, is there.
+#[tokio::test]
+async fn a_database_file_unwritable_for_new_connections_only_loses_nothing() {
+    let Some(disk) = SmallDisk::mount("64m") else {
+        eprintln!("skipped: mounting a small filesystem needs root (CI runs as root)");
+        return;
+    };
+    let db = disk.path.join("autodl.db");
+    let url = format!("sqlite://{}", db.display());
+    let app = spawn_app_with(Backend::Sqlite, |s| {
+        s.database_url = url;
+        s.db_max_connections = 8;
+    })
+    .await;
+    let s = app.signup("nc@example.com", "Lab").await;
+    let task = |i: usize| {
+        json!({"name": format!("t{i}"), "image": "none", "command": "true",
+               "resources": {"gpu": {"type": "A100", "count": 1}}})
+    };
+    let mut stored = Vec::new();
+    for i in 0..3 {
+        stored.push(submit(&app, &s, task(i)).await);
+    }
+    if !immutable(&db, true) {
+        eprintln!("skipped: this filesystem cannot make a file immutable");
+        return;
+    }
+    struct Restore(std::path::PathBuf);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            immutable(&self.0, false);
+        }
+    }
+    let guard = Restore(db.clone());
+    // Every answer is a success (kept) or a clear 503.
+    let mut answered = |res_code: reqwest::StatusCode, body: serde_json::Value| -> bool {
+        if res_code == reqwest::StatusCode::CREATED {
+            stored.push(body["id"].as_str().unwrap().to_owned());
+            return true;
+        }
+        assert_eq!(res_code, reqwest::StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
+        false
+    };
+    // One at a time: the pool hands out the connections it has, opened before the fault.
+    let res = s
+        .send(&app, reqwest::Method::POST, "/api/v1/tasks", Some(task(10)))
+        .await;
+    let code = res.status();
+    assert!(
+        answered(code, res.json().await.unwrap()),
+        "a connection opened before the fault no longer writes"
+    );
+    // Many at once: the pool opens connections, which cannot write.
+    let mut refused = 0;
+    for round in 0..10 {
+        let answers = futures_util::future::join_all((0..8).map(|i| {
+            s.send(
+                &app,
+                reqwest::Method::POST,
+                "/api/v1/tasks",
+                Some(task(100 + round * 8 + i)),
+            )
+        }))
+        .await;
+        for res in answers {
+            let code = res.status();
+            if !answered(code, res.json().await.unwrap()) {
+                refused += 1;
+            }
+        }
+    }
+    eprintln!("{refused} of 80 writes refused while new connections could not write");
+    drop(guard);
+    let fixed = Instant::now();
+    loop {
+        let res = s
+            .send(
+                &app,
+                reqwest::Method::POST,
+                "/api/v1/tasks",
+                Some(task(999)),
+            )
+            .await;
+        let code = res.status();
+        if answered(code, res.json().await.unwrap()) {
+            break;
+        }
+        assert!(
+            fixed.elapsed() < Duration::from_secs(10),
+            "still refusing writes after the file is writable again"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Restarted on the same file: every acknowledged write is there.
+    app.kill().await;
+    let app = app.restart().await;
+    assert_kept(&app, &s, &stored).await;
+    app.kill().await;
+}
+
 /// Every task stored before a fault is still there after it.
 async fn assert_kept(app: &crate::helpers::TestApp, s: &crate::helpers::Session, ids: &[String]) {
     for id in ids {

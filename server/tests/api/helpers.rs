@@ -393,6 +393,15 @@ impl ServerProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Sends a signal by name ("STOP", "CONT") to the server process.
+    pub fn signal(&self, name: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{name} failed");
+    }
 }
 
 impl Drop for ServerProcess {

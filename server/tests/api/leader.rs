@@ -80,3 +80,68 @@ async fn one_leader_at_a_time_and_deposed_leaders_are_fenced(b: Backend) {
         .await
         .unwrap();
 }
+
+/// A scheduler that has not cycled for far longer than its interval (a leader whose cycles
+/// keep failing) is reported by every server: `/healthz` says so (still 200: every server
+/// would say the same) and `/metrics` carries the age, from the heartbeat the leader writes.
+#[tokio::test]
+async fn a_stalled_scheduler_is_reported_by_healthz_and_metrics() {
+    let app = crate::helpers::spawn_app_with(Backend::Sqlite, |s| s.run_scheduler = false).await;
+    let health = || async {
+        let res = reqwest::get(app.url("/healthz")).await.unwrap();
+        (res.status(), res.json::<serde_json::Value>().await.unwrap())
+    };
+    let (code, h) = health().await;
+    assert_eq!(code, reqwest::StatusCode::OK);
+    assert_eq!(h["scheduler_stalled"], false, "{h}");
+    assert!(h.get("last_cycle_s").is_none(), "no cycle yet: {h}");
+
+    // The leader's last heartbeat, one minute ago.
+    let term = app
+        .state
+        .store
+        .try_lead("stuck", 1)
+        .await
+        .unwrap()
+        .unwrap()
+        .term;
+    let now = app.state.clock.now_ms();
+    app.state.store.cycled(term, now - 60_000).await.unwrap();
+    let (code, h) = health().await;
+    assert_eq!(code, reqwest::StatusCode::OK, "{h}");
+    assert_eq!(h["status"], "degraded", "{h}");
+    assert_eq!(h["scheduler_stalled"], true, "{h}");
+    assert!(h["last_cycle_s"].as_f64().unwrap() >= 60.0, "{h}");
+    assert!(
+        h["problem"]
+            .as_str()
+            .unwrap()
+            .contains("no scheduling cycle for 60 s (leader stuck"),
+        "{h}"
+    );
+    let op = app.operator().await;
+    let metrics = op
+        .send(&app, reqwest::Method::GET, "/metrics", None)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let age: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("autodl_scheduler_last_cycle_age_seconds "))
+        .expect("the age is exported")
+        .parse()
+        .unwrap();
+    assert!(age >= 60.0, "{age}");
+
+    // A cycle now: healthy again.
+    app.state
+        .store
+        .cycled(term, app.state.clock.now_ms())
+        .await
+        .unwrap();
+    let (_, h) = health().await;
+    assert_eq!(h["status"], "ok", "{h}");
+    assert_eq!(h["scheduler_stalled"], false, "{h}");
+    app.kill().await;
+}

@@ -18,6 +18,7 @@ mod leader;
 mod notifications;
 mod replay;
 mod replicas;
+mod results_kept;
 #[path = "../support/s3_server.rs"]
 mod s3_server;
 mod scheduling;

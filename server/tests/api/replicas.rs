@@ -219,6 +219,101 @@ async fn replicas_share_the_work_and_survive_the_leader() {
     }
 }
 
+/// `/healthz` of one server, or `None` when it does not answer within a second (frozen).
+async fn health_of(r: &Replica) -> Option<Value> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let res = http
+        .get(format!("{}/healthz", r.address))
+        .send()
+        .await
+        .ok()?;
+    res.json().await.ok()
+}
+
+/// The leader is frozen (SIGSTOP for 20 s: a debugger, a paused VM, a cgroup freezer) while
+/// PostgreSQL still sees its lock connection: it used to lead on, placing nothing, for as long
+/// as it was frozen. Its lease runs out, the follower ends its sessions and leads: a task
+/// submitted meanwhile is placed within seconds. Woken, the old leader finds its lock gone and
+/// follows (never two leaders), and no task is placed twice.
+#[tokio::test]
+async fn a_frozen_leader_is_replaced_within_seconds() {
+    let app = spawn_app_with(Backend::Postgres, |s| s.run_scheduler = false).await;
+    let op = app.operator().await;
+    let s = app.signup("frozen@example.com", "Lab").await;
+    let reps = [Replica::start(&app), Replica::start(&app)];
+    let first = leader_of(&[&reps[0], &reps[1]], Duration::from_secs(30)).await;
+    let other = 1 - first;
+    let mut agent = FakeAgent::join(&app, &op, "rep-1", "A100-40G", "z1").await;
+    agent.base = reps[other].address.clone();
+    let mut placed = vec![submit_and_receive(&app, &s, &agent, "before", true).await.0];
+    let health = health_of(&reps[other]).await.unwrap();
+    assert!(health["last_cycle_s"].as_f64().unwrap() < 10.0, "{health}");
+    assert_eq!(health["scheduler_stalled"], false, "{health}");
+
+    reps[first].signal("STOP");
+    let frozen = Instant::now();
+    struct Thaw<'a>(&'a Replica);
+    impl Drop for Thaw<'_> {
+        fn drop(&mut self) {
+            self.0.signal("CONT");
+        }
+    }
+    let thaw = Thaw(&reps[first]);
+    let (id, _) = submit_and_receive(&app, &s, &agent, "while-frozen", true).await;
+    let took = frozen.elapsed();
+    eprintln!("leader frozen to a task placed by the next leader: {took:?}");
+    assert!(
+        took < Duration::from_secs(6),
+        "a frozen leader cost {took:?} of placement"
+    );
+    placed.push(id);
+    let health = health_of(&reps[other]).await.unwrap();
+    assert_eq!(health["role"], "leader", "{health}");
+    assert!(
+        health_of(&reps[first]).await.is_none(),
+        "the frozen server answered"
+    );
+
+    tokio::time::sleep(Duration::from_secs(20).saturating_sub(frozen.elapsed())).await;
+    drop(thaw);
+    // Woken: it follows, and the other leads on, never two at once.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let roles = [
+            health_of(&reps[0]).await.map(|h| h["role"].clone()),
+            health_of(&reps[1]).await.map(|h| h["role"].clone()),
+        ];
+        let leaders = roles
+            .iter()
+            .filter(|r| r.as_ref().is_some_and(|r| r == "leader"))
+            .count();
+        assert!(leaders < 2, "two servers lead at once: {roles:?}");
+        if roles[first].as_ref().is_some_and(|r| r == "follower") && leaders == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the woken leader never stepped down: {roles:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in 0..2 {
+        placed.push(
+            submit_and_receive(&app, &s, &agent, &format!("after{i}"), true)
+                .await
+                .0,
+        );
+    }
+    for id in &placed {
+        let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+        assert_eq!(t["attempts"], 1, "{t}");
+        assert_eq!(t["state"], "completed", "{t}");
+    }
+}
+
 #[tokio::test]
 async fn a_revoked_key_is_refused_by_every_server_at_once() {
     let app = spawn_app_with(Backend::Postgres, |s| s.run_scheduler = false).await;

@@ -136,6 +136,7 @@ async fn a_repeated_key_in_one_batch_makes_one_task(b: Backend) {
         finished_at: None,
         stop_reason: None,
         waiting: None,
+        results: None,
     };
     let batch: Vec<NewTask> = [("a", Some("same")), ("b", None), ("c", Some("same"))]
         .into_iter()

@@ -100,6 +100,14 @@ class Task:
     def finished(self) -> bool:
         return self.status in FINAL_STATUSES
 
+    @property
+    def results_state(self) -> Optional[str]:
+        """Where the results stand when they are not simply there, as of the last fetch:
+        ``"uploading"`` (the run ended while the server or storage was away; its node keeps
+        them and uploads them) or ``"lost"`` (they could not be kept; :meth:`events` says
+        why). None otherwise."""
+        return self.info.get("results")
+
     def refresh(self) -> Task:
         """Fetches the task document again; returns self for chaining."""
         self.info = self._client._http.get(self._path)
@@ -110,8 +118,14 @@ class Task:
         FAILED, CANCELLED, TIMED_OUT."""
         return self.refresh().status
 
-    def wait(self, timeout: Optional[float] = None, poll: float = 1.0) -> str:
+    def wait(
+        self, timeout: Optional[float] = None, poll: float = 1.0, results: bool = True
+    ) -> str:
         """Blocks until the task is finished and returns its final status.
+
+        With ``results`` (the default), a task that completed while its results were still
+        uploading from its node (:attr:`results_state`) is waited for until they are stored
+        or given up, so :meth:`download_results` can follow.
 
         Raises :class:`~autodl.errors.TaskTimeout` when ``timeout`` seconds pass first.
         Transient connection failures are retried until the deadline, since a long wait
@@ -121,14 +135,18 @@ class Task:
         while True:
             try:
                 status = self.get_status()
-                if status in FINAL_STATUSES:
+                uploading = results and self.results_state == "uploading"
+                if status in FINAL_STATUSES and not uploading:
                     return status
             except AutodlConnectionError:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                raise TaskTimeout(f"task {self.id} is still {self.status} after {timeout:g} s")
+                still = self.status
+                if self.results_state == "uploading":
+                    still += " with its results uploading"
+                raise TaskTimeout(f"task {self.id} is still {still} after {timeout:g} s")
             sleep = poll if deadline is None else max(0.0, min(poll, deadline - now))
             time.sleep(sleep)
 
@@ -233,7 +251,9 @@ class Task:
         ``AUTODL_RESULTS_DIR``) and extracts it into ``path`` (created if needed);
         returns that directory. Members that would land outside it are refused
         (:class:`~autodl.errors.UnsafeArchive`) before anything is written. A task without
-        results raises :class:`~autodl.errors.NotFound` (code ``no_results``)."""
+        results raises :class:`~autodl.errors.NotFound` (code ``no_results``); one whose
+        results are still uploading from its node raises :class:`~autodl.errors.Conflict`
+        (:meth:`wait` waits for them)."""
         dest = Path(path)
         fd, tmp_name = tempfile.mkstemp(prefix="autodl-results-", suffix=".tar")
         try:

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -201,8 +201,18 @@ impl PostgresStore {
                 .after_release(|_, meta| Box::pin(async move { Ok(!fault::is_stale(meta.age)) }))
                 .acquire_timeout(Duration::from_secs(10))
         };
-        let pool = pool_of(max_connections.max(1)).connect(url).await?;
-        let sched = pool_of(SCHEDULER_CONNECTIONS).connect_lazy(url)?;
+        // Every session of this server carries one name, so a follower taking over from this
+        // server frozen as the leader can end them all (their row locks with them).
+        let session = format!(
+            "autodl-{}-{}",
+            std::process::id(),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let options = PgConnectOptions::from_str(url)?.application_name(&session);
+        let pool = pool_of(max_connections.max(1))
+            .connect_with(options.clone())
+            .await?;
+        let sched = pool_of(SCHEDULER_CONNECTIONS).connect_lazy_with(options);
         migrator!("../migrations/postgres").run(&pool).await?;
         Ok(PostgresStore { pool, sched })
     }

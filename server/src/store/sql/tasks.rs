@@ -5,7 +5,7 @@ use autodl_common::tasks::TaskState;
 
 const TASK_COLS: &str = "t.id, t.tenant_id, t.user_id, t.name, t.state, t.spec, t.gpus_total, t.idempotency_key, \
      t.attempts, t.batch_size, t.placement, t.attained_gpu_seconds, t.last_checkpoint_at, t.created_at, \
-     t.updated_at, t.started_at, t.finished_at, t.stop_reason, t.waiting";
+     t.updated_at, t.started_at, t.finished_at, t.stop_reason, t.waiting, t.results";
 
 /// Rows per multi-row INSERT: well inside both backends' limits on bound values (17 per task).
 const INSERT_ROWS: usize = 500;
@@ -538,10 +538,10 @@ macro_rules! impl_tasks {
             async fn finish_attempts(&self, ends: &[RunEnd]) -> StoreResult<Vec<bool>> {
                 let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 let mut finished = Vec::with_capacity(ends.len());
-                for RunEnd { task_id: id, attempt, end, at: now } in ends {
+                for RunEnd { task_id: id, attempt, end, at: now, results } in ends {
                     let ended = if end.next_state == TaskState::Pending { None } else { Some(*now) };
                     let r = sqlx::query(
-                        "UPDATE tasks SET state = $1, placement = NULL, batch_size = $2, updated_at = $3, finished_at = $4, stop_reason = NULL
+                        "UPDATE tasks SET state = $1, placement = NULL, batch_size = $2, updated_at = $3, finished_at = $4, stop_reason = NULL, results = $7
                          WHERE id = $5 AND attempts = $6 AND state IN ('scheduled', 'running')",
                     )
                     .bind(end.next_state.as_str())
@@ -550,6 +550,7 @@ macro_rules! impl_tasks {
                     .bind(ended)
                     .bind(id)
                     .bind(*attempt)
+                    .bind(results.as_deref())
                     .execute(&mut *tx)
                     .await?;
                     if r.rows_affected() != 1 {
@@ -741,6 +742,33 @@ macro_rules! impl_tasks {
             async fn add_event(&self, task_id: &str, kind: &str, message: &str, now: i64) -> StoreResult<()> {
                 insert_event!(&self.pool, task_id, now, kind, message);
                 Ok(())
+            }
+
+            async fn settle_results(
+                &self,
+                task_id: &str,
+                attempt: i64,
+                results: Option<&str>,
+                message: &str,
+                now: i64,
+            ) -> StoreResult<bool> {
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
+                let r = sqlx::query(
+                    "UPDATE tasks SET results = $1, updated_at = $2 WHERE id = $3 AND attempts = $4 AND results = 'uploading'",
+                )
+                .bind(results)
+                .bind(now)
+                .bind(task_id)
+                .bind(attempt)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() != 1 {
+                    return Ok(false);
+                }
+                let kind = if results.is_some() { "results_lost" } else { "results_saved" };
+                insert_event!(&mut *tx, task_id, now, kind, message);
+                tx.commit().await?;
+                Ok(true)
             }
         }
     };
