@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Starts the platform on SQLite (data/autodl.db) at http://127.0.0.1:8080, with two demo
-# agents on simulated GPUs (4xA100-40G and 4xA40) running tasks as local processes. Run as
+# Starts the platform on SQLite (data/autodl.db) at http://127.0.0.1:8080, with three demo
+# agents on simulated GPUs (4xA100-40G, and two nodes of 2xA40) running tasks as local processes. Run as
 # root, each task runs as its own uid in a bubblewrap sandbox; otherwise the demo says that
 # its tasks are not isolated.
 # Installs what is missing (wasm target, wasm-bindgen, bubblewrap, a Python environment with

@@ -699,13 +699,28 @@ impl Inner {
     /// False when given up because the agent is leaving (the next start reports it).
     async fn report_end(&self, kept: &mut Kept, shutdown: &CancellationToken) -> bool {
         kept.report.uploading = kept.pending();
-        let delivery = {
+        let mut delivery = {
             let (task_id, report) = (&kept.task_id, &kept.report);
             self.deliver("finished", shutdown, || {
                 self.client.finished(task_id, report)
             })
             .await
         };
+        let extras = !kept.report.uploading.is_empty() || kept.report.not_kept.is_some();
+        if let (Delivery::Rejected { stale: false }, true) = (&delivery, extras) {
+            // A server older than these fields refuses them: its end report without them (it
+            // does not say the results are uploading, but the run ends once, here).
+            let plain = FinishedReport {
+                uploading: vec![],
+                not_kept: None,
+                ..kept.report.clone()
+            };
+            delivery = self
+                .deliver("finished", shutdown, || {
+                    self.client.finished(&kept.task_id, &plain)
+                })
+                .await;
+        }
         if let Delivery::Abandoned = delivery {
             return false;
         }
@@ -726,8 +741,8 @@ impl Inner {
         }
     }
 
-    /// Gives up what is kept of an attempt (kept too long, or the room for it is full): its
-    /// copies go now; the server is told (with the end report if it has not had it, else in
+    /// Gives up what is kept of an attempt (kept too long, or the room for it is full): the
+    /// server is told (with the end report if it has not had it, else in
     /// a report of its own), so the task says plainly that they are lost.
     fn give_up(&self, kept: &mut Kept, why: &str) {
         tracing::warn!(
@@ -736,8 +751,8 @@ impl Inner {
             why,
             "giving up what an ended attempt left"
         );
+        // (Their copies were removed by the caller, off the async threads.)
         for part in std::mem::take(&mut kept.parts) {
-            let _ = std::fs::remove_dir_all(self.outbox.folder(kept, &part.kind));
             if !kept.reported && part.kind == RESULTS {
                 kept.report.not_kept = Some(why.to_owned());
             } else if kept.reported {
@@ -757,7 +772,9 @@ impl Inner {
             };
             match self.client.not_kept(&kept.task_id, &report).await {
                 Ok(()) => {}
-                Err(e) if e.is_transient() || e.is_unauthorized() => {
+                // 404: a server without this report, or the task is gone; 401/403: this node
+                // is no longer let in. Neither will take it later.
+                Err(e) if e.is_transient() && e.status() != Some(404) => {
                     tracing::info!(task = kept.task_id, error = %e, "could not tell the server of lost results yet");
                     return false;
                 }
@@ -1472,7 +1489,24 @@ async fn save_at_end(
         .iter()
         .map(|p| (p.kind.as_str(), source(&p.kind), owner))
         .collect();
-    let durable = match inner.outbox.keep(&kept, &folders) {
+    let durable = {
+        let (outbox, record) = (inner.outbox.clone(), kept.clone());
+        let owned: Vec<(String, std::path::PathBuf, Option<u32>)> = folders
+            .iter()
+            .map(|(k, p, o)| (k.to_string(), p.to_path_buf(), *o))
+            .collect();
+        // Hard links, or copies across file systems, and an fsync: off the async threads.
+        tokio::task::spawn_blocking(move || {
+            let folders: Vec<(&str, &std::path::Path, Option<u32>)> = owned
+                .iter()
+                .map(|(k, p, o)| (k.as_str(), p.as_path(), *o))
+                .collect();
+            outbox.keep(&record, &folders)
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    };
+    let durable = match durable {
         Ok(()) => true,
         Err(e) => {
             tracing::warn!(task = kept.task_id, error = %e, "could not keep an ended attempt on this node");
@@ -1541,18 +1575,53 @@ const OUTBOX_MAX_WAIT: Duration = Duration::from_secs(30);
 
 /// Keeps trying what ended attempts left ([`crate::outbox`]): end reports an earlier agent
 /// run could not deliver, and folders the server or storage could not take when the run
-/// ended. What is kept longer than `keep_results_for`, or beyond `keep_results_bytes` (the
-/// oldest first), is given up and said lost.
+/// ended. What is kept longer than `keep_results_for` (and tried at least once since this
+/// agent started, so a long downtime alone gives nothing up), or beyond `keep_results_bytes`
+/// (the largest first, so one huge folder does not push out everyone else's), is given up and
+/// said lost.
 async fn outbox_loop(inner: Arc<Inner>, stop: CancellationToken) {
     let mut wait = Duration::ZERO;
+    let mut tried: std::collections::HashSet<TaskKey> = Default::default();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
         }
         let mut failed = false;
-        let mut bytes = inner.outbox.bytes();
-        for listed in inner.outbox.all() {
+        // Reading the folders walks them: off the async threads, which poll and fence.
+        let outbox = inner.outbox.clone();
+        let listed = tokio::task::spawn_blocking(move || {
+            outbox
+                .all()
+                .into_iter()
+                .map(|k| {
+                    let bytes = outbox.bytes_of(&k);
+                    (k, bytes)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        let limit = &inner.config;
+        let mut total: u64 = listed.iter().map(|(_, b)| b).sum();
+        let mut over: Vec<(u64, TaskKey)> = Vec::new();
+        if total > limit.keep_results_bytes {
+            over = listed
+                .iter()
+                .filter(|(k, _)| !k.parts.is_empty())
+                .map(|(k, b)| (*b, (k.task_id.clone(), k.attempt())))
+                .collect();
+            over.sort_by(|a, b| b.cmp(a));
+        }
+        let mut evict: std::collections::HashSet<TaskKey> = Default::default();
+        for (b, key) in over {
+            if total <= limit.keep_results_bytes {
+                break;
+            }
+            total = total.saturating_sub(b);
+            evict.insert(key);
+        }
+        for (listed, _) in listed {
             let key = (listed.task_id.clone(), listed.attempt());
             // An attempt still ending is its supervisor's; read it afresh, it may have moved on.
             if lock(&inner.tasks).contains_key(&key) {
@@ -1562,11 +1631,9 @@ async fn outbox_loop(inner: Arc<Inner>, stop: CancellationToken) {
                 continue;
             };
             let age = crate::outbox::unix_now().saturating_sub(kept.kept_at);
-            let limit = &inner.config;
-            if !kept.parts.is_empty()
-                && (age >= limit.keep_results_for.as_secs() || bytes > limit.keep_results_bytes)
-            {
-                let why = if age >= limit.keep_results_for.as_secs() {
+            let expired = age >= limit.keep_results_for.as_secs() && tried.contains(&key);
+            if !kept.parts.is_empty() && (expired || evict.contains(&key)) {
+                let why = if expired {
                     format!(
                         "node {} kept them for {} without the server and storage taking them",
                         limit.node_id,
@@ -1578,8 +1645,21 @@ async fn outbox_loop(inner: Arc<Inner>, stop: CancellationToken) {
                         limit.node_id, limit.keep_results_bytes
                     )
                 };
-                bytes = bytes.saturating_sub(inner.outbox.bytes_of(&kept));
+                let folders: Vec<_> = kept
+                    .parts
+                    .iter()
+                    .map(|p| inner.outbox.folder(&kept, &p.kind))
+                    .collect();
+                let _ = tokio::task::spawn_blocking(move || {
+                    for f in folders {
+                        let _ = std::fs::remove_dir_all(f);
+                    }
+                })
+                .await;
                 inner.give_up(&mut kept, &why);
+            }
+            if !kept.parts.is_empty() {
+                tried.insert(key.clone());
             }
             for part in kept.parts.clone() {
                 let dir = inner.outbox.folder(&kept, &part.kind);
@@ -1593,28 +1673,35 @@ async fn outbox_loop(inner: Arc<Inner>, stop: CancellationToken) {
                     &stop,
                 )
                 .await;
-                match r {
-                    Ok(_) | Err(artifacts::TransferError::Stale) => {}
-                    Err(e) if refused_for_good(&e) => {
-                        if part.kind == RESULTS {
-                            if kept.reported {
-                                kept.lost.push((
-                                    part.kind.clone(),
-                                    format!("the server refused them ({e})"),
-                                ));
-                            } else {
-                                kept.report.not_kept =
-                                    Some(format!("the server refused them ({e})"));
-                            }
-                        }
+                // Why results the server was told are uploading will not come after all.
+                let lost = match &r {
+                    Ok(Some(_)) => None,
+                    Ok(None) => Some("their kept copy on the node is gone".to_owned()),
+                    Err(artifacts::TransferError::Stale) => {
+                        Some("the server no longer takes them for this run".to_owned())
                     }
+                    Err(e) if refused_for_good(e) => Some(format!("the server refused them ({e})")),
                     Err(_) => {
                         failed = true;
                         break;
                     }
+                };
+                if let (Some(why), true) = (lost, part.kind == RESULTS) {
+                    if kept.reported {
+                        kept.lost.push((part.kind.clone(), why));
+                    } else {
+                        kept.report.not_kept = Some(why);
+                    }
                 }
-                bytes = bytes.saturating_sub(crate::outbox::folder_bytes(&dir));
-                let _ = inner.outbox.drop_part(&mut kept, &part.kind);
+                let (outbox, mut k, kind) = (inner.outbox.clone(), kept.clone(), part.kind.clone());
+                if let Ok(k) = tokio::task::spawn_blocking(move || {
+                    let _ = outbox.drop_part(&mut k, &kind);
+                    k
+                })
+                .await
+                {
+                    kept = k;
+                }
             }
             if !kept.reported && !inner.report_end(&mut kept, &stop).await {
                 return;
@@ -1623,6 +1710,9 @@ async fn outbox_loop(inner: Arc<Inner>, stop: CancellationToken) {
                 failed = true;
             }
             inner.settle_kept(&kept);
+            if kept.parts.is_empty() {
+                tried.remove(&key);
+            }
             if stop.is_cancelled() {
                 return;
             }

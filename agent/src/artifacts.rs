@@ -149,14 +149,23 @@ fn snapshot(
 
 /// Takes the files of `src` (those of `owner`, as [`scan`] lists them) into `dest`, a new
 /// folder of the agent's own: hard links where they share a file system, else copies, each
-/// opened beneath `src` with no link followed. Returns how many files it took.
+/// opened beneath `src` with no link followed. Returns how many files it took; fails unless
+/// it took them all (the task has ended, so none may go missing: one that could not be taken
+/// would be lost from what is kept as whole).
 pub fn keep_folder(src: &Path, dest: &Path, owner: Option<u32>) -> std::io::Result<usize> {
     let files = scan(src, owner)?;
     std::fs::create_dir_all(dest)?;
     if files.is_empty() {
         return Ok(0);
     }
-    Ok(snapshot(src, dest, &files, owner)?.len())
+    let taken = snapshot(src, dest, &files, owner)?.len();
+    if taken < files.len() {
+        return Err(std::io::Error::other(format!(
+            "could keep only {taken} of {} files",
+            files.len()
+        )));
+    }
+    Ok(taken)
 }
 
 /// Reads the step and epoch a task left in its save marker, and removes the marker.

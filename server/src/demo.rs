@@ -1,6 +1,6 @@
-//! `serve --demo`: two agents on simulated GPUs (4xA100-40G and 4xA40) run inside the server
-//! process with the process runtime, so a newcomer can submit a task and watch it run with one
-//! command and no GPU.
+//! `serve --demo`: three agents on simulated GPUs (4xA100-40G, and two nodes of 2xA40 so that
+//! a gang can span nodes) run inside the server process with the process runtime, so a
+//! newcomer can submit a task and watch it run with one command and no GPU.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,7 +14,11 @@ use crate::app::agents::{issue_registration_token, TokenGrant};
 use crate::auth::secrets::new_id;
 use crate::state::AppState;
 
-pub const DEMO_NODES: [(&str, &str); 2] = [("demo-a100", "4xA100-40G"), ("demo-a40", "4xA40")];
+pub const DEMO_NODES: [(&str, &str); 3] = [
+    ("demo-a100", "4xA100-40G"),
+    ("demo-a40", "2xA40"),
+    ("demo-a40-b", "2xA40"),
+];
 
 /// Starts the demo agents; they stop (SIGTERM to their tasks, then SIGKILL) when `shutdown`
 /// is cancelled.

@@ -30,7 +30,7 @@ struct Cli {
 enum Command {
     /// Serve the API and the web app.
     Serve {
-        /// Also run two agents on simulated GPUs (4xA100-40G, 4xA40) in this process.
+        /// Also run three agents on simulated GPUs (4xA100-40G, and 2xA40 twice) in this process.
         #[arg(long, env = "AUTODL_DEMO")]
         demo: bool,
     },

@@ -387,7 +387,7 @@ mod tests {
     #[test]
     fn a_task_is_held_to_its_limits() {
         if !crate::isolation::is_root() {
-            eprintln!("skipped: cgroups need root (CI runs the suite as root)");
+            crate::skip("cgroups need root (CI runs the suite as root)");
             return;
         }
         let limiter = Limiter::detect().expect("cgroups as root");

@@ -486,7 +486,7 @@ mod tests {
     #[test]
     fn sandbox_starts_as_root() {
         if !super::super::is_root() {
-            eprintln!("skipping: the sandbox needs root");
+            crate::skip("the sandbox needs root");
             return;
         }
         if let Err(e) = Sandbox::detect(None, &[], 2_099_999) {

@@ -398,7 +398,7 @@ mod tests {
     #[test]
     fn a_uid_s_shared_memory_is_removed() {
         if !is_root() {
-            eprintln!("SKIPPED a_uid_s_shared_memory_is_removed: needs root (to give a segment to another uid)");
+            crate::skip("giving a segment to another uid needs root");
             return;
         }
         let uid = 3_900_123;

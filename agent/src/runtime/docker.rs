@@ -840,7 +840,7 @@ mod tests {
     #[tokio::test]
     async fn a_docker_gang_lives_and_dies_together() {
         let Ok(image) = std::env::var("AUTODL_TEST_DOCKER_IMAGE") else {
-            eprintln!("skipping: set AUTODL_TEST_DOCKER_IMAGE to a local image with /bin/sh to run the Docker runtime test");
+            crate::skip("set AUTODL_TEST_DOCKER_IMAGE to a local image with /bin/sh to run the Docker runtime test (scripts/test.sh does)");
             return;
         };
         let rt = DockerRuntime::connect()
@@ -917,7 +917,7 @@ mod tests {
     #[tokio::test]
     async fn docker_runs_a_container_with_limits() {
         let Ok(image) = std::env::var("AUTODL_TEST_DOCKER_IMAGE") else {
-            eprintln!("skipping: set AUTODL_TEST_DOCKER_IMAGE to a local image with /bin/sh to run the Docker runtime test");
+            crate::skip("set AUTODL_TEST_DOCKER_IMAGE to a local image with /bin/sh to run the Docker runtime test (scripts/test.sh does)");
             return;
         };
         let rt = DockerRuntime::connect()

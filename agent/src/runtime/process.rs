@@ -1141,7 +1141,7 @@ mod tests {
     #[tokio::test]
     async fn sandboxed_task_is_confined() {
         if !crate::isolation::is_root() {
-            eprintln!("skipping: isolation needs root");
+            crate::skip("isolation needs root");
             return;
         }
         let rt = ProcessRuntime::detect(&crate::isolation::IsolationConfig::default()).unwrap();
@@ -1220,7 +1220,7 @@ mod tests {
     #[tokio::test]
     async fn sandboxed_task_gets_sigterm_and_its_grace() {
         if !crate::isolation::is_root() {
-            eprintln!("skipping: isolation needs root");
+            crate::skip("isolation needs root");
             return;
         }
         let rt = ProcessRuntime::detect(&crate::isolation::IsolationConfig::default()).unwrap();

@@ -200,6 +200,7 @@ def test_cli_runs_follows_and_explains_a_command(demo: LiveServer):
     assert failed.returncode == 1, failed.stderr
     failed_id = failed.stdout.splitlines()[0]
     status = cli(demo, "status", failed_id)
+    # On either A40 node of the demo.
     assert "ended:    error, exit code 3 on demo-a40" in status.stdout, status.stdout
     attempts = cli(demo, "attempts", failed_id)
     assert attempts.stdout.splitlines()[1].split()[4:6] == ["3", "error"], attempts.stdout

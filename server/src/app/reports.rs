@@ -11,7 +11,7 @@ use autodl_common::tasks::{TaskState, WorkerPlacement};
 use autodl_scheduler::Gpu;
 
 use crate::agents::skew::ClockSkew;
-use crate::app::runs::{current_run, run_for_output, run_for_upload};
+use crate::app::runs::{current_run, run_or_ended_run};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{GpuSampleRecord, NewLogLine, NodeRecord, RunEnd, RunStart};
@@ -61,7 +61,7 @@ pub async fn logs(
             format!("at most {MAX_LOG_LINES} lines a call"),
         ));
     }
-    let t = run_for_output(state, node, task_id, report.attempt).await?;
+    let t = run_or_ended_run(state, node, task_id, report.attempt).await?;
     // In a task of several workers, the line's worker: this node's place in the placement
     // (the attempt's own once the task has ended and left its placement).
     let placement = match crate::tasks::placement_of(&t.task) {
@@ -245,7 +245,22 @@ pub async fn not_kept(
     task_id: &str,
     report: &NotKeptReport,
 ) -> Result<(), ApiError> {
-    let t = run_for_upload(state, node, task_id, report.attempt).await?;
+    let t = run_or_ended_run(state, node, task_id, report.attempt).await?;
+    // Only rank 0's node saves (and so keeps) a task's results and checkpoints.
+    let rank0 = state
+        .store
+        .task_attempts(task_id)
+        .await?
+        .into_iter()
+        .find(|a| a.number == i64::from(report.attempt))
+        .and_then(|a| serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement).ok())
+        .and_then(|p| p.first().map(|w| w.node.clone()));
+    if rank0.as_deref() != Some(node) {
+        return Err(ApiError::Conflict(format!(
+            "node {node} does not keep what attempt {} of task {task_id} saved (rank 0's node does)",
+            report.attempt
+        )));
+    }
     let reason: String = report
         .reason
         .chars()

@@ -6,7 +6,6 @@ use autodl_common::tasks::{TaskState, WorkerPlacement};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{TaskRecord, TaskWithUser};
-use crate::tasks::lifecycle::RESULTS_UPLOADING;
 use crate::tasks::placement_of;
 
 /// The task whose latest attempt ran on `node`, or 409. A cancelled task has lost its
@@ -20,38 +19,18 @@ pub async fn current_run(
     run_on(state, node, task_id, attempt, false).await
 }
 
-/// As [`current_run`], and also a run that has ended, for the output it printed before:
-/// the workers of a gang ship their last lines on their own, after the first to finish
-/// ended the attempt.
-pub async fn run_for_output(
+/// As [`current_run`], and also the last run of a task that has ended for good, for what it
+/// left: the output its workers print after the first to finish ended the attempt, and what
+/// its node kept of it (results and the last checkpoint, uploaded late when the server or
+/// storage was away at the end: `FinishedReport::uploading`). A run whose task went back to
+/// the queue is refused: the next attempt starts from what was saved before.
+pub async fn run_or_ended_run(
     state: &AppState,
     node: &str,
     task_id: &str,
     attempt: u32,
 ) -> Result<TaskWithUser, ApiError> {
     run_on(state, node, task_id, attempt, true).await
-}
-
-/// As [`current_run`], and also the last run of a completed task whose results its node
-/// still keeps: they are uploaded after the end when the server or storage was away then
-/// (`FinishedReport::uploading`). A cancelled task's run may still save what it left.
-pub async fn run_for_upload(
-    state: &AppState,
-    node: &str,
-    task_id: &str,
-    attempt: u32,
-) -> Result<TaskWithUser, ApiError> {
-    let t = run_on(state, node, task_id, attempt, true).await?;
-    let ended = !t.task.state.is_placed();
-    if ended
-        && t.task.state != TaskState::Cancelled
-        && t.task.results.as_deref() != Some(RESULTS_UPLOADING)
-    {
-        return Err(ApiError::Conflict(format!(
-            "attempt {attempt} of task {task_id} has ended and left nothing to upload"
-        )));
-    }
-    Ok(t)
 }
 
 async fn run_on(

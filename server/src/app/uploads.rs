@@ -11,12 +11,13 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::Serialize;
 
-use crate::app::runs::run_for_upload;
+use crate::app::runs::run_or_ended_run;
 use crate::domain::{ArtifactKind, ArtifactState};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::storage::{clean_path, delete_prefix, put_bytes, usage, Storage, StorageError};
 use crate::store::{ArtifactRecord, Store};
+use crate::tasks::lifecycle::RESULTS_UPLOADING;
 use crate::tasks::spec_of;
 
 /// In the bucket too, an artifact with a manifest is a complete one.
@@ -38,7 +39,7 @@ pub async fn start(
     task_id: &str,
     body: &ArtifactStart,
 ) -> Result<String, ApiError> {
-    let t = run_for_upload(state, node, task_id, body.attempt).await?;
+    let t = run_or_ended_run(state, node, task_id, body.attempt).await?;
     let kind = ArtifactKind::parse(&body.kind)?;
     if body.epoch.is_some_and(|e| !e.is_finite()) {
         return Err(ApiError::invalid("epoch", "epoch must be a finite number"));
@@ -117,7 +118,7 @@ pub async fn abandon(state: &AppState, node: &str, id: &str) -> Result<(), ApiEr
     let a = artifact(state, id).await?;
     match a.state {
         ArtifactState::Uploading => {
-            run_for_upload(state, node, &a.task_id, a.attempt as u32).await?;
+            run_or_ended_run(state, node, &a.task_id, a.attempt as u32).await?;
             discard_upload(state.store.as_ref(), &state.storage, &a).await;
             Ok(())
         }
@@ -181,6 +182,8 @@ pub async fn commit(
     if a.state == ArtifactState::Complete
         && a.manifest.as_deref() == serde_json::to_string(&files).ok().as_deref()
     {
+        // What the first answer's loss may have left undone.
+        settle_late_results(state, node, &a).await?;
         return Ok(Committed {
             id: a.id,
             files: a.files.max(0) as u64,
@@ -277,8 +280,32 @@ pub async fn commit(
         a.kind,
     );
     tokio::spawn(async move { retire(store.as_ref(), &storage, &task_id, kind, keep).await });
-    if a.kind == ArtifactKind::Results {
-        // Uploaded after the run ended (its node kept them meanwhile): the task now has them.
+    rec.state = ArtifactState::Complete;
+    settle_late_results(state, node, &rec).await?;
+    Ok(Committed {
+        id: a.id,
+        files: files.len() as u64,
+        size_bytes: size,
+    })
+}
+
+/// Results uploaded after their run ended (its node kept them meanwhile): the task now has
+/// them. Repeated with a repeated commit, so that an answer lost after the commit cannot
+/// leave the task uploading for ever.
+async fn settle_late_results(
+    state: &AppState,
+    node: &str,
+    a: &ArtifactRecord,
+) -> Result<(), ApiError> {
+    if a.kind != ArtifactKind::Results {
+        return Ok(());
+    }
+    let uploading = state
+        .store
+        .task(None, &a.task_id)
+        .await?
+        .is_some_and(|t| t.task.results.as_deref() == Some(RESULTS_UPLOADING));
+    if uploading {
         state
             .store
             .settle_results(
@@ -286,18 +313,14 @@ pub async fn commit(
                 a.attempt,
                 None,
                 &format!(
-                    "results saved from node {node} after the run ended ({} files, {size} bytes)",
-                    files.len()
+                    "results saved from node {node} after the run ended ({} files, {} bytes)",
+                    a.files, a.size_bytes
                 ),
                 state.clock.now_ms(),
             )
             .await?;
     }
-    Ok(Committed {
-        id: a.id,
-        files: files.len() as u64,
-        size_bytes: size,
-    })
+    Ok(())
 }
 
 /// Deletes all but the newest `keep` complete artifacts of a kind. A failed deletion leaves
@@ -399,7 +422,7 @@ async fn check_open(state: &AppState, node: &str, a: &ArtifactRecord) -> Result<
             a.id, a.state
         )));
     }
-    run_for_upload(state, node, &a.task_id, a.attempt as u32).await?;
+    run_or_ended_run(state, node, &a.task_id, a.attempt as u32).await?;
     Ok(())
 }
 

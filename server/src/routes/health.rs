@@ -8,7 +8,8 @@ use crate::state::AppState;
 /// Routed in `routes::configure`, so that other methods on it answer 405.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, body = Health), (status = 503, body = Health)))]
 pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
-    let problem = match state.store.ping().await {
+    let reached = state.store.ping().await;
+    let problem = match &reached {
         Err(e) => Some(format!("the database cannot be reached: {e}")),
         Ok(()) => state
             .store
@@ -18,7 +19,11 @@ pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
             .map(|e| format!("the database cannot write: {e}")),
     };
     let writable = problem.is_none();
-    let leader = state.store.leader_status(state.clock.now_ms()).await.ok();
+    // Not asked of a database that cannot be reached: the answer must stay prompt.
+    let leader = match reached {
+        Ok(()) => state.store.leader_status(state.clock.now_ms()).await.ok(),
+        Err(_) => None,
+    };
     let last_cycle_ms = leader.as_ref().and_then(|l| l.last_cycle_age_ms);
     let scheduler_stalled =
         crate::scheduling::stalled(last_cycle_ms, state.settings.schedule_interval_ms);

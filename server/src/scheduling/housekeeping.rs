@@ -10,6 +10,8 @@ use crate::storage::Storage;
 use crate::store::Store;
 
 const DAY_MS: i64 = 86_400_000;
+/// How long the server waits for results a node kept after their run ended.
+pub const RESULTS_WAIT_DAYS: i64 = 7;
 
 /// Compacts GPU samples and sweeps abandoned uploads, as of `now_ms`.
 pub async fn run(
@@ -34,6 +36,21 @@ pub async fn run(
         Ok(0) => {}
         Ok(n) => tracing::info!(n, "removed abandoned upload files"),
         Err(e) => tracing::warn!(error = %e, "could not sweep abandoned uploads"),
+    }
+    // Results a node kept after their run ended and never sent (it is gone, or its disk was
+    // wiped): the task says so rather than "uploading" for ever. Agents keep them 3 days by
+    // default (`--keep-results-for`) and say when they give up; this bounds the rest.
+    let expired = store
+        .expire_uploading_results(
+            now_ms - RESULTS_WAIT_DAYS * DAY_MS,
+            &format!(
+                "its results could not be kept: their node did not upload them within {RESULTS_WAIT_DAYS} days of the run's end"
+            ),
+            now_ms,
+        )
+        .await?;
+    if expired > 0 {
+        tracing::warn!(expired, "gave up results their nodes never uploaded");
     }
     let stale = store.stale_uploads(now_ms - DAY_MS).await?;
     if stale.is_empty() {

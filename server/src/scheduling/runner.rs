@@ -90,7 +90,7 @@ const MIN_CYCLE_GAP: Duration = Duration::from_millis(100);
 /// hundreds of milliseconds even when it places nothing; run back to back under a burst of
 /// submissions, such cycles would take a whole core from the submissions that wake them.
 /// Resting after a cycle twice as long as it ran keeps wake-ups to a third of one core (the
-/// README's submission figures), while a cheap cycle still follows a wake-up within
+/// submission figures in docs/benchmarks.md), while a cheap cycle still follows a wake-up within
 /// [`MIN_CYCLE_GAP`]. The timer's cycles wait the same.
 fn wake_gap(last_cycle: Duration) -> Duration {
     MIN_CYCLE_GAP.max(last_cycle * 3)
@@ -627,9 +627,29 @@ impl Runner {
         let mut placed = 0;
         let mut placing: Vec<crate::store::Placing> = Vec::new();
         let mut to_start: Vec<(String, Vec<autodl_scheduler::WorkerPlacement>)> = Vec::new();
-        // Rendezvous ports held on each node by live gangs spanning nodes, and those this
-        // cycle hands out.
+        // Rendezvous ports held at each host (an advertised address, shared by the agents of
+        // one machine) by live gangs spanning nodes, and those this cycle hands out.
         let mut rendezvous: HashMap<String, std::collections::BTreeSet<u16>> = HashMap::new();
+        let addresses: HashMap<String, String> = self
+            .nodes
+            .as_ref()
+            .map(|k| {
+                k.records
+                    .iter()
+                    .filter_map(|n| {
+                        crate::store::HostDetail::of(n)
+                            .address
+                            .map(|a| (n.id.clone(), a))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let host_of = |node: &str| -> String {
+            addresses
+                .get(node)
+                .cloned()
+                .unwrap_or_else(|| node.to_owned())
+        };
         let mut started: Vec<(String, Vec<autodl_scheduler::WorkerPlacement>)> = Vec::new();
         for d in decisions.decisions {
             match d {
@@ -652,9 +672,10 @@ impl Runner {
                         }
                     }
                     if let (true, Some(first)) = (nodes.len() > 1, api.first_mut()) {
-                        let taken = rendezvous.entry(first.node.clone()).or_insert_with(|| {
-                            crate::tasks::gang::rendezvous_ports_on(
-                                &first.node,
+                        let host = host_of(&first.node);
+                        let taken = rendezvous.entry(host.clone()).or_insert_with(|| {
+                            crate::tasks::gang::rendezvous_ports_at(
+                                |n| host_of(n) == host,
                                 tasks.iter().filter_map(|t| t.placement.as_deref()),
                             )
                         });

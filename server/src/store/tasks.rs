@@ -164,6 +164,15 @@ pub trait Tasks: Send + Sync {
         message: &str,
         now: i64,
     ) -> StoreResult<()>;
+    /// Gives up results still uploading from tasks that ended before `ended_before` (their
+    /// node never sent them: it is gone, or its disk was wiped), with a line in each timeline;
+    /// returns how many.
+    async fn expire_uploading_results(
+        &self,
+        ended_before: i64,
+        message: &str,
+        now: i64,
+    ) -> StoreResult<u64>;
     /// Settles the results of a task's last attempt that were uploading (`None`: stored,
     /// `Some("lost")`), with a line in its timeline. False when they were not uploading.
     async fn settle_results(

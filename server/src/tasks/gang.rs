@@ -19,15 +19,17 @@ pub const LOOPBACK: &str = "127.0.0.1";
 /// gangs on one node come from.
 pub const RENDEZVOUS_PORTS: std::ops::RangeInclusive<u16> = 29500..=30499;
 
-/// The rendezvous ports the live `placements` whose rank 0 is on `node` hold there.
-pub fn rendezvous_ports_on<'a>(
-    node: &str,
+/// The rendezvous ports the live `placements` hold at one host: those whose rank 0 is on a
+/// node `at_host` says is there. Nodes sharing an address (several agents on one machine)
+/// share its ports, so two gangs never meet at one address and port.
+pub fn rendezvous_ports_at<'a>(
+    at_host: impl Fn(&str) -> bool,
     placements: impl IntoIterator<Item = &'a [WorkerPlacement]>,
 ) -> std::collections::BTreeSet<u16> {
     placements
         .into_iter()
         .filter_map(|p| p.first())
-        .filter(|first| first.node == node)
+        .filter(|first| at_host(&first.node))
         .filter_map(|first| first.port)
         .collect()
 }
@@ -239,6 +241,30 @@ mod tests {
             (a.env["MASTER_ADDR"].as_str(), a.env["MASTER_PORT"].as_str()),
             ("a", "29500")
         );
+    }
+
+    #[test]
+    fn nodes_at_one_address_share_its_rendezvous_ports() {
+        let gang = |first: &str, port: u16| {
+            vec![
+                WorkerPlacement {
+                    node: first.into(),
+                    gpu_indices: vec![0],
+                    port: Some(port),
+                },
+                WorkerPlacement {
+                    node: "z".into(),
+                    gpu_indices: vec![0],
+                    port: None,
+                },
+            ]
+        };
+        let live = [gang("a", 29500), gang("b", 29501), gang("c", 29502)];
+        // "a" and "b" are agents of one machine; "c" is another.
+        let same = |n: &str| n == "a" || n == "b";
+        let taken = rendezvous_ports_at(same, live.iter().map(Vec::as_slice));
+        assert_eq!(taken, [29500, 29501].into());
+        assert_eq!(free_rendezvous_port(&taken), Some(29502));
     }
 
     #[test]

@@ -168,7 +168,9 @@ pub fn results_on_end(
         results = Some(RESULTS_LOST);
         note.push_str(&format!("; its results could not be kept: {why}"));
     }
-    if checkpoint_uploading {
+    // A run sent back to the queue starts again from what was saved before: its late
+    // checkpoint is refused, so it is not promised.
+    if checkpoint_uploading && next.is_finished() {
         note.push_str(&format!(
             "; its last checkpoint is uploading from node {node}"
         ));
@@ -304,10 +306,15 @@ mod tests {
         let (r, note) = results_on_end(TaskState::Completed, &[], Some("disk full"), "n1");
         assert_eq!(r, Some(RESULTS_LOST));
         assert!(note.contains("could not be kept: disk full"), "{note}");
-        // A retried or failed run has no results to wait for; its checkpoint is still said.
-        let (r, note) = results_on_end(TaskState::Pending, &up, Some("x"), "n1");
+        // A failed run has no results to wait for; its checkpoint is still said.
+        let (r, note) = results_on_end(TaskState::Failed, &up, Some("x"), "n1");
         assert_eq!(r, None);
         assert_eq!(note, "; its last checkpoint is uploading from node n1");
+        // A retried run starts again from what was saved before: nothing is promised.
+        assert_eq!(
+            results_on_end(TaskState::Pending, &up, None, "n1"),
+            (None, String::new())
+        );
         assert_eq!(
             results_on_end(TaskState::Completed, &[], None, "n1"),
             (None, String::new())

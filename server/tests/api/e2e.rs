@@ -415,7 +415,9 @@ async fn cancel_and_drain_deliver_sigterm(b: Backend) {
 /// busybox image as `AUTODL_TEST_DOCKER_IMAGE`), with the CPU and memory limits applied.
 async fn docker_runtime_runs_tasks_with_limits(b: Backend) {
     let Ok(image) = std::env::var("AUTODL_TEST_DOCKER_IMAGE") else {
-        eprintln!("skipped: AUTODL_TEST_DOCKER_IMAGE is not set (scripts/test.sh starts Docker and sets it)");
+        crate::helpers::skip(
+            "AUTODL_TEST_DOCKER_IMAGE is not set (scripts/test.sh starts Docker and sets it)",
+        );
         return;
     };
     let app = spawn_app_with(b, |_| {}).await;

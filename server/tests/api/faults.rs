@@ -380,7 +380,7 @@ impl Drop for SmallDisk {
 #[tokio::test]
 async fn a_full_database_disk_is_reported_and_recovered_from() {
     let Some(disk) = SmallDisk::mount("8m") else {
-        eprintln!("skipped: mounting a small filesystem needs root (CI runs as root)");
+        crate::helpers::skip("mounting a small filesystem needs root (CI runs as root)");
         return;
     };
     let url = format!("sqlite://{}/autodl.db", disk.path.display());
@@ -478,7 +478,7 @@ fn immutable(path: &std::path::Path, on: bool) -> bool {
 #[tokio::test]
 async fn a_read_only_database_file_is_reported_and_recovered_from() {
     let Some(disk) = SmallDisk::mount("64m") else {
-        eprintln!("skipped: mounting a small filesystem needs root (CI runs as root)");
+        crate::helpers::skip("mounting a small filesystem needs root (CI runs as root)");
         return;
     };
     let db = disk.path.join("autodl.db");
@@ -498,7 +498,7 @@ async fn a_read_only_database_file_is_reported_and_recovered_from() {
         stored.push(submit(&app, &s, task(i)).await);
     }
     if !immutable(&db, true) {
-        eprintln!("skipped: this filesystem cannot make a file immutable");
+        crate::helpers::skip("this filesystem cannot make a file immutable");
         return;
     }
     struct Restore(std::path::PathBuf);
@@ -611,7 +611,7 @@ async fn a_read_only_database_file_is_reported_and_recovered_from() {
 #[tokio::test]
 async fn a_database_file_unwritable_for_new_connections_only_loses_nothing() {
     let Some(disk) = SmallDisk::mount("64m") else {
-        eprintln!("skipped: mounting a small filesystem needs root (CI runs as root)");
+        crate::helpers::skip("mounting a small filesystem needs root (CI runs as root)");
         return;
     };
     let db = disk.path.join("autodl.db");
@@ -631,7 +631,7 @@ async fn a_database_file_unwritable_for_new_connections_only_loses_nothing() {
         stored.push(submit(&app, &s, task(i)).await);
     }
     if !immutable(&db, true) {
-        eprintln!("skipped: this filesystem cannot make a file immutable");
+        crate::helpers::skip("this filesystem cannot make a file immutable");
         return;
     }
     struct Restore(std::path::PathBuf);

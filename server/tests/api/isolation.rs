@@ -31,7 +31,7 @@ async fn a_task_racing_the_agent_s_saves_takes_nothing_of_the_host() {
 /// The runtimes to attack, with how a task names its image under them.
 async fn runtimes() -> Vec<(&'static str, Arc<dyn Runtime>, String)> {
     if !autodl_agent::isolation::is_root() {
-        eprintln!("skipped: isolating tasks needs root (CI runs the suite as root)");
+        crate::helpers::skip("isolating tasks needs root (CI runs the suite as root)");
         return Vec::new();
     }
     let sandbox = ProcessRuntime::detect(&IsolationConfig::default()).unwrap();
@@ -65,8 +65,8 @@ async fn runtimes() -> Vec<(&'static str, Arc<dyn Runtime>, String)> {
             let docker = DockerRuntime::connect().await.expect("Docker engine");
             out.push(("docker", Arc::new(docker), image));
         }
-        Err(_) => eprintln!(
-            "Docker part skipped: AUTODL_TEST_DOCKER_IMAGE is not set (scripts/test.sh sets it)"
+        Err(_) => crate::helpers::skip(
+            "the Docker part: AUTODL_TEST_DOCKER_IMAGE is not set (scripts/test.sh sets it)",
         ),
     }
     out
@@ -759,7 +759,7 @@ exec python3 -m http.server {a_port} --bind 0.0.0.0"),
 #[tokio::test]
 async fn a_task_is_held_to_what_it_asked_for() {
     if !autodl_agent::isolation::is_root() {
-        eprintln!("skipped: limits need root (CI runs the suite as root)");
+        crate::helpers::skip("limits need root (CI runs the suite as root)");
         return;
     }
     for bwrap in [None, Some(PathBuf::from("/nonexistent/bwrap"))] {
@@ -868,7 +868,7 @@ async fn limits_on(mode: &str, runtime: Arc<dyn Runtime>) {
 #[tokio::test]
 async fn a_uid_s_leftovers_never_reach_its_next_task() {
     if !autodl_agent::isolation::is_root() {
-        eprintln!("skipped: isolating tasks needs root (CI runs the suite as root)");
+        crate::helpers::skip("isolating tasks needs root (CI runs the suite as root)");
         return;
     }
     let locks = tempfile::tempdir().unwrap();

@@ -37,6 +37,57 @@ fn kept(state_dir: &std::path::Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The task's timeline, as one text.
+async fn timeline(app: &TestApp, s: &Session, id: &str) -> String {
+    s.get(app, &format!("/api/v1/tasks/{id}/events"))
+        .await
+        .to_string()
+}
+
+/// Asserts the timeline says `what`.
+async fn assert_said(app: &TestApp, s: &Session, id: &str, what: &str) {
+    let events = timeline(app, s, id).await;
+    assert!(events.contains(what), "not said: {what:?} in {events}");
+}
+
+/// Waits until the task's `results` is `want` (`None`: simply there); returns the task.
+async fn wait_for_results(app: &TestApp, s: &Session, id: &str, want: Option<&str>) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let t = s.get(app, &format!("/api/v1/tasks/{id}")).await;
+        if t["results"].as_str() == want {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "results never {want:?}: {t}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Waits until the agent keeps nothing more (the server has it all).
+async fn wait_until_nothing_kept(state_dir: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !kept(state_dir).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the node still keeps what the server has"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The results' refusal: its status and message.
+async fn results_refusal(app: &TestApp, s: &Session, id: &str) -> (StatusCode, String) {
+    let (code, body) = results_status(app, s, id).await;
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    (
+        code,
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    )
+}
+
 async fn results_status(app: &TestApp, s: &Session, id: &str) -> (StatusCode, Vec<u8>) {
     let r = s
         .send(
@@ -132,20 +183,11 @@ async fn results_made_while_the_server_is_away_reach_it_later(b: Backend) {
     let app = app.restart().await;
 
     let t = wait_for(&app, &s, &id, &["completed", "failed", "pending"], 60).await;
-    let events = s.get(&app, &format!("/api/v1/tasks/{id}/events")).await;
+    let events = timeline(&app, &s, &id).await;
     assert_eq!(t["state"], "completed", "{events}");
     assert_eq!(t["attempts"], 1, "ran twice: {events}");
     // Its results arrive (at once, or after "uploading" while the node sends them).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
-        if t["results"].is_null() {
-            break;
-        }
-        assert_eq!(t["results"], "uploading", "{t}");
-        assert!(Instant::now() < deadline, "results never arrived: {t}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    wait_for_results(&app, &s, &id, None).await;
     assert_results(&app, &s, &id).await;
     let checkpoints = s
         .get(&app, &format!("/api/v1/tasks/{id}/checkpoints"))
@@ -155,17 +197,10 @@ async fn results_made_while_the_server_is_away_reach_it_later(b: Backend) {
         Some(1),
         "the last checkpoint was lost: {checkpoints}"
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !kept(&agent.state_dir).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the node still keeps what the server has"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let events = s.get(&app, &format!("/api/v1/tasks/{id}/events")).await;
+    wait_until_nothing_kept(&agent.state_dir).await;
+    let events = timeline(&app, &s, &id).await;
     assert!(
-        !events.to_string().contains("node_lost") && !events.to_string().contains("retrying"),
+        !events.contains("node_lost") && !events.contains("retrying"),
         "{events}"
     );
     stop.cancel();
@@ -224,7 +259,7 @@ impl Drop for SmallDisk {
 #[tokio::test]
 async fn results_wait_out_full_storage_or_are_said_lost() {
     let Some(disk) = SmallDisk::mount("8m") else {
-        eprintln!("skipped: mounting a small filesystem needs root (CI runs as root)");
+        crate::helpers::skip("mounting a small filesystem needs root (CI runs as root)");
         return;
     };
     let url = format!("file://{}/objects", disk.path.display());
@@ -241,54 +276,32 @@ async fn results_wait_out_full_storage_or_are_said_lost() {
     let t = wait_for(&app, &s, &id, &["completed", "failed"], 90).await;
     assert_eq!(t["state"], "completed", "{t}");
     assert_eq!(t["results"], "uploading", "{t}");
-    let events = s.get(&app, &format!("/api/v1/tasks/{id}/events")).await;
-    assert!(
-        events
-            .to_string()
-            .contains("its results are uploading: node sim-1 keeps them"),
-        "{events}"
-    );
-    let (code, body) = results_status(&app, &s, &id).await;
+    assert_said(
+        &app,
+        &s,
+        &id,
+        "its results are uploading: node sim-1 keeps them",
+    )
+    .await;
+    let (code, message) = results_refusal(&app, &s, &id).await;
     assert_eq!(code, StatusCode::CONFLICT);
-    let body: Value = serde_json::from_slice(&body).unwrap();
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("still uploading"),
-        "{body}"
-    );
+    assert!(message.contains("still uploading"), "{message}");
     assert_eq!(kept(&patient.state_dir).len(), 1);
 
     // Room again after 45 s: the node uploads what it kept.
     tokio::time::sleep(Duration::from_secs(45).saturating_sub(full.elapsed())).await;
     std::fs::remove_file(&filler).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
-        if t["results"].is_null() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "results never arrived: {t}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    let t = wait_for_results(&app, &s, &id, None).await;
     assert_results(&app, &s, &id).await;
-    let events = s.get(&app, &format!("/api/v1/tasks/{id}/events")).await;
-    assert!(
-        events
-            .to_string()
-            .contains("results saved from node sim-1 after the run ended"),
-        "{events}"
-    );
+    assert_said(
+        &app,
+        &s,
+        &id,
+        "results saved from node sim-1 after the run ended",
+    )
+    .await;
     assert_eq!(t["attempts"], 1);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !kept(&patient.state_dir).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the node still keeps what the server has"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_until_nothing_kept(&patient.state_dir).await;
     patient.shutdown.cancel();
     let _ = patient.handle.await;
 
@@ -300,34 +313,18 @@ async fn results_wait_out_full_storage_or_are_said_lost() {
     let filler = disk.fill();
     let lost = submit(&app, &s, saving_task("outlasted", "A40")).await;
     wait_for(&app, &s, &lost, &["completed", "failed"], 90).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let t = loop {
-        let t = s.get(&app, &format!("/api/v1/tasks/{lost}")).await;
-        if t["results"] == "lost" {
-            break t;
-        }
-        assert!(Instant::now() < deadline, "never given up: {t}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    let t = wait_for_results(&app, &s, &lost, Some("lost")).await;
     assert_eq!(t["state"], "completed");
-    let (code, body) = results_status(&app, &s, &lost).await;
+    let (code, message) = results_refusal(&app, &s, &lost).await;
     assert_eq!(code, StatusCode::NOT_FOUND);
-    let body: Value = serde_json::from_slice(&body).unwrap();
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("could not be kept"),
-        "{body}"
-    );
-    let events = s.get(&app, &format!("/api/v1/tasks/{lost}/events")).await;
-    assert!(
-        events
-            .to_string()
-            .contains("could not be kept by node sim-2")
-            || events.to_string().contains("its results could not be kept"),
-        "{events}"
-    );
+    assert!(message.contains("could not be kept"), "{message}");
+    assert_said(
+        &app,
+        &s,
+        &lost,
+        "kept them for 5s without the server and storage taking them",
+    )
+    .await;
     assert!(
         kept(&brief.state_dir).is_empty(),
         "given-up results still on the node"
@@ -335,5 +332,80 @@ async fn results_wait_out_full_storage_or_are_said_lost() {
     std::fs::remove_file(filler).unwrap();
     brief.shutdown.cancel();
     let _ = brief.handle.await;
+    app.kill().await;
+}
+
+/// The server bounds "uploading" by itself: results a node said it kept, and never sent nor
+/// gave up (the node was wiped, or removed), are given up a week after the run's end, and the
+/// task says why. Only a node that ran the attempt may say they are lost.
+#[tokio::test]
+async fn results_a_node_never_sends_are_given_up_after_a_week() {
+    use crate::agents::FakeAgent;
+    let app = spawn_app_with(Backend::Sqlite, |s| s.run_scheduler = true).await;
+    let op = app.operator().await;
+    let agent = FakeAgent::join(&app, &op, "wiped-1", "A100-40G", "z1").await;
+    let other = FakeAgent::join(&app, &op, "other-1", "A40", "z1").await;
+    let s = app.signup("week@example.com", "Lab").await;
+    let id = submit(&app, &s, saving_task("never-sent", "A100")).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let attempt = loop {
+        let work = agent.poll(&[], 2).await;
+        if let Some(a) = work["assignments"].as_array().and_then(|a| a.first()) {
+            break a["attempt"].as_u64().unwrap();
+        }
+        assert!(Instant::now() < deadline, "never assigned");
+    };
+    for (what, body) in [
+        ("started", json!({"attempt": attempt})),
+        (
+            "finished",
+            json!({"attempt": attempt, "exit_code": 0, "reason": "success", "uploading": ["results"]}),
+        ),
+    ] {
+        let r = agent
+            .call(&format!("/api/v1/agent/tasks/{id}/{what}"), body)
+            .await;
+        assert!(r.status().is_success(), "{what}: {}", r.status());
+    }
+    let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+    assert_eq!(
+        (t["state"].as_str(), t["results"].as_str()),
+        (Some("completed"), Some("uploading"))
+    );
+    // A node that did not run it cannot say they are lost.
+    let r = other
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/not-kept"),
+            json!({"attempt": attempt, "kind": "results", "reason": "x"}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    let r = agent
+        .call(
+            &format!("/api/v1/agent/tasks/{id}/not-kept"),
+            json!({"attempt": attempt, "kind": "everything", "reason": "x"}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+
+    // Six days on: still waiting. Eight: given up, and said.
+    let now = app.state.clock.now_ms();
+    let sweep = |at: i64| {
+        autodl_server::scheduling::housekeeping::run(
+            &app.state.store,
+            &app.state.storage,
+            &app.state.settings,
+            at,
+        )
+    };
+    sweep(now + 6 * 86_400_000).await.unwrap();
+    let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+    assert_eq!(t["results"], "uploading", "{t}");
+    sweep(now + 8 * 86_400_000).await.unwrap();
+    let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+    assert_eq!(t["results"], "lost", "{t}");
+    assert_said(&app, &s, &id, "did not upload them within 7 days").await;
+    let (code, _) = results_refusal(&app, &s, &id).await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
     app.kill().await;
 }

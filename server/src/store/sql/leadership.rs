@@ -66,7 +66,8 @@ impl Leadership for SqliteStore {
     }
 
     async fn cycled(&self, term: Term, now: i64) -> StoreResult<()> {
-        sqlx::query("UPDATE scheduler_leader SET last_cycle_at = $1 WHERE id = 1 AND term = $2")
+        // One server: its term is the lease's.
+        sqlx::query("UPDATE scheduler_lease SET term = $2, last_cycle_at = $1 WHERE id = 1")
             .bind(now)
             .bind(term.0)
             .execute(&self.pool)
@@ -75,10 +76,12 @@ impl Leadership for SqliteStore {
     }
 
     async fn leader_status(&self, now: i64) -> StoreResult<LeaderStatus> {
-        let (holder, term, last): (String, i64, i64) =
-            sqlx::query_as("SELECT holder, term, last_cycle_at FROM scheduler_leader WHERE id = 1")
-                .fetch_one(&self.pool)
-                .await?;
+        let (holder, term, last): (String, i64, i64) = sqlx::query_as(
+            "SELECT s.holder, s.term, l.last_cycle_at FROM scheduler_leader s, scheduler_lease l
+             WHERE s.id = 1 AND l.id = 1",
+        )
+        .fetch_one(&self.pool)
+        .await?;
         Ok(LeaderStatus {
             holder,
             term,
@@ -94,50 +97,38 @@ impl Leadership for PostgresStore {
     /// as long as that connection, so a crashed leader's lock goes with its connection.
     ///
     /// A leader whose lease has expired (see [`LEASE`]) still holds the lock when it is
-    /// frozen rather than dead: its lock connection is ended here (`pg_terminate_backend`,
-    /// allowed on the same role's sessions), which frees the lock and fences it.
+    /// frozen rather than dead: its sessions are ended here (`pg_terminate_backend`, allowed
+    /// on the same role's sessions), which frees the lock; the new term fences it.
     async fn try_lead(&self, holder: &str, now: i64) -> StoreResult<Option<LeaderGuard>> {
         let mut conn = self.pool.acquire().await?;
         let mut ok = try_lock(&mut conn).await?;
         if !ok {
-            let (old, renewed, age): (String, i64, i64) = sqlx::query_as(&format!(
-                "SELECT holder, renewed_at, {DB_NOW_MS} - renewed_at FROM scheduler_leader WHERE id = 1"
+            // In one statement, so that what is judged is what is ended: the sessions of the
+            // server whose lease it is (they share its name, see `PostgresStore::open`; one
+            // frozen inside a transaction would hold row locks against the next leader), only
+            // while its term still leads and its lease has run out, and never this server's.
+            // A follower that took over a moment ago has a fresh lease: nothing matches.
+            // (The ending is in the select list: evaluated for the matching rows only.)
+            let ended: Vec<(String, i64, bool)> = sqlx::query_as(&format!(
+                "SELECT l.session, {DB_NOW_MS} - l.renewed_at, pg_terminate_backend(a.pid)
+                 FROM scheduler_lease l JOIN pg_stat_activity a ON a.application_name = l.session
+                 WHERE l.id = 1 AND l.renewed_at > 0 AND l.session <> ''
+                   AND l.session <> current_setting('application_name')
+                   AND l.term = (SELECT term FROM scheduler_leader WHERE id = 1)
+                   AND {DB_NOW_MS} - l.renewed_at > $1"
             ))
-            .fetch_one(&mut *conn)
+            .bind(LEASE.as_millis() as i64)
+            .fetch_all(&mut *conn)
             .await?;
-            // A leader that never renewed speaks no lease (a version before them): left be.
-            if renewed == 0 || age <= LEASE.as_millis() as i64 {
+            let Some((session, silent_ms, _)) = ended.first() else {
                 return Ok(None);
-            }
+            };
             tracing::warn!(
-                leader = old,
-                silent_ms = age,
-                "the scheduler leader has not renewed its lease: ending its sessions to take over"
+                session,
+                silent_ms,
+                sessions = ended.len(),
+                "the scheduler leader had not renewed its lease: ended its sessions to take over"
             );
-            // Every session of that server (they share its name, see `PostgresStore::open`):
-            // one frozen inside a transaction would hold its row locks against this leader.
-            // Then the lock's own session, whatever its name.
-            const LOCK_HOLDER: &str =
-                "SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted
-                 AND l.classid = ($1::bigint)::oid AND l.objid = ($2::bigint)::oid
-                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())";
-            sqlx::query(&format!(
-                "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a
-                 WHERE a.pid <> pg_backend_pid() AND a.application_name LIKE 'autodl-%'
-                   AND a.application_name IN (
-                     SELECT s.application_name FROM pg_stat_activity s WHERE s.pid IN ({LOCK_HOLDER}))"
-            ))
-            .bind(LEADER_LOCK_KEY >> 32)
-            .bind(LEADER_LOCK_KEY & 0xffff_ffff)
-            .execute(&mut *conn)
-            .await?;
-            sqlx::query(&format!(
-                "SELECT pg_terminate_backend(pid) FROM ({LOCK_HOLDER}) h"
-            ))
-            .bind(LEADER_LOCK_KEY >> 32)
-            .bind(LEADER_LOCK_KEY & 0xffff_ffff)
-            .execute(&mut *conn)
-            .await?;
             // The lock goes once PostgreSQL has ended that session: a moment.
             for _ in 0..20 {
                 ok = try_lock(&mut conn).await?;
@@ -157,8 +148,10 @@ impl Leadership for PostgresStore {
             .fetch_one(&mut conn)
             .await?;
         sqlx::query(&format!(
-            "UPDATE scheduler_leader SET renewed_at = {DB_NOW_MS} WHERE id = 1"
+            "UPDATE scheduler_lease SET term = $1, session = current_setting('application_name'),
+                 renewed_at = {DB_NOW_MS} WHERE id = 1"
         ))
+        .bind(term)
         .execute(&mut conn)
         .await?;
         let conn = Arc::new(tokio::sync::Mutex::new(conn));
@@ -246,7 +239,7 @@ impl Leadership for PostgresStore {
 
     async fn cycled(&self, term: Term, _now: i64) -> StoreResult<()> {
         sqlx::query(&format!(
-            "UPDATE scheduler_leader SET last_cycle_at = {DB_NOW_MS} WHERE id = 1 AND term = $1"
+            "UPDATE scheduler_lease SET last_cycle_at = {DB_NOW_MS} WHERE id = 1 AND term = $1"
         ))
         .bind(term.0)
         .execute(&self.pool)
@@ -257,8 +250,9 @@ impl Leadership for PostgresStore {
     async fn leader_status(&self, _now: i64) -> StoreResult<LeaderStatus> {
         let (holder, term, renewed, lease_age, last, cycle_age): (String, i64, i64, i64, i64, i64) =
             sqlx::query_as(&format!(
-                "SELECT holder, term, renewed_at, {DB_NOW_MS} - renewed_at, last_cycle_at, {DB_NOW_MS} - last_cycle_at
-                 FROM scheduler_leader WHERE id = 1"
+                "SELECT s.holder, s.term, l.renewed_at, {DB_NOW_MS} - l.renewed_at, l.last_cycle_at,
+                        {DB_NOW_MS} - l.last_cycle_at
+                 FROM scheduler_leader s, scheduler_lease l WHERE s.id = 1 AND l.id = 1"
             ))
             .fetch_one(&self.pool)
             .await?;
@@ -288,13 +282,17 @@ async fn renew_lease(
     stop: tokio_util::sync::CancellationToken,
 ) {
     let renew =
-        format!("UPDATE scheduler_leader SET renewed_at = {DB_NOW_MS} WHERE id = 1 AND term = $1");
+        format!("UPDATE scheduler_lease SET renewed_at = {DB_NOW_MS} WHERE id = 1 AND term = $1");
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(RENEW_EVERY) => {}
         }
         let mut c = conn.lock().await;
+        // Resigned while waiting for the connection: no renewal after it.
+        if stop.is_cancelled() {
+            return;
+        }
         let done =
             tokio::time::timeout(LEASE, sqlx::query(&renew).bind(term.0).execute(&mut *c)).await;
         match done {
@@ -306,9 +304,10 @@ async fn renew_lease(
                 );
                 return;
             }
+            // Tried again each second: a moment's failure must not cost the lease. A lock
+            // connection that is gone fails `still_leads` too, and the runner steps down.
             Ok(Err(e)) => {
-                tracing::warn!(term = term.0, error = %e, "could not renew the leader's lease");
-                return;
+                tracing::warn!(term = term.0, error = %e, "could not renew the leader's lease")
             }
             Err(_) => tracing::warn!(term = term.0, "renewing the leader's lease is slow"),
         }

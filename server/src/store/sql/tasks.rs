@@ -744,6 +744,28 @@ macro_rules! impl_tasks {
                 Ok(())
             }
 
+            async fn expire_uploading_results(
+                &self,
+                ended_before: i64,
+                message: &str,
+                now: i64,
+            ) -> StoreResult<u64> {
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
+                let ids: Vec<(String,)> = sqlx::query_as(
+                    "UPDATE tasks SET results = 'lost', updated_at = $1
+                     WHERE results = 'uploading' AND finished_at < $2 RETURNING id",
+                )
+                .bind(now)
+                .bind(ended_before)
+                .fetch_all(&mut *tx)
+                .await?;
+                for (id,) in &ids {
+                    insert_event!(&mut *tx, id, now, "results_lost", message);
+                }
+                tx.commit().await?;
+                Ok(ids.len() as u64)
+            }
+
             async fn settle_results(
                 &self,
                 task_id: &str,
