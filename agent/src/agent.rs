@@ -1560,13 +1560,27 @@ async fn save_at_end(
         };
         if done {
             if durable {
-                let _ = inner.outbox.drop_part(&mut kept, &part.kind);
+                kept = drop_kept_part(inner, kept, &part.kind).await;
             } else {
                 kept.parts.retain(|p| p.kind != part.kind);
             }
         }
     }
     kept
+}
+
+/// The server has one part of a kept attempt (or will never take it): its copy goes, off the
+/// async threads (a results folder may be large), and the record says so.
+async fn drop_kept_part(inner: &Inner, kept: Kept, kind: &str) -> Kept {
+    let (outbox, mut k, kind) = (inner.outbox.clone(), kept.clone(), kind.to_owned());
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = outbox.drop_part(&mut k, &kind) {
+            tracing::warn!(task = k.task_id, error = %e, "could not update a kept attempt");
+        }
+        k
+    })
+    .await
+    .unwrap_or(kept)
 }
 
 /// How often the outbox is looked at when nothing failed, and the longest wait after failures.
@@ -1693,15 +1707,7 @@ async fn outbox_loop(inner: Arc<Inner>, stop: CancellationToken) {
                         kept.report.not_kept = Some(why);
                     }
                 }
-                let (outbox, mut k, kind) = (inner.outbox.clone(), kept.clone(), part.kind.clone());
-                if let Ok(k) = tokio::task::spawn_blocking(move || {
-                    let _ = outbox.drop_part(&mut k, &kind);
-                    k
-                })
-                .await
-                {
-                    kept = k;
-                }
+                kept = drop_kept_part(&inner, kept, &part.kind).await;
             }
             if !kept.reported && !inner.report_end(&mut kept, &stop).await {
                 return;

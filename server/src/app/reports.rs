@@ -12,6 +12,7 @@ use autodl_scheduler::Gpu;
 
 use crate::agents::skew::ClockSkew;
 use crate::app::runs::{current_run, run_or_ended_run};
+use crate::domain::ArtifactKind;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{GpuSampleRecord, NewLogLine, NodeRecord, RunEnd, RunStart};
@@ -135,11 +136,7 @@ pub async fn finished(
         ExitReason::Stopped => None,
     };
     let t = current_run(state, node, task_id, report.attempt).await?;
-    // The agent's words go into the task's timeline: a sentence, not a log.
-    let detail: Option<String> = report
-        .detail
-        .as_deref()
-        .map(|d| d.chars().filter(|c| !c.is_control()).take(500).collect());
+    let detail = report.detail.as_deref().map(|d| sentence(d, 500));
     let now = state.clock.now_ms();
     let spec = spec_of(&t.task)?;
     let last = t.task.stop_reason.as_deref().and_then(|r| {
@@ -215,10 +212,7 @@ async fn end_run(
     mut end: crate::store::AttemptEnd,
     now: i64,
 ) -> Result<(), ApiError> {
-    let not_kept: Option<String> = report
-        .not_kept
-        .as_deref()
-        .map(|d| d.chars().filter(|c| !c.is_control()).take(300).collect());
+    let not_kept = report.not_kept.as_deref().map(|d| sentence(d, 300));
     let (results, note) =
         results_on_end(end.next_state, &report.uploading, not_kept.as_deref(), node);
     end.message.push_str(&note);
@@ -245,6 +239,7 @@ pub async fn not_kept(
     task_id: &str,
     report: &NotKeptReport,
 ) -> Result<(), ApiError> {
+    let kind = ArtifactKind::parse(&report.kind)?;
     let t = run_or_ended_run(state, node, task_id, report.attempt).await?;
     // Only rank 0's node saves (and so keeps) a task's results and checkpoints.
     let rank0 = state
@@ -261,15 +256,10 @@ pub async fn not_kept(
             report.attempt
         )));
     }
-    let reason: String = report
-        .reason
-        .chars()
-        .filter(|c| !c.is_control())
-        .take(300)
-        .collect();
+    let reason = sentence(&report.reason, 300);
     let now = state.clock.now_ms();
-    match report.kind.as_str() {
-        "results" => {
+    match kind {
+        ArtifactKind::Results => {
             state
                 .store
                 .settle_results(
@@ -281,7 +271,7 @@ pub async fn not_kept(
                 )
                 .await?;
         }
-        "checkpoint" => {
+        ArtifactKind::Checkpoint => {
             state
                 .store
                 .add_event(
@@ -295,14 +285,13 @@ pub async fn not_kept(
                 )
                 .await?;
         }
-        other => {
-            return Err(ApiError::invalid(
-                "kind",
-                format!("{other:?} is not \"results\" or \"checkpoint\""),
-            ))
-        }
     }
     Ok(())
+}
+
+/// An agent's words for a task's timeline: a sentence of at most `max` characters, not a log.
+fn sentence(raw: &str, max: usize) -> String {
+    raw.chars().filter(|c| !c.is_control()).take(max).collect()
 }
 
 /// Tells the organization's webhooks of a task that ended for good.

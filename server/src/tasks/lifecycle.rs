@@ -3,6 +3,7 @@
 
 use autodl_common::tasks::{TaskSpec, TaskState};
 
+use crate::domain::ArtifactKind;
 use crate::store::AttemptEnd;
 
 /// Why an attempt ended, as the agent reports it.
@@ -154,8 +155,9 @@ pub fn results_on_end(
     not_kept: Option<&str>,
     node: &str,
 ) -> (Option<&'static str>, String) {
-    let results_uploading = uploading.iter().any(|k| k == "results");
-    let checkpoint_uploading = uploading.iter().any(|k| k == "checkpoint");
+    let listed = |kind: ArtifactKind| uploading.iter().any(|k| k == kind.as_str());
+    let results_uploading = listed(ArtifactKind::Results);
+    let checkpoint_uploading = listed(ArtifactKind::Checkpoint);
     let completed = next == TaskState::Completed;
     let mut note = String::new();
     let mut results = None;

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::agents::FakeAgent;
 use crate::e2e::{agent_binary, log_text, start_agent, start_agent_configured, submit, wait_for};
-use crate::helpers::{spawn_app_with, Backend};
+use crate::helpers::{spawn_app_with, Backend, Session, SmallDisk, TestApp};
 
 crate::on_both_backends!(
     an_agent_killed_mid_task_leaves_nothing_running,
@@ -329,51 +329,6 @@ async fn a_node_clock_minutes_off_loses_nothing_and_is_corrected(b: Backend) {
     assert!(secs(&lines[0]["at"]) < secs(&lines[1]["at"]) || lines[0]["at"] == lines[1]["at"]);
 }
 
-/// A small filesystem of its own for a database, mounted for one test and unmounted after it.
-/// `None` where this process may not mount (not root): the caller skips.
-struct SmallDisk {
-    path: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl SmallDisk {
-    fn mount(size: &str) -> Option<SmallDisk> {
-        let dir = tempfile::tempdir().unwrap();
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        ok.then(|| SmallDisk {
-            path: dir.path().to_path_buf(),
-            _dir: dir,
-        })
-    }
-
-    /// Writes zeros until the disk is full.
-    fn fill(&self) -> std::path::PathBuf {
-        use std::io::Write;
-        let p = self.path.join("filler");
-        let mut f = std::fs::File::create(&p).unwrap();
-        let block = vec![0u8; 64 * 1024];
-        while f.write_all(&block).is_ok() {}
-        // The last partial block too.
-        while f.write_all(&[0u8; 512]).is_ok() {}
-        let _ = f.sync_all();
-        p
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.path)
-            .status();
-    }
-}
-
 /// The database's disk fills up: writes answer 503 with a clear error and `/healthz` says the
 /// store cannot write; once space is freed, the server writes again by itself (it used to stay
 /// broken until restarted), and nothing stored before is lost.
@@ -470,16 +425,30 @@ fn immutable(path: &std::path::Path, on: bool) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// The database file cannot be opened for writing for a while (made read-only, or immutable:
-/// root ignores file modes). Connections opened meanwhile are read-only for life: writes
-/// answer 503 with a clear error (never 500), `/healthz` says the store cannot write, and once
-/// the file is writable again the server writes by itself (it used to answer "readonly
-/// database" until restarted); nothing stored before is lost.
-#[tokio::test]
-async fn a_read_only_database_file_is_reported_and_recovered_from() {
+/// A task that needs nothing but its record.
+fn small_task(i: usize) -> serde_json::Value {
+    json!({"name": format!("t{i}"), "image": "none", "command": "true",
+           "resources": {"gpu": {"type": "A100", "count": 1}}})
+}
+
+/// Makes a file writable again when dropped.
+struct Restore(std::path::PathBuf);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        immutable(&self.0, false);
+    }
+}
+
+/// A server on SQLite on a small disk of its own, with three tasks stored, whose database file
+/// is then made immutable (until the guard is dropped); `None`, said skipped, where this
+/// machine cannot do that.
+async fn immutable_database(
+    email: &str,
+) -> Option<(SmallDisk, TestApp, Session, Vec<String>, Restore)> {
     let Some(disk) = SmallDisk::mount("64m") else {
         crate::helpers::skip("mounting a small filesystem needs root (CI runs as root)");
-        return;
+        return None;
     };
     let db = disk.path.join("autodl.db");
     let url = format!("sqlite://{}", db.display());
@@ -488,26 +457,30 @@ async fn a_read_only_database_file_is_reported_and_recovered_from() {
         s.db_max_connections = 8;
     })
     .await;
-    let s = app.signup("ro@example.com", "Lab").await;
-    let task = |i: usize| {
-        json!({"name": format!("t{i}"), "image": "none", "command": "true",
-               "resources": {"gpu": {"type": "A100", "count": 1}}})
-    };
+    let s = app.signup(email, "Lab").await;
     let mut stored = Vec::new();
     for i in 0..3 {
-        stored.push(submit(&app, &s, task(i)).await);
+        stored.push(submit(&app, &s, small_task(i)).await);
     }
     if !immutable(&db, true) {
         crate::helpers::skip("this filesystem cannot make a file immutable");
+        return None;
+    }
+    Some((disk, app, s, stored, Restore(db)))
+}
+
+/// The database file cannot be opened for writing for a while (made read-only, or immutable:
+/// root ignores file modes). Connections opened meanwhile are read-only for life: writes
+/// answer 503 with a clear error (never 500), `/healthz` says the store cannot write, and once
+/// the file is writable again the server writes by itself (it used to answer "readonly
+/// database" until restarted); nothing stored before is lost.
+#[tokio::test]
+async fn a_read_only_database_file_is_reported_and_recovered_from() {
+    let Some((_disk, app, s, mut stored, guard)) = immutable_database("ro@example.com").await
+    else {
         return;
-    }
-    struct Restore(std::path::PathBuf);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            immutable(&self.0, false);
-        }
-    }
-    let guard = Restore(db.clone());
+    };
+    let task = small_task;
     // Eight submissions at once, so the pool opens connections.
     let burst = |from: usize| {
         futures_util::future::join_all((0..8).map(|i| {
@@ -610,37 +583,11 @@ async fn a_read_only_database_file_is_reported_and_recovered_from() {
 /// every write it acknowledged, before, during and after, is there.
 #[tokio::test]
 async fn a_database_file_unwritable_for_new_connections_only_loses_nothing() {
-    let Some(disk) = SmallDisk::mount("64m") else {
-        crate::helpers::skip("mounting a small filesystem needs root (CI runs as root)");
+    let Some((_disk, app, s, mut stored, guard)) = immutable_database("nc@example.com").await
+    else {
         return;
     };
-    let db = disk.path.join("autodl.db");
-    let url = format!("sqlite://{}", db.display());
-    let app = spawn_app_with(Backend::Sqlite, |s| {
-        s.database_url = url;
-        s.db_max_connections = 8;
-    })
-    .await;
-    let s = app.signup("nc@example.com", "Lab").await;
-    let task = |i: usize| {
-        json!({"name": format!("t{i}"), "image": "none", "command": "true",
-               "resources": {"gpu": {"type": "A100", "count": 1}}})
-    };
-    let mut stored = Vec::new();
-    for i in 0..3 {
-        stored.push(submit(&app, &s, task(i)).await);
-    }
-    if !immutable(&db, true) {
-        crate::helpers::skip("this filesystem cannot make a file immutable");
-        return;
-    }
-    struct Restore(std::path::PathBuf);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            immutable(&self.0, false);
-        }
-    }
-    let guard = Restore(db.clone());
+    let task = small_task;
     // Every answer is a success (kept) or a clear 503.
     let mut answered = |res_code: reqwest::StatusCode, body: serde_json::Value| -> bool {
         if res_code == reqwest::StatusCode::CREATED {

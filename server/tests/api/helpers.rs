@@ -450,3 +450,48 @@ pub fn skip(reason: &str) {
     );
     crate::helpers::skip("{reason}");
 }
+
+/// A small filesystem of its own (for a database, object storage), mounted for one test and
+/// unmounted after it. `None` where this process may not mount (not root): the caller skips.
+pub struct SmallDisk {
+    pub path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    pub fn mount(size: &str) -> Option<SmallDisk> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| SmallDisk {
+            path: dir.path().to_path_buf(),
+            _dir: dir,
+        })
+    }
+
+    /// Writes zeros until the disk is full; returns the file to remove for room again.
+    pub fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let p = self.path.join("filler");
+        let mut f = std::fs::File::create(&p).unwrap();
+        let block = vec![0u8; 64 * 1024];
+        while f.write_all(&block).is_ok() {}
+        // The last partial block too.
+        while f.write_all(&[0u8; 512]).is_ok() {}
+        let _ = f.sync_all();
+        p
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.path)
+            .status();
+    }
+}

@@ -13,7 +13,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use crate::e2e::{start_agent_configured, submit, wait_for};
-use crate::helpers::{spawn_app_with, Backend, Session, TestApp};
+use crate::helpers::{spawn_app_with, Backend, Session, SmallDisk, TestApp};
 
 crate::on_both_backends!(results_made_while_the_server_is_away_reach_it_later);
 
@@ -205,50 +205,6 @@ async fn results_made_while_the_server_is_away_reach_it_later(b: Backend) {
     );
     stop.cancel();
     let _ = handle.await;
-}
-
-/// A small filesystem for object storage, mounted for one test. `None` where this process
-/// may not mount (not root): the caller says it skipped.
-struct SmallDisk {
-    path: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl SmallDisk {
-    fn mount(size: &str) -> Option<SmallDisk> {
-        let dir = tempfile::tempdir().unwrap();
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        ok.then(|| SmallDisk {
-            path: dir.path().to_path_buf(),
-            _dir: dir,
-        })
-    }
-
-    /// Writes zeros until the disk is full; returns the file to remove for room again.
-    fn fill(&self) -> std::path::PathBuf {
-        use std::io::Write;
-        let p = self.path.join("filler");
-        let mut f = std::fs::File::create(&p).unwrap();
-        let block = vec![0u8; 64 * 1024];
-        while f.write_all(&block).is_ok() {}
-        while f.write_all(&[0u8; 512]).is_ok() {}
-        let _ = f.sync_all();
-        p
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.path)
-            .status();
-    }
 }
 
 /// Object storage is full for 45 s when runs end. The first run's task completes at once (its
