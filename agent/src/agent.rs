@@ -622,8 +622,9 @@ impl Inner {
             },
         );
         self.push_allocations();
-        // In a multi-node task the first node (rank 0's) saves checkpoints and results for all
-        // of them, as torchrun's rank 0 does, so ranks do not overwrite one another's.
+        // In a multi-node task the first node (rank 0's) saves the checkpoints, as torchrun's
+        // rank 0 does, so ranks do not overwrite one another's; every node saves the results
+        // of its own workers (each in a folder of its rank's, rank 0's at the top).
         let rank_zero = a
             .env
             .get("NODE_RANK")
@@ -638,7 +639,7 @@ impl Inner {
                 .filter(|i| *i > 0 && rank_zero)
                 .map(Duration::from_secs),
             checkpointing: a.checkpoint.is_some() && rank_zero,
-            uploads_results: rank_zero,
+            saves_checkpoints: rank_zero,
             data_from_storage: a
                 .data_path
                 .as_deref()
@@ -939,7 +940,8 @@ struct StorageJob {
     checkpoint_interval: Option<Duration>,
     /// The task asked for checkpoints: the folder is also saved when the attempt ends.
     checkpointing: bool,
-    uploads_results: bool,
+    /// Rank 0's node: the only one whose checkpoint folder is saved.
+    saves_checkpoints: bool,
     data_from_storage: bool,
     /// The code bundle to unpack as the working directory.
     code: Option<String>,
@@ -970,9 +972,9 @@ async fn prepare_storage(
         message: format!("could not prepare the task's home folder: {e}"),
         transient: false,
     })?;
-    // The results folder of each worker (made while the task folder is still the agent's own).
-    for w in &launch.workers {
-        let dir = launch.worker_results_dir(w.rank);
+    // The results folder of each process (made while the task folder is still the agent's own).
+    for w in launch.worker_launches() {
+        let dir = w.launch.results_dir;
         std::fs::create_dir_all(&dir).map_err(|e| PrepareError {
             message: format!("could not prepare {}: {e}", dir.display()),
             transient: false,
@@ -1252,8 +1254,8 @@ async fn supervise(
     let results_dir = launch.results_dir.clone();
     let owner = launch.user.map(|u| u.uid);
     let loop_stop = CancellationToken::new();
-    // Only the first node of a task saves (see `rank_zero`); the others just run.
-    if !job.uploads_results {
+    // Only the first node of a task saves checkpoints (see `rank_zero`).
+    if !job.saves_checkpoints {
         loop_stop.cancel();
     }
     let saver = tokio::spawn(checkpoint_loop(
@@ -1330,8 +1332,8 @@ async fn supervise(
     // period): keep what it left and save it, before `finished` lets the server requeue it.
     let mark = artifacts::take_marker(&checkpoint_dir);
     let mut parts = Vec::new();
-    if prepare_failed.is_none() && job.uploads_results {
-        if job.checkpointing || last_saved.is_some() || mark.is_some() {
+    if prepare_failed.is_none() {
+        if job.saves_checkpoints && (job.checkpointing || last_saved.is_some() || mark.is_some()) {
             let changed = artifacts::scan(&checkpoint_dir, owner).ok() != last_saved;
             if changed || mark.is_some() {
                 let (step, epoch) = mark.unwrap_or((None, None));

@@ -220,13 +220,21 @@ impl TaskLaunch {
     }
 
     /// The processes to start: one per worker (each with its GPUs and its variables on top
-    /// of the attempt's), or the attempt itself as one process.
+    /// of the attempt's), or the attempt itself as one process. One process per node (the
+    /// `torchrun` and `none` launchers) on a node other than the first leaves its results in
+    /// a folder of its node's (`node-<k>`), so no node's replace the first's at the top.
     pub fn worker_launches(&self) -> Vec<WorkerLaunch> {
         if self.workers.is_empty() {
-            return vec![WorkerLaunch {
-                rank: None,
-                launch: self.clone(),
-            }];
+            let mut launch = self.clone();
+            let node_rank = self
+                .env
+                .get("NODE_RANK")
+                .and_then(|r| r.parse::<u32>().ok())
+                .unwrap_or(0);
+            if node_rank > 0 {
+                launch.results_dir = self.results_dir.join(format!("node-{node_rank}"));
+            }
+            return vec![WorkerLaunch { rank: None, launch }];
         }
         self.workers
             .iter()
@@ -643,5 +651,45 @@ mod tests {
         assert_eq!(l.results_dir, Path::new("/state/tasks/t_1/results"));
         assert_eq!(l.gpu_list(), "2,3");
         assert_eq!(safe_name(".."), "_..");
+    }
+
+    /// What each process leaves lands where the upload of its node keeps it apart from the
+    /// other nodes': rank 0's at the top, other ranks in `rank-<r>`, one process of a node
+    /// other than the first in `node-<k>`.
+    #[test]
+    fn every_process_leaves_results_in_a_folder_of_its_own() {
+        let one_per_node = |node_rank: &str| Assignment {
+            task_id: "t".into(),
+            env: [("NODE_RANK".to_string(), node_rank.to_string())].into(),
+            ..Default::default()
+        };
+        let dirs = |a: &Assignment| -> Vec<PathBuf> {
+            TaskLaunch::from_assignment(a, "n", Path::new("/s"), false)
+                .worker_launches()
+                .into_iter()
+                .map(|w| w.launch.results_dir)
+                .collect()
+        };
+        assert_eq!(dirs(&one_per_node("0")), [Path::new("/s/tasks/t/results")]);
+        assert_eq!(
+            dirs(&one_per_node("2")),
+            [Path::new("/s/tasks/t/results/node-2")]
+        );
+        let mut workers = one_per_node("1");
+        workers.workers = [2, 3]
+            .into_iter()
+            .map(|rank| autodl_common::agent::WorkerSlot {
+                rank,
+                gpu_indices: vec![rank - 2],
+                env: BTreeMap::new(),
+            })
+            .collect();
+        assert_eq!(
+            dirs(&workers),
+            [
+                Path::new("/s/tasks/t/results/rank-2"),
+                Path::new("/s/tasks/t/results/rank-3")
+            ]
+        );
     }
 }

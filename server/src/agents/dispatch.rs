@@ -48,6 +48,18 @@ pub async fn reconcile(
         {
             continue;
         }
+        // A gang's node whose workers all succeeded no longer lists the attempt: its part
+        // ended and waits for the other nodes' (`reports::finished`).
+        if placement.iter().any(|p| p.node != node.id)
+            && state
+                .store
+                .ended_parts(&t.id, t.attempts)
+                .await?
+                .iter()
+                .any(|p| p.node == node.id)
+        {
+            continue;
+        }
         let last = match t.stop_reason.as_deref() {
             Some(r) => final_stop(r, &spec_of(t)?, attempt, None, t.batch_size),
             None => None,

@@ -15,7 +15,7 @@ use crate::app::runs::{current_run, run_or_ended_run};
 use crate::domain::ArtifactKind;
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::{GpuSampleRecord, NewLogLine, NodeRecord, RunEnd, RunStart};
+use crate::store::{GpuSampleRecord, NewLogLine, NodeRecord, PartEnded, RunEnd, RunStart};
 use crate::tasks::lifecycle::{after_attempt, final_stop, results_on_end, ExitKind, RESULTS_LOST};
 use crate::tasks::{spec::parse_time_ms, spec_of};
 
@@ -138,6 +138,15 @@ pub async fn finished(
     let t = current_run(state, node, task_id, report.attempt).await?;
     let detail = report.detail.as_deref().map(|d| sentence(d, 500));
     let now = state.clock.now_ms();
+    // A gang spanning nodes ends when every node's workers have: a node whose workers all
+    // succeeded waits for the others (as torchrun's agents do), its results stored or kept.
+    let mut others_keeping = Vec::new();
+    if matches!(kind, Some(ExitKind::Success)) {
+        match part_ended(state, &t.task, node, report, now).await? {
+            Some(keeping) => others_keeping = keeping,
+            None => return Ok(()),
+        }
+    }
     let spec = spec_of(&t.task)?;
     let last = t.task.stop_reason.as_deref().and_then(|r| {
         final_stop(
@@ -151,7 +160,7 @@ pub async fn finished(
     match (kind, t.task.stop_reason.as_deref(), last) {
         // Stopped for good (time limit, idle), or failed while stopping: the task ends there.
         (None | Some(ExitKind::Error | ExitKind::Oom), Some(_), Some(end)) => {
-            end_run(state, &t.task, &spec, (report, node), end, now).await?;
+            end_run(state, &t.task, &spec, (report, node, &[]), end, now).await?;
         }
         // Stopped on the scheduler's request (preempted, drained), or failed while stopping:
         // back to the queue. A run that completed its work before it stopped is done.
@@ -181,7 +190,15 @@ pub async fn finished(
                 kind,
                 detail.as_deref(),
             );
-            end_run(state, &t.task, &spec, (report, node), end, now).await?;
+            end_run(
+                state,
+                &t.task,
+                &spec,
+                (report, node, &others_keeping),
+                end,
+                now,
+            )
+            .await?;
         }
         // Stopped without being asked (the agent shut down): run it again elsewhere.
         (None, None, _) => {
@@ -201,20 +218,94 @@ pub async fn finished(
     Ok(())
 }
 
+/// What a node's report that all of its workers succeeded means for their attempt: its end
+/// (`Some`, with the gang's other nodes that still keep their workers' results), or, while
+/// other nodes' workers of a gang still run, a wait for them (`None`; the part is recorded,
+/// so the node's silence about the attempt from now on is not its loss).
+async fn part_ended(
+    state: &AppState,
+    task: &crate::store::TaskRecord,
+    node: &str,
+    report: &FinishedReport,
+    now: i64,
+) -> Result<Option<Vec<String>>, ApiError> {
+    let nodes: std::collections::BTreeSet<String> = crate::tasks::placement_of(task)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|w| w.node)
+        .collect();
+    if nodes.len() < 2 {
+        return Ok(Some(Vec::new()));
+    }
+    let part = PartEnded {
+        node: node.to_owned(),
+        results_uploading: report
+            .uploading
+            .iter()
+            .any(|k| k == ArtifactKind::Results.as_str()),
+        ended_at: now,
+    };
+    // `None`: said before (an answer lost on the way, or an end that failed after it).
+    let (ended, first_word) = match state.store.end_part(&task.id, task.attempts, &part).await? {
+        Some(ended) => (ended, true),
+        None => (
+            state.store.ended_parts(&task.id, task.attempts).await?,
+            false,
+        ),
+    };
+    let running: Vec<&str> = nodes
+        .iter()
+        .filter(|n| !ended.iter().any(|p| &p.node == *n))
+        .map(String::as_str)
+        .collect();
+    if running.is_empty() {
+        return Ok(Some(
+            ended
+                .into_iter()
+                .filter(|p| p.results_uploading && p.node != node)
+                .map(|p| p.node)
+                .collect(),
+        ));
+    }
+    if !first_word {
+        return Ok(None);
+    }
+    state
+        .store
+        .add_event(
+            &task.id,
+            "part_ended",
+            &format!(
+                "the workers on node {node} all succeeded; attempt {} ends when those on {} have too",
+                task.attempts,
+                running.join(", ")
+            ),
+            now,
+        )
+        .await?;
+    Ok(None)
+}
+
 /// Closes the run (group-committed with other agents' end reports), then tells whoever
 /// listens if the task ended for good. The report says what of its saved folders the node
-/// still keeps ([`results_on_end`]).
+/// still keeps, and `others_keeping` which other nodes of a gang keep theirs
+/// ([`results_on_end`]).
 async fn end_run(
     state: &AppState,
     task: &crate::store::TaskRecord,
     spec: &autodl_common::tasks::TaskSpec,
-    (report, node): (&FinishedReport, &str),
+    (report, node, others_keeping): (&FinishedReport, &str, &[String]),
     mut end: crate::store::AttemptEnd,
     now: i64,
 ) -> Result<(), ApiError> {
     let not_kept = report.not_kept.as_deref().map(|d| sentence(d, 300));
-    let (results, note) =
-        results_on_end(end.next_state, &report.uploading, not_kept.as_deref(), node);
+    let (results, note) = results_on_end(
+        end.next_state,
+        &report.uploading,
+        not_kept.as_deref(),
+        node,
+        others_keeping,
+    );
     end.message.push_str(&note);
     let attempt = report.attempt;
     state
@@ -241,7 +332,8 @@ pub async fn not_kept(
 ) -> Result<(), ApiError> {
     let kind = ArtifactKind::parse(&report.kind)?;
     let t = run_or_ended_run(state, node, task_id, report.attempt).await?;
-    // Only rank 0's node saves (and so keeps) a task's results and checkpoints.
+    // Only rank 0's node saves (and so keeps) a task's checkpoints; every node of the attempt
+    // saves its own workers' results.
     let rank0 = state
         .store
         .task_attempts(task_id)
@@ -250,7 +342,7 @@ pub async fn not_kept(
         .find(|a| a.number == i64::from(report.attempt))
         .and_then(|a| serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement).ok())
         .and_then(|p| p.first().map(|w| w.node.clone()));
-    if rank0.as_deref() != Some(node) {
+    if kind == ArtifactKind::Checkpoint && rank0.as_deref() != Some(node) {
         return Err(ApiError::Conflict(format!(
             "node {node} does not keep what attempt {} of task {task_id} saved (rank 0's node does)",
             report.attempt

@@ -18,7 +18,7 @@ use crate::state::AppState;
 use crate::storage::{clean_path, delete_prefix, put_bytes, usage, Storage, StorageError};
 use crate::store::{ArtifactRecord, Store};
 use crate::tasks::lifecycle::RESULTS_UPLOADING;
-use crate::tasks::spec_of;
+use crate::tasks::{results, spec_of};
 
 /// In the bucket too, an artifact with a manifest is a complete one.
 pub(crate) const MANIFEST: &str = ".autodl-manifest.json";
@@ -96,10 +96,18 @@ pub async fn start(
         epoch: body.epoch,
         created_at: state.clock.now_ms(),
         completed_at: None,
+        node: Some(node.to_owned()),
     };
-    // An upload of the same kind that an earlier try left open (its agent gave up or died)
-    // is replaced by this one: its files go now, not at the daily sweep.
-    let superseded = state.store.open_uploads(&task.id, kind).await?;
+    // An upload of the same kind that an earlier try of this node left open (its agent gave
+    // up or died) is replaced by this one: its files go now, not at the daily sweep. Another
+    // node's (the results of its own workers of a gang) are its own.
+    let superseded: Vec<ArtifactRecord> = state
+        .store
+        .open_uploads(&task.id, kind)
+        .await?
+        .into_iter()
+        .filter(|a| a.node.as_deref().is_none_or(|n| n == node))
+        .collect();
     state.store.create_artifact(&rec).await?;
     if !superseded.is_empty() {
         let (store, storage) = (state.store.clone(), state.storage.clone());
@@ -265,12 +273,14 @@ pub async fn commit(
         .await?;
     let keep = if a.kind == ArtifactKind::Checkpoint {
         let task = state.store.task(None, &a.task_id).await?;
-        task.and_then(|t| spec_of(&t.task).ok())
-            .and_then(|s| s.checkpoint.and_then(|c| c.keep))
-            .unwrap_or(state.settings.checkpoint_keep)
-            .max(1) as usize
+        Keep::Newest(
+            task.and_then(|t| spec_of(&t.task).ok())
+                .and_then(|s| s.checkpoint.and_then(|c| c.keep))
+                .unwrap_or(state.settings.checkpoint_keep)
+                .max(1) as usize,
+        )
     } else {
-        1
+        Keep::CurrentResults
     };
     // Deleting old checkpoints can take a while on S3: after answering.
     let (store, storage, task_id, kind) = (
@@ -323,23 +333,36 @@ async fn settle_late_results(
     Ok(())
 }
 
-/// Deletes all but the newest `keep` complete artifacts of a kind. A failed deletion leaves
+/// Which complete artifacts of a kind a task keeps.
+#[derive(Debug, Clone, Copy)]
+enum Keep {
+    /// The newest n (checkpoints).
+    Newest(usize),
+    /// Its results now: the newest attempt's, one per node ([`results::current`]).
+    CurrentResults,
+}
+
+/// Deletes the complete artifacts of a kind a task no longer keeps. A failed deletion leaves
 /// the row `deleting` (never restored from); the server's hourly sweep tries it again.
 async fn retire(
     store: &dyn Store,
     storage: &Storage,
     task_id: &str,
     kind: ArtifactKind,
-    keep: usize,
+    keep: Keep,
 ) {
-    let all = match store.task_artifacts(task_id, kind).await {
+    let mut all = match store.task_artifacts(task_id, kind).await {
         Ok(a) => a,
         Err(e) => {
             tracing::warn!(error = %e, task_id, "could not list artifacts for retention");
             return;
         }
     };
-    for old in all.into_iter().skip(keep) {
+    let old = match keep {
+        Keep::Newest(n) => all.split_off(n.min(all.len())),
+        Keep::CurrentResults => results::current(all).1,
+    };
+    for old in old {
         if !store
             .set_artifact_state(&old.id, ArtifactState::Complete, ArtifactState::Deleting)
             .await

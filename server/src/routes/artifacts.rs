@@ -9,10 +9,10 @@
 
 use actix_web::{delete, get, post, put, web, HttpRequest, HttpResponse};
 use autodl_common::agent::{
-    ArtifactCommit, ArtifactCreated, ArtifactStart, DataFile, DataManifest,
+    ArtifactCommit, ArtifactCreated, ArtifactFile, ArtifactStart, DataFile, DataManifest,
 };
 use autodl_common::api::ErrorBody;
-use autodl_common::tasks::Checkpoint;
+use autodl_common::tasks::{Checkpoint, WorkerPlacement};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
@@ -28,9 +28,10 @@ use crate::error::ApiError;
 use crate::json::Json;
 use crate::routes::tasks::find;
 use crate::state::{rfc3339, AppState};
-use crate::storage::{clean_path, tar, usage, ByteStream};
-use crate::store::{ArtifactRecord, TaskRecord};
-use crate::tasks::checkpoints::files_of;
+use crate::storage::tar::{self, Entry};
+use crate::storage::{clean_path, usage, ByteStream};
+use crate::store::TaskRecord;
+use crate::tasks::results as task_results;
 use crate::tasks::spec_of;
 
 /// Room for a manifest of `MAX_FILES` files with long paths.
@@ -262,15 +263,9 @@ pub async fn results(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let t = find(&state, &caller, &id).await?;
-    let a = results_of(&state, &t.task).await?;
-    let mtime = (a.completed_at.unwrap_or(a.created_at) / 1000).max(0) as u64;
-    let (length, stream) = tar::archive(
-        state.storage.backend.clone(),
-        a.bucket.clone(),
-        a.prefix.clone(),
-        files_of(&a),
-        mtime,
-    );
+    let (files, at) = results_of(&state, &t.task).await?;
+    let mtime = (at / 1000).max(0) as u64;
+    let (length, stream) = tar::archive(state.storage.backend.clone(), files, mtime);
     Ok(HttpResponse::Ok()
         .content_type("application/x-tar")
         .insert_header((actix_web::http::header::CONTENT_ENCODING, "identity"))
@@ -282,8 +277,9 @@ pub async fn results(
         .streaming(stream))
 }
 
-/// The task's results artifact, or why there is none.
-async fn results_of(state: &AppState, t: &TaskRecord) -> Result<ArtifactRecord, ApiError> {
+/// The files of the task's results (every node's of its newest attempt with results, rank 0's
+/// node's first: [`task_results::tree`]) and when the newest was stored, or why there are none.
+async fn results_of(state: &AppState, t: &TaskRecord) -> Result<(Vec<Entry>, i64), ApiError> {
     if t.results.as_deref() == Some(crate::tasks::lifecycle::RESULTS_UPLOADING) {
         return Err(ApiError::Conflict(format!(
             "the results of task {} are still uploading: its run ended while the server or storage was away, and its node keeps them until they are stored",
@@ -296,18 +292,36 @@ async fn results_of(state: &AppState, t: &TaskRecord) -> Result<ArtifactRecord, 
             t.id
         )));
     }
-    state
-        .store
-        .task_artifacts(&t.id, ArtifactKind::Results)
-        .await?
-        .into_iter()
-        .next()
-        .ok_or_else(|| {
-            ApiError::NoResults(format!(
-                "task {} has no results (files it leaves in AUTODL_RESULTS_DIR are kept when it completes)",
-                t.id
-            ))
-        })
+    let (current, _) = task_results::current(
+        state
+            .store
+            .task_artifacts(&t.id, ArtifactKind::Results)
+            .await?,
+    );
+    let Some(newest) = current.first() else {
+        return Err(ApiError::NoResults(format!(
+            "task {} has no results (files it leaves in AUTODL_RESULTS_DIR are kept when it completes)",
+            t.id
+        )));
+    };
+    let at = current
+        .iter()
+        .map(|a| a.completed_at.unwrap_or(a.created_at))
+        .max()
+        .unwrap_or_default();
+    let rank0 = if current.len() > 1 {
+        state
+            .store
+            .task_attempts(&t.id)
+            .await?
+            .into_iter()
+            .find(|a| a.number == newest.attempt)
+            .and_then(|a| serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement).ok())
+            .and_then(|p| p.first().map(|w| w.node.clone()))
+    } else {
+        None
+    };
+    Ok((task_results::tree(&current, rank0.as_deref()), at))
 }
 
 /// The files among the task's results, to pick one instead of fetching them all.
@@ -320,8 +334,15 @@ pub async fn result_files(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let t = find(&state, &caller, &id).await?;
-    let a = results_of(&state, &t.task).await?;
-    Ok(HttpResponse::Ok().json(files_of(&a)))
+    let (files, _) = results_of(&state, &t.task).await?;
+    let files: Vec<ArtifactFile> = files
+        .into_iter()
+        .map(|f| ArtifactFile {
+            path: f.path,
+            size: f.size,
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(files))
 }
 
 /// One result file. Always sent as a download of bytes: a task's output is never shown as a
@@ -336,17 +357,13 @@ pub async fn result_file(
 ) -> Result<HttpResponse, ApiError> {
     let (id, rel) = path.into_inner();
     let t = find(&state, &caller, &id).await?;
-    let a = results_of(&state, &t.task).await?;
-    // Only a file the manifest lists: the path cannot reach beyond this task's results.
-    let file = files_of(&a)
+    let (files, _) = results_of(&state, &t.task).await?;
+    // Only a file a manifest lists: the path cannot reach beyond this task's results.
+    let file = files
         .into_iter()
         .find(|f| f.path == rel)
         .ok_or_else(|| ApiError::NotFound("no such result file".into()))?;
-    let (size, body) = state
-        .storage
-        .backend
-        .get(&a.bucket, &format!("{}{}", a.prefix, file.path))
-        .await?;
+    let (size, body) = state.storage.backend.get(&file.bucket, &file.key).await?;
     let name: String = file
         .path
         .rsplit('/')

@@ -4,19 +4,25 @@
 
 use std::sync::Arc;
 
-use autodl_common::agent::ArtifactFile;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 
 use super::{ByteStream, ObjectStore};
 
+/// One file of an archive: where it is stored, and its path and size in the archive.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub bucket: String,
+    pub key: String,
+    pub path: String,
+    pub size: u64,
+}
+
 /// The archive's length and its bytes. A file that is shorter or longer in storage than
 /// recorded ends the stream with an error rather than a corrupt archive.
 pub fn archive(
     store: Arc<dyn ObjectStore>,
-    bucket: String,
-    prefix: String,
-    files: Vec<ArtifactFile>,
+    files: Vec<Entry>,
     mtime: u64,
 ) -> (u64, impl Stream<Item = std::io::Result<Bytes>>) {
     let files = Arc::new(files);
@@ -26,8 +32,7 @@ pub fn archive(
         .sum::<u64>()
         + 1024;
     let stream = futures_util::stream::unfold(TarState::Header(0), move |st| {
-        let (store, bucket, prefix, files) =
-            (store.clone(), bucket.clone(), prefix.clone(), files.clone());
+        let (store, files) = (store.clone(), files.clone());
         async move {
             let io = std::io::Error::other;
             match st {
@@ -37,7 +42,7 @@ pub fn archive(
                 }
                 TarState::Header(i) => {
                     let f = &files[i];
-                    match store.get(&bucket, &format!("{prefix}{}", f.path)).await {
+                    match store.get(&f.bucket, &f.key).await {
                         Ok((_, body)) => Some((
                             Ok(Bytes::from(header(&f.path, f.size, mtime))),
                             TarState::Body(i, body, 0),

@@ -518,6 +518,18 @@ pub struct ArtifactRecord {
     pub epoch: Option<f64>,
     pub created_at: i64,
     pub completed_at: Option<i64>,
+    /// The node it came from (none in uploads older than gangs spanning nodes).
+    pub node: Option<String>,
+}
+
+/// A node's part of a gang's attempt that ended with all of its workers succeeding, while
+/// other nodes' workers may still run (see `Tasks::end_part`).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct PartEnded {
+    pub node: String,
+    /// The node still keeps its part's results for the server.
+    pub results_uploading: bool,
+    pub ended_at: i64,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]

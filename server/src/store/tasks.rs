@@ -173,6 +173,18 @@ pub trait Tasks: Send + Sync {
         message: &str,
         now: i64,
     ) -> StoreResult<u64>;
+    /// Records that every worker `node` ran of an attempt succeeded: a gang spanning nodes ends
+    /// when each node's part has. Returns the attempt's parts ended so far, this one with them,
+    /// or `None` when this part had ended already (a repeated report changes nothing). Parts
+    /// of one attempt are recorded one at a time, so exactly one report sees the last.
+    async fn end_part(
+        &self,
+        task_id: &str,
+        attempt: i64,
+        part: &PartEnded,
+    ) -> StoreResult<Option<Vec<PartEnded>>>;
+    /// The parts of an attempt that have ended (see [`Tasks::end_part`]).
+    async fn ended_parts(&self, task_id: &str, attempt: i64) -> StoreResult<Vec<PartEnded>>;
     /// Settles the results of a task's last attempt that were uploading (`None`: stored,
     /// `Some("lost")`), with a line in its timeline. False when they were not uploading.
     async fn settle_results(

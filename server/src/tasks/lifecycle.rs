@@ -148,23 +148,33 @@ pub const RESULTS_LOST: &str = "lost";
 /// What an end report says of the folders the attempt saved, for a run ending in `next`:
 /// where the task's results stand (`Task::results`) and the words added to the attempt's
 /// message. `uploading` lists the folders its node keeps until the server has them;
-/// `not_kept`, why the node could not keep them.
+/// `not_kept`, why the node could not keep them; `others_keeping`, the other nodes of a gang
+/// that still keep their workers' results (their parts ended earlier).
 pub fn results_on_end(
     next: TaskState,
     uploading: &[String],
     not_kept: Option<&str>,
     node: &str,
+    others_keeping: &[String],
 ) -> (Option<&'static str>, String) {
     let listed = |kind: ArtifactKind| uploading.iter().any(|k| k == kind.as_str());
-    let results_uploading = listed(ArtifactKind::Results);
     let checkpoint_uploading = listed(ArtifactKind::Checkpoint);
+    let keepers: Vec<&str> = listed(ArtifactKind::Results)
+        .then_some(node)
+        .into_iter()
+        .chain(others_keeping.iter().map(String::as_str))
+        .collect();
     let completed = next == TaskState::Completed;
     let mut note = String::new();
     let mut results = None;
-    if completed && results_uploading {
+    if completed && !keepers.is_empty() {
         results = Some(RESULTS_UPLOADING);
+        let who = match keepers.as_slice() {
+            [one] => format!("node {one} keeps them"),
+            many => format!("nodes {} keep them", many.join(", ")),
+        };
         note.push_str(&format!(
-            "; its results are uploading: node {node} keeps them until they are stored"
+            "; its results are uploading: {who} until they are stored"
         ));
     } else if let Some(why) = not_kept.filter(|_| completed) {
         results = Some(RESULTS_LOST);
@@ -298,28 +308,35 @@ mod tests {
     #[test]
     fn results_kept_on_the_node_are_said_and_only_for_a_completed_task() {
         let up = vec!["results".to_owned(), "checkpoint".to_owned()];
-        let (r, note) = results_on_end(TaskState::Completed, &up, None, "n1");
+        let (r, note) = results_on_end(TaskState::Completed, &up, None, "n1", &[]);
         assert_eq!(r, Some(RESULTS_UPLOADING));
         assert!(
             note.contains("results are uploading: node n1 keeps them"),
             "{note}"
         );
         assert!(note.contains("last checkpoint is uploading"), "{note}");
-        let (r, note) = results_on_end(TaskState::Completed, &[], Some("disk full"), "n1");
+        let (r, note) = results_on_end(TaskState::Completed, &[], Some("disk full"), "n1", &[]);
         assert_eq!(r, Some(RESULTS_LOST));
         assert!(note.contains("could not be kept: disk full"), "{note}");
         // A failed run has no results to wait for; its checkpoint is still said.
-        let (r, note) = results_on_end(TaskState::Failed, &up, Some("x"), "n1");
+        let (r, note) = results_on_end(TaskState::Failed, &up, Some("x"), "n1", &[]);
         assert_eq!(r, None);
         assert_eq!(note, "; its last checkpoint is uploading from node n1");
         // A retried run starts again from what was saved before: nothing is promised.
         assert_eq!(
-            results_on_end(TaskState::Pending, &up, None, "n1"),
+            results_on_end(TaskState::Pending, &up, None, "n1", &[]),
             (None, String::new())
         );
         assert_eq!(
-            results_on_end(TaskState::Completed, &[], None, "n1"),
+            results_on_end(TaskState::Completed, &[], None, "n1", &[]),
             (None, String::new())
         );
+        // A gang's other node ended its part earlier and keeps its workers' results still.
+        let (r, note) = results_on_end(TaskState::Completed, &up, None, "n1", &["n2".into()]);
+        assert_eq!(r, Some(RESULTS_UPLOADING));
+        assert!(note.contains("nodes n1, n2 keep them"), "{note}");
+        let (r, note) = results_on_end(TaskState::Completed, &[], None, "n1", &["n2".into()]);
+        assert_eq!(r, Some(RESULTS_UPLOADING));
+        assert!(note.contains("node n2 keeps them"), "{note}");
     }
 }

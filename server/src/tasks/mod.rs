@@ -6,6 +6,7 @@ pub mod checkpoints;
 pub mod gang;
 pub mod lifecycle;
 pub mod metrics;
+pub mod results;
 pub mod session;
 pub mod spec;
 pub mod sweep;

@@ -192,9 +192,23 @@ async fn four_workers_on_one_node_train_as_one_group() {
         assert_eq!(r.fields["local"], r.rank.to_string(), "{r:?}");
     }
     // What every worker left is kept: rank 0's at the top, the others' in a folder each.
+    let files = result_files(&app, &s, &id).await;
+    let want = files_saying(&[
+        ("rank.txt", "0"),
+        ("rank-1/rank.txt", "1"),
+        ("rank-2/rank.txt", "2"),
+        ("rank-3/rank.txt", "3"),
+    ]);
+    assert_eq!(files, want);
+    agent.shutdown.cancel();
+    let _ = agent.handle.await;
+}
+
+/// The task's results archive as it is downloaded: each file's path and text.
+async fn result_files(app: &TestApp, s: &Session, id: &str) -> BTreeMap<String, String> {
     let archive = s
         .send(
-            &app,
+            app,
             reqwest::Method::GET,
             &format!("/api/v1/tasks/{id}/results"),
             None,
@@ -212,18 +226,13 @@ async fn four_workers_on_one_node_train_as_one_group() {
             files.insert(path, text);
         }
     }
-    let want: BTreeMap<String, String> = [
-        ("rank.txt", "0"),
-        ("rank-1/rank.txt", "1"),
-        ("rank-2/rank.txt", "2"),
-        ("rank-3/rank.txt", "3"),
-    ]
-    .into_iter()
-    .map(|(p, t)| (p.to_owned(), t.to_owned()))
-    .collect();
-    assert_eq!(files, want);
-    agent.shutdown.cancel();
-    let _ = agent.handle.await;
+    files
+}
+
+fn files_saying(list: &[(&str, &str)]) -> BTreeMap<String, String> {
+    list.iter()
+        .map(|(p, t)| (p.to_string(), t.to_string()))
+        .collect()
 }
 
 /// Two agents of two GPUs on this machine, each advertising an address of its own in
@@ -282,6 +291,15 @@ async fn a_gang_across_two_nodes_trains_as_one_group() {
     );
     let port: u16 = port.parse().unwrap();
     assert!((29500..=30499).contains(&port), "{port} {placement}");
+    // Every worker's results are kept, the second node's too, and are there as it completes.
+    let files = result_files(&app, &s, &id).await;
+    let want = files_saying(&[
+        ("rank.txt", "0"),
+        ("rank-1/rank.txt", "1"),
+        ("rank-2/rank.txt", "2"),
+        ("rank-3/rank.txt", "3"),
+    ]);
+    assert_eq!(files, want, "{placement}");
     for a in agents {
         a.shutdown.cancel();
         let _ = a.handle.await;
@@ -572,4 +590,272 @@ async fn a_gang_never_spans_isolated_nodes() {
         a.shutdown.cancel();
         let _ = a.handle.await;
     }
+}
+
+crate::on_both_backends!(a_gang_across_nodes_ends_when_its_last_node_does);
+
+/// A gang across two nodes ends when every node's workers have, as torchrun's agents wait
+/// for one another: here the second node's process ends first and rank 0's node 4 s later.
+/// The attempt completes once, after both (the second node's silence about it meanwhile is
+/// not its loss, and rank 0's node is not stopped before it has saved), with what each node's
+/// process left (`launcher: none`, one process per node: the second's in `node-1/`).
+async fn a_gang_across_nodes_ends_when_its_last_node_does(b: Backend) {
+    let app = spawn_app(b).await;
+    let op = app.operator().await;
+    let trusted = || Arc::new(ProcessRuntime::trusted()) as Arc<dyn autodl_agent::Runtime>;
+    let agents = two_nodes(&app, &op, ["part-a", "part-b"], 20, trusted).await;
+    for node in ["part-a", "part-b"] {
+        crate::isolation::share(&app, &op, node).await;
+    }
+    let s = app.signup("parts@example.com", "Lab").await;
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "parts", "image": "none", "num_workers": 4, "gpu_per_worker": 1,
+               "launcher": "none",
+               "command": "if [ \"$NODE_RANK\" = 0 ]; then sleep 4; fi; \
+                           echo \"node $NODE_RANK\" > \"$AUTODL_RESULTS_DIR/who.txt\"; echo \"done $NODE_RANK\""}),
+    )
+    .await;
+    let t = wait_for(&app, &s, &id, &["completed", "failed"], 60).await;
+    let logs = crate::e2e::log_text(&app, &s, &id).await;
+    assert_eq!(t["state"], "completed", "{t}\n{logs}");
+    assert_eq!(t["attempts"], 1, "{t}");
+    assert!(logs.contains("done 0") && logs.contains("done 1"), "{logs}");
+    let events = s.get(&app, &format!("/api/v1/tasks/{id}/events")).await;
+    let text = events.to_string();
+    assert!(
+        text.matches("all succeeded; attempt 1 ends when those on")
+            .count()
+            == 1,
+        "{text}"
+    );
+    assert!(!text.contains("no longer runs"), "{text}");
+    let files = result_files(&app, &s, &id).await;
+    assert_eq!(
+        files,
+        files_saying(&[("who.txt", "node 0\n"), ("node-1/who.txt", "node 1\n")])
+    );
+    for a in agents {
+        a.shutdown.cancel();
+        let _ = a.handle.await;
+    }
+}
+
+/// Seed 004's example, as the article prints it (only its placeholder key replaced, and the
+/// `import time` it leaves out added).
+const SEED_EXAMPLE: &str = r#"import time
+import aotodl
+
+# 初始化 aotodl 客户端
+client = aotodl.Client(api_key="your_api_key")
+
+# 定义训练任务配置
+task_config = {
+    "task_name": "distributed_mnist",
+    "num_workers": 4,  # 使用 4 个 Worker 节点
+    "gpu_per_worker": 1,  # 每个 Worker 分配 1 块 GPU
+    "image": "pytorch/pytorch:latest",  # 使用 PyTorch 官方镜像
+    "entry_point": "train.py",  # 训练脚本入口
+    "data_path": "/data/mnist",  # 数据集路径
+    "checkpoint_path": "/checkpoints",  # 检查点保存路径
+}
+
+# 提交任务
+task = client.submit_task(task_config)
+
+# 监控任务状态
+while True:
+    status = task.get_status()
+    print(f"Task status: {status}")
+    if status in ["COMPLETED", "FAILED"]:
+        break
+    time.sleep(60)
+
+# 下载训练结果
+if status == "COMPLETED":
+    task.download_results("./output")
+"#;
+
+/// The researcher's `train.py` beside it: DDP over the dataset at `data_path`, each rank on
+/// its shard, rank 0 saving a checkpoint where the task asked.
+const SEED_TRAIN: &str = r#"
+import os, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo", init_method="env://")
+rank, world = dist.get_rank(), dist.get_world_size()
+data = os.environ.get("AUTODL_DATA_PATH", "/data/mnist")
+rows = [list(map(float, l.split())) for l in open(os.path.join(data, "points.txt"))]
+mine = torch.tensor(rows[rank::world])
+x, y = mine[:, :10], mine[:, 10:]
+torch.manual_seed(0)
+net = torch.nn.Linear(10, 1)
+model = DDP(net)
+opt = torch.optim.SGD(model.parameters(), lr=0.2)
+first = None
+for step in range(200):
+    opt.zero_grad()
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    first = loss.item() if first is None else first
+if rank == 0:
+    torch.save(net.state_dict(), os.path.join(os.environ["AUTODL_CHECKPOINT_DIR"], "model.pt"))
+weights = sum(p.sum().item() for p in model.parameters())
+with open(os.path.join(os.environ["AUTODL_RESULTS_DIR"], "rank.txt"), "w") as f:
+    f.write(str(rank))
+print(f"RESULT rank={rank} world={world} local={os.environ['LOCAL_RANK']} "
+      f"gpus={os.environ.get('CUDA_VISIBLE_DEVICES')} port={os.environ['MASTER_PORT']} "
+      f"first={first:.4f} last={loss.item():.4f} weights={weights:.6f}", flush=True)
+dist.destroy_process_group()
+"#;
+
+/// A dataset folder this test made at a fixed host path, removed with what it made.
+struct MadeFolder(Vec<std::path::PathBuf>);
+
+impl Drop for MadeFolder {
+    fn drop(&mut self) {
+        for p in self.0.iter().rev() {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+/// `/data/mnist` as the article names it, made for this test (root only), or `None` (after
+/// saying so) where it cannot be made or the host has one of its own.
+fn seed_dataset() -> Option<MadeFolder> {
+    use std::os::unix::fs::PermissionsExt;
+    let (root, mnist) = (
+        std::path::Path::new("/data"),
+        std::path::Path::new("/data/mnist"),
+    );
+    if mnist.exists() {
+        crate::helpers::skip("this host has a /data/mnist of its own");
+        return None;
+    }
+    let mut made = MadeFolder(Vec::new());
+    for dir in [root, mnist] {
+        if !dir.exists() {
+            if std::fs::create_dir(dir).is_err() {
+                crate::helpers::skip("/data/mnist cannot be made here (not root)");
+                return None;
+            }
+            made.0.push(dir.to_owned());
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+    // y = x · (0, 1, ..., 9) over 256 points, readable by every task user.
+    let mut text = String::new();
+    for i in 0..256u32 {
+        let x: Vec<f64> = (0..10u32)
+            .map(|j| (((i * 37 + j * 11) % 97) as f64 / 48.5) - 1.0)
+            .collect();
+        let y: f64 = x.iter().enumerate().map(|(j, v)| j as f64 * v).sum();
+        let cols: Vec<String> = x
+            .iter()
+            .chain([y].iter())
+            .map(|v| format!("{v:.6}"))
+            .collect();
+        text.push_str(&cols.join(" "));
+        text.push('\n');
+    }
+    let file = mnist.join("points.txt");
+    std::fs::write(&file, text).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    Some(made)
+}
+
+/// Seed 004's example runs as written: from a folder holding `train.py` (shipped with the task
+/// because the entry point is there), four workers on a node whose dataset root is `/data`
+/// train as one group on `/data/mnist`, the loop sees COMPLETED, and `./output` holds every
+/// worker's results.
+#[tokio::test]
+async fn the_articles_distributed_example_runs_as_written() {
+    let Some(_) = torch_python() else { return };
+    let Ok(sdk) = std::env::var("AUTODL_TEST_PYTHON") else {
+        crate::helpers::skip("AUTODL_TEST_PYTHON (a Python with the SDK) is not set");
+        return;
+    };
+    let Some(_dataset) = seed_dataset() else {
+        return;
+    };
+    let app = spawn_app(Backend::Sqlite).await;
+    let op = app.operator().await;
+    let runtime = autodl_agent::ProcessRuntime::detect(&Default::default()).unwrap();
+    let agent = crate::e2e::start_agent_with(
+        &app,
+        &op,
+        "mnist-host",
+        "4xA100-40G",
+        Arc::new(runtime),
+        &[std::path::PathBuf::from("/data")],
+    )
+    .await;
+    let s = app.signup("seed@example.com", "Lab").await;
+    let created = s
+        .send(
+            &app,
+            reqwest::Method::POST,
+            "/api/v1/api-keys",
+            Some(json!({"name": "article"})),
+        )
+        .await;
+    assert_eq!(created.status(), reqwest::StatusCode::CREATED);
+    let key = created.json::<Value>().await.unwrap()["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let folder = tempfile::tempdir().unwrap();
+    std::fs::write(folder.path().join("train.py"), SEED_TRAIN).unwrap();
+    std::fs::write(
+        folder.path().join("submit.py"),
+        SEED_EXAMPLE.replace("your_api_key", &key),
+    )
+    .unwrap();
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(300),
+        tokio::process::Command::new(&sdk)
+            .arg("submit.py")
+            .current_dir(folder.path())
+            .env("AUTODL_API_URL", &app.address)
+            .output(),
+    )
+    .await
+    .expect("the example did not end within 300 s")
+    .unwrap();
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{printed}");
+    assert!(printed.contains("Task status: COMPLETED"), "{printed}");
+    let tasks = s.get(&app, "/api/v1/tasks").await;
+    let id = tasks["items"][0]["id"].as_str().unwrap().to_owned();
+    let results = results(&app, &s, &id, 1).await;
+    assert_trained_as_one_group(&results, 4, "the article's example");
+    let mut got = BTreeMap::new();
+    for rank in 0..4 {
+        let path = match rank {
+            0 => folder.path().join("output/rank.txt"),
+            r => folder.path().join(format!("output/rank-{r}/rank.txt")),
+        };
+        got.insert(rank, std::fs::read_to_string(&path).unwrap_or_default());
+    }
+    assert_eq!(
+        got,
+        (0..4)
+            .map(|r| (r, r.to_string()))
+            .collect::<BTreeMap<_, _>>(),
+        "{printed}"
+    );
+    let checkpoints = s
+        .get(&app, &format!("/api/v1/tasks/{id}/checkpoints"))
+        .await;
+    assert!(
+        checkpoints.as_array().is_some_and(|c| !c.is_empty()),
+        "rank 0's checkpoint is saved: {checkpoints}"
+    );
+    agent.shutdown.cancel();
+    let _ = agent.handle.await;
 }

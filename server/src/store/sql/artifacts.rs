@@ -3,7 +3,7 @@
 use super::*;
 use crate::domain::{ArtifactKind, ArtifactState};
 
-const ARTIFACT_COLS: &str = "id, task_id, tenant_id, attempt, kind, state, bucket, prefix, manifest, files, size_bytes, step, epoch, created_at, completed_at";
+const ARTIFACT_COLS: &str = "id, task_id, tenant_id, attempt, kind, state, bucket, prefix, manifest, files, size_bytes, step, epoch, created_at, completed_at, node";
 
 macro_rules! impl_artifacts {
     ($store:ty, $db:ty) => {
@@ -64,7 +64,7 @@ macro_rules! impl_artifacts {
 
             async fn create_artifact(&self, a: &ArtifactRecord) -> StoreResult<()> {
                 sqlx::query(&format!(
-                    "INSERT INTO artifacts ({ARTIFACT_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+                    "INSERT INTO artifacts ({ARTIFACT_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"
                 ))
                 .bind(&a.id)
                 .bind(&a.task_id)
@@ -81,6 +81,7 @@ macro_rules! impl_artifacts {
                 .bind(a.epoch)
                 .bind(a.created_at)
                 .bind(a.completed_at)
+                .bind(&a.node)
                 .execute(&self.pool)
                 .await?;
                 Ok(())

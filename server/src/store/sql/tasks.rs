@@ -766,6 +766,48 @@ macro_rules! impl_tasks {
                 Ok(ids.len() as u64)
             }
 
+            async fn end_part(&self, task_id: &str, attempt: i64, part: &PartEnded) -> StoreResult<Option<Vec<PartEnded>>> {
+                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
+                if let Some(lock) = Self::PART_LOCK {
+                    sqlx::query(lock).bind(task_id).execute(&mut *tx).await?;
+                }
+                let r = sqlx::query(
+                    "INSERT INTO attempt_parts (task_id, attempt, node, results_uploading, ended_at)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (task_id, attempt, node) DO NOTHING",
+                )
+                .bind(task_id)
+                .bind(attempt)
+                .bind(&part.node)
+                .bind(part.results_uploading)
+                .bind(part.ended_at)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() == 0 {
+                    return Ok(None);
+                }
+                let parts = sqlx::query_as(
+                    "SELECT node, results_uploading, ended_at FROM attempt_parts
+                     WHERE task_id = $1 AND attempt = $2 ORDER BY node",
+                )
+                .bind(task_id)
+                .bind(attempt)
+                .fetch_all(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(Some(parts))
+            }
+
+            async fn ended_parts(&self, task_id: &str, attempt: i64) -> StoreResult<Vec<PartEnded>> {
+                Ok(sqlx::query_as(
+                    "SELECT node, results_uploading, ended_at FROM attempt_parts
+                     WHERE task_id = $1 AND attempt = $2 ORDER BY node",
+                )
+                .bind(task_id)
+                .bind(attempt)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
             async fn settle_results(
                 &self,
                 task_id: &str,
@@ -822,6 +864,18 @@ impl PostgresStore {
     /// counted under a lock of its organization's, held to the end of the transaction.
     const TENANT_LOCK: Option<&'static str> =
         Some("SELECT pg_advisory_xact_lock(7103, hashtext($1))");
+}
+
+impl SqliteStore {
+    /// One writer at a time already (see [`SqliteStore::TENANT_LOCK`]).
+    const PART_LOCK: Option<&'static str> = None;
+}
+
+impl PostgresStore {
+    /// The parts of a task's attempt are recorded one at a time: two nodes reporting their
+    /// last parts together cannot both see the attempt's end.
+    const PART_LOCK: Option<&'static str> =
+        Some("SELECT pg_advisory_xact_lock(7104, hashtext($1))");
 }
 
 impl_tasks!(SqliteStore, sqlx::Sqlite);
