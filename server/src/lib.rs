@@ -10,7 +10,6 @@ pub mod config;
 pub mod demo;
 pub mod domain;
 pub mod error;
-pub mod json;
 pub mod metrics;
 pub mod notify;
 pub mod replay;

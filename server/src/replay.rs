@@ -418,7 +418,9 @@ impl LiveCluster {
         Ok(())
     }
 
-    /// The run of `id` ended on its nodes: one of them reports it, all forget it.
+    /// The run of `id` ended on its nodes, and all forget it: a success is reported by each
+    /// of them (a gang ends with its last node, as real agents report it), anything else by
+    /// the first, which ends the attempt.
     async fn end_run(&mut self, id: &str, reason: ExitReason) -> anyhow::Result<()> {
         self.stopping.remove(id);
         let Some((attempt, nodes)) = self.runs.remove(id) else {
@@ -431,20 +433,31 @@ impl LiveCluster {
             ExitReason::Success => Some(0),
             _ => None,
         };
-        self.agents[nodes[0]]
-            .client
-            .finished(
-                id,
-                &FinishedReport {
-                    attempt,
-                    exit_code,
-                    reason,
-                    detail: None,
-                    uploading: vec![],
-                    not_kept: None,
-                },
-            )
-            .await?;
+        let mut reporters: Vec<usize> = Vec::new();
+        for &n in &nodes {
+            if !reporters.contains(&n) {
+                reporters.push(n);
+            }
+        }
+        if reason != ExitReason::Success {
+            reporters.truncate(1);
+        }
+        for n in reporters {
+            self.agents[n]
+                .client
+                .finished(
+                    id,
+                    &FinishedReport {
+                        attempt,
+                        exit_code,
+                        reason,
+                        detail: None,
+                        uploading: vec![],
+                        not_kept: None,
+                    },
+                )
+                .await?;
+        }
         Ok(())
     }
 

@@ -8,6 +8,7 @@
 pub mod agents;
 pub mod code;
 pub mod nodes;
+pub mod reach;
 pub mod reports;
 pub mod runs;
 pub mod sso;

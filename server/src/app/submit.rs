@@ -127,7 +127,7 @@ pub(crate) async fn vet(
         crate::app::code::check_submitted(state, caller.tenant_id(), code).await?;
     }
     let store = state.store.as_ref();
-    let nodes = state.scheduler.nodes(store).await?;
+    let nodes = state.scheduler.nodes(store, state.clock.now_ms()).await?;
     check_host_data_path(spec, &nodes)?;
     let tenant_q = state
         .accounts

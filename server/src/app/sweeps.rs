@@ -8,8 +8,9 @@ use autodl_common::tasks::{Sweep, SweepInput, SweepMethod, SweepTrial, SweepTria
 use crate::app::submit::{new_record, vet};
 use crate::auth::secrets::time_ordered_id;
 use crate::auth::Caller;
+use crate::domain::rfc3339;
 use crate::error::ApiError;
-use crate::state::{rfc3339, AppState};
+use crate::state::AppState;
 use crate::store::{CancelOutcome, NewTask, SweepRecord, SweepWithUser, TaskFilter};
 use crate::tasks::{spec, spec_of, sweep};
 

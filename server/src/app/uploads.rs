@@ -17,6 +17,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use crate::storage::{clean_path, delete_prefix, put_bytes, usage, Storage, StorageError};
 use crate::store::{ArtifactRecord, Store};
+use crate::tasks::checkpoints::discard_upload;
 use crate::tasks::lifecycle::RESULTS_UPLOADING;
 use crate::tasks::{results, spec_of};
 
@@ -383,42 +384,6 @@ async fn retire(
             Err(e) => {
                 tracing::warn!(error = %e, artifact = old.id, "could not delete an old artifact")
             }
-        }
-    }
-}
-
-/// Deletes the objects of an upload that will never be completed (its agent gave up, a newer
-/// upload replaced it, or it is a day old), so a failed save does not hold storage. Claimed
-/// first (uploading → deleting), so that a commit arriving meanwhile cannot complete it; a
-/// deletion that fails stays `deleting` and the next sweep finishes it. `false` when the upload
-/// was not there to discard (completed, or already gone).
-pub async fn discard_upload(store: &dyn Store, storage: &Storage, a: &ArtifactRecord) -> bool {
-    if a.state == ArtifactState::Uploading {
-        if !store
-            .set_artifact_state(&a.id, ArtifactState::Uploading, ArtifactState::Deleting)
-            .await
-            .unwrap_or(false)
-        {
-            return false;
-        }
-        // What it received counted against the quota; it is the organization's no more.
-        if let Ok(Some(now)) = store.artifact(&a.id).await {
-            let _ = store
-                .add_storage_bytes(&now.tenant_id, -now.size_bytes)
-                .await;
-        }
-    }
-    if !matches!(a.state, ArtifactState::Uploading | ArtifactState::Deleting) {
-        return false;
-    }
-    match crate::storage::delete_prefix(storage.backend.as_ref(), &a.bucket, &a.prefix).await {
-        Ok(_) => store
-            .set_artifact_state(&a.id, ArtifactState::Deleting, ArtifactState::Deleted)
-            .await
-            .unwrap_or(false),
-        Err(e) => {
-            tracing::warn!(error = %e, artifact = a.id, "could not delete an abandoned upload");
-            false
         }
     }
 }

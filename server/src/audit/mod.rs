@@ -149,7 +149,7 @@ pub async fn record(
 pub fn entry(r: AuditRecord) -> autodl_common::api::AuditEntry {
     autodl_common::api::AuditEntry {
         seq: r.seq,
-        at: crate::state::rfc3339(r.at),
+        at: crate::domain::rfc3339(r.at),
         tenant_id: r.tenant_id,
         actor_id: r.actor_id,
         actor_email: r.actor_email,

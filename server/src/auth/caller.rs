@@ -104,25 +104,28 @@ impl FromRequest for Caller {
 /// key, a disabled or removed member ends it within [`LiveCaller::EVERY`].
 pub struct LiveCaller {
     caller: Caller,
-    checked: std::time::Instant,
+    /// When (by the clock) it was last checked.
+    checked: i64,
 }
 
 impl LiveCaller {
     pub const EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
-    pub fn new(caller: Caller) -> Self {
+    /// `now_ms`: when the caller was authenticated, by the server's clock.
+    pub fn new(caller: Caller, now_ms: i64) -> Self {
         LiveCaller {
             caller,
-            checked: std::time::Instant::now(),
+            checked: now_ms,
         }
     }
 
     /// Whether the caller may still read; looks at the store at most every `EVERY`.
     pub async fn still_allowed(&mut self, state: &AppState) -> bool {
-        if self.checked.elapsed() < Self::EVERY {
+        let now = state.clock.now_ms();
+        if !crate::clock::due(Some(self.checked), now, Self::EVERY) {
             return true;
         }
-        self.checked = std::time::Instant::now();
+        self.checked = now;
         holds(state, &self.caller.user.id, &self.caller.via).await
             && state
                 .store

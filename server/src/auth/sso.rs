@@ -632,7 +632,7 @@ fn check_endpoint(u: &str, trusted: bool) -> Result<(), SsoError> {
             )))
         }
     }
-    if !trusted && literal.is_some_and(crate::notify::webhooks::is_internal) {
+    if !trusted && literal.is_some_and(crate::domain::is_internal) {
         return Err(SsoError::Provider(format!(
             "{u} is an internal address; an organization's provider is reached on public ones"
         )));
@@ -650,11 +650,7 @@ impl reqwest::dns::Resolve for PublicOnly {
             let host = name.as_str().to_owned();
             let addrs: Vec<SocketAddr> =
                 tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if addrs.is_empty()
-                || addrs
-                    .iter()
-                    .any(|a| crate::notify::webhooks::is_internal(a.ip()))
-            {
+            if addrs.is_empty() || addrs.iter().any(|a| crate::domain::is_internal(a.ip())) {
                 return Err(format!("{host} is (or also is) an internal address").into());
             }
             Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)

@@ -7,12 +7,7 @@ use crate::error::ApiError;
 /// for can also be allowed, declared and matched by family.
 pub fn parse_gpu_type(field: &'static str, raw: &str) -> Result<String, ApiError> {
     let t = raw.trim();
-    if t.is_empty()
-        || t.len() > 64
-        || !t
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    {
+    if !super::names::is_gpu_type(t) {
         return Err(ApiError::invalid(
             field,
             format!("{raw:?} is not a GPU type name"),

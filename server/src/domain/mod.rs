@@ -3,15 +3,20 @@
 //! a GPU type no task could ask for or a nonsensical quota.
 
 mod account;
+mod address;
 mod artifact;
 mod gpu_type;
 mod idempotency_key;
+pub mod names;
 mod node;
 mod quota;
+mod timestamp;
 
 pub use account::{parse_name, Email, Password};
+pub use address::is_internal;
 pub use artifact::{ArtifactKind, ArtifactState};
 pub use gpu_type::{parse_gpu_type, AllowedGpuTypes};
 pub use idempotency_key::IdempotencyKey;
 pub use node::{parse_node_id, NodeStatus};
 pub use quota::{check_within, parse_quota, quota_to_api};
+pub use timestamp::rfc3339;

@@ -50,12 +50,7 @@ impl TryFrom<String> for NodeStatus {
 /// A node id, as agents and administrators name nodes: it appears in URLs, logs and task
 /// placements, so only 1..=128 letters, digits, '-', '_' or '.'.
 pub fn parse_node_id(field: &'static str, raw: &str) -> Result<String, ApiError> {
-    let ok = !raw.is_empty()
-        && raw.len() <= 128
-        && raw
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-    if !ok {
+    if !super::names::is_node_id(raw) {
         return Err(ApiError::invalid(
             field,
             "node id is 1..128 letters, digits, '-', '_' or '.'",

@@ -9,10 +9,11 @@ use autodl_common::api::{
 use crate::audit::{self, Action, Actor};
 use crate::auth::caller::parse_role;
 use crate::auth::Caller;
+use crate::domain::rfc3339;
 use crate::domain::{parse_quota, quota_to_api};
 use crate::error::ApiError;
-use crate::json::Json;
-use crate::state::{rfc3339, AppState};
+use crate::routes::json::Json;
+use crate::state::AppState;
 use crate::store::{QuotaScope, UserRecord};
 
 #[utoipa::path(responses((status = 200, body = [AdminTenant]), (status = 403, body = ErrorBody)))]

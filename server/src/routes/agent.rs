@@ -16,11 +16,12 @@ use crate::agents::node_caller::NodeCaller;
 use crate::app::{agents, reports};
 use crate::audit::{self, Action, Actor};
 use crate::auth::Caller;
+use crate::domain::rfc3339;
 use crate::domain::NodeStatus;
 use crate::domain::{parse_name, parse_node_id};
 use crate::error::ApiError;
-use crate::json::Json;
-use crate::state::{rfc3339, AppState};
+use crate::routes::json::Json;
+use crate::state::AppState;
 use crate::store::RegistrationTokenRecord;
 
 pub const METRIC_BODY_LIMIT: usize = 8 * 1024 * 1024;

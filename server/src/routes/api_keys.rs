@@ -5,9 +5,10 @@ use crate::audit::{self, Action, Actor};
 use crate::auth::secrets::{digest, new_api_key, new_id, SHOWN_PREFIX_LEN};
 use crate::auth::Caller;
 use crate::domain::parse_name;
+use crate::domain::rfc3339;
 use crate::error::ApiError;
-use crate::json::Json;
-use crate::state::{rfc3339, AppState};
+use crate::routes::json::Json;
+use crate::state::AppState;
 use crate::store::ApiKeyRecord;
 
 const MAX_KEYS_PER_USER: usize = 100;

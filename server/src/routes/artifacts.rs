@@ -17,17 +17,18 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::agents::node_caller::NodeCaller;
+use crate::app::reach::find;
 use crate::app::runs::placed_on;
 use crate::app::uploads::{
     self, check_key, not_writable, parse_rel, receive, Committed, ReceiveError,
 };
 use crate::audit::{self, Action, Actor};
 use crate::auth::Caller;
+use crate::domain::rfc3339;
 use crate::domain::{ArtifactKind, ArtifactState};
 use crate::error::ApiError;
-use crate::json::Json;
-use crate::routes::tasks::find;
-use crate::state::{rfc3339, AppState};
+use crate::routes::json::Json;
+use crate::state::AppState;
 use crate::storage::tar::{self, Entry};
 use crate::storage::{clean_path, usage, ByteStream};
 use crate::store::TaskRecord;

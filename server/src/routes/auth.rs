@@ -10,7 +10,7 @@ use crate::auth::session::Claims;
 use crate::auth::{password, Caller};
 use crate::domain::{parse_name, Email, Password};
 use crate::error::ApiError;
-use crate::json::Json;
+use crate::routes::json::Json;
 use crate::state::AppState;
 use crate::store::{EmailRecord, SessionRecord, SignupRequestRecord, TenantRecord, UserRecord};
 

@@ -6,6 +6,10 @@
 //! result (`openapi::check_body`), so a body the document calls invalid never reaches a
 //! handler; the handlers' own checks are at least as wide as what is written here.
 
+/// The names people give things are the domain's rules (`domain::names`), published here.
+pub use crate::domain::names::{
+    ENV_NAME, GPU_TYPE, IDEMPOTENCY_KEY, LABEL_KEY, METRIC_NAME, NODE_ID,
+};
 use serde_json::{json, Value};
 
 /// One line of text: no control characters, and something besides white space.
@@ -16,18 +20,12 @@ pub const SCRIPT: &str = r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009
 /// four parts) and a host name with a TLD. Every address it allows is one the account rules
 /// take (`domain::account::Email`, checked by a property test).
 pub const EMAIL: &str = r"^([A-Za-z0-9_%+-]{1,64}|[A-Za-z0-9_%+-]{1,31}\.[A-Za-z0-9_%+-]{1,32}|[A-Za-z0-9_%+-]{1,20}\.[A-Za-z0-9_%+-]{1,20}\.[A-Za-z0-9_%+-]{1,22}|[A-Za-z0-9_%+-]{1,15}\.[A-Za-z0-9_%+-]{1,15}\.[A-Za-z0-9_%+-]{1,15}\.[A-Za-z0-9_%+-]{1,16})@[A-Za-z0-9]{1,20}(-[A-Za-z0-9]{1,10}){0,3}(\.[A-Za-z0-9]{1,20}(-[A-Za-z0-9]{1,10}){0,3}){0,3}\.[A-Za-z]{2,12}$";
-/// Node ids and GPU type names.
-pub const NODE_ID: &str = r"^[A-Za-z0-9._-]{1,128}$";
-pub const GPU_TYPE: &str = r"^[A-Za-z0-9._-]{1,64}$";
 /// A quota's GPU types are trimmed first: spaces around a name, none inside it.
 pub const QUOTA_GPU_TYPE: &str = r"^ *[A-Za-z0-9._-]{1,64} *$";
 /// Sizes: bytes, or a number with a unit.
 pub const SIZE_TEXT: &str = r"^[1-9][0-9]{0,5}(\.[0-9]{1,2})? ?([KMGT]i?B|B)$";
 /// An absolute folder, normalised: no `.`, `..` or empty segments, not `/` itself.
 pub const ABSOLUTE_FOLDER: &str = r"^(/([^/.\u0000-\u001f\u007f-\u009f][^/\u0000-\u001f\u007f-\u009f]*|\.[^/.\u0000-\u001f\u007f-\u009f][^/\u0000-\u001f\u007f-\u009f]*|\.\.[^/\u0000-\u001f\u007f-\u009f]+))+$";
-pub const ENV_NAME: &str = r"^[A-Za-z_][A-Za-z0-9_]{0,255}$";
-pub const LABEL_KEY: &str = r"^[A-Za-z0-9_./-]{1,63}$";
-pub const METRIC_NAME: &str = r"^[A-Za-z0-9_./-]{1,64}$";
 /// A date and time: `2024-03-20T18:00` (UTC), seconds optional, or RFC 3339 with an offset.
 pub const DATE_TIME: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?|T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-](0[0-9]|1[0-3]):[0-5][0-9]))$";
 /// RFC 3339 exactly (cursors of the metric queries).
@@ -45,8 +43,6 @@ pub const ISSUER: &str = r"^https?://((25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9]
 pub const EMAIL_DOMAIN: &str = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?){1,4}$";
 /// A code bundle's id: `sha256:` and the digest in lower-case hex.
 pub const CODE_ID: &str = r"^sha256:[0-9a-f]{64}$";
-/// Idempotency keys: 1 to 128 printable ASCII characters, no surrounding spaces.
-pub const IDEMPOTENCY_KEY: &str = r"^[\x21-\x7e]([\x20-\x7e]{0,126}[\x21-\x7e])?$";
 
 fn text(max: u64) -> Value {
     json!({"minLength": 1, "maxLength": max, "pattern": TEXT})

@@ -11,6 +11,7 @@ pub mod code;
 pub mod contract;
 pub mod csv;
 pub mod health;
+pub mod json;
 pub mod nodes;
 pub mod notifications;
 pub mod openapi;
@@ -25,8 +26,8 @@ pub mod webhooks;
 
 use actix_web::web;
 
+use crate::domain::rfc3339;
 use crate::error::ApiError;
-use crate::state::rfc3339;
 use crate::store::{TenantRecord, UserRecord};
 use autodl_common::api::Me;
 
@@ -158,7 +159,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .service(agent::not_kept)
             .service(
                 web::resource("/agent/metrics")
-                    .app_data(crate::json::JsonLimit(agent::METRIC_BODY_LIMIT))
+                    .app_data(crate::routes::json::JsonLimit(agent::METRIC_BODY_LIMIT))
                     .route(web::post().to(agent::metrics)),
             )
             .default_service(web::to(not_routed)),

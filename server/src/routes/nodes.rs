@@ -12,7 +12,7 @@ use crate::audit::{self, Action, Actor};
 use crate::auth::Caller;
 use crate::domain::{parse_gpu_type, parse_node_id, NodeStatus};
 use crate::error::ApiError;
-use crate::json::Json;
+use crate::routes::json::Json;
 use crate::scheduling::to_node;
 use crate::state::AppState;
 use crate::store::NodeRecord;

@@ -5,9 +5,9 @@ use autodl_common::api::{ErrorBody, NotificationSettings, NotificationSettingsIn
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::json::Json;
 use crate::notify::email::{wanted, EMAIL_EVENTS};
 use crate::notify::Event;
+use crate::routes::json::Json;
 use crate::state::AppState;
 
 fn settings(state: &AppState, caller: &Caller, email: Vec<Event>) -> NotificationSettings {

@@ -13,9 +13,10 @@ use crate::audit::{self, Action, Actor};
 use crate::auth::secrets::digest;
 use crate::auth::sso::{self, SsoError, BROWSER_COOKIE};
 use crate::auth::Caller;
+use crate::domain::rfc3339;
 use crate::error::ApiError;
-use crate::json::Json;
-use crate::state::{rfc3339, AppState};
+use crate::routes::json::Json;
+use crate::state::AppState;
 use crate::store::{SsoProviderRecord, SsoScope};
 
 fn to_api(state: &AppState, p: &SsoProviderRecord) -> SsoProvider {

@@ -51,7 +51,7 @@ pub async fn metric_stream(
     let task_id = task.task.id;
     // Separate cursors: GPU samples may arrive later than numbers the task reported.
     let rx = state.agents.watch_data();
-    let live = LiveCaller::new(caller);
+    let live = LiveCaller::new(caller, state.clock.now_ms());
     let stream = futures_util::stream::unfold(
         (after, after, false, rx, live),
         move |(metric_after, gpu_after, done, mut rx, mut live)| {

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::audit::{self, Action, Actor};
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::json::Json;
+use crate::routes::json::Json;
 use crate::state::AppState;
 
 #[utoipa::path(

@@ -13,30 +13,20 @@ use autodl_common::tasks::{
 };
 use serde::Deserialize;
 
+use crate::app::reach::find;
 use crate::app::submit::Submitted;
 use crate::audit::{self, Action, Actor};
 use crate::auth::caller::{LiveCaller, STREAM_REVOKED};
 use crate::auth::Caller;
+use crate::domain::rfc3339;
 use crate::domain::IdempotencyKey;
 use crate::error::ApiError;
-use crate::json::Json;
-use crate::state::{rfc3339, AppState};
-use crate::store::{CancelOutcome, TaskFilter, TaskWithUser};
+use crate::routes::json::Json;
+use crate::state::AppState;
+use crate::store::{CancelOutcome, TaskFilter};
 use crate::tasks::{spec, to_api};
 
 const IDEMPOTENCY_HEADER: &str = "idempotency-key";
-
-pub(crate) async fn find(
-    state: &AppState,
-    caller: &Caller,
-    id: &str,
-) -> Result<TaskWithUser, ApiError> {
-    state
-        .store
-        .task(Some(caller.tenant_id()), id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound("no such task".into()))
-}
 
 /// Submits a task. With an `Idempotency-Key` header, repeating the request returns the task the
 /// first one created (200) instead of creating another; the same key with a different request
@@ -360,7 +350,7 @@ pub async fn log_stream(
     let task_id = t.task.id;
     let start = q.after.unwrap_or(0);
     let rx = state.agents.watch_data();
-    let live = LiveCaller::new(caller);
+    let live = LiveCaller::new(caller, state.clock.now_ms());
     let stream = futures_util::stream::unfold(
         (start, false, rx, live),
         move |(after, done, mut rx, mut live)| {
@@ -567,12 +557,7 @@ pub async fn report_metrics(
     }
     let mut values = BTreeMap::new();
     for (k, v) in body.iter() {
-        if k.is_empty()
-            || k.len() > 64
-            || !k
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_-./".contains(c))
-        {
+        if !crate::domain::names::is_metric_name(k) {
             return Err(ApiError::invalid(
                 "metrics",
                 format!("{k:?} is not a metric name"),

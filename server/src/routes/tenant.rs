@@ -11,10 +11,11 @@ use crate::audit::{self, Action, Actor};
 use crate::auth::caller::parse_role;
 use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::Caller;
+use crate::domain::rfc3339;
 use crate::domain::{check_within, parse_quota, quota_to_api, Email};
 use crate::error::ApiError;
-use crate::json::Json;
-use crate::state::{rfc3339, AppState};
+use crate::routes::json::Json;
+use crate::state::AppState;
 use crate::store::{InvitationRecord, QuotaScope, UserRecord};
 
 fn member(u: &UserRecord) -> Result<Member, ApiError> {

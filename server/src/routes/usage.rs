@@ -9,8 +9,9 @@ use autodl_common::api::{ErrorBody, QuotaUse, StandingPoint, UsagePoint, UsageSe
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Caller;
+use crate::domain::rfc3339;
 use crate::error::ApiError;
-use crate::state::{rfc3339, AppState};
+use crate::state::AppState;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]

@@ -6,10 +6,11 @@ use autodl_common::api::{ErrorBody, Webhook, WebhookDelivery, WebhookInput};
 use crate::audit::{self, Action, Actor};
 use crate::auth::secrets::{new_id, random_hex};
 use crate::auth::Caller;
+use crate::domain::rfc3339;
 use crate::error::ApiError;
-use crate::json::Json;
 use crate::notify::webhooks::{NewWebhook, MAX_PER_TENANT};
-use crate::state::{rfc3339, AppState};
+use crate::routes::json::Json;
+use crate::state::AppState;
 use crate::store::{DeliveryRecord, WebhookRecord};
 
 fn to_api(w: &WebhookRecord) -> Webhook {

@@ -115,7 +115,7 @@ mod tests {
 
     #[test]
     fn small_moves_are_not_rewritten() {
-        let at = |ms: i64| crate::state::rfc3339(ms);
+        let at = |ms: i64| crate::domain::rfc3339(ms);
         let now = 1_000_000_000_000;
         let hour = 3_600_000;
         assert!(close_enough(None, None, now));

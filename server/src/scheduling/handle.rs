@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use autodl_common::tasks::Waiting;
 use autodl_scheduler::{Node, PolicyConfig};
@@ -24,7 +24,8 @@ pub struct SchedulerHandle {
     leading: std::sync::atomic::AtomicI64,
     /// Other servers of the database, told of wake-ups and node changes.
     peers: crate::replicas::Peers,
-    nodes: RwLock<(Option<Instant>, Arc<Vec<Node>>)>,
+    /// The nodes as last read for admission checks, and when (by the clock).
+    nodes: RwLock<(Option<i64>, Arc<Vec<Node>>)>,
     /// Bumped by every invalidation, so a read that raced with a node change does not put a
     /// stale list back into the cache.
     nodes_generation: std::sync::atomic::AtomicU64,
@@ -133,9 +134,9 @@ impl SchedulerHandle {
         Ok(node)
     }
 
-    pub async fn nodes(&self, store: &dyn Store) -> anyhow::Result<Arc<Vec<Node>>> {
+    pub async fn nodes(&self, store: &dyn Store, now_ms: i64) -> anyhow::Result<Arc<Vec<Node>>> {
         if let Ok(n) = self.nodes.read() {
-            if n.0.is_some_and(|t| t.elapsed() < NODE_CACHE_TTL) {
+            if n.0.is_some() && !crate::clock::due(n.0, now_ms, NODE_CACHE_TTL) {
                 return Ok(n.1.clone());
             }
         }
@@ -156,7 +157,7 @@ impl SchedulerHandle {
                 .load(std::sync::atomic::Ordering::SeqCst)
                 == generation
             {
-                *n = (Some(Instant::now()), nodes.clone());
+                *n = (Some(now_ms), nodes.clone());
             }
         }
         Ok(nodes)

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::app::uploads::discard_upload;
 use crate::config::Settings;
 use crate::storage::Storage;
 use crate::store::Store;
+use crate::tasks::checkpoints::discard_upload;
 
 const DAY_MS: i64 = 86_400_000;
 /// How long the server waits for results a node kept after their run ended.

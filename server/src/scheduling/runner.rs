@@ -44,9 +44,10 @@ pub struct Runner {
     guard: Option<LeaderGuard>,
     /// This server, as the leader table names it (host and process).
     holder: String,
-    last_housekeeping: Option<Instant>,
-    last_quota_check: Option<Instant>,
-    last_standings: Option<Instant>,
+    /// When (by the clock) each cadence last ran.
+    last_housekeeping: Option<i64>,
+    last_quota_check: Option<i64>,
+    last_standings: Option<i64>,
     /// Why tasks wait: a long queue is explained beside the cycles.
     explanations: super::waiting::Explanations,
     /// Idle GPUs: warned, and stopped where the organization says so.
@@ -66,7 +67,8 @@ pub struct Runner {
 
 struct KeptNodes {
     generation: u64,
-    read_at: Instant,
+    /// By the clock.
+    read_at: i64,
     records: Vec<NodeRecord>,
     nodes: Vec<autodl_scheduler::Node>,
 }
@@ -190,13 +192,11 @@ impl Runner {
     }
 
     /// Brings the kept nodes up to date when they may have changed.
-    async fn read_nodes(&mut self) -> anyhow::Result<()> {
+    async fn read_nodes(&mut self, now_ms: i64) -> anyhow::Result<()> {
         let generation = self.handle.nodes_generation();
-        if self
-            .nodes
-            .as_ref()
-            .is_some_and(|k| k.generation == generation && k.read_at.elapsed() < NODES_REREAD)
-        {
+        if self.nodes.as_ref().is_some_and(|k| {
+            k.generation == generation && !crate::clock::due(Some(k.read_at), now_ms, NODES_REREAD)
+        }) {
             return Ok(());
         }
         let records = self.store.list_nodes().await?;
@@ -206,7 +206,7 @@ impl Runner {
             .collect::<anyhow::Result<Vec<_>>>()?;
         self.nodes = Some(KeptNodes {
             generation,
-            read_at: Instant::now(),
+            read_at: now_ms,
             records,
             nodes,
         });
@@ -430,34 +430,34 @@ impl Runner {
 
     /// Runs forever: waits for leadership, then cycles on every wake-up and on the timer.
     pub async fn run(mut self) {
-        let mut last: Option<(Instant, Duration)> = None;
+        // When the last cycle began (by the clock) and how long it took.
+        let mut last: Option<(i64, Duration)> = None;
         loop {
             if self.guard.is_none() {
                 match self.term(self.clock.now_ms()).await {
                     Ok(Some(_)) => {}
                     Ok(None) => {
-                        tokio::time::sleep(self.interval.min(FOLLOWER_RETRY)).await;
+                        self.clock.sleep(self.interval.min(FOLLOWER_RETRY)).await;
                         continue;
                     }
                     Err(e) => {
                         tracing::error!(error = ?e, "leader election failed");
-                        tokio::time::sleep(self.interval.min(FOLLOWER_RETRY)).await;
+                        self.clock.sleep(self.interval.min(FOLLOWER_RETRY)).await;
                         continue;
                     }
                 }
             }
             tokio::select! {
                 _ = self.handle.notify.notified() => {}
-                _ = tokio::time::sleep(self.interval) => {}
+                _ = self.clock.sleep(self.interval) => {}
             }
             // Under a burst of submissions, wake-ups coalesce (see `wake_gap`), so the server
-            // keeps its CPU for the submissions themselves. An idle scheduler still reacts at once.
-            if let Some((started, took)) = last {
-                let since = started.elapsed();
-                let gap = wake_gap(took);
-                if since < gap {
-                    tokio::time::sleep(gap - since).await;
-                }
+            // keeps its CPU for the submissions themselves. An idle scheduler still reacts at
+            // once. (How long a cycle took is the server's own work, measured as such.)
+            if let Some((started_ms, took)) = last {
+                self.clock
+                    .sleep_until(started_ms.saturating_add(wake_gap(took).as_millis() as i64))
+                    .await;
             }
             // The lock may have gone with its connection (cut, or the database restarted)
             // while this server was not looking: ask before acting on the cluster.
@@ -470,8 +470,9 @@ impl Runner {
                 continue;
             }
             let started = Instant::now();
-            let done = self.cycle(self.clock.now_ms()).await;
-            last = Some((started, started.elapsed()));
+            let started_ms = self.clock.now_ms();
+            let done = self.cycle(started_ms).await;
+            last = Some((started_ms, started.elapsed()));
             match done {
                 Ok(placed) => {
                     // The heartbeat every server reads (`/healthz`: has scheduling stalled?).
@@ -525,7 +526,7 @@ impl Runner {
         // written first.
         self.agents.presence.flush(self.store.as_ref()).await?;
         let flushed_at = cycle_started.elapsed();
-        self.read_nodes().await?;
+        self.read_nodes(now_ms).await?;
         let nodes_at = cycle_started.elapsed();
         self.active
             .refresh(&self.store, &self.metrics, now_ms)
@@ -535,7 +536,7 @@ impl Runner {
         if self.detect_lost_nodes(term, &listed, now_ms).await? {
             // Nodes went lost (which bumped the node generation) and their tasks back to the
             // queue: read what changed.
-            self.read_nodes().await?;
+            self.read_nodes(now_ms).await?;
             self.active
                 .refresh(&self.store, &self.metrics, now_ms)
                 .await?;
@@ -610,16 +611,13 @@ impl Runner {
         } else {
             self.scheduler.decide(loaded.snapshot.state(), now)
         };
-        if self
-            .last_standings
-            .is_none_or(|t| t.elapsed() >= STANDINGS_EVERY)
-        {
+        if crate::clock::due(self.last_standings, now_ms, STANDINGS_EVERY) {
             // Nobody competing: nothing to keep, and the next cycle looks again.
             if self
                 .record_standings(loaded.snapshot.state(), now, now_ms)
                 .await?
             {
-                self.last_standings = Some(Instant::now());
+                self.last_standings = Some(now_ms);
             }
         }
         let decided_at = cycle_started.elapsed();
@@ -771,19 +769,13 @@ impl Runner {
             0
         };
         let waiting_at = cycle_started.elapsed();
-        if self
-            .last_housekeeping
-            .is_none_or(|t| t.elapsed() >= HOUSEKEEPING_EVERY)
-        {
+        if crate::clock::due(self.last_housekeeping, now_ms, HOUSEKEEPING_EVERY) {
             super::housekeeping::run(&self.store, &self.storage, &self.settings, now_ms).await?;
-            self.last_housekeeping = Some(Instant::now());
+            self.last_housekeeping = Some(now_ms);
         }
-        if self
-            .last_quota_check
-            .is_none_or(|t| t.elapsed() >= QUOTA_CHECK_EVERY)
-        {
+        if crate::clock::due(self.last_quota_check, now_ms, QUOTA_CHECK_EVERY) {
             crate::notify::quota::check(self.store.as_ref(), now_ms).await?;
-            self.last_quota_check = Some(Instant::now());
+            self.last_quota_check = Some(now_ms);
         }
         let total = cycle_started.elapsed();
         self.metrics.cycle_seconds.observe(total.as_secs_f64());

@@ -1,5 +1,5 @@
 //! Why tasks wait, kept in the store so that every server answers with it. The leader
-//! explains a short queue every cycle; a long one every [`EXPLAIN_EVERY_MS`], beside the
+//! explains a short queue every cycle; a long one every [`EXPLAIN_EVERY`], beside the
 //! cycles (on a copy of the cycle's input, like the start-time forecast), so that placing
 //! tasks never waits for a pass over tens of thousands of waiting ones, their explanations
 //! in words and the writing of what changed.
@@ -18,7 +18,7 @@ use crate::store::{Store, StoreError, Term};
 const EXPLAIN_ALWAYS_UP_TO: usize = 1_000;
 /// Longer queues are explained this often (clock milliseconds), beside the cycles; the cycles
 /// themselves decide without explaining (`Scheduler::decide`), which decides the same.
-const EXPLAIN_EVERY_MS: i64 = 10_000;
+const EXPLAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Explanations whose reason, message and position stay the same are rewritten this often
 /// (their priority factors drift with age and usage), not every time.
@@ -59,10 +59,7 @@ impl Explanations {
             return Plan::Now;
         }
         let busy = self.job.as_ref().is_some_and(|j| !j.is_finished());
-        let due = self
-            .last
-            .is_none_or(|t| now_ms - t >= EXPLAIN_EVERY_MS || now_ms < t);
-        if due && !busy {
+        if crate::clock::due(self.last, now_ms, EXPLAIN_EVERY) && !busy {
             Plan::Beside
         } else {
             Plan::Not
@@ -136,7 +133,7 @@ pub fn explain_all(
             let id = p.task.clone();
             let closed = closed.for_task(&p);
             let mut w = super::explain(p, &closed);
-            w.estimated_start = starts.get(&id).map(|&ms| crate::state::rfc3339(ms));
+            w.estimated_start = starts.get(&id).map(|&ms| crate::domain::rfc3339(ms));
             (id, w)
         })
         .collect()

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use autodl_common::metrics::{self, MetricLine, MetricLines};
 use autodl_common::tasks::MetricSample;
 
-use crate::state::rfc3339;
+use crate::domain::rfc3339;
 use crate::store::{GpuSampleRecord, MetricRecord};
 
 /// Samples by time: each reported record as it came, and one sample per GPU sampling instant

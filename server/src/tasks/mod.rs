@@ -14,8 +14,8 @@ pub mod sweep;
 use autodl_common::tasks::{Task, TaskSpec, TaskState, Waiting, WorkerPlacement};
 use autodl_scheduler::TaskRequest;
 
+use crate::domain::rfc3339;
 use crate::error::ApiError;
-use crate::state::rfc3339;
 use crate::store::{TaskRecord, TaskWithUser};
 
 pub fn spec_of(rec: &TaskRecord) -> Result<TaskSpec, ApiError> {

@@ -152,21 +152,105 @@ fn text(field: &'static str, s: &str, max: usize) -> Result<String, ApiError> {
     Ok(t.to_owned())
 }
 
-fn env_name_ok(k: &str) -> bool {
-    let mut chars = k.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
 /// Retries given to `oom_recovery` without `max_retries`: 3 halvings take a batch to an eighth.
 pub const DEFAULT_OOM_RETRIES: u32 = 3;
 
 /// Checks a submission and fills in defaults. `now_s` (Unix seconds) judges the deadline.
+/// Each part of the spec is checked by a rule of its own below, in the order a person reads
+/// the form.
 pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError> {
     let name = text("name", &input.name, 128)?;
     let kind = input.kind.unwrap_or_default();
     let image = text("image", &input.image, 512)?;
-    let command = match (&input.command, &input.entry_point) {
+    let command = command_of(&input, kind)?;
+    let ports = ports(&input.ports)?;
+    check_env(&input.env)?;
+    let Resources {
+        gpu_types,
+        gpus_per_worker,
+        gpu_memory,
+        cpu,
+        memory,
+        num_workers,
+    } = resources_of(&input)?;
+    let priority = input.priority.unwrap_or(0.5);
+    if !priority.is_finite() || !(0.0..=1.0).contains(&priority) {
+        return Err(ApiError::invalid(
+            "priority",
+            "priority must be between 0 and 1",
+        ));
+    }
+    let deadline = deadline_of(input.deadline.as_deref(), now_s)?;
+    let estimated_runtime = input
+        .estimated_runtime
+        .as_ref()
+        .map(|s| parse_span("estimated_runtime", s))
+        .transpose()?;
+    let time_limit = input
+        .time_limit
+        .as_ref()
+        .map(|s| parse_span("time_limit", s))
+        .transpose()?;
+    let rendezvous_timeout = input
+        .rendezvous_timeout
+        .as_ref()
+        .map(|s| parse_span("rendezvous_timeout", s))
+        .transpose()?;
+    let after = after_ids(&input.after)?;
+    let checkpoint = checkpoint_of(&input)?;
+    let retry_policy = retry_policy_of(&input)?;
+    let (zone_affinity, bandwidth) = affinity_of(&input)?;
+    check_data_path(input.data_path.as_deref())?;
+    check_code(input.code.as_deref())?;
+    check_labels(&input.labels)?;
+    if input.batch_size == Some(0) {
+        return Err(ApiError::invalid(
+            "batch_size",
+            "batch_size must be at least 1",
+        ));
+    }
+    Ok(TaskSpec {
+        name,
+        image,
+        command,
+        entry_point: input.entry_point.map(|e| e.trim().to_owned()),
+        env: input.env,
+        gpu_types,
+        gpus_per_worker,
+        gpu_memory,
+        cpu,
+        memory,
+        num_workers,
+        launcher: input.launcher.unwrap_or_default(),
+        priority,
+        deadline,
+        estimated_runtime,
+        time_limit,
+        rendezvous_timeout,
+        checkpoint,
+        retry_policy,
+        zone_affinity,
+        bandwidth: bandwidth.to_owned(),
+        data_path: input.data_path,
+        code: input.code,
+        labels: input.labels,
+        batch_size: input.batch_size,
+        // Someone works in a session: it is not taken away for a checkpoint unless its owner
+        // says it may be.
+        preemptible: input.preemptible.unwrap_or(kind == TaskKind::Batch),
+        after,
+        after_when: input.after_when.unwrap_or_default(),
+        after_failure: input.after_failure.unwrap_or_default(),
+        sweep: None,
+        kind,
+        ports,
+    })
+}
+
+/// What the node runs: a shell script, an argument list, or an entry point run with Python
+/// (a session may have nothing to run: it waits for its owner's shells).
+fn command_of(input: &TaskSpecInput, kind: TaskKind) -> Result<Vec<String>, ApiError> {
+    Ok(match (&input.command, &input.entry_point) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
                 "command",
@@ -207,16 +291,19 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
                 "command or entry_point is required",
             ))
         }
-    };
-    let ports = ports(&input.ports)?;
-    if input.env.len() > 256 {
+    })
+}
+
+/// The task's own environment variables: names a shell can set, none of the platform's.
+fn check_env(env: &std::collections::BTreeMap<String, String>) -> Result<(), ApiError> {
+    if env.len() > 256 {
         return Err(ApiError::invalid(
             "env",
             "at most 256 environment variables",
         ));
     }
-    for (k, v) in &input.env {
-        if !env_name_ok(k) || k.len() > 256 {
+    for (k, v) in env {
+        if !crate::domain::names::is_env_name(k) {
             return Err(ApiError::invalid(
                 "env",
                 format!("{k:?} is not a valid environment variable name"),
@@ -235,7 +322,20 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
             ));
         }
     }
+    Ok(())
+}
 
+/// What a task asks of a node, per worker, and how many workers.
+struct Resources {
+    gpu_types: Vec<String>,
+    gpus_per_worker: u32,
+    gpu_memory: Option<u64>,
+    cpu: f64,
+    memory: u64,
+    num_workers: u32,
+}
+
+fn resources_of(input: &TaskSpecInput) -> Result<Resources, ApiError> {
     let gpu = input.resources.gpu.clone().unwrap_or_default();
     let gpu_types: Vec<String> = match gpu.gpu_type {
         None => vec![],
@@ -282,14 +382,19 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
             format!("num_workers must be between 1 and {MAX_WORKERS}"),
         ));
     }
-    let priority = input.priority.unwrap_or(0.5);
-    if !priority.is_finite() || !(0.0..=1.0).contains(&priority) {
-        return Err(ApiError::invalid(
-            "priority",
-            "priority must be between 0 and 1",
-        ));
-    }
-    let deadline = match &input.deadline {
+    Ok(Resources {
+        gpu_types,
+        gpus_per_worker,
+        gpu_memory,
+        cpu,
+        memory,
+        num_workers,
+    })
+}
+
+/// A deadline, stored as RFC 3339; one already gone is refused.
+fn deadline_of(deadline: Option<&str>, now_s: i64) -> Result<Option<String>, ApiError> {
+    Ok(match deadline {
         Some(d) => {
             let secs = parse_deadline(d)?;
             // A deadline already gone would give the task the highest urgency for nothing.
@@ -298,31 +403,19 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
                     "deadline",
                     format!(
                         "deadline {} is in the past (now is {})",
-                        crate::state::rfc3339(secs * 1000),
-                        crate::state::rfc3339(now_s * 1000)
+                        crate::domain::rfc3339(secs * 1000),
+                        crate::domain::rfc3339(now_s * 1000)
                     ),
                 ));
             }
-            Some(crate::state::rfc3339(secs * 1000))
+            Some(crate::domain::rfc3339(secs * 1000))
         }
         None => None,
-    };
-    let estimated_runtime = input
-        .estimated_runtime
-        .as_ref()
-        .map(|s| parse_span("estimated_runtime", s))
-        .transpose()?;
-    let time_limit = input
-        .time_limit
-        .as_ref()
-        .map(|s| parse_span("time_limit", s))
-        .transpose()?;
-    let rendezvous_timeout = input
-        .rendezvous_timeout
-        .as_ref()
-        .map(|s| parse_span("rendezvous_timeout", s))
-        .transpose()?;
-    let after = after_ids(&input.after)?;
+    })
+}
+
+/// How often the task saves, where to, and how many saves are kept.
+fn checkpoint_of(input: &TaskSpecInput) -> Result<Option<CheckpointSpec>, ApiError> {
     let checkpoint = input
         .checkpoint
         .as_ref()
@@ -366,6 +459,10 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
             }
         }
     }
+    Ok(checkpoint)
+}
+
+fn retry_policy_of(input: &TaskSpecInput) -> Result<RetryPolicy, ApiError> {
     let mut retry_policy: RetryPolicy = input.retry_policy.clone().unwrap_or_default();
     // Asking for OOM recovery is asking for retries: without a count it would never retry.
     if retry_policy.oom_recovery && retry_policy.max_retries == 0 {
@@ -377,6 +474,11 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
             "max_retries must be at most 20",
         ));
     }
+    Ok(retry_policy)
+}
+
+/// Whether the task's workers must share a zone, and the bandwidth they need between them.
+fn affinity_of(input: &TaskSpecInput) -> Result<(bool, &'static str), ApiError> {
     let affinity = input.affinity.clone().unwrap_or_default();
     let zone_affinity = match affinity.zone.as_deref() {
         None | Some("any") => false,
@@ -398,7 +500,12 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
             ))
         }
     };
-    if let Some(p) = &input.data_path {
+    Ok((zone_affinity, bandwidth))
+}
+
+/// Platform storage (`s3://`) or a folder under a dataset root of the nodes.
+fn check_data_path(data_path: Option<&str>) -> Result<(), ApiError> {
+    if let Some(p) = data_path {
         text("data_path", p, 1024)?;
         if p.split('/').any(|s| s == "..") {
             return Err(ApiError::invalid(
@@ -413,7 +520,12 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
             ));
         }
     }
-    if let Some(c) = &input.code {
+    Ok(())
+}
+
+/// A code bundle's id, as `POST /api/v1/code` answered it.
+fn check_code(code: Option<&str>) -> Result<(), ApiError> {
+    if let Some(c) = code {
         if autodl_common::bundle::parse_id(c).is_none() {
             return Err(ApiError::invalid(
                 "code",
@@ -424,16 +536,15 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
             ));
         }
     }
-    if input.labels.len() > 32 {
+    Ok(())
+}
+
+fn check_labels(labels: &std::collections::BTreeMap<String, String>) -> Result<(), ApiError> {
+    if labels.len() > 32 {
         return Err(ApiError::invalid("labels", "at most 32 labels"));
     }
-    for (k, v) in &input.labels {
-        if k.is_empty()
-            || k.len() > 63
-            || !k
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
-        {
+    for (k, v) in labels {
+        if !crate::domain::names::is_label_key(k) {
             return Err(ApiError::invalid(
                 "labels",
                 format!("{k:?} is not a valid label name"),
@@ -446,48 +557,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
             ));
         }
     }
-    if input.batch_size == Some(0) {
-        return Err(ApiError::invalid(
-            "batch_size",
-            "batch_size must be at least 1",
-        ));
-    }
-    Ok(TaskSpec {
-        name,
-        image,
-        command,
-        entry_point: input.entry_point.map(|e| e.trim().to_owned()),
-        env: input.env,
-        gpu_types,
-        gpus_per_worker,
-        gpu_memory,
-        cpu,
-        memory,
-        num_workers,
-        launcher: input.launcher.unwrap_or_default(),
-        priority,
-        deadline,
-        estimated_runtime,
-        time_limit,
-        rendezvous_timeout,
-        checkpoint,
-        retry_policy,
-        zone_affinity,
-        bandwidth: bandwidth.to_owned(),
-        data_path: input.data_path,
-        code: input.code,
-        labels: input.labels,
-        batch_size: input.batch_size,
-        // Someone works in a session: it is not taken away for a checkpoint unless its owner
-        // says it may be.
-        preemptible: input.preemptible.unwrap_or(kind == TaskKind::Batch),
-        after,
-        after_when: input.after_when.unwrap_or_default(),
-        after_failure: input.after_failure.unwrap_or_default(),
-        sweep: None,
-        kind,
-        ports,
-    })
+    Ok(())
 }
 
 /// What a node runs for the task. An entry point runs with the image's `python` (`python3`

@@ -163,8 +163,15 @@ impl TestApp {
         format!("{}{}", self.address, path)
     }
 
+    /// A client that never reuses a connection the server may be closing: actix ends idle
+    /// keep-alive connections after 5 s, and a request sent on one as it closes fails with an
+    /// incomplete message.
     pub fn client() -> Client {
-        Client::builder().cookie_store(true).build().unwrap()
+        Client::builder()
+            .cookie_store(true)
+            .pool_idle_timeout(std::time::Duration::from_secs(2))
+            .build()
+            .unwrap()
     }
 
     pub async fn post_json(&self, path: &str, body: &Value) -> Response {

@@ -167,7 +167,7 @@ impl Cluster {
             .app
             .state
             .scheduler
-            .nodes(self.app.state.store.as_ref())
+            .nodes(self.app.state.store.as_ref(), self.clock.now_ms())
             .await
             .unwrap();
         let tasks = self
@@ -333,7 +333,13 @@ async fn a_run_that_ends_while_runs_are_charged_holds_none_back(b: Backend) {
 /// Reads the store as a cycle does, for a test to charge from it later.
 async fn load_as_a_cycle(c: &Cluster) -> snapshot::Loaded {
     let store = c.app.state.store.clone();
-    let nodes = c.app.state.scheduler.nodes(store.as_ref()).await.unwrap();
+    let nodes = c
+        .app
+        .state
+        .scheduler
+        .nodes(store.as_ref(), c.clock.now_ms())
+        .await
+        .unwrap();
     let tasks = store
         .scheduling_tasks()
         .await
@@ -585,7 +591,7 @@ async fn a_waiting_task_says_when_it_should_start(b: Backend) {
     assert_eq!(c.cycle_and_start().await, vec![(first.clone(), 1)]);
     // The first said it takes 1,000 s: the second should start then.
     let t0 = c.t0;
-    let at = |s: i64| Value::from(autodl_server::state::rfc3339(t0 + s * 1000));
+    let at = |s: i64| Value::from(autodl_server::domain::rfc3339(t0 + s * 1000));
     assert_eq!(estimated_start(&mut c, &x, &second).await, at(1_000));
     // It finished early, after 500 s: the second starts, with no estimate of its own, so its
     // user's history (500 s) says when the third will.
