@@ -10,9 +10,9 @@ use autodl_agent::{
     SimulatedBackend,
 };
 
-use crate::app::agents::{issue_registration_token, TokenGrant};
 use crate::auth::secrets::new_id;
 use crate::state::AppState;
+use crate::usecases::agents::{issue_registration_token, TokenGrant};
 
 pub const DEMO_NODES: [(&str, &str); 3] = [
     ("demo-a100", "4xA100-40G"),

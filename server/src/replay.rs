@@ -24,13 +24,13 @@ use autodl_scheduler::{TaskRequest, Time, WorkerPlacement};
 use serde_json::{json, Value};
 use tokio::runtime::Handle;
 
-use crate::app::agents::{issue_registration_token, TokenGrant};
 use crate::auth::secrets::random_hex;
 use crate::clock::{Clock, ManualClock, SystemClock};
 use crate::config::Settings;
 use crate::scheduling::Runner;
 use crate::startup::Application;
 use crate::store;
+use crate::usecases::agents::{issue_registration_token, TokenGrant};
 
 /// What the simulated nodes have and the jobs ask for, beside whole GPUs: real enough for the
 /// server's validation (a task asks for some CPU and memory), never binding.

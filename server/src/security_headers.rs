@@ -14,7 +14,7 @@ use actix_web::middleware::Next;
 pub const API_POLICY: &str = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'";
 
 /// Adds the defaults to every response of the platform's own; a task's app (served on its own
-/// origin, see `crate::apps`) keeps the headers it chose.
+/// origin, see `crate::task_web`) keeps the headers it chose.
 pub async fn defaults(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
@@ -23,7 +23,7 @@ pub async fn defaults(
     if res
         .response()
         .extensions()
-        .get::<crate::apps::proxy::AppResponse>()
+        .get::<crate::task_web::proxy::AppResponse>()
         .is_some()
     {
         return Ok(res);

@@ -105,10 +105,10 @@ impl Application {
             dummy_hash: password::dummy_hash().await?,
             scheduler: SchedulerHandle::new(settings.policy.clone()),
             agents: Arc::new(crate::agents::AgentHub::default()),
-            metrics: Arc::new(crate::metrics::Metrics::new()?),
+            metrics: Arc::new(crate::prometheus_metrics::Metrics::new()?),
             settings: settings.clone(),
             tunnels: Arc::new(crate::tunnels::Tunnels::new(clock.clone())),
-            apps: crate::apps::Apps::new(&settings, secret.as_bytes())?,
+            apps: crate::task_web::Apps::new(&settings, secret.as_bytes())?,
             sso: Arc::new(crate::auth::sso::Oidc::new(
                 &settings.public_url(),
                 settings.sso_allow_internal,
@@ -127,7 +127,7 @@ impl Application {
             background.push(tokio::spawn(runner.run()));
         }
 
-        let leptos = crate::web_app::WebApp::new(&settings, port)?;
+        let leptos = crate::site::WebApp::new(&settings, port)?;
 
         let server_state = state.clone();
         let server = HttpServer::new(move || {

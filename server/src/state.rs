@@ -16,7 +16,7 @@ pub struct AppState {
     pub dummy_hash: String,
     pub scheduler: Arc<SchedulerHandle>,
     pub agents: Arc<crate::agents::AgentHub>,
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub metrics: Arc<crate::prometheus_metrics::Metrics>,
     pub storage: crate::storage::Storage,
     /// Every decision by time asks this clock (a manual one in replays and tests).
     pub clock: Arc<dyn crate::clock::Clock>,
@@ -29,7 +29,7 @@ pub struct AppState {
     /// Shells, commands and ports people have open into tasks.
     pub tunnels: Arc<crate::tunnels::Tunnels>,
     /// Tasks' web ports on origins of their own.
-    pub apps: crate::apps::Apps,
+    pub apps: crate::task_web::Apps,
     /// OpenID providers' documents and keys, and the clients that reach them.
     pub sso: Arc<crate::auth::sso::Oidc>,
 }

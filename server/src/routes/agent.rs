@@ -13,7 +13,6 @@ use serde::Deserialize;
 
 use crate::agents::dispatch::work_for;
 use crate::agents::node_caller::NodeCaller;
-use crate::app::{agents, reports};
 use crate::audit::{self, Action, Actor};
 use crate::auth::Caller;
 use crate::domain::rfc3339;
@@ -23,6 +22,7 @@ use crate::error::ApiError;
 use crate::routes::json::Json;
 use crate::state::AppState;
 use crate::store::RegistrationTokenRecord;
+use crate::usecases::{agents, reports};
 
 pub const METRIC_BODY_LIMIT: usize = 8 * 1024 * 1024;
 

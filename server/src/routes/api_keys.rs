@@ -2,16 +2,13 @@ use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
 use autodl_common::api::{ApiKeyInfo, CreateApiKeyRequest, CreatedApiKey, ErrorBody};
 
 use crate::audit::{self, Action, Actor};
-use crate::auth::secrets::{digest, new_api_key, new_id, SHOWN_PREFIX_LEN};
 use crate::auth::Caller;
-use crate::domain::parse_name;
 use crate::domain::rfc3339;
 use crate::error::ApiError;
 use crate::routes::json::Json;
 use crate::state::AppState;
 use crate::store::ApiKeyRecord;
-
-const MAX_KEYS_PER_USER: usize = 100;
+use crate::usecases::api_keys;
 
 fn info(k: &ApiKeyRecord) -> ApiKeyInfo {
     ApiKeyInfo {
@@ -31,7 +28,7 @@ pub async fn list(
     state: web::Data<AppState>,
     caller: Caller,
 ) -> Result<web::Json<Vec<ApiKeyInfo>>, ApiError> {
-    let keys = state.store.list_api_keys(&caller.user.id).await?;
+    let keys = api_keys::list(&state, &caller).await?;
     Ok(web::Json(keys.iter().map(info).collect()))
 }
 
@@ -48,36 +45,7 @@ pub async fn create(
     caller: Caller,
     body: Json<CreateApiKeyRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let name = parse_name("name", &body.name, 64)?;
-    if let Some(days) = body.expires_in_days {
-        if !(1..=3650).contains(&days) {
-            return Err(ApiError::invalid(
-                "expires_in_days",
-                "expires_in_days must be between 1 and 3650",
-            ));
-        }
-    }
-    if state.store.list_api_keys(&caller.user.id).await?.len() >= MAX_KEYS_PER_USER {
-        return Err(ApiError::Conflict(format!(
-            "you already have {MAX_KEYS_PER_USER} keys; revoke one first"
-        )));
-    }
-    let now = state.clock.now_ms();
-    let key = new_api_key();
-    let rec = ApiKeyRecord {
-        id: new_id(),
-        user_id: caller.user.id.clone(),
-        name,
-        prefix: key[..SHOWN_PREFIX_LEN].to_owned(),
-        key_hash: digest(&key),
-        created_at: now,
-        last_used_at: None,
-        expires_at: body
-            .expires_in_days
-            .map(|d| now + i64::from(d) * 86_400_000),
-        revoked: false,
-    };
-    state.store.create_api_key(&rec).await?;
+    let (rec, key) = api_keys::create(&state, &caller, &body.name, body.expires_in_days).await?;
     audit::record(
         &state,
         Actor::of(&caller, &req),
@@ -105,19 +73,15 @@ pub async fn revoke(
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    if state.store.revoke_api_key(&caller.user.id, &id).await? {
-        state.accounts_changed();
-        audit::record(
-            &state,
-            Actor::of(&caller, &req),
-            Some(caller.tenant_id()),
-            Action::ApiKeyRevoked,
-            &format!("api key {id}"),
-            serde_json::json!({}),
-        )
-        .await;
-        Ok(HttpResponse::NoContent().finish())
-    } else {
-        Err(ApiError::NotFound("no such API key".into()))
-    }
+    api_keys::revoke(&state, &caller, &id).await?;
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(caller.tenant_id()),
+        Action::ApiKeyRevoked,
+        &format!("api key {id}"),
+        serde_json::json!({}),
+    )
+    .await;
+    Ok(HttpResponse::NoContent().finish())
 }

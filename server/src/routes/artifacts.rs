@@ -17,11 +17,6 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::agents::node_caller::NodeCaller;
-use crate::app::reach::find;
-use crate::app::runs::placed_on;
-use crate::app::uploads::{
-    self, check_key, not_writable, parse_rel, receive, Committed, ReceiveError,
-};
 use crate::audit::{self, Action, Actor};
 use crate::auth::Caller;
 use crate::domain::rfc3339;
@@ -34,6 +29,11 @@ use crate::storage::{clean_path, usage, ByteStream};
 use crate::store::TaskRecord;
 use crate::tasks::results as task_results;
 use crate::tasks::spec_of;
+use crate::usecases::reach::find;
+use crate::usecases::runs::placed_on;
+use crate::usecases::uploads::{
+    self, check_key, not_writable, parse_rel, receive, Committed, ReceiveError,
+};
 
 /// Room for a manifest of `MAX_FILES` files with long paths.
 const COMMIT_BODY_LIMIT: usize = 64 << 20;
@@ -293,11 +293,16 @@ async fn results_of(state: &AppState, t: &TaskRecord) -> Result<(Vec<Entry>, i64
             t.id
         )));
     }
+    // The last attempt's only: a gang's node may have saved its part of an attempt that
+    // then failed.
     let (current, _) = task_results::current(
         state
             .store
             .task_artifacts(&t.id, ArtifactKind::Results)
-            .await?,
+            .await?
+            .into_iter()
+            .filter(|a| a.attempt == t.attempts)
+            .collect(),
     );
     let Some(newest) = current.first() else {
         return Err(ApiError::NoResults(format!(

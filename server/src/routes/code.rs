@@ -8,13 +8,13 @@ use bytes::BytesMut;
 use futures_util::StreamExt;
 
 use crate::agents::node_caller::NodeCaller;
-use crate::app::code;
-use crate::app::runs::placed_on;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::routes::artifacts::stream_object;
 use crate::state::AppState;
 use crate::tasks::spec_of;
+use crate::usecases::code;
+use crate::usecases::runs::placed_on;
 use autodl_common::api::CodeBundle;
 
 /// Reads the whole upload, refusing it as soon as it is larger than a bundle may be.

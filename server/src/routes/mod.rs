@@ -46,14 +46,14 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                     .zip(host)
                     .is_some_and(|(s, h)| s.apps.covers(h))
             }))
-            .default_service(web::to(crate::apps::proxy::serve)),
+            .default_service(web::to(crate::task_web::proxy::serve)),
     )
     .service(
         web::resource("/healthz")
             .route(web::get().to(health::healthz))
             .default_service(web::to(not_routed)),
     )
-    .service(crate::metrics::endpoint)
+    .service(crate::prometheus_metrics::endpoint)
     .service(
         web::scope("/api/v1")
             .service(openapi::document)

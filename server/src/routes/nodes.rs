@@ -7,7 +7,6 @@ use autodl_common::api::ErrorBody;
 use autodl_common::tasks::{GpuInventoryInput, NodeGpu, NodeInfo, NodeInput};
 use autodl_scheduler::Gpu;
 
-use crate::app::nodes::{self, NodeAction};
 use crate::audit::{self, Action, Actor};
 use crate::auth::Caller;
 use crate::domain::{parse_gpu_type, parse_node_id, NodeStatus};
@@ -18,6 +17,7 @@ use crate::state::AppState;
 use crate::store::NodeRecord;
 use crate::tasks::access::{self, Isolation};
 use crate::tasks::{placement_of, spec::parse_size, spec_of};
+use crate::usecases::nodes::{self, NodeAction};
 
 /// GPUs held per node and GPU: memory, the caller's tasks, and how many of others'.
 #[derive(Default)]

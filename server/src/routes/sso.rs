@@ -8,7 +8,6 @@ use autodl_common::api::{ErrorBody, SsoOption, SsoProvider, SsoSettings, SsoSett
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use crate::app::sso::{account_for, link_account};
 use crate::audit::{self, Action, Actor};
 use crate::auth::secrets::digest;
 use crate::auth::sso::{self, SsoError, BROWSER_COOKIE};
@@ -18,6 +17,7 @@ use crate::error::ApiError;
 use crate::routes::json::Json;
 use crate::state::AppState;
 use crate::store::{SsoProviderRecord, SsoScope};
+use crate::usecases::sso::{account_for, link_account};
 
 fn to_api(state: &AppState, p: &SsoProviderRecord) -> SsoProvider {
     SsoProvider {

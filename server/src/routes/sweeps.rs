@@ -22,7 +22,7 @@ pub async fn create(
     caller: Caller,
     body: Json<SweepInput>,
 ) -> Result<HttpResponse, ApiError> {
-    let sweep = crate::app::sweeps::create(&state, &caller, body.into_inner()).await?;
+    let sweep = crate::usecases::sweeps::create(&state, &caller, body.into_inner()).await?;
     Ok(HttpResponse::Created().json(sweep))
 }
 
@@ -49,7 +49,7 @@ pub async fn list(
         ));
     }
     Ok(web::Json(
-        crate::app::sweeps::list(&state, &caller, limit).await?,
+        crate::usecases::sweeps::list(&state, &caller, limit).await?,
     ))
 }
 
@@ -62,7 +62,7 @@ pub async fn show(
     id: web::Path<String>,
 ) -> Result<web::Json<Sweep>, ApiError> {
     Ok(web::Json(
-        crate::app::sweeps::show(&state, &caller, &id).await?,
+        crate::usecases::sweeps::show(&state, &caller, &id).await?,
     ))
 }
 
@@ -86,7 +86,7 @@ pub async fn cancel(
         .sweep(caller.tenant_id(), &id)
         .await?
         .map(|s| (s.sweep.user_id, s.user_email, s.sweep.name));
-    let cancelled = crate::app::sweeps::cancel(&state, &caller, &id).await?;
+    let cancelled = crate::usecases::sweeps::cancel(&state, &caller, &id).await?;
     if let Some((_, email, name)) = owner.filter(|o| o.0 != caller.user.id) {
         audit::record(
             &state,

@@ -13,8 +13,6 @@ use autodl_common::tasks::{
 };
 use serde::Deserialize;
 
-use crate::app::reach::find;
-use crate::app::submit::Submitted;
 use crate::audit::{self, Action, Actor};
 use crate::auth::caller::{LiveCaller, STREAM_REVOKED};
 use crate::auth::Caller;
@@ -25,6 +23,8 @@ use crate::routes::json::Json;
 use crate::state::AppState;
 use crate::store::{CancelOutcome, TaskFilter};
 use crate::tasks::{spec, to_api};
+use crate::usecases::reach::find;
+use crate::usecases::submit::Submitted;
 
 const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 
@@ -58,7 +58,7 @@ pub async fn submit(
         })
         .transpose()?;
     Ok(
-        match crate::app::submit::submit(&state, &caller, body.into_inner(), key).await? {
+        match crate::usecases::submit::submit(&state, &caller, body.into_inner(), key).await? {
             Submitted::Created(t) => HttpResponse::Created().json(to_api(t)?),
             Submitted::Existing(t) => HttpResponse::Ok().json(to_api(t)?),
         },

@@ -1,22 +1,22 @@
-//! The caller's own organization: members, roles, invitations and quotas. Every query is
-//! scoped by the caller's tenant id, so ids from another tenant simply are not found.
+//! The caller's own organization: members, roles, invitations and quotas, as HTTP. The rules
+//! are the use cases' (`usecases::organization`); each handler reads the request, calls one,
+//! records what changed in the audit trail and shapes the answer.
 
 use actix_web::{delete, get, patch, post, put, web, HttpRequest, HttpResponse};
 use autodl_common::api::{
-    CreateInvitationRequest, ErrorBody, Invitation, InvitationPreview, Member, Quota, Role,
+    CreateInvitationRequest, ErrorBody, Invitation, InvitationPreview, Member, Quota,
     SessionPolicy, TenantInfo, UpdateMemberRequest,
 };
 
 use crate::audit::{self, Action, Actor};
 use crate::auth::caller::parse_role;
-use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::Caller;
-use crate::domain::rfc3339;
-use crate::domain::{check_within, parse_quota, quota_to_api, Email};
+use crate::domain::{quota_to_api, rfc3339};
 use crate::error::ApiError;
 use crate::routes::json::Json;
 use crate::state::AppState;
-use crate::store::{InvitationRecord, QuotaScope, UserRecord};
+use crate::store::{InvitationRecord, UserRecord};
+use crate::usecases::organization;
 
 fn member(u: &UserRecord) -> Result<Member, ApiError> {
     Ok(Member {
@@ -41,33 +41,13 @@ fn invitation(i: &InvitationRecord, token: Option<String>) -> Result<Invitation,
     })
 }
 
-/// A member of the caller's tenant, or 404 (also for users of other tenants).
-async fn member_of_tenant(
-    state: &AppState,
-    caller: &Caller,
-    user_id: &str,
-) -> Result<UserRecord, ApiError> {
-    state
-        .store
-        .user(user_id)
-        .await?
-        .filter(|u| u.tenant_id == caller.user.tenant_id)
-        .ok_or_else(|| ApiError::NotFound("no such member in your organization".into()))
-}
-
 #[utoipa::path(responses((status = 200, body = TenantInfo), (status = 401, body = ErrorBody)))]
 #[get("/tenant")]
 pub async fn show(
     state: web::Data<AppState>,
     caller: Caller,
 ) -> Result<web::Json<TenantInfo>, ApiError> {
-    let t = state
-        .store
-        .tenant(caller.tenant_id())
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("tenant missing"))?;
-    let count = state.store.list_members(&t.id).await?.len() as u64;
-    let storage_bytes = state.store.storage_bytes(&t.id).await?.max(0) as u64;
+    let (t, count, storage_bytes) = organization::info(&state, &caller).await?;
     Ok(web::Json(TenantInfo {
         id: t.id,
         name: t.name,
@@ -84,7 +64,7 @@ pub async fn members(
     state: web::Data<AppState>,
     caller: Caller,
 ) -> Result<web::Json<Vec<Member>>, ApiError> {
-    let list = state.store.list_members(caller.tenant_id()).await?;
+    let list = organization::members(&state, &caller).await?;
     Ok(web::Json(
         list.iter().map(member).collect::<Result<_, _>>()?,
     ))
@@ -105,28 +85,7 @@ pub async fn update_member(
     id: web::Path<String>,
     body: Json<UpdateMemberRequest>,
 ) -> Result<web::Json<Member>, ApiError> {
-    caller.require_manager()?;
-    let target = member_of_tenant(&state, &caller, &id).await?;
-    let current = parse_role(&target.role)?;
-    let touches_owner = current == Role::Owner || body.role == Role::Owner;
-    if touches_owner && caller.role != Role::Owner {
-        return Err(ApiError::Forbidden(
-            "only an owner can grant or withdraw the owner role".into(),
-        ));
-    }
-    if current == Role::Owner
-        && body.role != Role::Owner
-        && state.store.count_owners(caller.tenant_id()).await? <= 1
-    {
-        return Err(ApiError::Conflict(
-            "an organization needs at least one owner".into(),
-        ));
-    }
-    state
-        .store
-        .set_member_role(caller.tenant_id(), &target.id, body.role.as_str())
-        .await?;
-    state.accounts_changed();
+    let (target, updated) = organization::change_role(&state, &caller, &id, body.role).await?;
     audit::record(
         &state,
         Actor::of(&caller, &req),
@@ -136,7 +95,6 @@ pub async fn update_member(
         serde_json::json!({ "role": { "from": target.role, "to": body.role.as_str() } }),
     )
     .await;
-    let updated = member_of_tenant(&state, &caller, &id).await?;
     Ok(web::Json(member(&updated)?))
 }
 
@@ -153,26 +111,7 @@ pub async fn remove_member(
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require_manager()?;
-    let target = member_of_tenant(&state, &caller, &id).await?;
-    if target.id == caller.user.id {
-        return Err(ApiError::Refused {
-            field: "id",
-            message: "you cannot remove yourself".into(),
-        });
-    }
-    if parse_role(&target.role)? == Role::Owner && caller.role != Role::Owner {
-        return Err(ApiError::Forbidden(
-            "only an owner can remove an owner".into(),
-        ));
-    }
-    state
-        .store
-        .set_user_flags(&target.id, Some(true), None)
-        .await?;
-    state.store.revoke_user_sessions(&target.id, None).await?;
-    state.store.revoke_user_api_keys(&target.id).await?;
-    state.accounts_changed();
+    let target = organization::remove(&state, &caller, &id).await?;
     audit::record(
         &state,
         Actor::of(&caller, &req),
@@ -191,8 +130,7 @@ pub async fn invitations(
     state: web::Data<AppState>,
     caller: Caller,
 ) -> Result<web::Json<Vec<Invitation>>, ApiError> {
-    caller.require_manager()?;
-    let list = state.store.list_invitations(caller.tenant_id()).await?;
+    let list = organization::invitations(&state, &caller).await?;
     Ok(web::Json(
         list.iter()
             .map(|i| invitation(i, None))
@@ -213,33 +151,7 @@ pub async fn invite(
     caller: Caller,
     body: Json<CreateInvitationRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require_manager()?;
-    let email = Email::parse(&body.email)?;
-    if body.role == Role::Owner && caller.role != Role::Owner {
-        return Err(ApiError::Forbidden(
-            "only an owner can invite another owner".into(),
-        ));
-    }
-    if state.store.user_by_email(email.as_str()).await?.is_some() {
-        return Err(ApiError::Conflict(
-            "an account with this email already exists".into(),
-        ));
-    }
-    let now = state.clock.now_ms();
-    let token = random_hex(24);
-    let rec = InvitationRecord {
-        id: new_id(),
-        tenant_id: caller.tenant_id().to_owned(),
-        email: email.as_str().to_owned(),
-        role: body.role.as_str().to_owned(),
-        token_hash: digest(&token),
-        created_by: caller.user.id.clone(),
-        created_at: now,
-        expires_at: now + i64::from(state.settings.invitation_ttl_days) * 86_400_000,
-        accepted_at: None,
-        revoked: false,
-    };
-    state.store.create_invitation(&rec).await?;
+    let (rec, token) = organization::invite(&state, &caller, &body.email, body.role).await?;
     audit::record(
         &state,
         Actor::of(&caller, &req),
@@ -263,25 +175,17 @@ pub async fn revoke_invitation(
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require_manager()?;
-    if state
-        .store
-        .revoke_invitation(caller.tenant_id(), &id)
-        .await?
-    {
-        audit::record(
-            &state,
-            Actor::of(&caller, &req),
-            Some(caller.tenant_id()),
-            Action::InvitationRevoked,
-            &format!("invitation {id}"),
-            serde_json::json!({}),
-        )
-        .await;
-        Ok(HttpResponse::NoContent().finish())
-    } else {
-        Err(ApiError::NotFound("no such invitation".into()))
-    }
+    organization::revoke_invitation(&state, &caller, &id).await?;
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        Some(caller.tenant_id()),
+        Action::InvitationRevoked,
+        &format!("invitation {id}"),
+        serde_json::json!({}),
+    )
+    .await;
+    Ok(HttpResponse::NoContent().finish())
 }
 
 /// What an invitation link offers, for the sign-up page; needs no account.
@@ -294,14 +198,7 @@ pub async fn preview_invitation(
     state: web::Data<AppState>,
     token: web::Path<String>,
 ) -> Result<web::Json<InvitationPreview>, ApiError> {
-    let gone = || ApiError::NotFound("this invitation link is invalid or has expired".into());
-    let inv = state
-        .store
-        .invitation_by_token_hash(&digest(&token))
-        .await?
-        .filter(|i| !i.revoked && i.accepted_at.is_none() && i.expires_at > state.clock.now_ms())
-        .ok_or_else(gone)?;
-    let tenant = state.store.tenant(&inv.tenant_id).await?.ok_or_else(gone)?;
+    let (inv, tenant) = organization::open_invitation(&state, &token).await?;
     Ok(web::Json(InvitationPreview {
         tenant_name: tenant.name,
         email: inv.email,
@@ -317,10 +214,7 @@ pub async fn tenant_quota(
     state: web::Data<AppState>,
     caller: Caller,
 ) -> Result<web::Json<Quota>, ApiError> {
-    let q = state
-        .store
-        .quota(QuotaScope::Tenant, caller.tenant_id())
-        .await?;
+    let q = organization::quota(&state, &caller).await?;
     Ok(web::Json(quota_to_api(&q)))
 }
 
@@ -334,11 +228,7 @@ pub async fn member_quota(
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<web::Json<Quota>, ApiError> {
-    if *id != caller.user.id {
-        caller.require_manager()?;
-    }
-    let target = member_of_tenant(&state, &caller, &id).await?;
-    let q = state.store.quota(QuotaScope::User, &target.id).await?;
+    let q = organization::member_quota(&state, &caller, &id).await?;
     Ok(web::Json(quota_to_api(&q)))
 }
 
@@ -357,25 +247,7 @@ pub async fn set_member_quota(
     id: web::Path<String>,
     body: Json<Quota>,
 ) -> Result<web::Json<Quota>, ApiError> {
-    caller.require_manager()?;
-    if body.max_storage_bytes.is_some() {
-        return Err(ApiError::Refused {
-            field: "max_storage_bytes",
-            message: "storage is capped per organization, not per member".into(),
-        });
-    }
-    let rec = parse_quota(&body)?;
-    let target = member_of_tenant(&state, &caller, &id).await?;
-    let tenant_q = state
-        .store
-        .quota(QuotaScope::Tenant, caller.tenant_id())
-        .await?;
-    check_within(&rec, &tenant_q)?;
-    state
-        .store
-        .set_quota(QuotaScope::User, &target.id, &rec, state.clock.now_ms())
-        .await?;
-    state.accounts_changed();
+    let (target, rec) = organization::set_member_quota(&state, &caller, &id, &body).await?;
     audit::record(
         &state,
         Actor::of(&caller, &req),
@@ -396,7 +268,7 @@ pub async fn session_policy(
     caller: Caller,
 ) -> Result<web::Json<SessionPolicy>, ApiError> {
     Ok(web::Json(
-        state.store.session_policy(caller.tenant_id()).await?,
+        organization::session_policy(&state, &caller).await?,
     ))
 }
 
@@ -410,16 +282,8 @@ pub async fn set_session_policy(
     caller: Caller,
     body: Json<SessionPolicy>,
 ) -> Result<web::Json<SessionPolicy>, ApiError> {
-    caller.require_manager()?;
     let policy = body.into_inner();
-    crate::tasks::session::check_policy(&policy)?;
-    if !state
-        .store
-        .set_session_policy(caller.tenant_id(), &policy)
-        .await?
-    {
-        return Err(ApiError::NotFound("no such organization".into()));
-    }
+    organization::set_session_policy(&state, &caller, &policy).await?;
     audit::record(
         &state,
         Actor::of(&caller, &req),

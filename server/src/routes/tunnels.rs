@@ -9,11 +9,11 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use crate::agents::node_caller::NodeCaller;
-use crate::app::reach::{declared, target_of, watch_access};
 use crate::audit::{self, Action, Actor};
 use crate::auth::{Caller, CallerVia};
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::usecases::reach::{declared, target_of, watch_access};
 
 use crate::tunnels::{pipe, refuse, Peer, AGENT_ANSWER, MAX_FRAME};
 use tokio_util::sync::CancellationToken;
@@ -371,17 +371,17 @@ pub async fn open_app(
             "this server serves no apps: its operator sets AUTODL_APPS_URL (see the README)".into(),
         )
     })?;
-    let app = crate::apps::AppHost {
+    let app = crate::task_web::AppHost {
         task_id: task.task.id.clone(),
         port: number,
     };
     let now = state.clock.now_ms();
     let ticket = state.apps.keys.ticket(&caller, &app, now)?;
-    let next = crate::apps::proxy::local_path(q.path.as_deref());
+    let next = crate::task_web::proxy::local_path(q.path.as_deref());
     let url = format!(
         "{}{}?ticket={ticket}&next={}",
         origin.url_of(&app),
-        crate::apps::proxy::ENTER_PATH,
+        crate::task_web::proxy::ENTER_PATH,
         url::form_urlencoded::byte_serialize(next.as_bytes()).collect::<String>()
     );
     state

@@ -4,14 +4,13 @@ use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
 use autodl_common::api::{ErrorBody, Webhook, WebhookDelivery, WebhookInput};
 
 use crate::audit::{self, Action, Actor};
-use crate::auth::secrets::{new_id, random_hex};
 use crate::auth::Caller;
 use crate::domain::rfc3339;
 use crate::error::ApiError;
-use crate::notify::webhooks::{NewWebhook, MAX_PER_TENANT};
 use crate::routes::json::Json;
 use crate::state::AppState;
 use crate::store::{DeliveryRecord, WebhookRecord};
+use crate::usecases::webhooks;
 
 fn to_api(w: &WebhookRecord) -> Webhook {
     Webhook {
@@ -48,8 +47,7 @@ pub async fn list(
     state: web::Data<AppState>,
     caller: Caller,
 ) -> Result<web::Json<Vec<Webhook>>, ApiError> {
-    caller.require_manager()?;
-    let hooks = state.store.webhooks(caller.tenant_id()).await?;
+    let hooks = webhooks::list(&state, &caller).await?;
     Ok(web::Json(hooks.iter().map(to_api).collect()))
 }
 
@@ -63,25 +61,7 @@ pub async fn create(
     caller: Caller,
     body: Json<WebhookInput>,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require_manager()?;
-    let new = NewWebhook::parse(&body)?;
-    if state.store.webhooks(caller.tenant_id()).await?.len() >= MAX_PER_TENANT {
-        return Err(ApiError::Conflict(format!(
-            "an organization has at most {MAX_PER_TENANT} webhooks; remove one first"
-        )));
-    }
-    let events: Vec<&str> = new.events.iter().map(|e| e.as_str()).collect();
-    let rec = WebhookRecord {
-        id: new_id(),
-        tenant_id: caller.tenant_id().to_owned(),
-        url: new.url.to_string(),
-        secret: random_hex(32),
-        events: serde_json::to_string(&events).unwrap_or_default(),
-        created_by: caller.user.email.clone(),
-        created_at: state.clock.now_ms(),
-    };
-    state.store.add_webhook(&rec).await?;
-    tracing::info!(webhook = %rec.id, url = %rec.url, "webhook added");
+    let (rec, events) = webhooks::add(&state, &caller, &body).await?;
     let mut out = to_api(&rec);
     out.secret = Some(rec.secret);
     audit::record(
@@ -105,10 +85,7 @@ pub async fn remove(
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require_manager()?;
-    if !state.store.delete_webhook(caller.tenant_id(), &id).await? {
-        return Err(ApiError::NotFound("no such webhook".into()));
-    }
+    webhooks::remove(&state, &caller, &id).await?;
     audit::record(
         &state,
         Actor::of(&caller, &req),
@@ -129,11 +106,6 @@ pub async fn deliveries(
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<web::Json<Vec<WebhookDelivery>>, ApiError> {
-    caller.require_manager()?;
-    let hooks = state.store.webhooks(caller.tenant_id()).await?;
-    if !hooks.iter().any(|w| w.id == *id) {
-        return Err(ApiError::NotFound("no such webhook".into()));
-    }
-    let sent = state.store.deliveries(&id, 100).await?;
+    let sent = webhooks::deliveries(&state, &caller, &id).await?;
     Ok(web::Json(sent.iter().map(delivery).collect()))
 }

@@ -17,7 +17,7 @@ use autodl_common::tasks::TaskState;
 use tokio::task::JoinHandle;
 
 use super::snapshot::ActiveTask;
-use crate::metrics::Metrics;
+use crate::prometheus_metrics::Metrics;
 use crate::store::{RunChargeRecord, SchedulingTaskRecord, Store};
 
 /// A full read of the active tasks, and the change cursor from before it.

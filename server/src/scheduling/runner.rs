@@ -18,7 +18,7 @@ use crate::agents::AgentHub;
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::domain::NodeStatus;
-use crate::metrics::Metrics;
+use crate::prometheus_metrics::Metrics;
 use crate::state::AppState;
 use crate::store::{LeaderGuard, NodeRecord, Store, StoreError, Term};
 use crate::tasks::lifecycle::TIMED_OUT;
@@ -258,6 +258,16 @@ impl Runner {
             // Per organization: the requeued tasks and their owners.
             let mut by_tenant: HashMap<&str, (Vec<&str>, Vec<&str>)> = HashMap::new();
             for t in tasks.iter().filter(on_node) {
+                // A gang's node whose workers all succeeded is not needed by it any more.
+                if self
+                    .store
+                    .ended_parts(t.id(), t.rec.task.attempts)
+                    .await?
+                    .iter()
+                    .any(|p| p.node == n.id)
+                {
+                    continue;
+                }
                 let msg = format!("node {} stopped answering", n.id);
                 self.store
                     .requeue_task(Some(term), t.id(), "node_lost", &msg, now_ms)

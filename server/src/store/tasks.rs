@@ -185,6 +185,13 @@ pub trait Tasks: Send + Sync {
     ) -> StoreResult<Option<Vec<PartEnded>>>;
     /// The parts of an attempt that have ended (see [`Tasks::end_part`]).
     async fn ended_parts(&self, task_id: &str, attempt: i64) -> StoreResult<Vec<PartEnded>>;
+    /// `node`'s part of an attempt keeps no results any more (stored, or given up).
+    async fn part_results_settled(
+        &self,
+        task_id: &str,
+        attempt: i64,
+        node: &str,
+    ) -> StoreResult<()>;
     /// Settles the results of a task's last attempt that were uploading (`None`: stored,
     /// `Some("lost")`), with a line in its timeline. False when they were not uploading.
     async fn settle_results(

@@ -859,3 +859,145 @@ async fn the_articles_distributed_example_runs_as_written() {
     agent.shutdown.cancel();
     let _ = agent.handle.await;
 }
+
+crate::on_both_backends!(a_gang_s_results_are_in_once_every_node_s_are);
+
+/// Results a gang's nodes keep settle node by node: the completed task says "uploading" until
+/// every node that kept its workers' results has stored them (the first node's upload does not
+/// settle the others'), and no node can touch another's upload.
+async fn a_gang_s_results_are_in_once_every_node_s_are(b: Backend) {
+    use crate::agents::FakeAgent;
+    let app = spawn_app(b).await;
+    let op = app.operator().await;
+    let host = json!({"runtime": "process", "isolation": "none", "data_roots": []});
+    let mut agents = BTreeMap::new();
+    for node in ["keep-a", "keep-b"] {
+        let agent = FakeAgent::join_with(&app, &op, node, "A100-40G", "z1", host.clone()).await;
+        crate::isolation::share(&app, &op, node).await;
+        agents.insert(node, agent);
+    }
+    let s = app.signup("keep@example.com", "Lab").await;
+    // Eight workers of one GPU: all four GPUs of both nodes.
+    let (id, attempt, _) = agents["keep-a"]
+        .placed(
+            &app,
+            &s,
+            json!({"name": "gang", "image": "none", "num_workers": 8, "gpu_per_worker": 1,
+                   "command": "true"}),
+        )
+        .await;
+    for agent in agents.values() {
+        let r = agent
+            .call(
+                &format!("/api/v1/agent/tasks/{id}/started"),
+                json!({"attempt": attempt}),
+            )
+            .await;
+        assert_eq!(r.status(), reqwest::StatusCode::NO_CONTENT);
+    }
+    let upload = |node: &'static str, path: &'static str| {
+        let agent = &agents[node];
+        let id = id.clone();
+        async move {
+            let r = agent
+                .call(
+                    &format!("/api/v1/agent/tasks/{id}/artifacts"),
+                    json!({"attempt": attempt, "kind": "results"}),
+                )
+                .await;
+            assert_eq!(r.status(), reqwest::StatusCode::CREATED);
+            let up = r.json::<Value>().await.unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let r = agent
+                .http
+                .put(format!(
+                    "{}/api/v1/agent/artifacts/{up}/files/{path}",
+                    agent.base
+                ))
+                .bearer_auth(&agent.credential)
+                .body(node)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), reqwest::StatusCode::NO_CONTENT);
+            up
+        }
+    };
+    let commit = |node: &'static str, up: String, path: &'static str| {
+        let agent = &agents[node];
+        async move {
+            agent
+                .call(
+                    &format!("/api/v1/agent/artifacts/{up}/commit"),
+                    json!({"files": [{"path": path, "size": node.len()}]}),
+                )
+                .await
+        }
+    };
+    let finished = |node: &'static str, uploading: Value| {
+        let agent = &agents[node];
+        let id = id.clone();
+        async move {
+            let r = agent
+                .call(
+                    &format!("/api/v1/agent/tasks/{id}/finished"),
+                    json!({"attempt": attempt, "exit_code": 0, "reason": "success",
+                           "uploading": uploading}),
+                )
+                .await;
+            assert_eq!(r.status(), reqwest::StatusCode::NO_CONTENT);
+        }
+    };
+    // keep-b's workers end first; its results could not be stored yet.
+    let late = upload("keep-b", "rank-4/out.txt").await;
+    finished("keep-b", json!(["results"])).await;
+    let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+    assert_eq!(t["state"], "running", "{t}");
+    // keep-a's workers end too, its results also still uploading: the attempt ends with it.
+    let own = upload("keep-a", "out.txt").await;
+    finished("keep-a", json!(["results"])).await;
+    let still_uploading = || async {
+        let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+        assert_eq!(
+            (t["state"].as_str(), t["results"].as_str()),
+            (Some("completed"), Some("uploading")),
+            "{t}"
+        );
+        let r = s
+            .send(
+                &app,
+                reqwest::Method::GET,
+                &format!("/api/v1/tasks/{id}/results"),
+                None,
+            )
+            .await;
+        assert_eq!(r.status(), reqwest::StatusCode::CONFLICT);
+    };
+    still_uploading().await;
+    // keep-a's are in; keep-b's are not yet: still uploading.
+    let r = commit("keep-a", own, "out.txt").await;
+    assert_eq!(r.status(), reqwest::StatusCode::OK);
+    still_uploading().await;
+    // No node touches another's upload.
+    let r = commit("keep-a", late.clone(), "rank-4/out.txt").await;
+    assert_eq!(r.status(), reqwest::StatusCode::CONFLICT);
+    // keep-b's upload goes through: every node's results are in, in one tree.
+    let r = commit("keep-b", late, "rank-4/out.txt").await;
+    assert_eq!(r.status(), reqwest::StatusCode::OK);
+    let t = s.get(&app, &format!("/api/v1/tasks/{id}")).await;
+    assert!(t["results"].is_null(), "{t}");
+    assert_eq!(
+        result_files(&app, &s, &id).await,
+        files_saying(&[("out.txt", "keep-a"), ("rank-4/out.txt", "keep-b")])
+    );
+    let events = s
+        .get(&app, &format!("/api/v1/tasks/{id}/events"))
+        .await
+        .to_string();
+    assert!(
+        events.contains("results saved from node keep-b"),
+        "{events}"
+    );
+}

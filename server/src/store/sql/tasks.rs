@@ -797,6 +797,19 @@ macro_rules! impl_tasks {
                 Ok(Some(parts))
             }
 
+            async fn part_results_settled(&self, task_id: &str, attempt: i64, node: &str) -> StoreResult<()> {
+                sqlx::query(
+                    "UPDATE attempt_parts SET results_uploading = FALSE
+                     WHERE task_id = $1 AND attempt = $2 AND node = $3",
+                )
+                .bind(task_id)
+                .bind(attempt)
+                .bind(node)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
             async fn ended_parts(&self, task_id: &str, attempt: i64) -> StoreResult<Vec<PartEnded>> {
                 Ok(sqlx::query_as(
                     "SELECT node, results_uploading, ended_at FROM attempt_parts

@@ -137,8 +137,9 @@ async fn admit(
         .via()
         .ok_or_else(|| ApiError::Unauthorized("this pass is not valid".into()))?;
     let caller = crate::auth::caller::resume(state, &claims.sub, via).await?;
-    let (task, node) = crate::app::reach::target_of(state, &caller, &app.task_id, None).await?;
-    crate::app::reach::declared(&task, app.port)?;
+    let (task, node) =
+        crate::usecases::reach::target_of(state, &caller, &app.task_id, None).await?;
+    crate::usecases::reach::declared(&task, app.port)?;
     Ok((task, node))
 }
 
@@ -479,7 +480,7 @@ async fn websocket(
         .max_continuation_size(MAX_WS_MESSAGE);
     let stop = tokio_util::sync::CancellationToken::new();
     if let (Some(via), Some(data)) = (via, req.app_data::<web::Data<AppState>>()) {
-        actix_web::rt::spawn(crate::app::reach::watch_access(
+        actix_web::rt::spawn(crate::usecases::reach::watch_access(
             data.clone(),
             (user_id, via),
             (app.task_id.clone(), None),

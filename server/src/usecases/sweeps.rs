@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 
 use autodl_common::tasks::{Sweep, SweepInput, SweepMethod, SweepTrial, SweepTrialRow};
 
-use crate::app::submit::{new_record, vet};
 use crate::auth::secrets::time_ordered_id;
 use crate::auth::Caller;
 use crate::domain::rfc3339;
@@ -13,6 +12,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{CancelOutcome, NewTask, SweepRecord, SweepWithUser, TaskFilter};
 use crate::tasks::{spec, spec_of, sweep};
+use crate::usecases::submit::{new_record, vet};
 
 /// Reported samples read per trial for its newest metric values.
 const METRIC_SAMPLES: i64 = 50;
@@ -49,7 +49,7 @@ pub async fn create(
     for (i, params) in trials.iter().enumerate() {
         let input = sweep::trial_input(&input.template, &id, &name, i, params);
         let mut spec = spec::normalise(input, now / 1000).map_err(|e| in_template(e, i))?;
-        crate::app::submit::session_rules(state, caller, &mut spec).await?;
+        crate::usecases::submit::session_rules(state, caller, &mut spec).await?;
         spec.sweep = Some(SweepTrial {
             sweep_id: id.clone(),
             trial: i as u32,

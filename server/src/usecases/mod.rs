@@ -6,8 +6,10 @@
 //! [`ApiError`]: crate::error::ApiError
 
 pub mod agents;
+pub mod api_keys;
 pub mod code;
 pub mod nodes;
+pub mod organization;
 pub mod reach;
 pub mod reports;
 pub mod runs;
@@ -15,3 +17,4 @@ pub mod sso;
 pub mod submit;
 pub mod sweeps;
 pub mod uploads;
+pub mod webhooks;

@@ -67,6 +67,16 @@ pub async fn act(state: &AppState, id: &str, action: NodeAction) -> Result<(), A
             if !placement_of(&t).is_some_and(|p| p.iter().any(|w| w.node == id)) {
                 continue;
             }
+            // A gang's part on this node has ended: nothing of it runs here to move.
+            if state
+                .store
+                .ended_parts(&t.id, t.attempts)
+                .await?
+                .iter()
+                .any(|p| p.node == id)
+            {
+                continue;
+            }
             if node.credential_hash.is_some() {
                 state.store.set_stop_reason(None, &t.id, "drained").await?;
             } else {

@@ -124,7 +124,7 @@ pub(crate) async fn vet(
 ) -> Result<TaskCaps, ApiError> {
     check_storage_urls(state, caller.tenant_id(), spec).await?;
     if let Some(code) = &spec.code {
-        crate::app::code::check_submitted(state, caller.tenant_id(), code).await?;
+        crate::usecases::code::check_submitted(state, caller.tenant_id(), code).await?;
     }
     let store = state.store.as_ref();
     let nodes = state.scheduler.nodes(store, state.clock.now_ms()).await?;

@@ -11,7 +11,6 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::Serialize;
 
-use crate::app::runs::run_or_ended_run;
 use crate::domain::{ArtifactKind, ArtifactState};
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -20,6 +19,7 @@ use crate::store::{ArtifactRecord, Store};
 use crate::tasks::checkpoints::discard_upload;
 use crate::tasks::lifecycle::RESULTS_UPLOADING;
 use crate::tasks::{results, spec_of};
+use crate::usecases::runs::run_or_ended_run;
 
 /// In the bucket too, an artifact with a manifest is a complete one.
 pub(crate) const MANIFEST: &str = ".autodl-manifest.json";
@@ -127,7 +127,7 @@ pub async fn abandon(state: &AppState, node: &str, id: &str) -> Result<(), ApiEr
     let a = artifact(state, id).await?;
     match a.state {
         ArtifactState::Uploading => {
-            run_or_ended_run(state, node, &a.task_id, a.attempt as u32).await?;
+            check_open(state, node, &a).await?;
             discard_upload(state.store.as_ref(), &state.storage, &a).await;
             Ok(())
         }
@@ -300,9 +300,10 @@ pub async fn commit(
     })
 }
 
-/// Results uploaded after their run ended (its node kept them meanwhile): the task now has
-/// them. Repeated with a repeated commit, so that an answer lost after the commit cannot
-/// leave the task uploading for ever.
+/// Results uploaded after their run ended (its node kept them meanwhile): the task has them
+/// once no node of its attempt keeps any still ([`settle_when_every_part_is_in`]). Repeated
+/// with a repeated commit, so that an answer lost after the commit cannot leave the task
+/// uploading for ever.
 async fn settle_late_results(
     state: &AppState,
     node: &str,
@@ -311,26 +312,48 @@ async fn settle_late_results(
     if a.kind != ArtifactKind::Results {
         return Ok(());
     }
+    // A gang's node: its part keeps nothing now.
+    state
+        .store
+        .part_results_settled(&a.task_id, a.attempt, node)
+        .await?;
+    settle_when_every_part_is_in(
+        state,
+        &a.task_id,
+        a.attempt,
+        &format!(
+            "results saved from node {node} after the run ended ({} files, {} bytes)",
+            a.files, a.size_bytes
+        ),
+    )
+    .await
+}
+
+/// A completed task whose results were uploading has them once no node of the attempt keeps
+/// any still: its timeline says `message`. Both a late upload and the attempt's end call it,
+/// after each wrote what it knows, so whichever comes second settles them.
+pub(crate) async fn settle_when_every_part_is_in(
+    state: &AppState,
+    task_id: &str,
+    attempt: i64,
+    message: &str,
+) -> Result<(), ApiError> {
     let uploading = state
         .store
-        .task(None, &a.task_id)
+        .task(None, task_id)
         .await?
         .is_some_and(|t| t.task.results.as_deref() == Some(RESULTS_UPLOADING));
-    if uploading {
-        state
-            .store
-            .settle_results(
-                &a.task_id,
-                a.attempt,
-                None,
-                &format!(
-                    "results saved from node {node} after the run ended ({} files, {} bytes)",
-                    a.files, a.size_bytes
-                ),
-                state.clock.now_ms(),
-            )
-            .await?;
+    if !uploading {
+        return Ok(());
     }
+    let parts = state.store.ended_parts(task_id, attempt).await?;
+    if parts.iter().any(|p| p.results_uploading) {
+        return Ok(());
+    }
+    state
+        .store
+        .settle_results(task_id, attempt, None, message, state.clock.now_ms())
+        .await?;
     Ok(())
 }
 
@@ -404,6 +427,13 @@ async fn artifact(state: &AppState, id: &str) -> Result<ArtifactRecord, ApiError
 }
 
 async fn check_open(state: &AppState, node: &str, a: &ArtifactRecord) -> Result<(), ApiError> {
+    // Each node of a gang uploads its own; another node's upload is not its to touch.
+    if a.node.as_deref().is_some_and(|n| n != node) {
+        return Err(ApiError::Conflict(format!(
+            "upload {} is another node's",
+            a.id
+        )));
+    }
     if a.state != ArtifactState::Uploading {
         return Err(ApiError::Conflict(format!(
             "upload {} is {}",

@@ -11,13 +11,13 @@ use autodl_common::tasks::{TaskState, WorkerPlacement};
 use autodl_scheduler::Gpu;
 
 use crate::agents::skew::ClockSkew;
-use crate::app::runs::{current_run, run_or_ended_run};
 use crate::domain::ArtifactKind;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{GpuSampleRecord, NewLogLine, NodeRecord, PartEnded, RunEnd, RunStart};
 use crate::tasks::lifecycle::{after_attempt, final_stop, results_on_end, ExitKind, RESULTS_LOST};
 use crate::tasks::{spec::parse_time_ms, spec_of};
+use crate::usecases::runs::{current_run, run_or_ended_run};
 
 const MAX_LOG_LINES: usize = 1000;
 const MAX_LINE_BYTES: usize = 16 * 1024;
@@ -270,6 +270,20 @@ async fn part_ended(
     if !first_word {
         return Ok(None);
     }
+    if let Some(why) = &report.not_kept {
+        state
+            .store
+            .add_event(
+                &task.id,
+                "results_lost",
+                &format!(
+                    "the results of the workers on node {node} could not be kept: {}",
+                    sentence(why, 300)
+                ),
+                now,
+            )
+            .await?;
+    }
     state
         .store
         .add_event(
@@ -308,7 +322,7 @@ async fn end_run(
     );
     end.message.push_str(&note);
     let attempt = report.attempt;
-    state
+    let ended = state
         .ends
         .submit(RunEnd {
             task_id: task.id.clone(),
@@ -318,7 +332,20 @@ async fn end_run(
             results: results.map(str::to_owned),
         })
         .await?;
-    tell_ended(state, task, spec, attempt, (&end, results), now).await;
+    // Ended here, not by a report that raced this one: told once.
+    if ended {
+        tell_ended(state, task, spec, attempt, (&end, results), now).await;
+    }
+    if !others_keeping.is_empty() {
+        // A node that kept its results may have stored them while this end was written.
+        crate::usecases::uploads::settle_when_every_part_is_in(
+            state,
+            &task.id,
+            i64::from(attempt),
+            "results of every node stored",
+        )
+        .await?;
+    }
     Ok(())
 }
 
@@ -351,6 +378,38 @@ pub async fn not_kept(
     let reason = sentence(&report.reason, 300);
     let now = state.clock.now_ms();
     match kind {
+        // One node of a gang: its part is lost, the others' stand.
+        ArtifactKind::Results
+            if rank0.is_some()
+                && !state
+                    .store
+                    .ended_parts(&t.task.id, i64::from(report.attempt))
+                    .await?
+                    .is_empty() =>
+        {
+            state
+                .store
+                .part_results_settled(&t.task.id, i64::from(report.attempt), node)
+                .await?;
+            state
+                .store
+                .add_event(
+                    &t.task.id,
+                    "results_lost",
+                    &format!(
+                        "the results of the workers on node {node} could not be kept: {reason}"
+                    ),
+                    now,
+                )
+                .await?;
+            crate::usecases::uploads::settle_when_every_part_is_in(
+                state,
+                &t.task.id,
+                i64::from(report.attempt),
+                &format!("results stored, except those of node {node}'s workers"),
+            )
+            .await?;
+        }
         ArtifactKind::Results => {
             state
                 .store
