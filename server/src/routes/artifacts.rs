@@ -12,7 +12,7 @@ use autodl_common::agent::{
     ArtifactCommit, ArtifactCreated, ArtifactFile, ArtifactStart, DataFile, DataManifest,
 };
 use autodl_common::api::ErrorBody;
-use autodl_common::tasks::{Checkpoint, WorkerPlacement};
+use autodl_common::tasks::Checkpoint;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +31,7 @@ use crate::tasks::results as task_results;
 use crate::tasks::spec_of;
 use crate::usecases::reach::find;
 use crate::usecases::runs::placed_on;
+use crate::usecases::runs::rank0_node;
 use crate::usecases::uploads::{
     self, check_key, not_writable, parse_rel, receive, Committed, ReceiveError,
 };
@@ -316,14 +317,7 @@ async fn results_of(state: &AppState, t: &TaskRecord) -> Result<(Vec<Entry>, i64
         .max()
         .unwrap_or_default();
     let rank0 = if current.len() > 1 {
-        state
-            .store
-            .task_attempts(&t.id)
-            .await?
-            .into_iter()
-            .find(|a| a.number == newest.attempt)
-            .and_then(|a| serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement).ok())
-            .and_then(|p| p.first().map(|w| w.node.clone()))
+        rank0_node(state, &t.id, newest.attempt).await?
     } else {
         None
     };

@@ -17,7 +17,7 @@ use crate::state::AppState;
 use crate::store::{GpuSampleRecord, NewLogLine, NodeRecord, PartEnded, RunEnd, RunStart};
 use crate::tasks::lifecycle::{after_attempt, final_stop, results_on_end, ExitKind, RESULTS_LOST};
 use crate::tasks::{spec::parse_time_ms, spec_of};
-use crate::usecases::runs::{current_run, run_or_ended_run};
+use crate::usecases::runs::{current_run, rank0_node, run_or_ended_run};
 
 const MAX_LOG_LINES: usize = 1000;
 const MAX_LINE_BYTES: usize = 16 * 1024;
@@ -361,14 +361,7 @@ pub async fn not_kept(
     let t = run_or_ended_run(state, node, task_id, report.attempt).await?;
     // Only rank 0's node saves (and so keeps) a task's checkpoints; every node of the attempt
     // saves its own workers' results.
-    let rank0 = state
-        .store
-        .task_attempts(task_id)
-        .await?
-        .into_iter()
-        .find(|a| a.number == i64::from(report.attempt))
-        .and_then(|a| serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement).ok())
-        .and_then(|p| p.first().map(|w| w.node.clone()));
+    let rank0 = rank0_node(state, task_id, i64::from(report.attempt)).await?;
     if kind == ArtifactKind::Checkpoint && rank0.as_deref() != Some(node) {
         return Err(ApiError::Conflict(format!(
             "node {node} does not keep what attempt {} of task {task_id} saved (rank 0's node does)",
@@ -380,12 +373,11 @@ pub async fn not_kept(
     match kind {
         // One node of a gang: its part is lost, the others' stand.
         ArtifactKind::Results
-            if rank0.is_some()
-                && !state
-                    .store
-                    .ended_parts(&t.task.id, i64::from(report.attempt))
-                    .await?
-                    .is_empty() =>
+            if !state
+                .store
+                .ended_parts(&t.task.id, i64::from(report.attempt))
+                .await?
+                .is_empty() =>
         {
             state
                 .store

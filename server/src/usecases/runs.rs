@@ -73,6 +73,23 @@ async fn run_on(
     Ok(t)
 }
 
+/// The node rank 0 of a task's attempt `attempt` ran on (the one that saves its checkpoints
+/// and whose results come first), as the attempt's placement recorded it.
+pub async fn rank0_node(
+    state: &AppState,
+    task_id: &str,
+    attempt: i64,
+) -> Result<Option<String>, ApiError> {
+    Ok(state
+        .store
+        .task_attempts(task_id)
+        .await?
+        .into_iter()
+        .find(|a| a.number == attempt)
+        .and_then(|a| serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement).ok())
+        .and_then(|p| p.first().map(|w| w.node.clone())))
+}
+
 /// A task placed on `node` (any attempt): restores and data are fetched before it starts.
 pub async fn placed_on(
     state: &AppState,
