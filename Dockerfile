@@ -4,7 +4,7 @@ RUN rustup target add wasm32-unknown-unknown \
  && cargo install wasm-bindgen-cli --version 0.2.130
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p autodl-server \
+RUN cargo build --release --locked -p autodl-server --no-default-features \
  && cargo build --profile wasm-release --locked -p autodl-frontend --lib --target wasm32-unknown-unknown --features hydrate \
  && mkdir -p /out/site/pkg \
  && wasm-bindgen --target web --no-typescript --remove-name-section --out-dir /out/site/pkg --out-name autodl \

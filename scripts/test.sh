@@ -25,6 +25,8 @@ log "building the agent (its binary is used by the end-to-end tests)"
 cargo build --locked -p autodl-agent
 log "cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
+# The production build (the Dockerfile's) leaves the demo and replay harness out.
+cargo clippy --locked -p autodl-server --no-default-features -- -D warnings
 cargo clippy --locked -p autodl-frontend --lib --target wasm32-unknown-unknown --features hydrate -- -D warnings
 
 start_postgres

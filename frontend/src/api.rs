@@ -38,31 +38,42 @@ impl ApiErr {
 
 pub type ApiResult<T> = Result<T, ApiErr>;
 
-pub async fn get<T: DeserializeOwned>(path: &str) -> ApiResult<T> {
-    send::<(), T>("GET", path, None).await
+pub async fn get<T: DeserializeOwned>(path: impl AsRef<str>) -> ApiResult<T> {
+    send::<(), T>("GET", path.as_ref(), None).await
 }
 
-pub async fn post<B: Serialize, T: DeserializeOwned>(path: &str, body: &B) -> ApiResult<T> {
-    send("POST", path, Some(body)).await
+pub async fn post<B: Serialize, T: DeserializeOwned>(
+    path: impl AsRef<str>,
+    body: &B,
+) -> ApiResult<T> {
+    send("POST", path.as_ref(), Some(body)).await
 }
 
-pub async fn put<B: Serialize, T: DeserializeOwned>(path: &str, body: &B) -> ApiResult<T> {
-    send("PUT", path, Some(body)).await
+pub async fn put<B: Serialize, T: DeserializeOwned>(
+    path: impl AsRef<str>,
+    body: &B,
+) -> ApiResult<T> {
+    send("PUT", path.as_ref(), Some(body)).await
 }
 
-pub async fn patch<B: Serialize, T: DeserializeOwned>(path: &str, body: &B) -> ApiResult<T> {
-    send("PATCH", path, Some(body)).await
+pub async fn patch<B: Serialize, T: DeserializeOwned>(
+    path: impl AsRef<str>,
+    body: &B,
+) -> ApiResult<T> {
+    send("PATCH", path.as_ref(), Some(body)).await
 }
 
 /// For endpoints that answer 204 No Content.
-pub async fn delete(path: &str) -> ApiResult<()> {
-    send::<(), NoContent>("DELETE", path, None)
+pub async fn delete(path: impl AsRef<str>) -> ApiResult<()> {
+    send::<(), NoContent>("DELETE", path.as_ref(), None)
         .await
         .map(|_| ())
 }
 
-pub async fn post_empty(path: &str) -> ApiResult<()> {
-    send::<(), NoContent>("POST", path, None).await.map(|_| ())
+pub async fn post_empty(path: impl AsRef<str>) -> ApiResult<()> {
+    send::<(), NoContent>("POST", path.as_ref(), None)
+        .await
+        .map(|_| ())
 }
 
 /// Deserializes from an empty body as well as from any JSON.
@@ -251,7 +262,7 @@ pub async fn upload_code(
         else {
             return Ok(None);
         };
-        let mut req = gloo_net::http::Request::post("/api/v1/code")
+        let mut req = gloo_net::http::Request::post(&crate::paths::code())
             .header("Accept", "application/json")
             .header("Content-Type", "application/octet-stream");
         if let Some(token) = csrf_token() {

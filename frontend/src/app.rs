@@ -8,8 +8,9 @@ use crate::api;
 use crate::pages::{
     account::AccountPage, admin::AdminPage, auth::LoginPage, auth::SignupConfirmPage,
     auth::SignupPage, cluster::ClusterPage, home::HomePage, org::OrgPage, submit::SubmitPage,
-    tasks::TaskPage, tasks::TasksPage,
+    task_view::TaskPage, tasks::TasksPage,
 };
+use crate::paths;
 
 /// The HTML document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -58,7 +59,7 @@ pub fn App() -> impl IntoView {
     provide_meta_context();
     let session = Session(Resource::new(
         || (),
-        |_| async { api::get::<Me>("/api/v1/me").await.ok() },
+        |_| async { api::get::<Me>(paths::me()).await.ok() },
     ));
     provide_context(session);
     crate::time::provide_zone();
@@ -99,7 +100,7 @@ fn Nav() -> impl IntoView {
     let session = use_session();
     let navigate = leptos_router::hooks::use_navigate();
     let logout = Action::new_local(move |_: &()| async move {
-        let _ = api::post_empty("/api/v1/auth/logout").await;
+        let _ = api::post_empty(paths::logout()).await;
     });
     Effect::new(move |_| {
         if logout.version().get() > 0 {

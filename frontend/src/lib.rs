@@ -9,6 +9,7 @@ mod chart;
 pub mod form;
 mod live;
 mod pages;
+pub mod paths;
 mod plot;
 mod terminal;
 pub mod time;

@@ -124,7 +124,7 @@ pub fn tail_logs(task_id: String, lines: RwSignal<Vec<LogLine>>, status: RwSigna
         let after = lines
             .with_untracked(|l| l.last().map(|l| l.seq))
             .unwrap_or(0);
-        format!("/api/v1/tasks/{task_id}/logs/stream?after={after}")
+        format!("{}?after={after}", crate::paths::task_log_stream(&task_id))
     };
     follow(
         url,

@@ -10,13 +10,16 @@ const ROWS: u32 = 28;
 
 #[component]
 pub fn TerminalPanel(
-    /// The task id, already encoded for a path.
-    path_id: String,
+    /// The task's id.
+    task_id: String,
 ) -> impl IntoView {
     let status = RwSignal::new(String::new());
     let opened = RwSignal::new(false);
     let screen = NodeRef::<leptos::html::Div>::new();
-    let path = format!("/api/v1/tasks/{path_id}/shell?cols={COLS}&rows={ROWS}");
+    let path = format!(
+        "{}?cols={COLS}&rows={ROWS}",
+        crate::paths::task_shell(&task_id)
+    );
     let open = move |_| {
         if opened.get_untracked() {
             return;

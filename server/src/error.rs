@@ -180,3 +180,14 @@ pub fn query_error_handler(
 ) -> actix_web::Error {
     ApiError::BadRequest(format!("invalid query: {err}")).into()
 }
+
+impl From<crate::domain::DomainError> for ApiError {
+    fn from(e: crate::domain::DomainError) -> Self {
+        use crate::domain::DomainError;
+        match e {
+            DomainError::Invalid { field, message } => ApiError::invalid(field, message),
+            DomainError::Refused { field, message } => ApiError::Refused { field, message },
+            DomainError::Malformed(message) => ApiError::BadRequest(message),
+        }
+    }
+}

@@ -5,11 +5,13 @@ pub mod audit;
 pub mod auth;
 pub mod clock;
 pub mod config;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod domain;
 pub mod error;
 pub mod notify;
 pub mod prometheus_metrics;
+#[cfg(feature = "demo")]
 pub mod replay;
 pub mod replicas;
 pub mod routes;

@@ -96,6 +96,27 @@ fn main() -> anyhow::Result<()> {
         .block_on(run())
 }
 
+/// The demo's agents on simulated GPUs, in this process.
+#[cfg(feature = "demo")]
+async fn start_demo(
+    app: &Application,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    let dir = std::path::PathBuf::from(
+        std::env::var("AUTODL_DEMO_DIR").unwrap_or_else(|_| "data/demo-agents".into()),
+    );
+    autodl_server::demo::start_agents(&app.state, &dir, shutdown).await?;
+    Ok(())
+}
+
+#[cfg(not(feature = "demo"))]
+async fn start_demo(
+    _app: &Application,
+    _shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    anyhow::bail!("this server was built without the demo (build it with the `demo` feature)")
+}
+
 async fn run() -> anyhow::Result<()> {
     autodl_server::telemetry::init();
     let cli = Cli::parse();
@@ -109,12 +130,9 @@ async fn run() -> anyhow::Result<()> {
                 app.port(),
                 app.state.store.backend()
             );
-            let shutdown = autodl_agent::CancellationToken::new();
+            let shutdown = tokio_util::sync::CancellationToken::new();
             if demo {
-                let dir = std::path::PathBuf::from(
-                    std::env::var("AUTODL_DEMO_DIR").unwrap_or_else(|_| "data/demo-agents".into()),
-                );
-                autodl_server::demo::start_agents(&app.state, &dir, shutdown.clone()).await?;
+                start_demo(&app, shutdown.clone()).await?;
             }
             app.run_until_stopped().await?;
             shutdown.cancel();

@@ -1,7 +1,6 @@
 //! Prometheus metrics of the server, served at `/metrics` so an operator's Prometheus and
 //! Grafana can watch the platform.
 
-use actix_web::{get, web, HttpResponse};
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -100,41 +99,4 @@ impl Metrics {
         TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
         Ok(String::from_utf8(buf)?)
     }
-}
-
-/// For Prometheus (the bearer token `AUTODL_METRICS_TOKEN`) and platform administrators: the
-/// figures name nodes and tasks of every organization.
-#[get("/metrics")]
-pub async fn endpoint(
-    state: web::Data<crate::state::AppState>,
-    req: actix_web::HttpRequest,
-) -> Result<HttpResponse, crate::error::ApiError> {
-    let bearer = req
-        .headers()
-        .get(actix_web::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let scraper = match (&state.settings.metrics_token, bearer) {
-        (Some(want), Some(got)) if !want.is_empty() => {
-            use sha2::Digest;
-            // Compared as digests, so the comparison time says nothing about the token.
-            sha2::Sha256::digest(want.as_bytes()) == sha2::Sha256::digest(got.as_bytes())
-        }
-        _ => false,
-    };
-    if !scraper {
-        use actix_web::FromRequest;
-        let caller =
-            crate::auth::Caller::from_request(&req, &mut actix_web::dev::Payload::None).await?;
-        caller.require_platform_admin()?;
-    }
-    if let Ok(l) = state.store.leader_status(state.clock.now_ms()).await {
-        let secs = |ms: Option<i64>| ms.map_or(-1.0, |ms| ms as f64 / 1000.0);
-        state.metrics.last_cycle_age.set(secs(l.last_cycle_age_ms));
-        state.metrics.lease_age.set(secs(l.lease_age_ms));
-    }
-    Ok(HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4")
-        .body(state.metrics.render()?))
 }

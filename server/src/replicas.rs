@@ -6,12 +6,9 @@
 //! drop cached node lists. Timers stay as the safety net: a lost notification delays, never
 //! loses, anything.
 
-use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
 use tokio::sync::mpsc;
-
-use crate::state::AppState;
 
 /// Something the other servers should react to.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -32,7 +29,7 @@ pub enum Signal {
 }
 
 impl Signal {
-    fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         match self {
             Signal::Wake => "wake".into(),
             Signal::Nodes => "nodes".into(),
@@ -43,7 +40,7 @@ impl Signal {
         }
     }
 
-    fn decode(s: &str) -> Option<Signal> {
+    pub(crate) fn decode(s: &str) -> Option<Signal> {
         match s {
             "wake" => Some(Signal::Wake),
             "nodes" => Some(Signal::Nodes),
@@ -78,70 +75,9 @@ impl Peers {
     }
 
     /// `false` when already connected.
-    fn connect(&self, tx: mpsc::UnboundedSender<Signal>) -> bool {
+    pub(crate) fn connect(&self, tx: mpsc::UnboundedSender<Signal>) -> bool {
         self.0.set(tx).is_ok()
     }
-}
-
-/// Starts telling and listening, where the store has other servers to reach. Returns the
-/// background tasks (none on SQLite).
-pub async fn connect(state: &AppState) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
-    let Some(mut incoming) = state.store.subscribe().await? else {
-        return Ok(Vec::new());
-    };
-    let me = uuid::Uuid::new_v4().simple().to_string();
-    let (tx, mut outgoing) = mpsc::unbounded_channel::<Signal>();
-    if !state.scheduler.peers().connect(tx.clone()) || !state.agents.peers().connect(tx) {
-        anyhow::bail!("this server is already connected to its peers");
-    }
-
-    let store = state.store.clone();
-    let sender = me.clone();
-    let publisher = tokio::spawn(async move {
-        while let Some(first) = outgoing.recv().await {
-            // Whatever queued up meanwhile goes out once: a burst of submissions is one wake-up.
-            let mut batch = BTreeSet::from([first]);
-            while let Ok(more) = outgoing.try_recv() {
-                batch.insert(more);
-            }
-            for s in batch {
-                if let Err(e) = store.publish(&format!("{sender}|{}", s.encode())).await {
-                    tracing::warn!(error = %e, "could not tell the other servers");
-                }
-            }
-        }
-    });
-
-    let (scheduler, agents, accounts, tunnels) = (
-        state.scheduler.clone(),
-        state.agents.clone(),
-        state.accounts.clone(),
-        state.tunnels.clone(),
-    );
-    let listener = tokio::spawn(async move {
-        while let Some(payload) = incoming.recv().await {
-            let Some((from, what)) = payload.split_once('|') else {
-                continue;
-            };
-            if from == me {
-                continue;
-            }
-            match Signal::decode(what) {
-                Some(Signal::Wake) => scheduler.wake_here(),
-                Some(Signal::Nodes) => scheduler.invalidate_nodes_here(),
-                Some(Signal::Node(n)) => agents.notify_here(&n),
-                Some(Signal::Data) => agents.data_stored_here(),
-                Some(Signal::Accounts) => accounts.clear(),
-                Some(Signal::Tunnel(t)) => {
-                    if let Some(node) = tunnels.offered(&t) {
-                        agents.notify_here(&node);
-                    }
-                }
-                None => tracing::debug!(payload, "unknown signal from another server"),
-            }
-        }
-    });
-    Ok(vec![publisher, listener])
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Builds the application: store, shared state, HTTP server. Binding happens in `build` so
 //! tests can ask for port 0 and read the real port before serving.
 
+use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +11,7 @@ use actix_web::middleware::{from_fn, Compress, Next};
 use actix_web::{
     body::MessageBody, dev::ServiceRequest, dev::ServiceResponse, web, App, HttpMessage, HttpServer,
 };
+use tokio::sync::mpsc;
 use tracing_actix_web::TracingLogger;
 
 use crate::auth::caller::RenewedSession;
@@ -18,6 +20,7 @@ use crate::auth::rate_limit::LoginLimiter;
 use crate::auth::session::SessionKeys;
 use crate::config::Settings;
 use crate::error::{path_error_handler, query_error_handler};
+use crate::replicas::Signal;
 use crate::scheduling::{Runner, SchedulerHandle};
 use crate::state::AppState;
 use crate::store::{self, Store};
@@ -115,7 +118,7 @@ impl Application {
             )?),
             clock,
         });
-        let mut background = crate::replicas::connect(&state).await?;
+        let mut background = connect_peers(&state).await?;
         background.push(tokio::spawn(submission_writer));
         background.push(tokio::spawn(start_writer));
         background.push(tokio::spawn(end_writer));
@@ -230,6 +233,67 @@ async fn renew_session(
         }
     }
     Ok(res)
+}
+
+/// Starts telling and listening, where the store has other servers to reach. Returns the
+/// background tasks (none on SQLite).
+async fn connect_peers(state: &AppState) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let Some(mut incoming) = state.store.subscribe().await? else {
+        return Ok(Vec::new());
+    };
+    let me = uuid::Uuid::new_v4().simple().to_string();
+    let (tx, mut outgoing) = mpsc::unbounded_channel::<Signal>();
+    if !state.scheduler.peers().connect(tx.clone()) || !state.agents.peers().connect(tx) {
+        anyhow::bail!("this server is already connected to its peers");
+    }
+
+    let store = state.store.clone();
+    let sender = me.clone();
+    let publisher = tokio::spawn(async move {
+        while let Some(first) = outgoing.recv().await {
+            // Whatever queued up meanwhile goes out once: a burst of submissions is one wake-up.
+            let mut batch = BTreeSet::from([first]);
+            while let Ok(more) = outgoing.try_recv() {
+                batch.insert(more);
+            }
+            for s in batch {
+                if let Err(e) = store.publish(&format!("{sender}|{}", s.encode())).await {
+                    tracing::warn!(error = %e, "could not tell the other servers");
+                }
+            }
+        }
+    });
+
+    let (scheduler, agents, accounts, tunnels) = (
+        state.scheduler.clone(),
+        state.agents.clone(),
+        state.accounts.clone(),
+        state.tunnels.clone(),
+    );
+    let listener = tokio::spawn(async move {
+        while let Some(payload) = incoming.recv().await {
+            let Some((from, what)) = payload.split_once('|') else {
+                continue;
+            };
+            if from == me {
+                continue;
+            }
+            match Signal::decode(what) {
+                Some(Signal::Wake) => scheduler.wake_here(),
+                Some(Signal::Nodes) => scheduler.invalidate_nodes_here(),
+                Some(Signal::Node(n)) => agents.notify_here(&n),
+                Some(Signal::Data) => agents.data_stored_here(),
+                Some(Signal::Accounts) => accounts.clear(),
+                Some(Signal::Tunnel(t)) => {
+                    if let Some(node) = tunnels.offered(&t) {
+                        agents.notify_here(&node);
+                    }
+                }
+                None => tracing::debug!(payload, "unknown signal from another server"),
+            }
+        }
+    });
+    Ok(vec![publisher, listener])
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@ use leptos::prelude::*;
 
 use crate::api::{self, ApiErr};
 use crate::app::{general_error, use_session, Field, RequireLogin};
+use crate::paths;
 use crate::time::Time;
 
 #[component]
@@ -38,7 +39,7 @@ fn Profile() -> impl IntoView {
 
 #[component]
 fn ApiKeys() -> impl IntoView {
-    let keys = Resource::new(|| (), |_| api::get::<Vec<ApiKeyInfo>>("/api/v1/api-keys"));
+    let keys = Resource::new(|| (), |_| api::get::<Vec<ApiKeyInfo>>(paths::api_keys()));
     let name = RwSignal::new(String::new());
     let expires = RwSignal::new(String::new());
     let error = RwSignal::new(None::<ApiErr>);
@@ -46,7 +47,7 @@ fn ApiKeys() -> impl IntoView {
 
     let create = Action::new_local(move |req: &CreateApiKeyRequest| {
         let req = req.clone();
-        async move { api::post::<_, CreatedApiKey>("/api/v1/api-keys", &req).await }
+        async move { api::post::<_, CreatedApiKey>(paths::api_keys(), &req).await }
     });
     Effect::new(move |_| match create.value().get() {
         Some(Ok(k)) => {
@@ -59,7 +60,7 @@ fn ApiKeys() -> impl IntoView {
     });
     let revoke = Action::new_local(move |id: &String| {
         let id = id.clone();
-        async move { api::delete(&format!("/api/v1/api-keys/{id}")).await }
+        async move { api::delete(paths::api_key(&id)).await }
     });
     Effect::new(move |_| match revoke.value().get() {
         Some(Ok(())) => keys.refetch(),
@@ -161,7 +162,7 @@ fn ChangePassword() -> impl IntoView {
     let change = Action::new_local(move |req: &PasswordChangeRequest| {
         let req = req.clone();
         async move {
-            api::post::<_, api::NoContent>("/api/v1/auth/password", &req)
+            api::post::<_, api::NoContent>(paths::password(), &req)
                 .await
                 .map(|_| ())
         }

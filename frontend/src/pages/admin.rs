@@ -12,6 +12,7 @@ use super::quota::{quota_summary, QuotaEditor};
 use crate::api::{self, ApiErr};
 use crate::app::{general_error, use_session, Field, RequireLogin};
 use crate::live;
+use crate::paths;
 use crate::time::Time;
 
 /// The administration tabs: (URL key, label). Each is a link, so a tab can be bookmarked and
@@ -125,7 +126,7 @@ pub fn AdminPage() -> impl IntoView {
                         "usage" => view! { <Usage/> }.into_any(),
                         "tokens" => view! { <RegistrationTokens/> }.into_any(),
                         "policy" => view! { <Policy/> }.into_any(),
-                        "sso" => view! { <super::sso::SsoSettingsForm path="/api/v1/admin/sso" organization=false/> }.into_any(),
+                        "sso" => view! { <super::sso::SsoSettingsForm organization=false/> }.into_any(),
                         _ => view! { <Tenants/> }.into_any(),
                     }}
                 }.into_any()
@@ -140,7 +141,7 @@ pub fn AdminPage() -> impl IntoView {
 fn Tenants() -> impl IntoView {
     let tenants = Resource::new(
         || (),
-        |_| api::get::<Vec<AdminTenant>>("/api/v1/admin/tenants"),
+        |_| api::get::<Vec<AdminTenant>>(paths::admin_tenants()),
     );
     let editing = RwSignal::new(None::<AdminTenant>);
     let error = RwSignal::new(None::<ApiErr>);
@@ -156,7 +157,7 @@ fn Tenants() -> impl IntoView {
         })
     });
     let trust = Action::new_local(move |(id, trusted): &(String, bool)| {
-        let path = format!("/api/v1/admin/tenants/{id}");
+        let path = paths::admin_tenant(id);
         let req = AdminUpdateTenantRequest {
             trusted: Some(*trusted),
         };
@@ -211,7 +212,7 @@ fn Tenants() -> impl IntoView {
             <SearchPager total=tenant_total placeholder="organization name"/>
         </section>
         {move || editing.get().map(|t| {
-            let path = format!("/api/v1/admin/tenants/{}/quota", t.id);
+            let path = paths::admin_tenant_quota(&t.id);
             let save = move |q: Quota| {
                 let p = path.clone();
                 async move { api::put::<_, Quota>(&p, &q).await }
@@ -249,7 +250,7 @@ fn policy_rows(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, Strin
 fn Policy() -> impl IntoView {
     let policy = Resource::new(
         || (),
-        |_| api::get::<SchedulingPolicy>("/api/v1/admin/policy"),
+        |_| api::get::<SchedulingPolicy>(paths::admin_policy()),
     );
     view! {
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
@@ -277,7 +278,7 @@ fn Policy() -> impl IntoView {
 
 #[component]
 fn Users() -> impl IntoView {
-    let users = Resource::new(|| (), |_| api::get::<Vec<AdminUser>>("/api/v1/admin/users"));
+    let users = Resource::new(|| (), |_| api::get::<Vec<AdminUser>>(paths::admin_users()));
     let error = RwSignal::new(None::<ApiErr>);
     let query = admin_query();
     let matches = |u: &AdminUser, needle: &str| {
@@ -293,7 +294,7 @@ fn Users() -> impl IntoView {
     });
     let update = Action::new_local(move |(id, req): &(String, AdminUpdateUserRequest)| {
         let (id, req) = (id.clone(), req.clone());
-        async move { api::patch::<_, AdminUser>(&format!("/api/v1/admin/users/{id}"), &req).await }
+        async move { api::patch::<_, AdminUser>(paths::admin_user(&id), &req).await }
     });
     Effect::new(move |_| match update.value().get() {
         Some(Ok(_)) => {
@@ -357,10 +358,10 @@ fn Users() -> impl IntoView {
 
 #[component]
 fn Nodes() -> impl IntoView {
-    let nodes = Resource::new(|| (), |_| api::get::<Vec<NodeInfo>>("/api/v1/nodes"));
+    let nodes = Resource::new(|| (), |_| api::get::<Vec<NodeInfo>>(paths::nodes()));
     let error = RwSignal::new(None::<ApiErr>);
     let act = Action::new_local(move |(id, action): &(String, &'static str)| {
-        let path = format!("/api/v1/admin/nodes/{id}/{action}");
+        let path = paths::node_action(id, action);
         async move { api::post_empty(&path).await }
     });
     Effect::new(move |_| match act.value().get() {
@@ -457,7 +458,7 @@ fn isolation_text(runtime: &str, isolation: &str) -> String {
 fn RegistrationTokens() -> impl IntoView {
     let tokens = Resource::new(
         || (),
-        |_| api::get::<Vec<RegistrationToken>>("/api/v1/admin/registration-tokens"),
+        |_| api::get::<Vec<RegistrationToken>>(paths::registration_tokens()),
     );
     let created = RwSignal::new(None::<RegistrationToken>);
     let error = RwSignal::new(None::<ApiErr>);
@@ -465,7 +466,7 @@ fn RegistrationTokens() -> impl IntoView {
     let node = RwSignal::new(String::new());
     let create = Action::new_local(move |req: &CreateRegistrationToken| {
         let req = req.clone();
-        async move { api::post::<_, RegistrationToken>("/api/v1/admin/registration-tokens", &req).await }
+        async move { api::post::<_, RegistrationToken>(paths::registration_tokens(), &req).await }
     });
     Effect::new(move |_| match create.value().get() {
         Some(Ok(t)) => {
@@ -501,7 +502,7 @@ fn RegistrationTokens() -> impl IntoView {
     let ferr =
         move |f: &'static str| Signal::derive(move || error.get().and_then(|e| e.for_field(f)));
     let revoke = Action::new_local(move |id: &String| {
-        let path = format!("/api/v1/admin/registration-tokens/{id}");
+        let path = paths::registration_token(id);
         async move { api::delete(&path).await }
     });
     Effect::new(move |_| {
@@ -581,12 +582,12 @@ fn Usage() -> impl IntoView {
             if m.is_empty() {
                 return Ok(None);
             }
-            api::get::<UsageReport>(&format!("/api/v1/admin/usage?month={m}"))
+            api::get::<UsageReport>(&format!("{}?month={m}", paths::admin_usage()))
                 .await
                 .map(Some)
         },
     );
-    let csv = move || format!("/api/v1/admin/usage?month={}&format=csv", month.get());
+    let csv = move || format!("{}?month={}&format=csv", paths::admin_usage(), month.get());
     view! {
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">

@@ -10,6 +10,7 @@ use leptos_router::hooks::use_query_map;
 use super::tasks::encode;
 use crate::api;
 use crate::app::{use_session, RequireLogin};
+use crate::paths;
 use crate::time::Time;
 
 /// The query keys the page passes on to the API.
@@ -54,7 +55,7 @@ fn Audit() -> impl IntoView {
     let page = Resource::new(
         move || (filters.get(), before.get()),
         |(f, before)| async move {
-            let mut path = format!("/api/v1/audit?limit=100&{f}");
+            let mut path = format!("{}?limit=100&{f}", paths::audit());
             if let Some(b) = before.filter(|b| !b.is_empty()) {
                 path.push_str(&format!("&before={}", encode(&b)));
             }
@@ -65,7 +66,8 @@ fn Audit() -> impl IntoView {
     let platform = move || session.me().is_some_and(|m| m.platform_admin);
     let export = move |format: &str| {
         format!(
-            "/api/v1/audit?format={format}&limit=100000&{}",
+            "{}?format={format}&limit=100000&{}",
+            paths::audit(),
             filters.get()
         )
     };

@@ -6,6 +6,7 @@ use leptos_router::hooks::{use_navigate, use_query_map};
 
 use crate::api::{self, ApiErr};
 use crate::app::{after_sign_in, general_error, use_session, Field, SignedOutOnly};
+use crate::paths;
 
 fn field_err(result: RwSignal<Option<ApiErr>>, field: &'static str) -> Signal<Option<String>> {
     Signal::derive(move || result.get().and_then(|e| e.for_field(field)))
@@ -50,7 +51,7 @@ pub fn SignupConfirmPage() -> impl IntoView {
         let body = autodl_common::api::SignupConfirmRequest {
             token: token.clone(),
         };
-        async move { api::post::<_, LoginResponse>("/api/v1/auth/signup/confirm", &body).await }
+        async move { api::post::<_, LoginResponse>(paths::signup_confirm(), &body).await }
     });
     Effect::new(move |_| {
         if let Some(t) = query
@@ -92,13 +93,7 @@ fn Signup() -> impl IntoView {
     let invitation = move || query.read().get("invitation").filter(|t| !t.is_empty());
     let preview = Resource::new(invitation, |token| async move {
         match token {
-            Some(t) => Some(
-                api::get::<InvitationPreview>(&format!(
-                    "/api/v1/invitations/{}",
-                    super::tasks::encode(&t)
-                ))
-                .await,
-            ),
+            Some(t) => Some(api::get::<InvitationPreview>(paths::invitation_preview(&t)).await),
             None => None,
         }
     });
@@ -118,7 +113,7 @@ fn Signup() -> impl IntoView {
 
     let submit = Action::new_local(move |req: &SignupRequest| {
         let req = req.clone();
-        async move { api::post::<_, serde_json::Value>("/api/v1/auth/signup", &req).await }
+        async move { api::post::<_, serde_json::Value>(paths::signup(), &req).await }
     });
     // Where the server sends email, a sign-up is finished from the link it sends.
     let pending = RwSignal::new(None::<String>);
@@ -219,10 +214,11 @@ fn Login() -> impl IntoView {
         |domain| async move {
             let path = match domain {
                 Some(d) => format!(
-                    "/api/v1/auth/sso/providers?email={}",
-                    super::tasks::encode(&format!("someone@{d}"))
+                    "{}?email={}",
+                    paths::sso_providers(),
+                    paths::encode(&format!("someone@{d}"))
                 ),
-                None => "/api/v1/auth/sso/providers".to_owned(),
+                None => paths::sso_providers(),
             };
             api::get::<Vec<SsoOption>>(&path).await
         },
@@ -230,7 +226,7 @@ fn Login() -> impl IntoView {
     let sso_error = move || query.read().get("sso_error").filter(|e| !e.is_empty());
     let submit = Action::new_local(move |req: &LoginRequest| {
         let req = req.clone();
-        async move { api::post::<_, LoginResponse>("/api/v1/auth/login", &req).await }
+        async move { api::post::<_, LoginResponse>(paths::login(), &req).await }
     });
     Effect::new(move |_| match submit.value().get() {
         Some(Ok(_)) => {
@@ -255,9 +251,9 @@ fn Login() -> impl IntoView {
 
     let start = move |id: &str| {
         format!(
-            "/api/v1/auth/sso/{}/start?return_to={}",
-            super::tasks::encode(id),
-            super::tasks::encode(&after_sign_in(next()))
+            "{}?return_to={}",
+            paths::sso_start(id),
+            paths::encode(&after_sign_in(next()))
         )
     };
     view! {

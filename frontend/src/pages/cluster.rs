@@ -10,6 +10,7 @@ use super::tasks::bytes;
 use crate::api;
 use crate::app::RequireLogin;
 use crate::live;
+use crate::paths;
 
 #[component]
 pub fn ClusterPage() -> impl IntoView {
@@ -63,7 +64,7 @@ fn Cluster() -> impl IntoView {
     let tick = live::ticker(Duration::from_secs(3));
     let nodes = Resource::new(
         move || tick.get(),
-        |_| api::get::<Vec<NodeInfo>>("/api/v1/nodes"),
+        |_| api::get::<Vec<NodeInfo>>(paths::nodes()),
     );
     view! {
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>

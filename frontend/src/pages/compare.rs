@@ -8,10 +8,11 @@ use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
 use super::metrics::{on_axis, step_points, unit_label};
-use super::tasks::{encode, ran_for, state_badge};
+use super::tasks::{ran_for, state_badge};
 use crate::api::{self, ApiErr};
 use crate::app::RequireLogin;
 use crate::chart::{LineChart, Series, PALETTE};
+use crate::paths;
 use crate::plot::{self, XAxis};
 use crate::time;
 
@@ -51,10 +52,10 @@ fn Compare() -> impl IntoView {
             }
             let mut out = Vec::new();
             for id in ids {
-                let t = api::get::<Task>(&format!("/api/v1/tasks/{}", encode(&id))).await?;
+                let t = api::get::<Task>(paths::task(&id)).await?;
                 let l = api::get::<MetricLines>(&format!(
-                    "/api/v1/tasks/{}/metrics/lines?points=400",
-                    encode(&id)
+                    "{}?points=400",
+                    paths::task_metric_lines(&id)
                 ))
                 .await?;
                 out.push((t, l));

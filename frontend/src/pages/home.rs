@@ -9,6 +9,7 @@ use super::tasks::{gpu_summary, state_badge};
 use crate::api;
 use crate::app::use_session;
 use crate::live;
+use crate::paths;
 use crate::time::Time;
 
 #[component]
@@ -86,13 +87,13 @@ fn Dashboard() -> impl IntoView {
     let tick = live::ticker(Duration::from_secs(5));
     let running = Resource::new(
         move || tick.get(),
-        |_| api::get::<TaskPage>("/api/v1/tasks?user=me&state=running&limit=50"),
+        |_| api::get::<TaskPage>(format!("{}?user=me&state=running&limit=50", paths::tasks())),
     );
     let waiting = Resource::new(
         move || tick.get(),
-        |_| api::get::<TaskPage>("/api/v1/tasks?user=me&state=pending&limit=50"),
+        |_| api::get::<TaskPage>(format!("{}?user=me&state=pending&limit=50", paths::tasks())),
     );
-    let quota = Resource::new(|| (), |_| api::get::<Quota>("/api/v1/tenant/quota"));
+    let quota = Resource::new(|| (), |_| api::get::<Quota>(paths::tenant_quota()));
     let list = move |r: Resource<Result<TaskPage, api::ApiErr>>| {
         r.get()
             .and_then(|r| r.ok())
@@ -181,7 +182,7 @@ mod tests {
     use autodl_common::tasks::{PriorityFactors, TaskState, Waiting};
 
     fn waiting(reason: &str, message: &str, fair_share: f64) -> Task {
-        let mut t = crate::pages::tasks::tests::task(TaskState::Pending, 0);
+        let mut t = crate::pages::task_notices::tests::task(TaskState::Pending, 0);
         t.waiting = Some(Waiting {
             reason: Some(reason.into()),
             message: message.into(),
@@ -222,7 +223,7 @@ mod tests {
         assert!(fair_share_note(&t(0.5), 1).contains("alongside everyone else's"));
         assert!(fair_share_note(&t(0.1), 1).contains("others' tasks go first"));
         assert!(fair_share_note(&[], 0).starts_with("Nothing of yours is waiting"));
-        let mut fresh = crate::pages::tasks::tests::task(TaskState::Pending, 0);
+        let mut fresh = crate::pages::task_notices::tests::task(TaskState::Pending, 0);
         fresh.waiting = None;
         assert!(fair_share_note(&[fresh], 1).contains("not been through a scheduling cycle"));
     }

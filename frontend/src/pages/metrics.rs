@@ -16,6 +16,7 @@ use super::tasks::encode;
 use crate::api;
 use crate::chart::{LineChart, Series, PALETTE};
 use crate::live::{self, TailStatus};
+use crate::paths;
 use crate::plot::{self, XAxis};
 use crate::time;
 
@@ -122,7 +123,7 @@ pub struct ChartHistory {
 
 impl ChartHistory {
     pub fn new(id: &str) -> Self {
-        let tid = StoredValue::new(encode(id));
+        let tid = StoredValue::new(id.to_owned());
         let axis = RwSignal::new(XAxis::Time);
         let zoom = RwSignal::new(None::<(f64, f64)>);
         let window = Memo::new(move |_| (axis.get() == XAxis::Time).then(|| zoom.get()).flatten());
@@ -130,8 +131,8 @@ impl ChartHistory {
             move || window.get().map(|(a, b)| (a.to_bits(), b.to_bits())),
             move |w| {
                 let mut path = format!(
-                    "/api/v1/tasks/{}/metrics/lines?points={POINTS}",
-                    tid.get_value()
+                    "{}?points={POINTS}",
+                    paths::task_metric_lines(&tid.get_value())
                 );
                 if let Some((a, b)) = w {
                     let (a, b) = (f64::from_bits(a), f64::from_bits(b));
@@ -177,11 +178,11 @@ pub fn Metrics(history: ChartHistory) -> impl IntoView {
         });
         match after {
             Some(ms) => format!(
-                "/api/v1/tasks/{}/metrics/stream?after={}",
-                tid.get_value(),
+                "{}?after={}",
+                paths::task_metric_stream(&tid.get_value()),
                 encode(&time::iso(ms))
             ),
-            None => format!("/api/v1/tasks/{}/metrics/stream", tid.get_value()),
+            None => paths::task_metric_stream(&tid.get_value()),
         }
     };
     live::follow(

@@ -12,5 +12,7 @@ pub mod quota;
 pub mod sso;
 pub mod submit;
 pub mod sweeps;
+pub mod task_notices;
+pub mod task_view;
 pub mod tasks;
 pub mod usage;

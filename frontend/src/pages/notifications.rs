@@ -8,6 +8,7 @@ use leptos::prelude::*;
 
 use crate::api::{self, ApiErr};
 use crate::app::general_error;
+use crate::paths;
 use crate::time::Time;
 
 /// The events, in the words of the person they concern.
@@ -68,7 +69,7 @@ fn event_boxes(
 pub fn EmailSettings() -> impl IntoView {
     let settings = Resource::new(
         || (),
-        |_| api::get::<NotificationSettings>("/api/v1/me/notifications"),
+        |_| api::get::<NotificationSettings>(paths::my_notifications()),
     );
     let chosen = RwSignal::new(Vec::<String>::new());
     let outcome = RwSignal::new(None::<Result<(), ApiErr>>);
@@ -81,7 +82,7 @@ pub fn EmailSettings() -> impl IntoView {
         let body = NotificationSettingsInput {
             email: email.clone(),
         };
-        async move { api::put::<_, NotificationSettings>("/api/v1/me/notifications", &body).await }
+        async move { api::put::<_, NotificationSettings>(paths::my_notifications(), &body).await }
     });
     Effect::new(move |_| match save.value().get() {
         Some(Ok(s)) => {
@@ -128,10 +129,7 @@ pub fn EmailSettings() -> impl IntoView {
 
 #[component]
 pub fn Webhooks() -> impl IntoView {
-    let hooks = Resource::new(
-        || (),
-        |_| api::get::<Vec<Webhook>>("/api/v1/tenant/webhooks"),
-    );
+    let hooks = Resource::new(|| (), |_| api::get::<Vec<Webhook>>(paths::webhooks()));
     let url = RwSignal::new(String::new());
     let chosen = RwSignal::new(vec!["task.failed".to_owned()]);
     let error = RwSignal::new(None::<ApiErr>);
@@ -139,7 +137,7 @@ pub fn Webhooks() -> impl IntoView {
     let shown = RwSignal::new(None::<String>);
     let add = Action::new_local(move |input: &WebhookInput| {
         let input = input.clone();
-        async move { api::post::<_, Webhook>("/api/v1/tenant/webhooks", &input).await }
+        async move { api::post::<_, Webhook>(paths::webhooks(), &input).await }
     });
     Effect::new(move |_| match add.value().get() {
         Some(Ok(w)) => {
@@ -152,7 +150,7 @@ pub fn Webhooks() -> impl IntoView {
         None => {}
     });
     let remove = Action::new_local(move |id: &String| {
-        let path = format!("/api/v1/tenant/webhooks/{id}");
+        let path = paths::webhook(id);
         async move { api::delete(&path).await }
     });
     Effect::new(move |_| match remove.value().get() {
@@ -167,11 +165,9 @@ pub fn Webhooks() -> impl IntoView {
         move || shown.get(),
         |id| async move {
             match id {
-                Some(id) => api::get::<Vec<WebhookDelivery>>(&format!(
-                    "/api/v1/tenant/webhooks/{id}/deliveries"
-                ))
-                .await
-                .map(Some),
+                Some(id) => api::get::<Vec<WebhookDelivery>>(paths::webhook_deliveries(&id))
+                    .await
+                    .map(Some),
                 None => Ok(None),
             }
         },

@@ -8,6 +8,7 @@ use super::quota::{quota_summary, QuotaEditor};
 use crate::api::{self, ApiErr};
 use crate::app::{general_error, use_session, Field, RequireLogin};
 use crate::form::{invalid, opt_num};
+use crate::paths;
 use crate::time::Time;
 
 #[component]
@@ -25,26 +26,23 @@ fn Org() -> impl IntoView {
             .me()
             .is_some_and(|m| m.role == autodl_common::api::Role::Owner || m.platform_admin)
     };
-    let tenant = Resource::new(|| (), |_| api::get::<TenantInfo>("/api/v1/tenant"));
-    let quota = Resource::new(|| (), |_| api::get::<Quota>("/api/v1/tenant/quota"));
-    let members = Resource::new(|| (), |_| api::get::<Vec<Member>>("/api/v1/tenant/members"));
+    let tenant = Resource::new(|| (), |_| api::get::<TenantInfo>(paths::tenant()));
+    let quota = Resource::new(|| (), |_| api::get::<Quota>(paths::tenant_quota()));
+    let members = Resource::new(|| (), |_| api::get::<Vec<Member>>(paths::members()));
     let error = RwSignal::new(None::<ApiErr>);
     let editing = RwSignal::new(None::<(String, String)>);
 
     let set_role = Action::new_local(move |(id, role): &(String, Role)| {
         let (id, role) = (id.clone(), *role);
         async move {
-            api::patch::<_, Member>(
-                &format!("/api/v1/tenant/members/{id}"),
-                &UpdateMemberRequest { role },
-            )
-            .await
-            .map(|_| ())
+            api::patch::<_, Member>(paths::member(&id), &UpdateMemberRequest { role })
+                .await
+                .map(|_| ())
         }
     });
     let remove = Action::new_local(move |id: &String| {
         let id = id.clone();
-        async move { api::delete(&format!("/api/v1/tenant/members/{id}")).await }
+        async move { api::delete(paths::member(&id)).await }
     });
     for result in [set_role.value(), remove.value()] {
         Effect::new(move |_| match result.get() {
@@ -126,7 +124,7 @@ fn Org() -> impl IntoView {
         <Show when=manager><Invitations/></Show>
         <Show when=manager><SessionRules/></Show>
         <Show when=manager><super::notifications::Webhooks/></Show>
-        <Show when=owner><super::sso::SsoSettingsForm path="/api/v1/tenant/sso" organization=true/></Show>
+        <Show when=owner><super::sso::SsoSettingsForm organization=true/></Show>
     }
 }
 
@@ -136,7 +134,7 @@ fn MemberQuota(
     email: String,
     on_close: impl Fn() + Clone + Send + Sync + 'static,
 ) -> impl IntoView {
-    let path = format!("/api/v1/tenant/members/{id}/quota");
+    let path = paths::member_quota(&id);
     let path2 = path.clone();
     let current = Resource::new(
         move || path.clone(),
@@ -162,17 +160,14 @@ fn MemberQuota(
 
 #[component]
 fn Invitations() -> impl IntoView {
-    let list = Resource::new(
-        || (),
-        |_| api::get::<Vec<Invitation>>("/api/v1/tenant/invitations"),
-    );
+    let list = Resource::new(|| (), |_| api::get::<Vec<Invitation>>(paths::invitations()));
     let email = RwSignal::new(String::new());
     let role = RwSignal::new("member".to_string());
     let error = RwSignal::new(None::<ApiErr>);
     let created = RwSignal::new(None::<Invitation>);
     let create = Action::new_local(move |req: &CreateInvitationRequest| {
         let req = req.clone();
-        async move { api::post::<_, Invitation>("/api/v1/tenant/invitations", &req).await }
+        async move { api::post::<_, Invitation>(paths::invitations(), &req).await }
     });
     Effect::new(move |_| match create.value().get() {
         Some(Ok(inv)) => {
@@ -186,7 +181,7 @@ fn Invitations() -> impl IntoView {
     });
     let revoke = Action::new_local(move |id: &String| {
         let id = id.clone();
-        async move { api::delete(&format!("/api/v1/tenant/invitations/{id}")).await }
+        async move { api::delete(paths::invitation(&id)).await }
     });
     Effect::new(move |_| {
         if revoke.value().get().is_some() {
@@ -254,7 +249,7 @@ fn Invitations() -> impl IntoView {
 fn SessionRules() -> impl IntoView {
     let current = Resource::new(
         || (),
-        |_| api::get::<SessionPolicy>("/api/v1/tenant/session-policy"),
+        |_| api::get::<SessionPolicy>(paths::session_policy()),
     );
     view! {
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
@@ -291,7 +286,7 @@ fn SessionRulesForm(initial: SessionPolicy) -> impl IntoView {
     let saved = RwSignal::new(false);
     let save = Action::new_local(move |p: &SessionPolicy| {
         let p = p.clone();
-        async move { api::put::<_, SessionPolicy>("/api/v1/tenant/session-policy", &p).await }
+        async move { api::put::<_, SessionPolicy>(paths::session_policy(), &p).await }
     });
     Effect::new(move |_| match save.value().get() {
         Some(Ok(_)) => {

@@ -9,6 +9,7 @@ use leptos_router::hooks::use_query_map;
 
 use crate::api::{self, ApiErr};
 use crate::app::general_error;
+use crate::paths;
 use crate::time::Time;
 
 /// "a, b c" → ["a", "b", "c"].
@@ -53,8 +54,13 @@ fn Text(
 /// The settings form for `path` (`/api/v1/tenant/sso` or `/api/v1/admin/sso`); an
 /// organization's also maps claims to roles and can turn passwords off.
 #[component]
-pub fn SsoSettingsForm(path: &'static str, organization: bool) -> impl IntoView {
-    let settings = Resource::new(|| (), move |_| api::get::<SsoSettings>(path));
+pub fn SsoSettingsForm(organization: bool) -> impl IntoView {
+    let path = StoredValue::new(if organization {
+        paths::tenant_sso()
+    } else {
+        paths::admin_sso()
+    });
+    let settings = Resource::new(|| (), move |_| api::get::<SsoSettings>(path.get_value()));
     let label = RwSignal::new(String::new());
     let issuer = RwSignal::new(String::new());
     let client_id = RwSignal::new(String::new());
@@ -90,7 +96,7 @@ pub fn SsoSettingsForm(path: &'static str, organization: bool) -> impl IntoView 
     });
     let save = Action::new_local(move |req: &SsoSettingsRequest| {
         let req = req.clone();
-        async move { api::put::<_, SsoSettings>(path, &req).await }
+        async move { api::put::<_, SsoSettings>(path.get_value(), &req).await }
     });
     Effect::new(move |_| match save.value().get() {
         Some(Ok(_)) => {
@@ -105,7 +111,8 @@ pub fn SsoSettingsForm(path: &'static str, organization: bool) -> impl IntoView 
         }
         None => {}
     });
-    let remove = Action::new_local(move |_: &()| async move { api::delete(path).await });
+    let remove =
+        Action::new_local(move |_: &()| async move { api::delete(path.get_value()).await });
     Effect::new(move |_| match remove.value().get() {
         Some(Ok(())) => {
             for s in [
@@ -234,7 +241,7 @@ pub fn LinkSso() -> impl IntoView {
     let query = use_query_map();
     let providers = Resource::new(
         || (),
-        |_| async move { api::get::<Vec<SsoOption>>("/api/v1/auth/sso/providers").await },
+        |_| async move { api::get::<Vec<SsoOption>>(paths::sso_providers()).await },
     );
     let failed = move || query.read().get("sso_error").filter(|e| !e.is_empty());
     view! {
@@ -247,7 +254,7 @@ pub fn LinkSso() -> impl IntoView {
                     <div class="row-actions">
                         {list.into_iter().map(|p| view! {
                             <a class="button secondary" rel="external" data-testid="link-sso-button"
-                                href=format!("/api/v1/auth/sso/{}/start?link=true&return_to=/account", super::tasks::encode(&p.id))>
+                                href=format!("{}?link=true&return_to=/account", crate::paths::sso_start(&p.id))>
                                 "Link " {p.label}
                             </a>
                         }).collect_view()}

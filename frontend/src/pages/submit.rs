@@ -14,6 +14,7 @@ use crate::api::{self, ApiErr};
 use crate::app::{general_error, Field, RequireLogin};
 use crate::form::{invalid, spec_to_input, FormValues};
 use crate::live;
+use crate::paths;
 
 const TEMPLATES_KEY: &str = "autodl.templates";
 
@@ -260,18 +261,14 @@ fn SubmitForm() -> impl IntoView {
     let error = RwSignal::new(None::<ApiErr>);
     let navigate = use_navigate();
     let query = use_query_map();
-    let nodes = Resource::new(|| (), |_| api::get::<Vec<NodeInfo>>("/api/v1/nodes"));
+    let nodes = Resource::new(|| (), |_| api::get::<Vec<NodeInfo>>(paths::nodes()));
     // Clone: prefill from ?from=ID.
     let from = Memo::new(move |_| query.with(|q| q.get("from")));
     let source = Resource::new(
         move || from.get(),
         |from| async move {
             match from {
-                Some(id) => {
-                    api::get::<Task>(&format!("/api/v1/tasks/{}", super::tasks::encode(&id)))
-                        .await
-                        .ok()
-                }
+                Some(id) => api::get::<Task>(crate::paths::task(&id)).await.ok(),
                 None => None,
             }
         },
@@ -304,7 +301,7 @@ fn SubmitForm() -> impl IntoView {
     });
     let submit = Action::new_local(move |body: &Value| {
         let body = body.clone();
-        async move { api::post::<_, Task>("/api/v1/tasks", &body).await }
+        async move { api::post::<_, Task>(paths::tasks(), &body).await }
     });
     Effect::new(move |_| match submit.value().get() {
         Some(Ok(t)) => navigate(&format!("/tasks/{}", t.id), Default::default()),

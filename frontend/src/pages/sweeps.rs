@@ -14,6 +14,7 @@ use super::tasks::{encode, state_badge};
 use crate::api::{self, ApiErr};
 use crate::app::{general_error, RequireLogin};
 use crate::live;
+use crate::paths;
 use crate::time;
 
 #[component]
@@ -52,7 +53,7 @@ fn SweepList() -> impl IntoView {
     let tick = live::ticker(Duration::from_secs(5));
     let sweeps = Resource::new(
         move || tick.get(),
-        |_| api::get::<Vec<Sweep>>("/api/v1/sweeps"),
+        |_| api::get::<Vec<Sweep>>(paths::sweeps()),
     );
     view! {
         <section class="card">
@@ -148,13 +149,13 @@ fn SweepTable() -> impl IntoView {
     let tick = live::ticker(Duration::from_secs(3));
     let sweep = Resource::new(
         move || (id.get(), tick.get()),
-        |(id, _)| async move { api::get::<Sweep>(&format!("/api/v1/sweeps/{}", encode(&id))).await },
+        |(id, _)| async move { api::get::<Sweep>(paths::sweep(&id)).await },
     );
     // Sorted by (column, descending); by trial at first.
     let sort = RwSignal::new((Column::Trial, false));
     let error = RwSignal::new(None::<ApiErr>);
     let cancel = Action::new_local(move |_: &()| {
-        let path = format!("/api/v1/sweeps/{}/cancel", encode(&id.get_untracked()));
+        let path = paths::sweep_cancel(&id.get_untracked());
         async move { api::post::<_, Value>(&path, &serde_json::json!({})).await }
     });
     Effect::new(move |_| match cancel.value().get() {

@@ -13,6 +13,7 @@ use super::tasks::encode;
 use crate::api;
 use crate::app::{use_session, RequireLogin};
 use crate::chart::{LineChart, Series, PALETTE};
+use crate::paths;
 use crate::plot::XAxis;
 use crate::time;
 
@@ -141,7 +142,7 @@ fn Usage() -> impl IntoView {
     let value = move |k: &str| query.with(|q| q.get(k).unwrap_or_default());
     let data = Resource::new(
         move || passed.get(),
-        |qs| async move { api::get::<UsageSeries>(&format!("/api/v1/usage/series?{qs}")).await },
+        |qs| async move { api::get::<UsageSeries>(&format!("{}?{qs}", paths::usage_series())).await },
     );
     let platform = move || session.me().is_some_and(|m| m.platform_admin);
     let manager = move || {
@@ -200,7 +201,7 @@ fn Usage() -> impl IntoView {
             </form>
             <p class="actions">
                 <a class="button secondary small" download="autodl-usage.csv" data-testid="usage-csv"
-                    href=move || format!("/api/v1/usage/series?format=csv&{}", passed.get())>"Export CSV"</a>
+                    href=move || format!("{}?format=csv&{}", paths::usage_series(), passed.get())>"Export CSV"</a>
             </p>
         </section>
         {move || data.get().map(|r| match r {

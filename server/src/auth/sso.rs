@@ -759,7 +759,7 @@ mod tests {
 
     /// The generator takes the pattern without its anchors (it makes whole strings anyway).
     fn issuers() -> impl proptest::strategy::Strategy<Value = String> {
-        let pattern = crate::routes::contract::ISSUER;
+        let pattern = crate::domain::names::ISSUER;
         let unanchored = pattern.trim_start_matches('^').trim_end_matches('$');
         proptest::string::string_regex(unanchored).unwrap()
     }
@@ -790,7 +790,7 @@ mod tests {
 
     #[test]
     fn hosts_that_parsers_read_as_numbers_are_outside_the_issuer_pattern() {
-        let pattern = regex::Regex::new(crate::routes::contract::ISSUER).unwrap();
+        let pattern = regex::Regex::new(crate::domain::names::ISSUER).unwrap();
         for ok in [
             "https://idp.example.com",
             "http://127.0.0.1:8080/realms/a",

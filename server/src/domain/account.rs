@@ -1,7 +1,7 @@
 //! Who signs in: an email address, a password strong enough to keep, and the names people
 //! give organizations and keys.
 
-use crate::error::ApiError;
+use super::DomainError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Email(String);
@@ -11,21 +11,22 @@ impl Email {
     /// (full-width letters, ligatures) cannot make a second account for the same address.
     /// Quoted local parts and comments are refused: no mail system our users have needs them,
     /// and they make one mailbox spellable in many ways.
-    pub fn parse(raw: &str) -> Result<Email, ApiError> {
+    pub fn parse(raw: &str) -> Result<Email, DomainError> {
         use unicode_normalization::UnicodeNormalization;
         let s: String = raw.trim().nfkc().collect::<String>().to_lowercase();
         if s.is_empty() {
-            return Err(ApiError::invalid("email", "email is required"));
+            return Err(DomainError::invalid("email", "email is required"));
         }
         if s.len() > 254 {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "email",
                 "email is longer than 254 characters",
             ));
         }
-        let invalid = || ApiError::invalid("email", format!("{s:?} is not a valid email address"));
+        let invalid =
+            || DomainError::invalid("email", format!("{s:?} is not a valid email address"));
         if s.contains(['"', '(', ')', '\\', ' ']) || s.chars().any(char::is_control) {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "email",
                 format!("{s:?} is not a plain email address (no quotes, comments or spaces)"),
             ));
@@ -54,16 +55,16 @@ impl Password {
     /// a capital and a digit (`Password12`, `Summer2024`) score lower.
     pub const MIN_SCORE: u8 = 3;
 
-    pub fn parse(raw: &str, email: Option<&Email>) -> Result<Password, ApiError> {
+    pub fn parse(raw: &str, email: Option<&Email>) -> Result<Password, DomainError> {
         let n = raw.chars().count();
         if n < Self::MIN_LEN {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "password",
                 format!("password must be at least {} characters", Self::MIN_LEN),
             ));
         }
         if n > Self::MAX_LEN {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "password",
                 format!("password must be at most {} characters", Self::MAX_LEN),
             ));
@@ -85,7 +86,7 @@ impl Password {
                 })
                 .filter(|h| !h.is_empty())
                 .unwrap_or_else(|| "Add more words or characters that are hard to guess.".into());
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "password",
                 format!("password is too weak (easy to guess): {hint}"),
             ));
@@ -99,19 +100,19 @@ impl Password {
 }
 
 /// A human-readable name (organization, API key): trimmed, 1..=max printable characters.
-pub fn parse_name(field: &'static str, raw: &str, max: usize) -> Result<String, ApiError> {
+pub fn parse_name(field: &'static str, raw: &str, max: usize) -> Result<String, DomainError> {
     let s = raw.trim();
     if s.is_empty() {
-        return Err(ApiError::invalid(field, format!("{field} is required")));
+        return Err(DomainError::invalid(field, format!("{field} is required")));
     }
     if s.chars().count() > max {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             field,
             format!("{field} must be at most {max} characters"),
         ));
     }
     if s.chars().any(char::is_control) {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             field,
             format!("{field} must not contain control characters"),
         ));
@@ -129,7 +130,7 @@ mod tests {
         #[test]
         fn every_email_the_document_allows_is_an_email(
             email in proptest::string::string_regex(
-                crate::routes::contract::EMAIL.trim_start_matches('^').trim_end_matches('$')
+                crate::domain::names::EMAIL.trim_start_matches('^').trim_end_matches('$')
             ).unwrap()
         ) {
             proptest::prop_assert!(Email::parse(&email).is_ok(), "{email:?}");
@@ -138,7 +139,7 @@ mod tests {
 
     #[test]
     fn long_local_parts_are_in_the_document() {
-        let pattern = regex::Regex::new(crate::routes::contract::EMAIL).unwrap();
+        let pattern = regex::Regex::new(crate::domain::names::EMAIL).unwrap();
         for ok in [
             "a.very.long.name@example.com",
             "christopher-alexander-montgomery@university.example.edu",
@@ -209,7 +210,7 @@ mod tests {
         let e = Email::parse("grace.hopper@example.com").unwrap();
         assert!(Password::parse("grace.hopper@example.com", Some(&e)).is_err());
         let msg = match Password::parse("Summer2024", None) {
-            Err(ApiError::Validation { message, .. }) => message,
+            Err(DomainError::Invalid { message, .. }) => message,
             other => panic!("{:?}", other.is_ok()),
         };
         assert!(msg.contains("too weak"), "{msg}");

@@ -1,6 +1,6 @@
 //! What agents save for tasks in object storage, and where each save is in its life.
 
-use crate::error::ApiError;
+use super::DomainError;
 
 /// What an agent saves for a task: a checkpoint to resume from, or the task's results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -10,11 +10,11 @@ pub enum ArtifactKind {
 }
 
 impl ArtifactKind {
-    pub fn parse(raw: &str) -> Result<Self, ApiError> {
+    pub fn parse(raw: &str) -> Result<Self, DomainError> {
         match raw {
             "checkpoint" => Ok(ArtifactKind::Checkpoint),
             "results" => Ok(ArtifactKind::Results),
-            other => Err(ApiError::invalid(
+            other => Err(DomainError::invalid(
                 "kind",
                 format!("kind is \"checkpoint\" or \"results\", not {other:?}"),
             )),

@@ -1,14 +1,14 @@
 //! GPU type names and the one family rule that matches them ("A100" covers "A100-40G").
 
-use crate::error::ApiError;
+use super::DomainError;
 
 /// A GPU type name as users, quotas and administrators write it ("A100", "A100-40G",
 /// "H200-141G"): 1 to 64 letters, digits, `-`, `_` or `.`, so that every name a task can ask
 /// for can also be allowed, declared and matched by family.
-pub fn parse_gpu_type(field: &'static str, raw: &str) -> Result<String, ApiError> {
+pub fn parse_gpu_type(field: &'static str, raw: &str) -> Result<String, DomainError> {
     let t = raw.trim();
     if !super::names::is_gpu_type(t) {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             field,
             format!("{raw:?} is not a GPU type name"),
         ));
@@ -24,12 +24,12 @@ pub struct AllowedGpuTypes(Option<Vec<String>>);
 
 impl AllowedGpuTypes {
     /// Names are trimmed, kept once (ignoring case), and must look like GPU type names.
-    pub fn parse(list: Option<&[String]>) -> Result<Self, ApiError> {
+    pub fn parse(list: Option<&[String]>) -> Result<Self, DomainError> {
         let Some(list) = list else {
             return Ok(AllowedGpuTypes(None));
         };
         if list.len() > 64 {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "allowed_gpu_types",
                 "at most 64 GPU types",
             ));

@@ -1,6 +1,6 @@
 //! A client's key that makes retrying a submission safe.
 
-use crate::error::ApiError;
+use super::DomainError;
 
 /// A client's key that makes retrying a submission safe (the `Idempotency-Key` header): 1 to
 /// 128 printable ASCII characters with no blank at either end (HTTP already drops the blanks
@@ -9,9 +9,9 @@ use crate::error::ApiError;
 pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
-    pub fn parse(raw: &str) -> Result<Self, ApiError> {
+    pub fn parse(raw: &str) -> Result<Self, DomainError> {
         if !super::names::is_idempotency_key(raw) {
-            return Err(ApiError::BadRequest(
+            return Err(DomainError::Malformed(
                 "Idempotency-Key must be 1 to 128 printable ASCII characters, with no blank at either end".into(),
             ));
         }

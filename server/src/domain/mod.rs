@@ -5,6 +5,7 @@
 mod account;
 mod address;
 mod artifact;
+mod error;
 mod gpu_type;
 mod idempotency_key;
 pub mod names;
@@ -15,6 +16,7 @@ mod timestamp;
 pub use account::{parse_name, Email, Password};
 pub use address::is_internal;
 pub use artifact::{ArtifactKind, ArtifactState};
+pub use error::DomainError;
 pub use gpu_type::{parse_gpu_type, AllowedGpuTypes};
 pub use idempotency_key::IdempotencyKey;
 pub use node::{parse_node_id, NodeStatus};

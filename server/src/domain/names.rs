@@ -1,5 +1,6 @@
 //! The names people give things (GPU types, nodes, environment variables, labels, metrics,
-//! idempotency keys), each rule written once: as the pattern the API's contract publishes
+//! idempotency keys) and the addresses they type (emails, sign-in providers' issuers), each
+//! rule written once: as the pattern the API's contract publishes
 //! (`routes::contract`) and the parsers check, so the two can never disagree.
 
 use std::sync::LazyLock;
@@ -18,6 +19,15 @@ pub const LABEL_KEY: &str = r"^[A-Za-z0-9_./-]{1,63}$";
 pub const METRIC_NAME: &str = r"^[A-Za-z0-9_./-]{1,64}$";
 /// An `Idempotency-Key` header: 1 to 128 printable ASCII characters, no blank at either end.
 pub const IDEMPOTENCY_KEY: &str = r"^[\x21-\x7e]([\x20-\x7e]{0,126}[\x21-\x7e])?$";
+
+/// The addresses accounts use: a plain dot-atom local part of at most 64 characters (one to
+/// four parts) and a host name with a TLD. Every address it allows is one the account rules
+/// take (`domain::account::Email`, checked by a property test).
+pub const EMAIL: &str = r"^([A-Za-z0-9_%+-]{1,64}|[A-Za-z0-9_%+-]{1,31}\.[A-Za-z0-9_%+-]{1,32}|[A-Za-z0-9_%+-]{1,20}\.[A-Za-z0-9_%+-]{1,20}\.[A-Za-z0-9_%+-]{1,22}|[A-Za-z0-9_%+-]{1,15}\.[A-Za-z0-9_%+-]{1,15}\.[A-Za-z0-9_%+-]{1,15}\.[A-Za-z0-9_%+-]{1,16})@[A-Za-z0-9]{1,20}(-[A-Za-z0-9]{1,10}){0,3}(\.[A-Za-z0-9]{1,20}(-[A-Za-z0-9]{1,10}){0,3}){0,3}\.[A-Za-z]{2,12}$";
+/// An OpenID issuer: an http(s) URL without query or fragment. The host is an IPv4 address or
+/// names whose last label starts with a letter: URL parsers read a host ending in a number as an
+/// IPv4 address (`r.2` is refused), and a label with `--` may be punycode that does not decode.
+pub const ISSUER: &str = r"^https?://((25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])){3}|([A-Za-z0-9]{1,63}(-[A-Za-z0-9]{1,63})*\.){0,8}[A-Za-z][A-Za-z0-9]{0,62}(-[A-Za-z0-9]{1,63})*)(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?(/[A-Za-z0-9._~-]+)*/?$";
 
 macro_rules! checks {
     ($($(#[$doc:meta])* $check:ident => $pattern:ident),* $(,)?) => {

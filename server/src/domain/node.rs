@@ -1,6 +1,6 @@
 //! How nodes are named and whether they take new tasks.
 
-use crate::error::ApiError;
+use super::DomainError;
 
 /// Whether a node takes new tasks: ready, cordoned or draining by an administrator (draining
 /// also stops what runs there), or lost (its agent stopped polling; ready again when it polls).
@@ -49,9 +49,9 @@ impl TryFrom<String> for NodeStatus {
 
 /// A node id, as agents and administrators name nodes: it appears in URLs, logs and task
 /// placements, so only 1..=128 letters, digits, '-', '_' or '.'.
-pub fn parse_node_id(field: &'static str, raw: &str) -> Result<String, ApiError> {
+pub fn parse_node_id(field: &'static str, raw: &str) -> Result<String, DomainError> {
     if !super::names::is_node_id(raw) {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             field,
             "node id is 1..128 letters, digits, '-', '_' or '.'",
         ));

@@ -4,27 +4,27 @@
 use autodl_common::api::Quota;
 
 use super::AllowedGpuTypes;
-use crate::error::ApiError;
+use super::DomainError;
 use crate::store::QuotaRecord;
 
 /// Checks a quota's values and turns it into the stored form.
-pub fn parse_quota(q: &Quota) -> Result<QuotaRecord, ApiError> {
+pub fn parse_quota(q: &Quota) -> Result<QuotaRecord, DomainError> {
     if q.max_gpus.is_some_and(|n| n > 1_000_000) {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "max_gpus",
             "max_gpus is unreasonably large",
         ));
     }
     if let Some(h) = q.gpu_hours_per_month {
         if !h.is_finite() || !(0.0..=1e9).contains(&h) {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "gpu_hours_per_month",
                 "gpu_hours_per_month must be a number between 0 and 1e9",
             ));
         }
     }
     if q.max_queued_tasks.is_some_and(|n| n > 10_000_000) {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "max_queued_tasks",
             "max_queued_tasks is unreasonably large",
         ));
@@ -32,7 +32,7 @@ pub fn parse_quota(q: &Quota) -> Result<QuotaRecord, ApiError> {
     let allowed_gpu_types = AllowedGpuTypes::parse(q.allowed_gpu_types.as_deref())?;
     let max_storage_bytes = match q.max_storage_bytes {
         Some(b) => Some(i64::try_from(b).map_err(|_| {
-            ApiError::invalid(
+            DomainError::invalid(
                 "max_storage_bytes",
                 "max_storage_bytes is unreasonably large",
             )
@@ -41,7 +41,7 @@ pub fn parse_quota(q: &Quota) -> Result<QuotaRecord, ApiError> {
     };
     if let Some(share) = q.share {
         if !share.is_finite() || share <= 0.0 || share > 1000.0 {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "share",
                 "share must be a number above 0 and at most 1000",
             ));
@@ -69,7 +69,7 @@ pub fn quota_to_api(r: &QuotaRecord) -> Quota {
 }
 
 /// A user's quota may only narrow the tenant's: every cap the tenant sets bounds the user's.
-pub fn check_within(user: &QuotaRecord, tenant: &QuotaRecord) -> Result<(), ApiError> {
+pub fn check_within(user: &QuotaRecord, tenant: &QuotaRecord) -> Result<(), DomainError> {
     fn over<T: PartialOrd + Copy>(u: Option<T>, t: Option<T>) -> bool {
         match (u, t) {
             (_, None) => false,
@@ -78,25 +78,25 @@ pub fn check_within(user: &QuotaRecord, tenant: &QuotaRecord) -> Result<(), ApiE
         }
     }
     if over(user.max_gpus, tenant.max_gpus) {
-        return Err(ApiError::Refused {
+        return Err(DomainError::Refused {
             field: "max_gpus",
             message: "max_gpus exceeds the organization's cap".into(),
         });
     }
     if over(user.gpu_hours_per_month, tenant.gpu_hours_per_month) {
-        return Err(ApiError::Refused {
+        return Err(DomainError::Refused {
             field: "gpu_hours_per_month",
             message: "gpu_hours_per_month exceeds the organization's cap".into(),
         });
     }
     if over(user.max_queued_tasks, tenant.max_queued_tasks) {
-        return Err(ApiError::Refused {
+        return Err(DomainError::Refused {
             field: "max_queued_tasks",
             message: "max_queued_tasks exceeds the organization's cap".into(),
         });
     }
     if let Err(bad) = user.allowed_gpu_types.within(&tenant.allowed_gpu_types) {
-        return Err(ApiError::Refused {
+        return Err(DomainError::Refused {
             field: "allowed_gpu_types",
             message: format!("GPU type {bad:?} is not allowed for the organization"),
         });

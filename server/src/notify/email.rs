@@ -37,6 +37,22 @@ pub async fn wanted(store: &dyn Store, user_id: &str) -> crate::store::StoreResu
         .unwrap_or_default())
 }
 
+/// An email to send now, as the outbox keeps it until it is sent.
+pub fn outgoing(to: String, event: &str, subject: String, body: String, now: i64) -> EmailRecord {
+    EmailRecord {
+        id: uuid::Uuid::now_v7().to_string(),
+        to_addr: to,
+        event: event.to_owned(),
+        subject,
+        body,
+        attempts: 0,
+        next_at: Some(now),
+        sent_at: None,
+        last_error: None,
+        created_at: now,
+    }
+}
+
 /// Queues the email for `event` to `user_id` if they asked for it.
 pub async fn queue_for(store: &dyn Store, user_id: &str, event: Event, data: &Value, now: i64) {
     let outcome = async {
@@ -48,18 +64,7 @@ pub async fn queue_for(store: &dyn Store, user_id: &str, event: Event, data: &Va
         };
         let (subject, body) = words(event, data);
         store
-            .queue_email(&EmailRecord {
-                id: uuid::Uuid::now_v7().to_string(),
-                to_addr: user.email,
-                event: event.as_str().to_owned(),
-                subject,
-                body,
-                attempts: 0,
-                next_at: Some(now),
-                sent_at: None,
-                last_error: None,
-                created_at: now,
-            })
+            .queue_email(&outgoing(user.email, event.as_str(), subject, body, now))
             .await
             .map(|()| true)
     };

@@ -1,4 +1,5 @@
-//! Platform operators' view across tenants.
+//! Platform operators' view across organizations, as HTTP; the rules are
+//! `usecases::platform`'s.
 
 use actix_web::{get, patch, put, web, HttpRequest};
 use autodl_common::api::{
@@ -14,7 +15,8 @@ use crate::domain::{parse_quota, quota_to_api};
 use crate::error::ApiError;
 use crate::routes::json::Json;
 use crate::state::AppState;
-use crate::store::{QuotaScope, UserRecord};
+use crate::store::UserRecord;
+use crate::usecases::platform::{self, OrganizationView};
 
 #[utoipa::path(responses((status = 200, body = [AdminTenant]), (status = 403, body = ErrorBody)))]
 #[get("/admin/tenants")]
@@ -22,22 +24,21 @@ pub async fn tenants(
     state: web::Data<AppState>,
     caller: Caller,
 ) -> Result<web::Json<Vec<AdminTenant>>, ApiError> {
-    caller.require_platform_admin()?;
-    let mut out = Vec::new();
-    for t in state.store.list_tenants().await? {
-        let quota = quota_to_api(&state.store.quota(QuotaScope::Tenant, &t.id).await?);
-        let storage_bytes = state.store.storage_bytes(&t.id).await?.max(0) as u64;
-        out.push(AdminTenant {
-            id: t.id,
-            name: t.name,
-            created_at: rfc3339(t.created_at),
-            members: t.members as u64,
-            quota,
-            trusted: t.trusted,
-            storage_bytes,
-        });
+    let all = platform::organizations(&state, &caller).await?;
+    Ok(web::Json(all.into_iter().map(admin_tenant).collect()))
+}
+
+fn admin_tenant(v: OrganizationView) -> AdminTenant {
+    let t = v.summary;
+    AdminTenant {
+        id: t.id,
+        name: t.name,
+        created_at: rfc3339(t.created_at),
+        members: t.members as u64,
+        quota: quota_to_api(&v.quota),
+        trusted: t.trusted,
+        storage_bytes: v.storage_bytes,
     }
-    Ok(web::Json(out))
 }
 
 /// Trusts an organization (its tasks may run on trusted-only nodes) or withdraws the trust.
@@ -57,9 +58,7 @@ pub async fn update_tenant(
 ) -> Result<web::Json<AdminTenant>, ApiError> {
     caller.require_platform_admin()?;
     if let Some(trusted) = body.trusted {
-        if !state.store.set_tenant_trusted(&id, trusted).await? {
-            return Err(ApiError::NotFound("no such tenant".into()));
-        }
+        platform::set_trusted(&state, &caller, &id, trusted).await?;
         audit::record(
             &state,
             Actor::of(&caller, &req),
@@ -70,25 +69,9 @@ pub async fn update_tenant(
         )
         .await;
         tracing::info!(trusted, "organization trust changed");
-        state.accounts_changed();
-        state.scheduler.wake();
     }
-    let t = state
-        .store
-        .list_tenants()
-        .await?
-        .into_iter()
-        .find(|t| t.id == *id)
-        .ok_or_else(|| ApiError::NotFound("no such tenant".into()))?;
-    Ok(web::Json(AdminTenant {
-        quota: quota_to_api(&state.store.quota(QuotaScope::Tenant, &t.id).await?),
-        storage_bytes: state.store.storage_bytes(&t.id).await?.max(0) as u64,
-        id: t.id,
-        name: t.name,
-        created_at: rfc3339(t.created_at),
-        members: t.members as u64,
-        trusted: t.trusted,
-    }))
+    let v = platform::organization(&state, &caller, &id).await?;
+    Ok(web::Json(admin_tenant(v)))
 }
 
 #[utoipa::path(
@@ -107,16 +90,7 @@ pub async fn set_tenant_quota(
 ) -> Result<web::Json<Quota>, ApiError> {
     caller.require_platform_admin()?;
     let rec = parse_quota(&body)?;
-    state
-        .store
-        .tenant(&id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound("no such tenant".into()))?;
-    state
-        .store
-        .set_quota(QuotaScope::Tenant, &id, &rec, state.clock.now_ms())
-        .await?;
-    state.accounts_changed();
+    platform::set_quota(&state, &caller, &id, &rec).await?;
     audit::record(
         &state,
         Actor::of(&caller, &req),
@@ -135,8 +109,7 @@ pub async fn users(
     state: web::Data<AppState>,
     caller: Caller,
 ) -> Result<web::Json<Vec<AdminUser>>, ApiError> {
-    caller.require_platform_admin()?;
-    let users = state.store.list_users().await?;
+    let users = platform::accounts(&state, &caller).await?;
     let out = users
         .into_iter()
         .map(|u| admin_user(u.user, u.tenant_name))
@@ -159,35 +132,9 @@ pub async fn update_user(
     id: web::Path<String>,
     body: Json<AdminUpdateUserRequest>,
 ) -> Result<web::Json<AdminUser>, ApiError> {
-    caller.require_platform_admin()?;
-    if *id == caller.user.id && (body.disabled == Some(true) || body.platform_admin == Some(false))
-    {
-        return Err(ApiError::Refused {
-            field: "id",
-            message: "you cannot disable yourself or drop your own admin rights".into(),
-        });
-    }
-    if !state
-        .store
-        .set_user_flags(&id, body.disabled, body.platform_admin)
-        .await?
-    {
-        return Err(ApiError::NotFound("no such user".into()));
-    }
-    state.accounts_changed();
-    if body.disabled == Some(true) {
-        state.store.revoke_user_sessions(&id, None).await?;
-    }
-    let u = state
-        .store
-        .user(&id)
-        .await?
-        .ok_or(ApiError::NotFound("no such user".into()))?;
-    let t = state
-        .store
-        .tenant(&u.tenant_id)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("tenant missing"))?;
+    let (u, tenant_name) =
+        platform::set_account_flags(&state, &caller, &id, body.disabled, body.platform_admin)
+            .await?;
     audit::record(
         &state,
         Actor::of(&caller, &req),
@@ -197,7 +144,7 @@ pub async fn update_user(
         serde_json::json!({ "disabled": body.disabled, "platform_admin": body.platform_admin }),
     )
     .await;
-    Ok(web::Json(admin_user(u, t.name)?))
+    Ok(web::Json(admin_user(u, tenant_name)?))
 }
 
 fn admin_user(u: UserRecord, tenant_name: String) -> Result<AdminUser, ApiError> {

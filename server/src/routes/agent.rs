@@ -11,18 +11,16 @@ use autodl_common::agent::{
 use autodl_common::api::ErrorBody;
 use serde::Deserialize;
 
-use crate::agents::dispatch::work_for;
 use crate::agents::node_caller::NodeCaller;
 use crate::audit::{self, Action, Actor};
 use crate::auth::Caller;
 use crate::domain::rfc3339;
-use crate::domain::NodeStatus;
 use crate::domain::{parse_name, parse_node_id};
 use crate::error::ApiError;
 use crate::routes::json::Json;
 use crate::state::AppState;
 use crate::store::RegistrationTokenRecord;
-use crate::usecases::{agents, reports};
+use crate::usecases::{agents, poll as polls, reports};
 
 pub const METRIC_BODY_LIMIT: usize = 8 * 1024 * 1024;
 
@@ -39,9 +37,8 @@ fn token_info(t: &RegistrationTokenRecord, token: Option<String>) -> Registratio
     }
 }
 
-/// What an agent says about how it runs tasks, checked and in the stored form
-/// (runtime, isolation, JSON of the dataset roots). An agent that says nothing is a node
-/// that cannot isolate tasks.
+/// A token agents register with (shown once): for any node up to `max_uses` times, or once
+/// for one named node.
 #[utoipa::path(request_body = CreateRegistrationToken, responses((status = 201, body = RegistrationToken), (status = 403, body = ErrorBody)))]
 #[post("/admin/registration-tokens")]
 pub async fn create_token(
@@ -75,8 +72,9 @@ pub async fn create_token(
             ));
         }
     }
-    let (token, rec) = agents::issue_registration_token(
-        state.store.as_ref(),
+    let (token, rec) = agents::grant_registration_token(
+        &state,
+        &caller,
         agents::TokenGrant {
             name,
             created_by: caller.user.id.clone(),
@@ -84,7 +82,6 @@ pub async fn create_token(
             max_uses,
             valid_ms: i64::from(hours) * 3_600_000,
         },
-        state.clock.now_ms(),
     )
     .await?;
     audit::record(
@@ -105,8 +102,7 @@ pub async fn list_tokens(
     state: web::Data<AppState>,
     caller: Caller,
 ) -> Result<web::Json<Vec<RegistrationToken>>, ApiError> {
-    caller.require_platform_admin()?;
-    let list = state.store.list_registration_tokens().await?;
+    let list = agents::registration_tokens(&state, &caller).await?;
     Ok(web::Json(
         list.iter().map(|t| token_info(t, None)).collect(),
     ))
@@ -120,21 +116,17 @@ pub async fn revoke_token(
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require_platform_admin()?;
-    if state.store.revoke_registration_token(&id).await? {
-        audit::record(
-            &state,
-            Actor::of(&caller, &req),
-            None,
-            Action::RegistrationTokenRevoked,
-            &format!("registration token {id}"),
-            serde_json::json!({}),
-        )
-        .await;
-        Ok(HttpResponse::NoContent().finish())
-    } else {
-        Err(ApiError::NotFound("no such registration token".into()))
-    }
+    agents::revoke_registration_token(&state, &caller, &id).await?;
+    audit::record(
+        &state,
+        Actor::of(&caller, &req),
+        None,
+        Action::RegistrationTokenRevoked,
+        &format!("registration token {id}"),
+        serde_json::json!({}),
+    )
+    .await;
+    Ok(HttpResponse::NoContent().finish())
 }
 
 /// An agent joins with a registration token and receives its own node credential.
@@ -187,56 +179,9 @@ pub async fn poll(
             ))
         }
     };
-    let waiter = state.agents.waiter(&node.node.id);
-    let now_ms = state.clock.now_ms();
-    let n = &node.node;
-    // Any other node is noted as heard by `NodeCaller`.
-    if n.status == NodeStatus::Lost {
-        state.store.touch_node(&n.id, now_ms).await?;
-    }
-    // An agent restarted with other settings (Docker gone, isolation off, new dataset roots)
-    // says so in its polls; an agent that says nothing keeps what it said at registration.
-    if body.host.is_some() {
-        let host = agents::host_fields(body.host.as_ref())?;
-        let n = &node.node;
-        if host != crate::store::NodeHost::of(n) {
-            tracing::info!(node = %n.id, runtime = %host.runtime, isolation = %host.isolation, "node reports a change in how it runs tasks");
-            state.store.set_node_host(&n.id, &host).await?;
-            state.scheduler.invalidate_nodes();
-            state.scheduler.wake();
-        }
-    }
-    if node.node.status == NodeStatus::Lost {
-        state.scheduler.invalidate_nodes();
-        state.scheduler.wake();
-    }
-    // Once, as the poll arrives: what it says the agent runs is what it runs now. The first
-    // look at its work reuses that read unless it requeued something.
-    let active = state.store.node_tasks(&node.node.id).await?;
-    let requeued =
-        crate::agents::dispatch::reconcile(&state, &node.node, &body.running, &active).await?;
-    let mut fresh = (requeued == 0).then_some(active);
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        // Register interest before looking, so a notification between the look and the wait
-        // is not lost.
-        let notified = waiter.notified();
-        let active = match fresh.take() {
-            Some(a) => a,
-            None => state.store.node_tasks(&node.node.id).await?,
-        };
-        let work = work_for(&state, &node.node, &body.running, &active).await?;
-        if !work.assignments.is_empty()
-            || !work.stop.is_empty()
-            || !work.tunnels.is_empty()
-            || tokio::time::Instant::now() >= deadline
-        {
-            return Ok(web::Json(work));
-        }
-        if tokio::time::timeout_at(deadline, notified).await.is_err() {
-            return Ok(web::Json(work));
-        }
-    }
+    Ok(web::Json(
+        polls::answer(&state, &node.node, &body, wait).await?,
+    ))
 }
 
 #[utoipa::path(params(("id" = String, Path)), request_body = AttemptRef, responses((status = 204), (status = 409, body = ErrorBody)))]

@@ -8,7 +8,7 @@
 
 /// The names people give things are the domain's rules (`domain::names`), published here.
 pub use crate::domain::names::{
-    ENV_NAME, GPU_TYPE, IDEMPOTENCY_KEY, LABEL_KEY, METRIC_NAME, NODE_ID,
+    EMAIL, ENV_NAME, GPU_TYPE, IDEMPOTENCY_KEY, ISSUER, LABEL_KEY, METRIC_NAME, NODE_ID,
 };
 use serde_json::{json, Value};
 
@@ -16,10 +16,6 @@ use serde_json::{json, Value};
 pub const TEXT: &str = r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f][^\u0000-\u001f\u007f-\u009f]*$";
 /// A shell script: like [`TEXT`], with newlines and tabs.
 pub const SCRIPT: &str = r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f][^\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]*$";
-/// The addresses accounts use: a plain dot-atom local part of at most 64 characters (one to
-/// four parts) and a host name with a TLD. Every address it allows is one the account rules
-/// take (`domain::account::Email`, checked by a property test).
-pub const EMAIL: &str = r"^([A-Za-z0-9_%+-]{1,64}|[A-Za-z0-9_%+-]{1,31}\.[A-Za-z0-9_%+-]{1,32}|[A-Za-z0-9_%+-]{1,20}\.[A-Za-z0-9_%+-]{1,20}\.[A-Za-z0-9_%+-]{1,22}|[A-Za-z0-9_%+-]{1,15}\.[A-Za-z0-9_%+-]{1,15}\.[A-Za-z0-9_%+-]{1,15}\.[A-Za-z0-9_%+-]{1,16})@[A-Za-z0-9]{1,20}(-[A-Za-z0-9]{1,10}){0,3}(\.[A-Za-z0-9]{1,20}(-[A-Za-z0-9]{1,10}){0,3}){0,3}\.[A-Za-z]{2,12}$";
 /// A quota's GPU types are trimmed first: spaces around a name, none inside it.
 pub const QUOTA_GPU_TYPE: &str = r"^ *[A-Za-z0-9._-]{1,64} *$";
 /// Sizes: bytes, or a number with a unit.
@@ -35,10 +31,6 @@ pub const MONTH: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])$";
 pub const DATE: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])$";
 /// A UTC date, or an instant as [`RFC3339`] says it.
 pub const DATE_OR_RFC3339: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])(T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-](0[0-9]|1[0-3]):[0-5][0-9]))?$";
-/// An OpenID issuer: an http(s) URL without query or fragment. The host is an IPv4 address or
-/// names whose last label starts with a letter: URL parsers read a host ending in a number as an
-/// IPv4 address (`r.2` is refused), and a label with `--` may be punycode that does not decode.
-pub const ISSUER: &str = r"^https?://((25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])){3}|([A-Za-z0-9]{1,63}(-[A-Za-z0-9]{1,63})*\.){0,8}[A-Za-z][A-Za-z0-9]{0,62}(-[A-Za-z0-9]{1,63})*)(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?(/[A-Za-z0-9._~-]+)*/?$";
 /// An email domain: labels of letters, digits and inner hyphens, at least two.
 pub const EMAIL_DOMAIN: &str = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?){1,4}$";
 /// A code bundle's id: `sha256:` and the digest in lower-case hex.

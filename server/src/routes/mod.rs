@@ -1,5 +1,7 @@
-//! HTTP handlers, one module per resource. Each parses input into domain types, calls the
-//! store and maps errors; none holds policy of its own beyond the caller's rights.
+//! HTTP handlers, one module per resource. Each parses the request into domain types, calls a
+//! use case (`usecases/`) and shapes the answer (status, cookies, streams, the audit record);
+//! none touches the store or holds a rule of its own. The route table below is the one list of
+//! the API's operations: what it registers is what the OpenAPI document describes.
 
 pub mod admin;
 pub mod agent;
@@ -14,7 +16,9 @@ pub mod health;
 pub mod json;
 pub mod nodes;
 pub mod notifications;
+pub mod objects;
 pub mod openapi;
+pub mod prometheus;
 pub mod sso;
 pub mod streams;
 pub mod sweeps;
@@ -26,10 +30,140 @@ pub mod webhooks;
 
 use actix_web::web;
 
+use openapi::{Conventions, Security};
+
 use crate::domain::rfc3339;
 use crate::error::ApiError;
 use crate::store::{TenantRecord, UserRecord};
 use autodl_common::api::Me;
+
+/// The API's route table, declared once: every handler here is registered under `/api/v1` and
+/// is an operation of the OpenAPI document ([`openapi::ApiDoc`]), from this one list. Outside
+/// it: the document itself, `/healthz` and `/agent/metrics` (a larger body limit), registered
+/// in [`configure`] and documented through `documented_elsewhere`.
+macro_rules! route_table {
+    (documented_elsewhere: [$($other:path),* $(,)?], routes: [$($handler:path),* $(,)?]) => {
+        fn api_services(scope: actix_web::Scope) -> actix_web::Scope {
+            scope$(.service($handler))*
+        }
+
+        /// The OpenAPI document: the route table's operations and the wire types.
+        #[derive(utoipa::OpenApi)]
+        #[openapi(
+            info(title = "autodl API", description = "Submit and watch GPU training tasks; manage accounts, organizations and quotas."),
+            paths($($other,)* $($handler),*),
+            modifiers(&Security, &Conventions),
+            security(("bearer" = []), ("session" = []))
+        )]
+        pub struct ApiDoc;
+    };
+}
+
+route_table! {
+    documented_elsewhere: [health::healthz, agent::metrics],
+    routes: [
+        auth::signup,
+        auth::confirm_signup,
+        auth::login,
+        auth::logout,
+        auth::change_password,
+        auth::me,
+        sso::providers,
+        sso::start,
+        sso::callback,
+        sso::tenant_settings,
+        sso::put_tenant_settings,
+        sso::delete_tenant_settings,
+        sso::platform_settings,
+        sso::put_platform_settings,
+        sso::delete_platform_settings,
+        api_keys::list,
+        api_keys::create,
+        api_keys::revoke,
+        tenant::show,
+        tenant::members,
+        tenant::update_member,
+        tenant::remove_member,
+        tenant::invitations,
+        tenant::invite,
+        tenant::revoke_invitation,
+        tenant::preview_invitation,
+        tenant::tenant_quota,
+        tenant::member_quota,
+        tenant::set_member_quota,
+        tenant::session_policy,
+        tenant::set_session_policy,
+        webhooks::list,
+        webhooks::create,
+        webhooks::remove,
+        webhooks::deliveries,
+        audit::list,
+        usage::series,
+        notifications::show,
+        notifications::update,
+        admin::tenants,
+        admin::set_tenant_quota,
+        admin::update_tenant,
+        admin::users,
+        admin::update_user,
+        admin::policy,
+        usage::usage,
+        tasks::submit,
+        sweeps::create,
+        sweeps::list,
+        sweeps::show,
+        sweeps::cancel,
+        tasks::list,
+        tasks::show,
+        tasks::cancel,
+        tasks::events,
+        tasks::attempts,
+        tasks::logs,
+        tasks::log_stream,
+        tasks::metrics,
+        tasks::metric_lines,
+        tasks::log_download,
+        streams::metric_stream,
+        tasks::report_metrics,
+        tunnels::shell,
+        tunnels::exec,
+        tunnels::open_app,
+        tunnels::port,
+        tunnels::agent_side,
+        artifacts::results,
+        artifacts::result_files,
+        artifacts::result_file,
+        artifacts::checkpoints,
+        objects::list_objects,
+        objects::put_object,
+        objects::get_object,
+        objects::delete_object,
+        artifacts::start_upload,
+        artifacts::put_file,
+        artifacts::commit,
+        artifacts::abandon,
+        artifacts::get_file,
+        artifacts::data_manifest,
+        artifacts::data_file,
+        code::upload,
+        code::show,
+        code::download,
+        code::for_agent,
+        nodes::list,
+        nodes::register,
+        nodes::remove,
+        nodes::set_status,
+        agent::create_token,
+        agent::list_tokens,
+        agent::revoke_token,
+        agent::register,
+        agent::poll,
+        agent::started,
+        agent::logs,
+        agent::finished,
+        agent::not_kept,
+    ]
+}
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     // Requests to the apps site are the apps proxy's, whatever the path (unknown hosts there
@@ -53,110 +187,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route(web::get().to(health::healthz))
             .default_service(web::to(not_routed)),
     )
-    .service(crate::prometheus_metrics::endpoint)
+    .service(prometheus::endpoint)
     .service(
-        web::scope("/api/v1")
-            .service(openapi::document)
-            .service(auth::signup)
-            .service(auth::confirm_signup)
-            .service(auth::login)
-            .service(auth::logout)
-            .service(auth::change_password)
-            .service(auth::me)
-            .service(sso::providers)
-            .service(sso::start)
-            .service(sso::callback)
-            .service(sso::tenant_settings)
-            .service(sso::put_tenant_settings)
-            .service(sso::delete_tenant_settings)
-            .service(sso::platform_settings)
-            .service(sso::put_platform_settings)
-            .service(sso::delete_platform_settings)
-            .service(api_keys::list)
-            .service(api_keys::create)
-            .service(api_keys::revoke)
-            .service(tenant::show)
-            .service(tenant::members)
-            .service(tenant::update_member)
-            .service(tenant::remove_member)
-            .service(tenant::invitations)
-            .service(tenant::invite)
-            .service(tenant::revoke_invitation)
-            .service(tenant::preview_invitation)
-            .service(tenant::tenant_quota)
-            .service(tenant::member_quota)
-            .service(tenant::set_member_quota)
-            .service(tenant::session_policy)
-            .service(tenant::set_session_policy)
-            .service(webhooks::list)
-            .service(webhooks::create)
-            .service(webhooks::remove)
-            .service(webhooks::deliveries)
-            .service(audit::list)
-            .service(usage::series)
-            .service(notifications::show)
-            .service(notifications::update)
-            .service(admin::tenants)
-            .service(admin::set_tenant_quota)
-            .service(admin::update_tenant)
-            .service(admin::users)
-            .service(admin::update_user)
-            .service(admin::policy)
-            .service(usage::usage)
-            .service(tasks::submit)
-            .service(sweeps::create)
-            .service(sweeps::list)
-            .service(sweeps::show)
-            .service(sweeps::cancel)
-            .service(tasks::list)
-            .service(tasks::show)
-            .service(tasks::cancel)
-            .service(tasks::events)
-            .service(tasks::attempts)
-            .service(tasks::logs)
-            .service(tasks::log_stream)
-            .service(tasks::metrics)
-            .service(tasks::metric_lines)
-            .service(tasks::log_download)
-            .service(streams::metric_stream)
-            .service(tasks::report_metrics)
-            .service(tunnels::shell)
-            .service(tunnels::exec)
-            .service(tunnels::open_app)
-            .service(tunnels::port)
-            .service(tunnels::agent_side)
-            .service(artifacts::results)
-            .service(artifacts::result_files)
-            .service(artifacts::result_file)
-            .service(artifacts::checkpoints)
-            .service(artifacts::list_objects)
-            .service(artifacts::put_object)
-            .service(artifacts::get_object)
-            .service(artifacts::delete_object)
-            .service(artifacts::start_upload)
-            .service(artifacts::put_file)
-            .service(artifacts::commit)
-            .service(artifacts::abandon)
-            .service(artifacts::get_file)
-            .service(artifacts::data_manifest)
-            .service(artifacts::data_file)
-            .service(code::upload)
-            .service(code::show)
-            .service(code::download)
-            .service(code::for_agent)
-            .service(nodes::list)
-            .service(nodes::register)
-            .service(nodes::remove)
-            .service(nodes::set_status)
-            .service(agent::create_token)
-            .service(agent::list_tokens)
-            .service(agent::revoke_token)
-            .service(agent::register)
-            .service(agent::poll)
-            .service(agent::started)
-            .service(agent::logs)
-            .service(agent::finished)
-            .service(agent::not_kept)
+        api_services(web::scope("/api/v1").service(openapi::document))
             .service(
                 web::resource("/agent/metrics")
                     .app_data(crate::routes::json::JsonLimit(agent::METRIC_BODY_LIMIT))

@@ -5,10 +5,11 @@ use autodl_common::api::{ErrorBody, NotificationSettings, NotificationSettingsIn
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::notify::email::{wanted, EMAIL_EVENTS};
+use crate::notify::email::EMAIL_EVENTS;
 use crate::notify::Event;
 use crate::routes::json::Json;
 use crate::state::AppState;
+use crate::usecases::notifications;
 
 fn settings(state: &AppState, caller: &Caller, email: Vec<Event>) -> NotificationSettings {
     NotificationSettings {
@@ -29,7 +30,7 @@ pub async fn show(
     state: web::Data<AppState>,
     caller: Caller,
 ) -> Result<web::Json<NotificationSettings>, ApiError> {
-    let email = wanted(state.store.as_ref(), &caller.user.id).await?;
+    let email = notifications::email_events(&state, &caller).await?;
     Ok(web::Json(settings(&state, &caller, email)))
 }
 
@@ -67,10 +68,6 @@ pub async fn update(
             "this server sends no email: its operator sets AUTODL_SMTP_URL first".into(),
         ));
     }
-    let json = serde_json::to_string(&email).map_err(anyhow::Error::from)?;
-    state
-        .store
-        .set_email_events(&caller.user.id, &json, state.clock.now_ms())
-        .await?;
+    notifications::set_email_events(&state, &caller, &email).await?;
     Ok(web::Json(out))
 }

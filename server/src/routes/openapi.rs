@@ -6,43 +6,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{
-    admin, agent, api_keys, artifacts, audit, auth, code, health, nodes, notifications, sso,
-    streams, sweeps, tasks, tenant, tunnels, usage, webhooks,
-};
-
-#[derive(OpenApi)]
-#[openapi(
-    info(title = "autodl API", description = "Submit and watch GPU training tasks; manage accounts, organizations and quotas."),
-    paths(
-        health::healthz,
-        auth::signup, auth::confirm_signup, auth::login, auth::logout, auth::change_password, auth::me,
-        sso::providers, sso::start, sso::callback, sso::tenant_settings, sso::put_tenant_settings, sso::delete_tenant_settings,
-        sso::platform_settings, sso::put_platform_settings, sso::delete_platform_settings,
-        api_keys::list, api_keys::create, api_keys::revoke,
-        tenant::show, tenant::members, tenant::update_member, tenant::remove_member,
-        tenant::invitations, tenant::invite, tenant::revoke_invitation, tenant::preview_invitation,
-        tenant::tenant_quota, tenant::member_quota, tenant::set_member_quota,
-        tenant::session_policy, tenant::set_session_policy,
-        webhooks::list, webhooks::create, webhooks::remove, webhooks::deliveries,
-        audit::list, notifications::show, notifications::update,
-        admin::tenants, admin::set_tenant_quota, admin::users, admin::update_user, admin::policy, usage::usage, usage::series,
-        tasks::submit, tasks::list, tasks::show, tasks::cancel, tasks::events, tasks::attempts,
-        tasks::logs, tasks::log_download, tasks::log_stream, tasks::metrics, tasks::metric_lines, streams::metric_stream, tasks::report_metrics,
-        tunnels::shell, tunnels::exec, tunnels::port, tunnels::open_app, tunnels::agent_side,
-        artifacts::results, artifacts::result_files, artifacts::result_file, artifacts::checkpoints, artifacts::list_objects, artifacts::put_object,
-        artifacts::get_object, artifacts::delete_object, artifacts::start_upload, artifacts::put_file,
-        artifacts::commit, artifacts::abandon, artifacts::get_file, artifacts::data_manifest, artifacts::data_file,
-        code::upload, code::show, code::download, code::for_agent,
-        sweeps::create, sweeps::list, sweeps::show, sweeps::cancel,
-        nodes::list, nodes::register, nodes::remove, nodes::set_status,
-        agent::create_token, agent::list_tokens, agent::revoke_token, agent::register, agent::poll,
-        agent::started, agent::logs, agent::finished, agent::not_kept, agent::metrics,
-    ),
-    modifiers(&Security, &Conventions),
-    security(("bearer" = []), ("session" = []))
-)]
-pub struct ApiDoc;
+pub use super::ApiDoc;
 
 /// Operations anyone may call: no credential is looked at.
 const PUBLIC: [(&str, &str); 10] = [
@@ -61,7 +25,7 @@ const PUBLIC: [(&str, &str); 10] = [
 /// What every operation shares, said once instead of on each handler: public operations need
 /// no credential, the others answer 401 without one, and every failure (a malformed request,
 /// a body too large, too many attempts, ...) has the JSON error body.
-struct Conventions;
+pub struct Conventions;
 
 fn operations(item: &mut PathItem) -> Vec<(&'static str, &mut Operation)> {
     // The methods of `METHODS`, as utoipa holds them.
@@ -252,7 +216,7 @@ pub fn documented_methods(request_path: &str) -> Option<Vec<&'static str>> {
     None
 }
 
-struct Security;
+pub struct Security;
 
 impl Modify for Security {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
@@ -304,6 +268,40 @@ pub async fn document(state: web::Data<crate::state::AppState>) -> web::Json<ser
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A path template with its parameters' names left out: `/tasks/{}/events`.
+    fn shape(template: &str) -> String {
+        let mut out = String::new();
+        let mut inside = false;
+        for c in template.chars() {
+            match c {
+                '{' => {
+                    inside = true;
+                    out.push_str("{}");
+                }
+                '}' => inside = false,
+                c if !inside => out.push(c),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_web_app_calls_only_paths_of_the_route_table() {
+        let documented: std::collections::BTreeSet<String> = ApiDoc::openapi()
+            .paths
+            .paths
+            .keys()
+            .map(|p| shape(p))
+            .collect();
+        for template in autodl_frontend::paths::TEMPLATES {
+            assert!(
+                documented.contains(&shape(template)),
+                "the web app builds {template}, which the API does not have"
+            );
+        }
+    }
 
     #[test]
     fn bodies_are_checked_against_the_document() {

@@ -9,15 +9,14 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use crate::audit::{self, Action, Actor};
-use crate::auth::secrets::digest;
-use crate::auth::sso::{self, SsoError, BROWSER_COOKIE};
+use crate::auth::sso::{self, BROWSER_COOKIE};
 use crate::auth::Caller;
 use crate::domain::rfc3339;
 use crate::error::ApiError;
 use crate::routes::json::Json;
 use crate::state::AppState;
 use crate::store::{SsoProviderRecord, SsoScope};
-use crate::usecases::sso::{account_for, link_account};
+use crate::usecases::{sso as round_trip, sso_settings};
 
 fn to_api(state: &AppState, p: &SsoProviderRecord) -> SsoProvider {
     SsoProvider {
@@ -59,18 +58,15 @@ pub async fn providers(
         .and_then(|e| e.trim().rsplit_once('@'))
         .map(|(_, d)| d.trim_end_matches('.').to_ascii_lowercase())
         .filter(|d| !d.is_empty());
-    let all = state.store.sso_providers().await?;
+    let visible = sso_settings::visible(
+        &state,
+        caller.as_ref().map(|c| c.tenant_id()),
+        domain.as_deref(),
+    )
+    .await?;
     Ok(web::Json(
-        all.into_iter()
-            .filter(|p| match p.scope.tenant() {
-                None => true,
-                Some(t) => {
-                    caller.as_ref().is_some_and(|c| c.tenant_id() == t)
-                        || domain
-                            .as_ref()
-                            .is_some_and(|d| p.allowed_domains.contains(d))
-                }
-            })
+        visible
+            .into_iter()
             .map(|p| SsoOption {
                 id: p.id,
                 label: p.label,
@@ -116,11 +112,7 @@ pub async fn start(
         (true, Ok(c)) => Some(c.user.id.clone()),
         (true, Err(_)) => return Ok(to_login("sign in first, then link your account").finish()),
     };
-    let p = state
-        .store
-        .sso_provider(&id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound("no such sign-in provider".into()))?;
+    let p = sso_settings::provider(&state, &id).await?;
     let now = state.clock.now_ms();
     let started = match state
         .sso
@@ -138,7 +130,7 @@ pub async fn start(
             return Ok(to_login(&e.to_string()).finish());
         }
     };
-    state.store.begin_sso_login(&started.login, now).await?;
+    round_trip::begun(&state, &started, now).await?;
     let cookie = Cookie::build(BROWSER_COOKIE, started.browser_secret)
         .path("/api/v1/auth/sso")
         .http_only(true)
@@ -176,13 +168,26 @@ pub async fn callback(
     query: web::Query<CallbackQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let now = state.clock.now_ms();
-    let outcome = finish(&state, &req, &query, now).await;
+    let secret = req.cookie(BROWSER_COOKIE);
+    let answer = round_trip::Answer {
+        state: query.state.as_deref(),
+        code: query.code.as_deref(),
+        error: query.error.as_deref(),
+        error_description: query.error_description.as_deref(),
+        browser_secret: secret.as_ref().map(|c| c.value()),
+    };
+    let outcome = round_trip::finish(&state, &answer, now).await;
     let mut forget = Cookie::build(BROWSER_COOKIE, "")
         .path("/api/v1/auth/sso")
         .finish();
     forget.make_removal();
     match outcome {
-        Ok((user, tenant, return_to, provider)) => {
+        Ok(round_trip::Finished {
+            user,
+            tenant,
+            return_to,
+            provider,
+        }) => {
             audit::record(
                 &state,
                 Actor::user(&user, &req),
@@ -192,7 +197,7 @@ pub async fn callback(
                 serde_json::json!({ "method": "sso", "provider": provider }),
             )
             .await;
-            let (_, cookies) = super::auth::open_session(&state, &user, now).await?;
+            let (_, cookies) = super::auth::open_session(&state, &user).await?;
             let mut res = HttpResponse::SeeOther();
             res.insert_header((header::LOCATION, return_to))
                 .insert_header((header::CACHE_CONTROL, "no-store"))
@@ -238,107 +243,6 @@ fn back_with(path: &str, why: &str) -> actix_web::HttpResponseBuilder {
     res.insert_header((header::LOCATION, format!("{path}{sep}{query}")))
         .insert_header((header::CACHE_CONTROL, "no-store"));
     res
-}
-
-/// Why a callback signed nobody in, whom it concerned, and where to show it.
-struct Refusal {
-    error: SsoError,
-    email: Option<String>,
-    tenant: Option<String>,
-    /// A signed-in person linking their account goes back to where they started.
-    back: Option<String>,
-}
-
-impl From<SsoError> for Refusal {
-    fn from(error: SsoError) -> Self {
-        Refusal {
-            error,
-            email: None,
-            tenant: None,
-            back: None,
-        }
-    }
-}
-
-async fn finish(
-    state: &AppState,
-    req: &HttpRequest,
-    q: &CallbackQuery,
-    now: i64,
-) -> Result<
-    (
-        crate::store::UserRecord,
-        crate::store::TenantRecord,
-        String,
-        String,
-    ),
-    Refusal,
-> {
-    let refuse = |m: &str| Refusal::from(SsoError::Refused(m.to_owned()));
-    let state_param = q
-        .state
-        .as_deref()
-        .ok_or_else(|| refuse("the provider's answer has no state"))?;
-    // Taken once: a replayed answer finds nothing.
-    let login = state
-        .store
-        .take_sso_login(&digest(state_param))
-        .await
-        .map_err(|e| Refusal::from(SsoError::from(e)))?
-        .filter(|l| l.expires_at > now)
-        .ok_or_else(|| {
-            refuse(
-                "this sign-in was already used or has expired; start again from the sign-in page",
-            )
-        })?;
-    let browser = req
-        .cookie(BROWSER_COOKIE)
-        .map(|c| digest(c.value()))
-        .unwrap_or_default();
-    if browser != login.browser_hash {
-        return Err(refuse(
-            "this sign-in was started in another browser; start again from the sign-in page",
-        ));
-    }
-    let p = state
-        .store
-        .sso_provider(&login.provider_id)
-        .await
-        .map_err(|e| Refusal::from(SsoError::from(e)))?
-        .ok_or_else(|| refuse("this sign-in provider was removed"))?;
-    let about = |error: SsoError, email: Option<String>| Refusal {
-        error,
-        email,
-        tenant: p.scope.tenant().map(str::to_owned),
-        back: login.link_user.as_ref().map(|_| login.return_to.clone()),
-    };
-    if let Some(err) = &q.error {
-        let why = q.error_description.as_deref().unwrap_or(err);
-        return Err(about(
-            SsoError::Refused(format!("the provider refused: {why}")),
-            None,
-        ));
-    }
-    let code = q
-        .code
-        .as_deref()
-        .ok_or_else(|| about(SsoError::Refused("the provider sent no code".into()), None))?;
-    let identity = state
-        .sso
-        .finish(&p, &login, code, now)
-        .await
-        .map_err(|e| about(e, None))?;
-    let signed = match &login.link_user {
-        Some(user_id) => link_account(state, &p, &identity, user_id, now).await,
-        None => account_for(state, &p, &identity, now).await,
-    }
-    .map_err(|e| about(e, identity.email.clone()))?;
-    Ok((
-        signed.user,
-        signed.tenant,
-        login.return_to.clone(),
-        p.id.clone(),
-    ))
 }
 
 /// The organization's single sign-on (owners and admins).
@@ -418,11 +322,7 @@ pub async fn delete_platform_settings(
 }
 
 async fn settings(state: &AppState, scope: &SsoScope) -> Result<web::Json<SsoSettings>, ApiError> {
-    let provider = state.store.sso_provider_of(scope).await?;
-    let password_login = match scope.tenant() {
-        Some(t) => state.store.password_login(t).await?,
-        None => true,
-    };
+    let (provider, password_login) = sso_settings::settings(state, scope).await?;
     Ok(web::Json(SsoSettings {
         provider: provider.as_ref().map(|p| to_api(state, p)),
         password_login,
@@ -437,32 +337,7 @@ async fn put_settings(
     scope: SsoScope,
     body: SsoSettingsRequest,
 ) -> Result<web::Json<SsoSettings>, ApiError> {
-    let now = state.clock.now_ms();
-    let existing = state.store.sso_provider_of(&scope).await?;
-    let record = sso::parse_settings(&body, scope.clone(), existing.as_ref(), now)?;
-    if scope == SsoScope::Platform && body.password_login.is_some() {
-        return Err(ApiError::Refused {
-            field: "password_login",
-            message: "password sign-in is turned off per organization, not for the platform".into(),
-        });
-    }
-    // A provider that cannot be read would lock people out: it is read before it is saved.
-    state
-        .sso
-        .metadata(&record, now, true)
-        .await
-        .map_err(|e| ApiError::Refused {
-            field: "issuer",
-            message: e.to_string(),
-        })?;
-    let saved = state.store.put_sso_provider(&record).await?;
-    if existing.as_ref().is_some_and(|e| e.issuer != saved.issuer) {
-        // Another issuer's subjects are other people.
-        state.store.forget_sso_identities(&saved.id).await?;
-    }
-    if let (Some(t), Some(allowed)) = (scope.tenant(), body.password_login) {
-        state.store.set_password_login(t, allowed).await?;
-    }
+    let saved = sso_settings::put(state, &scope, &body).await?;
     audit::record(
         state,
         Actor::of(caller, req),
@@ -490,10 +365,7 @@ async fn delete_settings(
     caller: &Caller,
     scope: SsoScope,
 ) -> Result<HttpResponse, ApiError> {
-    let Some(p) = state.store.sso_provider_of(&scope).await? else {
-        return Err(ApiError::NotFound("no single sign-on is set up".into()));
-    };
-    state.store.delete_sso_provider(&scope).await?;
+    let p = sso_settings::remove(state, &scope).await?;
     audit::record(
         state,
         Actor::of(caller, req),

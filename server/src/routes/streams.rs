@@ -12,6 +12,8 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::tasks::spec;
+use crate::usecases::reach::find;
+use crate::usecases::task_history;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -38,11 +40,7 @@ pub async fn metric_stream(
     id: web::Path<String>,
     q: web::Query<MetricStreamQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let task = state
-        .store
-        .task(Some(caller.tenant_id()), &id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound("no such task".into()))?;
+    let task = find(&state, &caller, &id).await?;
     let after = match q.after.as_deref() {
         None => 0,
         Some(a) => spec::parse_time_ms(a)
@@ -69,21 +67,15 @@ pub async fn metric_stream(
                         ));
                     }
                     // Read the state first: what is stored by then is all there will be.
-                    let finished = match state.store.task(None, &task_id).await {
-                        Ok(Some(t)) => t.task.state.is_finished(),
-                        _ => true,
-                    };
-                    let fetched = async {
-                        let r = state
-                            .store
-                            .task_metrics(&task_id, metric_after, BACKLOG)
-                            .await?;
-                        let g = state
-                            .store
-                            .task_gpu_samples(&task_id, gpu_after, BACKLOG)
-                            .await?;
-                        Ok::<_, crate::store::StoreError>((r, g))
-                    }
+                    let finished = task_history::has_ended(&state, &task_id)
+                        .await
+                        .unwrap_or(true);
+                    let fetched = task_history::samples_since(
+                        &state,
+                        &task_id,
+                        (metric_after, gpu_after),
+                        BACKLOG,
+                    )
                     .await;
                     let (reported, gpu) = match fetched {
                         Ok(x) => x,

@@ -81,20 +81,15 @@ pub async fn cancel(
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<web::Json<SweepCancelled>, ApiError> {
-    let owner = state
-        .store
-        .sweep(caller.tenant_id(), &id)
-        .await?
-        .map(|s| (s.sweep.user_id, s.user_email, s.sweep.name));
-    let cancelled = crate::usecases::sweeps::cancel(&state, &caller, &id).await?;
-    if let Some((_, email, name)) = owner.filter(|o| o.0 != caller.user.id) {
+    let (sweep, cancelled) = crate::usecases::sweeps::cancel(&state, &caller, &id).await?;
+    if sweep.sweep.user_id != caller.user.id {
         audit::record(
             &state,
             Actor::of(&caller, &req),
             Some(caller.tenant_id()),
             Action::SweepCancelledByOther,
             &format!("sweep {id}"),
-            serde_json::json!({ "owner": email, "name": name, "cancelled": cancelled }),
+            serde_json::json!({ "owner": sweep.user_email, "name": sweep.sweep.name, "cancelled": cancelled }),
         )
         .await;
     }

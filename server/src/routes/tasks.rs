@@ -21,10 +21,11 @@ use crate::domain::IdempotencyKey;
 use crate::error::ApiError;
 use crate::routes::json::Json;
 use crate::state::AppState;
-use crate::store::{CancelOutcome, TaskFilter};
+use crate::store::TaskFilter;
 use crate::tasks::{spec, to_api};
 use crate::usecases::reach::find;
 use crate::usecases::submit::Submitted;
+use crate::usecases::task_history;
 
 const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 
@@ -54,7 +55,7 @@ pub async fn submit(
         .map(|v| {
             v.to_str()
                 .map_err(|_| ApiError::BadRequest("Idempotency-Key must be printable ASCII".into()))
-                .and_then(IdempotencyKey::parse)
+                .and_then(|k| IdempotencyKey::parse(k).map_err(ApiError::from))
         })
         .transpose()?;
     Ok(
@@ -136,7 +137,7 @@ pub async fn list(
         before,
         limit: limit + 1,
     };
-    let mut rows = state.store.list_tasks(&filter).await?;
+    let (mut rows, total) = task_history::list(&state, &caller, filter).await?;
     let next_cursor = if rows.len() as i64 > limit {
         rows.truncate(limit as usize);
         rows.last()
@@ -144,7 +145,6 @@ pub async fn list(
     } else {
         None
     };
-    let total = state.store.count_tasks(&filter).await?;
     let items = rows.into_iter().map(to_api).collect::<Result<_, _>>()?;
     Ok(web::Json(TaskPage {
         items,
@@ -174,18 +174,7 @@ pub async fn cancel(
     caller: Caller,
     id: web::Path<String>,
 ) -> Result<web::Json<Task>, ApiError> {
-    match state
-        .store
-        .cancel_task(caller.tenant_id(), &id, state.clock.now_ms())
-        .await?
-    {
-        CancelOutcome::Cancelled => state.scheduler.wake(),
-        CancelOutcome::NotFound => return Err(ApiError::NotFound("no such task".into())),
-        CancelOutcome::AlreadyFinished(s) => {
-            return Err(ApiError::Conflict(format!("the task is already {s}")))
-        }
-    }
-    let t = find(&state, &caller, &id).await?;
+    let t = task_history::cancel(&state, &caller, &id).await?;
     if t.task.user_id != caller.user.id {
         audit::record(
             &state,
@@ -208,7 +197,7 @@ pub async fn events(
     id: web::Path<String>,
 ) -> Result<web::Json<Vec<TaskEvent>>, ApiError> {
     let t = find(&state, &caller, &id).await?;
-    let events = state.store.task_events(&t.task.id).await?;
+    let events = task_history::events(&state, &t.task.id).await?;
     Ok(web::Json(
         events
             .into_iter()
@@ -229,7 +218,7 @@ pub async fn attempts(
     id: web::Path<String>,
 ) -> Result<web::Json<Vec<Attempt>>, ApiError> {
     let t = find(&state, &caller, &id).await?;
-    let rows = state.store.task_attempts(&t.task.id).await?;
+    let rows = task_history::attempts(&state, &t.task.id).await?;
     Ok(web::Json(
         rows.into_iter()
             .map(|a| Attempt {
@@ -286,7 +275,7 @@ pub async fn log_download(
     let mut out = String::new();
     let (mut after, mut read) = (0, 0);
     loop {
-        let rows = state.store.task_logs(&t.task.id, after, 5000).await?;
+        let rows = task_history::logs(&state, &t.task.id, after, 5000).await?;
         let Some(last) = rows.last() else { break };
         after = last.id;
         read += rows.len() as i64;
@@ -331,7 +320,7 @@ pub async fn logs(
             "limit must be between 1 and 5000",
         ));
     }
-    let lines = log_lines(state.store.task_logs(&t.task.id, after, limit).await?);
+    let lines = log_lines(task_history::logs(&state, &t.task.id, after, limit).await?);
     let next_after = lines.last().map_or(after, |l| l.seq);
     Ok(web::Json(LogPage { lines, next_after }))
 }
@@ -367,7 +356,7 @@ pub async fn log_stream(
                             (after, true, rx, live),
                         ));
                     }
-                    let rows = match state.store.task_logs(&task_id, after, 500).await {
+                    let rows = match task_history::logs(&state, &task_id, after, 500).await {
                         Ok(r) => r,
                         Err(e) => {
                             return Some((
@@ -387,10 +376,9 @@ pub async fn log_stream(
                         }
                         return Some((Ok(Bytes::from(out)), (next, false, rx, live)));
                     }
-                    let finished = match state.store.task(None, &task_id).await {
-                        Ok(Some(t)) => t.task.state.is_finished(),
-                        _ => true,
-                    };
+                    let finished = task_history::has_ended(&state, &task_id)
+                        .await
+                        .unwrap_or(true);
                     if finished {
                         return Some((
                             Ok(Bytes::from_static(b"event: end\ndata: {}\n\n")),
@@ -439,13 +427,7 @@ pub async fn metrics(
             "limit must be between 1 and 10000",
         ));
     }
-    let reported = state.store.task_metrics(&t.task.id, after, limit).await?;
-    let gpu = state
-        .store
-        .task_gpu_samples(&t.task.id, after, limit)
-        .await?;
-    let samples = crate::tasks::metrics::samples(reported, &gpu);
-    let samples = samples.into_iter().map(|(_, s)| s).collect();
+    let samples = task_history::metrics(&state, &t.task.id, after, limit).await?;
     Ok(web::Json(MetricSeries { samples }))
 }
 
@@ -494,8 +476,7 @@ pub async fn metric_lines(
         ));
     }
     let lines =
-        crate::tasks::metrics::window(&*state.store, &t.task.id, from, to, points, WINDOW_ROWS)
-            .await?;
+        task_history::metric_lines(&state, &t.task.id, (from, to), points, WINDOW_ROWS).await?;
     Ok(web::Json(lines))
 }
 
@@ -525,19 +506,7 @@ pub async fn report_metrics(
             .verify_task_token(b.trim(), state.clock.now_ms())
     }) {
         Some(claims) if claims.task == *id => {
-            let t = state
-                .store
-                .task(None, &id)
-                .await?
-                .ok_or_else(|| ApiError::NotFound("no such task".into()))?;
-            let live = matches!(t.task.state.as_str(), "scheduled" | "running")
-                && t.task.attempts == i64::from(claims.attempt);
-            if !live {
-                return Err(ApiError::Unauthorized(
-                    "this task token belongs to an attempt that has ended".into(),
-                ));
-            }
-            t
+            task_history::task_of_token(&state, &id, claims.attempt).await?
         }
         Some(_) => {
             return Err(ApiError::Forbidden(
@@ -578,10 +547,6 @@ pub async fn report_metrics(
         values.insert(k.clone(), autodl_common::metrics::json_number(n));
     }
     let sample = serde_json::to_string(&values).map_err(anyhow::Error::from)?;
-    state
-        .store
-        .add_metrics(&t.task.id, &[(state.clock.now_ms(), sample)])
-        .await?;
-    state.agents.data_stored();
+    task_history::report_metrics(&state, &t.task.id, sample).await?;
     Ok(HttpResponse::NoContent().finish())
 }

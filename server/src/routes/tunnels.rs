@@ -4,7 +4,6 @@
 use actix_web::{get, web, HttpRequest, HttpResponse};
 use autodl_common::agent::TunnelTarget;
 use autodl_common::api::ErrorBody;
-use autodl_common::tasks::TaskState;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
@@ -13,9 +12,10 @@ use crate::audit::{self, Action, Actor};
 use crate::auth::{Caller, CallerVia};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::usecases::reach::{declared, target_of, watch_access};
+use crate::usecases::reach::{self, declared, target_of};
 
-use crate::tunnels::{pipe, refuse, Peer, AGENT_ANSWER, MAX_FRAME};
+use crate::tunnels::relay::{pipe, refuse};
+use crate::tunnels::{Peer, AGENT_ANSWER, MAX_FRAME};
 use tokio_util::sync::CancellationToken;
 
 /// Most arguments and bytes a one-shot command may have.
@@ -112,56 +112,6 @@ fn same_origin(req: &HttpRequest, caller: &Caller) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A shell or a port opened into a batch task holds it like a session: the member's session
-/// cap counts it (the owner's sessions and batch tasks already held this way), and from then
-/// on its organization's session length and idle stop apply (`scheduling::idle`).
-async fn hold_like_a_session(
-    state: &AppState,
-    task: &crate::store::TaskWithUser,
-) -> Result<(), ApiError> {
-    use autodl_common::tasks::TaskKind;
-    let t = &task.task;
-    if crate::tasks::spec_of(t)?.kind != TaskKind::Batch {
-        return Ok(());
-    }
-    let policy = state.store.session_policy(&t.tenant_id).await?;
-    if policy.max_sessions_per_user.is_none() {
-        return Ok(());
-    }
-    let started = t.started_at.unwrap_or(0);
-    let running = state
-        .store
-        .list_tasks(&crate::store::TaskFilter {
-            tenant_id: t.tenant_id.clone(),
-            state: Some(TaskState::Running),
-            user_id: Some(t.user_id.clone()),
-            label: None,
-            before: None,
-            limit: 1000,
-        })
-        .await?;
-    let batch: Vec<String> = running
-        .iter()
-        .filter(|r| crate::tasks::spec_of(&r.task).is_ok_and(|s| s.kind == TaskKind::Batch))
-        .map(|r| r.task.id.clone())
-        .collect();
-    let held = state.store.last_held(&batch).await?;
-    if held.get(&t.id).is_some_and(|at| *at >= started) {
-        // Already held this run: counted already.
-        return Ok(());
-    }
-    let held_others = running
-        .iter()
-        .filter(|r| r.task.id != t.id)
-        .filter(|r| {
-            held.get(&r.task.id)
-                .is_some_and(|at| *at >= r.task.started_at.unwrap_or(0))
-        })
-        .count() as i64;
-    let sessions = state.store.count_open_sessions(&t.user_id).await?;
-    crate::tasks::session::check_holding(sessions + held_others, &policy)
-}
-
 /// What a person asked to reach, and how the task's timeline will say it.
 struct Reach {
     task: crate::store::TaskWithUser,
@@ -190,7 +140,7 @@ async fn open(
     } = reach;
     same_origin(&req, &caller)?;
     if event.0 != "exec" {
-        hold_like_a_session(&state, &task).await?;
+        reach::hold_like_a_session(&state, &task).await?;
     }
     let (response, person, stream) = actix_ws::handle(&req, body).map_err(|e| {
         ApiError::invalid(
@@ -199,18 +149,16 @@ async fn open(
         )
     })?;
     let stream = stream.max_frame_size(MAX_FRAME);
-    let request = crate::tunnels::request_for(&state, &task.task, target);
+    let request = crate::tunnels::relay::request_for(&state, &task.task, target);
     let id = request.id.clone();
     let task_id = task.task.id.clone();
-    state
-        .store
-        .add_event(
-            &task_id,
-            event.0,
-            &format!("{} {}", caller.user.email, event.1),
-            state.clock.now_ms(),
-        )
-        .await?;
+    reach::reached(
+        &state,
+        &task_id,
+        event.0,
+        &format!("{} {}", caller.user.email, event.1),
+    )
+    .await?;
     let action = if event.0 == "port_forward" {
         Action::TaskPortOpened
     } else {
@@ -228,15 +176,15 @@ async fn open(
     tracing::info!(task = %task_id, node = %node, user = %caller.user.email, kind = event.0, "tunnel requested");
     let tunnels = state.tunnels.clone();
     let stop = CancellationToken::new();
-    let (agent, guard) = crate::tunnels::ask(
+    let (agent, guard) = crate::tunnels::relay::ask(
         &state,
         &node,
         request,
         Peer::Socket(person.clone()),
         stop.clone(),
     );
-    actix_web::rt::spawn(watch_access(
-        state.clone(),
+    actix_web::rt::spawn(crate::tunnels::relay::watch_access(
+        state.clone().into_inner(),
         (caller.user.id.clone(), caller.via.clone()),
         (task_id.clone(), rank),
         Some(person.clone()),
@@ -365,7 +313,7 @@ pub async fn open_app(
     let (id, number) = path.into_inner();
     let (task, _) = target_of(&state, &caller, &id, None).await?;
     declared(&task, number)?;
-    hold_like_a_session(&state, &task).await?;
+    reach::hold_like_a_session(&state, &task).await?;
     let origin = state.apps.origin.as_ref().ok_or_else(|| {
         ApiError::Conflict(
             "this server serves no apps: its operator sets AUTODL_APPS_URL (see the README)".into(),
@@ -384,15 +332,13 @@ pub async fn open_app(
         crate::task_web::proxy::ENTER_PATH,
         url::form_urlencoded::byte_serialize(next.as_bytes()).collect::<String>()
     );
-    state
-        .store
-        .add_event(
-            &task.task.id,
-            "port_forward",
-            &format!("{} opened port {number} in the browser", caller.user.email),
-            now,
-        )
-        .await?;
+    reach::reached(
+        &state,
+        &task.task.id,
+        "port_forward",
+        &format!("{} opened port {number} in the browser", caller.user.email),
+    )
+    .await?;
     audit::record(
         &state,
         Actor::of(&caller, &req),

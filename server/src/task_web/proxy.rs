@@ -195,7 +195,8 @@ async fn carry(
     let mut sender = match state.apps.pool.take(&app.task_id, app.port) {
         Some(s) => s,
         None => {
-            let stream = crate::tunnels::connect_port(state, &task.task, &node, app.port).await?;
+            let stream =
+                crate::tunnels::relay::connect_port(state, &task.task, &node, app.port).await?;
             let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await
                 .map_err(unreachable_app)?;
@@ -437,7 +438,7 @@ async fn websocket(
     request: hyper::Request<Body>,
     (user_id, via): (String, Option<crate::auth::CallerVia>),
 ) -> Result<HttpResponse, ApiError> {
-    let stream = crate::tunnels::connect_port(state, task, node, app.port).await?;
+    let stream = crate::tunnels::relay::connect_port(state, task, node, app.port).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(unreachable_app)?;
@@ -480,8 +481,8 @@ async fn websocket(
         .max_continuation_size(MAX_WS_MESSAGE);
     let stop = tokio_util::sync::CancellationToken::new();
     if let (Some(via), Some(data)) = (via, req.app_data::<web::Data<AppState>>()) {
-        actix_web::rt::spawn(crate::usecases::reach::watch_access(
-            data.clone(),
+        actix_web::rt::spawn(crate::tunnels::relay::watch_access(
+            data.clone().into_inner(),
             (user_id, via),
             (app.task_id.clone(), None),
             None,

@@ -9,6 +9,7 @@ use autodl_scheduler::Gpu;
 
 use crate::agents::{NODE_CREDENTIAL_PREFIX, REGISTRATION_TOKEN_PREFIX};
 use crate::auth::secrets::{digest, new_id, random_hex};
+use crate::auth::Caller;
 use crate::domain::{parse_node_id, NodeStatus};
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -46,6 +47,38 @@ pub async fn issue_registration_token(
     };
     store.create_registration_token(&rec).await?;
     Ok((token, rec))
+}
+
+/// A platform administrator makes a registration token (see [`issue_registration_token`]).
+pub async fn grant_registration_token(
+    state: &AppState,
+    caller: &Caller,
+    grant: TokenGrant,
+) -> Result<(String, RegistrationTokenRecord), ApiError> {
+    caller.require_platform_admin()?;
+    Ok(issue_registration_token(state.store.as_ref(), grant, state.clock.now_ms()).await?)
+}
+
+pub async fn registration_tokens(
+    state: &AppState,
+    caller: &Caller,
+) -> Result<Vec<RegistrationTokenRecord>, ApiError> {
+    caller.require_platform_admin()?;
+    Ok(state.store.list_registration_tokens().await?)
+}
+
+/// Revokes a registration token: nobody joins with it any more (nodes that joined stay).
+pub async fn revoke_registration_token(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<(), ApiError> {
+    caller.require_platform_admin()?;
+    if state.store.revoke_registration_token(id).await? {
+        Ok(())
+    } else {
+        Err(ApiError::NotFound("no such registration token".into()))
+    }
 }
 
 /// Registers (or, with a token made for it, re-registers) the node and hands its agent a new

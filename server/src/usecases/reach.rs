@@ -1,16 +1,13 @@
 //! Who may reach into a task (a shell, a command, a port, an app), and for how long: its
 //! owner or a manager of its organization, while it runs, for as long as their sign-in holds.
 
-use actix_web::web;
 use autodl_common::tasks::TaskState;
-use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Caller, CallerVia};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::TaskWithUser;
 use crate::tasks::{placement_of, spec_of};
-use crate::tunnels::refuse;
 
 /// A task of the caller's organization, or 404 (another organization's task is not there).
 pub async fn find(state: &AppState, caller: &Caller, id: &str) -> Result<TaskWithUser, ApiError> {
@@ -88,32 +85,6 @@ pub async fn still_reaches(
     }
 }
 
-/// Ends a tunnel (`stop`) once its person may no longer reach into the task, as live log
-/// and metric streams end ([`crate::auth::LiveCaller::EVERY`]): a revoked key, a session
-/// signed out, a member removed, demoted or disabled. `person`, when given, is told why.
-pub async fn watch_access(
-    state: web::Data<AppState>,
-    who: (String, CallerVia),
-    (task_id, rank): (String, Option<u32>),
-    person: Option<actix_ws::Session>,
-    stop: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = state.clock.sleep(crate::auth::LiveCaller::EVERY) => {}
-        }
-        if still_reaches(&state, &who.0, &who.1, &task_id, rank).await == Some(false) {
-            tracing::info!(task = %task_id, user = %who.0, "tunnel ended: its person may no longer reach the task");
-            if let Some(p) = person {
-                refuse(p, "access to the task was revoked; the tunnel is closed").await;
-            }
-            stop.cancel();
-            return;
-        }
-    }
-}
-
 /// A port reached only if the task declared it (`ports` in its spec).
 pub fn declared(task: &TaskWithUser, number: u16) -> Result<(), ApiError> {
     let spec = spec_of(&task.task)?;
@@ -127,4 +98,68 @@ pub fn declared(task: &TaskWithUser, number: u16) -> Result<(), ApiError> {
             spec.ports
         ),
     ))
+}
+
+/// A shell or a port opened into a batch task holds it like a session: the member's session
+/// cap counts it (the owner's sessions and batch tasks already held this way), and from then
+/// on its organization's session length and idle stop apply (`scheduling::idle`).
+pub async fn hold_like_a_session(
+    state: &AppState,
+    task: &crate::store::TaskWithUser,
+) -> Result<(), ApiError> {
+    use autodl_common::tasks::TaskKind;
+    let t = &task.task;
+    if crate::tasks::spec_of(t)?.kind != TaskKind::Batch {
+        return Ok(());
+    }
+    let policy = state.store.session_policy(&t.tenant_id).await?;
+    if policy.max_sessions_per_user.is_none() {
+        return Ok(());
+    }
+    let started = t.started_at.unwrap_or(0);
+    let running = state
+        .store
+        .list_tasks(&crate::store::TaskFilter {
+            tenant_id: t.tenant_id.clone(),
+            state: Some(TaskState::Running),
+            user_id: Some(t.user_id.clone()),
+            label: None,
+            before: None,
+            limit: 1000,
+        })
+        .await?;
+    let batch: Vec<String> = running
+        .iter()
+        .filter(|r| crate::tasks::spec_of(&r.task).is_ok_and(|s| s.kind == TaskKind::Batch))
+        .map(|r| r.task.id.clone())
+        .collect();
+    let held = state.store.last_held(&batch).await?;
+    if held.get(&t.id).is_some_and(|at| *at >= started) {
+        // Already held this run: counted already.
+        return Ok(());
+    }
+    let held_others = running
+        .iter()
+        .filter(|r| r.task.id != t.id)
+        .filter(|r| {
+            held.get(&r.task.id)
+                .is_some_and(|at| *at >= r.task.started_at.unwrap_or(0))
+        })
+        .count() as i64;
+    let sessions = state.store.count_open_sessions(&t.user_id).await?;
+    crate::tasks::session::check_holding(sessions + held_others, &policy)
+}
+
+/// Says in the task's timeline who reached into it and how (a shell, a command, a port).
+pub async fn reached(
+    state: &AppState,
+    task_id: &str,
+    kind: &str,
+    what: &str,
+) -> Result<(), ApiError> {
+    state
+        .store
+        .add_event(task_id, kind, what, state.clock.now_ms())
+        .await?;
+    Ok(())
 }

@@ -9,9 +9,10 @@
 //! provider speaks for, of organizations that let their people choose how to sign in.
 
 use crate::auth::password;
-use crate::auth::secrets::{new_id, random_hex};
-use crate::auth::sso::{domain_allowed, role_for, Identity, SsoError};
+use crate::auth::secrets::{digest, new_id, random_hex};
+use crate::auth::sso::{domain_allowed, role_for, Identity, SsoError, Started};
 use crate::domain::Email;
+use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{SsoProviderRecord, SsoScope, TenantRecord, UserRecord};
 
@@ -224,4 +225,112 @@ async fn signed_in(state: &AppState, user: UserRecord) -> Result<SignedIn, SsoEr
         .await?
         .ok_or_else(|| SsoError::Internal(format!("user {} has no organization", user.id)))?;
     Ok(SignedIn { user, tenant })
+}
+
+/// Keeps a started sign-in until the provider sends the browser back.
+pub async fn begun(state: &AppState, started: &Started, now: i64) -> Result<(), ApiError> {
+    state.store.begin_sso_login(&started.login, now).await?;
+    Ok(())
+}
+
+/// What the provider sent the browser back with, and the secret the browser kept.
+pub struct Answer<'a> {
+    pub state: Option<&'a str>,
+    pub code: Option<&'a str>,
+    pub error: Option<&'a str>,
+    pub error_description: Option<&'a str>,
+    pub browser_secret: Option<&'a str>,
+}
+
+/// A finished sign-in: who, where the browser goes on to, and through which provider.
+pub struct Finished {
+    pub user: UserRecord,
+    pub tenant: TenantRecord,
+    pub return_to: String,
+    pub provider: String,
+}
+
+/// Why a callback signed nobody in, whom it concerned, and where to show it.
+pub struct Refusal {
+    pub error: SsoError,
+    pub email: Option<String>,
+    pub tenant: Option<String>,
+    /// A signed-in person linking their account goes back to where they started.
+    pub back: Option<String>,
+}
+
+impl From<SsoError> for Refusal {
+    fn from(error: SsoError) -> Self {
+        Refusal {
+            error,
+            email: None,
+            tenant: None,
+            back: None,
+        }
+    }
+}
+
+/// Checks the provider's answer and finishes the sign-in it started: the login it names is
+/// taken once (a replayed answer finds nothing), in the browser that started it, and the
+/// identity the provider vouches for signs in (or links) an account by the rules above.
+pub async fn finish(state: &AppState, a: &Answer<'_>, now: i64) -> Result<Finished, Refusal> {
+    let refuse = |m: &str| Refusal::from(SsoError::Refused(m.to_owned()));
+    let state_param = a
+        .state
+        .ok_or_else(|| refuse("the provider's answer has no state"))?;
+    let login = state
+        .store
+        .take_sso_login(&digest(state_param))
+        .await
+        .map_err(|e| Refusal::from(SsoError::from(e)))?
+        .filter(|l| l.expires_at > now)
+        .ok_or_else(|| {
+            refuse(
+                "this sign-in was already used or has expired; start again from the sign-in page",
+            )
+        })?;
+    let browser = a.browser_secret.map(digest).unwrap_or_default();
+    if browser != login.browser_hash {
+        return Err(refuse(
+            "this sign-in was started in another browser; start again from the sign-in page",
+        ));
+    }
+    let p = state
+        .store
+        .sso_provider(&login.provider_id)
+        .await
+        .map_err(|e| Refusal::from(SsoError::from(e)))?
+        .ok_or_else(|| refuse("this sign-in provider was removed"))?;
+    let about = |error: SsoError, email: Option<String>| Refusal {
+        error,
+        email,
+        tenant: p.scope.tenant().map(str::to_owned),
+        back: login.link_user.as_ref().map(|_| login.return_to.clone()),
+    };
+    if let Some(err) = a.error {
+        let why = a.error_description.unwrap_or(err);
+        return Err(about(
+            SsoError::Refused(format!("the provider refused: {why}")),
+            None,
+        ));
+    }
+    let code = a
+        .code
+        .ok_or_else(|| about(SsoError::Refused("the provider sent no code".into()), None))?;
+    let identity = state
+        .sso
+        .finish(&p, &login, code, now)
+        .await
+        .map_err(|e| about(e, None))?;
+    let signed = match &login.link_user {
+        Some(user_id) => link_account(state, &p, &identity, user_id, now).await,
+        None => account_for(state, &p, &identity, now).await,
+    }
+    .map_err(|e| about(e, identity.email.clone()))?;
+    Ok(Finished {
+        user: signed.user,
+        tenant: signed.tenant,
+        return_to: login.return_to.clone(),
+        provider: p.id.clone(),
+    })
 }

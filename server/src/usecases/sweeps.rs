@@ -209,12 +209,16 @@ pub async fn list(state: &AppState, caller: &Caller, limit: i64) -> Result<Vec<S
 }
 
 /// Cancels every trial that has not ended; answers how many were cancelled.
-pub async fn cancel(state: &AppState, caller: &Caller, id: &str) -> Result<u32, ApiError> {
-    if state.store.sweep(caller.tenant_id(), id).await?.is_none() {
+pub async fn cancel(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<(SweepWithUser, u32), ApiError> {
+    let Some(sweep) = state.store.sweep(caller.tenant_id(), id).await? else {
         return Err(ApiError::NotFound(format!(
             "no sweep {id} in your organization"
         )));
-    }
+    };
     let now = state.clock.now_ms();
     let mut cancelled = 0;
     for t in trials_of(state, caller.tenant_id(), id).await? {
@@ -232,5 +236,5 @@ pub async fn cancel(state: &AppState, caller: &Caller, id: &str) -> Result<u32, 
         }
     }
     state.scheduler.wake();
-    Ok(cancelled)
+    Ok((sweep, cancelled))
 }

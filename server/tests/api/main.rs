@@ -14,8 +14,10 @@ mod e2e;
 mod faults;
 mod gangs;
 mod isolation;
+mod layers;
 mod leader;
 mod notifications;
+#[cfg(feature = "demo")]
 mod replay;
 mod replicas;
 mod results_kept;

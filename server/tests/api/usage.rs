@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use autodl_server::routes::usage::month_range;
 use autodl_server::store::GpuSampleRecord;
 use autodl_server::tasks::lifecycle::{after_attempt, ExitKind};
 use autodl_server::tasks::spec_of;
+use autodl_server::usecases::usage::month_range;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
