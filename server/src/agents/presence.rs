@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::domain::NodeStatus;
-use crate::store::{NodeRecord, Store, StoreResult};
+use crate::store::{NodeRecord, Nodes, StoreResult};
 
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
@@ -49,7 +49,7 @@ impl Presence {
     }
 
     /// Writes what is due.
-    pub async fn flush(&self, store: &dyn Store) -> StoreResult<()> {
+    pub async fn flush(&self, store: &dyn Nodes) -> StoreResult<()> {
         let due: Vec<(String, i64)> = self
             .due
             .lock()

@@ -165,7 +165,7 @@ pub fn entry(r: AuditRecord) -> autodl_common::api::AuditEntry {
 /// Walks the whole chain from the start, a page at a time, up to the head as it was when the
 /// walk began (appends may go on meanwhile).
 pub async fn verify(
-    store: &dyn crate::store::Store,
+    store: &dyn crate::store::AuditTrail,
 ) -> Result<Result<chain::Verified, chain::Broken>, crate::store::StoreError> {
     const PAGE: i64 = 1000;
     let (head_seq, head_hash) = store.audit_head().await?;

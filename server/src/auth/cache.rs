@@ -14,7 +14,7 @@ use std::time::Duration;
 use moka::sync::Cache;
 
 use crate::store::{
-    ApiKeyRecord, QuotaRecord, QuotaScope, Store, StoreResult, TenantRecord, UserRecord,
+    Accounts, ApiKeyRecord, QuotaRecord, QuotaScope, StoreResult, TenantRecord, UserRecord,
 };
 
 /// The longest a cached row is believed.
@@ -90,7 +90,11 @@ impl AccountCache {
     }
 
     /// The key whose digest is `hash`, and its user.
-    pub async fn api_key(&self, store: &dyn Store, hash: &str) -> StoreResult<Option<KeyWithUser>> {
+    pub async fn api_key(
+        &self,
+        store: &dyn Accounts,
+        hash: &str,
+    ) -> StoreResult<Option<KeyWithUser>> {
         self.through(&self.keys, hash.to_owned(), async {
             let Some(key) = store.api_key_by_hash(hash).await? else {
                 return Ok(None);
@@ -111,7 +115,7 @@ impl AccountCache {
 
     pub async fn quota(
         &self,
-        store: &dyn Store,
+        store: &dyn Accounts,
         scope: QuotaScope,
         subject: &str,
     ) -> StoreResult<QuotaRecord> {
@@ -123,7 +127,11 @@ impl AccountCache {
         .await
     }
 
-    pub async fn tenant(&self, store: &dyn Store, id: &str) -> StoreResult<Option<TenantRecord>> {
+    pub async fn tenant(
+        &self,
+        store: &dyn Accounts,
+        id: &str,
+    ) -> StoreResult<Option<TenantRecord>> {
         self.through(&self.tenants, id.to_owned(), store.tenant(id))
             .await
     }

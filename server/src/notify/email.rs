@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::Event;
 use crate::state::AppState;
-use crate::store::{EmailRecord, Store};
+use crate::store::{EmailRecord, Notifications, Store};
 
 /// Tries of one message before it is given up.
 pub const MAX_ATTEMPTS: i64 = 8;
@@ -29,7 +29,10 @@ pub const EMAIL_EVENTS: [Event; 6] = [
 ];
 
 /// The events `user_id` wants by email (none when they never chose).
-pub async fn wanted(store: &dyn Store, user_id: &str) -> crate::store::StoreResult<Vec<Event>> {
+pub async fn wanted(
+    store: &dyn Notifications,
+    user_id: &str,
+) -> crate::store::StoreResult<Vec<Event>> {
     Ok(store
         .email_events(user_id)
         .await?

@@ -103,7 +103,7 @@ pub async fn list(
     caller: Caller,
     q: web::Query<AuditQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require_manager()?;
+    let tenant_id = audit_trail::in_view(&caller, q.tenant.clone())?;
     if q.before.is_some_and(|b| b < 1) {
         return Err(ApiError::invalid(
             "before",
@@ -118,7 +118,7 @@ pub async fn list(
         ));
     }
     let filter = AuditFilter {
-        tenant_id: q.tenant.clone(),
+        tenant_id,
         actor_email: q.actor.as_ref().map(|a| a.trim().to_lowercase()),
         action: q.action.clone().filter(|a| !a.is_empty()),
         since: q

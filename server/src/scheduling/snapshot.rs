@@ -14,7 +14,7 @@ use autodl_scheduler::{
 };
 
 use crate::store::{
-    NodeRecord, QuotaRecord, RunChargeRecord, SchedulingTaskRecord, Store, UsageRecord,
+    Accounts, NodeRecord, QuotaRecord, RunChargeRecord, SchedulingTaskRecord, Store, UsageRecord,
 };
 use crate::tasks::{placement_of, spec_of, to_request};
 
@@ -48,7 +48,7 @@ pub fn to_quota(q: &QuotaRecord) -> Quota {
     }
 }
 
-pub async fn load_quotas(store: &dyn Store) -> anyhow::Result<Quotas> {
+pub async fn load_quotas(store: &dyn Accounts) -> anyhow::Result<Quotas> {
     let mut quotas = Quotas::default();
     for row in store.all_quotas().await? {
         let q = to_quota(&row.quota);

@@ -13,7 +13,7 @@ use crate::auth::Caller;
 use crate::domain::{parse_node_id, NodeStatus};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::{HostDetail, NodeHost, NodeRecord, RegistrationTokenRecord, Store, StoreResult};
+use crate::store::{HostDetail, NodeHost, NodeRecord, Nodes, RegistrationTokenRecord, StoreResult};
 use crate::tasks::access::{self, Isolation};
 
 /// What a new registration token allows.
@@ -28,7 +28,7 @@ pub struct TokenGrant {
 
 /// Makes a registration token: only its digest is stored, the token itself is returned once.
 pub async fn issue_registration_token(
-    store: &dyn Store,
+    store: &dyn Nodes,
     grant: TokenGrant,
     now: i64,
 ) -> StoreResult<(String, RegistrationTokenRecord)> {

@@ -443,8 +443,11 @@ impl Drop for Restore {
 /// A server on SQLite on a small disk of its own, with three tasks stored, whose database file
 /// is then made immutable (until the guard is dropped); `None`, said skipped, where this
 /// machine cannot do that.
+/// With `warm`, reads at once before the fault, so the pool holds several connections opened
+/// before it (the scheduler may hold one at any moment).
 async fn immutable_database(
     email: &str,
+    warm: bool,
 ) -> Option<(SmallDisk, TestApp, Session, Vec<String>, Restore)> {
     let Some(disk) = SmallDisk::mount("64m") else {
         crate::helpers::skip("mounting a small filesystem needs root (CI runs as root)");
@@ -462,6 +465,12 @@ async fn immutable_database(
     for i in 0..3 {
         stored.push(submit(&app, &s, small_task(i)).await);
     }
+    if warm {
+        futures_util::future::join_all(
+            (0..6).map(|_| s.send(&app, reqwest::Method::GET, "/api/v1/tasks?limit=200", None)),
+        )
+        .await;
+    }
     if !immutable(&db, true) {
         crate::helpers::skip("this filesystem cannot make a file immutable");
         return None;
@@ -476,7 +485,8 @@ async fn immutable_database(
 /// database" until restarted); nothing stored before is lost.
 #[tokio::test]
 async fn a_read_only_database_file_is_reported_and_recovered_from() {
-    let Some((_disk, app, s, mut stored, guard)) = immutable_database("ro@example.com").await
+    let Some((_disk, app, s, mut stored, guard)) =
+        immutable_database("ro@example.com", false).await
     else {
         return;
     };
@@ -583,7 +593,7 @@ async fn a_read_only_database_file_is_reported_and_recovered_from() {
 /// every write it acknowledged, before, during and after, is there.
 #[tokio::test]
 async fn a_database_file_unwritable_for_new_connections_only_loses_nothing() {
-    let Some((_disk, app, s, mut stored, guard)) = immutable_database("nc@example.com").await
+    let Some((_disk, app, s, mut stored, guard)) = immutable_database("nc@example.com", true).await
     else {
         return;
     };
