@@ -49,17 +49,14 @@ struct Walk<'a> {
     cluster_full: bool,
 }
 
-impl<'a> Walk<'a> {
-    fn count(&mut self, t: &'a TaskRequest) {
-        *self
-            .in_use
-            .entry((QuotaScope::User, t.user.as_str()))
-            .or_default() += t.total_gpus();
-        *self
-            .in_use
-            .entry((QuotaScope::Tenant, t.tenant.as_str()))
-            .or_default() += t.total_gpus();
-    }
+/// Counts `t`'s GPUs against its user's and its tenant's concurrent-GPU caps.
+fn count<'a>(in_use: &mut FastMap<(QuotaScope, &'a str), u32>, t: &'a TaskRequest) {
+    *in_use
+        .entry((QuotaScope::User, t.user.as_str()))
+        .or_default() += t.total_gpus();
+    *in_use
+        .entry((QuotaScope::Tenant, t.tenant.as_str()))
+        .or_default() += t.total_gpus();
 }
 
 /// The pending task the walk is at.
@@ -225,12 +222,7 @@ impl<'a> Cycle<'a> {
             .chain(state.quotas.users.values())
             .any(|q| q.max_gpus.is_some());
         for r in state.running.iter().filter(|_| has_caps) {
-            *in_use
-                .entry((QuotaScope::User, r.request.user.as_str()))
-                .or_default() += r.request.total_gpus();
-            *in_use
-                .entry((QuotaScope::Tenant, r.request.tenant.as_str()))
-                .or_default() += r.request.total_gpus();
+            count(&mut in_use, &r.request);
         }
         in_use
     }
@@ -287,7 +279,7 @@ impl<'a> Cycle<'a> {
         let somewhere = !self.prune || self.any_node_fits(need);
         if let Some(allocs) = somewhere.then(|| self.place_gang(t, need, true)).flatten() {
             let placements = self.to_placements(&allocs);
-            walk.count(t);
+            count(&mut walk.in_use, t);
             out.decisions.push(Decision::Place {
                 task: t.id.clone(),
                 placements,

@@ -15,6 +15,7 @@ use crate::routes::json::Json;
 use crate::state::AppState;
 use crate::store::{TenantRecord, UserRecord};
 use crate::usecases::accounts::{self, SignUp};
+use crate::usecases::organization;
 
 /// Creates an account: a new organization owned by the user, or membership of an existing one
 /// through an invitation token.
@@ -234,6 +235,6 @@ pub async fn change_password(
 #[utoipa::path(responses((status = 200, body = Me), (status = 401, body = ErrorBody)))]
 #[get("/me")]
 pub async fn me(state: web::Data<AppState>, caller: Caller) -> Result<web::Json<Me>, ApiError> {
-    let tenant = accounts::organization_of(&state, &caller).await?;
+    let tenant = organization::of(&state, &caller).await?;
     Ok(web::Json(super::me(&caller.user, &tenant)?))
 }

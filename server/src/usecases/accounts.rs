@@ -320,12 +320,3 @@ pub async fn change_password(
         .await?;
     Ok(())
 }
-
-/// The caller's organization.
-pub async fn organization_of(state: &AppState, caller: &Caller) -> Result<TenantRecord, ApiError> {
-    Ok(state
-        .store
-        .tenant(caller.tenant_id())
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("tenant missing"))?)
-}

@@ -12,13 +12,18 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{InvitationRecord, QuotaRecord, QuotaScope, TenantRecord, UserRecord};
 
-/// The organization, how many members it has, and the bytes its storage holds.
-pub async fn info(state: &AppState, caller: &Caller) -> Result<(TenantRecord, u64, u64), ApiError> {
-    let t = state
+/// The caller's organization.
+pub async fn of(state: &AppState, caller: &Caller) -> Result<TenantRecord, ApiError> {
+    Ok(state
         .store
         .tenant(caller.tenant_id())
         .await?
-        .ok_or_else(|| anyhow::anyhow!("tenant missing"))?;
+        .ok_or_else(|| anyhow::anyhow!("tenant missing"))?)
+}
+
+/// The organization, how many members it has, and the bytes its storage holds.
+pub async fn info(state: &AppState, caller: &Caller) -> Result<(TenantRecord, u64, u64), ApiError> {
+    let t = of(state, caller).await?;
     let members = state.store.list_members(&t.id).await?.len() as u64;
     let storage_bytes = state.store.storage_bytes(&t.id).await?.max(0) as u64;
     Ok((t, members, storage_bytes))

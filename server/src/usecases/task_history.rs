@@ -98,8 +98,7 @@ pub async fn metrics(
     after: i64,
     limit: i64,
 ) -> Result<Vec<MetricSample>, ApiError> {
-    let reported = state.store.task_metrics(task_id, after, limit).await?;
-    let gpu = state.store.task_gpu_samples(task_id, after, limit).await?;
+    let (reported, gpu) = samples_since(state, task_id, (after, after), limit).await?;
     let samples = crate::tasks::metrics::samples(reported, &gpu);
     Ok(samples.into_iter().map(|(_, s)| s).collect())
 }
