@@ -73,6 +73,15 @@ impl Role {
     }
 }
 
+/// A role as a database column holds it (the server reads its rows with this).
+impl TryFrom<String> for Role {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Role::parse(&s).ok_or_else(|| format!("unknown role {s:?}"))
+    }
+}
+
 /// A sign-up that waits for its email to be confirmed (`202`): answered the same whether the
 /// address has an account or not.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,7 +1,7 @@
 use autodl_common::api::Me;
 use leptos::prelude::*;
 use leptos_meta::{provide_meta_context, MetaTags, Title};
-use leptos_router::components::{Redirect, Route, Router, Routes, A};
+use leptos_router::components::{Route, Router, Routes, A};
 use leptos_router::{path, SsrMode};
 
 use crate::api;
@@ -11,6 +11,7 @@ use crate::pages::{
     task_view::TaskPage, tasks::TasksPage,
 };
 use crate::paths;
+use crate::session::{use_session, Session};
 
 /// The HTML document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -29,29 +30,6 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
             </body>
         </html>
     }
-}
-
-/// Who is signed in: resolved on the server from the request's cookie, handed to hydration
-/// with the page, and refetched after sign-in or sign-out.
-#[derive(Clone, Copy)]
-pub struct Session(pub Resource<Option<Me>>);
-
-impl Session {
-    pub fn me(&self) -> Option<Me> {
-        self.0.get().flatten()
-    }
-    pub fn refresh(&self) {
-        self.0.refetch();
-    }
-    /// Forgets the caller at once (after signing out), rather than showing them until a
-    /// refetch answers.
-    pub fn clear(&self) {
-        self.0.set(Some(None));
-    }
-}
-
-pub fn use_session() -> Session {
-    expect_context::<Session>()
 }
 
 #[component]
@@ -137,149 +115,6 @@ fn Nav() -> impl IntoView {
                 </div>
             </nav>
         </header>
-    }
-}
-
-/// A labelled input bound to a signal, with its error shown beneath it.
-#[component]
-pub fn Field(
-    #[prop(into)] label: String,
-    #[prop(into)] id: String,
-    #[prop(into, default = "text".to_string())] kind: String,
-    value: RwSignal<String>,
-    #[prop(into)] error: Signal<Option<String>>,
-    #[prop(into, optional)] autocomplete: Option<String>,
-    #[prop(into, optional)] placeholder: Option<String>,
-) -> impl IntoView {
-    let err_id = format!("{id}-error");
-    let kind_is_password = kind == "password";
-    let err_id2 = err_id.clone();
-    view! {
-        <div class="field" class:has-error=move || error.get().is_some()>
-            <label for=id.clone()>{label}</label>
-            <input
-                id=id.clone()
-                name=id
-                type=kind
-                autocomplete=autocomplete
-                placeholder=placeholder
-                aria-describedby=err_id.clone()
-                aria-invalid=move || error.get().is_some().to_string()
-                // The attribute too, so the value is in the server's HTML before hydration
-                // (never a password's).
-                value=move || if kind_is_password { String::new() } else { value.get() }
-                bind:value=value
-            />
-            <p class="field-error" id=err_id2 role="alert">{move || error.get()}</p>
-        </div>
-    }
-}
-
-/// Shows a page's body only to signed-in users; others get a link to sign in that brings
-/// them back here.
-///
-/// The body is built once the session is known (a `Suspend`, not a re-run closure): pages
-/// create their resources as they are built, and a boundary that rebuilt them on every
-/// resolution would fetch forever while rendering on the server.
-#[component]
-pub fn RequireLogin(children: ChildrenFn) -> impl IntoView {
-    let session = use_session();
-    let children = StoredValue::new(children);
-    let location = leptos_router::hooks::use_location();
-    let here = move || {
-        let (path, query) = (location.pathname.get(), location.search.get());
-        if query.is_empty() {
-            path
-        } else {
-            format!("{path}?{query}")
-        }
-    };
-    view! {
-        <Suspense fallback=|| view! { <p class="muted">"Loading…"</p> }>
-        {move || Suspend::new(async move {
-            if session.0.await.is_some() {
-                children.read_value()().into_any()
-            } else {
-                let login = format!("/login?next={}", crate::pages::tasks::encode(&here()));
-                view! {
-                    <section class="card">
-                        <h1>"Please sign in"</h1>
-                        <p>"This page needs an account. " <a href=login data-testid="sign-in-link">"Sign in"</a> " or " <a href="/signup">"create one"</a> "."</p>
-                    </section>
-                }.into_any()
-            }
-        })}
-        </Suspense>
-    }
-}
-
-/// Sign-in and sign-up are for people who are not signed in: a signed-in visitor is sent on
-/// to where the sign-in would have taken them, by the server (a redirect, so the form never
-/// shows, with or without JavaScript) or, after a client-side sign-in, by the router.
-#[component]
-pub fn SignedOutOnly(children: ChildrenFn) -> impl IntoView {
-    let session = use_session();
-    let query = leptos_router::hooks::use_query_map();
-    let children = StoredValue::new(children);
-    view! {
-        <Suspense fallback=|| view! { <p class="muted">"Loading…"</p> }>
-        {move || Suspend::new(async move {
-            if session.0.await.is_some() {
-                let to = after_sign_in(query.read_untracked().get("next"));
-                view! {
-                    <Redirect path=to.clone()/>
-                    <p class="muted">"You are signed in. " <a href=to>"Continue"</a></p>
-                }
-                .into_any()
-            } else {
-                children.read_value()().into_any()
-            }
-        })}
-        </Suspense>
-    }
-}
-
-/// Where to go after signing in: the `next` the sign-in link carried, if it is a path on
-/// this site (never another origin), else the dashboard.
-pub fn after_sign_in(next: Option<String>) -> String {
-    next.filter(|n| {
-        // Browsers drop tabs and newlines from URLs and read `\` as `/`: "/\t/evil" would
-        // leave the site.
-        n.starts_with('/')
-            && !n.starts_with("//")
-            && !n.contains('\\')
-            && !n.chars().any(|c| c.is_control() || c.is_whitespace())
-    })
-    .unwrap_or_else(|| "/".into())
-}
-
-/// The error of the last attempt that is not about a form field, for a banner.
-pub fn general_error(err: Option<api::ApiErr>, fields: &[&str]) -> Option<String> {
-    err.filter(|e| e.field.as_deref().is_none_or(|f| !fields.contains(&f)))
-        .map(|e| e.message)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::after_sign_in;
-
-    #[test]
-    fn sign_in_returns_only_to_this_site() {
-        for ok in ["/tasks?state=pending", "/tasks/0190-ab", "/"] {
-            assert_eq!(after_sign_in(Some(ok.into())), ok);
-        }
-        for bad in [
-            "//evil.example/x",
-            "/\\evil.example",
-            "/\t/evil.example",
-            "/\n/evil.example",
-            "https://evil.example",
-            "javascript:alert(1)",
-            "",
-        ] {
-            assert_eq!(after_sign_in(Some(bad.into())), "/", "{bad:?}");
-        }
-        assert_eq!(after_sign_in(None), "/");
     }
 }
 

@@ -6,11 +6,13 @@
 pub mod api;
 pub mod app;
 mod chart;
+mod fields;
 pub mod form;
 mod live;
 mod pages;
 pub mod paths;
 mod plot;
+mod session;
 mod terminal;
 pub mod time;
 

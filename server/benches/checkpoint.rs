@@ -201,7 +201,11 @@ while true; do sleep 0.1; done
                 .await?
                 .is_empty();
             if t.task.state == TaskState::Running && saved {
-                break autodl_server::tasks::placement_of(&t.task)
+                break t
+                    .task
+                    .placement
+                    .0
+                    .clone()
                     .and_then(|p| p.first().map(|w| w.node.clone()))
                     .unwrap_or_default();
             }

@@ -179,7 +179,7 @@ async fn demo_owner(state: &AppState) -> anyhow::Result<String> {
         // Not a hash of anything: nobody can sign in as this account.
         password_hash: "!".into(),
         tenant_id: tenant.id.clone(),
-        role: "owner".into(),
+        role: autodl_common::api::Role::Owner,
         platform_admin: false,
         disabled: true,
         created_at: now,

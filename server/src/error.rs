@@ -188,6 +188,7 @@ impl From<crate::domain::DomainError> for ApiError {
             DomainError::Invalid { field, message } => ApiError::invalid(field, message),
             DomainError::Refused { field, message } => ApiError::Refused { field, message },
             DomainError::Malformed(message) => ApiError::BadRequest(message),
+            DomainError::OverQuota(message) => ApiError::Quota(message),
         }
     }
 }

@@ -208,7 +208,7 @@ async fn admin(settings: Settings, command: AdminCommand) -> anyhow::Result<()> 
                 email: email.as_str().to_owned(),
                 password_hash: password::hash(pw.into_inner()).await?,
                 tenant_id: tenant.id.clone(),
-                role: "owner".into(),
+                role: autodl_common::api::Role::Owner,
                 platform_admin: true,
                 disabled: false,
                 created_at: now,

@@ -2,8 +2,9 @@ use autodl_common::api::{ApiKeyInfo, CreateApiKeyRequest, CreatedApiKey, Passwor
 use leptos::prelude::*;
 
 use crate::api::{self, ApiErr};
-use crate::app::{general_error, use_session, Field, RequireLogin};
+use crate::fields::{general_error, Field};
 use crate::paths;
+use crate::session::{use_session, RequireLogin};
 use crate::time::Time;
 
 #[component]

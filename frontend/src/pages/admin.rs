@@ -10,9 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use super::quota::{quota_summary, QuotaEditor};
 use crate::api::{self, ApiErr};
-use crate::app::{general_error, use_session, Field, RequireLogin};
+use crate::fields::{general_error, Field};
 use crate::live;
 use crate::paths;
+use crate::session::{use_session, RequireLogin};
 use crate::time::Time;
 
 /// The administration tabs: (URL key, label). Each is a link, so a tab can be bookmarked and

@@ -9,8 +9,8 @@ use leptos_router::hooks::use_query_map;
 
 use super::tasks::encode;
 use crate::api;
-use crate::app::{use_session, RequireLogin};
 use crate::paths;
+use crate::session::{use_session, RequireLogin};
 use crate::time::Time;
 
 /// The query keys the page passes on to the API.

@@ -5,8 +5,9 @@ use leptos::prelude::*;
 use leptos_router::hooks::{use_navigate, use_query_map};
 
 use crate::api::{self, ApiErr};
-use crate::app::{after_sign_in, general_error, use_session, Field, SignedOutOnly};
+use crate::fields::{general_error, Field};
 use crate::paths;
+use crate::session::{after_sign_in, use_session, SignedOutOnly};
 
 fn field_err(result: RwSignal<Option<ApiErr>>, field: &'static str) -> Signal<Option<String>> {
     Signal::derive(move || result.get().and_then(|e| e.for_field(field)))

@@ -8,9 +8,9 @@ use leptos::prelude::*;
 
 use super::tasks::bytes;
 use crate::api;
-use crate::app::RequireLogin;
 use crate::live;
 use crate::paths;
+use crate::session::RequireLogin;
 
 #[component]
 pub fn ClusterPage() -> impl IntoView {

@@ -10,10 +10,10 @@ use leptos_router::hooks::use_query_map;
 use super::metrics::{on_axis, step_points, unit_label};
 use super::tasks::{ran_for, state_badge};
 use crate::api::{self, ApiErr};
-use crate::app::RequireLogin;
 use crate::chart::{LineChart, Series, PALETTE};
 use crate::paths;
 use crate::plot::{self, XAxis};
+use crate::session::RequireLogin;
 use crate::time;
 
 /// At most this many tasks on one chart.

@@ -7,9 +7,9 @@ use leptos::prelude::*;
 use super::quota::quota_summary;
 use super::tasks::{gpu_summary, state_badge};
 use crate::api;
-use crate::app::use_session;
 use crate::live;
 use crate::paths;
+use crate::session::use_session;
 use crate::time::Time;
 
 #[component]

@@ -7,7 +7,7 @@ use autodl_common::api::{
 use leptos::prelude::*;
 
 use crate::api::{self, ApiErr};
-use crate::app::general_error;
+use crate::fields::general_error;
 use crate::paths;
 use crate::time::Time;
 

@@ -6,9 +6,10 @@ use leptos::prelude::*;
 
 use super::quota::{quota_summary, QuotaEditor};
 use crate::api::{self, ApiErr};
-use crate::app::{general_error, use_session, Field, RequireLogin};
+use crate::fields::{general_error, Field};
 use crate::form::{invalid, opt_num};
 use crate::paths;
+use crate::session::{use_session, RequireLogin};
 use crate::time::Time;
 
 #[component]

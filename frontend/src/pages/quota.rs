@@ -5,7 +5,7 @@ use autodl_common::api::Quota;
 use leptos::prelude::*;
 
 use crate::api::{ApiErr, ApiResult};
-use crate::app::{general_error, Field};
+use crate::fields::{general_error, Field};
 
 pub fn quota_summary(q: &Quota) -> String {
     let mut parts = Vec::new();

@@ -8,7 +8,7 @@ use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
 use crate::api::{self, ApiErr};
-use crate::app::general_error;
+use crate::fields::general_error;
 use crate::paths;
 use crate::time::Time;
 

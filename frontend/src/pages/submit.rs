@@ -11,10 +11,11 @@ use serde_json::Value;
 
 use super::cluster::IsolationNotice;
 use crate::api::{self, ApiErr};
-use crate::app::{general_error, Field, RequireLogin};
+use crate::fields::{general_error, Field};
 use crate::form::{invalid, spec_to_input, FormValues};
 use crate::live;
 use crate::paths;
+use crate::session::RequireLogin;
 
 const TEMPLATES_KEY: &str = "autodl.templates";
 

@@ -12,9 +12,10 @@ use serde_json::Value;
 use super::compare::MAX_COMPARED;
 use super::tasks::{encode, state_badge};
 use crate::api::{self, ApiErr};
-use crate::app::{general_error, RequireLogin};
+use crate::fields::general_error;
 use crate::live;
 use crate::paths;
+use crate::session::RequireLogin;
 use crate::time;
 
 #[component]

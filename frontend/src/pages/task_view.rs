@@ -14,10 +14,11 @@ use super::metrics::{ChartHistory, Metrics};
 use super::task_notices::{exit_reason, failure_summary, idle_notice, results_notice, span_words};
 use super::tasks::{bytes, gpu_summary, ran_for, state_badge};
 use crate::api::{self, ApiErr};
-use crate::app::{general_error, RequireLogin};
+use crate::fields::general_error;
 use crate::form::spec_to_input;
 use crate::live::{self, TailStatus};
 use crate::paths;
+use crate::session::RequireLogin;
 use crate::time::{self, Time};
 
 #[component]

@@ -11,9 +11,9 @@ use leptos_router::hooks::{use_navigate, use_query_map};
 
 use super::compare::MAX_COMPARED;
 use crate::api;
-use crate::app::RequireLogin;
 use crate::live;
 use crate::paths;
+use crate::session::RequireLogin;
 use crate::time::{self, Time};
 
 pub fn state_badge(state: TaskState) -> impl IntoView {

@@ -11,10 +11,10 @@ use leptos_router::hooks::use_query_map;
 
 use super::tasks::encode;
 use crate::api;
-use crate::app::{use_session, RequireLogin};
 use crate::chart::{LineChart, Series, PALETTE};
 use crate::paths;
 use crate::plot::XAxis;
+use crate::session::{use_session, RequireLogin};
 use crate::time;
 
 /// The query keys the API takes.

@@ -12,7 +12,6 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{HostDetail, NodeRecord, TaskRecord};
 use crate::tasks::lifecycle::final_stop;
-use crate::tasks::{placement_of, spec_of};
 
 pub const HEARTBEAT_S: u64 = 5;
 
@@ -39,7 +38,7 @@ pub async fn reconcile(
         if t.state != TaskState::Running {
             continue;
         }
-        let Some(placement) = placement_of(t) else {
+        let Some(placement) = t.placement.0.clone() else {
             continue;
         };
         let attempt = t.attempts as u32;
@@ -61,7 +60,7 @@ pub async fn reconcile(
             continue;
         }
         let last = match t.stop_reason.as_deref() {
-            Some(r) => final_stop(r, &spec_of(t)?, attempt, None, t.batch_size),
+            Some(r) => final_stop(r, &t.spec, attempt, None, t.batch_size),
             None => None,
         };
         if let Some(end) = last {
@@ -130,7 +129,7 @@ pub async fn work_for(
         if t.state == TaskState::Pending {
             continue;
         }
-        let Some(placement) = placement_of(t) else {
+        let Some(placement) = t.placement.0.clone() else {
             continue;
         };
         if !placement.iter().any(|p| p.node == node.id) {
@@ -164,9 +163,9 @@ pub async fn work_for(
             continue;
         }
         if t.state == TaskState::Scheduled && !runs_here {
-            let spec = spec_of(t)?;
+            let spec = &t.spec;
             let rank0 = rank0_address(state, node, &placement).await?;
-            let mut a = assignment(state, t, &spec, node, &placement, rank0.as_deref())?;
+            let mut a = assignment(state, t, spec, node, &placement, rank0.as_deref())?;
             a.restore =
                 crate::tasks::checkpoints::latest_checkpoint(state.store.as_ref(), &t.id).await?;
             out.assignments.push(a);

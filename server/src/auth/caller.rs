@@ -167,7 +167,7 @@ pub async fn resume(state: &AppState, user_id: &str, via: CallerVia) -> Result<C
     }
     let user = active_user(state, user_id).await?;
     Ok(Caller {
-        role: parse_role(&user.role)?,
+        role: user.role,
         user,
         via,
     })
@@ -286,7 +286,7 @@ async fn from_session(
         .ok_or_else(|| ApiError::Unauthorized("this session has ended; sign in again".into()))?;
     let user = active_user(state, &session.user_id).await?;
     Ok(Caller {
-        role: parse_role(&user.role)?,
+        role: user.role,
         user,
         via: CallerVia::Session {
             sid: session.id,
@@ -317,7 +317,7 @@ async fn from_api_key(state: &AppState, token: &str, now: i64) -> Result<Caller,
         state.accounts.key_used(&hash, now);
     }
     Ok(Caller {
-        role: parse_role(&user.role)?,
+        role: user.role,
         user,
         via: CallerVia::ApiKey { id: key.id },
     })

@@ -18,6 +18,9 @@ pub enum DomainError {
     /// Not a value of the kind at all, and about no form field (a header).
     #[error("{0}")]
     Malformed(String),
+    /// A cap of the organization's (sessions a member may hold) leaves no room for it.
+    #[error("{0}")]
+    OverQuota(String),
 }
 
 impl DomainError {

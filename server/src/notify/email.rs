@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::Event;
 use crate::state::AppState;
-use crate::store::{EmailRecord, Notifications, Store};
+use crate::store::{Accounts, EmailRecord, Notifications};
 
 /// Tries of one message before it is given up.
 pub const MAX_ATTEMPTS: i64 = 8;
@@ -29,8 +29,8 @@ pub const EMAIL_EVENTS: [Event; 6] = [
 ];
 
 /// The events `user_id` wants by email (none when they never chose).
-pub async fn wanted(
-    store: &dyn Notifications,
+pub async fn wanted<S: Notifications + ?Sized>(
+    store: &S,
     user_id: &str,
 ) -> crate::store::StoreResult<Vec<Event>> {
     Ok(store
@@ -57,7 +57,13 @@ pub fn outgoing(to: String, event: &str, subject: String, body: String, now: i64
 }
 
 /// Queues the email for `event` to `user_id` if they asked for it.
-pub async fn queue_for(store: &dyn Store, user_id: &str, event: Event, data: &Value, now: i64) {
+pub async fn queue_for<S: Accounts + Notifications + ?Sized>(
+    store: &S,
+    user_id: &str,
+    event: Event,
+    data: &Value,
+    now: i64,
+) {
     let outcome = async {
         if !wanted(store, user_id).await?.contains(&event) {
             return Ok(false);

@@ -7,12 +7,12 @@ pub mod webhooks;
 
 pub use webhooks::Event;
 
-use crate::store::Store;
+use crate::store::{Accounts, Notifications, Webhooks};
 
 /// Tells `event`: to the organization's webhooks that want it, and by email to each of
 /// `people` (user ids) who asked for it. Failures are logged, never the caller's.
-pub async fn tell(
-    store: &dyn Store,
+pub async fn tell<S: Accounts + Notifications + Webhooks + ?Sized>(
+    store: &S,
     tenant_id: &str,
     people: &[&str],
     event: Event,

@@ -3,7 +3,7 @@
 //! first (the alert is claimed in the database). Checked by the scheduling leader, whose
 //! charges keep the month's usage current.
 
-use crate::store::Store;
+use crate::store::{Accounts, Notifications, Usage, Webhooks};
 
 /// Percentages of the cap that are told.
 pub const LEVELS: [i64; 2] = [80, 100];
@@ -16,7 +16,10 @@ pub fn month_of(now_ms: i64) -> String {
 }
 
 /// Tells each subject over a level it was not told of yet this month; how many were told.
-pub async fn check(store: &dyn Store, now_ms: i64) -> anyhow::Result<usize> {
+pub async fn check<S: Accounts + Notifications + Usage + Webhooks + ?Sized>(
+    store: &S,
+    now_ms: i64,
+) -> anyhow::Result<usize> {
     let month = month_of(now_ms);
     let usage: std::collections::HashMap<(String, String), f64> = store
         .load_usage()

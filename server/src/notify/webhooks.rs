@@ -16,7 +16,7 @@ use sha2::Sha256;
 
 use crate::domain::is_internal;
 use crate::state::AppState;
-use crate::store::{DeliveryRecord, Store};
+use crate::store::{DeliveryRecord, Webhooks};
 
 /// The events a webhook may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,8 +183,8 @@ async fn destination(u: &url::Url, allow_internal: bool) -> Result<SocketAddr, S
 }
 
 /// Queues `event` for the organization's webhooks; a failure is logged, never the caller's.
-pub async fn queue(
-    store: &dyn Store,
+pub async fn queue<S: Webhooks + ?Sized>(
+    store: &S,
     tenant_id: &str,
     event: Event,
     data: serde_json::Value,

@@ -8,7 +8,6 @@ use autodl_common::api::{
 };
 
 use crate::audit::{self, Action, Actor};
-use crate::auth::caller::parse_role;
 use crate::auth::Caller;
 use crate::domain::rfc3339;
 use crate::domain::{parse_quota, quota_to_api};
@@ -149,7 +148,7 @@ pub async fn update_user(
 
 fn admin_user(u: UserRecord, tenant_name: String) -> Result<AdminUser, ApiError> {
     Ok(AdminUser {
-        role: parse_role(&u.role)?,
+        role: u.role,
         id: u.id,
         email: u.email,
         tenant_id: u.tenant_id,

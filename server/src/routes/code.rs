@@ -12,7 +12,6 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::routes::artifacts::stream_object;
 use crate::state::AppState;
-use crate::tasks::spec_of;
 use crate::usecases::code;
 use crate::usecases::runs::placed_on;
 use autodl_common::api::CodeBundle;
@@ -92,11 +91,12 @@ pub async fn for_agent(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let t = placed_on(&state, &node.node.id, &id).await?;
-    let spec = spec_of(&t)?;
-    let id = spec
+    let id = t
+        .spec
         .code
+        .as_deref()
         .ok_or_else(|| ApiError::NotFound("the task has no code bundle".into()))?;
-    let hex = code::digest_of("code", &id)?;
+    let hex = code::digest_of("code", id)?;
     let (bucket, key) = state.storage.code_key(&t.tenant_id, hex);
     let (size, body) = state.storage.backend.get(&bucket, &key).await?;
     Ok(stream_object(size, body))

@@ -230,7 +230,7 @@ pub(crate) fn me(user: &UserRecord, tenant: &TenantRecord) -> Result<Me, ApiErro
         email: user.email.clone(),
         tenant_id: tenant.id.clone(),
         tenant_name: tenant.name.clone(),
-        role: crate::auth::caller::parse_role(&user.role)?,
+        role: user.role,
         platform_admin: user.platform_admin,
         created_at: rfc3339(user.created_at),
     })

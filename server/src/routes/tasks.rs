@@ -9,7 +9,6 @@ use actix_web::{get, post, web, FromRequest, HttpRequest, HttpResponse};
 use autodl_common::api::ErrorBody;
 use autodl_common::tasks::{
     Attempt, LogLine, LogPage, MetricSeries, Task, TaskEvent, TaskPage, TaskSpecInput, TaskState,
-    WorkerPlacement,
 };
 use serde::Deserialize;
 
@@ -60,8 +59,8 @@ pub async fn submit(
         .transpose()?;
     Ok(
         match crate::usecases::submit::submit(&state, &caller, body.into_inner(), key).await? {
-            Submitted::Created(t) => HttpResponse::Created().json(to_api(t)?),
-            Submitted::Existing(t) => HttpResponse::Ok().json(to_api(t)?),
+            Submitted::Created(t) => HttpResponse::Created().json(to_api(t)),
+            Submitted::Existing(t) => HttpResponse::Ok().json(to_api(t)),
         },
     )
 }
@@ -145,7 +144,7 @@ pub async fn list(
     } else {
         None
     };
-    let items = rows.into_iter().map(to_api).collect::<Result<_, _>>()?;
+    let items = rows.into_iter().map(to_api).collect();
     Ok(web::Json(TaskPage {
         items,
         next_cursor,
@@ -161,7 +160,7 @@ pub async fn show(
     id: web::Path<String>,
 ) -> Result<web::Json<Task>, ApiError> {
     let t = find(&state, &caller, &id).await?;
-    Ok(web::Json(to_api(t)?))
+    Ok(web::Json(to_api(t)))
 }
 
 /// Cancels a task that has not finished; its resources are freed at the next cycle.
@@ -186,7 +185,7 @@ pub async fn cancel(
         )
         .await;
     }
-    Ok(web::Json(to_api(t)?))
+    Ok(web::Json(to_api(t)))
 }
 
 #[utoipa::path(params(("id" = String, Path)), responses((status = 200, body = [TaskEvent]), (status = 404, body = ErrorBody)))]
@@ -224,8 +223,7 @@ pub async fn attempts(
             .map(|a| Attempt {
                 number: a.number as u32,
                 node: a.node,
-                placement: serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement)
-                    .unwrap_or_default(),
+                placement: a.placement.0,
                 started_at: rfc3339(a.started_at),
                 ended_at: a.ended_at.map(rfc3339),
                 exit_code: a.exit_code.map(|c| c as i32),

@@ -9,7 +9,6 @@ use autodl_common::api::{
 };
 
 use crate::audit::{self, Action, Actor};
-use crate::auth::caller::parse_role;
 use crate::auth::Caller;
 use crate::domain::{quota_to_api, rfc3339};
 use crate::error::ApiError;
@@ -22,7 +21,7 @@ fn member(u: &UserRecord) -> Result<Member, ApiError> {
     Ok(Member {
         id: u.id.clone(),
         email: u.email.clone(),
-        role: parse_role(&u.role)?,
+        role: u.role,
         disabled: u.disabled,
         created_at: rfc3339(u.created_at),
     })
@@ -32,7 +31,7 @@ fn invitation(i: &InvitationRecord, token: Option<String>) -> Result<Invitation,
     Ok(Invitation {
         id: i.id.clone(),
         email: i.email.clone(),
-        role: parse_role(&i.role)?,
+        role: i.role,
         created_at: rfc3339(i.created_at),
         expires_at: rfc3339(i.expires_at),
         accepted: i.accepted_at.is_some(),
@@ -202,7 +201,7 @@ pub async fn preview_invitation(
     Ok(web::Json(InvitationPreview {
         tenant_name: tenant.name,
         email: inv.email,
-        role: parse_role(&inv.role)?,
+        role: inv.role,
         expires_at: rfc3339(inv.expires_at),
     }))
 }

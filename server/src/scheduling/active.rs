@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 
 use super::snapshot::ActiveTask;
 use crate::prometheus_metrics::Metrics;
-use crate::store::{RunChargeRecord, SchedulingTaskRecord, Store};
+use crate::store::{RunChargeRecord, SchedulingTaskRecord, Store, Tasks};
 
 /// A full read of the active tasks, and the change cursor from before it.
 struct FullRead {
@@ -178,7 +178,7 @@ impl ActiveTasks {
     /// Compares what the changes built with a full read, and keeps the full read.
     async fn check(
         &mut self,
-        store: &dyn Store,
+        store: &dyn Tasks,
         metrics: &Metrics,
         now_ms: i64,
     ) -> anyhow::Result<()> {
@@ -232,14 +232,10 @@ impl ActiveTasks {
         let charged = std::mem::take(&mut self.charged_while_reading);
         let kept: HashMap<&str, &SchedulingTaskRecord> =
             self.tasks.values().map(|t| (t.id(), &t.rec)).collect();
-        // A task whose spec does not parse is never kept (see `put`), so not missed either.
         let rows: HashMap<&str, &SchedulingTaskRecord> = read
             .rows
             .iter()
             .filter(|r| is_active(r.task.state))
-            .filter(|r| {
-                kept.contains_key(r.task.id.as_str()) || ActiveTask::parse((*r).clone()).is_ok()
-            })
             .map(|r| (r.task.id.as_str(), r))
             .collect();
         let drift = count_drift(&kept, &rows, |id| {
@@ -258,7 +254,7 @@ impl ActiveTasks {
         self.tasks.values().cloned().collect()
     }
 
-    async fn read_all(&mut self, store: &dyn Store, now_ms: i64) -> anyhow::Result<()> {
+    async fn read_all(&mut self, store: &dyn Tasks, now_ms: i64) -> anyhow::Result<()> {
         self.cursor = store.task_change_cursor().await?;
         self.tasks.clear();
         self.submitted_at.clear();
@@ -269,7 +265,7 @@ impl ActiveTasks {
         Ok(())
     }
 
-    async fn apply_changes(&mut self, store: &dyn Store) -> anyhow::Result<()> {
+    async fn apply_changes(&mut self, store: &dyn Tasks) -> anyhow::Result<()> {
         let (rows, next) = store.scheduling_task_changes(self.cursor).await?;
         for row in rows {
             if let Some(at) = self.submitted_at.remove(&row.task.id) {
@@ -285,15 +281,8 @@ impl ActiveTasks {
 
     fn put(&mut self, row: SchedulingTaskRecord) {
         let (id, at) = (row.task.id.clone(), row.task.created_at);
-        match ActiveTask::parse(row) {
-            Ok(t) => {
-                self.submitted_at.insert(id.clone(), at);
-                self.tasks.insert((at, id), Arc::new(t));
-            }
-            Err(e) => {
-                tracing::error!(task = %id, error = %e, "skipping a task with an unreadable spec")
-            }
-        }
+        self.submitted_at.insert(id.clone(), at);
+        self.tasks.insert((at, id), Arc::new(ActiveTask::new(row)));
     }
 
     fn apply_charges(&mut self) {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use autodl_common::tasks::{AfterFailure, AfterWhen, TaskState, Waiting};
 
 use super::snapshot::ActiveTask;
-use crate::store::{Store, StoreResult};
+use crate::store::{StoreResult, Tasks};
 
 /// How the tasks of one cycle stand with respect to what they wait for.
 #[derive(Default)]
@@ -32,7 +32,7 @@ pub struct Dependencies {
 impl Dependencies {
     pub async fn gate(
         &mut self,
-        store: &dyn Store,
+        store: &dyn Tasks,
         tasks: Vec<Arc<ActiveTask>>,
     ) -> StoreResult<Gated> {
         let active: HashMap<&str, TaskState> =
@@ -40,7 +40,7 @@ impl Dependencies {
         let unknown: Vec<String> = tasks
             .iter()
             .filter(|t| waits(t))
-            .flat_map(|t| t.spec.after.iter())
+            .flat_map(|t| t.spec().after.iter())
             .filter(|dep| !active.contains_key(dep.as_str()) && !self.ended.contains_key(*dep))
             .cloned()
             .collect::<std::collections::BTreeSet<String>>()
@@ -70,12 +70,12 @@ impl Dependencies {
                     .or_else(|| self.ended.get(dep))
                     .copied()
             };
-            let need = match t.spec.after_when {
+            let need = match t.spec().after_when {
                 AfterWhen::Ok => "complete",
                 AfterWhen::Any => "end",
             };
             let mut verdict: Option<Result<(), String>> = None;
-            for dep in &t.spec.after {
+            for dep in &t.spec().after {
                 match state_of(dep) {
                     Some(s) if !s.is_finished() => {
                         verdict = Some(Ok(()));
@@ -91,7 +91,9 @@ impl Dependencies {
                         );
                         break;
                     }
-                    Some(s) if t.spec.after_when == AfterWhen::Ok && s != TaskState::Completed => {
+                    Some(s)
+                        if t.spec().after_when == AfterWhen::Ok && s != TaskState::Completed =>
+                    {
                         verdict = Some(Err(format!(
                             "task {dep} ended {}; this task was to start after it completed",
                             s.as_str()
@@ -106,7 +108,7 @@ impl Dependencies {
                 }
             }
             if let Some(Err(why)) = verdict {
-                let end = match t.spec.after_failure {
+                let end = match t.spec().after_failure {
                     AfterFailure::Cancel => TaskState::Cancelled,
                     AfterFailure::Fail => TaskState::Failed,
                 };
@@ -127,5 +129,5 @@ impl Dependencies {
 
 /// A pending task that names tasks to start after.
 fn waits(t: &ActiveTask) -> bool {
-    t.rec.task.state == TaskState::Pending && !t.spec.after.is_empty()
+    t.rec.task.state == TaskState::Pending && !t.spec().after.is_empty()
 }

@@ -13,7 +13,7 @@ use autodl_scheduler::{Node, PolicyConfig};
 use tokio::sync::Notify;
 
 use super::snapshot::to_node;
-use crate::store::{NodeRecord, Store, StoreResult};
+use crate::store::{NodeRecord, Nodes, StoreResult};
 
 /// Shared between handlers and the runner: wake-ups, the last explanations, cached nodes.
 pub struct SchedulerHandle {
@@ -114,7 +114,7 @@ impl SchedulerHandle {
     /// The node whose credential has this digest.
     pub async fn node_by_credential(
         &self,
-        store: &dyn Store,
+        store: &dyn Nodes,
         digest: &str,
     ) -> StoreResult<Option<NodeRecord>> {
         if let Some(n) = self.node_callers.get(digest) {
@@ -134,7 +134,7 @@ impl SchedulerHandle {
         Ok(node)
     }
 
-    pub async fn nodes(&self, store: &dyn Store, now_ms: i64) -> anyhow::Result<Arc<Vec<Node>>> {
+    pub async fn nodes(&self, store: &dyn Nodes, now_ms: i64) -> anyhow::Result<Arc<Vec<Node>>> {
         if let Ok(n) = self.nodes.read() {
             if n.0.is_some() && !crate::clock::due(n.0, now_ms, NODE_CACHE_TTL) {
                 return Ok(n.1.clone());

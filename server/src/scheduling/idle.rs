@@ -13,7 +13,9 @@ use autodl_common::tasks::{TaskKind, TaskState};
 
 use crate::agents::AgentHub;
 use crate::notify::{tell, Event};
-use crate::store::{ActivityAsk, Store, Term};
+use crate::store::{
+    Accounts, ActivityAsk, Notifications, TaskJournal, Tasks, Term, Usage, Webhooks,
+};
 use crate::tasks::lifecycle::TIMED_OUT;
 use crate::tasks::session::{judge, past_session_length, treated_as, Activity, Verdict, IDLE};
 use crate::tunnels::Tunnels;
@@ -36,9 +38,11 @@ fn minutes(ms: i64) -> i64 {
 
 impl IdleWatch {
     #[allow(clippy::too_many_arguments)]
-    pub async fn check(
+    pub async fn check<
+        S: Accounts + Notifications + Tasks + TaskJournal + Usage + Webhooks + ?Sized,
+    >(
         &mut self,
-        store: &dyn Store,
+        store: &S,
         tunnels: &Tunnels,
         agents: &AgentHub,
         term: Term,
@@ -66,7 +70,7 @@ impl IdleWatch {
                 continue;
             };
             let nodes: Vec<&str> = t
-                .placement
+                .placement()
                 .iter()
                 .flatten()
                 .map(|w| w.node.as_str())
@@ -85,7 +89,7 @@ impl IdleWatch {
             let p = &policies[tenant];
             // Held batch tasks are also held to the session length.
             if p.idle_minutes != 0
-                || (p.max_session_hours.is_some() && t.spec.kind == TaskKind::Batch)
+                || (p.max_session_hours.is_some() && t.spec().kind == TaskKind::Batch)
             {
                 judged.push((t.as_ref(), nodes, started));
             }
@@ -102,7 +106,7 @@ impl IdleWatch {
         // Batch tasks someone holds like a session (a shell, a port) are under its rules.
         let batch: Vec<String> = judged
             .iter()
-            .filter(|(t, _, _)| t.spec.kind == TaskKind::Batch)
+            .filter(|(t, _, _)| t.spec().kind == TaskKind::Batch)
             .map(|(t, _, _)| t.id().to_owned())
             .collect();
         let held = if batch.is_empty() {
@@ -121,8 +125,8 @@ impl IdleWatch {
                 last_busy: gpu.last_busy,
                 last_traffic: tunnels.last_traffic(t.id()),
             };
-            let kind = treated_as(t.spec.kind, started, held.get(t.id()).copied());
-            if kind != t.spec.kind && past_session_length(policy, started, now_ms) {
+            let kind = treated_as(t.spec().kind, started, held.get(t.id()).copied());
+            if kind != t.spec().kind && past_session_length(policy, started, now_ms) {
                 if store.set_stop_reason(Some(term), t.id(), TIMED_OUT).await? {
                     let message = format!(
                         "stopping: a shell or an app held this batch task like a session, and it has run the {} h your organization allows sessions",
@@ -151,7 +155,7 @@ impl IdleWatch {
             let about = |message: &str| {
                 serde_json::json!({
                     "task": {"id": t.id(), "name": t.rec.task.name, "user_id": t.rec.task.user_id,
-                             "kind": t.spec.kind},
+                             "kind": t.spec().kind},
                     "idle_minutes": idle,
                     "idle_gpu_hours": (wasted * 100.0).round() / 100.0,
                     "message": message,
@@ -176,7 +180,7 @@ impl IdleWatch {
                     }
                 }
             } else if self.warned.get(t.id()) != Some(&since) {
-                let then = if t.spec.kind == autodl_common::tasks::TaskKind::Session
+                let then = if t.spec().kind == autodl_common::tasks::TaskKind::Session
                     || policy.stop_idle_batch
                 {
                     format!(

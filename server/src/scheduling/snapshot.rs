@@ -9,24 +9,24 @@ use std::sync::Arc;
 use autodl_common::tasks::TaskSpec;
 
 use autodl_scheduler::{
-    EndedRun, Gpu, Node, PolicyConfig, Quota, Quotas, RunAccount, RunningTask, Snapshot,
-    UsageLedger, UserUsage, WorkerPlacement,
+    EndedRun, Node, PolicyConfig, Quota, Quotas, RunAccount, RunningTask, Snapshot, UsageLedger,
+    UserUsage, WorkerPlacement,
 };
 
 use crate::store::{
-    Accounts, NodeRecord, QuotaRecord, RunChargeRecord, SchedulingTaskRecord, Store, UsageRecord,
+    Accounts, NodeRecord, QuotaRecord, RunChargeRecord, SchedulingTaskRecord, Usage, UsageRecord,
 };
-use crate::tasks::{placement_of, spec_of, to_request};
+use crate::tasks::to_request;
 
 /// The scheduler's view of a node.
 pub fn to_node(r: &NodeRecord) -> anyhow::Result<Node> {
     Ok(Node {
         id: r.id.clone(),
         zone: r.zone.clone(),
-        labels: serde_json::from_str(&r.labels)?,
+        labels: r.labels.0.clone(),
         cpu_millis: r.cpu_millis.max(0) as u64,
         mem_bytes: r.mem_bytes.max(0) as u64,
-        gpus: serde_json::from_str::<Vec<Gpu>>(&r.gpus)?,
+        gpus: r.gpus.0.clone(),
         // Cordoned, draining and lost nodes keep their tasks but get no new ones.
         schedulable: r.schedulable && r.status.takes_new_tasks(),
         taints: crate::tasks::access::node_taints(r),
@@ -48,7 +48,7 @@ pub fn to_quota(q: &QuotaRecord) -> Quota {
     }
 }
 
-pub async fn load_quotas(store: &dyn Accounts) -> anyhow::Result<Quotas> {
+pub async fn load_quotas<S: Accounts + ?Sized>(store: &S) -> anyhow::Result<Quotas> {
     let mut quotas = Quotas::default();
     for row in store.all_quotas().await? {
         let q = to_quota(&row.quota);
@@ -114,31 +114,32 @@ fn placements(p: Vec<autodl_common::tasks::WorkerPlacement>) -> Vec<WorkerPlacem
         .collect()
 }
 
-/// An active task as the scheduler reads it: the stored row, its spec and placement parsed
-/// once (the runner keeps these between cycles, see [`super::active`]).
+/// An active task as the scheduler reads it (the runner keeps these between cycles, see
+/// [`super::active`]).
 #[derive(Debug, Clone)]
 pub struct ActiveTask {
     pub rec: SchedulingTaskRecord,
-    pub spec: TaskSpec,
-    pub placement: Option<Vec<autodl_common::tasks::WorkerPlacement>>,
 }
 
 impl ActiveTask {
-    pub fn parse(mut rec: SchedulingTaskRecord) -> anyhow::Result<ActiveTask> {
-        let spec = spec_of(&rec.task).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let placement = placement_of(&rec.task);
+    pub fn new(mut rec: SchedulingTaskRecord) -> ActiveTask {
         // Only what the scheduler reads is kept current (see migration 0011); the
         // explanation is the scheduler's own output, so it is not kept at all.
         rec.task.waiting = None;
-        Ok(ActiveTask {
-            rec,
-            spec,
-            placement,
-        })
+        ActiveTask { rec }
     }
 
     pub fn id(&self) -> &str {
         &self.rec.task.id
+    }
+
+    pub fn spec(&self) -> &TaskSpec {
+        &self.rec.task.spec
+    }
+
+    /// Where its workers are, while placed.
+    pub fn placement(&self) -> &Option<Vec<autodl_common::tasks::WorkerPlacement>> {
+        &self.rec.task.placement
     }
 }
 
@@ -153,8 +154,8 @@ pub struct Loaded {
 
 /// Reads everything else the policy looks at, beside the nodes and active tasks the caller
 /// has just read.
-pub async fn load(
-    store: &dyn Store,
+pub async fn load<S: Accounts + Usage + ?Sized>(
+    store: &S,
     nodes: Vec<Node>,
     tasks: Vec<Arc<ActiveTask>>,
 ) -> anyhow::Result<Loaded> {
@@ -179,12 +180,12 @@ pub async fn load(
     let mut snapshot = Snapshot::new(nodes.clone(), quotas, usage);
     let mut charged_from = HashMap::new();
     for active in &tasks {
-        let (rec, spec) = (&active.rec, &active.spec);
+        let (rec, spec) = (&active.rec, active.spec());
         let t = &rec.task;
         let access =
             crate::tasks::access::task_access(trusted.contains(&t.tenant_id), spec, &nodes);
         let request = to_request(t, spec, access);
-        let (Some(started), Some(place)) = (rec.run_started_at, active.placement.clone()) else {
+        let (Some(started), Some(place)) = (rec.run_started_at, active.placement().clone()) else {
             snapshot.add_pending(request);
             continue;
         };
@@ -212,26 +213,20 @@ pub async fn load(
         );
     }
     for r in unsettled {
-        let spec: autodl_common::tasks::TaskSpec = match serde_json::from_str(&r.spec) {
-            Ok(s) => s,
-            Err(_) => continue,
-        };
-        let place: Vec<autodl_common::tasks::WorkerPlacement> =
-            serde_json::from_str(&r.placement).unwrap_or_default();
         let probe = autodl_scheduler::TaskRequest {
-            gpu_mem_bytes: spec.gpu_memory,
+            gpu_mem_bytes: r.spec.gpu_memory,
             ..to_request(
                 &crate::store::TaskRecord {
                     id: r.task_id.clone(),
                     tenant_id: r.tenant_id.clone(),
                     user_id: r.user_id.clone(),
-                    ..empty_task()
+                    ..empty_task(r.spec.clone())
                 },
-                &spec,
+                &r.spec,
                 (vec![], vec![]),
             )
         };
-        let held_gpus = snapshot.held_gpus(&probe, &placements(place));
+        let held_gpus = snapshot.held_gpus(&probe, &placements(r.placement.0.clone()));
         let attempt = r.number.clamp(0, i64::from(u32::MAX)) as u32;
         charged_from.insert(
             (r.task_id.clone(), attempt),
@@ -262,19 +257,19 @@ pub async fn load(
     })
 }
 
-fn empty_task() -> crate::store::TaskRecord {
+fn empty_task(spec: crate::store::JsonText<TaskSpec>) -> crate::store::TaskRecord {
     crate::store::TaskRecord {
         id: String::new(),
         tenant_id: String::new(),
         user_id: String::new(),
         name: String::new(),
         state: autodl_common::tasks::TaskState::Pending,
-        spec: String::new(),
+        spec,
         gpus_total: 0,
         idempotency_key: None,
         attempts: 0,
         batch_size: None,
-        placement: None,
+        placement: Default::default(),
         attained_gpu_seconds: 0.0,
         last_checkpoint_at: None,
         created_at: 0,
@@ -294,7 +289,7 @@ fn empty_task() -> crate::store::TaskRecord {
 /// `None` when a run was charged or settled by someone else meanwhile (the next cycle charges
 /// again from the store).
 pub async fn charge(
-    store: &dyn Store,
+    store: &dyn Usage,
     loaded: &mut Loaded,
     now_ms: i64,
     cfg: &PolicyConfig,

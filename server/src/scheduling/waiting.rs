@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use super::explain::ClosedNodes;
 use super::handle::SchedulerHandle;
-use crate::store::{Store, StoreError, Term};
+use crate::store::{Store, StoreError, Tasks, Term};
 
 /// Queues up to this long are explained every cycle, within it.
 const EXPLAIN_ALWAYS_UP_TO: usize = 1_000;
@@ -143,7 +143,7 @@ pub fn explain_all(
 /// number a write (the longest unwritten first), what did not change every [`REFRESH_MS`].
 /// Returns how many rows it wrote.
 pub async fn write(
-    store: &dyn Store,
+    store: &dyn Tasks,
     handle: &SchedulerHandle,
     term: Term,
     waiting: HashMap<String, Waiting>,

@@ -3,10 +3,13 @@
 //! or deleted, so no listing of the bucket is needed to enforce the cap.
 
 use crate::error::ApiError;
-use crate::store::{QuotaScope, Store, StoreResult};
+use crate::store::{Accounts, Artifacts, QuotaScope, StoreResult};
 
 /// Bytes the organization may still store, `None` without a cap.
-pub async fn room(store: &dyn Store, tenant_id: &str) -> StoreResult<Option<u64>> {
+pub async fn room<S: Accounts + Artifacts + ?Sized>(
+    store: &S,
+    tenant_id: &str,
+) -> StoreResult<Option<u64>> {
     let Some(limit) = store
         .quota(QuotaScope::Tenant, tenant_id)
         .await?
@@ -33,8 +36,8 @@ pub fn over_quota(room: u64, wanted: Option<u64>) -> ApiError {
 /// blocks in one statement each, so that concurrent writes of an organization never pass its
 /// cap together, and what the last block left unused given back at the end. `credit`: bytes
 /// the write frees when it ends (the object it replaces), which it may use meanwhile.
-pub struct Reservation<'a> {
-    store: &'a dyn Store,
+pub struct Reservation<'a, S: Artifacts + ?Sized> {
+    store: &'a S,
     tenant_id: String,
     limit: Option<i64>,
     credit: u64,
@@ -47,12 +50,12 @@ pub struct Reservation<'a> {
 /// Bytes reserved at a time: a write of any size costs a statement per block, not per chunk.
 const BLOCK: u64 = 8 << 20;
 
-impl<'a> Reservation<'a> {
+impl<'a, S: Accounts + Artifacts + ?Sized> Reservation<'a, S> {
     pub async fn new(
-        store: &'a dyn Store,
+        store: &'a S,
         tenant_id: &str,
         credit: u64,
-    ) -> StoreResult<Reservation<'a>> {
+    ) -> StoreResult<Reservation<'a, S>> {
         let limit = store
             .quota(QuotaScope::Tenant, tenant_id)
             .await?

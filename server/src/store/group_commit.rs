@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{NewTask, RunEnd, RunStart, Store, StoreError, StoreResult, TaskCreated};
+use super::{NewTask, RunEnd, RunStart, StoreError, StoreResult, TaskCreated, Tasks};
 
 /// Writes stored per transaction at most: one commit must not hold the write lock for long.
 const MAX_BATCH: usize = 512;
@@ -49,7 +49,7 @@ pub type Starts = GroupCommit<RunStart, bool>;
 pub type Ends = GroupCommit<RunEnd, bool>;
 
 impl Submissions {
-    pub fn submissions(store: Arc<dyn Store>) -> (Self, impl Future<Output = ()>) {
+    pub fn submissions(store: Arc<dyn Tasks>) -> (Self, impl Future<Output = ()>) {
         GroupCommit::new(store, "submitted tasks", |store, tasks| {
             Box::pin(async move { store.create_tasks(&tasks).await })
         })
@@ -57,7 +57,7 @@ impl Submissions {
 }
 
 impl Starts {
-    pub fn starts(store: Arc<dyn Store>) -> (Self, impl Future<Output = ()>) {
+    pub fn starts(store: Arc<dyn Tasks>) -> (Self, impl Future<Output = ()>) {
         GroupCommit::new(store, "run starts", |store, starts| {
             Box::pin(async move {
                 let marked = store.mark_running_many(&starts).await?;
@@ -68,7 +68,7 @@ impl Starts {
 }
 
 impl Ends {
-    pub fn ends(store: Arc<dyn Store>) -> (Self, impl Future<Output = ()>) {
+    pub fn ends(store: Arc<dyn Tasks>) -> (Self, impl Future<Output = ()>) {
         GroupCommit::new(store, "run ends", |store, ends| {
             Box::pin(async move {
                 let finished = store.finish_attempts(&ends).await?;
@@ -81,9 +81,9 @@ impl Ends {
 impl<R: Send + 'static, A: Send + 'static> GroupCommit<R, A> {
     /// The handle, and the writer to spawn beside the server. `write` stores one batch.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn Tasks>,
         what: &'static str,
-        write: fn(Arc<dyn Store>, Vec<R>) -> BatchWrite<A>,
+        write: fn(Arc<dyn Tasks>, Vec<R>) -> BatchWrite<A>,
     ) -> (Self, impl Future<Output = ()>) {
         let (tx, rx) = mpsc::channel(QUEUE);
         (GroupCommit { tx }, writer(store, rx, what, write))
@@ -116,10 +116,10 @@ fn relay(e: &StoreError) -> StoreError {
 }
 
 async fn writer<R, A>(
-    store: Arc<dyn Store>,
+    store: Arc<dyn Tasks>,
     mut rx: mpsc::Receiver<(R, Reply<A>)>,
     what: &'static str,
-    write: fn(Arc<dyn Store>, Vec<R>) -> BatchWrite<A>,
+    write: fn(Arc<dyn Tasks>, Vec<R>) -> BatchWrite<A>,
 ) {
     let mut waiting = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut waiting, MAX_BATCH).await > 0 {

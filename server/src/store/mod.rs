@@ -7,12 +7,15 @@ mod audit;
 pub mod backup;
 pub mod fault;
 mod group_commit;
+mod journal;
 mod leadership;
 mod nodes;
 mod notifications;
 mod records;
+mod run_results;
 mod sql;
 mod sso;
+mod sweeps;
 mod tasks;
 mod usage;
 mod webhooks;
@@ -25,12 +28,15 @@ pub use accounts::Accounts;
 pub use artifacts::Artifacts;
 pub use audit::AuditTrail;
 pub use group_commit::{Ends, GroupCommit, Starts, Submissions};
+pub use journal::TaskJournal;
 pub use leadership::{LeaderStatus, Leadership};
 pub use nodes::{NodeHost, Nodes};
 pub use notifications::Notifications;
 pub use records::*;
+pub use run_results::RunResults;
 pub use sql::{PostgresStore, SqliteStore};
 pub use sso::SingleSignOn;
+pub use sweeps::Sweeps;
 pub use tasks::Tasks;
 pub use usage::Usage;
 pub use webhooks::Webhooks;
@@ -100,6 +106,9 @@ pub trait Store:
     + Nodes
     + Notifications
     + Tasks
+    + Sweeps
+    + TaskJournal
+    + RunResults
     + Usage
     + Artifacts
     + Leadership

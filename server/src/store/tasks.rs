@@ -1,5 +1,6 @@
 //! Tasks through their life: submission, placement (fenced by the leader's term), runs
-//! (attempts), stops, requeues, and what they leave behind: events, logs and metrics.
+//! (attempts), stops and requeues. What they print and report is in [`super::TaskJournal`],
+//! what their runs leave in [`super::RunResults`].
 
 use async_trait::async_trait;
 
@@ -12,17 +13,6 @@ pub trait Tasks: Send + Sync {
     /// commit). Each answer says whether its task was stored or its idempotency key had
     /// already made one; nothing is answered before the commit.
     async fn create_tasks(&self, batch: &[NewTask]) -> StoreResult<Vec<StoreResult<TaskCreated>>>;
-    /// Stores a sweep and its trials in one transaction: all of them or none.
-    async fn create_sweep(&self, sweep: &SweepRecord, trials: &[NewTask]) -> StoreResult<()>;
-    async fn sweep(&self, tenant_id: &str, id: &str) -> StoreResult<Option<SweepWithUser>>;
-    /// The organization's sweeps, newest first.
-    async fn list_sweeps(&self, tenant_id: &str, limit: i64) -> StoreResult<Vec<SweepWithUser>>;
-    /// The trials' states, by sweep id, for a listing.
-    async fn sweep_states(
-        &self,
-        tenant_id: &str,
-        sweep_ids: &[String],
-    ) -> StoreResult<Vec<(String, TaskState, i64)>>;
     /// A task of `tenant_id` (any tenant when `None`).
     async fn task(&self, tenant_id: Option<&str>, id: &str) -> StoreResult<Option<TaskWithUser>>;
     async fn list_tasks(&self, filter: &TaskFilter) -> StoreResult<Vec<TaskWithUser>>;
@@ -118,7 +108,6 @@ pub trait Tasks: Send + Sync {
     }
     /// Active tasks with their current run, for the scheduler.
     async fn scheduling_tasks(&self) -> StoreResult<Vec<SchedulingTaskRecord>>;
-    async fn task_events(&self, id: &str) -> StoreResult<Vec<EventRecord>>;
     /// When each of these tasks last had a shell or a port (an app) opened into it, if ever:
     /// what holds a batch task like a session.
     async fn last_held(
@@ -126,24 +115,6 @@ pub trait Tasks: Send + Sync {
         task_ids: &[String],
     ) -> StoreResult<std::collections::HashMap<String, i64>>;
     async fn task_attempts(&self, id: &str) -> StoreResult<Vec<AttemptRecord>>;
-    /// Lines of one attempt, kept in this order, in one statement.
-    async fn append_logs(&self, id: &str, attempt: i64, lines: &[NewLogLine]) -> StoreResult<()>;
-    async fn task_logs(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>>;
-    async fn add_metrics(&self, id: &str, samples: &[(i64, String)]) -> StoreResult<()>;
-    async fn task_metrics(
-        &self,
-        id: &str,
-        after: i64,
-        limit: i64,
-    ) -> StoreResult<Vec<MetricRecord>>;
-    /// The oldest `limit` reported samples in `[from, to]` (milliseconds), oldest first.
-    async fn task_metrics_window(
-        &self,
-        id: &str,
-        from: i64,
-        to: i64,
-        limit: i64,
-    ) -> StoreResult<Vec<MetricRecord>>;
     /// Marks a placed task to be stopped by its agent; `false` if it is not placed.
     async fn set_stop_reason(
         &self,
@@ -157,49 +128,4 @@ pub trait Tasks: Send + Sync {
         term: Term,
         changes: &[(String, Option<String>)],
     ) -> StoreResult<()>;
-    async fn add_event(
-        &self,
-        task_id: &str,
-        kind: &str,
-        message: &str,
-        now: i64,
-    ) -> StoreResult<()>;
-    /// Gives up results still uploading from tasks that ended before `ended_before` (their
-    /// node never sent them: it is gone, or its disk was wiped), with a line in each timeline;
-    /// returns how many.
-    async fn expire_uploading_results(
-        &self,
-        ended_before: i64,
-        message: &str,
-        now: i64,
-    ) -> StoreResult<u64>;
-    /// Records that every worker `node` ran of an attempt succeeded: a gang spanning nodes ends
-    /// when each node's part has. Returns the attempt's parts ended so far, this one with them,
-    /// or `None` when this part had ended already (a repeated report changes nothing). Parts
-    /// of one attempt are recorded one at a time, so exactly one report sees the last.
-    async fn end_part(
-        &self,
-        task_id: &str,
-        attempt: i64,
-        part: &PartEnded,
-    ) -> StoreResult<Option<Vec<PartEnded>>>;
-    /// The parts of an attempt that have ended (see [`Tasks::end_part`]).
-    async fn ended_parts(&self, task_id: &str, attempt: i64) -> StoreResult<Vec<PartEnded>>;
-    /// `node`'s part of an attempt keeps no results any more (stored, or given up).
-    async fn part_results_settled(
-        &self,
-        task_id: &str,
-        attempt: i64,
-        node: &str,
-    ) -> StoreResult<()>;
-    /// Settles the results of a task's last attempt that were uploading (`None`: stored,
-    /// `Some("lost")`), with a line in its timeline. False when they were not uploading.
-    async fn settle_results(
-        &self,
-        task_id: &str,
-        attempt: i64,
-        results: Option<&str>,
-        message: &str,
-        now: i64,
-    ) -> StoreResult<bool>;
 }

@@ -145,7 +145,7 @@ mod tests {
                 email: "ada@example.com".into(),
                 password_hash: String::new(),
                 tenant_id: "org".into(),
-                role: "member".into(),
+                role: autodl_common::api::Role::Member,
                 platform_admin: false,
                 disabled: false,
                 created_at: 0,

@@ -6,7 +6,7 @@ use autodl_common::agent::{ArtifactFile, RestoreRef};
 use crate::domain::ArtifactKind;
 use crate::domain::ArtifactState;
 use crate::storage::{delete_prefix, Storage};
-use crate::store::{ArtifactRecord, Store, StoreResult};
+use crate::store::{ArtifactRecord, Artifacts, StoreResult};
 
 /// The files of a complete artifact, from its manifest.
 pub fn files_of(a: &ArtifactRecord) -> Vec<ArtifactFile> {
@@ -18,7 +18,7 @@ pub fn files_of(a: &ArtifactRecord) -> Vec<ArtifactFile> {
 
 /// The newest complete checkpoint of a task, for its next attempt.
 pub async fn latest_checkpoint(
-    store: &dyn Store,
+    store: &dyn Artifacts,
     task_id: &str,
 ) -> StoreResult<Option<RestoreRef>> {
     let list = store
@@ -37,7 +37,7 @@ pub async fn latest_checkpoint(
 /// first (uploading → deleting), so that a commit arriving meanwhile cannot complete it; a
 /// deletion that fails stays `deleting` and the next sweep finishes it. `false` when the upload
 /// was not there to discard (completed, or already gone).
-pub async fn discard_upload(store: &dyn Store, storage: &Storage, a: &ArtifactRecord) -> bool {
+pub async fn discard_upload(store: &dyn Artifacts, storage: &Storage, a: &ArtifactRecord) -> bool {
     if a.state == ArtifactState::Uploading {
         if !store
             .set_artifact_state(&a.id, ArtifactState::Uploading, ArtifactState::Deleting)

@@ -11,23 +11,11 @@ pub mod session;
 pub mod spec;
 pub mod sweep;
 
-use autodl_common::tasks::{Task, TaskSpec, TaskState, Waiting, WorkerPlacement};
+use autodl_common::tasks::{Task, TaskSpec, TaskState, Waiting};
 use autodl_scheduler::TaskRequest;
 
 use crate::domain::rfc3339;
-use crate::error::ApiError;
 use crate::store::{TaskRecord, TaskWithUser};
-
-pub fn spec_of(rec: &TaskRecord) -> Result<TaskSpec, ApiError> {
-    serde_json::from_str(&rec.spec)
-        .map_err(|e| ApiError::Internal(anyhow::anyhow!("task {} has a bad spec: {e}", rec.id)))
-}
-
-pub fn placement_of(rec: &TaskRecord) -> Option<Vec<WorkerPlacement>> {
-    rec.placement
-        .as_deref()
-        .and_then(|p| serde_json::from_str(p).ok())
-}
 
 /// The scheduler's view of a task. Times are Unix seconds. `access` is what
 /// [`access::task_access`] says the task tolerates and requires.
@@ -64,13 +52,12 @@ pub fn to_request(
 }
 
 /// The task as the API shows it; why it waits is what the leader's latest cycle stored.
-pub fn to_api(t: TaskWithUser) -> Result<Task, ApiError> {
+pub fn to_api(t: TaskWithUser) -> Task {
     let waiting: Option<Waiting> = t
         .task
         .waiting
         .as_deref()
         .and_then(|w| serde_json::from_str(w).ok());
-    let spec = spec_of(&t.task)?;
     let state = t.task.state;
     let waiting = (state == TaskState::Pending).then(|| {
         waiting.unwrap_or(Waiting {
@@ -81,15 +68,15 @@ pub fn to_api(t: TaskWithUser) -> Result<Task, ApiError> {
             estimated_start: None,
         })
     });
-    Ok(Task {
-        placement: placement_of(&t.task),
+    Task {
+        placement: t.task.placement.0,
         id: t.task.id,
         name: t.task.name,
         state,
         user_id: t.task.user_id,
         user_email: t.user_email,
         tenant_id: t.task.tenant_id,
-        spec,
+        spec: t.task.spec.0,
         created_at: rfc3339(t.task.created_at),
         updated_at: rfc3339(t.task.updated_at),
         attempts: t.task.attempts as u32,
@@ -99,5 +86,5 @@ pub fn to_api(t: TaskWithUser) -> Result<Task, ApiError> {
         finished_at: t.task.finished_at.map(rfc3339),
         gpu_seconds: t.task.attained_gpu_seconds,
         results: t.task.results,
-    })
+    }
 }

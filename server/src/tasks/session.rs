@@ -5,35 +5,35 @@
 use autodl_common::api::SessionPolicy;
 use autodl_common::tasks::{TaskKind, TaskSpec};
 
-use crate::error::ApiError;
+use crate::domain::DomainError;
 
 /// The stop reason of a run stopped for sitting idle.
 pub const IDLE: &str = "idle";
 
 /// Checks a policy an admin sends.
-pub fn check_policy(p: &SessionPolicy) -> Result<(), ApiError> {
+pub fn check_policy(p: &SessionPolicy) -> Result<(), DomainError> {
     if !(0.0..=100.0).contains(&p.idle_util_pct) {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "idle_util_pct",
             "idle_util_pct is a utilization from 0 to 100 percent (e.g. 5)",
         ));
     }
     if p.idle_minutes > 7 * 24 * 60 {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "idle_minutes",
             "idle_minutes is at most 10080 (a week); 0 turns idle stopping off (e.g. 30)",
         ));
     }
     if let Some(h) = p.max_session_hours {
         if !(h.is_finite() && h > 0.0 && h <= 8760.0) {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "max_session_hours",
                 "max_session_hours is more than 0 and at most 8760 (e.g. 24)",
             ));
         }
     }
     if p.max_sessions_per_user.is_some_and(|n| n > 10_000) {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "max_sessions_per_user",
             "max_sessions_per_user is at most 10000 (0 allows no sessions; e.g. 2)",
         ));
@@ -54,9 +54,9 @@ pub fn cap_length(spec: &mut TaskSpec, p: &SessionPolicy) {
 }
 
 /// The refusal when a member already holds as many sessions as allowed.
-pub fn check_open_sessions(open: i64, adding: i64, p: &SessionPolicy) -> Result<(), ApiError> {
+pub fn check_open_sessions(open: i64, adding: i64, p: &SessionPolicy) -> Result<(), DomainError> {
     match p.max_sessions_per_user {
-        Some(cap) if open + adding > i64::from(cap) => Err(ApiError::Quota(format!(
+        Some(cap) if open + adding > i64::from(cap) => Err(DomainError::OverQuota(format!(
             "you have {open} session(s) pending or running; your organization allows {cap} \
              per member (stop one with `autodl cancel`)"
         ))),
@@ -76,9 +76,9 @@ pub fn treated_as(kind: TaskKind, run_started: i64, held_at: Option<i64>) -> Tas
 
 /// The refusal when a shell or a port would hold one more batch task like a session than a
 /// member may hold (`holding`: their sessions and batch tasks already held).
-pub fn check_holding(holding: i64, p: &SessionPolicy) -> Result<(), ApiError> {
+pub fn check_holding(holding: i64, p: &SessionPolicy) -> Result<(), DomainError> {
     match p.max_sessions_per_user {
-        Some(cap) if holding + 1 > i64::from(cap) => Err(ApiError::Quota(format!(
+        Some(cap) if holding + 1 > i64::from(cap) => Err(DomainError::OverQuota(format!(
             "a shell or an app in a batch task holds it like a session, and its owner holds \
              {holding} session(s) already; your organization allows {cap} per member"
         ))),

@@ -7,7 +7,7 @@ use autodl_common::tasks::{Command, SweepMethod, SweepValues, TaskSpecInput};
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
-use crate::error::ApiError;
+use crate::domain::DomainError;
 
 /// Most trials one sweep may make.
 pub const MAX_TRIALS: usize = 1000;
@@ -23,9 +23,9 @@ pub fn trials(
     method: SweepMethod,
     samples: Option<u32>,
     seed: u64,
-) -> Result<Vec<Params>, ApiError> {
+) -> Result<Vec<Params>, DomainError> {
     if parameters.is_empty() || parameters.len() > MAX_PARAMETERS {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "parameters",
             format!(
                 "parameters names 1 to {MAX_PARAMETERS} parameters, e.g. {{\"lr\": [0.1, 0.01]}}"
@@ -36,7 +36,7 @@ pub fn trials(
         check_name(name)?;
         match values {
             SweepValues::List(v) if v.is_empty() => {
-                return Err(ApiError::invalid(
+                return Err(DomainError::invalid(
                     "parameters",
                     format!("parameters.{name} lists no values"),
                 ))
@@ -46,7 +46,7 @@ pub fn trials(
                     .iter()
                     .find(|x| !(x.is_number() || x.is_string() || x.is_boolean()))
                 {
-                    return Err(ApiError::invalid(
+                    return Err(DomainError::invalid(
                         "parameters",
                         format!("parameters.{name}: {bad} is not a number, text or true/false"),
                     ));
@@ -59,7 +59,7 @@ pub fn trials(
                     && (!r.log || r.min > 0.0)
                     && (!r.integer || r.min.ceil() <= r.max.floor());
                 if !ok {
-                    return Err(ApiError::invalid(
+                    return Err(DomainError::invalid(
                         "parameters",
                         format!(
                             "parameters.{name} is a range with min <= max{}{} (e.g. {{\"min\": 1e-5, \"max\": 1e-1, \"log\": true}})",
@@ -69,7 +69,7 @@ pub fn trials(
                     ));
                 }
                 if method == SweepMethod::Grid {
-                    return Err(ApiError::invalid(
+                    return Err(DomainError::invalid(
                         "parameters",
                         format!("parameters.{name} is a range, which only a random sweep can draw from; list the values for a grid, or set \"method\": \"random\""),
                     ));
@@ -86,7 +86,7 @@ pub fn trials(
             match total {
                 Some(n) if n <= MAX_TRIALS => {}
                 _ => {
-                    return Err(ApiError::invalid(
+                    return Err(DomainError::invalid(
                         "parameters",
                         format!("the grid makes more than {MAX_TRIALS} trials; list fewer values or use a random sweep"),
                     ))
@@ -112,13 +112,13 @@ pub fn trials(
         }
         SweepMethod::Random => {
             let n = samples.ok_or_else(|| {
-                ApiError::invalid(
+                DomainError::invalid(
                     "samples",
                     "a random sweep needs samples: how many trials to draw",
                 )
             })? as usize;
             if n == 0 || n > MAX_TRIALS {
-                return Err(ApiError::invalid(
+                return Err(DomainError::invalid(
                     "samples",
                     format!("samples is between 1 and {MAX_TRIALS}"),
                 ));
@@ -158,7 +158,7 @@ fn draw(values: &SweepValues, rng: &mut impl Rng) -> Value {
     }
 }
 
-fn check_name(name: &str) -> Result<(), ApiError> {
+fn check_name(name: &str) -> Result<(), DomainError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
@@ -166,7 +166,7 @@ fn check_name(name: &str) -> Result<(), ApiError> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::invalid(
+        Err(DomainError::invalid(
             "parameters",
             format!("{name:?} is not a parameter name: letters, digits and _ (as in ${{lr}})"),
         ))
@@ -193,7 +193,7 @@ fn substitute(text: &str, params: &Params) -> String {
 
 /// Every parameter must appear as `${name}` in the template's command, env or name: one that
 /// does not would make identical trials.
-pub fn check_used(template: &TaskSpecInput, parameters: &[&String]) -> Result<(), ApiError> {
+pub fn check_used(template: &TaskSpecInput, parameters: &[&String]) -> Result<(), DomainError> {
     let mut texts: Vec<&str> = vec![&template.name];
     match &template.command {
         Some(Command::Shell(s)) => texts.push(s),
@@ -207,7 +207,7 @@ pub fn check_used(template: &TaskSpecInput, parameters: &[&String]) -> Result<()
     for name in parameters {
         let mark = format!("${{{name}}}");
         if !texts.iter().any(|t| t.contains(&mark)) {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "parameters",
                 format!(
                     "parameter {name} is not used: write {mark} in the template's command or env"

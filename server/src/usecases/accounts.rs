@@ -2,6 +2,8 @@
 //! confirming a sign-up by email, signing in and out, sessions and passwords. The rules of
 //! who may sign in how live here; the routes shape answers and cookies.
 
+use autodl_common::api::Role;
+
 use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::session::Claims;
 use crate::auth::{password, Caller};
@@ -57,7 +59,7 @@ pub async fn join(
         email,
         password::hash(pw.into_inner()).await?,
         &tenant.id,
-        &inv.role,
+        inv.role,
         now,
     );
     state.store.accept_invitation(&inv.id, &user, now).await?;
@@ -179,17 +181,17 @@ fn new_organization(
         created_at: now,
         trusted: false,
     };
-    let user = new_user(email, password_hash, &tenant.id, "owner", now);
+    let user = new_user(email, password_hash, &tenant.id, Role::Owner, now);
     (user, tenant)
 }
 
-fn new_user(email: &Email, hash: String, tenant_id: &str, role: &str, now: i64) -> UserRecord {
+fn new_user(email: &Email, hash: String, tenant_id: &str, role: Role, now: i64) -> UserRecord {
     UserRecord {
         id: new_id(),
         email: email.as_str().to_owned(),
         password_hash: hash,
         tenant_id: tenant_id.to_owned(),
-        role: role.to_owned(),
+        role,
         platform_admin: false,
         disabled: false,
         created_at: now,
@@ -263,7 +265,7 @@ pub async fn sign_in(
     // Platform admins and owners keep their password: the way back in when a provider is down
     // or misconfigured (an owner is never locked out of their own organization).
     if !user.platform_admin
-        && user.role != "owner"
+        && user.role != Role::Owner
         && !state.store.password_login(&user.tenant_id).await?
     {
         return Ok(Err(Refused {

@@ -162,10 +162,10 @@ pub async fn register(
     let rec = NodeRecord {
         id: n.id.clone(),
         zone: n.zone.clone(),
-        labels: serde_json::to_string(&n.labels).map_err(anyhow::Error::from)?,
+        labels: crate::store::JsonText(n.labels.clone().into_iter().collect()),
         cpu_millis: (n.cpu * 1000.0).round() as i64,
         mem_bytes: n.memory as i64,
-        gpus: serde_json::to_string(&gpus).map_err(anyhow::Error::from)?,
+        gpus: crate::store::JsonText(gpus.clone()),
         schedulable: true,
         created_at: now,
         updated_at: now,

@@ -15,7 +15,7 @@ use crate::scheduling::to_node;
 use crate::state::AppState;
 use crate::store::NodeRecord;
 use crate::tasks::access::{self, Isolation};
-use crate::tasks::{placement_of, spec::parse_size, spec_of};
+use crate::tasks::spec::parse_size;
 
 /// GPUs held per node and GPU: memory, the caller's tasks, and how many of others'.
 #[derive(Default)]
@@ -32,7 +32,7 @@ pub async fn nodes(state: &AppState, caller: &Caller) -> Result<Vec<NodeInfo>, A
     // Which tasks hold which GPU, from the placements of scheduled and running tasks.
     let mut held: HashMap<(String, u32), Held> = HashMap::new();
     for t in state.store.active_tasks().await? {
-        let (Some(placement), Ok(spec)) = (placement_of(&t), spec_of(&t)) else {
+        let (Some(placement), spec) = (t.placement.0.clone(), &t.spec) else {
             continue;
         };
         let visible = caller.user.platform_admin || t.tenant_id == caller.tenant_id();
@@ -178,10 +178,10 @@ pub async fn declare(
     let rec = NodeRecord {
         id: input.id.clone(),
         zone: input.zone.clone(),
-        labels: serde_json::to_string(&input.labels).map_err(anyhow::Error::from)?,
+        labels: crate::store::JsonText(input.labels.clone().into_iter().collect()),
         cpu_millis: (input.cpu * 1000.0).round() as i64,
         mem_bytes: memory as i64,
-        gpus: serde_json::to_string(&gpus).map_err(anyhow::Error::from)?,
+        gpus: crate::store::JsonText(gpus.clone()),
         schedulable: true,
         created_at: now,
         updated_at: now,

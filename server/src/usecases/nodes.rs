@@ -5,7 +5,6 @@
 use crate::domain::NodeStatus;
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::tasks::placement_of;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodeAction {
@@ -64,7 +63,12 @@ pub async fn act(state: &AppState, id: &str, action: NodeAction) -> Result<(), A
     if status == NodeStatus::Draining {
         let now = state.clock.now_ms();
         for t in state.store.active_tasks().await? {
-            if !placement_of(&t).is_some_and(|p| p.iter().any(|w| w.node == id)) {
+            if !t
+                .placement
+                .0
+                .clone()
+                .is_some_and(|p| p.iter().any(|w| w.node == id))
+            {
                 continue;
             }
             // A gang's part on this node has ended: nothing of it runs here to move.

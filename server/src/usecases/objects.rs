@@ -85,7 +85,7 @@ pub async fn reserve<'a>(
     state: &'a AppState,
     caller: &Caller,
     old: u64,
-) -> Result<usage::Reservation<'a>, ApiError> {
+) -> Result<usage::Reservation<'a, dyn crate::store::Store>, ApiError> {
     Ok(usage::Reservation::new(state.store.as_ref(), caller.tenant_id(), old).await?)
 }
 

@@ -4,7 +4,6 @@
 
 use autodl_common::api::{Quota, Role, SessionPolicy};
 
-use crate::auth::caller::parse_role;
 use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::Caller;
 use crate::domain::{check_within, parse_quota, Email};
@@ -57,7 +56,7 @@ pub async fn change_role(
 ) -> Result<(UserRecord, UserRecord), ApiError> {
     caller.require_manager()?;
     let target = member(state, caller, user_id).await?;
-    let current = parse_role(&target.role)?;
+    let current = target.role;
     let touches_owner = current == Role::Owner || role == Role::Owner;
     if touches_owner && caller.role != Role::Owner {
         return Err(ApiError::Forbidden(
@@ -96,7 +95,7 @@ pub async fn remove(
             message: "you cannot remove yourself".into(),
         });
     }
-    if parse_role(&target.role)? == Role::Owner && caller.role != Role::Owner {
+    if target.role == Role::Owner && caller.role != Role::Owner {
         return Err(ApiError::Forbidden(
             "only an owner can remove an owner".into(),
         ));
@@ -145,7 +144,7 @@ pub async fn invite(
         id: new_id(),
         tenant_id: caller.tenant_id().to_owned(),
         email: email.as_str().to_owned(),
-        role: role.as_str().to_owned(),
+        role,
         token_hash: digest(&token),
         created_by: caller.user.id.clone(),
         created_at: now,

@@ -7,7 +7,6 @@ use crate::auth::{Caller, CallerVia};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::TaskWithUser;
-use crate::tasks::{placement_of, spec_of};
 
 /// A task of the caller's organization, or 404 (another organization's task is not there).
 pub async fn find(state: &AppState, caller: &Caller, id: &str) -> Result<TaskWithUser, ApiError> {
@@ -40,7 +39,7 @@ pub async fn target_of(
             t.task.state.as_str()
         )));
     }
-    let placement = placement_of(&t.task).unwrap_or_default();
+    let placement = t.task.placement.0.clone().unwrap_or_default();
     let rank = rank.unwrap_or(0) as usize;
     let by_rank = crate::tasks::gang::nodes_by_rank(&placement);
     let node = by_rank.get(rank).map(|n| (*n).to_owned()).ok_or_else(|| {
@@ -87,7 +86,7 @@ pub async fn still_reaches(
 
 /// A port reached only if the task declared it (`ports` in its spec).
 pub fn declared(task: &TaskWithUser, number: u16) -> Result<(), ApiError> {
-    let spec = spec_of(&task.task)?;
+    let spec = &task.task.spec;
     if spec.ports.contains(&number) {
         return Ok(());
     }
@@ -109,7 +108,7 @@ pub async fn hold_like_a_session(
 ) -> Result<(), ApiError> {
     use autodl_common::tasks::TaskKind;
     let t = &task.task;
-    if crate::tasks::spec_of(t)?.kind != TaskKind::Batch {
+    if t.spec.kind != TaskKind::Batch {
         return Ok(());
     }
     let policy = state.store.session_policy(&t.tenant_id).await?;
@@ -130,7 +129,7 @@ pub async fn hold_like_a_session(
         .await?;
     let batch: Vec<String> = running
         .iter()
-        .filter(|r| crate::tasks::spec_of(&r.task).is_ok_and(|s| s.kind == TaskKind::Batch))
+        .filter(|r| Some(&r.task.spec).is_some_and(|s| s.kind == TaskKind::Batch))
         .map(|r| r.task.id.clone())
         .collect();
     let held = state.store.last_held(&batch).await?;
@@ -147,7 +146,10 @@ pub async fn hold_like_a_session(
         })
         .count() as i64;
     let sessions = state.store.count_open_sessions(&t.user_id).await?;
-    crate::tasks::session::check_holding(sessions + held_others, &policy)
+    Ok(crate::tasks::session::check_holding(
+        sessions + held_others,
+        &policy,
+    )?)
 }
 
 /// Says in the task's timeline who reached into it and how (a shell, a command, a port).

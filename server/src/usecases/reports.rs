@@ -7,8 +7,7 @@ use std::collections::HashMap;
 use autodl_common::agent::{
     ExitReason, FinishedReport, GpuSample, LogBatch, MetricBatch, NotKeptReport,
 };
-use autodl_common::tasks::{TaskState, WorkerPlacement};
-use autodl_scheduler::Gpu;
+use autodl_common::tasks::TaskState;
 
 use crate::agents::skew::ClockSkew;
 use crate::domain::ArtifactKind;
@@ -16,7 +15,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{GpuSampleRecord, NewLogLine, NodeRecord, PartEnded, RunEnd, RunStart};
 use crate::tasks::lifecycle::{after_attempt, final_stop, results_on_end, ExitKind, RESULTS_LOST};
-use crate::tasks::{spec::parse_time_ms, spec_of};
+use crate::tasks::spec::parse_time_ms;
 use crate::usecases::runs::{current_run, rank0_node, run_or_ended_run};
 
 const MAX_LOG_LINES: usize = 1000;
@@ -65,7 +64,7 @@ pub async fn logs(
     let t = run_or_ended_run(state, node, task_id, report.attempt).await?;
     // In a task of several workers, the line's worker: this node's place in the placement
     // (the attempt's own once the task has ended and left its placement).
-    let placement = match crate::tasks::placement_of(&t.task) {
+    let placement = match t.task.placement.0.clone() {
         Some(p) => Some(p),
         None => state
             .store
@@ -73,7 +72,7 @@ pub async fn logs(
             .await?
             .into_iter()
             .find(|a| a.number == i64::from(report.attempt))
-            .and_then(|a| serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement).ok()),
+            .map(|a| a.placement.0),
     };
     // The ranks this node runs; a line names its own (the agent's word for it is taken only
     // among these), else it is the node's first.
@@ -147,20 +146,16 @@ pub async fn finished(
             None => return Ok(()),
         }
     }
-    let spec = spec_of(&t.task)?;
-    let last = t.task.stop_reason.as_deref().and_then(|r| {
-        final_stop(
-            r,
-            &spec,
-            report.attempt,
-            report.exit_code,
-            t.task.batch_size,
-        )
-    });
+    let spec = &t.task.spec;
+    let last = t
+        .task
+        .stop_reason
+        .as_deref()
+        .and_then(|r| final_stop(r, spec, report.attempt, report.exit_code, t.task.batch_size));
     match (kind, t.task.stop_reason.as_deref(), last) {
         // Stopped for good (time limit, idle), or failed while stopping: the task ends there.
         (None | Some(ExitKind::Error | ExitKind::Oom), Some(_), Some(end)) => {
-            end_run(state, &t.task, &spec, (report, node, &[]), end, now).await?;
+            end_run(state, &t.task, spec, (report, node, &[]), end, now).await?;
         }
         // Stopped on the scheduler's request (preempted, drained), or failed while stopping:
         // back to the queue. A run that completed its work before it stopped is done.
@@ -182,7 +177,7 @@ pub async fn finished(
                 })
                 .count() as u32;
             let end = after_attempt(
-                &spec,
+                spec,
                 report.attempt,
                 earlier_failures,
                 t.task.batch_size.map(|b| b as u32),
@@ -193,7 +188,7 @@ pub async fn finished(
             end_run(
                 state,
                 &t.task,
-                &spec,
+                spec,
                 (report, node, &others_keeping),
                 end,
                 now,
@@ -229,7 +224,10 @@ async fn part_ended(
     report: &FinishedReport,
     now: i64,
 ) -> Result<Option<Vec<String>>, ApiError> {
-    let nodes: std::collections::BTreeSet<String> = crate::tasks::placement_of(task)
+    let nodes: std::collections::BTreeSet<String> = task
+        .placement
+        .0
+        .clone()
         .unwrap_or_default()
         .into_iter()
         .map(|w| w.node)
@@ -493,9 +491,7 @@ async fn gpus_of_tasks_here<'a>(
         let mut spans = Vec::new();
         for a in state.store.task_attempts(t).await? {
             let until = a.ended_at.map(|e| e + LATE_SAMPLES_MS);
-            let placed: Vec<WorkerPlacement> =
-                serde_json::from_str(&a.placement).unwrap_or_default();
-            for w in placed.iter().filter(|w| w.node == node_id) {
+            for w in a.placement.iter().filter(|w| w.node == node_id) {
                 spans.extend(w.gpu_indices.iter().map(|g| (*g, until)));
             }
         }
@@ -517,7 +513,7 @@ pub async fn metrics(
             format!("at most {MAX_SAMPLES} samples a call"),
         ));
     }
-    let gpus: Vec<Gpu> = serde_json::from_str(&node.gpus).map_err(anyhow::Error::from)?;
+    let gpus = &node.gpus;
     let skew = ClockSkew::of_batch(report.sent_at.as_deref(), state.clock.now_ms());
     let ran_here = gpus_of_tasks_here(state, &node.id, &report.samples).await?;
     let mut rows = Vec::with_capacity(report.samples.len());

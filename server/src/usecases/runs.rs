@@ -1,12 +1,11 @@
 //! Which runs a node may speak for: an agent reports on, uploads for and fetches for tasks
 //! placed on its own node only, so a node's credential reaches no other node's tasks.
 
-use autodl_common::tasks::{TaskState, WorkerPlacement};
+use autodl_common::tasks::TaskState;
 
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{TaskRecord, TaskWithUser};
-use crate::tasks::placement_of;
 
 /// The task whose latest attempt ran on `node`, or 409. A cancelled task has lost its
 /// placement but its last attempt still reports (its last log lines, its exit).
@@ -53,16 +52,14 @@ async fn run_on(
     if t.task.attempts as u32 != attempt {
         return Err(stale());
     }
-    let here = match placement_of(&t.task) {
+    let here = match t.task.placement.as_ref() {
         Some(p) => p.iter().any(|w| w.node == node),
         None if t.task.state == TaskState::Cancelled
             || (ended_too && t.task.state.is_finished()) =>
         {
             let attempts = state.store.task_attempts(task_id).await?;
             attempts.iter().any(|a| {
-                a.number == i64::from(attempt)
-                    && serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement)
-                        .is_ok_and(|p| p.iter().any(|w| w.node == node))
+                a.number == i64::from(attempt) && a.placement.iter().any(|w| w.node == node)
             })
         }
         None => false,
@@ -86,8 +83,7 @@ pub async fn rank0_node(
         .await?
         .into_iter()
         .find(|a| a.number == attempt)
-        .and_then(|a| serde_json::from_str::<Vec<WorkerPlacement>>(&a.placement).ok())
-        .and_then(|p| p.first().map(|w| w.node.clone())))
+        .and_then(|a| a.placement.first().map(|w| w.node.clone())))
 }
 
 /// A task placed on `node` (any attempt): restores and data are fetched before it starts.
@@ -102,7 +98,11 @@ pub async fn placed_on(
         .await?
         .ok_or_else(|| ApiError::NotFound("no such task".into()))?;
     let here = t.task.state.is_placed()
-        && placement_of(&t.task).is_some_and(|p| p.iter().any(|w| w.node == node));
+        && t.task
+            .placement
+            .0
+            .clone()
+            .is_some_and(|p| p.iter().any(|w| w.node == node));
     if !here {
         return Err(ApiError::Conflict(format!(
             "task {task_id} is not placed on this node"

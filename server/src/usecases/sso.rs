@@ -8,6 +8,8 @@
 //! set up by platform administrators, also links by verified email the accounts no other
 //! provider speaks for, of organizations that let their people choose how to sign in.
 
+use autodl_common::api::Role;
+
 use crate::auth::password;
 use crate::auth::secrets::{digest, new_id, random_hex};
 use crate::auth::sso::{domain_allowed, role_for, Identity, SsoError, Started};
@@ -87,7 +89,7 @@ pub async fn account_for(
                     "the provider has not verified your email address, so no account is made",
                 ))
             }
-            None => create(state, p, id, &email, role.as_deref(), now).await?,
+            None => create(state, p, id, &email, role, now).await?,
         },
     };
     if user.disabled {
@@ -101,7 +103,7 @@ pub async fn account_for(
     let mut user = user;
     if let SsoScope::Tenant(tenant_id) = &p.scope {
         // The provider's claims keep deciding the role, except an owner's.
-        if user.role != "owner" {
+        if user.role != Role::Owner {
             match role {
                 None => {
                     return Err(refused(
@@ -109,7 +111,10 @@ pub async fn account_for(
                     ))
                 }
                 Some(r) if r != user.role => {
-                    state.store.set_member_role(tenant_id, &user.id, &r).await?;
+                    state
+                        .store
+                        .set_member_role(tenant_id, &user.id, r.as_str())
+                        .await?;
                     state.accounts_changed();
                     user.role = r;
                 }
@@ -125,7 +130,7 @@ async fn create(
     p: &SsoProviderRecord,
     id: &Identity,
     email: &Email,
-    role: Option<&str>,
+    role: Option<Role>,
     now: i64,
 ) -> Result<UserRecord, SsoError> {
     // A password nobody knows: the account signs in through its provider (or a reset).
@@ -137,7 +142,8 @@ async fn create(
         email: email.as_str().to_owned(),
         password_hash: unusable,
         tenant_id: String::new(),
-        role: String::new(),
+        // Set below, by the provider's scope.
+        role: Role::Member,
         platform_admin: false,
         disabled: false,
         created_at: now,
@@ -145,14 +151,11 @@ async fn create(
     let tenant = match &p.scope {
         SsoScope::Tenant(t) => {
             user.tenant_id = t.clone();
-            user.role = role
-                .ok_or_else(|| {
-                    SsoError::Refused(
-                        "the provider gives you no role in this organization (ask its admins)"
-                            .into(),
-                    )
-                })?
-                .to_owned();
+            user.role = role.ok_or_else(|| {
+                SsoError::Refused(
+                    "the provider gives you no role in this organization (ask its admins)".into(),
+                )
+            })?;
             None
         }
         SsoScope::Platform => {
@@ -169,7 +172,7 @@ async fn create(
                 trusted: false,
             };
             user.tenant_id = tenant.id.clone();
-            user.role = "owner".into();
+            user.role = Role::Owner;
             Some(tenant)
         }
     };

@@ -14,7 +14,7 @@ use crate::error::ApiError;
 use crate::scheduling::to_quota;
 use crate::state::AppState;
 use crate::store::{
-    NewTask, QuotaRecord, QuotaScope, TaskCaps, TaskCreated, TaskRecord, TaskWithUser,
+    JsonText, NewTask, QuotaRecord, QuotaScope, TaskCaps, TaskCreated, TaskRecord, TaskWithUser,
 };
 use crate::tasks::{access, session, spec, to_request};
 
@@ -93,12 +93,12 @@ pub(crate) fn new_record(
         user_id: caller.user.id.clone(),
         name: spec.name.clone(),
         state: TaskState::Pending,
-        spec: serde_json::to_string(spec).map_err(anyhow::Error::from)?,
+        spec: JsonText(spec.clone()),
         gpus_total: i64::from(spec.gpus_per_worker) * i64::from(spec.num_workers),
         idempotency_key,
         attempts: 0,
         batch_size: spec.batch_size.map(i64::from),
-        placement: None,
+        placement: JsonText(None),
         attained_gpu_seconds: 0.0,
         last_checkpoint_at: None,
         created_at: now,
@@ -159,8 +159,7 @@ pub(crate) async fn vet(
 /// one is a client's mistake (a key reused across tasks), and answering it with the old task
 /// would hide that the new task was never made.
 fn same_request(existing: &TaskRecord, spec: &TaskSpec) -> Result<(), ApiError> {
-    let first: TaskSpec = serde_json::from_str(&existing.spec).map_err(anyhow::Error::from)?;
-    if first == *spec {
+    if *existing.spec == *spec {
         Ok(())
     } else {
         Err(ApiError::Unprocessable(format!(

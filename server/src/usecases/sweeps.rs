@@ -8,10 +8,11 @@ use autodl_common::tasks::{Sweep, SweepInput, SweepMethod, SweepTrial, SweepTria
 use crate::auth::secrets::time_ordered_id;
 use crate::auth::Caller;
 use crate::domain::rfc3339;
+use crate::domain::DomainError;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{CancelOutcome, NewTask, SweepRecord, SweepWithUser, TaskFilter};
-use crate::tasks::{spec, spec_of, sweep};
+use crate::tasks::{spec, sweep};
 use crate::usecases::submit::{new_record, vet};
 
 /// Reported samples read per trial for its newest metric values.
@@ -91,13 +92,13 @@ pub async fn create(
 }
 
 /// A template's error names its field inside the template.
-fn in_template(e: ApiError, trial: usize) -> ApiError {
+fn in_template(e: DomainError, trial: usize) -> ApiError {
     match e {
-        ApiError::Validation { field, message } => ApiError::Validation {
-            field: field.map(|f| format!("template.{f}").into()),
+        DomainError::Invalid { field, message } => ApiError::Validation {
+            field: Some(format!("template.{field}").into()),
             message: format!("trial {trial}: {message}"),
         },
-        other => other,
+        other => other.into(),
     }
 }
 
@@ -158,8 +159,8 @@ pub async fn show(state: &AppState, caller: &Caller, id: &str) -> Result<Sweep, 
     let mut out = header(&found);
     let mut rows = Vec::new();
     for t in trials_of(state, caller.tenant_id(), id).await? {
-        let spec = spec_of(&t.task)?;
-        let Some(trial) = spec.sweep else { continue };
+        let spec = &t.task.spec;
+        let Some(trial) = &spec.sweep else { continue };
         *out.states
             .entry(t.task.state.as_str().to_owned())
             .or_default() += 1;
@@ -180,7 +181,7 @@ pub async fn show(state: &AppState, caller: &Caller, id: &str) -> Result<Sweep, 
             trial: trial.trial,
             task_id: t.task.id.clone(),
             state: t.task.state,
-            params: trial.params,
+            params: trial.params.clone(),
             metrics,
         });
     }

@@ -7,7 +7,6 @@ use crate::state::AppState;
 use crate::storage::tar::Entry;
 use crate::store::{ArtifactRecord, TaskRecord};
 use crate::tasks::results as task_results;
-use crate::tasks::spec_of;
 use crate::usecases::runs::{placed_on, rank0_node};
 
 /// A complete checkpoint, for the node its task is placed on (the node restores it).
@@ -39,14 +38,15 @@ pub async fn checkpoints(
 
 /// Bucket and key prefix of a task's `s3://` data path.
 pub fn data_location(state: &AppState, t: &TaskRecord) -> Result<(String, String), ApiError> {
-    let spec = spec_of(t)?;
-    let url = spec
+    let url = t
+        .spec
         .data_path
+        .as_deref()
         .filter(|p| p.starts_with("s3://"))
         .ok_or_else(|| ApiError::NotFound("the task has no s3:// data path".into()))?;
     state
         .storage
-        .resolve(&t.tenant_id, &url)
+        .resolve(&t.tenant_id, url)
         .map_err(|m| ApiError::invalid("data_path", m))
 }
 

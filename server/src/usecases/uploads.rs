@@ -15,10 +15,10 @@ use crate::domain::{ArtifactKind, ArtifactState};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::storage::{clean_path, delete_prefix, put_bytes, usage, Storage, StorageError};
-use crate::store::{ArtifactRecord, Store};
+use crate::store::{ArtifactRecord, Artifacts};
 use crate::tasks::checkpoints::discard_upload;
 use crate::tasks::lifecycle::RESULTS_UPLOADING;
-use crate::tasks::{results, spec_of};
+use crate::tasks::results;
 use crate::usecases::runs::run_or_ended_run;
 
 /// In the bucket too, an artifact with a manifest is a complete one.
@@ -45,7 +45,7 @@ pub async fn start(
     if body.epoch.is_some_and(|e| !e.is_finite()) {
         return Err(ApiError::invalid("epoch", "epoch must be a finite number"));
     }
-    let spec = spec_of(&t.task)?;
+    let spec = &t.task.spec;
     let task = &t.task;
     if usage::room(state.store.as_ref(), &task.tenant_id).await? == Some(0) {
         let what = format!("{} not saved", kind.as_str());
@@ -275,8 +275,7 @@ pub async fn commit(
     let keep = if a.kind == ArtifactKind::Checkpoint {
         let task = state.store.task(None, &a.task_id).await?;
         Keep::Newest(
-            task.and_then(|t| spec_of(&t.task).ok())
-                .and_then(|s| s.checkpoint.and_then(|c| c.keep))
+            task.and_then(|t| t.task.spec.checkpoint.as_ref().and_then(|c| c.keep))
                 .unwrap_or(state.settings.checkpoint_keep)
                 .max(1) as usize,
         )
@@ -369,7 +368,7 @@ enum Keep {
 /// Deletes the complete artifacts of a kind a task no longer keeps. A failed deletion leaves
 /// the row `deleting` (never restored from); the server's hourly sweep tries it again.
 async fn retire(
-    store: &dyn Store,
+    store: &dyn Artifacts,
     storage: &Storage,
     task_id: &str,
     kind: ArtifactKind,
@@ -492,7 +491,7 @@ pub(crate) async fn receive<E: std::fmt::Display>(
     payload: &mut (impl Stream<Item = Result<Bytes, E>> + Unpin),
     max: u64,
     too_big: impl Fn() -> ApiError,
-    quota: &mut usage::Reservation<'_>,
+    quota: &mut usage::Reservation<'_, dyn crate::store::Store>,
 ) -> Result<u64, ReceiveError> {
     let mut n = 0u64;
     while let Some(chunk) = payload.next().await {

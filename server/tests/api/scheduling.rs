@@ -178,7 +178,7 @@ impl Cluster {
             .await
             .unwrap()
             .into_iter()
-            .map(|r| std::sync::Arc::new(snapshot::ActiveTask::parse(r).unwrap()))
+            .map(|r| std::sync::Arc::new(snapshot::ActiveTask::new(r)))
             .collect();
         snapshot::load(self.app.state.store.as_ref(), nodes.as_ref().clone(), tasks)
             .await
@@ -345,7 +345,7 @@ async fn load_as_a_cycle(c: &Cluster) -> snapshot::Loaded {
         .await
         .unwrap()
         .into_iter()
-        .map(|r| Arc::new(snapshot::ActiveTask::parse(r).unwrap()))
+        .map(|r| Arc::new(snapshot::ActiveTask::new(r)))
         .collect();
     snapshot::load(store.as_ref(), nodes.as_ref().clone(), tasks)
         .await

@@ -116,18 +116,28 @@ async fn a_burst_is_stored_once_each(b: Backend) {
 async fn a_repeated_key_in_one_batch_makes_one_task(b: Backend) {
     let app = spawn_app(b).await;
     let s = app.signup("batch@example.com", "Lab").await;
+    let spec = autodl_server::tasks::spec::normalise(
+        autodl_common::tasks::TaskSpecInput {
+            name: "x".into(),
+            image: "busybox".into(),
+            command: Some(autodl_common::tasks::Command::Shell("true".into())),
+            ..Default::default()
+        },
+        0,
+    )
+    .unwrap();
     let record = |id: &str, key: Option<&str>| TaskRecord {
         id: id.to_owned(),
         tenant_id: s.user["tenant_id"].as_str().unwrap().to_owned(),
         user_id: s.id(),
         name: id.to_owned(),
         state: TaskState::Pending,
-        spec: r#"{"name":"x"}"#.to_owned(),
+        spec: autodl_server::store::JsonText(spec.clone()),
         gpus_total: 1,
         idempotency_key: key.map(str::to_owned),
         attempts: 0,
         batch_size: None,
-        placement: None,
+        placement: autodl_server::store::JsonText(None),
         attained_gpu_seconds: 0.0,
         last_checkpoint_at: None,
         created_at: 1,

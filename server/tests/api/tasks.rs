@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use autodl_server::tasks::lifecycle::{after_attempt, ExitKind};
-use autodl_server::tasks::spec_of;
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -642,7 +641,7 @@ async fn end_attempt(app: &TestApp, id: &str, exit: ExitKind, code: i64) {
     let store = &app.state.store;
     let t = store.task(None, id).await.unwrap().unwrap().task;
     assert!(store.mark_running(id, t.attempts, 1).await.unwrap());
-    let spec = spec_of(&t).unwrap();
+    let spec = &t.spec;
     let earlier_failures = store
         .task_attempts(id)
         .await
@@ -651,7 +650,7 @@ async fn end_attempt(app: &TestApp, id: &str, exit: ExitKind, code: i64) {
         .filter(|a| matches!(a.reason.as_deref(), Some("error" | "oom")))
         .count() as u32;
     let end = after_attempt(
-        &spec,
+        spec,
         t.attempts as u32,
         earlier_failures,
         t.batch_size.map(|b| b as u32),

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use autodl_server::store::GpuSampleRecord;
 use autodl_server::tasks::lifecycle::{after_attempt, ExitKind};
-use autodl_server::tasks::spec_of;
 use autodl_server::usecases::usage::month_range;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -67,7 +66,7 @@ async fn ran_half_an_hour(app: &TestApp, s: &Session, name: &str, utils: &[f64])
     assert!(store.mark_running(&id, t.attempts, 1).await.unwrap());
     let started = store.task_attempts(&id).await.unwrap()[0].started_at;
     let end = after_attempt(
-        &spec_of(&t).unwrap(),
+        &t.spec,
         t.attempts as u32,
         0,
         None,
@@ -322,7 +321,7 @@ async fn metric_stream_sends_samples_and_ends_with_the_task(b: Backend) {
         .await
         .unwrap();
     let end = after_attempt(
-        &spec_of(&t).unwrap(),
+        &t.spec,
         t.attempts as u32,
         0,
         None,

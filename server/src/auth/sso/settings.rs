@@ -162,7 +162,7 @@ pub fn parse_settings(
 
 /// The role a person gets from the provider's claims: the strongest mapped value, else the
 /// default; None when the provider gives them no role here.
-pub fn role_for(p: &SsoProviderRecord, id: &Identity) -> Option<String> {
+pub fn role_for(p: &SsoProviderRecord, id: &Identity) -> Option<autodl_common::api::Role> {
     let mapped: Vec<&String> = id
         .role_values
         .iter()
@@ -173,6 +173,7 @@ pub fn role_for(p: &SsoProviderRecord, id: &Identity) -> Option<String> {
         .find(|r| mapped.iter().any(|m| m.as_str() == **r))
         .map(|r| (*r).to_owned())
         .or_else(|| p.default_role.clone())
+        .and_then(|r| autodl_common::api::Role::parse(&r))
 }
 
 /// Whether the provider may sign this email in.

@@ -1,4 +1,5 @@
 use super::*;
+use autodl_common::api::Role;
 
 #[test]
 fn only_local_paths_are_returned_to() {
@@ -72,8 +73,8 @@ fn the_strongest_mapped_role_wins() {
         email_verified: true,
         role_values: values.iter().map(|v| (*v).to_owned()).collect(),
     };
-    assert_eq!(role_for(&p, &who(&["ml", "ops"])).as_deref(), Some("admin"));
-    assert_eq!(role_for(&p, &who(&["ml"])).as_deref(), Some("member"));
+    assert_eq!(role_for(&p, &who(&["ml", "ops"])), Some(Role::Admin));
+    assert_eq!(role_for(&p, &who(&["ml"])), Some(Role::Member));
     assert_eq!(role_for(&p, &who(&["sales"])), None);
     assert!(domain_allowed(&p, "ada@ACME.test"));
     assert!(!domain_allowed(&p, "ada@evil.test"));

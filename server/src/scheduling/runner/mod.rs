@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use autodl_common::tasks::{TaskState, WorkerPlacement as ApiPlacement};
+use autodl_common::tasks::TaskState;
 use autodl_scheduler::{Decision, PolicyConfig, Scheduler};
 
 use super::active::ActiveTasks;
@@ -23,7 +23,10 @@ use crate::state::AppState;
 use crate::store::{LeaderGuard, NodeRecord, Store, StoreError, Term};
 use crate::tasks::lifecycle::TIMED_OUT;
 
+mod placing;
 mod upkeep;
+
+use placing::Placings;
 
 pub struct Runner {
     store: Arc<dyn Store>,
@@ -81,11 +84,6 @@ const NODES_REREAD: Duration = Duration::from_secs(10);
 /// A follower asks for the leadership this often, so a dead leader is replaced within it (plus
 /// the time PostgreSQL takes to see the leader's connection gone).
 const FOLLOWER_RETRY: Duration = Duration::from_secs(1);
-
-/// Placements written per transaction: a commit each would make a cycle that starts thousands
-/// of tasks take seconds, and one transaction for all would hold the database's write lock as
-/// long.
-const PLACE_BATCH: usize = 256;
 
 /// Shortest time between the starts of two scheduling cycles.
 const MIN_CYCLE_GAP: Duration = Duration::from_millis(100);
@@ -352,7 +350,7 @@ impl Runner {
             gated
                 .ready
                 .iter()
-                .map(|t| (t.id(), t.rec.task.state, t.spec.sweep.as_ref())),
+                .map(|t| (t.id(), t.rec.task.state, t.spec().sweep.as_ref())),
         );
         if !over.is_empty() {
             gated.ready.retain(|t| !over.contains_key(t.id()));
@@ -425,81 +423,12 @@ impl Runner {
         }
         let decided_at = cycle_started.elapsed();
         let tasks = &loaded.tasks;
-        let mut placed = 0;
-        let mut placing: Vec<crate::store::Placing> = Vec::new();
-        let mut to_start: Vec<(String, Vec<autodl_scheduler::WorkerPlacement>)> = Vec::new();
-        // Rendezvous ports held at each host (an advertised address, shared by the agents of
-        // one machine) by live gangs spanning nodes, and those this cycle hands out.
-        let mut rendezvous: HashMap<String, std::collections::BTreeSet<u16>> = HashMap::new();
-        let addresses: HashMap<String, String> = self
-            .nodes
-            .as_ref()
-            .map(|k| {
-                k.records
-                    .iter()
-                    .filter_map(|n| {
-                        crate::store::HostDetail::of(n)
-                            .address
-                            .map(|a| (n.id.clone(), a))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let host_of = |node: &str| -> String {
-            addresses
-                .get(node)
-                .cloned()
-                .unwrap_or_else(|| node.to_owned())
-        };
-        let mut started: Vec<(String, Vec<autodl_scheduler::WorkerPlacement>)> = Vec::new();
+        let mut placing = Placings::new(self.nodes.as_ref().map(|k| k.records.as_slice()));
         for d in decisions.decisions {
             match d {
                 Decision::Place {
                     task, placements, ..
-                } => {
-                    let mut api: Vec<ApiPlacement> = placements
-                        .iter()
-                        .map(|p| ApiPlacement {
-                            node: p.node.clone(),
-                            gpu_indices: p.gpu_indices.clone(),
-                            port: None,
-                        })
-                        .collect();
-                    let gpus: usize = placements.iter().map(|p| p.gpu_indices.len()).sum();
-                    let mut nodes: Vec<String> = Vec::new();
-                    for p in &placements {
-                        if !nodes.contains(&p.node) {
-                            nodes.push(p.node.clone());
-                        }
-                    }
-                    if let (true, Some(first)) = (nodes.len() > 1, api.first_mut()) {
-                        let host = host_of(&first.node);
-                        let taken = rendezvous.entry(host.clone()).or_insert_with(|| {
-                            crate::tasks::gang::rendezvous_ports_at(
-                                |n| host_of(n) == host,
-                                tasks.iter().filter_map(|t| t.placement.as_deref()),
-                            )
-                        });
-                        first.port = crate::tasks::gang::free_rendezvous_port(taken);
-                        match first.port {
-                            Some(port) => {
-                                taken.insert(port);
-                            }
-                            None => tracing::warn!(
-                                task = %task,
-                                node = %first.node,
-                                "every rendezvous port of the node is held: the gang meets at the first"
-                            ),
-                        }
-                    }
-                    placing.push(crate::store::Placing {
-                        task: task.clone(),
-                        placement: serde_json::to_string(&api)?,
-                        nodes,
-                        gpus: gpus as i64,
-                    });
-                    to_start.push((task, placements));
-                }
+                } => placing.add(task, placements, tasks)?,
                 Decision::Preempt { task, reason, .. } => {
                     let msg = format!(
                         "preempted for task {} (priority {:.2} over {:.2})",
@@ -516,21 +445,8 @@ impl Runner {
             }
         }
         let acted_at = cycle_started.elapsed();
-        // The cycle's placements, in a few transactions rather than one each.
-        let mut to_start = to_start.into_iter();
-        for chunk in placing.chunks(PLACE_BATCH) {
-            let done = self.store.place_tasks(term, chunk, now_ms).await?;
-            for ok in done {
-                let (task, placements) = to_start.next().expect("one per placement");
-                if ok {
-                    placed += 1;
-                    for p in &placements {
-                        self.agents.notify(&p.node);
-                    }
-                    started.push((task, placements));
-                }
-            }
-        }
+        let started = self.place(term, placing, now_ms).await?;
+        let placed = started.len();
         let placed_at = cycle_started.elapsed();
         self.forecaster.collect().await;
         let starts = &self.forecaster.starts;

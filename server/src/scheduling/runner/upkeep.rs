@@ -27,7 +27,7 @@ impl Runner {
             tracing::warn!(node = %n.id, "no heartbeat: node lost, requeueing its tasks");
             self.store.set_node_status(&n.id, NodeStatus::Lost).await?;
             let on_node = |t: &&Arc<ActiveTask>| {
-                t.placement
+                t.placement()
                     .as_ref()
                     .is_some_and(|p| p.iter().any(|w| w.node == n.id))
             };
@@ -141,7 +141,7 @@ impl Runner {
         let nodes: Vec<String> = tasks
             .iter()
             .find(|t| t.id() == task)
-            .and_then(|t| t.placement.as_ref())
+            .and_then(|t| t.placement().as_ref())
             .map(|p| p.iter().map(|w| w.node.clone()).collect())
             .unwrap_or_default();
         if nodes
@@ -173,7 +173,7 @@ impl Runner {
         now_ms: i64,
     ) -> anyhow::Result<()> {
         for t in tasks {
-            let (Some(limit), Some(started)) = (t.spec.time_limit, t.rec.run_started_at) else {
+            let (Some(limit), Some(started)) = (t.spec().time_limit, t.rec.run_started_at) else {
                 continue;
             };
             if t.rec.task.state != TaskState::Running
@@ -183,7 +183,7 @@ impl Runner {
                 continue;
             }
             let on_agents = t
-                .placement
+                .placement()
                 .iter()
                 .flatten()
                 .any(|w| agent_nodes.get(&w.node).copied().unwrap_or(false));
@@ -194,14 +194,14 @@ impl Runner {
                     .await?
                 {
                     tracing::info!(task = t.id(), limit, "time limit reached: stopping the run");
-                    for w in t.placement.iter().flatten() {
+                    for w in t.placement().iter().flatten() {
                         self.agents.notify(&w.node);
                     }
                 }
             } else {
                 // Nothing runs it but the record (a node without an agent): end it now.
                 let end = crate::tasks::lifecycle::timed_out(
-                    &t.spec,
+                    t.spec(),
                     t.rec.task.attempts as u32,
                     None,
                     t.rec.task.batch_size,

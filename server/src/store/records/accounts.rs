@@ -1,5 +1,7 @@
 //! Organizations, people, sessions, API keys, invitations and quotas.
 
+use autodl_common::api::Role;
+
 use crate::domain::AllowedGpuTypes;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -27,7 +29,8 @@ pub struct UserRecord {
     pub email: String,
     pub password_hash: String,
     pub tenant_id: String,
-    pub role: String,
+    #[sqlx(try_from = "String")]
+    pub role: Role,
     pub platform_admin: bool,
     pub disabled: bool,
     pub created_at: i64,
@@ -79,7 +82,8 @@ pub struct InvitationRecord {
     pub id: String,
     pub tenant_id: String,
     pub email: String,
-    pub role: String,
+    #[sqlx(try_from = "String")]
+    pub role: Role,
     pub token_hash: String,
     pub created_by: String,
     pub created_at: i64,

@@ -1,17 +1,23 @@
 //! GPU hosts and the tokens their agents register with.
 
+use std::collections::BTreeMap;
+
+use autodl_scheduler::Gpu;
+
+use super::JsonText;
 use crate::domain::NodeStatus;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct NodeRecord {
     pub id: String,
     pub zone: String,
-    /// JSON object of labels.
-    pub labels: String,
+    #[sqlx(try_from = "String")]
+    pub labels: JsonText<BTreeMap<String, String>>,
     pub cpu_millis: i64,
     pub mem_bytes: i64,
-    /// JSON array of `autodl_scheduler::Gpu`.
-    pub gpus: String,
+    /// Its GPUs as registered (`util` is not kept here: samples are).
+    #[sqlx(try_from = "String")]
+    pub gpus: JsonText<Vec<Gpu>>,
     pub schedulable: bool,
     pub created_at: i64,
     pub updated_at: i64,

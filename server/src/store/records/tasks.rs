@@ -1,6 +1,8 @@
 //! Tasks and sweeps, their attempts, events, logs and training metrics.
 
-use autodl_common::tasks::TaskState;
+use autodl_common::tasks::{TaskSpec, TaskState, WorkerPlacement};
+
+use super::JsonText;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct TaskRecord {
@@ -10,14 +12,16 @@ pub struct TaskRecord {
     pub name: String,
     #[sqlx(try_from = "String")]
     pub state: TaskState,
-    /// JSON of the normalised `TaskSpec`.
-    pub spec: String,
+    /// The normalised spec.
+    #[sqlx(try_from = "String")]
+    pub spec: JsonText<TaskSpec>,
     pub gpus_total: i64,
     pub idempotency_key: Option<String>,
     pub attempts: i64,
     pub batch_size: Option<i64>,
-    /// JSON array of worker placements while scheduled or running.
-    pub placement: Option<String>,
+    /// Where its workers are, while scheduled or running.
+    #[sqlx(try_from = "Option<String>")]
+    pub placement: JsonText<Option<Vec<WorkerPlacement>>>,
     pub attained_gpu_seconds: f64,
     pub last_checkpoint_at: Option<i64>,
     pub created_at: i64,
@@ -168,7 +172,8 @@ pub struct AttemptRecord {
     pub task_id: String,
     pub number: i64,
     pub node: Option<String>,
-    pub placement: String,
+    #[sqlx(try_from = "String")]
+    pub placement: JsonText<Vec<WorkerPlacement>>,
     pub gpus: i64,
     pub started_at: i64,
     pub ended_at: Option<i64>,

@@ -1,5 +1,9 @@
 //! Runs charged to fair share, GPU samples and standings.
 
+use autodl_common::tasks::{TaskSpec, WorkerPlacement};
+
+use super::JsonText;
+
 /// A run that ended before it was charged up to its end.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct UnsettledRunRecord {
@@ -7,9 +11,11 @@ pub struct UnsettledRunRecord {
     pub number: i64,
     pub user_id: String,
     pub tenant_id: String,
-    /// JSON of the task's spec (its GPU memory decides the share of a shared card).
-    pub spec: String,
-    pub placement: String,
+    /// The task's spec (its GPU memory decides the share of a shared card).
+    #[sqlx(try_from = "String")]
+    pub spec: JsonText<TaskSpec>,
+    #[sqlx(try_from = "String")]
+    pub placement: JsonText<Vec<WorkerPlacement>>,
     pub started_at: i64,
     pub ended_at: i64,
     pub charged_until: Option<i64>,

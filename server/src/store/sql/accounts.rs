@@ -298,7 +298,7 @@ macro_rules! impl_accounts {
                 .bind(&i.id)
                 .bind(&i.tenant_id)
                 .bind(&i.email)
-                .bind(&i.role)
+                .bind(i.role.as_str())
                 .bind(&i.token_hash)
                 .bind(&i.created_by)
                 .bind(i.created_at)

@@ -89,7 +89,7 @@ macro_rules! insert_user {
         .bind(&$u.email)
         .bind(&$u.password_hash)
         .bind(&$u.tenant_id)
-        .bind(&$u.role)
+        .bind($u.role.as_str())
         .bind($u.platform_admin)
         .bind($u.disabled)
         .bind($u.created_at)
@@ -115,10 +115,14 @@ macro_rules! migrator {
 mod accounts;
 mod artifacts;
 mod audit;
+mod journal;
 mod leadership;
 mod nodes;
 mod notifications;
+mod run_results;
 mod sso;
+mod sweeps;
+mod task_rows;
 mod tasks;
 mod usage;
 mod webhooks;

@@ -1,5 +1,6 @@
 //! The SQL of [`Tasks`], for both backends.
 
+use super::task_rows::INSERT_ROWS;
 use super::*;
 use autodl_common::tasks::TaskState;
 
@@ -7,209 +8,13 @@ const TASK_COLS: &str = "t.id, t.tenant_id, t.user_id, t.name, t.state, t.spec, 
      t.attempts, t.batch_size, t.placement, t.attained_gpu_seconds, t.last_checkpoint_at, t.created_at, \
      t.updated_at, t.started_at, t.finished_at, t.stop_reason, t.waiting, t.results";
 
-/// Rows per multi-row INSERT: well inside both backends' limits on bound values (17 per task).
-const INSERT_ROWS: usize = 500;
-
 /// States the scheduler still acts on.
 const ACTIVE: &str = "('pending', 'scheduled', 'running')";
 
 macro_rules! impl_tasks {
     ($store:ty, $db:ty) => {
-        impl $store {
-            /// A filter's conditions after `WHERE t.tenant_id = `: listing and counting share
-            /// them, so the total is of exactly what the pages show.
-            fn push_task_filter<'a>(q: &mut sqlx::QueryBuilder<'a, $db>, f: &'a TaskFilter) {
-                q.push_bind(&f.tenant_id);
-                if let Some(state) = &f.state {
-                    q.push(" AND t.state = ").push_bind(state.as_str());
-                }
-                if let Some(user) = &f.user_id {
-                    q.push(" AND t.user_id = ").push_bind(user);
-                }
-                if let Some((k, v)) = &f.label {
-                    q.push(" AND EXISTS (SELECT 1 FROM task_labels l WHERE l.task_id = t.id AND l.key = ")
-                        .push_bind(k)
-                        .push(" AND l.value = ")
-                        .push_bind(v)
-                        .push(")");
-                }
-            }
-
-            /// Why `n` may not be stored now, by its caps and what `tx` sees (other servers'
-            /// submissions of the organization wait for this transaction: see `TENANT_LOCK`).
-            async fn over_cap(tx: &mut sqlx::Transaction<'_, $db>, n: &NewTask) -> StoreResult<Option<String>> {
-                let t = &n.task;
-                if let Some(lock) = Self::TENANT_LOCK {
-                    sqlx::query(lock).bind(&t.tenant_id).execute(&mut **tx).await?;
-                }
-                let (mine, tenant): (i64, i64) = sqlx::query_as(
-                    "SELECT COALESCE(SUM(CASE WHEN user_id = $1 THEN 1 ELSE 0 END), 0), COUNT(*)
-                     FROM tasks WHERE tenant_id = $2 AND state = 'pending'",
-                )
-                .bind(&t.user_id)
-                .bind(&t.tenant_id)
-                .fetch_one(&mut **tx)
-                .await?;
-                if let Some(cap) = n.caps.user_queued.filter(|c| mine >= *c) {
-                    return Ok(Some(format!("you already have {mine} queued tasks (your cap is {cap})")));
-                }
-                if let Some(cap) = n.caps.tenant_queued.filter(|c| tenant >= *c) {
-                    return Ok(Some(format!("your organization already has {tenant} queued tasks (cap {cap})")));
-                }
-                if let Some(cap) = n.caps.user_sessions {
-                    let (open,): (i64,) = sqlx::query_as(
-                        "SELECT COUNT(*) FROM tasks WHERE user_id = $1 AND kind = 'session'
-                         AND state IN ('pending', 'scheduled', 'running')",
-                    )
-                    .bind(&t.user_id)
-                    .fetch_one(&mut **tx)
-                    .await?;
-                    if open >= cap {
-                        return Ok(Some(format!(
-                            "you have {open} session(s) pending or running; your organization allows {cap} \
-                             per member (stop one with `autodl cancel`)"
-                        )));
-                    }
-                }
-                Ok(None)
-            }
-
-            /// Inserts new tasks, their labels and their first event inside `tx`; answers the
-            /// ids stored (a repeated idempotency key stores nothing).
-            async fn insert_tasks(
-                tx: &mut sqlx::Transaction<'_, $db>,
-                batch: &[NewTask],
-            ) -> StoreResult<std::collections::HashSet<String>> {
-                let mut stored: std::collections::HashSet<String> = std::collections::HashSet::new();
-                for chunk in batch.chunks(INSERT_ROWS) {
-                    let mut q = sqlx::QueryBuilder::<$db>::new(
-                        "INSERT INTO tasks (id, tenant_id, user_id, name, state, spec, gpus_total, idempotency_key, attempts,
-                            batch_size, placement, attained_gpu_seconds, last_checkpoint_at, created_at, updated_at, started_at, finished_at,
-                            kind, rev) ",
-                    );
-                    q.push_values(chunk, |mut b, n| {
-                        let t = &n.task;
-                        b.push_bind(&t.id)
-                            .push_bind(&t.tenant_id)
-                            .push_bind(&t.user_id)
-                            .push_bind(&t.name)
-                            .push_bind(t.state.as_str())
-                            .push_bind(&t.spec)
-                            .push_bind(t.gpus_total)
-                            .push_bind(&t.idempotency_key)
-                            .push_bind(t.attempts)
-                            .push_bind(t.batch_size)
-                            .push_bind(&t.placement)
-                            .push_bind(t.attained_gpu_seconds)
-                            .push_bind(t.last_checkpoint_at)
-                            .push_bind(t.created_at)
-                            .push_bind(t.updated_at)
-                            .push_bind(t.started_at)
-                            .push_bind(t.finished_at)
-                            .push_bind(n.kind.as_str())
-                            .push(<$store>::NEW_TASK_REV);
-                    });
-                    // A repeated idempotency key stores nothing; the task it made is read below.
-                    q.push(" ON CONFLICT DO NOTHING RETURNING id");
-                    let ids: Vec<(String,)> = q.build_query_as().fetch_all(&mut **tx).await?;
-                    stored.extend(ids.into_iter().map(|(id,)| id));
-                }
-                let new: Vec<&NewTask> = batch.iter().filter(|n| stored.contains(&n.task.id)).collect();
-                let labels: Vec<(&str, &str, &str)> = new
-                    .iter()
-                    .flat_map(|n| n.labels.iter().map(|(k, v)| (n.task.id.as_str(), k.as_str(), v.as_str())))
-                    .collect();
-                for chunk in labels.chunks(INSERT_ROWS) {
-                    let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_labels (task_id, key, value) ");
-                    q.push_values(chunk, |mut b, (id, k, v)| {
-                        b.push_bind(*id).push_bind(*k).push_bind(*v);
-                    });
-                    q.build().execute(&mut **tx).await?;
-                }
-                for chunk in new.chunks(INSERT_ROWS) {
-                    let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_events (task_id, at, kind, message) ");
-                    q.push_values(chunk, |mut b, n| {
-                        b.push_bind(&n.task.id)
-                            .push_bind(n.task.created_at)
-                            .push_bind("submitted")
-                            .push_bind("task submitted");
-                    });
-                    q.build().execute(&mut **tx).await?;
-                }
-                Ok(stored)
-            }
-        }
-
         #[async_trait]
         impl Tasks for $store {
-            async fn create_sweep(&self, sweep: &SweepRecord, trials: &[NewTask]) -> StoreResult<()> {
-                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
-                sqlx::query(
-                    "INSERT INTO sweeps (id, tenant_id, user_id, name, method, parameters, max_concurrency, trials, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                )
-                .bind(&sweep.id)
-                .bind(&sweep.tenant_id)
-                .bind(&sweep.user_id)
-                .bind(&sweep.name)
-                .bind(&sweep.method)
-                .bind(&sweep.parameters)
-                .bind(sweep.max_concurrency)
-                .bind(sweep.trials)
-                .bind(sweep.created_at)
-                .execute(&mut *tx)
-                .await?;
-                let stored = Self::insert_tasks(&mut tx, trials).await?;
-                if stored.len() != trials.len() {
-                    return Err(StoreError::Conflict("a trial could not be stored (an id clash); submit the sweep again".into()));
-                }
-                tx.commit().await?;
-                Ok(())
-            }
-
-            async fn sweep(&self, tenant_id: &str, id: &str) -> StoreResult<Option<SweepWithUser>> {
-                Ok(sqlx::query_as(
-                    "SELECT s.*, u.email AS user_email FROM sweeps s JOIN users u ON u.id = s.user_id
-                     WHERE s.tenant_id = $1 AND s.id = $2",
-                )
-                .bind(tenant_id)
-                .bind(id)
-                .fetch_optional(&self.pool)
-                .await?)
-            }
-
-            async fn list_sweeps(&self, tenant_id: &str, limit: i64) -> StoreResult<Vec<SweepWithUser>> {
-                Ok(sqlx::query_as(
-                    "SELECT s.*, u.email AS user_email FROM sweeps s JOIN users u ON u.id = s.user_id
-                     WHERE s.tenant_id = $1 ORDER BY s.created_at DESC, s.id DESC LIMIT $2",
-                )
-                .bind(tenant_id)
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await?)
-            }
-
-            async fn sweep_states(&self, tenant_id: &str, sweep_ids: &[String]) -> StoreResult<Vec<(String, TaskState, i64)>> {
-                if sweep_ids.is_empty() {
-                    return Ok(Vec::new());
-                }
-                let mut q = sqlx::QueryBuilder::<$db>::new(
-                    "SELECT l.value, t.state, COUNT(*) FROM task_labels l JOIN tasks t ON t.id = l.task_id
-                     WHERE l.key = 'sweep' AND t.tenant_id = ",
-                );
-                q.push_bind(tenant_id).push(" AND l.value IN (");
-                let mut sep = q.separated(", ");
-                for id in sweep_ids {
-                    sep.push_bind(id);
-                }
-                q.push(") GROUP BY l.value, t.state");
-                let rows: Vec<(String, String, i64)> = q.build_query_as().fetch_all(&self.pool).await?;
-                Ok(rows
-                    .into_iter()
-                    .filter_map(|(id, state, n)| TaskState::parse(&state).map(|s| (id, s, n)))
-                    .collect())
-            }
-
             async fn create_tasks(&self, batch: &[NewTask]) -> StoreResult<Vec<StoreResult<TaskCreated>>> {
                 let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 let mut over: std::collections::HashMap<String, String> = std::collections::HashMap::new();
@@ -623,79 +428,12 @@ macro_rules! impl_tasks {
                 Ok(out)
             }
 
-            async fn task_events(&self, id: &str) -> StoreResult<Vec<EventRecord>> {
-                Ok(sqlx::query_as("SELECT at, kind, message FROM task_events WHERE task_id = $1 ORDER BY id")
-                    .bind(id)
-                    .fetch_all(&self.pool)
-                    .await?)
-            }
-
             async fn task_attempts(&self, id: &str) -> StoreResult<Vec<AttemptRecord>> {
                 Ok(sqlx::query_as(
                     "SELECT task_id, number, node, placement, gpus, started_at, ended_at, exit_code, reason, batch_size, gpu_seconds
                      FROM attempts WHERE task_id = $1 ORDER BY number",
                 )
                 .bind(id)
-                .fetch_all(&self.pool)
-                .await?)
-            }
-
-            async fn append_logs(&self, id: &str, attempt: i64, lines: &[NewLogLine]) -> StoreResult<()> {
-                if lines.is_empty() {
-                    return Ok(());
-                }
-                let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_logs (task_id, attempt, rank, at, stream, line) ");
-                q.push_values(lines, |mut b, l| {
-                    b.push_bind(id).push_bind(attempt).push_bind(l.rank).push_bind(l.at).push_bind(&l.stream).push_bind(&l.line);
-                });
-                q.build().execute(&self.pool).await?;
-                Ok(())
-            }
-
-            async fn task_logs(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>> {
-                Ok(sqlx::query_as(
-                    "SELECT id, attempt, rank, at, stream, line FROM task_logs WHERE task_id = $1 AND id > $2 ORDER BY id LIMIT $3",
-                )
-                .bind(id)
-                .bind(after)
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await?)
-            }
-
-            async fn add_metrics(&self, id: &str, samples: &[(i64, String)]) -> StoreResult<()> {
-                if samples.is_empty() {
-                    return Ok(());
-                }
-                let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO task_metrics (task_id, at, sample) ");
-                q.push_values(samples, |mut b, (at, sample)| {
-                    b.push_bind(id).push_bind(*at).push_bind(sample);
-                });
-                q.build().execute(&self.pool).await?;
-                Ok(())
-            }
-
-            async fn task_metrics(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<MetricRecord>> {
-                Ok(sqlx::query_as(
-                    "SELECT at, sample FROM (SELECT id, at, sample FROM task_metrics WHERE task_id = $1 AND at > $2
-                     ORDER BY at DESC, id DESC LIMIT $3) AS recent ORDER BY at, id",
-                )
-                .bind(id)
-                .bind(after)
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await?)
-            }
-
-            async fn task_metrics_window(&self, id: &str, from: i64, to: i64, limit: i64) -> StoreResult<Vec<MetricRecord>> {
-                Ok(sqlx::query_as(
-                    "SELECT at, sample FROM task_metrics WHERE task_id = $1 AND at >= $2 AND at <= $3
-                     ORDER BY at, id LIMIT $4",
-                )
-                .bind(id)
-                .bind(from)
-                .bind(to)
-                .bind(limit)
                 .fetch_all(&self.pool)
                 .await?)
             }
@@ -738,115 +476,6 @@ macro_rules! impl_tasks {
                 tx.commit().await?;
                 Ok(())
             }
-
-            async fn add_event(&self, task_id: &str, kind: &str, message: &str, now: i64) -> StoreResult<()> {
-                insert_event!(&self.pool, task_id, now, kind, message);
-                Ok(())
-            }
-
-            async fn expire_uploading_results(
-                &self,
-                ended_before: i64,
-                message: &str,
-                now: i64,
-            ) -> StoreResult<u64> {
-                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
-                let ids: Vec<(String,)> = sqlx::query_as(
-                    "UPDATE tasks SET results = 'lost', updated_at = $1
-                     WHERE results = 'uploading' AND finished_at < $2 RETURNING id",
-                )
-                .bind(now)
-                .bind(ended_before)
-                .fetch_all(&mut *tx)
-                .await?;
-                for (id,) in &ids {
-                    insert_event!(&mut *tx, id, now, "results_lost", message);
-                }
-                tx.commit().await?;
-                Ok(ids.len() as u64)
-            }
-
-            async fn end_part(&self, task_id: &str, attempt: i64, part: &PartEnded) -> StoreResult<Option<Vec<PartEnded>>> {
-                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
-                if let Some(lock) = Self::PART_LOCK {
-                    sqlx::query(lock).bind(task_id).execute(&mut *tx).await?;
-                }
-                let r = sqlx::query(
-                    "INSERT INTO attempt_parts (task_id, attempt, node, results_uploading, ended_at)
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (task_id, attempt, node) DO NOTHING",
-                )
-                .bind(task_id)
-                .bind(attempt)
-                .bind(&part.node)
-                .bind(part.results_uploading)
-                .bind(part.ended_at)
-                .execute(&mut *tx)
-                .await?;
-                if r.rows_affected() == 0 {
-                    return Ok(None);
-                }
-                let parts = sqlx::query_as(
-                    "SELECT node, results_uploading, ended_at FROM attempt_parts
-                     WHERE task_id = $1 AND attempt = $2 ORDER BY node",
-                )
-                .bind(task_id)
-                .bind(attempt)
-                .fetch_all(&mut *tx)
-                .await?;
-                tx.commit().await?;
-                Ok(Some(parts))
-            }
-
-            async fn part_results_settled(&self, task_id: &str, attempt: i64, node: &str) -> StoreResult<()> {
-                sqlx::query(
-                    "UPDATE attempt_parts SET results_uploading = FALSE
-                     WHERE task_id = $1 AND attempt = $2 AND node = $3",
-                )
-                .bind(task_id)
-                .bind(attempt)
-                .bind(node)
-                .execute(&self.pool)
-                .await?;
-                Ok(())
-            }
-
-            async fn ended_parts(&self, task_id: &str, attempt: i64) -> StoreResult<Vec<PartEnded>> {
-                Ok(sqlx::query_as(
-                    "SELECT node, results_uploading, ended_at FROM attempt_parts
-                     WHERE task_id = $1 AND attempt = $2 ORDER BY node",
-                )
-                .bind(task_id)
-                .bind(attempt)
-                .fetch_all(&self.pool)
-                .await?)
-            }
-
-            async fn settle_results(
-                &self,
-                task_id: &str,
-                attempt: i64,
-                results: Option<&str>,
-                message: &str,
-                now: i64,
-            ) -> StoreResult<bool> {
-                let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
-                let r = sqlx::query(
-                    "UPDATE tasks SET results = $1, updated_at = $2 WHERE id = $3 AND attempts = $4 AND results = 'uploading'",
-                )
-                .bind(results)
-                .bind(now)
-                .bind(task_id)
-                .bind(attempt)
-                .execute(&mut *tx)
-                .await?;
-                if r.rows_affected() != 1 {
-                    return Ok(false);
-                }
-                let kind = if results.is_some() { "results_lost" } else { "results_saved" };
-                insert_event!(&mut *tx, task_id, now, kind, message);
-                tx.commit().await?;
-                Ok(true)
-            }
         }
     };
 }
@@ -855,7 +484,7 @@ impl SqliteStore {
     /// Writers take turns, so every change committed later gets a higher revision.
     const CHANGE_CURSOR: &'static str = "SELECT COALESCE(MAX(rev), 0) + 1 FROM tasks";
     /// Evaluated by the INSERT, which holds the write lock: later than every committed change.
-    const NEW_TASK_REV: &'static str = "(SELECT COALESCE(MAX(rev), 0) + 1 FROM tasks)";
+    pub(super) const NEW_TASK_REV: &'static str = "(SELECT COALESCE(MAX(rev), 0) + 1 FROM tasks)";
 }
 
 impl PostgresStore {
@@ -863,32 +492,20 @@ impl PostgresStore {
     const CHANGE_CURSOR: &'static str =
         "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint";
     /// The inserting transaction, as the update trigger records it.
-    const NEW_TASK_REV: &'static str = "pg_current_xact_id()::text::bigint";
+    pub(super) const NEW_TASK_REV: &'static str = "pg_current_xact_id()::text::bigint";
 }
 
 impl SqliteStore {
     /// SQLite has one writer (and one server): a transaction begun with the write lock
     /// ([`SqliteStore::BEGIN_WRITE`]) already counts what no other can change.
-    const TENANT_LOCK: Option<&'static str> = None;
+    pub(super) const TENANT_LOCK: Option<&'static str> = None;
 }
 
 impl PostgresStore {
     /// Several servers may store an organization's submissions at once: a capped one is
     /// counted under a lock of its organization's, held to the end of the transaction.
-    const TENANT_LOCK: Option<&'static str> =
+    pub(super) const TENANT_LOCK: Option<&'static str> =
         Some("SELECT pg_advisory_xact_lock(7103, hashtext($1))");
-}
-
-impl SqliteStore {
-    /// One writer at a time already (see [`SqliteStore::TENANT_LOCK`]).
-    const PART_LOCK: Option<&'static str> = None;
-}
-
-impl PostgresStore {
-    /// The parts of a task's attempt are recorded one at a time: two nodes reporting their
-    /// last parts together cannot both see the attempt's end.
-    const PART_LOCK: Option<&'static str> =
-        Some("SELECT pg_advisory_xact_lock(7104, hashtext($1))");
 }
 
 impl_tasks!(SqliteStore, sqlx::Sqlite);

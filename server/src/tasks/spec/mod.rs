@@ -6,7 +6,7 @@ use autodl_common::tasks::{
 };
 
 use crate::domain::parse_gpu_type;
-use crate::error::ApiError;
+use crate::domain::DomainError;
 
 #[cfg(test)]
 mod tests;
@@ -25,7 +25,7 @@ pub const DEFAULT_OOM_RETRIES: u32 = 3;
 /// Checks a submission and fills in defaults. `now_s` (Unix seconds) judges the deadline.
 /// Each part of the spec is checked by a rule of its own below, in the order a person reads
 /// the form.
-pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError> {
+pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, DomainError> {
     let name = text("name", &input.name, 128)?;
     let kind = input.kind.unwrap_or_default();
     let image = text("image", &input.image, 512)?;
@@ -42,7 +42,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
     } = resources_of(&input)?;
     let priority = input.priority.unwrap_or(0.5);
     if !priority.is_finite() || !(0.0..=1.0).contains(&priority) {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "priority",
             "priority must be between 0 and 1",
         ));
@@ -71,7 +71,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
     check_code(input.code.as_deref())?;
     check_labels(&input.labels)?;
     if input.batch_size == Some(0) {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "batch_size",
             "batch_size must be at least 1",
         ));
@@ -116,10 +116,10 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, ApiError>
 
 /// What the node runs: a shell script, an argument list, or an entry point run with Python
 /// (a session may have nothing to run: it waits for its owner's shells).
-fn command_of(input: &TaskSpecInput, kind: TaskKind) -> Result<Vec<String>, ApiError> {
+fn command_of(input: &TaskSpecInput, kind: TaskKind) -> Result<Vec<String>, DomainError> {
     Ok(match (&input.command, &input.entry_point) {
         (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "command",
                 "give either command or entry_point, not both",
             ))
@@ -129,10 +129,10 @@ fn command_of(input: &TaskSpecInput, kind: TaskKind) -> Result<Vec<String>, ApiE
         }
         (Some(Command::Argv(v)), None) => {
             if v.is_empty() || v[0].trim().is_empty() {
-                return Err(ApiError::invalid("command", "command must not be empty"));
+                return Err(DomainError::invalid("command", "command must not be empty"));
             }
             if v.len() > 1024 || v.iter().map(String::len).sum::<usize>() > 65_536 {
-                return Err(ApiError::invalid("command", "command is too long"));
+                return Err(DomainError::invalid("command", "command is too long"));
             }
             v.clone()
         }
@@ -141,7 +141,7 @@ fn command_of(input: &TaskSpecInput, kind: TaskKind) -> Result<Vec<String>, ApiE
             let words = shlex::split(&text("entry_point", e, 1024)?)
                 .filter(|w| !w.is_empty())
                 .ok_or_else(|| {
-                    ApiError::invalid(
+                    DomainError::invalid(
                         "entry_point",
                         "entry_point is a script and its arguments (\"train.py --epochs 3\"); this one has an unclosed quote",
                     )
@@ -153,7 +153,7 @@ fn command_of(input: &TaskSpecInput, kind: TaskKind) -> Result<Vec<String>, ApiE
             SESSION_COMMAND.iter().map(|s| s.to_string()).collect()
         }
         (None, None) => {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "command",
                 "command or entry_point is required",
             ))
@@ -162,28 +162,28 @@ fn command_of(input: &TaskSpecInput, kind: TaskKind) -> Result<Vec<String>, ApiE
 }
 
 /// The task's own environment variables: names a shell can set, none of the platform's.
-fn check_env(env: &std::collections::BTreeMap<String, String>) -> Result<(), ApiError> {
+fn check_env(env: &std::collections::BTreeMap<String, String>) -> Result<(), DomainError> {
     if env.len() > 256 {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "env",
             "at most 256 environment variables",
         ));
     }
     for (k, v) in env {
         if !crate::domain::names::is_env_name(k) {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "env",
                 format!("{k:?} is not a valid environment variable name"),
             ));
         }
         if k.starts_with("AUTODL_") {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "env",
                 format!("{k} is set by the platform; AUTODL_ names are reserved"),
             ));
         }
         if v.len() > 32_768 {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "env",
                 format!("the value of {k} is too long"),
             ));
@@ -202,7 +202,7 @@ struct Resources {
     num_workers: u32,
 }
 
-fn resources_of(input: &TaskSpecInput) -> Result<Resources, ApiError> {
+fn resources_of(input: &TaskSpecInput) -> Result<Resources, DomainError> {
     let gpu = input.resources.gpu.clone().unwrap_or_default();
     let gpu_types: Vec<String> = match gpu.gpu_type {
         None => vec![],
@@ -215,7 +215,7 @@ fn resources_of(input: &TaskSpecInput) -> Result<Resources, ApiError> {
         .collect::<Result<Vec<_>, _>>()?;
     let gpus_per_worker = input.gpu_per_worker.or(gpu.count).unwrap_or(1);
     if gpus_per_worker > MAX_GPUS_PER_WORKER {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "gpu_per_worker",
             format!("at most {MAX_GPUS_PER_WORKER} GPUs per worker"),
         ));
@@ -226,14 +226,14 @@ fn resources_of(input: &TaskSpecInput) -> Result<Resources, ApiError> {
         .map(|m| parse_size("resources.gpu.memory", m))
         .transpose()?;
     if gpu_memory.is_some() && gpus_per_worker == 0 {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "resources.gpu.memory",
             "GPU memory given for a task without GPUs",
         ));
     }
     let cpu = input.resources.cpu.unwrap_or(1.0);
     if !cpu.is_finite() || cpu <= 0.0 || cpu > 1024.0 {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "resources.cpu",
             "resources.cpu is a number of cores, more than 0 and at most 1024 (e.g. 8, or 0.5 for half a core)",
         ));
@@ -244,7 +244,7 @@ fn resources_of(input: &TaskSpecInput) -> Result<Resources, ApiError> {
     };
     let num_workers = input.num_workers.unwrap_or(1);
     if !(1..=MAX_WORKERS).contains(&num_workers) {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "num_workers",
             format!("num_workers must be between 1 and {MAX_WORKERS}"),
         ));
@@ -260,13 +260,13 @@ fn resources_of(input: &TaskSpecInput) -> Result<Resources, ApiError> {
 }
 
 /// A deadline, stored as RFC 3339; one already gone is refused.
-fn deadline_of(deadline: Option<&str>, now_s: i64) -> Result<Option<String>, ApiError> {
+fn deadline_of(deadline: Option<&str>, now_s: i64) -> Result<Option<String>, DomainError> {
     Ok(match deadline {
         Some(d) => {
             let secs = parse_deadline(d)?;
             // A deadline already gone would give the task the highest urgency for nothing.
             if secs <= now_s {
-                return Err(ApiError::invalid(
+                return Err(DomainError::invalid(
                     "deadline",
                     format!(
                         "deadline {} is in the past (now is {})",
@@ -282,12 +282,12 @@ fn deadline_of(deadline: Option<&str>, now_s: i64) -> Result<Option<String>, Api
 }
 
 /// How often the task saves, where to, and how many saves are kept.
-fn checkpoint_of(input: &TaskSpecInput) -> Result<Option<CheckpointSpec>, ApiError> {
+fn checkpoint_of(input: &TaskSpecInput) -> Result<Option<CheckpointSpec>, DomainError> {
     let checkpoint = input
         .checkpoint
         .as_ref()
         .map(|c| {
-            Ok::<_, ApiError>(CheckpointSpec {
+            Ok::<_, DomainError>(CheckpointSpec {
                 interval: c
                     .interval
                     .as_ref()
@@ -300,13 +300,13 @@ fn checkpoint_of(input: &TaskSpecInput) -> Result<Option<CheckpointSpec>, ApiErr
         .transpose()?;
     if let Some(c) = &checkpoint {
         if c.interval.is_some_and(|i| !(10..=7 * 86_400).contains(&i)) {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "checkpoint.interval",
                 "checkpoint.interval must be between 10 s and 7 days (e.g. \"10m\")",
             ));
         }
         if c.keep.is_some_and(|k| !(1..=100).contains(&k)) {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "checkpoint.keep",
                 "checkpoint.keep must be between 1 and 100",
             ));
@@ -314,14 +314,14 @@ fn checkpoint_of(input: &TaskSpecInput) -> Result<Option<CheckpointSpec>, ApiErr
         if let Some(to) = &c.save_to {
             text("checkpoint.save_to", to, 1024)?;
             if to.split('/').any(|p| p == "..") {
-                return Err(ApiError::invalid(
+                return Err(DomainError::invalid(
                     "checkpoint.save_to",
                     "checkpoint.save_to must not contain '..'",
                 ));
             }
             if to.starts_with('/') {
                 autodl_common::tasks::checkpoint_mount_allowed(to).map_err(|m| {
-                    ApiError::invalid("checkpoint.save_to", format!("checkpoint.save_to: {m}"))
+                    DomainError::invalid("checkpoint.save_to", format!("checkpoint.save_to: {m}"))
                 })?;
             }
         }
@@ -329,14 +329,14 @@ fn checkpoint_of(input: &TaskSpecInput) -> Result<Option<CheckpointSpec>, ApiErr
     Ok(checkpoint)
 }
 
-fn retry_policy_of(input: &TaskSpecInput) -> Result<RetryPolicy, ApiError> {
+fn retry_policy_of(input: &TaskSpecInput) -> Result<RetryPolicy, DomainError> {
     let mut retry_policy: RetryPolicy = input.retry_policy.clone().unwrap_or_default();
     // Asking for OOM recovery is asking for retries: without a count it would never retry.
     if retry_policy.oom_recovery && retry_policy.max_retries == 0 {
         retry_policy.max_retries = DEFAULT_OOM_RETRIES;
     }
     if retry_policy.max_retries > 20 {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "retry_policy.max_retries",
             "max_retries must be at most 20",
         ));
@@ -345,13 +345,13 @@ fn retry_policy_of(input: &TaskSpecInput) -> Result<RetryPolicy, ApiError> {
 }
 
 /// Whether the task's workers must share a zone, and the bandwidth they need between them.
-fn affinity_of(input: &TaskSpecInput) -> Result<(bool, &'static str), ApiError> {
+fn affinity_of(input: &TaskSpecInput) -> Result<(bool, &'static str), DomainError> {
     let affinity = input.affinity.clone().unwrap_or_default();
     let zone_affinity = match affinity.zone.as_deref() {
         None | Some("any") => false,
         Some("same") => true,
         Some(other) => {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "affinity.zone",
                 format!("affinity.zone is \"same\" or \"any\", not {other:?}"),
             ))
@@ -361,7 +361,7 @@ fn affinity_of(input: &TaskSpecInput) -> Result<(bool, &'static str), ApiError> 
         None | Some("normal") => "normal",
         Some("high") => "high",
         Some(other) => {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "affinity.bandwidth",
                 format!("affinity.bandwidth is \"high\" or \"normal\", not {other:?}"),
             ))
@@ -371,17 +371,17 @@ fn affinity_of(input: &TaskSpecInput) -> Result<(bool, &'static str), ApiError> 
 }
 
 /// Platform storage (`s3://`) or a folder under a dataset root of the nodes.
-fn check_data_path(data_path: Option<&str>) -> Result<(), ApiError> {
+fn check_data_path(data_path: Option<&str>) -> Result<(), DomainError> {
     if let Some(p) = data_path {
         text("data_path", p, 1024)?;
         if p.split('/').any(|s| s == "..") {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "data_path",
                 "data_path must not contain '..'",
             ));
         }
         if !p.starts_with("s3://") && !super::access::is_clean_absolute(p) {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "data_path",
                 "data_path is platform storage (s3://bucket/path) or an absolute folder under a dataset root of the nodes (e.g. /datasets/imagenet)",
             ));
@@ -391,10 +391,10 @@ fn check_data_path(data_path: Option<&str>) -> Result<(), ApiError> {
 }
 
 /// A code bundle's id, as `POST /api/v1/code` answered it.
-fn check_code(code: Option<&str>) -> Result<(), ApiError> {
+fn check_code(code: Option<&str>) -> Result<(), DomainError> {
     if let Some(c) = code {
         if autodl_common::bundle::parse_id(c).is_none() {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "code",
                 format!(
                     "code is the id POST /api/v1/code answered, \"sha256:\" and 64 hex digits (e.g. \"{}\"), not {c:?}",
@@ -406,19 +406,19 @@ fn check_code(code: Option<&str>) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn check_labels(labels: &std::collections::BTreeMap<String, String>) -> Result<(), ApiError> {
+fn check_labels(labels: &std::collections::BTreeMap<String, String>) -> Result<(), DomainError> {
     if labels.len() > 32 {
-        return Err(ApiError::invalid("labels", "at most 32 labels"));
+        return Err(DomainError::invalid("labels", "at most 32 labels"));
     }
     for (k, v) in labels {
         if !crate::domain::names::is_label_key(k) {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "labels",
                 format!("{k:?} is not a valid label name"),
             ));
         }
         if v.len() > 256 || v.chars().any(char::is_control) {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "labels",
                 format!("the value of label {k} is too long or has control characters"),
             ));
@@ -452,9 +452,9 @@ pub const SESSION_COMMAND: [&str; 2] = ["sleep", "infinity"];
 const MAX_PORTS: usize = 16;
 
 /// Declared ports, each once, in the order given.
-fn ports(list: &[u16]) -> Result<Vec<u16>, ApiError> {
+fn ports(list: &[u16]) -> Result<Vec<u16>, DomainError> {
     if list.len() > MAX_PORTS {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "ports",
             format!("at most {MAX_PORTS} ports (e.g. [8888, 6006])"),
         ));
@@ -462,7 +462,7 @@ fn ports(list: &[u16]) -> Result<Vec<u16>, ApiError> {
     let mut out: Vec<u16> = Vec::with_capacity(list.len());
     for &p in list {
         if p == 0 {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "ports",
                 "ports are TCP ports from 1 to 65535 (e.g. [8888, 6006])",
             ));
@@ -479,7 +479,7 @@ fn ports(list: &[u16]) -> Result<Vec<u16>, ApiError> {
 const MAX_AFTER: usize = 1_000;
 
 /// The ids in `after`, each once, in the order given.
-fn after_ids(ids: &[String]) -> Result<Vec<String>, ApiError> {
+fn after_ids(ids: &[String]) -> Result<Vec<String>, DomainError> {
     let mut out: Vec<String> = Vec::with_capacity(ids.len());
     for id in ids {
         let id = id.trim();
@@ -487,7 +487,7 @@ fn after_ids(ids: &[String]) -> Result<Vec<String>, ApiError> {
             || id.len() > 64
             || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
         {
-            return Err(ApiError::invalid(
+            return Err(DomainError::invalid(
                 "after",
                 format!("after holds task ids (as the API returns them), not {id:?}"),
             ));
@@ -497,7 +497,7 @@ fn after_ids(ids: &[String]) -> Result<Vec<String>, ApiError> {
         }
     }
     if out.len() > MAX_AFTER {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "after",
             format!("after names at most {MAX_AFTER} tasks"),
         ));

@@ -198,7 +198,7 @@ fn spans_are_seconds_or_text() {
     for bad in ["soon", "0", "0s", "-5m", "400d"] {
         let e = span(bad).unwrap_err();
         assert!(
-            matches!(&e, ApiError::Validation { field: Some(f), .. } if f == "time_limit"),
+            matches!(&e, DomainError::Invalid { field, .. } if *field == "time_limit"),
             "{bad}: {e}"
         );
     }
@@ -266,7 +266,7 @@ fn rejects_bad_fields() {
         let mut i = base();
         mutate(&mut i);
         match normalise(i, 1_700_000_000) {
-            Err(ApiError::Validation { field: Some(f), .. }) => assert_eq!(f, field),
+            Err(DomainError::Invalid { field: f, .. }) => assert_eq!(f, field),
             other => panic!("expected a validation error on {field}, got {other:?}"),
         }
     }

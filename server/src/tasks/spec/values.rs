@@ -6,14 +6,14 @@ use autodl_common::tasks::{Size, TimeSpan};
 use time::format_description::well_known::Rfc3339;
 use time::{OffsetDateTime, PrimitiveDateTime};
 
-use crate::error::ApiError;
+use crate::domain::DomainError;
 
-pub fn parse_size(field: &'static str, s: &Size) -> Result<u64, ApiError> {
+pub fn parse_size(field: &'static str, s: &Size) -> Result<u64, DomainError> {
     let n = match s {
         Size::Bytes(n) => *n,
         Size::Text(t) => bytesize::ByteSize::from_str(t.trim())
             .map_err(|_| {
-                ApiError::invalid(
+                DomainError::invalid(
                     field,
                     format!("{t:?} is not a size (use e.g. \"20GiB\", \"512MiB\" or bytes)"),
                 )
@@ -21,7 +21,7 @@ pub fn parse_size(field: &'static str, s: &Size) -> Result<u64, ApiError> {
             .as_u64(),
     };
     if n == 0 {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             field,
             format!("{field} must be more than zero"),
         ));
@@ -33,7 +33,7 @@ pub fn parse_size(field: &'static str, s: &Size) -> Result<u64, ApiError> {
 const MAX_SPAN_SECS: u64 = 365 * 86_400;
 
 /// Whole seconds of a span given as seconds or as text ("2h30m", "90m", "1d 12h", "45s").
-pub fn parse_span(field: &'static str, s: &TimeSpan) -> Result<u64, ApiError> {
+pub fn parse_span(field: &'static str, s: &TimeSpan) -> Result<u64, DomainError> {
     let secs = match s {
         TimeSpan::Seconds(n) => *n,
         TimeSpan::Text(t) => {
@@ -43,7 +43,7 @@ pub fn parse_span(field: &'static str, s: &TimeSpan) -> Result<u64, ApiError> {
                 Ok(n) => n,
                 Err(_) => humantime::parse_duration(t)
                     .map_err(|_| {
-                        ApiError::invalid(
+                        DomainError::invalid(
                             field,
                             format!(
                                 "{field}: {t:?} is not a length of time; write seconds or e.g. \
@@ -56,13 +56,13 @@ pub fn parse_span(field: &'static str, s: &TimeSpan) -> Result<u64, ApiError> {
         }
     };
     if secs == 0 {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             field,
             format!("{field} must be at least one second (e.g. \"30m\")"),
         ));
     }
     if secs > MAX_SPAN_SECS {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             field,
             format!("{field} must be at most a year"),
         ));
@@ -78,7 +78,7 @@ pub fn parse_time_ms(s: &str) -> Option<i64> {
 }
 
 /// ISO 8601 date-time; without an offset it is taken as UTC. Returns Unix seconds.
-pub fn parse_deadline(s: &str) -> Result<i64, ApiError> {
+pub fn parse_deadline(s: &str) -> Result<i64, DomainError> {
     let s = s.trim();
     if let Ok(t) = OffsetDateTime::parse(s, &Rfc3339) {
         return Ok(t.unix_timestamp());
@@ -94,20 +94,20 @@ pub fn parse_deadline(s: &str) -> Result<i64, ApiError> {
             return Ok(t.assume_utc().unix_timestamp());
         }
     }
-    Err(ApiError::invalid(
+    Err(DomainError::invalid(
         "deadline",
         format!("{s:?} is not an ISO 8601 date and time (e.g. 2024-03-20T18:00)"),
     ))
 }
 
 /// A shell command: like `text`, but multi-line scripts (newlines, tabs) are fine.
-pub(super) fn script(s: &str, max: usize) -> Result<String, ApiError> {
+pub(super) fn script(s: &str, max: usize) -> Result<String, DomainError> {
     let t = s.trim();
     if t.is_empty() {
-        return Err(ApiError::invalid("command", "command is required"));
+        return Err(DomainError::invalid("command", "command is required"));
     }
     if t.chars().count() > max {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "command",
             format!("command must be at most {max} characters"),
         ));
@@ -115,7 +115,7 @@ pub(super) fn script(s: &str, max: usize) -> Result<String, ApiError> {
     if t.chars()
         .any(|c| c.is_control() && !matches!(c, '\n' | '\t' | '\r'))
     {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             "command",
             "command must not contain control characters other than newlines and tabs",
         ));
@@ -123,19 +123,19 @@ pub(super) fn script(s: &str, max: usize) -> Result<String, ApiError> {
     Ok(t.to_owned())
 }
 
-pub(super) fn text(field: &'static str, s: &str, max: usize) -> Result<String, ApiError> {
+pub(super) fn text(field: &'static str, s: &str, max: usize) -> Result<String, DomainError> {
     let t = s.trim();
     if t.is_empty() {
-        return Err(ApiError::invalid(field, format!("{field} is required")));
+        return Err(DomainError::invalid(field, format!("{field} is required")));
     }
     if t.chars().count() > max {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             field,
             format!("{field} must be at most {max} characters"),
         ));
     }
     if t.chars().any(|c| c.is_control()) {
-        return Err(ApiError::invalid(
+        return Err(DomainError::invalid(
             field,
             format!("{field} must not contain control characters"),
         ));
