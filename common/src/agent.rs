@@ -244,7 +244,8 @@ pub struct StopOrder {
     pub attempt: u32,
     #[serde(default = "default_grace")]
     pub grace_s: u64,
-    /// "preempted", "cancelled", "drained", "migrated" or "moved"; informational for the agent.
+    /// "preempted", "resized", "cancelled", "drained", "migrated" or "moved"; informational
+    /// for the agent.
     #[serde(default)]
     pub reason: String,
 }

@@ -74,6 +74,7 @@ pub fn fixture(nodes: usize, pending: usize, seed: u64, varied: bool) -> Cluster
             },
             gpus_per_worker: gpus,
             workers,
+            min_workers: None,
             gpu_mem_bytes: shared,
             cpu_millis: if varied {
                 rng.gen_range(1_000..8_000) * u64::from(gpus)

@@ -110,6 +110,15 @@ pub struct PolicyConfig {
     /// attempts make a busy cycle quadratic (4,000 blocked tasks of their own shapes beside
     /// 20,000 running shared ones took over a minute); moves are disruptive anyway.
     pub max_migration_attempts_per_cycle: usize,
+    /// Let running elastic tasks grow into GPUs that no waiting task can use.
+    pub elastic_growth: bool,
+    /// No elastic task changes width (grows) within this long of its last start: a change
+    /// costs a restart, so a task that just started or changed keeps its width a while.
+    pub resize_interval_s: u64,
+    /// What the policy counts a restart as costing, in seconds of the task's progress (start
+    /// up, loading the checkpoint), on top of the work since its last checkpoint. A growth
+    /// happens only when it is expected to save at least twice that.
+    pub resize_cost_s: u64,
     /// Produce a priority breakdown and reason for every pending task. The simulator turns it
     /// off for speed; the server wants it on.
     pub explain_pending: bool,
@@ -139,6 +148,9 @@ impl Default for PolicyConfig {
             victim_max_unsaved_s: 600,
             migration: true,
             max_migration_attempts_per_cycle: 16,
+            elastic_growth: true,
+            resize_interval_s: 1_800,
+            resize_cost_s: 60,
             explain_pending: true,
         }
     }

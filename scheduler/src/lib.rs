@@ -20,7 +20,8 @@ pub use config::{Backfill, PolicyConfig, Weights};
 pub use placement::PlacementPolicy;
 pub use priority::{PriorityBreakdown, PriorityContext};
 pub use scheduler::{
-    Decision, Decisions, PendingReason, PendingTask, PreemptReason, QuotaCap, QuotaScope, Scheduler,
+    Decision, Decisions, PendingReason, PendingTask, PreemptReason, QuotaCap, QuotaScope,
+    ResizeReason, Scheduler,
 };
 pub use snapshot::{Charge, EndedRun, RunAccount, Snapshot};
 pub use types::*;

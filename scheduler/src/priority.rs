@@ -140,8 +140,7 @@ impl PriorityContext {
     /// factor counts the current run, and it fits by definition.
     pub fn running(&self, r: &RunningTask, cfg: &PolicyConfig) -> PriorityBreakdown {
         let ran = self.now.saturating_sub(r.started_at);
-        let attained =
-            r.request.attained_gpu_seconds + ran as f64 * f64::from(r.request.total_gpus());
+        let attained = r.request.attained_gpu_seconds + ran as f64 * f64::from(r.held_gpus());
         self.breakdown(&r.request, attained, ran, 1.0, cfg)
     }
 
@@ -231,6 +230,7 @@ mod tests {
             gpu_types: vec![],
             gpus_per_worker: 1,
             workers: 1,
+            min_workers: None,
             gpu_mem_bytes: None,
             cpu_millis: 0,
             mem_bytes: 0,

@@ -1,6 +1,7 @@
 //! One scheduling cycle: order the queue, place what fits, preempt or defragment for what does
 //! not, hold room for the top blocked tasks, and say why everything else waits.
 
+mod elastic;
 mod walk;
 
 use crate::config::PolicyConfig;
@@ -32,6 +33,14 @@ pub enum Decision {
         grace_s: u64,
         reason: PreemptReason,
     },
+    /// Stop an elastic task through its grace period (it checkpoints) so that it starts again
+    /// at another width: wider, into GPUs no waiting task can use, or narrower, giving up
+    /// workers to `for_task` (it is then a preemption that leaves the task its minimum).
+    Resize {
+        task: TaskId,
+        grace_s: u64,
+        reason: ResizeReason,
+    },
     /// Checkpoint the task and restart it on `to`; frees room for `for_task`.
     Migrate {
         task: TaskId,
@@ -48,6 +57,53 @@ pub struct PreemptReason {
     pub victim_priority: f64,
     /// GPU-seconds of work since the victim's last checkpoint.
     pub lost_gpu_seconds: f64,
+}
+
+/// Why an elastic task changes width.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ResizeReason {
+    /// GPUs it can use are idle and no waiting task could use them; `seconds_saved` is what
+    /// the policy expects the wider run to save, against `cost_s` (the restart and the work
+    /// since its last checkpoint).
+    Grow {
+        from_workers: u32,
+        to_workers: u32,
+        seconds_saved: f64,
+        cost_s: f64,
+    },
+    /// A task of higher priority needs some of its GPUs; it starts again with what is left
+    /// (at least its minimum) instead of losing its place.
+    Shrink {
+        from_workers: u32,
+        min_workers: u32,
+        preempt: PreemptReason,
+    },
+}
+
+impl ResizeReason {
+    /// The decision in a user's words, for the task's events.
+    pub fn describe(&self) -> String {
+        match self {
+            ResizeReason::Grow {
+                from_workers,
+                to_workers,
+                ..
+            } => format!(
+                "growing from {from_workers} to {to_workers} workers into idle GPUs \
+                 (it restarts from its checkpoint)"
+            ),
+            ResizeReason::Shrink {
+                from_workers,
+                min_workers,
+                preempt,
+            } => format!(
+                "shrinking from {from_workers} workers (to no fewer than {min_workers}) for \
+                 task {} (priority {:.2} over {:.2}; it restarts from its checkpoint)",
+                preempt.for_task, preempt.preemptor_priority, preempt.victim_priority
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -159,6 +215,23 @@ struct Cycle<'a> {
     gpu_holders: FastMap<WorkerNeed, Holders>,
     /// Each node's largest room on one GPU, for proofs that a moved task fits nowhere.
     rooms: RoomIndex,
+    /// The narrower requests of each elastic pending task (by its index in the queue), widest
+    /// first: what it starts with when all of its workers do not fit.
+    narrower: &'a FastMap<usize, Vec<TaskRequest>>,
+}
+
+/// Each elastic pending task at every width from one below its widest to its narrowest.
+fn narrower_requests(state: &ClusterState) -> FastMap<usize, Vec<TaskRequest>> {
+    state
+        .pending
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.narrowest() < t.workers)
+        .map(|(i, t)| {
+            let widths = (t.narrowest()..t.workers).rev();
+            (i, widths.map(|w| t.at_width(w)).collect())
+        })
+        .collect()
 }
 
 /// The nodes that could hold the GPUs of one shape: a superset of those that can now, so that
@@ -228,6 +301,7 @@ impl Scheduler {
         let cap = Capacity::new(&state.nodes, &state.running, cfg.share_margin_bytes);
         let largest_card = largest_card_by_type(&cap);
         let model = workload_model(&cap, state, cfg.share_margin_bytes, &largest_card);
+        let narrower = narrower_requests(state);
         let mut cy = Cycle {
             cfg,
             state,
@@ -247,6 +321,7 @@ impl Scheduler {
             explain,
             gpu_holders: FastMap::default(),
             rooms: RoomIndex::default(),
+            narrower: &narrower,
         };
         cy.run()
     }
@@ -758,7 +833,7 @@ impl Cycle<'_> {
             .last_checkpoint_at
             .unwrap_or(r.started_at)
             .max(r.started_at);
-        self.now.saturating_sub(since) as f64 * f64::from(r.request.total_gpus())
+        self.now.saturating_sub(since) as f64 * f64::from(r.held_gpus())
     }
 
     /// Finds the cheapest set of victims (least work lost since their checkpoints) that makes

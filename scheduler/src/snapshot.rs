@@ -337,6 +337,7 @@ fn placeholder() -> TaskRequest {
         gpu_types: Vec::new(),
         gpus_per_worker: 0,
         workers: 0,
+        min_workers: None,
         gpu_mem_bytes: None,
         cpu_millis: 0,
         mem_bytes: 0,
@@ -386,6 +387,7 @@ mod tests {
             tenant: "t".into(),
             gpus_per_worker: 1,
             workers: 1,
+            min_workers: None,
             gpu_mem_bytes: mem,
             ..placeholder()
         }

@@ -120,8 +120,14 @@ pub struct TaskRequest {
     #[serde(default)]
     pub gpu_types: Vec<String>,
     pub gpus_per_worker: u32,
+    /// Workers wanted: all of them for a rigid task, at most this many for an elastic one.
     #[serde(default = "one")]
     pub workers: u32,
+    /// The fewest workers an elastic task runs with; `None` for a rigid task (all `workers`
+    /// or none). An elastic task starts with as many workers as fit, from `workers` down to
+    /// this many, and makes room by preemption for this many only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_workers: Option<u32>,
     /// Declared GPU memory per GPU. Below a whole card the task may share the card with others;
     /// `None` means it wants whole cards.
     #[serde(default)]
@@ -162,6 +168,20 @@ impl TaskRequest {
     pub fn total_gpus(&self) -> u32 {
         self.gpus_per_worker * self.workers
     }
+
+    /// The fewest workers it starts with: `workers` unless it is elastic.
+    pub fn narrowest(&self) -> u32 {
+        let most = self.workers.max(1);
+        self.min_workers.map_or(most, |m| m.clamp(1, most))
+    }
+
+    /// The same request at a width of `workers` (an elastic task's narrower start).
+    pub fn at_width(&self, workers: u32) -> TaskRequest {
+        TaskRequest {
+            workers,
+            ..self.clone()
+        }
+    }
 }
 
 /// Where one worker of a task runs.
@@ -184,6 +204,17 @@ pub struct RunningTask {
     /// Already asked to stop; its resources will come back but must not be counted twice.
     #[serde(default)]
     pub preempting: bool,
+}
+
+impl RunningTask {
+    /// GPUs its run holds: an elastic task may run with fewer workers than it asked for, and
+    /// is charged (and loses work) for those it holds.
+    pub fn held_gpus(&self) -> u32 {
+        self.placements
+            .iter()
+            .map(|p| p.gpu_indices.len() as u32)
+            .sum()
+    }
 }
 
 /// Usage history of one user (or tenant), passed back in every cycle. Every sum is brought up
@@ -482,6 +513,7 @@ mod tests {
             gpu_types: vec!["A40".into()],
             gpus_per_worker: 4,
             workers: 1,
+            min_workers: None,
             gpu_mem_bytes: None,
             cpu_millis: 0,
             mem_bytes: 0,

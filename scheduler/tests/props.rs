@@ -53,27 +53,32 @@ fn arb_task(i: usize) -> impl Strategy<Value = TaskRequest> {
         any::<bool>(),
         0u64..1000,
         0usize..4,
+        0u32..3,
     )
-        .prop_map(move |(g, w, shared, cpu, mem, prio, ty, zone, at, class)| {
-            let mut t = task(&format!("t{i}"), &format!("u{}", i % 4), g, at);
-            t.workers = w;
-            t.gpu_mem_bytes = if g > 0 { shared.map(|m| m * GIB) } else { None };
-            t.cpu_millis = cpu;
-            t.mem_bytes = mem * GIB;
-            t.priority = prio;
-            t.gpu_types = ty.map(|k| vec![TYPES[k].to_string()]).unwrap_or_default();
-            if ty == Some(0) {
-                t.gpu_types = vec!["A100".into()];
-            }
-            t.zone_affinity = zone;
-            if class & 1 != 0 {
-                t.tolerations = vec!["trusted-only".into()];
-            }
-            if class & 2 != 0 {
-                t.requires = vec!["data:/ds".into()];
-            }
-            t
-        })
+        .prop_map(
+            move |(g, w, shared, cpu, mem, prio, ty, zone, at, class, min)| {
+                let mut t = task(&format!("t{i}"), &format!("u{}", i % 4), g, at);
+                t.workers = w;
+                // Some gangs are elastic down to `min` workers.
+                t.min_workers = (min > 0 && min < w).then_some(min);
+                t.gpu_mem_bytes = if g > 0 { shared.map(|m| m * GIB) } else { None };
+                t.cpu_millis = cpu;
+                t.mem_bytes = mem * GIB;
+                t.priority = prio;
+                t.gpu_types = ty.map(|k| vec![TYPES[k].to_string()]).unwrap_or_default();
+                if ty == Some(0) {
+                    t.gpu_types = vec!["A100".into()];
+                }
+                t.zone_affinity = zone;
+                if class & 1 != 0 {
+                    t.tolerations = vec!["trusted-only".into()];
+                }
+                if class & 2 != 0 {
+                    t.requires = vec!["data:/ds".into()];
+                }
+                t
+            },
+        )
 }
 
 /// Tasks from a few classes (1 or 2 GPUs, whole or shared, any type) that differ in CPU,
@@ -116,9 +121,10 @@ fn check_no_overcommit(state: &ClusterState, margin: u64) -> Result<(), TestCase
     let mut shared: HashMap<(&str, u32), u64> = HashMap::new();
     for r in &state.running {
         let t = &r.request;
-        prop_assert_eq!(
-            r.placements.len() as u32,
-            t.workers,
+        // An elastic gang runs at any width between its minimum and its request.
+        let width = r.placements.len() as u32;
+        prop_assert!(
+            width >= t.narrowest() && width <= t.workers,
             "gang incomplete: {:?}",
             r
         );
@@ -233,6 +239,18 @@ proptest! {
             state.pending.push(t);
         }
         let d = sched.schedule(&state, 2_000);
+        let asked: std::collections::HashMap<String, (u32, u32)> = state
+            .pending
+            .iter()
+            .map(|t| (t.id.clone(), (t.narrowest(), t.workers.max(1))))
+            .collect();
+        for x in &d.decisions {
+            if let Decision::Place { task, placements, .. } = x {
+                // A rigid gang starts whole; an elastic one with its minimum or more.
+                let (min, max) = asked[task];
+                prop_assert!((min as usize..=max as usize).contains(&placements.len()), "{task}: {placements:?}");
+            }
+        }
         apply(&mut state, &d, 2_000);
         check_no_overcommit(&state, cfg.share_margin_bytes)?;
         // Every pending task has a reason; every task is either placed or explained.

@@ -1076,3 +1076,260 @@ fn scheduling_is_deterministic() {
     let b = Scheduler::default().schedule(&state, 100);
     assert_eq!(a, b);
 }
+
+/// An elastic gang of one-GPU workers (`min`..=`max`).
+fn elastic(id: &str, user: &str, min: u32, max: u32, at: Time) -> TaskRequest {
+    TaskRequest {
+        workers: max,
+        min_workers: Some(min),
+        ..task(id, user, 1, at)
+    }
+}
+
+#[test]
+fn an_elastic_task_starts_as_wide_as_fits_and_no_narrower_than_its_minimum() {
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 8, "A100", 80)],
+        ..Default::default()
+    };
+    let mut blocker = task("blocker", "other", 3, 0);
+    blocker.preemptible = false;
+    state.running.push(running(blocker, "n1", &[0, 1, 2], 0));
+    state.pending.push(elastic("e", "u", 2, 8, 5));
+    let d = Scheduler::default().schedule(&state, 100);
+    let p = placed(&d, "e").expect("started with what is free");
+    assert_eq!(p.len(), 5, "{d:?}");
+    assert!(p.iter().all(|w| w.gpu_indices.len() == 1));
+    // Rigid, the same gang waits for all eight.
+    state.pending[0].min_workers = None;
+    let d = Scheduler::default().schedule(&state, 100);
+    assert!(placed(&d, "e").is_none(), "{d:?}");
+    // Below its minimum it waits too.
+    state.pending[0].min_workers = Some(6);
+    let d = Scheduler::default().schedule(&state, 100);
+    assert!(placed(&d, "e").is_none(), "{d:?}");
+}
+
+#[test]
+fn an_elastic_task_makes_room_for_its_narrowest_start_only() {
+    let cfg = PolicyConfig {
+        min_runtime_s: 0,
+        preempt_margin: 0.1,
+        ..only(declared_only())
+    };
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 4, "A100", 80)],
+        ..Default::default()
+    };
+    for (i, g) in [0u32, 1, 2, 3].into_iter().enumerate() {
+        let low = TaskRequest {
+            priority: 0.0,
+            ..task(&format!("low{i}"), "u1", 1, 0)
+        };
+        state.running.push(running(low, "n1", &[g], 0));
+    }
+    state.pending.push(TaskRequest {
+        priority: 1.0,
+        ..elastic("e", "u2", 2, 4, 10)
+    });
+    let d = Scheduler::new(cfg).schedule(&state, 100);
+    assert_eq!(
+        preempted(&d).len(),
+        2,
+        "two GPUs are enough to start: {d:?}"
+    );
+}
+
+#[test]
+fn an_elastic_task_starts_within_its_caps() {
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 8, "A100", 80)],
+        ..Default::default()
+    };
+    state.quotas.users.insert(
+        "u".into(),
+        Quota {
+            max_gpus: Some(3),
+            ..Default::default()
+        },
+    );
+    state.pending.push(elastic("e", "u", 2, 8, 5));
+    let d = Scheduler::default().schedule(&state, 100);
+    assert_eq!(placed(&d, "e").map(|p| p.len()), Some(3), "{d:?}");
+    state.quotas.users.get_mut("u").unwrap().max_gpus = Some(1);
+    let d = Scheduler::default().schedule(&state, 100);
+    assert!(placed(&d, "e").is_none());
+    assert!(matches!(reason(&d, "e"), Some(PendingReason::Quota { .. })));
+}
+
+#[test]
+fn a_narrow_run_is_charged_for_the_gpus_it_holds() {
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 8, "A100", 80)],
+        ..Default::default()
+    };
+    state
+        .running
+        .push(running(elastic("e", "u", 2, 8, 0), "n1", &[0, 1], 0));
+    assert_eq!(state.running[0].held_gpus(), 2);
+    state.quotas.users.insert(
+        "u".into(),
+        Quota {
+            max_gpus: Some(4),
+            ..Default::default()
+        },
+    );
+    // Two of the user's four GPUs are held: a two-GPU task fits the cap, a three-GPU one not.
+    state.pending.push(task("two", "u", 2, 5));
+    let d = Scheduler::default().schedule(&state, 100);
+    assert!(placed(&d, "two").is_some(), "{d:?}");
+}
+
+/// A running elastic gang of one-GPU workers on `node`, one worker per GPU in `gpus`.
+fn running_elastic(t: TaskRequest, node: &str, gpus: &[u32], started_at: Time) -> RunningTask {
+    RunningTask {
+        placements: gpus
+            .iter()
+            .map(|&g| WorkerPlacement {
+                node: node.into(),
+                gpu_indices: vec![g],
+            })
+            .collect(),
+        ..running(t, node, &[], started_at)
+    }
+}
+
+fn resized(d: &Decisions) -> Vec<(String, ResizeReason)> {
+    d.decisions
+        .iter()
+        .filter_map(|x| match x {
+            Decision::Resize { task, reason, .. } => Some((task.clone(), reason.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_elastic_task_grows_into_idle_gpus_when_it_is_worth_a_restart() {
+    let now = 4_000;
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 8, "A100", 80)],
+        ..Default::default()
+    };
+    let mut r = running_elastic(elastic("e", "u", 2, 8, 0), "n1", &[0, 1], 0);
+    r.last_checkpoint_at = Some(now - 10);
+    state.running.push(r);
+    let d = Scheduler::default().schedule(&state, now);
+    match resized(&d).as_slice() {
+        [(
+            task,
+            ResizeReason::Grow {
+                from_workers: 2,
+                to_workers: 8,
+                seconds_saved,
+                cost_s,
+            },
+        )] if task == "e" => {
+            // 4,000 s more at 2 of 8 workers take 1,000 s at 8: 3,000 s saved against 70.
+            assert_eq!(*seconds_saved, 3_000.0);
+            assert_eq!(*cost_s, 70.0);
+        }
+        other => panic!("expected e to grow to 8: {other:?}"),
+    }
+    // A waiting task comes first: it takes what it needs, and e grows into the rest.
+    state.pending.push(task("w", "v", 4, now - 5));
+    let d = Scheduler::default().schedule(&state, now);
+    assert_eq!(placed(&d, "w").map(Vec::len), Some(1), "{d:?}");
+    assert!(matches!(
+        resized(&d).as_slice(),
+        [(_, ResizeReason::Grow { to_workers: 4, .. })]
+    ));
+    state.pending.clear();
+    // Not within the interval after a (re)start.
+    state.running[0].started_at = now - 100;
+    assert!(resized(&Scheduler::default().schedule(&state, now)).is_empty());
+    // Not when the work since its checkpoint makes the restart cost more than it saves.
+    state.running[0].started_at = 0;
+    state.running[0].last_checkpoint_at = None;
+    assert!(resized(&Scheduler::default().schedule(&state, now)).is_empty());
+    // Not a rigid task, and not when growth is off.
+    state.running[0].last_checkpoint_at = Some(now - 10);
+    let off = PolicyConfig {
+        elastic_growth: false,
+        ..PolicyConfig::default()
+    };
+    assert!(resized(&Scheduler::new(off).schedule(&state, now)).is_empty());
+    state.running[0].request.min_workers = None;
+    assert!(resized(&Scheduler::default().schedule(&state, now)).is_empty());
+}
+
+#[test]
+fn an_elastic_task_grows_within_its_caps() {
+    let now = 4_000;
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 8, "A100", 80)],
+        ..Default::default()
+    };
+    let mut r = running_elastic(elastic("e", "u", 2, 8, 0), "n1", &[0, 1], 0);
+    r.last_checkpoint_at = Some(now - 10);
+    state.running.push(r);
+    state.quotas.users.insert(
+        "u".into(),
+        Quota {
+            max_gpus: Some(5),
+            ..Default::default()
+        },
+    );
+    let d = Scheduler::default().schedule(&state, now);
+    assert!(
+        matches!(
+            resized(&d).as_slice(),
+            [(_, ResizeReason::Grow { to_workers: 5, .. })]
+        ),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn an_elastic_victim_shrinks_instead_of_losing_its_place() {
+    let cfg = PolicyConfig {
+        min_runtime_s: 0,
+        preempt_margin: 0.1,
+        ..only(declared_only())
+    };
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 4, "A100", 80)],
+        ..Default::default()
+    };
+    let low = TaskRequest {
+        priority: 0.0,
+        ..elastic("e", "u1", 2, 4, 0)
+    };
+    state
+        .running
+        .push(running_elastic(low, "n1", &[0, 1, 2, 3], 0));
+    state.pending.push(TaskRequest {
+        priority: 1.0,
+        ..task("high", "u2", 2, 10)
+    });
+    let d = Scheduler::new(cfg.clone()).schedule(&state, 100);
+    assert!(preempted(&d).is_empty(), "{d:?}");
+    match resized(&d).as_slice() {
+        [(
+            task,
+            ResizeReason::Shrink {
+                from_workers: 4,
+                min_workers: 2,
+                preempt,
+            },
+        )] if task == "e" && preempt.for_task == "high" => {}
+        other => panic!("expected e to shrink for high: {other:?}"),
+    }
+    // At its minimum it is preempted as a rigid task is.
+    state.running[0].placements.truncate(2);
+    let mut blocker = task("blocker", "u3", 2, 0);
+    blocker.preemptible = false;
+    state.running.push(running(blocker, "n1", &[2, 3], 0));
+    let d = Scheduler::new(cfg).schedule(&state, 100);
+    assert_eq!(preempted(&d), vec!["e".to_string()], "{d:?}");
+}

@@ -342,3 +342,60 @@ fn fgd_typical_tasks_are_gpu_demands_with_their_median_cpu() {
     shapes.sort_by_key(|s| s.0);
     assert_eq!(shapes, vec![(0, 4000, 0, 0.25), (1, 2000, 0, 0.75)]);
 }
+
+/// An elastic job on one node of 4 GPUs, beside a 1-GPU job running 0..5,000. The 4-GPU job
+/// (elastic down to 2) arrives at 10 and starts with the 3 GPUs free, going at 3/4 speed. Its
+/// first checkpoint (3,600 s of work) comes at 10 + 4,800 = 4,810. At 5,000 a GPU is idle and
+/// nobody waits: it has run 4,990 s, so a fourth worker should save 4,990 / 4 = 1,247 s against
+/// 190 s unsaved + 60 s of restart, and it grows. It stops at the end of the grace period
+/// (5,120) having done 5,110 · 3/4 = 3,832 s of work, keeps 3,600, and restarts at 4 workers:
+/// 60 s of restart and 4,400 s of work, done at 9,580. Lost to the resize: 232 s of work at 4
+/// GPUs and the 60 s restart at 4. Rigid, it waits for the fourth GPU and ends at 13,000.
+#[test]
+fn an_elastic_job_starts_narrow_and_grows_into_a_freed_gpu() {
+    let js = vec![
+        jobs::Job {
+            id: "small".into(),
+            user: "a".into(),
+            submit: 0,
+            gpus: 1,
+            runtime: 5_000,
+        },
+        jobs::Job {
+            id: "wide".into(),
+            user: "b".into(),
+            submit: 10,
+            gpus: 4,
+            runtime: 8_000,
+        },
+    ];
+    let cfg = JobsConfig {
+        nodes: 1,
+        gpus_per_node: 4,
+        policy: JobPolicy::Autodl,
+        elastic: Some(0.5),
+        ..JobsConfig::default()
+    };
+    let r = jobs::run(&js, &cfg);
+    assert_eq!(
+        (r.narrow_starts, r.resize_stops, r.resizes, r.preemptions),
+        (1, 1, 1, 0),
+        "{r:?}"
+    );
+    assert_eq!(r.makespan, 9_580, "{r:?}");
+    assert!(close(r.avg_jct, (5_000.0 + 9_570.0) / 2.0), "{r:?}");
+    assert!(
+        close(r.wasted_resizing_gpu_s, 232.0 * 4.0 + 60.0 * 4.0),
+        "{r:?}"
+    );
+    assert!(close(r.wasted_gpu_s, r.wasted_resizing_gpu_s), "{r:?}");
+    let rigid = jobs::run(
+        &js,
+        &JobsConfig {
+            elastic: Some(1.0),
+            ..cfg
+        },
+    );
+    assert_eq!((rigid.narrow_starts, rigid.resize_stops), (0, 0));
+    assert_eq!(rigid.makespan, 13_000, "{rigid:?}");
+}

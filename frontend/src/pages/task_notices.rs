@@ -94,6 +94,8 @@ pub(super) fn exit_reason(reason: Option<&str>, code: Option<i32>) -> &'static s
         Some("oom") => "out of GPU memory",
         Some("error") => "exited with an error",
         Some("preempted") => "preempted (checkpointed)",
+        Some("resized") => "resized (restarts from its checkpoint with more or fewer workers)",
+        Some("migrated") => "moved to other GPUs (checkpointed)",
         Some("drained") => "node drained",
         Some("node_lost") => "node lost",
         Some("cancelled") => "cancelled",

@@ -60,6 +60,10 @@ enum Cmd {
         /// the predictions were.
         #[arg(long)]
         forecast: bool,
+        /// Run every multi-GPU job as a gang of one-GPU workers that may start with as few as
+        /// this fraction of them (0.5: half); 1.0 runs the same gangs rigid, for comparison.
+        #[arg(long)]
+        elastic: Option<f64>,
         #[arg(long)]
         json: bool,
     },
@@ -147,6 +151,7 @@ fn main() -> Result<()> {
             policy,
             util_seed,
             forecast,
+            elastic,
             json,
         } => {
             let mut job_list = Vec::new();
@@ -207,6 +212,7 @@ fn main() -> Result<()> {
                     policy: p,
                     util_seed,
                     forecast,
+                    elastic,
                     ..JobsConfig::default()
                 };
                 runs.push((p.to_string(), cfg.clone()));
@@ -230,7 +236,7 @@ fn main() -> Result<()> {
                         "utilization": r.utilization, "makespan": r.makespan, "preemptions": r.preemptions,
                         "wasted_gpu_s": r.wasted_gpu_s, "allocated_gpu_s": r.allocated_gpu_s,
                         "jain_slowdown": r.jain_slowdown, "worst_user_slowdown": r.worst_user_slowdown,
-                        "rejected": r.rejected, "sim_seconds": secs, "util_bands": r.util_bands, "forecast": r.forecast,
+                        "rejected": r.rejected, "resizes": r.resizes, "narrow_starts": r.narrow_starts, "resize_stops": r.resize_stops, "wasted_resizing_gpu_s": r.wasted_resizing_gpu_s, "sim_seconds": secs, "util_bands": r.util_bands, "forecast": r.forecast,
                         "name": name,
                     });
                     println!("{v}");

@@ -6,8 +6,8 @@
 
 use super::{
     worker_need, Cycle, Decision, Decisions, FitIndex, Futile, Hardness, Masks, Order,
-    PendingReason, PendingTask, PreemptReason, QueueKey, QuotaScope, ShapeClasses, ShapeKey,
-    WorkerNeed,
+    PendingReason, PendingTask, PreemptReason, QueueKey, QuotaScope, ResizeReason, ShapeClasses,
+    ShapeKey, WorkerNeed,
 };
 use crate::config::Backfill;
 use crate::fasthash::{FastMap, FastSet};
@@ -47,22 +47,31 @@ struct Walk<'a> {
     migration_attempts: usize,
     /// No GPU is free any more (victims chosen this cycle may free some again).
     cluster_full: bool,
+    /// A pending task is left waiting for room (not for a cap): idle GPUs are its, not
+    /// elastic tasks' to grow into.
+    someone_waits: bool,
 }
 
-/// Counts `t`'s GPUs against its user's and its tenant's concurrent-GPU caps.
-fn count<'a>(in_use: &mut FastMap<(QuotaScope, &'a str), u32>, t: &'a TaskRequest) {
+/// Counts `gpus` of `t`'s against its user's and its tenant's concurrent-GPU caps.
+pub(super) fn count<'a>(
+    in_use: &mut FastMap<(QuotaScope, &'a str), u32>,
+    t: &'a TaskRequest,
+    gpus: u32,
+) {
     *in_use
         .entry((QuotaScope::User, t.user.as_str()))
-        .or_default() += t.total_gpus();
+        .or_default() += gpus;
     *in_use
         .entry((QuotaScope::Tenant, t.tenant.as_str()))
-        .or_default() += t.total_gpus();
+        .or_default() += gpus;
 }
 
-/// The pending task the walk is at.
+/// The pending task the walk is at (an elastic one at one of its widths).
 #[derive(Clone, Copy)]
 struct Turn<'a, 'n> {
     t: &'a TaskRequest,
+    /// Its index in the queue.
+    idx: usize,
     position: usize,
     prio: PriorityBreakdown,
     need: &'n WorkerNeed,
@@ -107,6 +116,7 @@ impl<'a> Cycle<'a> {
                     && !has_shared
                     && walk.cluster_full;
                 if strict_blocked || nothing_can_change {
+                    walk.someone_waits = true;
                     break;
                 }
             }
@@ -115,12 +125,16 @@ impl<'a> Cycle<'a> {
             let key: ShapeKey = (needs.of[i], t.workers.max(1), t.zone_affinity);
             let turn = Turn {
                 t,
+                idx: i,
                 position,
                 prio: needs.prios[i],
                 need,
                 key,
             };
             self.consider(turn, has_shared, &mut walk, &mut out);
+        }
+        if !walk.someone_waits {
+            self.grow(&mut walk.in_use, &mut out);
         }
         out
     }
@@ -222,7 +236,7 @@ impl<'a> Cycle<'a> {
             .chain(state.quotas.users.values())
             .any(|q| q.max_gpus.is_some());
         for r in state.running.iter().filter(|_| has_caps) {
-            count(&mut in_use, &r.request);
+            count(&mut in_use, &r.request, r.held_gpus());
         }
         in_use
     }
@@ -236,7 +250,8 @@ impl<'a> Cycle<'a> {
         out: &mut Decisions,
     ) {
         let (t, need, key) = (turn.t, turn.need, turn.key);
-        if let Some(q) = self.quota_block(t, &walk.in_use) {
+        // An elastic task is held back by a cap only if its narrowest start is.
+        if let Some(q) = self.quota_block(self.narrowest(turn).t, &walk.in_use) {
             turn.pend(self.explain, q, out);
             return;
         }
@@ -250,21 +265,81 @@ impl<'a> Cycle<'a> {
                 position: turn.position,
                 blocked_by: b.clone(),
             };
+            walk.someone_waits = true;
             turn.pend(self.explain, reason, out);
             return;
         }
         let hard = walk.classes.hardness(key, need, t, turn.prio.total);
-        if self.place(turn, hard, walk, out)
-            || self.preempt_for(turn, hard, walk, out)
-            || self.migrate_for(turn, has_shared, walk, out)
-        {
+        if self.place(turn, hard, walk, out) {
             return;
         }
-        self.wait(turn, hard, walk, out);
+        // An elastic task that fits at none of its widths makes room for its narrowest start,
+        // and waits as it.
+        let narrow = self.narrowest(turn);
+        let hard = if narrow.key == key {
+            hard
+        } else {
+            walk.classes
+                .hardness(narrow.key, need, narrow.t, turn.prio.total)
+        };
+        if self.preempt_for(narrow, hard, walk, out)
+            || self.migrate_for(narrow, has_shared, walk, out)
+        {
+            walk.someone_waits = true;
+            return;
+        }
+        self.wait(narrow, hard, walk, out);
     }
 
-    /// Places the task if it fits now.
+    /// The task at its narrowest width (itself unless it is elastic).
+    fn narrowest<'n>(&self, turn: Turn<'a, 'n>) -> Turn<'a, 'n> {
+        match self.narrower.get(&turn.idx).and_then(|v| v.last()) {
+            Some(t) => Turn {
+                t,
+                key: (turn.key.0, t.workers, t.zone_affinity),
+                ..turn
+            },
+            None => turn,
+        }
+    }
+
+    /// Places the task if it fits now: with all of its workers, or an elastic task with as
+    /// many as fit down to its narrowest (widest first, so it starts as wide as it can).
     fn place(
+        &mut self,
+        turn: Turn<'a, '_>,
+        hard: Hardness,
+        walk: &mut Walk<'a>,
+        out: &mut Decisions,
+    ) -> bool {
+        let Some(narrower) = self.narrower.get(&turn.idx) else {
+            return self.place_at(turn, hard, walk, out);
+        };
+        let widths = std::iter::once(turn.t).chain(narrower.iter());
+        for t in widths {
+            let at = Turn {
+                t,
+                key: (turn.key.0, t.workers, t.zone_affinity),
+                ..turn
+            };
+            // Its caps were checked at its narrowest: a wider start must keep within them.
+            if self.quota_block(t, &walk.in_use).is_some() {
+                continue;
+            }
+            let hard = if at.key == turn.key {
+                hard
+            } else {
+                walk.classes.hardness(at.key, at.need, t, turn.prio.total)
+            };
+            if self.place_at(at, hard, walk, out) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Places the task at its width if it fits now.
+    fn place_at(
         &mut self,
         turn: Turn<'a, '_>,
         hard: Hardness,
@@ -279,7 +354,7 @@ impl<'a> Cycle<'a> {
         let somewhere = !self.prune || self.any_node_fits(need);
         if let Some(allocs) = somewhere.then(|| self.place_gang(t, need, true)).flatten() {
             let placements = self.to_placements(&allocs);
-            count(&mut walk.in_use, t);
+            count(&mut walk.in_use, t, t.total_gpus());
             out.decisions.push(Decision::Place {
                 task: t.id.clone(),
                 placements,
@@ -331,16 +406,33 @@ impl<'a> Cycle<'a> {
             names.push(r.request.id.clone());
             if !r.preempting {
                 walk.preemptions += 1;
-                out.decisions.push(Decision::Preempt {
-                    task: r.request.id.clone(),
-                    grace_s: cfg.grace_s,
-                    reason: PreemptReason {
-                        for_task: t.id.clone(),
-                        preemptor_priority: priority,
-                        victim_priority: self.running_priority(v).total,
-                        lost_gpu_seconds: lost,
-                    },
-                });
+                let preempt = PreemptReason {
+                    for_task: t.id.clone(),
+                    preemptor_priority: priority,
+                    victim_priority: self.running_priority(v).total,
+                    lost_gpu_seconds: lost,
+                };
+                let (width, min_workers) = (r.placements.len() as u32, r.request.narrowest());
+                // An elastic victim above its minimum gives up workers rather than its place:
+                // it restarts at once with what the preemptor leaves.
+                let decision = if r.request.min_workers.is_some() && width > min_workers {
+                    Decision::Resize {
+                        task: r.request.id.clone(),
+                        grace_s: cfg.grace_s,
+                        reason: ResizeReason::Shrink {
+                            from_workers: width,
+                            min_workers,
+                            preempt,
+                        },
+                    }
+                } else {
+                    Decision::Preempt {
+                        task: r.request.id.clone(),
+                        grace_s: cfg.grace_s,
+                        reason: preempt,
+                    }
+                };
+                out.decisions.push(decision);
             }
         }
         // Victims may free more than the preemptor takes.

@@ -187,6 +187,11 @@ pub struct JobsConfig {
     /// Ask the decider, when a job arrives and has to wait, when it will start; the report
     /// then says how far off that was.
     pub forecast: bool,
+    /// Multi-GPU jobs as gangs of one-GPU workers (data-parallel ranks) that run with at least
+    /// this fraction of their GPUs: elastic below 1.0, rigid gangs of the same shape at 1.0.
+    /// `None`: jobs as traced (a worker per node's worth of GPUs, rigid). How a narrower run
+    /// progresses: see `work_done`.
+    pub elastic: Option<f64>,
 }
 
 impl JobsConfig {
@@ -245,6 +250,7 @@ impl Default for JobsConfig {
             util_seed: None,
             util_factor: true,
             forecast: false,
+            elastic: None,
         }
     }
 }
@@ -291,6 +297,16 @@ pub struct JobsReport {
     pub preemptions: u64,
     /// GPU-seconds of work lost to preemption (done again after a restart) and of restarts.
     pub wasted_gpu_s: f64,
+    /// Runs started with a different number of GPUs than the same job's run before (an
+    /// elastic job restarting wider or narrower).
+    pub resizes: u64,
+    /// Runs started with fewer GPUs than their job asked for.
+    pub narrow_starts: u64,
+    /// Runs the decider stopped to change their width (growing, or shrinking instead of a
+    /// preemption; not counted in `preemptions`).
+    pub resize_stops: u64,
+    /// The part of `wasted_gpu_s` lost to those changes (work since the checkpoint, restarts).
+    pub wasted_resizing_gpu_s: f64,
     /// GPU-seconds allocated to jobs, wasted ones included.
     pub allocated_gpu_s: f64,
     pub jain_slowdown: f64,
@@ -323,8 +339,12 @@ pub struct ForecastAccuracy {
 
 #[derive(Debug, Clone, Default)]
 struct JobState {
+    /// Work done up to the last checkpoint, in seconds of a run at full width.
     ckpt_progress: u64,
     attempt: u32,
+    /// GPUs of a run at full width, and those of the last run.
+    full: u64,
+    last_width: Option<u64>,
     run_start: Option<Time>,
     overhead: u64,
     ran: u64,
@@ -338,6 +358,12 @@ struct JobState {
     /// GPU-seconds of work lost to preemption (progress past the last checkpoint) and paid
     /// again in restarts.
     wasted: f64,
+    /// The part of `wasted` lost to changes of width.
+    wasted_resizing: f64,
+    /// Stopping because of a change of width, not a preemption.
+    resizing: bool,
+    /// The current run is the restart after a change of width.
+    restarted_resizing: bool,
 }
 
 /// Who decides where and when jobs run. The simulator's world (arrivals, true run times,
@@ -374,6 +400,8 @@ pub trait Decider {
 pub struct Round {
     pub placed: Vec<(TaskId, Vec<WorkerPlacement>)>,
     pub preempted: Vec<TaskId>,
+    /// Elastic tasks told to stop so that they start again at another width.
+    pub resized: Vec<TaskId>,
 }
 
 /// One decision, as the replay log keeps it.
@@ -391,6 +419,8 @@ pub enum Action {
     /// (node, GPU indices) per worker, by node.
     Place(Vec<(String, Vec<u32>)>),
     Preempt,
+    /// Stopped to start again at another width (an elastic task).
+    Resize,
 }
 
 /// A whole run: the benchmark's metrics and every decision in order.
@@ -464,6 +494,12 @@ impl Decider for InProcess {
                 Decision::Place {
                     task, placements, ..
                 } => round.placed.push((task, placements)),
+                Decision::Resize { task, .. } => {
+                    if let Some(r) = self.snap.running_mut().find(|r| r.request.id == task) {
+                        r.preempting = true;
+                        round.resized.push(task);
+                    }
+                }
                 Decision::Migrate { .. } => {}
             }
         }
@@ -535,15 +571,25 @@ pub fn node_name(i: u32) -> String {
     format!("n{i:04}")
 }
 
-/// The request a job makes: whole nodes' worth of GPUs per worker when it needs more than one
-/// node, otherwise one worker.
-pub fn request(job: &Job, id: TaskId, cfg: &JobsConfig) -> TaskRequest {
+/// How a job asks for its GPUs: (GPUs per worker, workers, fewest workers when elastic).
+/// As traced: whole nodes' worth of GPUs per worker when it needs more than one node,
+/// otherwise one worker. With [`JobsConfig::elastic`]: a multi-GPU job is a gang of one-GPU
+/// workers.
+pub fn shape(job: &Job, cfg: &JobsConfig) -> (u32, u32, Option<u32>) {
     let gpn = cfg.gpus_per_node;
-    let (gpus_per_worker, workers) = if job.gpus <= gpn {
-        (job.gpus, 1)
-    } else {
-        (gpn, job.gpus.div_ceil(gpn))
-    };
+    match cfg.elastic {
+        Some(f) if job.gpus > 1 => {
+            let min = (f64::from(job.gpus) * f.clamp(0.0, 1.0)).ceil().max(1.0) as u32;
+            (1, job.gpus, (min < job.gpus).then_some(min))
+        }
+        _ if job.gpus <= gpn => (job.gpus, 1, None),
+        _ => (gpn, job.gpus.div_ceil(gpn), None),
+    }
+}
+
+/// The request a job makes (see [`shape`]).
+pub fn request(job: &Job, id: TaskId, cfg: &JobsConfig) -> TaskRequest {
+    let (gpus_per_worker, workers, min_workers) = shape(job, cfg);
     TaskRequest {
         id,
         user: job.user.clone(),
@@ -551,6 +597,7 @@ pub fn request(job: &Job, id: TaskId, cfg: &JobsConfig) -> TaskRequest {
         gpu_types: Vec::new(),
         gpus_per_worker,
         workers,
+        min_workers,
         gpu_mem_bytes: None,
         cpu_millis: cfg.hardware.job_cpu_millis,
         mem_bytes: cfg.hardware.job_mem_bytes,
@@ -610,6 +657,7 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
     let mut stops: BinaryHeap<Reverse<(Time, usize, u32)>> = BinaryHeap::new();
     let mut next_arrival = 0usize;
     let mut preemptions = 0u64;
+    let (mut resizes, mut narrow_starts, mut resize_stops) = (0u64, 0u64, 0u64);
     let mut cycles = 0u64;
     let mut now: Time = 0;
     let mut last_cycle: Time = 0;
@@ -626,7 +674,14 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
         let na = order.get(next_arrival).map(|&i| jobs[i].submit);
         let nc = completions.peek().map(|Reverse((t, _, _))| *t);
         let ns = stops.peek().map(|Reverse((t, _, _))| *t);
-        let nt = (waiting > 0).then_some(last_cycle + cfg.tick_s);
+        // With nobody waiting, cycles still run while an elastic job runs narrower than it
+        // asked and GPUs are idle: it may grow into them.
+        let may_grow = waiting == 0
+            && used_gpus < capacity
+            && running
+                .iter()
+                .any(|&s| st[s].allocated < st[s].full && st[s].stopping.is_none());
+        let nt = (waiting > 0 || may_grow).then_some(last_cycle + cfg.tick_s);
         let Some(t) = [na, nc, ns, nt].into_iter().flatten().min() else {
             break;
         };
@@ -692,7 +747,7 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
             min_new = Some(min_new.map_or(jobs[j].gpus, |m: u32| m.min(jobs[j].gpus)));
         }
         let tick = nt.is_some_and(|x| x <= now);
-        if !(changed || tick) || waiting == 0 {
+        if !(changed || tick) || (waiting == 0 && !may_grow) {
             continue;
         }
         // Without preemption, and with an order-independent backfill, a cycle can only start
@@ -716,12 +771,18 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
             last_cycle = now;
             let r = decider.cycle(now);
             let mut decided: Vec<Decided> = Vec::new();
-            for task in &r.preempted {
+            let stops_now = r.preempted.iter().map(|t| (t, false));
+            for (task, resize) in stops_now.chain(r.resized.iter().map(|t| (t, true))) {
                 let s = seq_of(task);
                 if st[s].run_start.is_none() || st[s].stopping.is_some() {
                     continue;
                 }
-                preemptions += 1;
+                if resize {
+                    resize_stops += 1;
+                } else {
+                    preemptions += 1;
+                }
+                st[s].resizing = resize;
                 if policy.grace_s > 0 {
                     // It checkpoints and stops within the grace period, holding its GPUs.
                     let at = now + policy.grace_s;
@@ -738,7 +799,11 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
                     at: now,
                     round,
                     task: task.clone(),
-                    what: Action::Preempt,
+                    what: if resize {
+                        Action::Resize
+                    } else {
+                        Action::Preempt
+                    },
                 });
             }
             for (task, placements) in &r.placed {
@@ -750,15 +815,26 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
                 st.overhead = if st.attempt > 0 { cfg.restart_s } else { 0 };
                 st.attempt += 1;
                 st.allocated = placements.iter().map(|w| w.gpu_indices.len() as u64).sum();
+                let (per_worker, workers, _) = shape(&jobs[j], cfg);
+                st.full = u64::from(per_worker) * u64::from(workers);
+                if st.last_width.is_some_and(|w| w != st.allocated) {
+                    resizes += 1;
+                }
+                if st.allocated < st.full {
+                    narrow_starts += 1;
+                }
+                st.last_width = Some(st.allocated);
                 st.reported_checkpoint = None;
                 st.stopping = None;
+                st.restarted_resizing = std::mem::take(&mut st.resizing);
                 used_gpus += st.allocated;
                 running.push(s);
                 waiting -= 1;
                 if let Some(u) = user_util.as_ref().and_then(|m| m.get(&jobs[j].user)) {
                     decider.utilization(task, *u);
                 }
-                let remaining = jobs[j].runtime.saturating_sub(st.ckpt_progress) + st.overhead;
+                let work = jobs[j].runtime.saturating_sub(st.ckpt_progress);
+                let remaining = wall_time(st, work) + st.overhead;
                 completions.push(Reverse((now + remaining, s, st.attempt)));
                 decided.push(Decided {
                     at: now,
@@ -771,7 +847,7 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
             decided.sort();
             log.extend(decided);
             // Only GPUs freed at once are worth another cycle now.
-            if r.preempted.is_empty() || policy.grace_s > 0 {
+            if (r.preempted.is_empty() && r.resized.is_empty()) || policy.grace_s > 0 {
                 break;
             }
             freed = true;
@@ -806,6 +882,7 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
     let mut per_user: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
     let mut alloc_gpu_s = 0.0;
     let mut wasted_gpu_s = 0.0;
+    let mut wasted_resizing_gpu_s = 0.0;
     let first_submit = order.iter().map(|&i| jobs[i].submit).min().unwrap_or(0);
     let mut last_finish = first_submit;
     for (s, &i) in order.iter().enumerate() {
@@ -816,6 +893,7 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
         wait.push(c - st.ran as f64);
         alloc_gpu_s += st.attained;
         wasted_gpu_s += st.wasted;
+        wasted_resizing_gpu_s += st.wasted_resizing;
         last_finish = last_finish.max(f);
         let e = per_user.entry(jobs[i].user.as_str()).or_default();
         e.0 += c / (jobs[i].runtime.max(60) as f64);
@@ -896,6 +974,10 @@ pub fn replay(jobs: &[Job], cfg: &JobsConfig, decider: &mut dyn Decider) -> Repl
         makespan,
         preemptions,
         wasted_gpu_s,
+        resizes,
+        narrow_starts,
+        resize_stops,
+        wasted_resizing_gpu_s,
         allocated_gpu_s: alloc_gpu_s,
         jain_slowdown: if sq > 0.0 {
             sum * sum / (means.len() as f64 * sq)
@@ -929,26 +1011,59 @@ fn finish_run(s: &mut JobState, now: Time) {
     s.ran += d;
     s.attained += d as f64 * s.allocated as f64;
     // A restart after a preemption does no work.
-    s.wasted += d.min(s.overhead) as f64 * s.allocated as f64;
+    let restart = d.min(s.overhead) as f64 * s.allocated as f64;
+    s.wasted += restart;
+    if s.restarted_resizing {
+        s.wasted_resizing += restart;
+    }
 }
 
 fn preempt(s: &mut JobState, now: Time, ckpt: u64) {
     let start = s.run_start.expect("running");
-    let progress = s.ckpt_progress + (now - start).saturating_sub(s.overhead);
-    let gpus = s.allocated as f64;
+    let progress = s.ckpt_progress + work_done(s, (now - start).saturating_sub(s.overhead));
     finish_run(s, now);
     let kept = s.ckpt_progress.max(progress / ckpt * ckpt);
-    // Work past the last checkpoint is done again.
-    s.wasted += (progress - kept) as f64 * gpus;
+    // Work past the last checkpoint is done again: at full width it costs every GPU of the
+    // job for as long, at any width the same GPU-seconds (the speed is linear in them).
+    let lost = (progress - kept) as f64 * s.full.max(s.allocated) as f64;
+    s.wasted += lost;
+    if s.resizing {
+        s.wasted_resizing += lost;
+    }
     s.ckpt_progress = kept;
 }
 
-/// Wall time of the latest checkpoint in the current run, if it has reached one.
+/// Work (seconds at full width) a run of `s` does in `d` seconds of running. The speed-up
+/// model: linear in the GPUs held, a run with `held` of its job's `full` GPUs goes at
+/// `held / full` of full speed. Data-parallel training with a fixed global batch scales close
+/// to linearly over the widths an elastic job spans (at most a factor of two with the
+/// half-width minimum measured here); what a change of width costs is paid apart, as a
+/// restart ([`JobsConfig::restart_s`]) and the work since the last checkpoint.
+fn work_done(s: &JobState, d: u64) -> u64 {
+    if s.allocated >= s.full {
+        d
+    } else {
+        (u128::from(d) * u128::from(s.allocated) / u128::from(s.full)) as u64
+    }
+}
+
+/// Seconds of running the current run of `s` takes to do `work` (the inverse of
+/// [`work_done`], rounded up).
+fn wall_time(s: &JobState, work: u64) -> u64 {
+    if s.allocated >= s.full || s.allocated == 0 {
+        work
+    } else {
+        (u128::from(work) * u128::from(s.full)).div_ceil(u128::from(s.allocated)) as u64
+    }
+}
+
+/// Wall time of the latest checkpoint in the current run, if it has reached one. Checkpoints
+/// come every `ckpt` seconds of work (a number of steps), so a narrower run saves less often.
 fn last_checkpoint(s: &JobState, now: Time, ckpt: u64) -> Option<Time> {
     let start = s.run_start?;
-    let progress = s.ckpt_progress + (now - start).saturating_sub(s.overhead);
+    let progress = s.ckpt_progress + work_done(s, (now - start).saturating_sub(s.overhead));
     let k = progress / ckpt * ckpt;
-    (k > s.ckpt_progress).then(|| start + s.overhead + (k - s.ckpt_progress))
+    (k > s.ckpt_progress).then(|| start + s.overhead + wall_time(s, k - s.ckpt_progress))
 }
 
 fn mean(v: &[f64]) -> f64 {

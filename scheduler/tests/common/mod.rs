@@ -34,6 +34,7 @@ pub fn task(id: &str, user: &str, gpus: u32, submitted_at: Time) -> TaskRequest 
         gpu_types: vec![],
         gpus_per_worker: gpus,
         workers: 1,
+        min_workers: None,
         gpu_mem_bytes: None,
         cpu_millis: 1_000,
         mem_bytes: 4 * GIB,

@@ -388,7 +388,11 @@ impl LiveCluster {
                         .get(&stop.task_id)
                         .cloned()
                         .context("a stop order for a task the replay did not submit")?;
-                    round.preempted.push(world);
+                    if stop.reason == "resized" {
+                        round.resized.push(world);
+                    } else {
+                        round.preempted.push(world);
+                    }
                 }
             }
             for asg in work.assignments {

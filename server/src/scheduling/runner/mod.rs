@@ -437,6 +437,14 @@ impl Runner {
                     self.stop_task(term, &task, "preempted", &msg, &agent_nodes, tasks, now_ms)
                         .await?;
                 }
+                // A change of width is a stop through the grace period, like a preemption:
+                // the task goes back to the queue with its checkpoint and the next cycle
+                // starts it at the width that fits then.
+                Decision::Resize { task, reason, .. } => {
+                    let msg = reason.describe();
+                    self.stop_task(term, &task, "resized", &msg, &agent_nodes, tasks, now_ms)
+                        .await?;
+                }
                 Decision::Migrate { task, for_task, .. } => {
                     let msg = format!("moved to make room for task {for_task}");
                     self.stop_task(term, &task, "migrated", &msg, &agent_nodes, tasks, now_ms)

@@ -28,7 +28,8 @@ pub struct TaskRecord {
     pub updated_at: i64,
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
-    /// Why the scheduler wants this placed task stopped (preempted, migrated, drained).
+    /// Why the scheduler wants this placed task stopped (preempted, resized, migrated,
+    /// drained).
     pub stop_reason: Option<String>,
     /// Why it waits (JSON of `Waiting`), as the leader's latest cycle explained it.
     pub waiting: Option<String>,
@@ -214,7 +215,7 @@ pub struct MetricRecord {
 #[derive(Debug, Clone)]
 pub struct AttemptEnd {
     pub exit_code: Option<i64>,
-    /// "oom", "error", "preempted", "node_lost", "cancelled", or None for success.
+    /// "oom", "error", "preempted", "resized", "node_lost", "cancelled", or None for success.
     pub reason: Option<String>,
     /// Completed, failed, or pending again (a retry).
     pub next_state: TaskState,
