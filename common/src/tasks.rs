@@ -25,6 +25,61 @@ pub enum TimeSpan {
     Text(String),
 }
 
+/// How many workers a task runs: a number (all of them, or it waits), or a range
+/// `{"min": 2, "max": 8}` for an elastic task, which starts with as many workers as fit (at
+/// least `min`), grows toward `max` into idle GPUs and gives workers up before it is preempted.
+/// In a form: `4`, or `2-8`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(untagged)]
+pub enum WorkerCount {
+    Fixed(u32),
+    Range(WorkerRange),
+}
+
+/// The fewest and the most workers of an elastic task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct WorkerRange {
+    pub min: u32,
+    pub max: u32,
+}
+
+impl WorkerCount {
+    /// The count a stored spec says: `max` workers, elastic down to `min` when given.
+    pub fn of(max: u32, min: Option<u32>) -> WorkerCount {
+        match min {
+            Some(min) if min < max => WorkerCount::Range(WorkerRange { min, max }),
+            _ => WorkerCount::Fixed(max),
+        }
+    }
+}
+
+impl std::fmt::Display for WorkerCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerCount::Fixed(n) => write!(f, "{n}"),
+            WorkerCount::Range(r) => write!(f, "{}-{}", r.min, r.max),
+        }
+    }
+}
+
+impl std::str::FromStr for WorkerCount {
+    type Err = std::num::ParseIntError;
+
+    /// `4`, or `2-8` for an elastic task.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('-') {
+            Some((min, max)) => Ok(WorkerCount::Range(WorkerRange {
+                min: min.trim().parse()?,
+                max: max.trim().parse()?,
+            })),
+            None => Ok(WorkerCount::Fixed(s.trim().parse()?)),
+        }
+    }
+}
+
 /// Which end of the tasks in `after` lets a task start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
@@ -250,8 +305,9 @@ pub struct TaskSpecInput {
     pub env: BTreeMap<String, String>,
     #[serde(default)]
     pub resources: Resources,
+    /// A number, or `{"min", "max"}` for an elastic task ([`WorkerCount`]).
     #[serde(default)]
-    pub num_workers: Option<u32>,
+    pub num_workers: Option<WorkerCount>,
     #[serde(default)]
     pub gpu_per_worker: Option<u32>,
     /// How workers start: `workers` (default, a process each), `torchrun` or `none`.
@@ -289,6 +345,11 @@ pub struct TaskSpecInput {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub batch_size: Option<u32>,
+    /// `batch_size` is the global batch, shared among the workers: each worker's
+    /// `AUTODL_BATCH_SIZE` is its share, so an elastic task keeps its optimisation as its
+    /// width changes.
+    #[serde(default)]
+    pub global_batch: Option<bool>,
     #[serde(default)]
     pub preemptible: Option<bool>,
     /// Ids of tasks of the organization that must end first.
@@ -328,7 +389,12 @@ pub struct TaskSpec {
     pub gpu_memory: Option<u64>,
     pub cpu: f64,
     pub memory: u64,
+    /// Workers wanted: all of them, or for an elastic task at most this many.
     pub num_workers: u32,
+    /// The fewest workers an elastic task runs with; absent for a rigid one. A run's own
+    /// width is its placement's (`AUTODL_NUM_WORKERS`, `WORLD_SIZE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_workers: Option<u32>,
     /// Specs stored before launchers existed read as the default.
     #[serde(default)]
     pub launcher: Launcher,
@@ -351,6 +417,9 @@ pub struct TaskSpec {
     pub code: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub batch_size: Option<u32>,
+    /// `batch_size` is the global batch (each worker gets its share).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub global_batch: bool,
     pub preemptible: bool,
     #[serde(default)]
     pub after: Vec<String>,

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use autodl_common::tasks::{
     Affinity, AfterFailure, AfterWhen, CheckpointInput, Command, GpuRequest, Launcher, OneOrMany,
-    Resources, RetryPolicy, Size, TaskKind, TaskSpec, TaskSpecInput, TimeSpan,
+    Resources, RetryPolicy, Size, TaskKind, TaskSpec, TaskSpecInput, TimeSpan, WorkerCount,
 };
 
 use crate::api::ApiErr;
@@ -53,6 +53,8 @@ pub struct FormValues {
     /// The code bundle (`sha256:...`) the task runs in; set by uploading an archive.
     pub code: String,
     pub batch_size: String,
+    /// The batch size is the global batch, shared among the workers.
+    pub global_batch: bool,
     pub preemptible: bool,
     /// Task ids, separated by commas, spaces or lines.
     pub after: String,
@@ -98,6 +100,7 @@ impl Default for FormValues {
             data_path: String::new(),
             code: String::new(),
             batch_size: String::new(),
+            global_batch: false,
             preemptible: true,
             after: String::new(),
             after_any: false,
@@ -220,6 +223,16 @@ fn size_text(s: &Size) -> String {
     }
 }
 
+/// Workers as a number, or a range such as `2-8` for an elastic task.
+fn workers(s: &str) -> Result<Option<WorkerCount>, ApiErr> {
+    opt_num(s, "num_workers", "Workers").map_err(|_| {
+        invalid(
+            "num_workers",
+            "Workers must be a number, or a range such as 2-8 for a task that grows and shrinks",
+        )
+    })
+}
+
 fn text_of<T: ToString>(v: Option<T>) -> String {
     v.map(|v| v.to_string()).unwrap_or_default()
 }
@@ -261,7 +274,7 @@ impl FormValues {
                 None => String::new(),
             },
             gpu_count: text_of(i.gpu_per_worker.or(gpu.count)),
-            workers: text_of(i.num_workers.or(Some(1))),
+            workers: text_of(i.num_workers.or(Some(WorkerCount::Fixed(1)))),
             launcher: i.launcher.unwrap_or_default().as_str().into(),
             gpu_memory: gpu.memory.as_ref().map(size_text).unwrap_or_default(),
             cpu: text_of(i.resources.cpu),
@@ -287,6 +300,7 @@ impl FormValues {
             data_path: i.data_path.clone().unwrap_or_default(),
             code: i.code.clone().unwrap_or_default(),
             batch_size: text_of(i.batch_size),
+            global_batch: i.global_batch.unwrap_or(false),
             preemptible: i.preemptible.unwrap_or(true),
             after: i.after.join(", "),
             after_any: i.after_when == Some(AfterWhen::Any),
@@ -344,7 +358,7 @@ impl FormValues {
                 cpu: opt_num(&self.cpu, "resources.cpu", "CPU cores")?,
                 memory: size(&self.memory),
             },
-            num_workers: opt_num(&self.workers, "num_workers", "Workers")?,
+            num_workers: workers(&self.workers)?,
             gpu_per_worker: None,
             launcher: match self.launcher.as_str() {
                 "torchrun" => Some(Launcher::Torchrun),
@@ -378,6 +392,7 @@ impl FormValues {
             code: trimmed(&self.code),
             labels: pairs(&self.labels, "labels")?,
             batch_size: opt_num(&self.batch_size, "batch_size", "Batch size")?,
+            global_batch: self.global_batch.then_some(true),
             preemptible: Some(self.preemptible),
             after: self
                 .after
@@ -442,7 +457,7 @@ pub fn spec_to_input(spec: &TaskSpec) -> TaskSpecInput {
             cpu: Some(spec.cpu),
             memory: Some(Size::Bytes(spec.memory)),
         },
-        num_workers: Some(spec.num_workers),
+        num_workers: Some(WorkerCount::of(spec.num_workers, spec.min_workers)),
         gpu_per_worker: None,
         launcher: Some(spec.launcher),
         priority: Some(spec.priority),
@@ -467,6 +482,7 @@ pub fn spec_to_input(spec: &TaskSpec) -> TaskSpecInput {
         code: spec.code.clone(),
         labels: spec.labels.clone(),
         batch_size: spec.batch_size,
+        global_batch: spec.global_batch.then_some(true),
         preemptible: Some(spec.preemptible),
         kind: Some(spec.kind),
         ports: spec.ports.clone(),

@@ -74,7 +74,15 @@ fn whose(scope: &str) -> &'static str {
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// Checks a request against the cluster's total capacity and the static caps.
+/// An elastic task is judged at its narrowest: it is admitted if its minimum could ever run.
 pub fn admission_check(view: &ClusterView<'_>, t: &TaskRequest) -> Result<(), AdmissionError> {
+    let narrowest;
+    let t = if t.narrowest() < t.workers {
+        narrowest = t.at_width(t.narrowest());
+        &narrowest
+    } else {
+        t
+    };
     if t.workers == 0 {
         return Err(AdmissionError::Invalid("workers must be at least 1".into()));
     }

@@ -185,3 +185,12 @@ def test_after_takes_tasks_or_ids():
 
     assert build_spec({"name": "n", "after": FakeTask()})["after"] == ["t-1"]
     assert build_spec({"name": "n", "after": [FakeTask(), "t-2"]})["after"] == ["t-1", "t-2"]
+
+
+def test_num_workers_takes_an_elastic_range_in_several_spellings():
+    for given in [(2, 8), [2, 8], range(2, 9), "2-8", {"min": 2, "max": 8}]:
+        spec = build_spec({"name": "t", "image": "i", "num_workers": given})
+        assert spec["num_workers"] == {"min": 2, "max": 8}, given
+    assert build_spec({"name": "t", "image": "i", "num_workers": 4})["num_workers"] == 4
+    # What it cannot read goes to the server, which says what is wrong.
+    assert build_spec({"name": "t", "image": "i", "num_workers": "many"})["num_workers"] == "many"

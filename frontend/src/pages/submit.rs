@@ -55,6 +55,7 @@ struct Form {
     labels: RwSignal<String>,
     argv: RwSignal<bool>,
     oom: RwSignal<bool>,
+    global_batch: RwSignal<bool>,
     zone_same: RwSignal<bool>,
     preemptible: RwSignal<bool>,
     after: RwSignal<String>,
@@ -96,6 +97,7 @@ impl Form {
             labels: RwSignal::new(v.labels.clone()),
             argv: RwSignal::new(v.argv),
             oom: RwSignal::new(v.oom),
+            global_batch: RwSignal::new(v.global_batch),
             zone_same: RwSignal::new(v.zone_same),
             preemptible: RwSignal::new(v.preemptible),
             after: RwSignal::new(v.after.clone()),
@@ -136,6 +138,7 @@ impl Form {
             labels: self.labels.get(),
             argv: self.argv.get(),
             oom: self.oom.get(),
+            global_batch: self.global_batch.get(),
             zone_same: self.zone_same.get(),
             preemptible: self.preemptible.get(),
             after: self.after.get(),
@@ -181,6 +184,7 @@ impl Form {
         self.labels.set(v.labels.clone());
         self.argv.set(v.argv);
         self.oom.set(v.oom);
+        self.global_batch.set(v.global_batch);
         self.zone_same.set(v.zone_same);
         self.preemptible.set(v.preemptible);
         self.after.set(v.after.clone());
@@ -455,7 +459,7 @@ fn SubmitForm() -> impl IntoView {
                         <p class="field-error" id="gpu_type-error" role="alert">{move || ferr("resources.gpu.type").get()}</p>
                     </div>
                     <Field label="GPUs per worker" id="gpu_count" kind="number" value=form.gpu_count error=count_err/>
-                    <Field label="Workers" id="num_workers" kind="number" value=form.workers error=ferr("num_workers")/>
+                    <Field label="Workers" id="num_workers" value=form.workers error=ferr("num_workers") placeholder="4, or 2-8 to grow and shrink"/>
                     <div class="field">
                         <label for="launcher">"Start workers as"</label>
                         <select id="launcher" prop:value=move || form.launcher.get() on:change=move |ev| form.launcher.set(event_target_value(&ev))>
@@ -501,6 +505,7 @@ fn SubmitForm() -> impl IntoView {
                     <Field label="Retries" id="max_retries" kind="number" value=form.retries error=ferr("retry_policy.max_retries")/>
                     <div class="field checks">
                         <label class="check"><input type="checkbox" id="oom_recovery" bind:checked=form.oom/>" Retry out-of-memory with half the batch size"</label>
+                        <label class="check"><input type="checkbox" id="global_batch" bind:checked=form.global_batch/>" The batch size is the global batch, shared among the workers"</label>
                         <label class="check"><input type="checkbox" id="zone_same" bind:checked=form.zone_same/>" Keep all workers in one zone"</label>
                         <label class="check"><input type="checkbox" id="high_bandwidth" prop:checked=move || form.bandwidth.get() == "high"
                             on:change=move |ev| form.bandwidth.set(if event_target_checked(&ev) { "high" } else { "normal" }.into())/>" Needs a fast network between workers"</label>

@@ -210,6 +210,18 @@ async fn rank0_address(
     Ok(rank0.and_then(|n| HostDetail::of(&n).address))
 }
 
+/// The batch size each worker runs with: the task's (halved by out-of-memory retries), or
+/// with `global_batch` its share of it among this attempt's `width` workers (rounded down, at
+/// least 1), so the optimisation stays the same as an elastic task's width changes.
+fn worker_batch(spec: &TaskSpec, batch: Option<i64>, width: u32) -> Option<u32> {
+    let b = u32::try_from(batch?).ok()?;
+    Some(if spec.global_batch {
+        (b / width.max(1)).max(1)
+    } else {
+        b
+    })
+}
+
 fn assignment(
     state: &AppState,
     t: &TaskRecord,
@@ -232,8 +244,13 @@ fn assignment(
     };
     set("AUTODL_TASK_ID", t.id.clone());
     set("AUTODL_ATTEMPT", t.attempts.to_string());
-    if let Some(b) = t.batch_size {
+    let width = placement.len().max(1) as u32;
+    let batch = worker_batch(spec, t.batch_size, width);
+    if let Some(b) = batch {
         set("AUTODL_BATCH_SIZE", b.to_string());
+    }
+    if let (true, Some(global)) = (spec.global_batch, t.batch_size) {
+        set("AUTODL_GLOBAL_BATCH_SIZE", global.to_string());
     }
     set("AUTODL_IS_RESTORED", "0".into());
     set("AUTODL_API_URL", state.settings.public_url());
@@ -247,7 +264,12 @@ fn assignment(
             .sessions
             .issue_task_token(&t.id, &t.user_id, t.attempts as u32, exp)?,
     );
-    set("AUTODL_NUM_WORKERS", spec.num_workers.to_string());
+    // This attempt's width: an elastic task's changes from one attempt to the next.
+    set("AUTODL_NUM_WORKERS", width.to_string());
+    if let Some(min) = spec.min_workers {
+        set("AUTODL_MIN_WORKERS", min.to_string());
+        set("AUTODL_MAX_WORKERS", spec.num_workers.to_string());
+    }
     set("AUTODL_GPUS_PER_WORKER", spec.gpus_per_worker.to_string());
     env.extend(launch.env);
 
@@ -264,9 +286,34 @@ fn assignment(
         data_path: spec.data_path.clone(),
         code: spec.code.clone(),
         checkpoint: spec.checkpoint.clone(),
-        batch_size: t.batch_size.and_then(|b| u32::try_from(b).ok()),
+        batch_size: batch,
         restore: None,
         workers: launch.workers,
-        rendezvous_timeout: crate::tasks::gang::rendezvous_timeout(spec),
+        rendezvous_timeout: crate::tasks::gang::rendezvous_timeout(spec, width),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_global_batch_is_shared_among_the_attempts_workers() {
+        let input = autodl_common::tasks::TaskSpecInput {
+            name: "train".into(),
+            image: "pytorch:2".into(),
+            command: Some(autodl_common::tasks::Command::Shell(
+                "python train.py".into(),
+            )),
+            ..Default::default()
+        };
+        let mut spec = crate::tasks::spec::normalise(input, 0).expect("a valid spec");
+        assert_eq!(worker_batch(&spec, Some(256), 4), Some(256));
+        spec.global_batch = true;
+        assert_eq!(worker_batch(&spec, Some(256), 4), Some(64));
+        assert_eq!(worker_batch(&spec, Some(256), 3), Some(85));
+        // Halved by out-of-memory retries below the width, each worker still runs one.
+        assert_eq!(worker_batch(&spec, Some(2), 4), Some(1));
+        assert_eq!(worker_batch(&spec, None, 4), None);
+    }
 }

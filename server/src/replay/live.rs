@@ -247,11 +247,15 @@ impl LiveCluster {
             .users
             .get(&request.user)
             .context("a job of a user the trace did not name")?;
+        let workers = match request.min_workers {
+            Some(min) => json!({"min": min, "max": request.workers}),
+            None => json!(request.workers),
+        };
         let body = json!({
             "name": format!("job-{}", request.id),
             "image": "replay",
             "command": "true",
-            "num_workers": request.workers,
+            "num_workers": workers,
             "gpu_per_worker": request.gpus_per_worker,
             "resources": {
                 "cpu": request.cpu_millis as f64 / 1000.0,
@@ -364,7 +368,9 @@ impl LiveCluster {
         // Every agent polls once: a stop order is a preemption (the run stops when the world
         // says, as a real task checkpoints within its grace period); assignments start once
         // every agent has heard its own.
-        let mut assigned: BTreeMap<String, (u32, Vec<(usize, WorkerPlacement)>)> = BTreeMap::new();
+        // Per task: its attempt, the agents that run it, and its workers' placements.
+        type Assigned = (u32, Vec<usize>, Vec<WorkerPlacement>);
+        let mut assigned: BTreeMap<String, Assigned> = BTreeMap::new();
         for a in 0..self.agents.len() {
             let agent = &self.agents[a];
             let work = agent
@@ -396,20 +402,28 @@ impl LiveCluster {
                 }
             }
             for asg in work.assignments {
-                let e = assigned
-                    .entry(asg.task_id)
-                    .or_insert((asg.attempt, Vec::new()));
-                e.1.push((
-                    a,
-                    WorkerPlacement {
-                        node: self.agents[a].node.clone(),
+                let e =
+                    assigned
+                        .entry(asg.task_id)
+                        .or_insert((asg.attempt, Vec::new(), Vec::new()));
+                e.1.push(a);
+                let node = &self.agents[a].node;
+                // A node running several workers of a gang lists them (and their GPUs) apart.
+                if asg.workers.is_empty() {
+                    e.2.push(WorkerPlacement {
+                        node: node.clone(),
                         gpu_indices: asg.gpu_indices,
-                    },
-                ));
+                    });
+                } else {
+                    e.2.extend(asg.workers.into_iter().map(|w| WorkerPlacement {
+                        node: node.clone(),
+                        gpu_indices: w.gpu_indices,
+                    }));
+                }
             }
         }
-        for (id, (attempt, workers)) in assigned {
-            for (a, _) in &workers {
+        for (id, (attempt, agents, placements)) in assigned {
+            for a in &agents {
                 let agent = &mut self.agents[*a];
                 agent.client.started(&id, attempt).await?;
                 agent.running.push(RunningRef {
@@ -422,11 +436,8 @@ impl LiveCluster {
                 .get(&id)
                 .cloned()
                 .context("an assignment of a task the replay did not submit")?;
-            self.runs
-                .insert(id, (attempt, workers.iter().map(|(a, _)| *a).collect()));
-            round
-                .placed
-                .push((world, workers.into_iter().map(|(_, p)| p).collect()));
+            self.runs.insert(id, (attempt, agents));
+            round.placed.push((world, placements));
         }
         Ok(round)
     }

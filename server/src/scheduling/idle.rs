@@ -149,7 +149,11 @@ impl IdleWatch {
                 continue;
             };
             let idle = minutes(now_ms - since);
-            let gpus = t.rec.task.gpus_total.max(0) as f64;
+            // The GPUs the run holds (an elastic task's may be fewer than it asked for).
+            let gpus = match t.placement() {
+                Some(p) => p.iter().map(|w| w.gpu_indices.len()).sum::<usize>() as f64,
+                None => t.rec.task.gpus_total.max(0) as f64,
+            };
             let wasted = gpus * (now_ms - since) as f64 / 3_600_000.0;
             let under = policy.idle_util_pct;
             let about = |message: &str| {

@@ -46,9 +46,9 @@ pub fn free_rendezvous_port(taken: &std::collections::BTreeSet<u16>) -> Option<u
 pub const DEFAULT_RENDEZVOUS_TIMEOUT_S: u64 = 600;
 
 /// The seconds `spec`'s workers have to meet at the rendezvous (judged on rank 0's node);
-/// `None` for a task of one worker.
-pub fn rendezvous_timeout(spec: &autodl_common::tasks::TaskSpec) -> Option<u64> {
-    (spec.num_workers > 1).then(|| {
+/// `None` for an attempt of one worker (`width`: its workers, an elastic task's vary).
+pub fn rendezvous_timeout(spec: &autodl_common::tasks::TaskSpec, width: u32) -> Option<u64> {
+    (width > 1).then(|| {
         spec.rendezvous_timeout
             .unwrap_or(DEFAULT_RENDEZVOUS_TIMEOUT_S)
     })

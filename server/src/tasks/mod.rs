@@ -32,9 +32,7 @@ pub fn to_request(
         gpu_types: spec.gpu_types.clone(),
         gpus_per_worker: spec.gpus_per_worker,
         workers: spec.num_workers,
-        // Every task submitted through the API is rigid for now: a spec has no range of
-        // workers yet (the scheduler and the simulator already run elastic gangs).
-        min_workers: None,
+        min_workers: spec.min_workers,
         gpu_mem_bytes: spec.gpu_memory,
         cpu_millis: (spec.cpu * 1000.0).round() as u64,
         mem_bytes: spec.memory,

@@ -1,6 +1,7 @@
 //! Live equals simulated: a trace with contention (users competing, jobs of 1 to 8 GPUs,
 //! preemptions through checkpoints) replayed through the real server and through the
-//! simulator gives the same placements and preemptions, decision by decision.
+//! simulator gives the same placements and preemptions, decision by decision; and the same
+//! trace with its multi-GPU jobs elastic, with its resizes.
 
 use autodl_scheduler::sim::jobs::{self, Action, JobPolicy, JobsConfig};
 use autodl_server::replay;
@@ -21,6 +22,38 @@ fn config() -> JobsConfig {
 }
 
 async fn the_server_decides_as_the_simulator(b: Backend) {
+    let c = compare(b, config()).await;
+    let preemptions = c
+        .live
+        .log
+        .iter()
+        .filter(|d| d.what == Action::Preempt)
+        .count();
+    assert!(preemptions >= 1, "the trace must exercise preemption");
+}
+
+/// Every multi-GPU job a gang of one-GPU workers that runs with half of them or more: the
+/// server starts them narrow, grows and shrinks them as the simulator does.
+async fn the_server_resizes_as_the_simulator(b: Backend) {
+    let c = compare(
+        b,
+        JobsConfig {
+            elastic: Some(0.5),
+            ..config()
+        },
+    )
+    .await;
+    let resizes = c
+        .live
+        .log
+        .iter()
+        .filter(|d| d.what == Action::Resize)
+        .count();
+    assert!(resizes >= 1, "the trace must exercise resizing");
+    assert!(c.live.report.narrow_starts >= 1, "{:?}", c.live.report);
+}
+
+async fn compare(b: Backend, cfg: JobsConfig) -> replay::Comparison {
     let dir = tempfile::tempdir().unwrap();
     // Arrivals four times denser than the generator's: cycles fall inside victims' grace
     // periods, where a victim already stopping must not be picked again.
@@ -32,7 +65,7 @@ async fn the_server_decides_as_the_simulator(b: Backend) {
         })
         .collect();
     let url = database_url(b, dir.path()).await;
-    let c = replay::compare(&jobs, &config(), &url, dir.path())
+    let c = replay::compare(&jobs, &cfg, &url, dir.path())
         .await
         .expect("replay");
     assert_eq!(c.tasks, 40);
@@ -42,14 +75,8 @@ async fn the_server_decides_as_the_simulator(b: Backend) {
         c.agreeing
     );
     assert_eq!(c.simulated.report, c.live.report);
-    let preemptions = c
-        .live
-        .log
-        .iter()
-        .filter(|d| d.what == Action::Preempt)
-        .count();
-    assert!(preemptions >= 1, "the trace must exercise preemption");
     assert_eq!(c.live.report.jobs, 40, "every job finished");
+    c
 }
 
 mod the_server_decides_as_the_simulator {
@@ -60,5 +87,16 @@ mod the_server_decides_as_the_simulator {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres() {
         super::the_server_decides_as_the_simulator(crate::helpers::Backend::Postgres).await
+    }
+}
+
+mod the_server_resizes_as_the_simulator {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        super::the_server_resizes_as_the_simulator(crate::helpers::Backend::Sqlite).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        super::the_server_resizes_as_the_simulator(crate::helpers::Backend::Postgres).await
     }
 }

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 import yaml
 
 from . import profiles
+from .spec import worker_count
 from ._http import env_api_url
 from ._version import __version__
 from .client import Client
@@ -58,6 +59,8 @@ def _gpus(info: Mapping[str, Any]) -> str:
     gpu = (spec.get("resources") or {}).get("gpu") or {}
     count = spec.get("gpus_per_worker", spec.get("gpu_per_worker", gpu.get("count", 1)))
     workers = spec.get("num_workers", 1) or 1
+    if isinstance(workers, Mapping):
+        workers = workers.get("max", 1) or 1
     kind = spec.get("gpu_types", gpu.get("type")) or "any"
     if isinstance(kind, list):
         kind = "|".join(kind) or "any"
@@ -459,7 +462,7 @@ def cmd_run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     if args.memory:
         config["resources"]["memory"] = args.memory
     if args.workers:
-        config["num_workers"] = args.workers
+        config["num_workers"] = worker_count(args.workers)
     if args.launcher:
         config["launcher"] = args.launcher
     if args.time_limit:
@@ -721,7 +724,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="task name (default: the script's name)")
     p.add_argument("--cpu", type=float, help="CPU cores per worker")
     p.add_argument("--memory", help="RAM per worker, e.g. 32GiB")
-    p.add_argument("--workers", type=int, help="workers of a gang (default 1)")
+    p.add_argument(
+        "--workers",
+        help="workers of a gang (default 1), or a range such as 2-8 for one that grows and shrinks",
+    )
     p.add_argument(
         "--launcher",
         choices=("workers", "torchrun", "none"),

@@ -179,6 +179,23 @@ def _stringify_env(env: Any) -> Any:
     return out
 
 
+def worker_count(value: Any) -> Any:
+    """``num_workers`` as the server reads it: a number, or for an elastic task that grows and
+    shrinks between two widths ``{"min": 2, "max": 8}``, also written ``(2, 8)``, ``range(2, 9)``
+    or ``"2-8"``. Anything else is left for the server to refuse with its own message."""
+    if isinstance(value, range) and value.step == 1 and len(value) > 0:
+        return {"min": value.start, "max": value.stop - 1}
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return {"min": value[0], "max": value[1]}
+    if isinstance(value, str):
+        low, dash, high = value.partition("-")
+        try:
+            return {"min": int(low), "max": int(high)} if dash else int(value)
+        except ValueError:
+            return value
+    return value
+
+
 def build_spec(
     config: Optional[Mapping[str, Any]] = None,
     *,
@@ -210,6 +227,8 @@ def build_spec(
             continue
         _set_path(spec, ALIASES[alias], _plain(value), alias)
 
+    if "num_workers" in spec:
+        spec["num_workers"] = worker_count(spec["num_workers"])
     if "env" in spec:
         spec["env"] = _stringify_env(spec["env"])
     if "after" in spec:
@@ -249,6 +268,7 @@ SPEC_FIELDS = (
     "code",
     "labels",
     "batch_size",
+    "global_batch",
     "preemptible",
     "after",
     "after_when",

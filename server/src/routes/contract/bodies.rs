@@ -122,7 +122,11 @@ pub(super) fn component_rules() -> Vec<(&'static str, Value)> {
                 "additionalProperties": {"type": "string", "maxLength": 8192},
             }),
         ),
+        // A number of workers, or an elastic task's range of them (min <= max is the
+        // spec's rule: a schema cannot compare two fields).
         ("/TaskSpecInput/properties/num_workers", range(1.0, 64.0)),
+        ("/WorkerRange/properties/min", range(1.0, 64.0)),
+        ("/WorkerRange/properties/max", range(1.0, 64.0)),
         ("/TaskSpecInput/properties/gpu_per_worker", range(0.0, 64.0)),
         ("/TaskSpecInput/properties/priority", range(0.0, 1.0)),
         ("/TaskSpecInput/properties/deadline", pattern(DATE_TIME)),

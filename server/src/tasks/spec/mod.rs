@@ -2,7 +2,7 @@
 //! field is wrong.
 
 use autodl_common::tasks::{
-    CheckpointSpec, Command, OneOrMany, RetryPolicy, TaskKind, TaskSpec, TaskSpecInput,
+    CheckpointSpec, Command, OneOrMany, RetryPolicy, TaskKind, TaskSpec, TaskSpecInput, WorkerCount,
 };
 
 use crate::domain::parse_gpu_type;
@@ -39,7 +39,14 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, DomainErr
         cpu,
         memory,
         num_workers,
+        min_workers,
     } = resources_of(&input)?;
+    if min_workers.is_some() && kind == TaskKind::Session {
+        return Err(DomainError::invalid(
+            "num_workers",
+            "a session runs a fixed number of workers: give num_workers as a number",
+        ));
+    }
     let priority = input.priority.unwrap_or(0.5);
     if !priority.is_finite() || !(0.0..=1.0).contains(&priority) {
         return Err(DomainError::invalid(
@@ -76,6 +83,13 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, DomainErr
             "batch_size must be at least 1",
         ));
     }
+    let global_batch = input.global_batch.unwrap_or(false);
+    if global_batch && input.batch_size.is_none() {
+        return Err(DomainError::invalid(
+            "global_batch",
+            "global_batch needs a batch_size to share among the workers",
+        ));
+    }
     Ok(TaskSpec {
         name,
         image,
@@ -88,6 +102,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, DomainErr
         cpu,
         memory,
         num_workers,
+        min_workers,
         launcher: input.launcher.unwrap_or_default(),
         priority,
         deadline,
@@ -102,6 +117,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, DomainErr
         code: input.code,
         labels: input.labels,
         batch_size: input.batch_size,
+        global_batch,
         // Someone works in a session: it is not taken away for a checkpoint unless its owner
         // says it may be.
         preemptible: input.preemptible.unwrap_or(kind == TaskKind::Batch),
@@ -200,6 +216,7 @@ struct Resources {
     cpu: f64,
     memory: u64,
     num_workers: u32,
+    min_workers: Option<u32>,
 }
 
 fn resources_of(input: &TaskSpecInput) -> Result<Resources, DomainError> {
@@ -242,13 +259,24 @@ fn resources_of(input: &TaskSpecInput) -> Result<Resources, DomainError> {
         Some(m) => parse_size("resources.memory", m)?,
         None => DEFAULT_MEMORY,
     };
-    let num_workers = input.num_workers.unwrap_or(1);
-    if !(1..=MAX_WORKERS).contains(&num_workers) {
+    let (min_workers, num_workers) = match input.num_workers.unwrap_or(WorkerCount::Fixed(1)) {
+        WorkerCount::Fixed(n) => (None, n),
+        WorkerCount::Range(r) => (Some(r.min), r.max),
+    };
+    if !(1..=MAX_WORKERS).contains(&num_workers) || min_workers.is_some_and(|m| m < 1) {
         return Err(DomainError::invalid(
             "num_workers",
             format!("num_workers must be between 1 and {MAX_WORKERS}"),
         ));
     }
+    if min_workers.is_some_and(|m| m > num_workers) {
+        return Err(DomainError::invalid(
+            "num_workers",
+            "num_workers.min must not be above num_workers.max",
+        ));
+    }
+    // A range of one width is that width.
+    let min_workers = min_workers.filter(|&m| m < num_workers);
     Ok(Resources {
         gpu_types,
         gpus_per_worker,
@@ -256,6 +284,7 @@ fn resources_of(input: &TaskSpecInput) -> Result<Resources, DomainError> {
         cpu,
         memory,
         num_workers,
+        min_workers,
     })
 }
 

@@ -94,7 +94,7 @@ fn every_spec_field_survives_the_submit_form() {
             cpu: Some(6.5),
             memory: Some(Size::Bytes((48 << 30) + 12_345)),
         },
-        num_workers: Some(2),
+        num_workers: Some(autodl_common::tasks::WorkerCount::Fixed(2)),
         launcher: Some(autodl_common::tasks::Launcher::Torchrun),
         priority: Some(0.85),
         deadline: Some("2023-11-20T10:00:00Z".into()),
@@ -222,7 +222,10 @@ fn rejects_bad_fields() {
     let cases: Vec<(Mutation, &str)> = vec![
         (|i| i.name = " ".into(), "name"),
         (|i| i.priority = Some(1.5), "priority"),
-        (|i| i.num_workers = Some(0), "num_workers"),
+        (
+            |i| i.num_workers = Some(autodl_common::tasks::WorkerCount::Fixed(0)),
+            "num_workers",
+        ),
         (|i| i.command = None, "command"),
         (
             |i| {
@@ -270,4 +273,59 @@ fn rejects_bad_fields() {
             other => panic!("expected a validation error on {field}, got {other:?}"),
         }
     }
+}
+
+#[test]
+fn num_workers_is_a_number_or_an_elastic_range() {
+    use autodl_common::tasks::{TaskKind, WorkerCount, WorkerRange};
+    let with = |n: WorkerCount| {
+        normalise(
+            TaskSpecInput {
+                num_workers: Some(n),
+                batch_size: Some(256),
+                global_batch: Some(true),
+                ..base()
+            },
+            0,
+        )
+    };
+    let range = |min, max| WorkerCount::Range(WorkerRange { min, max });
+    let s = with(range(2, 8)).unwrap();
+    assert_eq!((s.num_workers, s.min_workers), (8, Some(2)));
+    assert!(s.global_batch);
+    let s = with(WorkerCount::Fixed(4)).unwrap();
+    assert_eq!((s.num_workers, s.min_workers), (4, None));
+    // A range of one width is that width.
+    assert_eq!(with(range(3, 3)).unwrap().min_workers, None);
+    for bad in [range(5, 2), range(0, 4), range(2, 65)] {
+        let e = with(bad).unwrap_err();
+        assert!(format!("{e:?}").contains("num_workers"), "{bad:?}: {e:?}");
+    }
+    // A session runs a fixed number.
+    let e = normalise(
+        TaskSpecInput {
+            num_workers: Some(range(1, 2)),
+            kind: Some(TaskKind::Session),
+            ..base()
+        },
+        0,
+    )
+    .unwrap_err();
+    assert!(format!("{e:?}").contains("num_workers"), "{e:?}");
+    // A global batch needs a batch.
+    let e = normalise(
+        TaskSpecInput {
+            global_batch: Some(true),
+            ..base()
+        },
+        0,
+    )
+    .unwrap_err();
+    assert!(format!("{e:?}").contains("global_batch"), "{e:?}");
+    // The form's text and the wire's JSON.
+    assert_eq!("2-8".parse::<WorkerCount>().unwrap(), range(2, 8));
+    assert_eq!(range(2, 8).to_string(), "2-8");
+    let json: WorkerCount = serde_json::from_str(r#"{"min": 2, "max": 8}"#).unwrap();
+    assert_eq!(json, range(2, 8));
+    assert!(serde_json::from_str::<WorkerCount>(r#"{"min": 2, "most": 8}"#).is_err());
 }
