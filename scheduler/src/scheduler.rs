@@ -866,7 +866,21 @@ impl Cycle<'_> {
         let mut ok = true;
         for _ in 0..t.workers.max(1) {
             let mut best: Option<(f64, usize, Vec<usize>)> = None;
-            for pos in 0..self.cap.nodes.len() {
+            // A victim chosen for an earlier worker may have freed room for this one too (a
+            // gang of several workers on one node): it goes there at no further cost.
+            let freed = released.iter().map(|a| a.pos).find(|&pos| {
+                let n = &self.cap.nodes[pos];
+                n.admits(need) && !n.reserved && n.fits(need)
+            });
+            if let Some(pos) = freed {
+                best = Some((0.0, pos, Vec::new()));
+            }
+            let scan = if freed.is_some() {
+                0
+            } else {
+                self.cap.nodes.len()
+            };
+            for pos in 0..scan {
                 let n = &self.cap.nodes[pos];
                 if !n.admits(need) || n.reserved || n.gpus.len() < need.gpus as usize {
                     continue;

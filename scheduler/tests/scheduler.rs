@@ -1333,3 +1333,27 @@ fn an_elastic_victim_shrinks_instead_of_losing_its_place() {
     let d = Scheduler::new(cfg).schedule(&state, 100);
     assert_eq!(preempted(&d), vec!["e".to_string()], "{d:?}");
 }
+
+#[test]
+fn a_gang_of_several_workers_on_one_node_preempts_one_task_for_all_of_them() {
+    let cfg = PolicyConfig {
+        min_runtime_s: 0,
+        ..only(declared_only())
+    };
+    let mut state = ClusterState {
+        nodes: vec![node("n1", "", 2, "A100", 80)],
+        ..Default::default()
+    };
+    let low = TaskRequest {
+        priority: 0.0,
+        ..task("low", "u1", 2, 0)
+    };
+    state.running.push(running(low, "n1", &[0, 1], 0));
+    state.pending.push(TaskRequest {
+        priority: 1.0,
+        workers: 2,
+        ..task("gang", "u2", 1, 10)
+    });
+    let d = Scheduler::new(cfg).schedule(&state, 100);
+    assert_eq!(preempted(&d), vec!["low".to_string()], "{d:?}");
+}

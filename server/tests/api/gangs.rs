@@ -14,7 +14,7 @@ use crate::helpers::{spawn_app, Backend, Session, TestApp};
 
 /// The Python that has torch (Debian's, which the sandbox shows; the suite's own virtualenv
 /// has none). `None` (after saying so) where it is missing outside CI.
-fn torch_python() -> Option<&'static str> {
+pub(crate) fn torch_python() -> Option<&'static str> {
     const PYTHON: &str = "/usr/bin/python3";
     let ok = std::process::Command::new(PYTHON)
         .args([

@@ -11,6 +11,7 @@ mod audit;
 mod backup;
 mod code;
 mod e2e;
+mod elastic;
 mod faults;
 mod gangs;
 mod isolation;

@@ -149,6 +149,10 @@ impl Runner {
             .any(|n| agent_nodes.get(n).copied().unwrap_or(false))
         {
             if self.store.set_stop_reason(Some(term), task, reason).await? {
+                // The timeline says why now; it says "stopped" once the agents have.
+                self.store
+                    .add_event(task, "stopping", message, now_ms)
+                    .await?;
                 for n in &nodes {
                     self.agents.notify(n);
                 }
