@@ -207,6 +207,20 @@ pub(crate) mod tests {
         }
     }
 
+    #[test]
+    fn an_elastic_task_shows_its_range_of_gpus() {
+        use super::super::tasks::gpu_summary;
+        let mut t = task(TaskState::Pending, 0);
+        t.spec.num_workers = 4;
+        assert_eq!(gpu_summary(&t.spec), "4 × any");
+        t.spec.min_workers = Some(2);
+        assert_eq!(gpu_summary(&t.spec), "2–4 × any");
+        assert_eq!(
+            exit_reason(Some("resized"), None),
+            "resized (restarts from its checkpoint with more or fewer workers)"
+        );
+    }
+
     fn attempt(number: u32, reason: Option<&str>, exit_code: Option<i32>) -> Attempt {
         Attempt {
             number,

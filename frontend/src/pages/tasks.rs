@@ -20,12 +20,16 @@ pub fn state_badge(state: TaskState) -> impl IntoView {
     view! { <span class=format!("badge state-{}", state.as_str()) data-testid="state">{state.as_str()}</span> }
 }
 
-/// "2 × A100" style summary of what a task asks for.
+/// "2 × A100" style summary of what a task asks for ("2–8 × A100" for an elastic task).
 pub fn gpu_summary(spec: &TaskSpec) -> String {
     let n = spec.gpus_per_worker * spec.num_workers;
     if n == 0 {
         return "none".into();
     }
+    let n = match spec.min_workers {
+        Some(min) => format!("{}–{n}", spec.gpus_per_worker * min),
+        None => n.to_string(),
+    };
     let kind = if spec.gpu_types.is_empty() {
         "any".to_string()
     } else {
