@@ -26,6 +26,16 @@ if [ -z "${AUTODL_DEMO_PYTHON:-}" ]; then
   fi
 fi
 export AUTODL_DATABASE_URL="${AUTODL_DATABASE_URL:-sqlite://data/autodl.db}"
+# Sessions outlive a restart: the signing secret is made once and kept beside the database
+# (readable by this user only), unless one is given.
+if [ -z "${AUTODL_JWT_SECRET:-}" ]; then
+  mkdir -p data
+  if [ ! -s data/jwt-secret ]; then
+    (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > data/jwt-secret)
+  fi
+  AUTODL_JWT_SECRET="$(cat data/jwt-secret)"
+  export AUTODL_JWT_SECRET
+fi
 if [ -n "${AUTODL_ADMIN_EMAIL:-}" ] && [ -n "${AUTODL_ADMIN_PASSWORD:-}" ]; then
   "$CARGO_TARGET_DIR/debug/autodl-server" admin create-admin --email "$AUTODL_ADMIN_EMAIL"
 fi

@@ -436,6 +436,75 @@ pub struct TaskSpec {
     pub ports: Vec<u16>,
 }
 
+impl TaskSpec {
+    /// The request that submits this task again as it was (retry, clone, `autodl export`):
+    /// every spec the API hands out is one it accepts. Sizes and spans come back in bytes and
+    /// seconds, the command as the argument list it became.
+    pub fn to_input(&self) -> TaskSpecInput {
+        let command = match self.command.as_slice() {
+            [sh, c, script] if sh == "/bin/sh" && c == "-c" => Command::Shell(script.clone()),
+            argv => Command::Argv(argv.to_vec()),
+        };
+        // A task given as an entry point is given so again (the node checks its script).
+        let (command, entry_point) = match &self.entry_point {
+            Some(e) => (None, Some(e.clone())),
+            None => (Some(command), None),
+        };
+        TaskSpecInput {
+            name: self.name.clone(),
+            image: self.image.clone(),
+            command,
+            entry_point,
+            env: self.env.clone(),
+            resources: Resources {
+                gpu: Some(GpuRequest {
+                    gpu_type: match self.gpu_types.as_slice() {
+                        [] => None,
+                        [one] => Some(OneOrMany::One(one.clone())),
+                        many => Some(OneOrMany::Many(many.to_vec())),
+                    },
+                    count: Some(self.gpus_per_worker),
+                    memory: self.gpu_memory.map(Size::Bytes),
+                }),
+                cpu: Some(self.cpu),
+                memory: Some(Size::Bytes(self.memory)),
+            },
+            num_workers: Some(WorkerCount::of(self.num_workers, self.min_workers)),
+            gpu_per_worker: None,
+            launcher: Some(self.launcher),
+            priority: Some(self.priority),
+            deadline: self.deadline.clone(),
+            estimated_runtime: self.estimated_runtime.map(TimeSpan::Seconds),
+            time_limit: self.time_limit.map(TimeSpan::Seconds),
+            rendezvous_timeout: self.rendezvous_timeout.map(TimeSpan::Seconds),
+            checkpoint: self.checkpoint.as_ref().map(|c| CheckpointInput {
+                interval: c.interval.map(TimeSpan::Seconds),
+                save_to: c.save_to.clone(),
+                keep: c.keep,
+            }),
+            retry_policy: Some(RetryPolicy {
+                max_retries: self.retry_policy.max_retries,
+                oom_recovery: self.retry_policy.oom_recovery,
+            }),
+            affinity: Some(Affinity {
+                zone: Some(if self.zone_affinity { "same" } else { "any" }.into()),
+                bandwidth: Some(self.bandwidth.clone()),
+            }),
+            data_path: self.data_path.clone(),
+            code: self.code.clone(),
+            labels: self.labels.clone(),
+            batch_size: self.batch_size,
+            global_batch: self.global_batch.then_some(true),
+            preemptible: Some(self.preemptible),
+            kind: Some(self.kind),
+            ports: self.ports.clone(),
+            after: self.after.clone(),
+            after_when: Some(self.after_when),
+            after_failure: Some(self.after_failure),
+        }
+    }
+}
+
 /// A task's place in its sweep. It carries the sweep's concurrency limit so that the
 /// scheduler's gate is decided from the tasks it reads anyway.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -13,6 +13,9 @@ use crate::pages::{
 use crate::paths;
 use crate::session::{use_session, Session};
 
+/// The tab's icon: a chip, as an SVG data URL.
+const FAVICON: &str = "data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'%3E%3Crect x='3' y='3' width='10' height='10' rx='2' fill='%232563eb'/%3E%3Cpath d='M6 1v2M10 1v2M6 13v2M10 13v2M1 6h2M1 10h2M13 6h2M13 10h2' stroke='%232563eb'/%3E%3C/svg%3E";
+
 /// The HTML document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
     view! {
@@ -22,6 +25,8 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <meta charset="utf-8"/>
                 <meta name="viewport" content="width=device-width, initial-scale=1"/>
                 <link rel="stylesheet" href="/pkg/autodl.css"/>
+                // The icon travels inside the page: no request for /favicon.ico to answer 404.
+                <link rel="icon" href=FAVICON/>
                 <HydrationScripts options/>
                 <MetaTags/>
             </head>

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use autodl_common::tasks::{
     Affinity, AfterFailure, AfterWhen, CheckpointInput, Command, GpuRequest, Launcher, OneOrMany,
-    Resources, RetryPolicy, Size, TaskKind, TaskSpec, TaskSpecInput, TimeSpan, WorkerCount,
+    Resources, RetryPolicy, Size, TaskKind, TaskSpecInput, TimeSpan, WorkerCount,
 };
 
 use crate::api::ApiErr;
@@ -429,66 +429,6 @@ impl FormValues {
                 })
                 .collect::<Result<_, _>>()?,
         })
-    }
-}
-
-/// The input that submits `spec` again (retry, clone).
-pub fn spec_to_input(spec: &TaskSpec) -> TaskSpecInput {
-    let command = match spec.command.as_slice() {
-        [sh, c, script] if sh == "/bin/sh" && c == "-c" => Command::Shell(script.clone()),
-        argv => Command::Argv(argv.to_vec()),
-    };
-    TaskSpecInput {
-        name: spec.name.clone(),
-        image: spec.image.clone(),
-        command: Some(command),
-        entry_point: None,
-        env: spec.env.clone(),
-        resources: Resources {
-            gpu: Some(GpuRequest {
-                gpu_type: match spec.gpu_types.as_slice() {
-                    [] => None,
-                    [one] => Some(OneOrMany::One(one.clone())),
-                    many => Some(OneOrMany::Many(many.to_vec())),
-                },
-                count: Some(spec.gpus_per_worker),
-                memory: spec.gpu_memory.map(Size::Bytes),
-            }),
-            cpu: Some(spec.cpu),
-            memory: Some(Size::Bytes(spec.memory)),
-        },
-        num_workers: Some(WorkerCount::of(spec.num_workers, spec.min_workers)),
-        gpu_per_worker: None,
-        launcher: Some(spec.launcher),
-        priority: Some(spec.priority),
-        deadline: spec.deadline.clone(),
-        estimated_runtime: spec.estimated_runtime.map(TimeSpan::Seconds),
-        time_limit: spec.time_limit.map(TimeSpan::Seconds),
-        rendezvous_timeout: spec.rendezvous_timeout.map(TimeSpan::Seconds),
-        checkpoint: spec.checkpoint.as_ref().map(|c| CheckpointInput {
-            interval: c.interval.map(TimeSpan::Seconds),
-            save_to: c.save_to.clone(),
-            keep: c.keep,
-        }),
-        retry_policy: Some(RetryPolicy {
-            max_retries: spec.retry_policy.max_retries,
-            oom_recovery: spec.retry_policy.oom_recovery,
-        }),
-        affinity: Some(Affinity {
-            zone: Some(if spec.zone_affinity { "same" } else { "any" }.into()),
-            bandwidth: Some(spec.bandwidth.clone()),
-        }),
-        data_path: spec.data_path.clone(),
-        code: spec.code.clone(),
-        labels: spec.labels.clone(),
-        batch_size: spec.batch_size,
-        global_batch: spec.global_batch.then_some(true),
-        preemptible: Some(spec.preemptible),
-        kind: Some(spec.kind),
-        ports: spec.ports.clone(),
-        after: spec.after.clone(),
-        after_when: Some(spec.after_when),
-        after_failure: Some(spec.after_failure),
     }
 }
 

@@ -1,6 +1,9 @@
 """CLI behaviour that needs no server: argument parsing, config files, exit codes."""
 
+import json
+
 import pytest
+import yaml
 
 from autodl import cli
 
@@ -96,7 +99,9 @@ def test_show_prints_the_estimated_start():
     task = Task(None, info)  # type: ignore[arg-type]
     out = io.StringIO()
     cli._print_task(task, out)
-    assert "starts:   2026-12-01T17:00:00Z" in out.getvalue()
+    assert f"starts:   {cli._when('2026-12-01T17:00:00Z')}" in out.getvalue()
+    # First in line reads as `autodl queue` and the page say it: position 1.
+    assert "(position 1)" in out.getvalue(), out.getvalue()
     assert task.estimated_start == "2026-12-01T17:00:00Z"
     info["waiting"]["estimated_start"] = None
     out = io.StringIO()
@@ -175,3 +180,103 @@ def test_cancel_reports_each_task(monkeypatch, capsys):
     captured = capsys.readouterr()
     assert captured.out.splitlines() == ["a CANCELLED", "b CANCELLED"]
     assert captured.err.startswith("autodl: error: done not cancelled: task already completed")
+
+
+def _cancel_server(monkeypatch, cancelled):
+    import httpx
+
+    from autodl import Client
+
+    def handler(request):
+        if request.method == "GET":
+            state = request.url.params.get("state")
+            items = [{"id": "r1", "state": "running", "spec": {}}] if state == "running" else []
+            return httpx.Response(200, json={"items": items, "next_cursor": None})
+        task_id = request.url.path.split("/")[-2]
+        cancelled.append(task_id)
+        return httpx.Response(200, json={"id": task_id, "state": "cancelled", "spec": {}})
+
+    monkeypatch.setattr(
+        cli,
+        "Client",
+        lambda *a, **kw: Client(*a, transport=httpx.MockTransport(handler), **kw),
+    )
+
+
+def test_cancel_by_label_asks_first_and_without_a_terminal_cancels_nothing(monkeypatch, capsys):
+    cancelled = []
+    _cancel_server(monkeypatch, cancelled)
+    monkeypatch.setattr(cli.sys.stdin, "isatty", lambda: False, raising=False)
+    assert cli.main(["--api-url", "http://srv:9", "cancel", "--label", "a=b"]) == 1
+    assert "1 task(s) match --label a=b" in capsys.readouterr().err
+    assert cancelled == []
+    assert cli.main(["--api-url", "http://srv:9", "cancel", "--label", "a=b", "--yes"]) == 0
+    assert cancelled == ["r1"]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(monkeypatch, capsys):
+    def closed(client, args, out):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "cmd_status", closed)
+    assert cli.main(["--api-url", "http://srv:9", "status", "t"]) == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_times_are_local_and_samples_read_as_people_read_them(monkeypatch):
+    monkeypatch.setenv("TZ", "Asia/Shanghai")
+    import time
+
+    time.tzset()
+    try:
+        assert cli._when("2026-12-01T17:00:00Z") == "2026-12-02 01:00:00"
+        assert cli._when(None) == "-"
+        assert cli._when("not a time") == "not a time"
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert cli._sample_cell("gpu_util", 0.734) == "73%"
+    assert cli._sample_cell("mem_used", 12 * 2**30) == "12.0 GiB"
+    assert cli._sample_cell("loss", 0.012345678) == "0.0123457"
+    assert cli._sample_cell("step", 7) == "7"
+    assert cli._sample_cell("loss", None) == "-"
+
+
+def test_export_clone_and_retry_send_the_spec_the_server_handed_out(monkeypatch, capsys):
+    import httpx
+
+    from autodl import Client
+
+    exported = {
+        "name": "train",
+        "image": "pytorch:2",
+        "command": "python train.py",
+        "env": {"LR": "0.1"},
+        "resources": {"gpu": {"count": 1}},
+        "priority": 0.5,
+    }
+    submitted = []
+
+    def handler(request):
+        if request.method == "GET" and request.url.path.endswith("/spec"):
+            return httpx.Response(200, json=exported)
+        if request.method == "POST" and request.url.path.endswith("/tasks"):
+            submitted.append(json.loads(request.content))
+            return httpx.Response(201, json={"id": f"new{len(submitted)}", "state": "pending"})
+        return httpx.Response(404, json={"error": {"code": "not_found", "message": "no"}})
+
+    monkeypatch.setattr(
+        cli,
+        "Client",
+        lambda *a, **kw: Client(*a, transport=httpx.MockTransport(handler), **kw),
+    )
+    base = ["--api-url", "http://srv:9"]
+    assert cli.main([*base, "export", "t1"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == exported
+    assert cli.main([*base, "retry", "t1"]) == 0
+    assert submitted[-1] == exported
+    argv = [*base, "clone", "t1", "--set", "priority=0.9", "--set", "env.LR=3e-4"]
+    assert cli.main(argv) == 0
+    assert submitted[-1]["priority"] == 0.9
+    assert submitted[-1]["env"] == {"LR": "3e-4"}
+    assert capsys.readouterr().out.split() == ["new1", "new2"]

@@ -203,7 +203,8 @@ def test_cli_runs_follows_and_explains_a_command(demo: LiveServer):
     # On either A40 node of the demo.
     assert "ended:    error, exit code 3 on demo-a40" in status.stdout, status.stdout
     attempts = cli(demo, "attempts", failed_id)
-    assert attempts.stdout.splitlines()[1].split()[4:6] == ["3", "error"], attempts.stdout
+    # Times are local and read "2026-12-07 12:00:00": two words each (STARTED, ENDED).
+    assert attempts.stdout.splitlines()[1].split()[6:8] == ["3", "error"], attempts.stdout
     events = cli(demo, "events", failed_id)
     assert "failed" in events.stdout, events.stdout
     # Detached, it waits in the queue view; one call cancels several.
@@ -229,7 +230,10 @@ def test_cli_runs_follows_and_explains_a_command(demo: LiveServer):
     assert all("T" in r[6] or r[6] == "unknown" for r in waiting), waiting
     listed = cli(demo, "ls", "--state", "pending,scheduled,running", "--label", "batch=cli")
     assert sorted(line.split()[0] for line in listed.stdout.splitlines()[1:]) == sorted(ids)
-    cancelled = cli(demo, "cancel", "--label", "batch=cli")
+    # Without --yes and without a terminal to ask on, a label cancels nothing.
+    refused = cli(demo, "cancel", "--label", "batch=cli")
+    assert refused.returncode == 1 and "--yes" in refused.stderr, refused.stderr
+    cancelled = cli(demo, "cancel", "--label", "batch=cli", "--yes")
     assert cancelled.returncode == 0, cancelled.stdout
     assert sorted(line.split()[0] for line in cancelled.stdout.splitlines()) == sorted(ids)
 

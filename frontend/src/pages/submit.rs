@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::cluster::IsolationNotice;
 use crate::api::{self, ApiErr};
 use crate::fields::{general_error, Field};
-use crate::form::{invalid, spec_to_input, FormValues};
+use crate::form::{invalid, FormValues};
 use crate::live;
 use crate::paths;
 use crate::session::RequireLogin;
@@ -280,7 +280,7 @@ fn SubmitForm() -> impl IntoView {
     );
     Effect::new(move |_| {
         if let Some(Some(t)) = source.get() {
-            let mut input = spec_to_input(&t.spec);
+            let mut input = t.spec.to_input();
             input.name = format!("{} (copy)", t.name);
             form.fill(&input);
         }

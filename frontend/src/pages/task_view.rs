@@ -15,7 +15,7 @@ use super::task_notices::{exit_reason, failure_summary, idle_notice, results_not
 use super::tasks::{bytes, gpu_summary, ran_for, state_badge};
 use crate::api::{self, ApiErr};
 use crate::fields::general_error;
-use crate::form::spec_to_input;
+
 use crate::live::{self, TailStatus};
 use crate::paths;
 use crate::session::RequireLogin;
@@ -111,7 +111,7 @@ fn TaskView(id: String) -> impl IntoView {
         None => {}
     });
     let retry = Action::new_local(move |spec: &TaskSpec| {
-        let input = spec_to_input(spec);
+        let input = spec.to_input();
         async move { api::post::<_, Task>(paths::tasks(), &input).await }
     });
     let nav = navigate.clone();

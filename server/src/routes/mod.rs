@@ -115,6 +115,7 @@ route_table! {
         sweeps::cancel,
         tasks::list,
         tasks::show,
+        tasks::spec_input,
         tasks::cancel,
         tasks::events,
         tasks::attempts,

@@ -163,6 +163,19 @@ pub async fn show(
     Ok(web::Json(to_api(t)))
 }
 
+/// The request that submits this task again as it was (`autodl export`, clone, retry): every
+/// spec the API hands out is one it accepts.
+#[utoipa::path(params(("id" = String, Path)), responses((status = 200, body = TaskSpecInput), (status = 404, body = ErrorBody)))]
+#[get("/tasks/{id}/spec")]
+pub async fn spec_input(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<String>,
+) -> Result<web::Json<TaskSpecInput>, ApiError> {
+    let t = find(&state, &caller, &id).await?;
+    Ok(web::Json(t.task.spec.to_input()))
+}
+
 /// Cancels a task that has not finished; its resources are freed at the next cycle.
 #[utoipa::path(params(("id" = String, Path)), responses((status = 200, body = Task), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 #[post("/tasks/{id}/cancel")]

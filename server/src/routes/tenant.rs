@@ -27,7 +27,13 @@ fn member(u: &UserRecord) -> Result<Member, ApiError> {
     })
 }
 
-fn invitation(i: &InvitationRecord, token: Option<String>) -> Result<Invitation, ApiError> {
+/// An invitation as the API shows it; `base` is the server's public URL, so the link works
+/// wherever it is pasted.
+fn invitation(
+    i: &InvitationRecord,
+    token: Option<String>,
+    base: &str,
+) -> Result<Invitation, ApiError> {
     Ok(Invitation {
         id: i.id.clone(),
         email: i.email.clone(),
@@ -35,7 +41,9 @@ fn invitation(i: &InvitationRecord, token: Option<String>) -> Result<Invitation,
         created_at: rfc3339(i.created_at),
         expires_at: rfc3339(i.expires_at),
         accepted: i.accepted_at.is_some(),
-        link: token.as_ref().map(|t| format!("/signup?invitation={t}")),
+        link: token
+            .as_ref()
+            .map(|t| format!("{}/signup?invitation={t}", base.trim_end_matches('/'))),
         token,
     })
 }
@@ -132,7 +140,7 @@ pub async fn invitations(
     let list = organization::invitations(&state, &caller).await?;
     Ok(web::Json(
         list.iter()
-            .map(|i| invitation(i, None))
+            .map(|i| invitation(i, None, ""))
             .collect::<Result<_, _>>()?,
     ))
 }
@@ -160,7 +168,8 @@ pub async fn invite(
         serde_json::json!({ "role": rec.role, "invitation": rec.id }),
     )
     .await;
-    Ok(HttpResponse::Created().json(invitation(&rec, Some(token))?))
+    let base = state.settings.public_url();
+    Ok(HttpResponse::Created().json(invitation(&rec, Some(token), &base)?))
 }
 
 #[utoipa::path(

@@ -139,6 +139,21 @@ pub async fn invite(
         ));
     }
     let now = state.clock.now_ms();
+    // One open link per address: a second would leave two ways in and no telling which
+    // was sent.
+    let open = state
+        .store
+        .list_invitations(caller.tenant_id())
+        .await?
+        .into_iter()
+        .any(|i| {
+            i.email == email.as_str() && !i.revoked && i.accepted_at.is_none() && i.expires_at > now
+        });
+    if open {
+        return Err(ApiError::Conflict(
+            "an invitation for this email is already open; revoke it to send a new link".into(),
+        ));
+    }
     let token = random_hex(24);
     let rec = InvitationRecord {
         id: new_id(),

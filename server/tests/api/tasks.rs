@@ -13,6 +13,7 @@ crate::on_both_backends!(
     submitted_tasks_are_scheduled_onto_matching_nodes,
     task_input_is_validated,
     idempotency_key_creates_one_task,
+    a_task_is_submitted_again_from_its_handed_out_spec,
     listing_filters_and_pages,
     quotas_hold_or_refuse_tasks,
     tasks_of_other_tenants_are_out_of_reach,
@@ -516,6 +517,7 @@ async fn tasks_of_other_tenants_are_out_of_reach(b: Backend) {
     for (method, path) in [
         (Method::GET, format!("/api/v1/tasks/{id}")),
         (Method::POST, format!("/api/v1/tasks/{id}/cancel")),
+        (Method::GET, format!("/api/v1/tasks/{id}/spec")),
         (Method::GET, format!("/api/v1/tasks/{id}/events")),
         (Method::GET, format!("/api/v1/tasks/{id}/attempts")),
         (Method::GET, format!("/api/v1/tasks/{id}/logs")),
@@ -582,6 +584,29 @@ async fn tasks_of_other_tenants_are_out_of_reach(b: Backend) {
         .await
         .unwrap();
     assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
+}
+
+/// What `GET /tasks/{id}/spec` hands out, `POST /tasks` takes: the new task asks for what
+/// the first one did.
+async fn a_task_is_submitted_again_from_its_handed_out_spec(b: Backend) {
+    let app = spawn_app(b).await;
+    let s = app.signup("again@example.com", "Lab").await;
+    let first = submit(
+        &app,
+        &s,
+        json!({"name": "again", "image": "pytorch:2", "entry_point": "train.py --lr 3e-4",
+               "num_workers": {"min": 2, "max": 4}, "batch_size": 64, "global_batch": true,
+               "resources": {"gpu": {"type": "A100", "count": 1, "memory": "20GiB"},
+                             "memory": "16GiB"},
+               "time_limit": "2h", "checkpoint": {"interval": "10m", "keep": 2},
+               "labels": {"team": "vision"}, "env": {"LR": "3e-4"}}),
+    )
+    .await;
+    let id = first["id"].as_str().unwrap();
+    let handed = s.get(&app, &format!("/api/v1/tasks/{id}/spec")).await;
+    let again = submit(&app, &s, handed).await;
+    assert_ne!(again["id"], first["id"]);
+    assert_eq!(again["spec"], first["spec"]);
 }
 
 async fn cancel_frees_the_gpus(b: Backend) {

@@ -29,7 +29,23 @@ async fn invitations_join_a_tenant_with_a_role(b: Backend) {
     assert_eq!(res.status(), StatusCode::CREATED);
     let inv: Value = res.json().await.unwrap();
     let token = inv["token"].as_str().unwrap().to_owned();
-    assert_eq!(inv["link"], format!("/signup?invitation={token}"));
+    // A link that works wherever it is pasted: the server's public address, then the path.
+    let link = inv["link"].as_str().unwrap();
+    assert!(link.starts_with("http"), "{link}");
+    assert!(
+        link.ends_with(&format!("/signup?invitation={token}")),
+        "{link}"
+    );
+    // The same address is not invited twice while a link is open.
+    let again = owner
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/tenant/invitations",
+            Some(json!({"email": "new@example.com", "role": "member"})),
+        )
+        .await;
+    assert_eq!(again.status(), StatusCode::CONFLICT);
     // Listed without the token.
     let list = owner.get(&app, "/api/v1/tenant/invitations").await;
     assert_eq!(list.as_array().unwrap().len(), 1);

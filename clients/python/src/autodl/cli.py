@@ -7,6 +7,7 @@ message on stderr), 2 for usage errors (argparse).
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import getpass
 import json
 import os
@@ -114,7 +115,7 @@ def _print_task(task: Task, out: TextIO) -> None:
     out.write(f"status:   {task.status}\n")
     out.write(f"user:     {info.get('user_email') or info.get('user_id') or '-'}\n")
     out.write(f"gpus:     {_gpus(info)}\n")
-    out.write(f"created:  {info.get('created_at', '-')}\n")
+    out.write(f"created:  {_when(info.get('created_at'))}\n")
     out.write(f"attempts: {info.get('attempts', 0)}\n")
     if info.get("batch_size") is not None:
         out.write(f"batch:    {info['batch_size']}\n")
@@ -133,11 +134,14 @@ def _print_task(task: Task, out: TextIO) -> None:
             )
     waiting = info.get("waiting")
     if waiting:
-        where = f" (position {waiting['position']})" if waiting.get("position") is not None else ""
+        # The API counts from 0; people (and `autodl queue`, and the page) from 1.
+        position = waiting.get("position")
+        where = f" (position {position + 1})" if isinstance(position, int) else ""
         out.write(
             f"waiting:  {waiting.get('reason') or '-'}{where}: {waiting.get('message', '')}\n"
         )
-        out.write(f"starts:   {waiting.get('estimated_start') or 'not estimated yet'}\n")
+        start = waiting.get("estimated_start")
+        out.write(f"starts:   {_when(start) if start else 'not estimated yet'}\n")
 
 
 # Commands --------------------------------------------------------------------------------
@@ -186,7 +190,7 @@ def cmd_ls(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             t.status,
             _gpus(t.info),
             _nodes_of(t.info),
-            str(t.info.get("created_at", "")),
+            _when(t.info.get("created_at")),
         ]
         for t in tasks
     ]
@@ -211,11 +215,57 @@ def cmd_logs(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_export(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    spec = client.task(args.id).export()
+    if args.json:
+        out.write(json.dumps(spec, indent=2) + "\n")
+    else:
+        out.write(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True))
+    return 0
+
+
+def _set(spec: Dict[str, Any], assignment: str) -> None:
+    """``--set resources.gpu.count=2``: the value is read as YAML (numbers, lists, true), but
+    for ``env.NAME``."""
+    path, sep, text = assignment.partition("=")
+    if not sep or not path:
+        raise ValidationError(f"--set {assignment!r}: write KEY=VALUE", field="set")
+    node = spec
+    keys = path.split(".")
+    for key in keys[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = node[key] = {}
+        node = child
+    # Environment values are text as written ("3e-4" stays "3e-4").
+    node[keys[-1]] = text if keys[0] == "env" or not text else yaml.safe_load(text)
+
+
+def cmd_clone(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    """A new task from another's spec (``retry`` is the same with nothing changed)."""
+    spec = client.task(args.id).export()
+    for assignment in getattr(args, "set", None) or []:
+        _set(spec, assignment)
+    task = client.submit_spec(spec)
+    out.write(task.id + "\n")
+    return 0
+
+
 def cmd_cancel(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     ids = list(args.ids)
     if args.label:
+        matched = []
         for state in ("pending", "scheduled", "running"):
-            ids.extend(t.id for t in client.list_tasks(state=state, label=args.label))
+            matched.extend(t.id for t in client.list_tasks(state=state, label=args.label))
+        if matched and not args.yes and not _confirm(
+            f"cancel {len(matched)} task(s) labelled {args.label}: {', '.join(matched)}?"
+        ):
+            raise ValidationError(
+                f"{len(matched)} task(s) match --label {args.label}; nothing cancelled "
+                "(add --yes to cancel them without asking)",
+                field="label",
+            )
+        ids.extend(matched)
     if not ids:
         raise ValidationError("name the tasks to cancel, or select them with --label KEY=VALUE")
     failed = 0
@@ -226,6 +276,15 @@ def cmd_cancel(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             failed += 1
             sys.stderr.write(f"autodl: error: {task_id} not cancelled: {exc}\n")
     return 1 if failed else 0
+
+
+def _confirm(question: str) -> bool:
+    """Asks on the terminal; without one (a script, a pipe) the answer is no."""
+    if not sys.stdin.isatty():
+        return False
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def _param(text: str) -> Tuple[str, Any]:
@@ -305,7 +364,7 @@ def cmd_sweep(client: Client, args: argparse.Namespace, out: TextIO) -> int:
                 s.name,
                 str(s.trials),
                 ", ".join(f"{n} {st}" for st, n in sorted(s.states.items())),
-                s.info.get("created_at", ""),
+                _when(s.info.get("created_at")),
             ]
             for s in sweeps
         ]
@@ -386,8 +445,8 @@ def cmd_attempts(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         [
             str(a.get("number")),
             str(a.get("node") or "-"),
-            str(a.get("started_at") or "-"),
-            str(a.get("ended_at") or "running"),
+            _when(a.get("started_at")),
+            _when(a.get("ended_at")) if a.get("ended_at") else "running",
             "-" if a.get("exit_code") is None else str(a.get("exit_code")),
             str(a.get("reason") or ("-" if not a.get("ended_at") else "success")),
             "-" if a.get("batch_size") is None else str(a.get("batch_size")),
@@ -415,18 +474,35 @@ def cmd_metrics(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             **{k: v for k, v in sample.items() if k not in ("at", "values")},
             **(sample.get("values") or {}),
         }
-        rows.append(
-            [str(sample.get("at"))]
-            + [
-                "-"
-                if values.get(n) is None
-                else f"{values[n]:g}"
-                if isinstance(values[n], float)
-                else str(values[n])
-                for n in names
-            ]
-        )
+        rows.append([_when(sample.get("at"))] + [_sample_cell(n, values.get(n)) for n in names])
     return _show(out, args, samples, rows, ["AT"] + [n.upper() for n in names])
+
+
+def _sample_cell(name: str, value: Any) -> str:
+    """A metric as a person reads it: GPU utilisation in percent, GPU memory in GiB, other
+    numbers with the digits that tell them apart."""
+    if value is None:
+        return "-"
+    if name == "gpu_util" and isinstance(value, (int, float)):
+        return f"{value * 100:.0f}%"
+    if name in ("mem_used", "mem_total") and isinstance(value, (int, float)):
+        return f"{value / 2**30:.1f} GiB"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _when(text: Any) -> str:
+    """An RFC 3339 time from the server in this machine's time zone, to the second."""
+    if not text:
+        return "-"
+    try:
+        at = _dt.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return str(text)
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=_dt.timezone.utc)
+    return at.astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _gpu_request(text: str) -> Dict[str, Any]:
@@ -835,10 +911,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, help="only this worker's lines (a task of several workers)")
     p.set_defaults(func=cmd_logs)
 
+    p = sub.add_parser(
+        "export", parents=[common], help="a task's spec as YAML that `autodl submit` takes"
+    )
+    p.add_argument("id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_export)
+    p = sub.add_parser(
+        "clone", parents=[common], help="submit a task again, changing what --set says"
+    )
+    p.add_argument("id")
+    p.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="e.g. priority=0.8, env.LR=3e-4"
+    )
+    p.set_defaults(func=cmd_clone)
+    p = sub.add_parser("retry", parents=[common], help="submit a task again as it was")
+    p.add_argument("id")
+    p.set_defaults(func=cmd_clone)
+
     p = sub.add_parser("cancel", parents=[common], help="cancel tasks")
     p.add_argument("ids", nargs="*", metavar="ID")
     p.add_argument(
         "--label", metavar="KEY=VALUE", help="also every unfinished task with this label"
+    )
+    p.add_argument(
+        "-y", "--yes", action="store_true", help="cancel what --label matches without asking"
     )
     p.set_defaults(func=cmd_cancel)
 
@@ -917,6 +1014,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except AutodlError as exc:
         err.write(f"autodl: error: {exc}\n")
         return 1
+    except BrokenPipeError:
+        # The reader went away (`autodl logs -f | head`): end quietly, as Unix tools do, and
+        # keep Python from complaining when it flushes standard output on the way out.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141
     except (OSError, ValueError, yaml.YAMLError) as exc:
         err.write(f"autodl: error: {exc}\n")
         return 1

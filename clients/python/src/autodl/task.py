@@ -160,6 +160,11 @@ class Task:
         self.info = self._client._http.post(f"{self._path}/cancel")
         return self.status
 
+    def export(self) -> Dict[str, Any]:
+        """The request that submits this task again as it was (``Client.submit_spec`` takes
+        it): what ``autodl export``, ``clone`` and ``retry`` send."""
+        return dict(self._client._http.get(f"{self._path}/spec") or {})
+
     def events(self) -> List[Dict[str, Any]]:
         """The task's history: ``[{"at", "kind", "message"}]``, oldest first."""
         return list(self._client._http.get(f"{self._path}/events") or [])

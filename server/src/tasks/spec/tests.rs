@@ -63,7 +63,7 @@ fn base() -> TaskSpecInput {
 #[test]
 fn every_spec_field_survives_the_submit_form() {
     use autodl_common::tasks::{Affinity, AfterFailure, AfterWhen, CheckpointInput, RetryPolicy};
-    use autodl_frontend::form::{spec_to_input, FormValues};
+    use autodl_frontend::form::FormValues;
     let now = 1_700_000_000;
     let full = TaskSpecInput {
         name: "sweep lr=3e-4".into(),
@@ -146,7 +146,7 @@ fn every_spec_field_survives_the_submit_form() {
     };
     for input in [full, default_checkpoints, cpu_only, base()] {
         let spec = normalise(input, now).unwrap();
-        let form = FormValues::from_input(&spec_to_input(&spec));
+        let form = FormValues::from_input(&spec.to_input());
         let back = normalise(form.to_input().unwrap(), now).unwrap();
         assert_eq!(back, spec);
     }
@@ -328,4 +328,64 @@ fn num_workers_is_a_number_or_an_elastic_range() {
     let json: WorkerCount = serde_json::from_str(r#"{"min": 2, "max": 8}"#).unwrap();
     assert_eq!(json, range(2, 8));
     assert!(serde_json::from_str::<WorkerCount>(r#"{"min": 2, "most": 8}"#).is_err());
+}
+
+#[test]
+fn every_spec_handed_out_submits_the_same_task_again() {
+    use autodl_common::tasks::{
+        Affinity, CheckpointInput, RetryPolicy as RetryInput, TaskKind, WorkerCount, WorkerRange,
+    };
+    let inputs = [
+        base(),
+        TaskSpecInput {
+            command: None,
+            entry_point: Some("train.py --lr 3e-4".into()),
+            num_workers: Some(WorkerCount::Range(WorkerRange { min: 2, max: 4 })),
+            batch_size: Some(64),
+            global_batch: Some(true),
+            resources: Resources {
+                gpu: Some(GpuRequest {
+                    gpu_type: Some(OneOrMany::Many(vec!["A100".into(), "H100".into()])),
+                    count: Some(2),
+                    memory: Some(Size::Text("20GiB".into())),
+                }),
+                cpu: Some(4.0),
+                memory: Some(Size::Text("32GiB".into())),
+            },
+            estimated_runtime: Some(TimeSpan::Text("2h30m".into())),
+            time_limit: Some(TimeSpan::Seconds(36_000)),
+            checkpoint: Some(CheckpointInput {
+                interval: Some(TimeSpan::Text("10m".into())),
+                save_to: None,
+                keep: Some(3),
+            }),
+            retry_policy: Some(RetryInput {
+                max_retries: 2,
+                oom_recovery: true,
+            }),
+            affinity: Some(Affinity {
+                zone: Some("same".into()),
+                bandwidth: Some("high".into()),
+            }),
+            labels: [("team".to_string(), "vision".to_string())].into(),
+            ..base()
+        },
+        TaskSpecInput {
+            command: Some(Command::Argv(vec![
+                "python".into(),
+                "-c".into(),
+                "print(1)".into(),
+            ])),
+            kind: Some(TaskKind::Session),
+            ports: vec![8888],
+            preemptible: Some(true),
+            ..base()
+        },
+    ];
+    for input in inputs {
+        let spec = normalise(input.clone(), 0).unwrap();
+        let again = normalise(spec.to_input(), 0)
+            .unwrap_or_else(|e| panic!("{input:?} handed out as a spec it refuses: {e:?}"));
+        assert_eq!(again, spec, "{input:?}");
+    }
 }
