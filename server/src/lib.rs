@@ -14,6 +14,7 @@ pub mod prometheus_metrics;
 #[cfg(feature = "demo")]
 pub mod replay;
 pub mod replicas;
+pub mod request_log;
 pub mod routes;
 pub mod scheduling;
 pub mod security_headers;

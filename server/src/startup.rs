@@ -138,7 +138,7 @@ impl Application {
                 .wrap(from_fn(crate::security_headers::defaults))
                 .wrap(from_fn(renew_session))
                 .wrap(Compress::default())
-                .wrap(TracingLogger::default())
+                .wrap(TracingLogger::<crate::request_log::RequestSpans>::new())
                 .app_data(server_state.clone())
                 .app_data(web::PathConfig::default().error_handler(path_error_handler))
                 .app_data(web::QueryConfig::default().error_handler(query_error_handler))
