@@ -77,7 +77,7 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// An elastic task is judged at its narrowest: it is admitted if its minimum could ever run.
 pub fn admission_check(view: &ClusterView<'_>, t: &TaskRequest) -> Result<(), AdmissionError> {
     let narrowest;
-    let t = if t.narrowest() < t.workers {
+    let t = if t.is_elastic() {
         narrowest = t.at_width(t.narrowest());
         &narrowest
     } else {

@@ -226,7 +226,7 @@ fn narrower_requests(state: &ClusterState) -> FastMap<usize, Vec<TaskRequest>> {
         .pending
         .iter()
         .enumerate()
-        .filter(|(_, t)| t.narrowest() < t.workers)
+        .filter(|(_, t)| t.is_elastic())
         .map(|(i, t)| {
             let widths = (t.narrowest()..t.workers).rev();
             (i, widths.map(|w| t.at_width(w)).collect())
@@ -829,11 +829,7 @@ impl Cycle<'_> {
     }
 
     fn lost_work(&self, r: &RunningTask) -> f64 {
-        let since = r
-            .last_checkpoint_at
-            .unwrap_or(r.started_at)
-            .max(r.started_at);
-        self.now.saturating_sub(since) as f64 * f64::from(r.held_gpus())
+        self.now.saturating_sub(r.saved_at()) as f64 * f64::from(r.held_gpus())
     }
 
     /// Finds the cheapest set of victims (least work lost since their checkpoints) that makes
@@ -903,11 +899,7 @@ impl Cycle<'_> {
                     if self.now.saturating_sub(r.started_at) < min_run {
                         continue;
                     }
-                    let saved = r
-                        .last_checkpoint_at
-                        .unwrap_or(r.started_at)
-                        .max(r.started_at);
-                    if self.now.saturating_sub(saved) > self.cfg.victim_max_unsaved_s {
+                    if self.now.saturating_sub(r.saved_at()) > self.cfg.victim_max_unsaved_s {
                         continue;
                     }
                     let vp = self.running_priority(v).total;

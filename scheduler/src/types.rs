@@ -175,6 +175,11 @@ impl TaskRequest {
         self.min_workers.map_or(most, |m| m.clamp(1, most))
     }
 
+    /// Whether it may run with fewer workers than it asks for.
+    pub fn is_elastic(&self) -> bool {
+        self.narrowest() < self.workers
+    }
+
     /// The same request at a width of `workers` (an elastic task's narrower start).
     pub fn at_width(&self, workers: u32) -> TaskRequest {
         TaskRequest {
@@ -207,6 +212,13 @@ pub struct RunningTask {
 }
 
 impl RunningTask {
+    /// When its work was last saved: its latest checkpoint of this run, or its start.
+    pub fn saved_at(&self) -> Time {
+        self.last_checkpoint_at
+            .unwrap_or(self.started_at)
+            .max(self.started_at)
+    }
+
     /// GPUs its run holds: an elastic task may run with fewer workers than it asked for, and
     /// is charged (and loses work) for those it holds.
     pub fn held_gpus(&self) -> u32 {

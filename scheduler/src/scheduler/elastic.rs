@@ -9,12 +9,9 @@
 //!
 //! [`PolicyConfig::resize_interval_s`]: crate::config::PolicyConfig::resize_interval_s
 
-use super::{worker_need, Cycle, Decision, Decisions, Masks, QuotaScope, ResizeReason};
-use crate::fasthash::FastMap;
-use crate::types::{RunningTask, TaskRequest};
-
-/// GPUs in use per user and tenant, as the walk counts them for the concurrent-GPU caps.
-type InUse<'a> = FastMap<(QuotaScope, &'a str), u32>;
+use super::walk::{count, uncount, InUse};
+use super::{worker_need, Cycle, Decision, Decisions, Masks, ResizeReason};
+use crate::types::RunningTask;
 
 impl<'a> Cycle<'a> {
     /// Grows running elastic tasks into idle GPUs, highest priority first (ties by id, so the
@@ -29,7 +26,7 @@ impl<'a> Cycle<'a> {
         let mut cands: Vec<(f64, usize)> = Vec::new();
         for (v, r) in state.running.iter().enumerate() {
             let width = r.placements.len() as u32;
-            if r.request.min_workers.is_none()
+            if !r.request.is_elastic()
                 || width >= r.request.workers
                 || r.preempting
                 || self.taken.contains(&v)
@@ -59,12 +56,8 @@ impl<'a> Cycle<'a> {
         let t = &r.request;
         let width = r.placements.len() as u32;
         let held = r.held_gpus();
-        let saved_at = r
-            .last_checkpoint_at
-            .unwrap_or(r.started_at)
-            .max(r.started_at);
         // What a restart costs: the work since the checkpoint, done again, and the restart.
-        let cost = now.saturating_sub(saved_at) as f64 + cfg.resize_cost_s as f64;
+        let cost = now.saturating_sub(r.saved_at()) as f64 + cfg.resize_cost_s as f64;
         // How much longer the run has to go: the time it has run so far (a run that has lasted
         // long is likely to last as long again), or what is left of its estimate at this width.
         let ran = now.saturating_sub(r.started_at) as f64;
@@ -107,13 +100,13 @@ impl<'a> Cycle<'a> {
             }
         }
         let Some((gpus, to_workers, seconds_saved)) = grown else {
-            recount(in_use, t, held);
+            count(in_use, t, held);
             for a in own.iter().rev() {
                 self.cap.apply(a);
             }
             return;
         };
-        recount(in_use, t, gpus);
+        count(in_use, t, gpus);
         self.taken.insert(v);
         out.decisions.push(Decision::Resize {
             task: t.id.clone(),
@@ -126,19 +119,4 @@ impl<'a> Cycle<'a> {
             },
         });
     }
-}
-
-fn uncount<'a>(in_use: &mut InUse<'a>, t: &'a TaskRequest, gpus: u32) {
-    for key in [
-        (QuotaScope::User, t.user.as_str()),
-        (QuotaScope::Tenant, t.tenant.as_str()),
-    ] {
-        if let Some(n) = in_use.get_mut(&key) {
-            *n = n.saturating_sub(gpus);
-        }
-    }
-}
-
-fn recount<'a>(in_use: &mut InUse<'a>, t: &'a TaskRequest, gpus: u32) {
-    super::walk::count(in_use, t, gpus);
 }

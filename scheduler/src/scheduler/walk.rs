@@ -30,7 +30,7 @@ struct Needs {
 #[derive(Default)]
 struct Walk<'a> {
     /// GPUs in use per user and tenant, for the concurrent-GPU caps.
-    in_use: FastMap<(QuotaScope, &'a str), u32>,
+    in_use: InUse<'a>,
     failed: FastSet<ShapeKey>,
     preempt_failed: FastSet<ShapeKey>,
     migrate_failed: FastSet<ShapeKey>,
@@ -52,18 +52,29 @@ struct Walk<'a> {
     someone_waits: bool,
 }
 
+/// GPUs in use per user and tenant, for the concurrent-GPU caps.
+pub(super) type InUse<'a> = FastMap<(QuotaScope, &'a str), u32>;
+
 /// Counts `gpus` of `t`'s against its user's and its tenant's concurrent-GPU caps.
-pub(super) fn count<'a>(
-    in_use: &mut FastMap<(QuotaScope, &'a str), u32>,
-    t: &'a TaskRequest,
-    gpus: u32,
-) {
+pub(super) fn count<'a>(in_use: &mut InUse<'a>, t: &'a TaskRequest, gpus: u32) {
     *in_use
         .entry((QuotaScope::User, t.user.as_str()))
         .or_default() += gpus;
     *in_use
         .entry((QuotaScope::Tenant, t.tenant.as_str()))
         .or_default() += gpus;
+}
+
+/// Takes back `gpus` of `t`'s that [`count`] counted (a run about to change width).
+pub(super) fn uncount<'a>(in_use: &mut InUse<'a>, t: &'a TaskRequest, gpus: u32) {
+    for key in [
+        (QuotaScope::User, t.user.as_str()),
+        (QuotaScope::Tenant, t.tenant.as_str()),
+    ] {
+        if let Some(n) = in_use.get_mut(&key) {
+            *n = n.saturating_sub(gpus);
+        }
+    }
 }
 
 /// The pending task the walk is at (an elastic one at one of its widths).
@@ -78,7 +89,16 @@ struct Turn<'a, 'n> {
     key: ShapeKey,
 }
 
-impl Turn<'_, '_> {
+impl<'a, 'n> Turn<'a, 'n> {
+    /// The same turn for `t`, the task at another of its widths.
+    fn at(self, t: &'a TaskRequest) -> Turn<'a, 'n> {
+        Turn {
+            t,
+            key: (self.key.0, t.workers, t.zone_affinity),
+            ..self
+        }
+    }
+
     /// Says why the task waits, when the cycle explains every waiting task.
     fn pend(&self, explain: bool, reason: PendingReason, out: &mut Decisions) {
         if explain {
@@ -226,9 +246,9 @@ impl<'a> Cycle<'a> {
     }
 
     /// GPUs the running tasks hold per user and tenant, where any concurrent-GPU cap is set.
-    fn gpus_in_use(&self) -> FastMap<(QuotaScope, &'a str), u32> {
+    fn gpus_in_use(&self) -> InUse<'a> {
         let state = self.state;
-        let mut in_use: FastMap<(QuotaScope, &str), u32> = FastMap::default();
+        let mut in_use = InUse::default();
         let has_caps = state
             .quotas
             .tenants
@@ -294,11 +314,7 @@ impl<'a> Cycle<'a> {
     /// The task at its narrowest width (itself unless it is elastic).
     fn narrowest<'n>(&self, turn: Turn<'a, 'n>) -> Turn<'a, 'n> {
         match self.narrower.get(&turn.idx).and_then(|v| v.last()) {
-            Some(t) => Turn {
-                t,
-                key: (turn.key.0, t.workers, t.zone_affinity),
-                ..turn
-            },
+            Some(t) => turn.at(t),
             None => turn,
         }
     }
@@ -317,11 +333,7 @@ impl<'a> Cycle<'a> {
         };
         let widths = std::iter::once(turn.t).chain(narrower.iter());
         for t in widths {
-            let at = Turn {
-                t,
-                key: (turn.key.0, t.workers, t.zone_affinity),
-                ..turn
-            };
+            let at = turn.at(t);
             // Its caps were checked at its narrowest: a wider start must keep within them.
             if self.quota_block(t, &walk.in_use).is_some() {
                 continue;
@@ -415,7 +427,7 @@ impl<'a> Cycle<'a> {
                 let (width, min_workers) = (r.placements.len() as u32, r.request.narrowest());
                 // An elastic victim above its minimum gives up workers rather than its place:
                 // it restarts at once with what the preemptor leaves.
-                let decision = if r.request.min_workers.is_some() && width > min_workers {
+                let decision = if r.request.is_elastic() && width > min_workers {
                     Decision::Resize {
                         task: r.request.id.clone(),
                         grace_s: cfg.grace_s,

@@ -35,7 +35,7 @@ pub async fn join(
         .store
         .invitation_by_token_hash(&digest(token))
         .await?
-        .filter(|i| !i.revoked && i.accepted_at.is_none() && i.expires_at > now)
+        .filter(|i| i.is_open(now))
         .ok_or_else(|| {
             ApiError::NotFound("this invitation link is invalid or has expired".into())
         })?;

@@ -146,9 +146,7 @@ pub async fn invite(
         .list_invitations(caller.tenant_id())
         .await?
         .into_iter()
-        .any(|i| {
-            i.email == email.as_str() && !i.revoked && i.accepted_at.is_none() && i.expires_at > now
-        });
+        .any(|i| i.email == email.as_str() && i.is_open(now));
     if open {
         return Err(ApiError::Conflict(
             "an invitation for this email is already open; revoke it to send a new link".into(),
@@ -199,7 +197,7 @@ pub async fn open_invitation(
         .store
         .invitation_by_token_hash(&digest(token))
         .await?
-        .filter(|i| !i.revoked && i.accepted_at.is_none() && i.expires_at > state.clock.now_ms())
+        .filter(|i| i.is_open(state.clock.now_ms()))
         .ok_or_else(gone)?;
     let tenant = state.store.tenant(&inv.tenant_id).await?.ok_or_else(gone)?;
     Ok((inv, tenant))

@@ -92,6 +92,13 @@ pub struct InvitationRecord {
     pub revoked: bool,
 }
 
+impl InvitationRecord {
+    /// Whether its link still lets someone in at `now` (ms): not revoked, not used, not expired.
+    pub fn is_open(&self, now: i64) -> bool {
+        !self.revoked && self.accepted_at.is_none() && self.expires_at > now
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuotaScope {
     Tenant,
