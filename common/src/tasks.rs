@@ -722,6 +722,9 @@ pub struct Waiting {
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Task {
     pub id: String,
+    /// Its number in its organization (`#412`): accepted wherever an id is.
+    #[serde(default)]
+    pub number: u64,
     pub name: String,
     pub state: TaskState,
     pub user_id: String,
@@ -894,6 +897,9 @@ pub struct NodeGpu {
     pub allocated_memory: u64,
     /// Tasks of the caller's organization on this GPU (every task for platform admins).
     pub tasks: Vec<String>,
+    /// The numbers of `tasks` in their organizations (`#412`), in the same order.
+    #[serde(default)]
+    pub task_numbers: Vec<u64>,
     /// Tasks of other organizations on this GPU, which the caller may not see.
     #[serde(default)]
     pub other_tasks: u32,

@@ -71,6 +71,14 @@ enum AdminCommand {
         #[arg(long, default_value = "Operators")]
         tenant: String,
     },
+    /// Make an existing account a platform administrator, or with --revoke no longer one. It
+    /// applies from the account's next request.
+    MakeAdmin {
+        #[arg(long)]
+        email: String,
+        #[arg(long)]
+        revoke: bool,
+    },
     /// Set a new password for an account and end its sessions.
     ResetPassword {
         #[arg(long)]
@@ -217,6 +225,19 @@ async fn admin(settings: Settings, command: AdminCommand) -> anyhow::Result<()> 
             println!(
                 "created platform administrator {} in organization {:?}",
                 user.email, tenant.name
+            );
+        }
+        AdminCommand::MakeAdmin { email, revoke } => {
+            let email = Email::parse(&email).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let user = store
+                .user_by_email(email.as_str())
+                .await?
+                .with_context(|| format!("no account with email {}", email.as_str()))?;
+            store.set_user_flags(&user.id, None, Some(!revoke)).await?;
+            println!(
+                "{} is {} a platform administrator",
+                email.as_str(),
+                if revoke { "no longer" } else { "now" }
             );
         }
         AdminCommand::ResetPassword {

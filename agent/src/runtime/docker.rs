@@ -17,8 +17,8 @@ use futures_util::StreamExt;
 
 use super::gang::{wait_for_workers, GangEnd, WorkerExit, Workers};
 use super::{
-    safe_name, Exec, ExecControl, ExecSpec, RunOutcome, Runtime, RuntimeError, Started, TaskIo,
-    TaskLaunch,
+    safe_name, terminal_env, Exec, ExecControl, ExecSpec, RunOutcome, Runtime, RuntimeError,
+    Started, TaskIo, TaskLaunch,
 };
 use crate::isolation::{IsolationConfig, IsolationLevel};
 use crate::logs::{LogBuffer, MAX_LINE_BYTES};
@@ -549,6 +549,7 @@ impl Runtime for DockerRuntime {
                     attach_stdout: Some(true),
                     attach_stderr: Some(true),
                     tty: Some(spec.tty),
+                    env: terminal_env(spec.tty, launch).map(|(k, v)| vec![format!("{k}={v}")]),
                     cmd: Some(spec.argv()),
                     user: body.user,
                     working_dir: body.working_dir,

@@ -42,6 +42,16 @@ pub struct DataMount {
     pub requested_path: Option<String>,
 }
 
+/// What a person's terminal in a task says it is, unless the task set `TERM` itself:
+/// full-screen programs (vim, htop, tmux) and colours need to know, and the CLI's shell and
+/// the web terminal (xterm.js) both speak xterm.
+pub(crate) fn terminal_env(
+    terminal: bool,
+    launch: &TaskLaunch,
+) -> Option<(&'static str, &'static str)> {
+    (terminal && !launch.env.contains_key("TERM")).then_some(("TERM", "xterm-256color"))
+}
+
 /// Everything a runtime needs to start one attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskLaunch {

@@ -364,6 +364,7 @@ impl ProcessRuntime {
             .entry("PATH".into())
             .or_insert_with(|| DEFAULT_PATH.into());
         operator.extend(self.operator_env.clone());
+        operator.extend(super::terminal_env(terminal, launch).map(|(k, v)| (k.into(), v.into())));
         let confinement = self.confinement(launch);
         if launch.user.is_some() && confinement.is_none() && !matches!(self.mode, Mode::Trusted) {
             return Err(RuntimeError::Unavailable(

@@ -404,14 +404,20 @@ def test_cli_submit_ls_status_cancel(live, cluster, tmp_path, suite_label, clien
     listed = cli(live, "ls", "--label", f"suite={suite_label}")
     assert listed.returncode == 0, listed.stderr
     header, *rows = listed.stdout.splitlines()
-    assert header.split()[:3] == ["ID", "NAME", "STATUS"]
-    assert len(rows) == 1 and rows[0].startswith(task_id) and "cli-task" in rows[0]
+    assert header.split()[:4] == ["#", "ID", "NAME", "STATUS"]
+    assert len(rows) == 1 and rows[0].split()[1] == task_id and "cli-task" in rows[0]
 
     status = cli(live, "status", task_id)
     assert status.returncode == 0 and task_id in status.stdout
     assert any(s in status.stdout for s in ("PENDING", "SCHEDULED"))
     as_json = json.loads(cli(live, "status", task_id, "--json").stdout)
     assert as_json["id"] == task_id and as_json["spec"]["labels"] == {"suite": suite_label}
+    # Its number and a prefix of its id reach it as well as its id does.
+    assert rows[0].split()[0] == f"#{as_json['number']}"
+    for other_name in (f"#{as_json['number']}", str(as_json["number"]), task_id[:13]):
+        again_status = cli(live, "status", other_name, "--json")
+        assert again_status.returncode == 0, again_status.stderr
+        assert json.loads(again_status.stdout)["id"] == task_id
 
     cancelled = cli(live, "cancel", task_id, console_script=True)
     assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout

@@ -194,3 +194,23 @@ def test_num_workers_takes_an_elastic_range_in_several_spellings():
     assert build_spec({"name": "t", "image": "i", "num_workers": 4})["num_workers"] == 4
     # What it cannot read goes to the server, which says what is wrong.
     assert build_spec({"name": "t", "image": "i", "num_workers": "many"})["num_workers"] == "many"
+
+
+@pytest.mark.parametrize(
+    "field, suggested",
+    [
+        ("resources.gpu.cont", "count"),
+        ("resources.cpus", "cpu"),
+        ("checkpoint.intervall", "interval"),
+        ("gpus", "gpu_count"),
+        ("retries", "max_retries"),
+    ],
+)
+def test_a_typo_is_matched_against_the_keys_beside_it(field, suggested):
+    from autodl.spec import in_users_terms
+
+    refused = autodl.ValidationError(
+        f"{field} is not a field of this request", status=400, code="validation", field=field
+    )
+    told = in_users_terms(refused, {}, {})
+    assert told.message.endswith(f"did you mean {suggested!r}?"), told.message

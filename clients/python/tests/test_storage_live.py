@@ -216,20 +216,20 @@ def test_cli_runs_follows_and_explains_a_command(demo: LiveServer):
     assert all(h.returncode == 0 for h in held), [h.stderr for h in held]
     queue = cli(demo, "queue")
     assert queue.returncode == 0 and all(i in queue.stdout for i in ids), queue.stdout
-    assert queue.stdout.splitlines()[0].split()[:4] == ["ID", "NAME", "USER", "STATE"]
+    assert queue.stdout.splitlines()[0].split()[:5] == ["#", "ID", "NAME", "USER", "STATE"]
     # Once the scheduler has looked at them, the waiting ones say where they stand and why.
     deadline = time.monotonic() + 30
     while True:
-        rows = [r.split(None, 7) for r in cli(demo, "queue").stdout.splitlines()[1:]]
-        waiting = [r for r in rows if r[0] in ids and r[3] == "PENDING"]
-        if waiting and all(r[5].isdigit() and r[7] != "-" for r in waiting):
+        rows = [r.split(None, 8) for r in cli(demo, "queue").stdout.splitlines()[1:]]
+        waiting = [r for r in rows if r[1] in ids and r[4] == "PENDING"]
+        if waiting and all(r[6].isdigit() and r[8] != "-" for r in waiting):
             break
         assert time.monotonic() < deadline, rows
         time.sleep(0.5)
-    assert len({r[5] for r in waiting}) == len(waiting), f"one place each: {waiting}"
-    assert all("T" in r[6] or r[6] == "unknown" for r in waiting), waiting
+    assert len({r[6] for r in waiting}) == len(waiting), f"one place each: {waiting}"
+    assert all("T" in r[7] or r[7] == "unknown" for r in waiting), waiting
     listed = cli(demo, "ls", "--state", "pending,scheduled,running", "--label", "batch=cli")
-    assert sorted(line.split()[0] for line in listed.stdout.splitlines()[1:]) == sorted(ids)
+    assert sorted(line.split()[1] for line in listed.stdout.splitlines()[1:]) == sorted(ids)
     # Without --yes and without a terminal to ask on, a label cancels nothing.
     refused = cli(demo, "cancel", "--label", "batch=cli")
     assert refused.returncode == 1 and "--yes" in refused.stderr, refused.stderr

@@ -105,8 +105,9 @@ fn Cluster() -> impl IntoView {
                                                     <span class="gpu-share" data-testid="gpu-util">{util.map_or_else(|| "—".to_owned(), |u| format!("{:.0}% busy", u * 100.0))}</span>
                                                     <span class="small">{format!("mem {:.0}%", share * 100.0)}</span>
                                                     <span class="gpu-tasks">
-                                                        {g.tasks.iter().map(|t| {
-                                                            let short = t.get(..8).unwrap_or(t).to_string();
+                                                        {g.tasks.iter().zip(g.task_numbers.iter().map(Some).chain(std::iter::repeat(None))).map(|(t, number)| {
+                                                            // A task's number is what its owner knows it by.
+                                                            let short = number.map_or_else(|| t.get(..8).unwrap_or(t).to_string(), |n| format!("#{n}"));
                                                             // Another organization's task has no page here.
                                                             if g.other_org_tasks.contains(t) {
                                                                 view! { <span class="foreign" title="another organization's task" data-testid="foreign-task">{short}</span> }.into_any()

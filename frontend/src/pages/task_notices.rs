@@ -153,6 +153,7 @@ pub(crate) mod tests {
     pub(crate) fn task(state: TaskState, attempts: u32) -> Task {
         Task {
             id: "t".into(),
+            number: 1,
             name: "n".into(),
             state,
             user_id: "u".into(),

@@ -147,7 +147,7 @@ fn TaskView(id: String) -> impl IntoView {
                 let placement = t.placement.clone().unwrap_or_default().iter().map(|p| format!("{} GPU {:?}", p.node, p.gpu_indices)).collect::<Vec<_>>().join(", ");
                 view! {
                     <section class="card">
-                        <p class="crumbs"><a href="/tasks">"Tasks"</a>" / "</p>
+                        <p class="crumbs"><a href="/tasks">"Tasks"</a>" / "<span data-testid="task-number">{format!("#{}", t.number)}</span></p>
                         <div class="title-row">
                             <h1 data-testid="task-name">{t.name.clone()}" "{state_badge(t.state)}</h1>
                             <div class="actions">
@@ -161,7 +161,10 @@ fn TaskView(id: String) -> impl IntoView {
                                 {(!running).then(|| view! {
                                     <button type="button" class="secondary" data-testid="retry" on:click=move |_| { retry.dispatch(spec.clone()); }>"Retry"</button>
                                 })}
-                                <button type="button" class="secondary" data-testid="download" on:click=move |_| { download.dispatch(()); }>"Download results"</button>
+                                // Offered once there are results to download.
+                                {move || results.get().and_then(|r| r.ok()).is_some_and(|l| !l.is_empty()).then(|| view! {
+                                    <button type="button" class="secondary" data-testid="download" on:click=move |_| { download.dispatch(()); }>"Download results"</button>
+                                })}
                             </div>
                         </div>
                         <p class="banner error" role="alert">{move || general_error(error.get(), &[])}</p>

@@ -316,7 +316,7 @@ fn TaskList() -> impl IntoView {
                                             let on = event_target_checked(&ev);
                                             selected.update(|s| { if on { s.insert(id2.clone()); } else { s.remove(&id2); } });
                                         }/></td>
-                                    <td data-label="Name"><a href=format!("/tasks/{}", t.id)>{t.name.clone()}</a></td>
+                                    <td data-label="Name"><span class="muted small task-number" data-testid="task-number">{format!("#{} ", t.number)}</span><a href=format!("/tasks/{}", t.id)>{t.name.clone()}</a></td>
                                     <td data-label="State">{state_badge(t.state)}</td>
                                     <td data-label="GPUs">{gpu_summary(&t.spec)}</td>
                                     <td data-label="User">{t.user_email.clone()}</td>
@@ -348,8 +348,11 @@ fn TaskList() -> impl IntoView {
 }
 
 /// Whether a task's name holds the (lower-cased) search typed over the list.
+/// Whether the search box's text is in the task's name, or is its number (`#412` or `412`).
 fn named(t: &Task, needle: &str) -> bool {
-    needle.is_empty() || t.name.to_lowercase().contains(needle)
+    needle.is_empty()
+        || t.name.to_lowercase().contains(needle)
+        || needle.trim_start_matches('#') == t.number.to_string()
 }
 
 /// How long the task has run: from its first start to its end (or now).

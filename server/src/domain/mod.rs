@@ -11,6 +11,7 @@ mod idempotency_key;
 pub mod names;
 mod node;
 mod quota;
+mod task_ref;
 mod timestamp;
 
 pub use account::{parse_name, Email, Password};
@@ -21,4 +22,5 @@ pub use gpu_type::{parse_gpu_type, AllowedGpuTypes};
 pub use idempotency_key::IdempotencyKey;
 pub use node::{parse_node_id, NodeStatus};
 pub use quota::{check_within, parse_quota, quota_to_api};
+pub use task_ref::{prefix_end, TaskRef};
 pub use timestamp::rfc3339;

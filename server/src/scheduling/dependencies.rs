@@ -37,6 +37,16 @@ impl Dependencies {
     ) -> StoreResult<Gated> {
         let active: HashMap<&str, TaskState> =
             tasks.iter().map(|t| (t.id(), t.rec.task.state)).collect();
+        // How a waiting task names what it waits for: as its owner knows it.
+        let named: HashMap<&str, String> = tasks
+            .iter()
+            .map(|t| {
+                (
+                    t.id(),
+                    format!("#{} ({})", t.rec.task.number, t.rec.task.name),
+                )
+            })
+            .collect();
         let unknown: Vec<String> = tasks
             .iter()
             .filter(|t| waits(t))
@@ -83,7 +93,16 @@ impl Dependencies {
                             t.id().to_owned(),
                             Waiting {
                                 reason: Some("dependency".into()),
-                                message: format!("waits for task {dep} ({}) to {need}", s.as_str()),
+                                message: format!(
+                                    "waits for task {} to {need}; it is {}",
+                                    named.get(dep.as_str()).map_or(dep.as_str(), String::as_str),
+                                    // Placed is as good as running to the one waiting.
+                                    if s == TaskState::Pending {
+                                        "waiting to start"
+                                    } else {
+                                        "running"
+                                    }
+                                ),
                                 position: None,
                                 estimated_start: None,
                                 priority: None,

@@ -260,6 +260,7 @@ pub async fn load<S: Accounts + Usage + ?Sized>(
 fn empty_task(spec: crate::store::JsonText<TaskSpec>) -> crate::store::TaskRecord {
     crate::store::TaskRecord {
         id: String::new(),
+        number: 0,
         tenant_id: String::new(),
         user_id: String::new(),
         name: String::new(),

@@ -15,6 +15,14 @@ pub trait Tasks: Send + Sync {
     async fn create_tasks(&self, batch: &[NewTask]) -> StoreResult<Vec<StoreResult<TaskCreated>>>;
     /// A task of `tenant_id` (any tenant when `None`).
     async fn task(&self, tenant_id: Option<&str>, id: &str) -> StoreResult<Option<TaskWithUser>>;
+    /// The tasks of `tenant_id` that `what` may mean (by number, id prefix or name), newest
+    /// first, at most `limit`: one is the task meant, several say it was not clear.
+    async fn tasks_meant(
+        &self,
+        tenant_id: &str,
+        what: &crate::domain::TaskRef,
+        limit: i64,
+    ) -> StoreResult<Vec<TaskHandle>>;
     async fn list_tasks(&self, filter: &TaskFilter) -> StoreResult<Vec<TaskWithUser>>;
     /// How many tasks match the filter, on every page (its cursor and limit are ignored).
     async fn count_tasks(&self, filter: &TaskFilter) -> StoreResult<i64>;

@@ -72,6 +72,7 @@ pub fn to_api(t: TaskWithUser) -> Task {
     Task {
         placement: t.task.placement.0,
         id: t.task.id,
+        number: t.task.number.max(0) as u64,
         name: t.task.name,
         state,
         user_id: t.task.user_id,

@@ -22,6 +22,8 @@ use crate::tasks::spec::parse_size;
 struct Held {
     memory: u64,
     tasks: Vec<String>,
+    /// The numbers of `tasks`, in their order.
+    numbers: Vec<u64>,
     others: u32,
     /// Of `tasks`, another organization's (shown to platform admins).
     foreign: Vec<String>,
@@ -42,6 +44,7 @@ pub async fn nodes(state: &AppState, caller: &Caller) -> Result<Vec<NodeInfo>, A
                 e.memory = e.memory.saturating_add(spec.gpu_memory.unwrap_or(u64::MAX));
                 if visible {
                     e.tasks.push(t.id.clone());
+                    e.numbers.push(t.number.max(0) as u64);
                     if t.tenant_id != caller.tenant_id() {
                         e.foreign.push(t.id.clone());
                     }
@@ -75,6 +78,7 @@ pub async fn nodes(state: &AppState, caller: &Caller) -> Result<Vec<NodeInfo>, A
                         memory: g.mem_bytes,
                         allocated_memory: h.memory.min(g.mem_bytes),
                         tasks: h.tasks,
+                        task_numbers: h.numbers,
                         other_tasks: h.others,
                         other_org_tasks: h.foreign,
                         utilization: busy.get(&(n.id.clone(), g.index)).copied(),
@@ -212,6 +216,7 @@ pub async fn declare(
                 memory: g.mem_bytes,
                 allocated_memory: 0,
                 tasks: vec![],
+                task_numbers: vec![],
                 other_tasks: 0,
                 other_org_tasks: vec![],
                 utilization: None,

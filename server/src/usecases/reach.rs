@@ -4,17 +4,55 @@
 use autodl_common::tasks::TaskState;
 
 use crate::auth::{Caller, CallerVia};
+use crate::domain::TaskRef;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::TaskWithUser;
 
 /// A task of the caller's organization, or 404 (another organization's task is not there).
-pub async fn find(state: &AppState, caller: &Caller, id: &str) -> Result<TaskWithUser, ApiError> {
+/// `what` is how the caller named it: its id, `#412`, a prefix of its id or its name
+/// ([`TaskRef`]); a name or prefix that several tasks share is refused, naming them.
+pub async fn find(state: &AppState, caller: &Caller, what: &str) -> Result<TaskWithUser, ApiError> {
+    let id = id_of(state, caller, what).await?;
     state
         .store
-        .task(Some(caller.tenant_id()), id)
+        .task(Some(caller.tenant_id()), &id)
         .await?
         .ok_or_else(|| ApiError::NotFound("no such task".into()))
+}
+
+/// The id of the task the caller means by `what` (an id is taken as it is: reading the task
+/// says whether it is theirs).
+pub async fn id_of(state: &AppState, caller: &Caller, what: &str) -> Result<String, ApiError> {
+    match TaskRef::parse(what) {
+        TaskRef::Id(id) => Ok(id),
+        meant => the_one(state, caller.tenant_id(), &meant).await,
+    }
+}
+
+/// The id of the one task of `tenant_id` that `meant` names.
+async fn the_one(state: &AppState, tenant_id: &str, meant: &TaskRef) -> Result<String, ApiError> {
+    const SHOWN: usize = 5;
+    let mut found = state
+        .store
+        .tasks_meant(tenant_id, meant, SHOWN as i64 + 1)
+        .await?;
+    match found.len() {
+        0 => Err(ApiError::NotFound(meant.describe())),
+        1 => Ok(found.remove(0).id),
+        n => {
+            let named: Vec<String> = found
+                .iter()
+                .take(SHOWN)
+                .map(|t| format!("#{} {}", t.number, t.name))
+                .collect();
+            let more = if n > SHOWN { ", and more" } else { "" };
+            Err(ApiError::Conflict(format!(
+                "several tasks answer to that: {}{more}; name one by its number (#N) or id",
+                named.join(", ")
+            )))
+        }
+    }
 }
 
 /// The node and attempt a running task's `rank` runs on, once the caller may reach into it:

@@ -32,6 +32,8 @@ pub async fn submit(
     key: Option<IdempotencyKey>,
 ) -> Result<Submitted, ApiError> {
     let now = state.clock.now_ms();
+    let mut input = input;
+    name_after(state, caller, &mut input.after).await?;
     let mut spec = spec::normalise(input, now / 1000)?;
     session_rules(state, caller, &mut spec).await?;
     let rec = new_record(caller, &spec, key.map(IdempotencyKey::into_inner), now)?;
@@ -52,10 +54,10 @@ pub async fn submit(
         })
         .await?;
     Ok(match created {
-        TaskCreated::Created => {
+        TaskCreated::Created(number) => {
             state.scheduler.wake();
             Submitted::Created(TaskWithUser {
-                task: rec,
+                task: TaskRecord { number, ..rec },
                 user_email: caller.user.email.clone(),
             })
         }
@@ -89,6 +91,7 @@ pub(crate) fn new_record(
 ) -> Result<TaskRecord, ApiError> {
     Ok(TaskRecord {
         id: time_ordered_id(),
+        number: 0,
         tenant_id: caller.tenant_id().to_owned(),
         user_id: caller.user.id.clone(),
         name: spec.name.clone(),
@@ -231,6 +234,26 @@ async fn check_storage_urls(
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// `after` may name tasks as people do (`#412`, a name, an id prefix): each becomes the id of
+/// the one task of the organization it names, as the spec keeps it.
+pub(crate) async fn name_after(
+    state: &AppState,
+    caller: &Caller,
+    after: &mut [String],
+) -> Result<(), ApiError> {
+    for what in after.iter_mut() {
+        *what = crate::usecases::reach::id_of(state, caller, what)
+            .await
+            .map_err(|e| match e {
+                ApiError::NotFound(m) | ApiError::Conflict(m) => {
+                    ApiError::invalid("after", format!("after: {m}"))
+                }
+                other => other,
+            })?;
     }
     Ok(())
 }

@@ -30,6 +30,8 @@ pub async fn create(
             "name is required: 1 to 100 characters, e.g. \"lr-sweep\"",
         ));
     }
+    let mut template = input.template.clone();
+    crate::usecases::submit::name_after(state, caller, &mut template.after).await?;
     let now = state.clock.now_ms();
     let seed = input.seed.unwrap_or(now as u64);
     let trials = sweep::trials(&input.parameters, input.method, input.samples, seed)?;
@@ -48,7 +50,7 @@ pub async fn create(
     let id = time_ordered_id();
     let mut batch = Vec::with_capacity(trials.len());
     for (i, params) in trials.iter().enumerate() {
-        let input = sweep::trial_input(&input.template, &id, &name, i, params);
+        let input = sweep::trial_input(&template, &id, &name, i, params);
         let mut spec = spec::normalise(input, now / 1000).map_err(|e| in_template(e, i))?;
         crate::usecases::submit::session_rules(state, caller, &mut spec).await?;
         spec.sweep = Some(SweepTrial {

@@ -30,7 +30,13 @@ pub async fn list(
 
 /// Cancels a task that has not finished (its resources are freed at the next cycle), and
 /// answers it as it is now.
-pub async fn cancel(state: &AppState, caller: &Caller, id: &str) -> Result<TaskWithUser, ApiError> {
+pub async fn cancel(
+    state: &AppState,
+    caller: &Caller,
+    what: &str,
+) -> Result<TaskWithUser, ApiError> {
+    let id = crate::usecases::reach::id_of(state, caller, what).await?;
+    let id = id.as_str();
     match state
         .store
         .cancel_task(caller.tenant_id(), id, state.clock.now_ms())

@@ -99,4 +99,34 @@ async fn create_admin_and_reset_password(b: Backend) {
         ],
     );
     assert!(!out.status.success());
+
+    // An existing member made a platform administrator, and back, from the shell.
+    let ada = app.signup("ada@example.com", "Lab").await;
+    assert_eq!(ada.get(&app, "/api/v1/me").await["platform_admin"], false);
+    let out = cli(&url, &["admin", "make-admin", "--email", "ada@example.com"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(ada.get(&app, "/api/v1/me").await["platform_admin"], true);
+    ada.get(&app, "/api/v1/admin/tenants").await;
+    let out = cli(
+        &url,
+        &[
+            "admin",
+            "make-admin",
+            "--email",
+            "ada@example.com",
+            "--revoke",
+        ],
+    );
+    assert!(out.status.success());
+    assert_eq!(ada.get(&app, "/api/v1/me").await["platform_admin"], false);
+    let out = cli(
+        &url,
+        &["admin", "make-admin", "--email", "ghost@example.com"],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no account with email"));
 }

@@ -861,12 +861,25 @@ async fn tasks_start_after_the_tasks_they_name(b: Backend) {
     c.cycle().await;
     let w = &c.task(&x, &needs_ok).await["waiting"];
     assert_eq!(w["reason"], "dependency", "{w}");
+    // Named as its owner knows it, and running once placed.
+    let up = c.task(&x, &a).await;
     assert_eq!(
         w["message"],
-        format!("waits for task {a} (running) to complete")
+        format!(
+            "waits for task #{} ({}) to complete; it is running",
+            up["number"],
+            up["name"].as_str().unwrap()
+        )
     );
     let w = &c.task(&x, &chained).await["waiting"];
-    assert!(w["message"].as_str().unwrap().contains(&needs_ok), "{w}");
+    let upstream = c.task(&x, &needs_ok).await;
+    assert!(
+        w["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("#{} (needs-ok)", upstream["number"])),
+        "{w}"
+    );
     // Submission refuses what could never be met, naming the field.
     for (spec, why) in [
         (

@@ -128,6 +128,7 @@ async fn a_repeated_key_in_one_batch_makes_one_task(b: Backend) {
     .unwrap();
     let record = |id: &str, key: Option<&str>| TaskRecord {
         id: id.to_owned(),
+        number: 0,
         tenant_id: s.user["tenant_id"].as_str().unwrap().to_owned(),
         user_id: s.id(),
         name: id.to_owned(),
@@ -158,8 +159,9 @@ async fn a_repeated_key_in_one_batch_makes_one_task(b: Backend) {
         })
         .collect();
     let out = app.state.store.create_tasks(&batch).await.unwrap();
-    assert!(matches!(out[0], Ok(TaskCreated::Created)));
-    assert!(matches!(out[1], Ok(TaskCreated::Created)));
+    // Numbered in the batch's order; the repeat's number stays unused.
+    assert!(matches!(out[0], Ok(TaskCreated::Created(1))));
+    assert!(matches!(out[1], Ok(TaskCreated::Created(2))));
     match &out[2] {
         Ok(TaskCreated::Existing(t)) => assert_eq!(t.task.id, "a"),
         _ => panic!("the repeated key should name task a"),

@@ -14,6 +14,7 @@ crate::on_both_backends!(
     task_input_is_validated,
     idempotency_key_creates_one_task,
     a_task_is_submitted_again_from_its_handed_out_spec,
+    tasks_are_reached_by_number_name_or_id_prefix,
     listing_filters_and_pages,
     quotas_hold_or_refuse_tasks,
     tasks_of_other_tenants_are_out_of_reach,
@@ -607,6 +608,92 @@ async fn a_task_is_submitted_again_from_its_handed_out_spec(b: Backend) {
     let again = submit(&app, &s, handed).await;
     assert_ne!(again["id"], first["id"]);
     assert_eq!(again["spec"], first["spec"]);
+}
+
+/// Each organization numbers its tasks from 1 (`#N`); a number, a unique name or a prefix of
+/// an id reaches a task wherever its id does, within the caller's organization only, and one
+/// that several tasks answer to is refused naming them.
+async fn tasks_are_reached_by_number_name_or_id_prefix(b: Backend) {
+    let app = spawn_app(b).await;
+    let s = app.signup("numbers@example.com", "Numbers").await;
+    let other = app.signup("other@example.com", "Elsewhere").await;
+    let a = submit(&app, &s, spec("prep", "A100", 1)).await;
+    let b2 = submit(&app, &s, spec("train", "A100", 1)).await;
+    let twin = submit(&app, &s, spec("train", "A100", 1)).await;
+    let theirs = submit(&app, &other, spec("prep", "A100", 1)).await;
+    assert_eq!(
+        (a["number"].as_u64(), b2["number"].as_u64()),
+        (Some(1), Some(2))
+    );
+    assert_eq!(twin["number"], 3);
+    assert_eq!(theirs["number"], 1, "each organization counts from 1");
+    let a_id = a["id"].as_str().unwrap();
+    assert_eq!(
+        s.get(&app, &format!("/api/v1/tasks/{a_id}")).await["number"],
+        1
+    );
+    for what in ["1", "%231", "prep", &a_id[..13], &a_id.to_uppercase()] {
+        let t = s.get(&app, &format!("/api/v1/tasks/{what}")).await;
+        assert_eq!(t["id"], a["id"], "{what}");
+        let events = s.get(&app, &format!("/api/v1/tasks/{what}/events")).await;
+        assert!(!events.as_array().unwrap().is_empty(), "{what}");
+    }
+    // Another organization's number 1 and name are theirs.
+    let t = other.get(&app, "/api/v1/tasks/1").await;
+    assert_eq!(t["id"], theirs["id"]);
+    let res = other
+        .send(
+            &app,
+            Method::GET,
+            &format!("/api/v1/tasks/{}", &a_id[..13]),
+            None,
+        )
+        .await;
+    assert_error(res, StatusCode::NOT_FOUND, "not_found").await;
+    let res = s.send(&app, Method::GET, "/api/v1/tasks/%2399", None).await;
+    let body = assert_error(res, StatusCode::NOT_FOUND, "not_found").await;
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("#99"),
+        "{body}"
+    );
+    // Two tasks called "train": refused, naming both by number.
+    let res = s.send(&app, Method::GET, "/api/v1/tasks/train", None).await;
+    let body = assert_error(res, StatusCode::CONFLICT, "conflict").await;
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("#2 train") && message.contains("#3 train"),
+        "{message}"
+    );
+    // Cancelling and waiting on a task take the same names.
+    let res = s
+        .send(&app, Method::POST, "/api/v1/tasks/%233/cancel", None)
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let after = submit(
+        &app,
+        &s,
+        json!({"name": "eval", "image": "pytorch:2", "command": ["true"], "after": ["#2", "prep"],
+               "resources": {"gpu": {"type": "A100", "count": 1}}}),
+    )
+    .await;
+    assert_eq!(after["spec"]["after"], json!([b2["id"], a["id"]]));
+    assert_eq!(after["number"], 4);
+    let res = s
+        .send(
+            &app,
+            Method::POST,
+            "/api/v1/tasks",
+            Some(
+                json!({"name": "x", "image": "i", "command": ["true"], "after": ["#77"],
+                        "resources": {"gpu": {"type": "A100", "count": 1}}}),
+            ),
+        )
+        .await;
+    let body = assert_error(res, StatusCode::BAD_REQUEST, "validation").await;
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("#77"),
+        "{body}"
+    );
 }
 
 async fn cancel_frees_the_gpus(b: Backend) {

@@ -376,9 +376,15 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
     )
     .await
     .unwrap();
-    ws.send(stdin("stty size; echo $((6*7))\n")).await.unwrap();
+    ws.send(stdin("stty size; echo term=$TERM; echo $((6*7))\n"))
+        .await
+        .unwrap();
     let seen = read_until(&mut ws, "42", 20).await;
     assert!(seen.contains("30 100"), "the terminal's size: {seen}");
+    assert!(
+        seen.contains("term=xterm-256color"),
+        "a terminal says what it is: {seen}"
+    );
     ws.send(stdin("sleep 60; echo slept\n")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     ws.send(stdin("\u{3}")).await.unwrap();

@@ -111,6 +111,8 @@ def _human_bytes(value: Any) -> str:
 def _print_task(task: Task, out: TextIO) -> None:
     info = task.info
     out.write(f"id:       {task.id}\n")
+    if task.number is not None:
+        out.write(f"number:   #{task.number}\n")
     out.write(f"name:     {info.get('name')}\n")
     out.write(f"status:   {task.status}\n")
     out.write(f"user:     {info.get('user_email') or info.get('user_id') or '-'}\n")
@@ -178,6 +180,11 @@ def _list(client: Client, args: argparse.Namespace) -> List[Task]:
     return tasks[: args.limit] if args.limit else tasks
 
 
+def _number(t: Task) -> str:
+    """``#412``: what people say and type (``autodl status '#412'``)."""
+    return f"#{t.number}" if t.number is not None else "-"
+
+
 def cmd_ls(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     tasks = _list(client, args)
     if args.json:
@@ -185,6 +192,7 @@ def cmd_ls(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         return 0
     rows = [
         [
+            _number(t),
             t.id,
             str(t.info.get("name", "")),
             t.status,
@@ -194,7 +202,7 @@ def cmd_ls(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         ]
         for t in tasks
     ]
-    _table(rows, ["ID", "NAME", "STATUS", "GPUS", "NODES", "CREATED"], out)
+    _table(rows, ["#", "ID", "NAME", "STATUS", "GPUS", "NODES", "CREATED"], out)
     return 0
 
 
@@ -419,6 +427,7 @@ def cmd_queue(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         position = w.get("position")
         rows.append(
             [
+                _number(t),
                 t.id,
                 str(t.info.get("name", "")),
                 str(t.info.get("user_email") or "-"),
@@ -429,7 +438,7 @@ def cmd_queue(client: Client, args: argparse.Namespace, out: TextIO) -> int:
                 _nodes_of(t.info) if t.status != "PENDING" else str(w.get("message") or "-"),
             ]
         )
-    headers = ["ID", "NAME", "USER", "STATE", "GPUS", "POS", "EST. START", "NODES/REASON"]
+    headers = ["#", "ID", "NAME", "USER", "STATE", "GPUS", "POS", "EST. START", "NODES/REASON"]
     return _show(out, args, [t.info for t in tasks], rows, headers)
 
 

@@ -310,6 +310,17 @@ SYNONYMS = {
 }
 
 
+# The keys of the spec's nested objects, by where they sit: a typo deep in the spec is
+# matched against its neighbours (``resources.gpu.cont`` means ``count``, not ``gpu_count``).
+NESTED_FIELDS = {
+    "resources": ("gpu", "cpu", "memory"),
+    "resources.gpu": ("type", "count", "memory"),
+    "checkpoint": ("interval", "save_to", "keep"),
+    "retry_policy": ("max_retries", "oom_recovery"),
+    "affinity": ("zone", "bandwidth"),
+}
+
+
 def in_users_terms(
     exc: ValidationError, config: Optional[Mapping[str, Any]], overrides: Mapping[str, Any]
 ) -> ValidationError:
@@ -328,9 +339,13 @@ def in_users_terms(
         shown = by_path[field]
         message = f"{shown} (sent as {field}): {message}"
     elif "not a field" in message:
-        unknown = field.rsplit(".", 1)[-1]
-        known = sorted(set(ALIASES) | set(SPEC_FIELDS) | {"commands"})
-        close = SYNONYMS.get(unknown.lower()) or next(
+        parent, _, unknown = field.rpartition(".")
+        known = (
+            sorted(NESTED_FIELDS.get(parent, ()))
+            if parent
+            else sorted(set(ALIASES) | set(SPEC_FIELDS) | {"commands"})
+        )
+        close = (SYNONYMS.get(unknown.lower()) if not parent else None) or next(
             iter(difflib.get_close_matches(unknown, known, n=1, cutoff=0.6)), None
         )
         if close:

@@ -75,6 +75,12 @@ class Task:
         return self.info.get("name")
 
     @property
+    def number(self) -> Optional[int]:
+        """Its number in the organization (``#412``), which ``client.get_task("#412")``,
+        the CLI and the web app's URLs accept wherever an id goes."""
+        return self.info.get("number")
+
+    @property
     def status(self) -> str:
         """The status as of the last fetch (no request); see :meth:`get_status`."""
         return status_of(self.info)

@@ -7,6 +7,8 @@ use super::JsonText;
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct TaskRecord {
     pub id: String,
+    /// Its number in its organization (`#412`), given as it is stored (0 before).
+    pub number: i64,
     pub tenant_id: String,
     pub user_id: String,
     pub name: String,
@@ -35,6 +37,14 @@ pub struct TaskRecord {
     pub waiting: Option<String>,
     /// "uploading" or "lost" when its results are not simply stored (see `Task::results`).
     pub results: Option<String>,
+}
+
+/// How a task is named to people: enough to tell several apart.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TaskHandle {
+    pub id: String,
+    pub number: i64,
+    pub name: String,
 }
 
 /// One placement the scheduler writes: the task, its placement (JSON of worker placements), the
@@ -148,7 +158,8 @@ pub struct RunEnd {
 }
 
 pub enum TaskCreated {
-    Created,
+    /// Stored, with this number in its organization.
+    Created(i64),
     /// The idempotency key was used before; this is the task it created.
     Existing(Box<TaskWithUser>),
     /// Not stored: it would pass one of its caps (what to tell the submitter).

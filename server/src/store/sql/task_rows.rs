@@ -68,20 +68,54 @@ macro_rules! impl_task_rows {
                 Ok(None)
             }
 
+            /// The next numbers of each task's organization, one per task in `batch` order:
+            /// each organization's counter moves once per batch, in the order of their ids (so
+            /// two servers' batches lock counters in the same order and never wait on each other
+            /// in a circle), and its row stays locked until `tx` ends.
+            async fn take_numbers(tx: &mut sqlx::Transaction<'_, $db>, batch: &[NewTask]) -> StoreResult<Vec<i64>> {
+                let mut wanted: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+                for n in batch {
+                    *wanted.entry(n.task.tenant_id.as_str()).or_default() += 1;
+                }
+                let mut next: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
+                for (tenant, count) in wanted {
+                    let (last,): (i64,) = sqlx::query_as(
+                        "INSERT INTO task_numbers (tenant_id, last) VALUES ($1, $2)
+                         ON CONFLICT (tenant_id) DO UPDATE SET last = task_numbers.last + excluded.last
+                         RETURNING last",
+                    )
+                    .bind(tenant)
+                    .bind(count)
+                    .fetch_one(&mut **tx)
+                    .await?;
+                    next.insert(tenant, last - count + 1);
+                }
+                Ok(batch
+                    .iter()
+                    .map(|n| {
+                        let at = next.entry(n.task.tenant_id.as_str()).or_default();
+                        *at += 1;
+                        *at - 1
+                    })
+                    .collect())
+            }
+
             /// Inserts new tasks, their labels and their first event inside `tx`; answers the
-            /// ids stored (a repeated idempotency key stores nothing).
+            /// ids stored with their numbers (a repeated idempotency key stores nothing, and
+            /// the number it was given stays unused).
             pub(super) async fn insert_tasks(
                 tx: &mut sqlx::Transaction<'_, $db>,
                 batch: &[NewTask],
-            ) -> StoreResult<std::collections::HashSet<String>> {
-                let mut stored: std::collections::HashSet<String> = std::collections::HashSet::new();
-                for chunk in batch.chunks(INSERT_ROWS) {
+            ) -> StoreResult<std::collections::HashMap<String, i64>> {
+                let numbers = Self::take_numbers(tx, batch).await?;
+                let mut stored: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+                for (chunk, numbers) in batch.chunks(INSERT_ROWS).zip(numbers.chunks(INSERT_ROWS)) {
                     let mut q = sqlx::QueryBuilder::<$db>::new(
                         "INSERT INTO tasks (id, tenant_id, user_id, name, state, spec, gpus_total, idempotency_key, attempts,
                             batch_size, placement, attained_gpu_seconds, last_checkpoint_at, created_at, updated_at, started_at, finished_at,
-                            kind, rev) ",
+                            kind, number, rev) ",
                     );
-                    q.push_values(chunk, |mut b, n| {
+                    q.push_values(chunk.iter().zip(numbers), |mut b, (n, number)| {
                         let t = &n.task;
                         b.push_bind(&t.id)
                             .push_bind(&t.tenant_id)
@@ -101,14 +135,15 @@ macro_rules! impl_task_rows {
                             .push_bind(t.started_at)
                             .push_bind(t.finished_at)
                             .push_bind(n.kind.as_str())
+                            .push_bind(*number)
                             .push(<$store>::NEW_TASK_REV);
                     });
                     // A repeated idempotency key stores nothing; the task it made is read below.
-                    q.push(" ON CONFLICT DO NOTHING RETURNING id");
-                    let ids: Vec<(String,)> = q.build_query_as().fetch_all(&mut **tx).await?;
-                    stored.extend(ids.into_iter().map(|(id,)| id));
+                    q.push(" ON CONFLICT DO NOTHING RETURNING id, number");
+                    let ids: Vec<(String, i64)> = q.build_query_as().fetch_all(&mut **tx).await?;
+                    stored.extend(ids);
                 }
-                let new: Vec<&NewTask> = batch.iter().filter(|n| stored.contains(&n.task.id)).collect();
+                let new: Vec<&NewTask> = batch.iter().filter(|n| stored.contains_key(&n.task.id)).collect();
                 let labels: Vec<(&str, &str, &str)> = new
                     .iter()
                     .flat_map(|n| n.labels.iter().map(|(k, v)| (n.task.id.as_str(), k.as_str(), v.as_str())))

@@ -4,7 +4,7 @@ use super::task_rows::INSERT_ROWS;
 use super::*;
 use autodl_common::tasks::TaskState;
 
-const TASK_COLS: &str = "t.id, t.tenant_id, t.user_id, t.name, t.state, t.spec, t.gpus_total, t.idempotency_key, \
+const TASK_COLS: &str = "t.id, t.number, t.tenant_id, t.user_id, t.name, t.state, t.spec, t.gpus_total, t.idempotency_key, \
      t.attempts, t.batch_size, t.placement, t.attained_gpu_seconds, t.last_checkpoint_at, t.created_at, \
      t.updated_at, t.started_at, t.finished_at, t.stop_reason, t.waiting, t.results";
 
@@ -39,8 +39,8 @@ macro_rules! impl_tasks {
                 let mut out = Vec::with_capacity(batch.len());
                 for n in batch {
                     let t = &n.task;
-                    if stored.contains(&t.id) {
-                        out.push(Ok(TaskCreated::Created));
+                    if let Some(number) = stored.get(&t.id) {
+                        out.push(Ok(TaskCreated::Created(*number)));
                         continue;
                     }
                     if let Some(why) = over.remove(&t.id) {
@@ -77,6 +77,34 @@ macro_rules! impl_tasks {
                 .bind(tenant_id)
                 .fetch_optional(&self.pool)
                 .await?)
+            }
+
+            async fn tasks_meant(&self, tenant_id: &str, what: &crate::domain::TaskRef, limit: i64) -> StoreResult<Vec<TaskHandle>> {
+                use crate::domain::TaskRef;
+                let mut q = sqlx::QueryBuilder::<$db>::new("SELECT id, number, name FROM tasks WHERE tenant_id = ");
+                q.push_bind(tenant_id);
+                match what {
+                    TaskRef::Id(id) => {
+                        q.push(" AND id = ").push_bind(id);
+                    }
+                    TaskRef::Number(n) => {
+                        q.push(" AND number = ").push_bind(*n);
+                    }
+                    TaskRef::PrefixOrName(s) => {
+                        q.push(" AND ((id >= ")
+                            .push_bind(s.to_ascii_lowercase())
+                            .push(" AND id < ")
+                            .push_bind(crate::domain::prefix_end(s))
+                            .push(") OR name = ")
+                            .push_bind(s)
+                            .push(")");
+                    }
+                    TaskRef::Name(s) => {
+                        q.push(" AND name = ").push_bind(s);
+                    }
+                }
+                q.push(" ORDER BY created_at DESC, id DESC LIMIT ").push_bind(limit);
+                Ok(q.build_query_as().fetch_all(&self.pool).await?)
             }
 
             async fn list_tasks(&self, f: &TaskFilter) -> StoreResult<Vec<TaskWithUser>> {
