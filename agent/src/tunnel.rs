@@ -146,6 +146,22 @@ async fn pump(mut reader: ExecReader, prefix: Option<u8>, tx: mpsc::Sender<Messa
     }
 }
 
+/// How long output is still read after a command's exit, when its output outlasts it.
+const LAST_OUTPUT: Duration = Duration::from_millis(200);
+
+/// Resolves once the command has exited, where that is known apart from its output's end
+/// (never, elsewhere).
+async fn exited(exit: &mut Option<tokio::sync::watch::Receiver<Option<i32>>>) {
+    match exit {
+        Some(w) => {
+            if w.wait_for(Option::is_some).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
 async fn exec(
     sink: SplitSink<Socket, Message>,
     mut stream: SplitStream<Socket>,
@@ -164,6 +180,7 @@ async fn exec(
     let writer = tokio::spawn(write_all(sink, rx));
     let mut stdin = Some(started.stdin);
     let mut control_handle = started.control;
+    let mut exit = control_handle.exited();
     let mut outputs = vec![tokio::spawn(pump(
         started.stdout,
         Some(channel::STDOUT),
@@ -172,10 +189,17 @@ async fn exec(
     if let Some(err) = started.stderr {
         outputs.push(tokio::spawn(pump(err, Some(channel::STDERR), tx.clone())));
     }
+    let pumps: Vec<tokio::task::AbortHandle> = outputs.iter().map(|o| o.abort_handle()).collect();
     let mut outputs_done = Box::pin(futures_util::future::join_all(outputs));
     let ended = loop {
         tokio::select! {
             _ = &mut outputs_done => break true,
+            _ = exited(&mut exit) => {
+                // What it printed last is read by now or just after; what it left running
+                // in the background keeps the output open, but the command has ended.
+                let _ = tokio::time::timeout(LAST_OUTPUT, &mut outputs_done).await;
+                break true;
+            }
             msg = stream.next() => match msg {
                 Some(Ok(Message::Binary(b))) => {
                     if b.first() == Some(&channel::STDIN) {
@@ -211,6 +235,9 @@ async fn exec(
     }
     // The person left first: dropping the command ends it.
     drop(control_handle);
+    for p in pumps {
+        p.abort();
+    }
     drop(tx);
     let _ = writer.await;
     if ended {

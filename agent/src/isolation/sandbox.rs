@@ -163,10 +163,14 @@ impl Sandbox {
     pub fn args(&self, l: &SandboxLaunch<'_>) -> Vec<OsString> {
         let mut a = Args::default();
         if !l.terminal {
+            // A command (the task's, or one exec'd into it) ends with whoever started it; a
+            // person's shell instead lets what it started with nohup or setsid outlive it, as
+            // a login does: bwrap's reaper stays while they run, the shell's hang-up ends the
+            // rest, and the attempt's end (its cgroup) ends them all.
             a.push("--new-session");
+            a.push("--die-with-parent");
         }
         for flag in [
-            "--die-with-parent",
             "--unshare-pid",
             "--unshare-ipc",
             "--unshare-uts",

@@ -536,6 +536,12 @@ pub trait ExecControl: Send {
     async fn resize(&mut self, cols: u16, rows: u16) -> Result<(), RuntimeError>;
     /// Waits for the end: the exit status (128 + signal when a signal ended it).
     async fn wait(&mut self) -> Result<i32, RuntimeError>;
+    /// Says when the command has exited, where its output can outlast it (a terminal that
+    /// what it started in the background still holds open): the tunnel then ends at its exit,
+    /// not at the output's end. None where the output ends with the command.
+    fn exited(&mut self) -> Option<tokio::sync::watch::Receiver<Option<i32>>> {
+        None
+    }
 }
 
 /// The reason reported to the server. A stop on request wins (the exit code of a stopped task

@@ -772,33 +772,87 @@ impl Runtime for ProcessRuntime {
     }
 }
 
-/// A command running in a task's environment, on a terminal or on pipes.
+/// A command running in a task's environment on pipes: its output ends with it.
 struct ProcessExec {
     child: Child,
-    /// The terminal's controlling side, kept to resize it.
-    terminal: Option<std::os::fd::OwnedFd>,
+}
+
+/// The exit status a process reports: its code, or 128 + the signal that ended it.
+fn exit_status(status: std::process::ExitStatus) -> i32 {
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
 #[async_trait]
 impl ExecControl for ProcessExec {
-    async fn resize(&mut self, cols: u16, rows: u16) -> Result<(), RuntimeError> {
-        if let Some(fd) = &self.terminal {
-            let size = rustix::termios::Winsize {
-                ws_row: rows,
-                ws_col: cols,
-                ws_xpixel: 0,
-                ws_ypixel: 0,
-            };
-            rustix::termios::tcsetwinsize(fd, size).map_err(std::io::Error::from)?;
-        }
+    async fn resize(&mut self, _cols: u16, _rows: u16) -> Result<(), RuntimeError> {
         Ok(())
     }
 
     async fn wait(&mut self) -> Result<i32, RuntimeError> {
-        let status = self.child.wait().await?;
-        Ok(status
-            .code()
-            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+        Ok(exit_status(self.child.wait().await?))
+    }
+}
+
+/// A person's shell on a terminal. What it starts with nohup or setsid outlives it, and may
+/// keep the terminal open after it exits (bwrap's reaper holds it while they run), so its
+/// exit is watched apart from its output. Dropping it (the person left first) kills it; the
+/// terminal's hang-up then ends what it started that does not ignore one.
+struct TerminalExec {
+    /// The terminal's controlling side, kept to resize it.
+    terminal: std::os::fd::OwnedFd,
+    status: tokio::sync::watch::Receiver<Option<i32>>,
+    /// Dropped with this: the waiter then kills the shell.
+    _kill: tokio::sync::oneshot::Sender<()>,
+}
+
+impl TerminalExec {
+    fn new(mut child: Child, terminal: std::os::fd::OwnedFd) -> Self {
+        let (status_tx, status) = tokio::sync::watch::channel(None);
+        let (kill, mut killed) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let code = tokio::select! {
+                s = child.wait() => s.map_or(-1, exit_status),
+                _ = &mut killed => {
+                    let _ = child.start_kill();
+                    child.wait().await.map_or(-1, exit_status)
+                }
+            };
+            let _ = status_tx.send(Some(code));
+        });
+        TerminalExec {
+            terminal,
+            status,
+            _kill: kill,
+        }
+    }
+}
+
+#[async_trait]
+impl ExecControl for TerminalExec {
+    async fn resize(&mut self, cols: u16, rows: u16) -> Result<(), RuntimeError> {
+        let size = rustix::termios::Winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        rustix::termios::tcsetwinsize(&self.terminal, size).map_err(std::io::Error::from)?;
+        Ok(())
+    }
+
+    async fn wait(&mut self) -> Result<i32, RuntimeError> {
+        let code = *self
+            .status
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| RuntimeError::Unavailable("the shell's waiter is gone".into()))?;
+        Ok(code.unwrap_or(-1))
+    }
+
+    fn exited(&mut self) -> Option<tokio::sync::watch::Receiver<Option<i32>>> {
+        Some(self.status.clone())
     }
 }
 
@@ -816,10 +870,7 @@ impl ProcessRuntime {
                 stdout: Box::pin(read),
                 stderr: None,
                 stdin: Box::pin(write),
-                control: Box::new(ProcessExec {
-                    child,
-                    terminal: Some(control),
-                }),
+                control: Box::new(TerminalExec::new(child, control)),
             });
         }
         let mut cmd = plan.command();
@@ -840,10 +891,7 @@ impl ProcessRuntime {
             stdout: Box::pin(stdout),
             stderr: Some(Box::pin(stderr)),
             stdin: Box::pin(stdin),
-            control: Box::new(ProcessExec {
-                child,
-                terminal: None,
-            }),
+            control: Box::new(ProcessExec { child }),
         })
     }
 }

@@ -409,9 +409,35 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
         !seen.contains("\nslept"),
         "Ctrl-C did not stop the sleep: {seen}"
     );
+    // What the shell started with nohup outlives it (until the task ends), and the shell's
+    // exit still ends the tunnel at once.
+    ws.send(stdin(
+        "nohup sh -c 'while true; do date +%s%N > \"$HOME/alive\"; sleep 0.1; done' >/dev/null 2>&1 &\n",
+    ))
+    .await
+    .unwrap();
     ws.send(stdin("exit 0\n")).await.unwrap();
+    let at = std::time::Instant::now();
     let ended = read_to_end(&mut ws, 20).await;
     assert_eq!(ended.exit, Some(0), "{ended:?}");
+    assert!(
+        at.elapsed() < Duration::from_secs(5),
+        "the shell's exit ended the tunnel only after {:?}",
+        at.elapsed()
+    );
+    let alive_path = exec_path(&id, &["sh", "-c", "cat \"$HOME/alive\""]);
+    let alive = || async {
+        let mut ws = connect(&app, &ada, &alive_path).await.unwrap();
+        read_to_end(&mut ws, 20).await.stdout
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let first = alive().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = alive().await;
+    assert!(
+        !first.trim().is_empty() && first != second,
+        "the shell's background process stopped with it: {first:?} then {second:?}"
+    );
 
     // A declared port: an HTTP request through the tunnel gets the task's page.
     let mut page = String::new();
