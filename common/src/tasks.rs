@@ -529,6 +529,31 @@ pub enum SweepMethod {
     Grid,
     /// `samples` draws: a list gives one of its values, a range a number in it.
     Random,
+    /// Asynchronous successive halving: the trials of a grid (or `samples` random draws),
+    /// each stopped early when, at a rung of its `resource`, its `metric` is not among the
+    /// best `1/reduction_factor` of the trials that reached that rung before it.
+    Asha,
+}
+
+/// Whether a smaller or a larger value of a metric is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum MetricGoal {
+    Min,
+    Max,
+}
+
+/// How an ASHA sweep judges its trials, as the sweep shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct EarlyStopping {
+    /// The reported number that counts a trial's progress (`step` or `epoch`).
+    pub resource: String,
+    /// The progress at which trials are compared, smallest first; the last is
+    /// `max_resource`, where nothing is stopped any more.
+    pub rungs: Vec<f64>,
+    pub reduction_factor: u32,
 }
 
 /// The values one parameter takes: a list, or (random sweeps) a range.
@@ -574,6 +599,24 @@ pub struct SweepInput {
     /// Trials running at once; the others wait (default: all).
     #[serde(default)]
     pub max_concurrency: Option<u32>,
+    /// The reported number the sweep optimises: what `best` and ASHA judge by.
+    #[serde(default)]
+    pub metric: Option<String>,
+    /// Whether a smaller (`min`, the default) or a larger `metric` is better.
+    #[serde(default)]
+    pub mode: Option<MetricGoal>,
+    /// ASHA: the reported number that counts progress, `step` (default) or `epoch`.
+    #[serde(default)]
+    pub resource: Option<String>,
+    /// ASHA: the first rung (default 1).
+    #[serde(default)]
+    pub min_resource: Option<f64>,
+    /// ASHA: the progress a trial that is never stopped reaches (required).
+    #[serde(default)]
+    pub max_resource: Option<f64>,
+    /// ASHA: each rung keeps the best 1/this of the trials that reach it (default 3).
+    #[serde(default)]
+    pub reduction_factor: Option<u32>,
 }
 
 /// One trial of a sweep as its page shows it.
@@ -588,6 +631,9 @@ pub struct SweepTrialRow {
     /// The newest value of each metric the trial reported.
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub metrics: BTreeMap<String, serde_json::Value>,
+    /// Why ASHA stopped it early (null when it was not).
+    #[serde(default)]
+    pub stopped_early: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -602,6 +648,14 @@ pub struct Sweep {
     pub created_at: String,
     /// Parameter names, in the order the table shows them.
     pub parameters: Vec<String>,
+    /// The number it optimises, and which way (null when it names none).
+    #[serde(default)]
+    pub metric: Option<String>,
+    #[serde(default)]
+    pub mode: Option<MetricGoal>,
+    /// How ASHA judges the trials (null for grid and random sweeps).
+    #[serde(default)]
+    pub early_stopping: Option<EarlyStopping>,
     /// Trials per state (`pending`, `running`, `completed`, ...).
     pub states: BTreeMap<String, u32>,
     /// The trials, in order; empty in listings.

@@ -111,3 +111,28 @@ def test_cli_sweep_run_show_and_cancel(tmp_path, monkeypatch, capsys):
     assert main(["sweep", "cancel", "sw1"]) == 0
     assert "sw1: 2 trials cancelled" in capsys.readouterr().out
     assert main(["sweep", "run", str(task), "--param", "bad"]) == 1
+
+
+def test_an_asha_sweep_names_its_metric_and_best_skips_stopped_trials():
+    seen = []
+    client = autodl.Client(api_key="k", base_url="http://x", transport=mock_server(seen))
+    sweep = client.submit_sweep(
+        {"task_name": "lr", "image": "i", "command": "python train.py --lr ${lr}", "gpu_count": 1},
+        parameters={"lr": [0.1, 0.01]},
+        method="asha",
+        metric="loss",
+        max_resource=27,
+        reduction_factor=3,
+    )
+    body = seen[0][2]
+    assert body["method"] == "asha" and body["metric"] == "loss"
+    assert body["max_resource"] == 27 and body["reduction_factor"] == 3
+    assert "metric" not in body["template"], "sweep settings are not task fields"
+    sweep.info["metric"], sweep.info["mode"] = "loss", "min"
+    assert sweep.best()["params"] == {"lr": 0.01}
+    sweep.info["items"][1]["stopped_early"] = "stopped early by ASHA: ..."
+    assert sweep.best()["params"] == {"lr": 0.1}, "a stopped trial did not run its budget"
+    assert [r["trial"] for r in sweep.stopped_early] == [1]
+    sweep.info["metric"] = None
+    with pytest.raises(autodl.ValidationError):
+        sweep.best()

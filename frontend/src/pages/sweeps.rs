@@ -206,7 +206,7 @@ fn SweepTable() -> impl IntoView {
                 } else if desc {
                     rows.reverse();
                 }
-                let best: Vec<String> = rows.iter().filter(|r| r.state == TaskState::Completed).take(MAX_COMPARED).map(|r| r.task_id.clone()).collect();
+                let best: Vec<String> = rows.iter().filter(|r| r.state == TaskState::Completed && r.stopped_early.is_none()).take(MAX_COMPARED).map(|r| r.task_id.clone()).collect();
                 let compare = (best.len() >= 2).then(|| format!("/compare?ids={}", best.join(",")));
                 let done = finished(&s);
                 let cols_p: Vec<String> = s.parameters.clone();
@@ -217,9 +217,26 @@ fn SweepTable() -> impl IntoView {
                         <h1 data-testid="sweep-name">{s.name.clone()}</h1>
                         <p data-testid="sweep-summary">
                             {format!("{} trials ({}), at most {} at once: {}", s.trials,
-                                if s.method == autodl_common::tasks::SweepMethod::Random { "random" } else { "grid" },
+                                match s.method {
+                                    autodl_common::tasks::SweepMethod::Random => "random",
+                                    autodl_common::tasks::SweepMethod::Grid => "grid",
+                                    autodl_common::tasks::SweepMethod::Asha => "ASHA",
+                                },
                                 s.max_concurrency, states_text(&s))}
                         </p>
+                        {s.metric.clone().map(|m| view! {
+                            <p data-testid="sweep-objective">{format!("Optimises {m} ({} is better)",
+                                if s.mode == Some(autodl_common::tasks::MetricGoal::Max) { "higher" } else { "lower" })}</p>
+                        })}
+                        {s.early_stopping.clone().map(|e| {
+                            let stopped = s.items.iter().filter(|r| r.stopped_early.is_some()).count();
+                            let rungs: Vec<String> = e.rungs.iter().map(|r| cell(Some(&serde_json::json!(r)))).collect();
+                            view! {
+                                <p data-testid="sweep-asha">{format!(
+                                    "Stops trials early: at {} {}, a trial not among the best 1/{} of those there before it stops. {stopped} stopped so far.",
+                                    e.resource, rungs.join(", "), e.reduction_factor)}</p>
+                            }
+                        })}
                         <p class="muted">{format!("By {} · {}", s.user_email, time::local(&s.created_at))}</p>
                         <div class="actions">
                             {compare.map(|href| view! { <a class="button secondary" href=href data-testid="sweep-compare">{format!("Compare the first {} completed", best.len())}</a> })}
@@ -245,7 +262,10 @@ fn SweepTable() -> impl IntoView {
                                     view! {
                                         <tr data-testid="trial-row" data-trial=r.trial>
                                             <td><a href=format!("/tasks/{}", encode(&r.task_id))>{format!("#{}", r.trial)}</a></td>
-                                            <td>{state_badge(r.state)}</td>
+                                            <td>{match r.stopped_early.clone() {
+                                                Some(why) => view! { <span class="badge warn" title=why data-testid="stopped-early">"stopped early"</span> }.into_any(),
+                                                None => state_badge(r.state).into_any(),
+                                            }}</td>
                                             {ps.into_iter().map(|v| view! { <td class="num">{v}</td> }).collect_view()}
                                             {ms.into_iter().map(|v| view! { <td class="num">{v}</td> }).collect_view()}
                                         </tr>

@@ -557,7 +557,6 @@ pub async fn report_metrics(
             .ok_or_else(|| ApiError::invalid("metrics", format!("{k} must be a finite number")))?;
         values.insert(k.clone(), autodl_common::metrics::json_number(n));
     }
-    let sample = serde_json::to_string(&values).map_err(anyhow::Error::from)?;
-    task_history::report_metrics(&state, &t.task.id, sample).await?;
+    task_history::report_metrics(&state, &t.task, &values).await?;
     Ok(HttpResponse::NoContent().finish())
 }

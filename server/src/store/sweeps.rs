@@ -19,4 +19,31 @@ pub trait Sweeps: Send + Sync {
         tenant_id: &str,
         sweep_ids: &[String],
     ) -> StoreResult<Vec<(String, TaskState, i64)>>;
+    /// Records the value a trial reported at rungs it reached (by index) for the first time;
+    /// answers the rungs newly recorded (a rung already recorded keeps its first value).
+    async fn record_rungs(
+        &self,
+        sweep_id: &str,
+        task_id: &str,
+        rungs: &[(i64, f64)],
+        at: i64,
+    ) -> StoreResult<Vec<i64>>;
+    /// The values other trials recorded at `rung` before `task_id` did (earlier, or at the
+    /// same time with a smaller id: one order, whoever asks).
+    async fn rung_values_before(
+        &self,
+        sweep_id: &str,
+        rung: i64,
+        task_id: &str,
+    ) -> StoreResult<Vec<f64>>;
+    /// Says why a trial was stopped early.
+    async fn record_stop(
+        &self,
+        sweep_id: &str,
+        task_id: &str,
+        message: &str,
+        at: i64,
+    ) -> StoreResult<()>;
+    /// (trial, why) of the sweep's trials stopped early.
+    async fn sweep_stops(&self, sweep_id: &str) -> StoreResult<Vec<(String, String)>>;
 }

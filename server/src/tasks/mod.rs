@@ -2,6 +2,7 @@
 //! shows it.
 
 pub mod access;
+pub mod asha;
 pub mod checkpoints;
 pub mod gang;
 pub mod lifecycle;

@@ -24,6 +24,12 @@ pub fn trials(
     samples: Option<u32>,
     seed: u64,
 ) -> Result<Vec<Params>, DomainError> {
+    // ASHA stops trials early; which trials there are is a grid's, or random draws'.
+    let method = match (method, samples) {
+        (SweepMethod::Asha, Some(_)) => SweepMethod::Random,
+        (SweepMethod::Asha, None) => SweepMethod::Grid,
+        (m, _) => m,
+    };
     if parameters.is_empty() || parameters.len() > MAX_PARAMETERS {
         return Err(DomainError::invalid(
             "parameters",
@@ -71,7 +77,7 @@ pub fn trials(
                 if method == SweepMethod::Grid {
                     return Err(DomainError::invalid(
                         "parameters",
-                        format!("parameters.{name} is a range, which only a random sweep can draw from; list the values for a grid, or set \"method\": \"random\""),
+                        format!("parameters.{name} is a range, which only random draws can take from; list the values for a grid, or set \"samples\" (\"method\": \"random\" or \"asha\")"),
                     ));
                 }
             }
@@ -110,7 +116,7 @@ pub fn trials(
             }
             Ok(out)
         }
-        SweepMethod::Random => {
+        SweepMethod::Random | SweepMethod::Asha => {
             let n = samples.ok_or_else(|| {
                 DomainError::invalid(
                     "samples",

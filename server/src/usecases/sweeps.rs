@@ -12,6 +12,7 @@ use crate::domain::DomainError;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{CancelOutcome, NewTask, SweepRecord, SweepWithUser, TaskFilter};
+use crate::tasks::asha::{Objective, Verdict};
 use crate::tasks::{spec, sweep};
 use crate::usecases::submit::{new_record, vet};
 
@@ -30,6 +31,7 @@ pub async fn create(
             "name is required: 1 to 100 characters, e.g. \"lr-sweep\"",
         ));
     }
+    let objective = Objective::of(&input)?;
     let mut template = input.template.clone();
     crate::usecases::submit::name_after(state, caller, &mut template.after).await?;
     let now = state.clock.now_ms();
@@ -87,6 +89,11 @@ pub async fn create(
         max_concurrency: i64::from(max_concurrency),
         trials: trials.len() as i64,
         created_at: now,
+        objective: objective
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(anyhow::Error::from)?,
     };
     state.store.create_sweep(&record, &batch).await?;
     state.scheduler.wake();
@@ -108,26 +115,41 @@ fn method_str(m: SweepMethod) -> &'static str {
     match m {
         SweepMethod::Grid => "grid",
         SweepMethod::Random => "random",
+        SweepMethod::Asha => "asha",
     }
+}
+
+/// What a stored sweep optimises.
+fn objective_of(r: &SweepRecord) -> Option<Objective> {
+    r.objective
+        .as_deref()
+        .and_then(|o| serde_json::from_str(o).ok())
 }
 
 fn header(s: &SweepWithUser) -> Sweep {
     let r = &s.sweep;
     let parameters: BTreeMap<String, serde_json::Value> =
         serde_json::from_str(&r.parameters).unwrap_or_default();
+    let objective = objective_of(r);
     Sweep {
         id: r.id.clone(),
         name: r.name.clone(),
         user_email: s.user_email.clone(),
-        method: if r.method == "random" {
-            SweepMethod::Random
-        } else {
-            SweepMethod::Grid
+        method: match r.method.as_str() {
+            "random" => SweepMethod::Random,
+            "asha" => SweepMethod::Asha,
+            _ => SweepMethod::Grid,
         },
         max_concurrency: r.max_concurrency as u32,
         trials: r.trials as u32,
         created_at: rfc3339(r.created_at),
         parameters: parameters.into_keys().collect(),
+        metric: objective.as_ref().map(|o| o.metric.clone()),
+        mode: objective.as_ref().map(|o| o.mode),
+        early_stopping: objective
+            .as_ref()
+            .and_then(|o| o.asha.as_ref())
+            .map(|a| a.shown()),
         states: BTreeMap::new(),
         items: Vec::new(),
     }
@@ -159,6 +181,8 @@ pub async fn show(state: &AppState, caller: &Caller, id: &str) -> Result<Sweep, 
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no sweep {id} in your organization")))?;
     let mut out = header(&found);
+    let stopped: BTreeMap<String, String> =
+        state.store.sweep_stops(id).await?.into_iter().collect();
     let mut rows = Vec::new();
     for t in trials_of(state, caller.tenant_id(), id).await? {
         let spec = &t.task.spec;
@@ -185,6 +209,7 @@ pub async fn show(state: &AppState, caller: &Caller, id: &str) -> Result<Sweep, 
             state: t.task.state,
             params: trial.params.clone(),
             metrics,
+            stopped_early: stopped.get(&t.task.id).cloned(),
         });
     }
     rows.sort_by_key(|r| r.trial);
@@ -240,4 +265,70 @@ pub async fn cancel(
     }
     state.scheduler.wake();
     Ok((sweep, cancelled))
+}
+
+/// After a trial of an ASHA sweep reported `values`: the rungs its progress passed are
+/// recorded with its metric, and at the highest new one it is judged against the trials that
+/// reached that rung before it; one that is not among the best is stopped (cancelled, its
+/// timeline and the sweep saying why). A report that lacks the progress or the metric, and
+/// any task that is not such a trial, pass untouched.
+pub async fn judge_trial(
+    state: &AppState,
+    task: &crate::store::TaskRecord,
+    values: &BTreeMap<String, serde_json::Value>,
+    now: i64,
+) -> Result<(), ApiError> {
+    let Some(trial) = &task.spec.sweep else {
+        return Ok(());
+    };
+    let Some(sweep) = state.store.sweep(&task.tenant_id, &trial.sweep_id).await? else {
+        return Ok(());
+    };
+    let Some(objective) = objective_of(&sweep.sweep) else {
+        return Ok(());
+    };
+    let Some(asha) = &objective.asha else {
+        return Ok(());
+    };
+    let number = |k: &str| values.get(k).and_then(serde_json::Value::as_f64);
+    let (Some(reached), Some(value)) = (number(&asha.resource), number(&objective.metric)) else {
+        return Ok(());
+    };
+    let passed: Vec<(i64, f64)> = asha
+        .passed(reached)
+        .into_iter()
+        .map(|k| (k as i64, value))
+        .collect();
+    let new = state
+        .store
+        .record_rungs(&trial.sweep_id, &task.id, &passed, now)
+        .await?;
+    let Some(rung) = new.into_iter().max() else {
+        return Ok(());
+    };
+    let earlier = state
+        .store
+        .rung_values_before(&trial.sweep_id, rung, &task.id)
+        .await?;
+    let Verdict::Stopped(why) = asha.judge(&objective, rung as usize, value, &earlier) else {
+        return Ok(());
+    };
+    if matches!(
+        state
+            .store
+            .cancel_task(&task.tenant_id, &task.id, now)
+            .await?,
+        CancelOutcome::Cancelled
+    ) {
+        state
+            .store
+            .record_stop(&trial.sweep_id, &task.id, &why, now)
+            .await?;
+        state
+            .store
+            .add_event(&task.id, "stopped_early", &why, now)
+            .await?;
+        state.scheduler.wake();
+    }
+    Ok(())
 }

@@ -143,17 +143,16 @@ pub async fn task_of_token(
     Ok(t)
 }
 
-/// Keeps one sample of the task's own numbers (JSON of name → number), stamped now, and tells
-/// live charts.
+/// Keeps one sample of the task's own numbers (name → number), stamped now, tells live
+/// charts, and has an ASHA sweep judge the trial when the sample takes it to a new rung.
 pub async fn report_metrics(
     state: &AppState,
-    task_id: &str,
-    sample: String,
+    task: &crate::store::TaskRecord,
+    values: &std::collections::BTreeMap<String, serde_json::Value>,
 ) -> Result<(), ApiError> {
-    state
-        .store
-        .add_metrics(task_id, &[(state.clock.now_ms(), sample)])
-        .await?;
+    let sample = serde_json::to_string(values).map_err(anyhow::Error::from)?;
+    let now = state.clock.now_ms();
+    state.store.add_metrics(&task.id, &[(now, sample)]).await?;
     state.agents.data_stored();
-    Ok(())
+    crate::usecases::sweeps::judge_trial(state, task, values, now).await
 }

@@ -12,7 +12,8 @@ use crate::helpers::{assert_error, spawn_app, spawn_app_with, Backend, Session, 
 crate::on_both_backends!(
     a_220_trial_sweep_is_one_request_to_submit_and_one_to_cancel,
     trials_run_at_most_max_concurrency_at_once_and_report_metrics,
-    bad_sweeps_are_refused_whole_and_stay_in_their_organization
+    bad_sweeps_are_refused_whole_and_stay_in_their_organization,
+    asha_stops_the_trials_behind_at_each_rung
 );
 
 fn template(command: &str) -> Value {
@@ -305,4 +306,121 @@ async fn bad_sweeps_are_refused_whole_and_stay_in_their_organization(b: Backend)
         .await;
     assert_error(res, StatusCode::NOT_FOUND, "not_found").await;
     assert_eq!(other.get(&app, "/api/v1/sweeps").await, json!([]));
+}
+
+/// An ASHA sweep: six trials report learning curves step by step, in turns (the best first);
+/// at each rung (steps 1, 3, 9 of 27) a trial behind the best third of those that got there
+/// before it is stopped, with the sweep and its timeline saying why; the best one runs its
+/// whole budget.
+async fn asha_stops_the_trials_behind_at_each_rung(b: Backend) {
+    let app = spawn_app(b).await;
+    let _op = app.operator_with_nodes().await;
+    let s = app.signup("ada@example.com", "Lab").await;
+    let res = post_sweep(
+        &app,
+        &s,
+        json!({
+            "name": "asha",
+            "method": "asha",
+            "template": template("python train.py --q ${q}"),
+            "parameters": {"q": [1, 2, 3, 4, 5, 6]},
+            "metric": "val_loss", "mode": "min",
+            "max_resource": 27, "reduction_factor": 3
+        }),
+    )
+    .await;
+    let sweep: Value = res.json().await.unwrap();
+    assert_eq!(sweep["method"], "asha", "{sweep}");
+    assert_eq!(
+        sweep["early_stopping"],
+        json!({"resource": "step", "rungs": [1.0, 3.0, 9.0, 27.0], "reduction_factor": 3})
+    );
+    let id = sweep["id"].as_str().unwrap().to_owned();
+    let trials: Vec<String> = sweep["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["task_id"].as_str().unwrap().to_owned())
+        .collect();
+    // Trial q's loss: 1/q falls with steps at a rate set by q (q = 4 learns best).
+    let loss = |q: usize, step: u32| 1.0 + ((q as f64) - 4.0).abs() / 2.0 + 5.0 / f64::from(step);
+    let mut running = [true; 6];
+    for step in 1..=27u32 {
+        for i in [3, 2, 4, 1, 5, 0] {
+            let task = &trials[i];
+            if !running[i] {
+                continue;
+            }
+            let res = s
+                .send(
+                    &app,
+                    Method::POST,
+                    &format!("/api/v1/tasks/{task}/metrics"),
+                    Some(json!({"step": step, "val_loss": loss(i + 1, step)})),
+                )
+                .await;
+            assert_eq!(res.status(), StatusCode::NO_CONTENT);
+            let t = s.get(&app, &format!("/api/v1/tasks/{task}")).await;
+            running[i] = t["state"] != "cancelled";
+        }
+    }
+    let shown = s.get(&app, &format!("/api/v1/sweeps/{id}")).await;
+    let items = shown["items"].as_array().unwrap();
+    let mut stopped: Vec<u64> = items
+        .iter()
+        .filter(|t| !t["stopped_early"].is_null())
+        .map(|t| t["params"]["q"].as_u64().unwrap())
+        .collect();
+    stopped.sort();
+    // At step 1, q=4 (6.0) is first; each later one is behind it, and behind the best third.
+    assert_eq!(stopped, vec![1, 2, 3, 5, 6], "{shown}");
+    assert_eq!(
+        items[3]["metrics"]["step"], 27,
+        "the best trial ran its budget"
+    );
+    assert_eq!(items[3]["stopped_early"], Value::Null);
+    let why = items[4]["stopped_early"].as_str().unwrap();
+    assert!(why.contains("val_loss") && why.contains("step 1"), "{why}");
+    let t = s
+        .get(
+            &app,
+            &format!("/api/v1/tasks/{}", items[4]["task_id"].as_str().unwrap()),
+        )
+        .await;
+    assert_eq!(t["state"], "cancelled");
+    let events = s
+        .get(
+            &app,
+            &format!(
+                "/api/v1/tasks/{}/events",
+                items[4]["task_id"].as_str().unwrap()
+            ),
+        )
+        .await;
+    assert!(
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "stopped_early"),
+        "{events}"
+    );
+    // An ASHA sweep without its budget or metric is refused, naming the field.
+    for (body, field) in [
+        (json!({"max_resource": 27}), "metric"),
+        (json!({"metric": "loss"}), "max_resource"),
+        (
+            json!({"metric": "loss", "max_resource": 27, "reduction_factor": 1}),
+            "reduction_factor",
+        ),
+    ] {
+        let mut sweep = json!({"name": "bad", "method": "asha", "template": template("x ${q}"),
+                               "parameters": {"q": [1, 2]}});
+        for (k, v) in body.as_object().unwrap() {
+            sweep[k] = v.clone();
+        }
+        let res = post_sweep(&app, &s, sweep).await;
+        let body = assert_error(res, StatusCode::BAD_REQUEST, "validation").await;
+        assert_eq!(body["error"]["field"], field, "{body}");
+    }
 }

@@ -343,7 +343,7 @@ def _print_sweep(sweep: Any, out: TextIO) -> None:
     params = list(info.get("parameters") or [])
     metrics = sorted({k for r in rows for k in (r.get("metrics") or {})})
     table = [
-        [str(r["trial"]), r["state"]]
+        [str(r["trial"]), "stopped" if r.get("stopped_early") else r["state"]]
         + [json.dumps(r["params"].get(p)) for p in params]
         + [_metric(r["metrics"].get(m)) for m in metrics]
         + [r["task_id"]]
@@ -397,11 +397,16 @@ def cmd_sweep(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     sweep = client.submit_sweep(
         config,
         parameters=parameters,
-        method="random" if args.samples else "grid",
+        method="asha" if args.asha else "random" if args.samples else "grid",
         samples=args.samples,
         seed=args.seed,
         max_concurrency=args.max_concurrency,
         name=args.name,
+        metric=args.metric,
+        mode=args.mode,
+        max_resource=args.asha,
+        resource=args.resource,
+        reduction_factor=args.reduction_factor,
     )
     if args.json:
         out.write(json.dumps(sweep.info, indent=2) + "\n")
@@ -859,6 +864,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, help="makes random draws repeatable")
     s.add_argument("--max-concurrency", type=int, help="trials running at once (default: all)")
     s.add_argument("--name", help="the sweep's name (default: the task's)")
+    s.add_argument("--metric", help="what the sweep optimises (for `sweep show` and --asha)")
+    s.add_argument("--mode", choices=("min", "max"), help="a smaller (default) or larger metric is better")
+    s.add_argument(
+        "--asha",
+        type=float,
+        metavar="MAX_STEPS",
+        help="stop trials behind early (ASHA) at rungs 1, 3, 9, ... up to MAX_STEPS of --resource",
+    )
+    s.add_argument("--resource", help="with --asha: the reported number counting progress (step)")
+    s.add_argument("--reduction-factor", type=int, help="with --asha: keep the best 1/N at a rung (3)")
     s.add_argument("--workdir", help="a folder to run every trial in (packed and uploaded once)")
     s.add_argument("--json", action="store_true")
     s = sweeps.add_parser("ls", parents=[common], help="the organization's sweeps")

@@ -161,6 +161,12 @@ class Client:
         seed: Optional[int] = None,
         max_concurrency: Optional[int] = None,
         name: Optional[str] = None,
+        metric: Optional[str] = None,
+        mode: Optional[str] = None,
+        resource: Optional[str] = None,
+        min_resource: Optional[float] = None,
+        max_resource: Optional[float] = None,
+        reduction_factor: Optional[int] = None,
         **overrides: Any,
     ) -> Sweep:
         """Submits a sweep: a task per trial of ``config`` (a task configuration, as
@@ -170,6 +176,15 @@ class Client:
         ``samples`` trials (a list gives one of its values, ``{"min", "max", "log"}`` a number
         in the range; ``seed`` makes the draws repeatable). At most ``max_concurrency`` trials
         run at once. One request, however many trials; all are made or none.
+
+        ``metric`` and ``mode`` (``"min"``, the default, or ``"max"``) name what the sweep
+        optimises, for :meth:`Sweep.best`. ``method="asha"`` also stops trials early
+        (asynchronous successive halving): trials report ``resource`` (``"step"`` by
+        default, or ``"epoch"``) with ``metric`` through ``get_monitor().log``; at rungs
+        ``min_resource`` (1), ``min_resource * reduction_factor`` (3), ... up to
+        ``max_resource``, a trial whose metric is not among the best ``1/reduction_factor``
+        of the trials that reached the rung before it is stopped. Its trials are a grid's, or
+        ``samples`` random draws.
         """
         template = self._with_code(build_spec(config, **overrides))
         body: Dict[str, Any] = {
@@ -185,6 +200,12 @@ class Client:
             ("samples", samples),
             ("seed", seed),
             ("max_concurrency", max_concurrency),
+            ("metric", metric),
+            ("mode", mode),
+            ("resource", resource),
+            ("min_resource", min_resource),
+            ("max_resource", max_resource),
+            ("reduction_factor", reduction_factor),
         ):
             if value is not None:
                 body[key] = value

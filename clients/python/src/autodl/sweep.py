@@ -1,4 +1,5 @@
-"""Sweeps: one submission that makes a task per trial of a parameter grid or random search.
+"""Sweeps: one submission that makes a task per trial of a parameter grid or random search,
+optionally stopping the trials behind early (ASHA).
 
 ``${name}`` in the template's command, env or name is replaced by each trial's value. The
 server makes every trial in one request (all of them or none), runs at most
@@ -103,14 +104,37 @@ class Sweep:
             time.sleep(poll)
         return self.states
 
-    def best(self, metric: str, mode: str = "min") -> Optional[Dict[str, Any]]:
-        """The completed trial with the lowest (``mode="max"``: highest) newest ``metric``."""
+    @property
+    def metric(self) -> Optional[str]:
+        """What the sweep optimises, when it named it."""
+        return self.info.get("metric")
+
+    @property
+    def stopped_early(self) -> List[Dict[str, Any]]:
+        """The trials ASHA stopped early (each row's ``stopped_early`` says why)."""
+        return [r for r in self.rows if r.get("stopped_early")]
+
+    def best(
+        self, metric: Optional[str] = None, mode: Optional[str] = None
+    ) -> Optional[Dict[str, Any]]:
+        """The completed trial with the lowest (``mode="max"``: highest) newest ``metric``;
+        by default the metric and mode the sweep was submitted with. Trials stopped early
+        never count: they did not run their budget."""
+        metric = metric or self.metric
+        mode = mode or self.info.get("mode") or "min"
+        if not metric:
+            raise ValidationError(
+                "name the metric: best('val_loss'), or submit the sweep with metric=...",
+                field="metric",
+            )
         if mode not in ("min", "max"):
             raise ValidationError("mode is 'min' or 'max'", field="mode")
         scored = [
             r
             for r in self.rows
-            if r.get("state") == "completed" and isinstance(r["metrics"].get(metric), (int, float))
+            if r.get("state") == "completed"
+            and not r.get("stopped_early")
+            and isinstance(r["metrics"].get(metric), (int, float))
         ]
         if not scored:
             return None

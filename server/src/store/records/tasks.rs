@@ -100,6 +100,8 @@ pub struct SweepRecord {
     pub max_concurrency: i64,
     pub trials: i64,
     pub created_at: i64,
+    /// JSON of what it optimises (`tasks::asha::Objective`), when it names a metric.
+    pub objective: Option<String>,
 }
 
 /// A sweep with the email of who made it.

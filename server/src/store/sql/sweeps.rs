@@ -10,8 +10,8 @@ macro_rules! impl_sweeps {
             async fn create_sweep(&self, sweep: &SweepRecord, trials: &[NewTask]) -> StoreResult<()> {
                 let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
                 sqlx::query(
-                    "INSERT INTO sweeps (id, tenant_id, user_id, name, method, parameters, max_concurrency, trials, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                    "INSERT INTO sweeps (id, tenant_id, user_id, name, method, parameters, max_concurrency, trials, created_at, objective)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                 )
                 .bind(&sweep.id)
                 .bind(&sweep.tenant_id)
@@ -22,6 +22,7 @@ macro_rules! impl_sweeps {
                 .bind(sweep.max_concurrency)
                 .bind(sweep.trials)
                 .bind(sweep.created_at)
+                .bind(&sweep.objective)
                 .execute(&mut *tx)
                 .await?;
                 let stored = Self::insert_tasks(&mut tx, trials).await?;
@@ -73,6 +74,53 @@ macro_rules! impl_sweeps {
                     .into_iter()
                     .filter_map(|(id, state, n)| TaskState::parse(&state).map(|s| (id, s, n)))
                     .collect())
+            }
+
+            async fn record_rungs(&self, sweep_id: &str, task_id: &str, rungs: &[(i64, f64)], at: i64) -> StoreResult<Vec<i64>> {
+                if rungs.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let mut q = sqlx::QueryBuilder::<$db>::new("INSERT INTO sweep_rungs (sweep_id, task_id, rung, value, at) ");
+                q.push_values(rungs, |mut b, (rung, value)| {
+                    b.push_bind(sweep_id).push_bind(task_id).push_bind(*rung).push_bind(*value).push_bind(at);
+                });
+                q.push(" ON CONFLICT DO NOTHING RETURNING rung");
+                let new: Vec<(i64,)> = q.build_query_as().fetch_all(&self.pool).await?;
+                Ok(new.into_iter().map(|(r,)| r).collect())
+            }
+
+            async fn rung_values_before(&self, sweep_id: &str, rung: i64, task_id: &str) -> StoreResult<Vec<f64>> {
+                let rows: Vec<(f64,)> = sqlx::query_as(
+                    "SELECT o.value FROM sweep_rungs o JOIN sweep_rungs m ON m.task_id = $3 AND m.rung = $2
+                     WHERE o.sweep_id = $1 AND o.rung = $2 AND o.task_id <> $3
+                       AND (o.at < m.at OR (o.at = m.at AND o.task_id < m.task_id))",
+                )
+                .bind(sweep_id)
+                .bind(rung)
+                .bind(task_id)
+                .fetch_all(&self.pool)
+                .await?;
+                Ok(rows.into_iter().map(|(v,)| v).collect())
+            }
+
+            async fn record_stop(&self, sweep_id: &str, task_id: &str, message: &str, at: i64) -> StoreResult<()> {
+                sqlx::query(
+                    "INSERT INTO sweep_stops (task_id, sweep_id, message, at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                )
+                .bind(task_id)
+                .bind(sweep_id)
+                .bind(message)
+                .bind(at)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn sweep_stops(&self, sweep_id: &str) -> StoreResult<Vec<(String, String)>> {
+                Ok(sqlx::query_as("SELECT task_id, message FROM sweep_stops WHERE sweep_id = $1")
+                    .bind(sweep_id)
+                    .fetch_all(&self.pool)
+                    .await?)
             }
         }
     };
