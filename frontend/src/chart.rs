@@ -65,7 +65,11 @@ const BOTTOM: f64 = 34.0;
 
 /// Formats an axis value with its unit.
 pub fn format_value(v: f64, unit: &str) -> String {
-    let n = plot::short_number(v);
+    with_unit(plot::short_number(v), unit)
+}
+
+/// A number's text with its unit.
+fn with_unit(n: String, unit: &str) -> String {
     if unit.is_empty() {
         n
     } else if unit == "%" {
@@ -229,14 +233,18 @@ pub fn LineChart(
     let legend = move || {
         let unit = unit.get_value();
         let at = hover.get();
-        shown.with(|data| data.iter().filter(|s| !s.faint).map(|s| {
-            let value = match at {
+        shown.with(|data| {
+            let values: Vec<Option<f64>> = data.iter().filter(|s| !s.faint).map(|s| match at {
                 Some(hx) => plot::nearest(&s.points, hx).map(|p| p.1),
                 None => s.points.last().map(|p| p.1),
-            };
-            let value = value.map(|v| format_value(v, &unit)).unwrap_or_default();
+            }).collect();
+            // Enough digits that runs with different values read differently.
+            let digits = plot::distinct_digits(&values.iter().flatten().copied().collect::<Vec<_>>());
+            data.iter().filter(|s| !s.faint).zip(values).map(|(s, value)| {
+            let value = value.map(|v| with_unit(plot::significant(v, digits), &unit)).unwrap_or_default();
             view! { <span class="legend-item"><span class="swatch" style=format!("background:{}", s.color)></span>{s.name.clone()}" "<strong data-testid="legend-value">{value}</strong></span> }
-        }).collect_view())
+        }).collect_view()
+        })
     };
     view! {
         <figure class="chart" data-testid=testid data-points=move || count().to_string()>

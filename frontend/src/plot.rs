@@ -37,6 +37,41 @@ pub fn short_number(v: f64) -> String {
     }
 }
 
+/// `v` with `digits` significant digits, trailing zeros dropped: `0.01234` at 3 is `0.0123`.
+pub fn significant(v: f64, digits: usize) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return if v == 0.0 { "0".into() } else { v.to_string() };
+    }
+    let a = v.abs();
+    if !(1e-4..1e7).contains(&a) {
+        let s = format!("{v:.*e}", digits.saturating_sub(1));
+        return s;
+    }
+    let magnitude = a.log10().floor() as i32;
+    let decimals = (digits as i32 - 1 - magnitude).max(0) as usize;
+    let s = format!("{v:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_owned()
+    } else {
+        s
+    }
+}
+
+/// The fewest significant digits (3 to 8) at which values that differ are shown differently:
+/// runs whose losses differ in the fourth digit must not all read `0.0100`.
+pub fn distinct_digits(values: &[f64]) -> usize {
+    let mut distinct: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    distinct.sort_by(f64::total_cmp);
+    distinct.dedup();
+    (3..=8)
+        .find(|d| {
+            let shown: std::collections::BTreeSet<String> =
+                distinct.iter().map(|v| significant(*v, *d)).collect();
+            shown.len() == distinct.len()
+        })
+        .unwrap_or(8)
+}
+
 /// A round step (1, 2, 2.5 or 5 times a power of ten) at least `raw`.
 pub fn nice_step(raw: f64) -> f64 {
     if raw <= 0.0 || !raw.is_finite() {
@@ -262,6 +297,22 @@ mod tests {
         assert_eq!(keys, ["batch_size", "command", "resources.gpu.count"]);
         assert_eq!(d[0].1, ["64", "—"]);
         assert_eq!(d[2].1, ["1", "2"]);
+    }
+
+    #[test]
+    fn values_that_differ_read_differently() {
+        assert_eq!(significant(0.012345, 3), "0.0123");
+        assert_eq!(significant(123456.0, 3), "123456");
+        assert_eq!(significant(2.5, 3), "2.5");
+        assert_eq!(significant(1.5e-6, 3), "1.50e-6");
+        let losses = [0.01021, 0.01034, 0.01005, 0.0102];
+        let d = distinct_digits(&losses);
+        assert_eq!(d, 4);
+        let shown: std::collections::BTreeSet<String> =
+            losses.iter().map(|v| significant(*v, d)).collect();
+        assert_eq!(shown.len(), losses.len());
+        assert_eq!(distinct_digits(&[0.5, 0.25]), 3);
+        assert_eq!(distinct_digits(&[]), 3);
     }
 
     #[test]

@@ -374,6 +374,25 @@ test("a sweep's page shows its trials' parameters and metrics, sorts them, and c
   await page.waitForSelector("[data-testid=sweep-summary]:text('3 pending')");
   await page.click("[data-testid=sweep-cancel]");
   await page.waitForSelector("[data-testid=sweep-summary]:text('4 cancelled')", { timeout: 30000 });
+
+  // An ASHA sweep stops the trial behind at its first rung, and its page says so and why.
+  const asha = await post("/api/v1/sweeps", { name: "asha", method: "asha", metric: "loss", max_resource: 9,
+    template: { ...template, command: "sleep 300 # ${q}" }, parameters: { q: [1, 2] } });
+  for (const [i, loss] of [[0, 1.5], [1, 2.5]]) {
+    const r = await ctx.request.post(`${server.base}/api/v1/tasks/${asha.items[i].task_id}/metrics`,
+      { data: { step: 1, loss }, headers: { "X-CSRF-Token": csrf } });
+    assert.equal(r.status(), 204);
+  }
+  await page.goto(`${server.base}/sweeps/${asha.id}`);
+  await hydrated(page);
+  await page.waitForSelector("[data-testid=sweep-objective]:text('Optimises loss (lower is better)')");
+  await page.waitForSelector("[data-testid=sweep-asha]:has-text('1 stopped so far')");
+  const why = await page.getAttribute("[data-testid=trial-row][data-trial='1'] [data-testid=stopped-early]", "title");
+  assert.match(why, /loss 2\.5 at step 1/);
+  assert.equal(await page.locator("[data-testid=trial-row][data-trial='0'] [data-testid=stopped-early]").count(), 0);
+  await shot(page, "20-sweep-asha");
+  await page.click("[data-testid=sweep-cancel]");
+  await page.waitForSelector("[data-testid=sweep-summary]:text('2 cancelled')", { timeout: 30000 });
   assert.deepEqual(errors, []);
   await ctx.close();
 });

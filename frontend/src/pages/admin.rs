@@ -214,9 +214,16 @@ fn Tenants() -> impl IntoView {
         </section>
         {move || editing.get().map(|t| {
             let path = paths::admin_tenant_quota(&t.id);
+            // The table shows the new quota as soon as it is saved, not at the next reload.
             let save = move |q: Quota| {
                 let p = path.clone();
-                async move { api::put::<_, Quota>(&p, &q).await }
+                async move {
+                    let saved = api::put::<_, Quota>(&p, &q).await;
+                    if saved.is_ok() {
+                        tenants.refetch();
+                    }
+                    saved
+                }
             };
             view! {
                 <section class="card">

@@ -15,6 +15,7 @@ use crate::api::{self, ApiErr};
 use crate::fields::general_error;
 use crate::live;
 use crate::paths;
+use crate::plot;
 use crate::session::RequireLogin;
 use crate::time;
 
@@ -189,11 +190,18 @@ fn SweepTable() -> impl IntoView {
             Err(e) => view! { <section class="card"><p class="banner error" role="alert">{e.message}</p></section> }.into_any(),
             Ok(s) => {
                 let metrics: Vec<String> = {
-                    let mut m: Vec<String> = s.items.iter().flat_map(|r| r.metrics.keys().cloned()).collect();
+                    // A parameter the trial also reports (`lr`) is shown once, as a parameter.
+                    let mut m: Vec<String> = s.items.iter().flat_map(|r| r.metrics.keys().cloned())
+                        .filter(|k| !s.parameters.contains(k)).collect();
                     m.sort();
                     m.dedup();
                     m
                 };
+                // Per metric, enough digits that trials with different values read differently.
+                let digits: std::collections::BTreeMap<String, usize> = metrics.iter().map(|m| {
+                    let vs: Vec<f64> = s.items.iter().filter_map(|r| r.metrics.get(m).and_then(Value::as_f64)).collect();
+                    (m.clone(), plot::distinct_digits(&vs))
+                }).collect();
                 let mut rows = s.items.clone();
                 let (col, desc) = sort.get();
                 if col != Column::Trial {
@@ -230,10 +238,12 @@ fn SweepTable() -> impl IntoView {
                         })}
                         {s.early_stopping.clone().map(|e| {
                             let stopped = s.items.iter().filter(|r| r.stopped_early.is_some()).count();
-                            let rungs: Vec<String> = e.rungs.iter().map(|r| cell(Some(&serde_json::json!(r)))).collect();
+                            // The last rung is the budget: nobody is judged there.
+                            let mut rungs: Vec<String> = e.rungs.iter().map(|r| cell(Some(&serde_json::json!(r)))).collect();
+                            let budget = rungs.pop().unwrap_or_default();
                             view! {
                                 <p data-testid="sweep-asha">{format!(
-                                    "Stops trials early: at {} {}, a trial not among the best 1/{} of those there before it stops. {stopped} stopped so far.",
+                                    "Stops trials early: at {} {} (of {budget}), a trial not among the best 1/{} of those there before it stops. {stopped} stopped so far.",
                                     e.resource, rungs.join(", "), e.reduction_factor)}</p>
                             }
                         })}
@@ -258,7 +268,10 @@ fn SweepTable() -> impl IntoView {
                             <tbody>
                                 {rows.into_iter().map(|r| {
                                     let ps: Vec<String> = s.parameters.iter().map(|p| cell(r.params.get(p))).collect();
-                                    let ms: Vec<String> = metrics.iter().map(|m| cell(r.metrics.get(m))).collect();
+                                    let ms: Vec<String> = metrics.iter().map(|m| match r.metrics.get(m) {
+                                        Some(Value::Number(n)) if n.is_f64() => plot::significant(n.as_f64().unwrap_or(0.0), digits.get(m).copied().unwrap_or(3)),
+                                        other => cell(other),
+                                    }).collect();
                                     view! {
                                         <tr data-testid="trial-row" data-trial=r.trial>
                                             <td><a href=format!("/tasks/{}", encode(&r.task_id))>{format!("#{}", r.trial)}</a></td>
