@@ -151,6 +151,10 @@ async fn commands_run_to_completion_with_logs_metrics_and_retries(b: Backend) {
         "resources": {"gpu": {"type": "A100", "count": 2, "memory": "10GiB"}}})).await;
     let t = wait_for(&app, &s, &id, &["completed", "failed"], 30).await;
     assert_eq!(t["state"], "completed", "{t}");
+    assert!(
+        !agent.state_dir.join("tasks").join(&id).exists(),
+        "a finished task's folder stays on the node"
+    );
     let text = log_text(&app, &s, &id).await;
     assert!(text.contains(&format!("task={id} attempt=1")), "{text}");
     assert!(text.contains("done"), "{text}");
