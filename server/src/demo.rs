@@ -172,6 +172,7 @@ async fn demo_owner(state: &AppState) -> anyhow::Result<String> {
         name: "autodl demo agents".into(),
         created_at: now,
         trusted: false,
+        internal: true,
     };
     let user = UserRecord {
         id: new_id(),

@@ -210,6 +210,7 @@ async fn admin(settings: Settings, command: AdminCommand) -> anyhow::Result<()> 
                 name: tenant_name,
                 created_at: now,
                 trusted: false,
+                internal: false,
             };
             let user = UserRecord {
                 id: new_id(),

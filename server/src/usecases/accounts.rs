@@ -180,6 +180,7 @@ fn new_organization(
         name,
         created_at: now,
         trusted: false,
+        internal: false,
     };
     let user = new_user(email, password_hash, &tenant.id, Role::Owner, now);
     (user, tenant)

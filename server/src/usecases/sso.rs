@@ -170,6 +170,7 @@ async fn create(
                 ),
                 created_at: now,
                 trusted: false,
+                internal: false,
             };
             user.tenant_id = tenant.id.clone();
             user.role = Role::Owner;

@@ -129,4 +129,21 @@ async fn create_admin_and_reset_password(b: Backend) {
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no account with email"));
+
+    // The demo agents' own organization and account are the platform's, not people's: the
+    // administrators' lists leave them out.
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let data = tempfile::tempdir().unwrap();
+    let agents = autodl_server::demo::start_agents(&app.state, data.path(), shutdown.clone())
+        .await
+        .unwrap();
+    let root = app.login("root@example.com", "N3w-operator-pass").await;
+    let tenants = root.get(&app, "/api/v1/admin/tenants").await.to_string();
+    assert!(tenants.contains("Operators"), "{tenants}");
+    assert!(!tenants.contains("demo agents"), "{tenants}");
+    let users = root.get(&app, "/api/v1/admin/users").await.to_string();
+    assert!(users.contains("root@example.com"), "{users}");
+    assert!(!users.contains("demo-agents@"), "{users}");
+    shutdown.cancel();
+    drop(agents);
 }

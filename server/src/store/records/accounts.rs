@@ -11,6 +11,9 @@ pub struct TenantRecord {
     pub created_at: i64,
     /// Its tasks may run on trusted-only nodes (set by platform administrators).
     pub trusted: bool,
+    /// Kept by the platform for itself (the demo agents' account): not listed to people.
+    #[sqlx(default)]
+    pub internal: bool,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]

@@ -41,7 +41,7 @@ macro_rules! impl_accounts {
             }
 
             async fn tenant(&self, id: &str) -> StoreResult<Option<TenantRecord>> {
-                Ok(sqlx::query_as("SELECT id, name, created_at, trusted FROM tenants WHERE id = $1")
+                Ok(sqlx::query_as("SELECT id, name, created_at, trusted, internal FROM tenants WHERE id = $1")
                     .bind(id)
                     .fetch_optional(&self.pool)
                     .await?)
@@ -110,7 +110,7 @@ macro_rules! impl_accounts {
                 Ok(sqlx::query_as(
                     "SELECT t.id, t.name, t.created_at, t.trusted,
                             (SELECT COUNT(*) FROM users u WHERE u.tenant_id = t.id) AS members
-                     FROM tenants t ORDER BY t.created_at, t.name",
+                     FROM tenants t WHERE t.internal = FALSE ORDER BY t.created_at, t.name",
                 )
                 .fetch_all(&self.pool)
                 .await?)
@@ -119,7 +119,7 @@ macro_rules! impl_accounts {
             async fn list_users(&self) -> StoreResult<Vec<UserWithTenant>> {
                 Ok(sqlx::query_as(&format!(
                     "SELECT {USER_COLS}, t.name AS tenant_name FROM users u
-                     JOIN tenants t ON t.id = u.tenant_id ORDER BY u.created_at, u.email"
+                     JOIN tenants t ON t.id = u.tenant_id WHERE t.internal = FALSE ORDER BY u.created_at, u.email"
                 ))
                 .fetch_all(&self.pool)
                 .await?)

@@ -69,10 +69,11 @@ macro_rules! insert_event {
 
 macro_rules! insert_tenant {
     ($conn:expr, $t:expr) => {
-        sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES ($1, $2, $3)")
+        sqlx::query("INSERT INTO tenants (id, name, created_at, internal) VALUES ($1, $2, $3, $4)")
             .bind(&$t.id)
             .bind(&$t.name)
             .bind($t.created_at)
+            .bind($t.internal)
             .execute($conn)
             .await
             .map_err(conflict("an organization with this name already exists"))?
