@@ -17,17 +17,11 @@ pub fn ClusterPage() -> impl IntoView {
     view! { <RequireLogin><Cluster/></RequireLogin> }
 }
 
-/// The cell's shade: from pale to mid blue as the GPU gets busier. The darkest shade still
-/// holds dark text at more than 4.5:1, so the numbers stay readable at every level.
+/// The cell's shade, from the card's colour to blue as the GPU gets busier: the share goes to
+/// the stylesheet (`--heat`), whose colours follow light and dark mode and keep the numbers
+/// above 4.5:1 contrast at every level.
 fn heat(share: f64) -> String {
-    let s = share.clamp(0.0, 1.0);
-    let mix = |a: f64, b: f64| (a + (b - a) * s).round() as u8;
-    format!(
-        "background:rgb({},{},{});color:#1c2230",
-        mix(240.0, 123.0),
-        mix(244.0, 147.0),
-        mix(250.0, 230.0),
-    )
+    format!("--heat:{:.0}%", share.clamp(0.0, 1.0) * 100.0)
 }
 
 /// Nodes whose tasks share the host unconfined (an agent that could not sandbox them, left
