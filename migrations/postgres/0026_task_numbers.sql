@@ -5,7 +5,8 @@ ALTER TABLE tasks ADD COLUMN number BIGINT NOT NULL DEFAULT 0;
 UPDATE tasks SET number = r.n
 FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY tenant_id ORDER BY created_at, id) AS n FROM tasks) r
 WHERE r.id = tasks.id;
-CREATE UNIQUE INDEX tasks_tenant_number ON tasks (tenant_id, number);
+-- Partial: a server of the previous release, during a rolling upgrade, stores 0.
+CREATE UNIQUE INDEX tasks_tenant_number ON tasks (tenant_id, number) WHERE number > 0;
 CREATE INDEX tasks_tenant_name ON tasks (tenant_id, name);
 CREATE TABLE task_numbers (
     tenant_id TEXT PRIMARY KEY,

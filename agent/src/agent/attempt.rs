@@ -468,16 +468,22 @@ pub(super) async fn supervise(
     // What the run saved is uploaded or kept in the outbox by now: its folder (a copy of the
     // code, its home, its temporary files, its environment file) goes before the end is
     // reported, or finished tasks fill the node's disk. `remove_dir_all` follows no link the
-    // task may have left, and a next attempt here starts from fresh folders anyway.
-    let dir = task_dir.clone();
-    let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    })
-    .await
-    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-    if let Err(e) = removed {
-        tracing::warn!(task = key.0, error = %e, "could not remove the ended attempt's folder");
+    // task may have left. The folder is the task's, not the attempt's: one that a newer
+    // attempt placed here already uses (the server gave up on this one) is left to it.
+    let newer = lock(&inner.tasks)
+        .keys()
+        .any(|(task, attempt)| *task == key.0 && *attempt > key.1);
+    if !newer {
+        let dir = task_dir.clone();
+        let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        if let Err(e) = removed {
+            tracing::warn!(task = key.0, error = %e, "could not remove the ended attempt's folder");
+        }
     }
     if let Some(e) = lock(&inner.tasks).get_mut(&key) {
         e.finished = true;

@@ -22,5 +22,5 @@ pub use gpu_type::{parse_gpu_type, AllowedGpuTypes};
 pub use idempotency_key::IdempotencyKey;
 pub use node::{parse_node_id, NodeStatus};
 pub use quota::{check_within, parse_quota, quota_to_api};
-pub use task_ref::{prefix_end, TaskRef};
+pub use task_ref::TaskRef;
 pub use timestamp::rfc3339;

@@ -525,8 +525,18 @@ pub async fn report_metrics(
             ))
         }
         None => {
+            // Another member's numbers would be drawn on their charts (and judge their
+            // sweep's trials): the owner or a manager only.
             let caller = Caller::extract(&req).await?;
-            find(&state, &caller, &id).await?
+            let t = find(&state, &caller, &id).await?;
+            if t.task.user_id != caller.user.id {
+                caller.require_manager().map_err(|_| {
+                    ApiError::Forbidden(
+                        "only the task's owner (or its own token) reports its metrics".into(),
+                    )
+                })?;
+            }
+            t
         }
     };
     if body.is_empty() || body.len() > 64 {

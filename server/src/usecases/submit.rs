@@ -245,6 +245,13 @@ pub(crate) async fn name_after(
     caller: &Caller,
     after: &mut [String],
 ) -> Result<(), ApiError> {
+    // Checked before any is looked up: each name costs a query.
+    if after.len() > spec::MAX_AFTER {
+        return Err(ApiError::invalid(
+            "after",
+            format!("after names at most {} tasks", spec::MAX_AFTER),
+        ));
+    }
     for what in after.iter_mut() {
         *what = crate::usecases::reach::id_of(state, caller, what)
             .await

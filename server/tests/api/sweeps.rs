@@ -405,6 +405,18 @@ async fn asha_stops_the_trials_behind_at_each_rung(b: Backend) {
             .any(|e| e["kind"] == "stopped_early"),
         "{events}"
     );
+    // Another member cannot report numbers for the owner's trial (nor stop it so); a manager
+    // of the organization can.
+    let bob = app.invite_and_join(&s, "bob@example.com", "member").await;
+    let res = bob
+        .send(
+            &app,
+            Method::POST,
+            &format!("/api/v1/tasks/{}/metrics", trials[3]),
+            Some(json!({"step": 27, "val_loss": 99.0})),
+        )
+        .await;
+    assert_error(res, StatusCode::FORBIDDEN, "forbidden").await;
     // An ASHA sweep without its budget or metric is refused, naming the field.
     for (body, field) in [
         (json!({"max_resource": 27}), "metric"),

@@ -632,7 +632,14 @@ async fn tasks_are_reached_by_number_name_or_id_prefix(b: Backend) {
         s.get(&app, &format!("/api/v1/tasks/{a_id}")).await["number"],
         1
     );
-    for what in ["1", "%231", "prep", &a_id[..13], &a_id.to_uppercase()] {
+    for what in [
+        "1",
+        "%231",
+        "prep",
+        &a_id[..13],
+        &a_id[..20],
+        &a_id.to_uppercase(),
+    ] {
         let t = s.get(&app, &format!("/api/v1/tasks/{what}")).await;
         assert_eq!(t["id"], a["id"], "{what}");
         let events = s.get(&app, &format!("/api/v1/tasks/{what}/events")).await;

@@ -9,6 +9,7 @@ macro_rules! impl_sweeps {
         impl Sweeps for $store {
             async fn create_sweep(&self, sweep: &SweepRecord, trials: &[NewTask]) -> StoreResult<()> {
                 let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
+                let numbers = Self::take_numbers(&mut tx, trials).await?;
                 sqlx::query(
                     "INSERT INTO sweeps (id, tenant_id, user_id, name, method, parameters, max_concurrency, trials, created_at, objective)
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
@@ -25,7 +26,7 @@ macro_rules! impl_sweeps {
                 .bind(&sweep.objective)
                 .execute(&mut *tx)
                 .await?;
-                let stored = Self::insert_tasks(&mut tx, trials).await?;
+                let stored = Self::insert_tasks(&mut tx, trials, &numbers).await?;
                 if stored.len() != trials.len() {
                     return Err(StoreError::Conflict("a trial could not be stored (an id clash); submit the sweep again".into()));
                 }

@@ -68,11 +68,16 @@ macro_rules! impl_task_rows {
                 Ok(None)
             }
 
-            /// The next numbers of each task's organization, one per task in `batch` order:
-            /// each organization's counter moves once per batch, in the order of their ids (so
-            /// two servers' batches lock counters in the same order and never wait on each other
-            /// in a circle), and its row stays locked until `tx` ends.
-            async fn take_numbers(tx: &mut sqlx::Transaction<'_, $db>, batch: &[NewTask]) -> StoreResult<Vec<i64>> {
+            /// Reserves the next numbers of each task's organization for every task of
+            /// `batch` (answered by task id). Each organization's counter moves once, in the
+            /// order of their ids, and its row stays locked until `tx` ends: done first in a
+            /// transaction, before any other lock (an organization's cap lock included), so two
+            /// servers' batches always lock in the same order and never wait on each other in
+            /// a circle.
+            pub(super) async fn take_numbers(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                batch: &[NewTask],
+            ) -> StoreResult<std::collections::HashMap<String, i64>> {
                 let mut wanted: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
                 for n in batch {
                     *wanted.entry(n.task.tenant_id.as_str()).or_default() += 1;
@@ -95,7 +100,7 @@ macro_rules! impl_task_rows {
                     .map(|n| {
                         let at = next.entry(n.task.tenant_id.as_str()).or_default();
                         *at += 1;
-                        *at - 1
+                        (n.task.id.clone(), *at - 1)
                     })
                     .collect())
             }
@@ -106,16 +111,17 @@ macro_rules! impl_task_rows {
             pub(super) async fn insert_tasks(
                 tx: &mut sqlx::Transaction<'_, $db>,
                 batch: &[NewTask],
+                numbers: &std::collections::HashMap<String, i64>,
             ) -> StoreResult<std::collections::HashMap<String, i64>> {
-                let numbers = Self::take_numbers(tx, batch).await?;
                 let mut stored: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
-                for (chunk, numbers) in batch.chunks(INSERT_ROWS).zip(numbers.chunks(INSERT_ROWS)) {
+                for chunk in batch.chunks(INSERT_ROWS) {
                     let mut q = sqlx::QueryBuilder::<$db>::new(
                         "INSERT INTO tasks (id, tenant_id, user_id, name, state, spec, gpus_total, idempotency_key, attempts,
                             batch_size, placement, attained_gpu_seconds, last_checkpoint_at, created_at, updated_at, started_at, finished_at,
                             kind, number, rev) ",
                     );
-                    q.push_values(chunk.iter().zip(numbers), |mut b, (n, number)| {
+                    q.push_values(chunk, |mut b, n| {
+                        let number = numbers.get(&n.task.id).copied().unwrap_or_default();
                         let t = &n.task;
                         b.push_bind(&t.id)
                             .push_bind(&t.tenant_id)
@@ -135,7 +141,7 @@ macro_rules! impl_task_rows {
                             .push_bind(t.started_at)
                             .push_bind(t.finished_at)
                             .push_bind(n.kind.as_str())
-                            .push_bind(*number)
+                            .push_bind(number)
                             .push(<$store>::NEW_TASK_REV);
                     });
                     // A repeated idempotency key stores nothing; the task it made is read below.

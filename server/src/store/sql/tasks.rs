@@ -17,23 +17,24 @@ macro_rules! impl_tasks {
         impl Tasks for $store {
             async fn create_tasks(&self, batch: &[NewTask]) -> StoreResult<Vec<StoreResult<TaskCreated>>> {
                 let mut tx = self.pool.begin_with(Self::BEGIN_WRITE).await?;
+                let numbers = Self::take_numbers(&mut tx, batch).await?;
                 let mut over: std::collections::HashMap<String, String> = std::collections::HashMap::new();
                 let stored = if batch.iter().any(|n| n.caps.any()) {
                     let (capped, free): (Vec<NewTask>, Vec<NewTask>) =
                         batch.iter().cloned().partition(|n| n.caps.any());
-                    let mut stored = Self::insert_tasks(&mut tx, &free).await?;
+                    let mut stored = Self::insert_tasks(&mut tx, &free, &numbers).await?;
                     // One at a time, each counted with all stored before it.
                     for n in capped {
                         match Self::over_cap(&mut tx, &n).await? {
                             Some(why) => {
                                 over.insert(n.task.id.clone(), why);
                             }
-                            None => stored.extend(Self::insert_tasks(&mut tx, std::slice::from_ref(&n)).await?),
+                            None => stored.extend(Self::insert_tasks(&mut tx, std::slice::from_ref(&n), &numbers).await?),
                         }
                     }
                     stored
                 } else {
-                    Self::insert_tasks(&mut tx, batch).await?
+                    Self::insert_tasks(&mut tx, batch, &numbers).await?
                 };
                 tx.commit().await?;
                 let mut out = Vec::with_capacity(batch.len());
@@ -91,11 +92,12 @@ macro_rules! impl_tasks {
                         q.push(" AND number = ").push_bind(*n);
                     }
                     TaskRef::PrefixOrName(s) => {
-                        q.push(" AND ((id >= ")
+                        // Compared as text of a known length, not as a range: a range of
+                        // strings orders by the database's collation, which need not be
+                        // byte order (PostgreSQL's default locale is not).
+                        q.push(format!(" AND (substr(id, 1, {}) = ", s.len()))
                             .push_bind(s.to_ascii_lowercase())
-                            .push(" AND id < ")
-                            .push_bind(crate::domain::prefix_end(s))
-                            .push(") OR name = ")
+                            .push(" OR name = ")
                             .push_bind(s)
                             .push(")");
                     }

@@ -505,7 +505,7 @@ fn ports(list: &[u16]) -> Result<Vec<u16>, DomainError> {
 
 /// Most tasks one may wait for: a pipeline's stage waits for a few, a sweep's summary for its
 /// trials.
-const MAX_AFTER: usize = 1_000;
+pub const MAX_AFTER: usize = 1_000;
 
 /// The ids in `after`, each once, in the order given.
 fn after_ids(ids: &[String]) -> Result<Vec<String>, DomainError> {
