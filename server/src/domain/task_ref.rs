@@ -47,15 +47,16 @@ impl TaskRef {
         TaskRef::Name(raw.to_owned())
     }
 
-    /// How the refusal names what was asked for when no task answers to it.
+    /// How the refusal names what was asked for when no task answers to it: "no such task",
+    /// as for an id, and what was looked for.
     pub fn describe(&self) -> String {
         match self {
-            TaskRef::Id(id) => format!("no task {id}"),
-            TaskRef::Number(n) => format!("no task #{n}"),
+            TaskRef::Id(id) => format!("no such task: {id}"),
+            TaskRef::Number(n) => format!("no such task: #{n}"),
             TaskRef::PrefixOrName(s) => {
-                format!("no task whose id starts with or whose name is '{s}'")
+                format!("no such task: no id starts with '{s}' and no task is named so")
             }
-            TaskRef::Name(s) => format!("no task named '{s}'"),
+            TaskRef::Name(s) => format!("no such task: none is named '{s}'"),
         }
     }
 }
@@ -96,5 +97,8 @@ mod tests {
         );
         assert_eq!(TaskRef::parse("#0197"), TaskRef::Number(197));
         assert_eq!(TaskRef::parse("0"), TaskRef::Name("0".into()));
+        for what in ["#3", "prep", "0197", "01a24554-63d2-7abc-8def-0123456789ab"] {
+            assert!(TaskRef::parse(what).describe().starts_with("no such task"));
+        }
     }
 }
