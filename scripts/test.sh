@@ -13,8 +13,9 @@ command -v chromium >/dev/null || apt_install chromium
 # nsenter) and nftables for its way out and what it may not reach.
 [ "$(id -u)" -ne 0 ] || apt_install bubblewrap iproute2 util-linux nftables
 command -v node >/dev/null && command -v npm >/dev/null || apt_install nodejs npm
-# Gangs train for real: PyTorch's DDP on CPU (gloo), Debian's build.
-apt_install python3-torch
+# Gangs train for real: PyTorch's DDP on CPU (gloo), Debian's build; task environments are
+# virtualenvs of the host's Python.
+apt_install python3-torch python3-venv
 ensure_web_toolchain
 
 log "cargo fmt --check"

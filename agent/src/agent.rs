@@ -75,6 +75,8 @@ struct Inner {
     tracker: TaskTracker,
     /// Serialises dataset downloads, so two tasks on one node do not fetch the same data twice.
     data_lock: tokio::sync::Mutex<()>,
+    /// Task environments built on this node (`setup`, `requirements`).
+    environments: Arc<crate::environments::Environments>,
     /// Task uids, when the runtime runs each task as its own user.
     uids: Option<UidPool>,
     /// Ports of the rendezvous of gangs meeting on this node.
@@ -180,6 +182,7 @@ impl Agent {
             path: config.state_dir.clone(),
             source,
         })?;
+        let environments = crate::environments::Environments::new(&config.state_dir);
         Ok(Agent {
             inner: Arc::new(Inner {
                 config,
@@ -192,6 +195,7 @@ impl Agent {
                 inventory: Mutex::new(Vec::new()),
                 tracker: TaskTracker::new(),
                 data_lock: tokio::sync::Mutex::new(()),
+                environments,
                 uids,
                 ports: Default::default(),
                 last_heard: Mutex::new(Instant::now()),

@@ -14,6 +14,7 @@ pub mod backoff;
 pub mod beneath;
 pub mod client;
 pub mod config;
+pub mod environments;
 pub mod error;
 pub mod gpu;
 pub mod hostinfo;

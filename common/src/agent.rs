@@ -148,6 +148,24 @@ pub struct Assignment {
     /// `None`: one process, nothing to meet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rendezvous_timeout: Option<u64>,
+    /// What the task's environment is built from, when it asked for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<EnvironmentSpec>,
+}
+
+/// A task's environment: built once on a node for each distinct value of this (and of the
+/// image and the requirements file's content), then reused by later attempts and tasks.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct EnvironmentSpec {
+    /// Whose environments may be shared: the organization's. A tenant's setup runs its own
+    /// code, so what it leaves is never handed to another organization's task.
+    pub scope: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<String>,
+    /// A requirements file in the task's code, `/`-separated and relative.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requirements: Option<String>,
 }
 
 /// One worker process of an attempt.

@@ -112,6 +112,15 @@ pub enum OneOrMany {
     Many(Vec<String>),
 }
 
+/// Shell commands: a script, or a list of one-line commands run in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(untagged)]
+pub enum Script {
+    Text(String),
+    Lines(Vec<String>),
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(untagged)]
@@ -341,6 +350,15 @@ pub struct TaskSpecInput {
     /// A code bundle uploaded with `POST /api/v1/code` (`sha256:...`): the task runs in it.
     #[serde(default)]
     pub code: Option<String>,
+    /// Shell commands that prepare the task's environment (`pip install -e .`, a tool into
+    /// `$AUTODL_ENV_DIR/bin`): a script, or a list of commands run in order. They run once
+    /// per node for each distinct environment, which later attempts and tasks reuse.
+    #[serde(default)]
+    pub setup: Option<Script>,
+    /// A pip requirements file in the task's code (`requirements.txt`), installed into the
+    /// task's environment before `setup` runs.
+    #[serde(default)]
+    pub requirements: Option<String>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
@@ -415,6 +433,12 @@ pub struct TaskSpec {
     /// The code bundle the task runs in (`sha256:...`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<String>,
+    /// The setup script (commands joined by lines), see [`TaskSpecInput::setup`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<String>,
+    /// The requirements file's path in the code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requirements: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub batch_size: Option<u32>,
     /// `batch_size` is the global batch (each worker gets its share).
@@ -492,6 +516,8 @@ impl TaskSpec {
             }),
             data_path: self.data_path.clone(),
             code: self.code.clone(),
+            setup: self.setup.clone().map(Script::Text),
+            requirements: self.requirements.clone(),
             labels: self.labels.clone(),
             batch_size: self.batch_size,
             global_batch: self.global_batch.then_some(true),

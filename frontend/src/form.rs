@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use autodl_common::tasks::{
     Affinity, AfterFailure, AfterWhen, CheckpointInput, Command, GpuRequest, Launcher, OneOrMany,
-    Resources, RetryPolicy, Size, TaskKind, TaskSpecInput, TimeSpan, WorkerCount,
+    Resources, RetryPolicy, Script, Size, TaskKind, TaskSpecInput, TimeSpan, WorkerCount,
 };
 
 use crate::api::ApiErr;
@@ -52,6 +52,10 @@ pub struct FormValues {
     pub data_path: String,
     /// The code bundle (`sha256:...`) the task runs in; set by uploading an archive.
     pub code: String,
+    /// Setup commands run once per node for each distinct environment.
+    pub setup: String,
+    /// A pip requirements file in the code.
+    pub requirements: String,
     pub batch_size: String,
     /// The batch size is the global batch, shared among the workers.
     pub global_batch: bool,
@@ -99,6 +103,8 @@ impl Default for FormValues {
             bandwidth: "normal".into(),
             data_path: String::new(),
             code: String::new(),
+            setup: String::new(),
+            requirements: String::new(),
             batch_size: String::new(),
             global_batch: false,
             preemptible: true,
@@ -299,6 +305,12 @@ impl FormValues {
             bandwidth: affinity.bandwidth.unwrap_or_else(|| "normal".into()),
             data_path: i.data_path.clone().unwrap_or_default(),
             code: i.code.clone().unwrap_or_default(),
+            setup: match &i.setup {
+                Some(Script::Text(s)) => s.clone(),
+                Some(Script::Lines(l)) => l.join("\n"),
+                None => String::new(),
+            },
+            requirements: i.requirements.clone().unwrap_or_default(),
             batch_size: text_of(i.batch_size),
             global_batch: i.global_batch.unwrap_or(false),
             preemptible: i.preemptible.unwrap_or(true),
@@ -390,6 +402,8 @@ impl FormValues {
             }),
             data_path: trimmed(&self.data_path),
             code: trimmed(&self.code),
+            setup: trimmed(&self.setup).map(Script::Text),
+            requirements: trimmed(&self.requirements),
             labels: pairs(&self.labels, "labels")?,
             batch_size: opt_num(&self.batch_size, "batch_size", "Batch size")?,
             global_batch: self.global_batch.then_some(true),

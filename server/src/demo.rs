@@ -2,7 +2,7 @@
 //! a gang can span nodes) run inside the server process with the process runtime, so a
 //! newcomer can submit a task and watch it run with one command and no GPU.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use autodl_agent::{
@@ -38,15 +38,36 @@ pub async fn start_agents(
         read_only_paths: state.settings.demo_task_paths.clone(),
         ..IsolationConfig::default()
     };
-    // The folder whose `python` demo tasks run, made readable to them.
+    // The Python demo tasks run, and the installation it was made from (a pyenv or conda
+    // interpreter under a home folder the sandbox hides), made readable to them.
     let python_bin = match &state.settings.demo_python {
         Some(env) => {
             isolation.read_only_paths.push(env.clone());
             Some(env.join("bin"))
         }
-        None => python_alias(data_dir).inspect(|bin| isolation.read_only_paths.push(bin.clone())),
+        None => python_alias(data_dir).await,
     };
     if let Some(bin) = python_bin {
+        match describe_python(&bin.join("python")).await {
+            Some(py) => {
+                let data = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.into());
+                if data.starts_with(&py.base_prefix) {
+                    tracing::warn!(python = %py.base_prefix.display(), "the demo's Python holds its data folder: not shown to sandboxed tasks");
+                } else {
+                    isolation.read_only_paths.push(py.base_prefix.clone());
+                }
+                tracing::info!(
+                    "demo tasks run python {} from {} ({})",
+                    py.version,
+                    bin.display(),
+                    py.base_prefix.display()
+                );
+            }
+            None => tracing::warn!(
+                bin = %bin.display(),
+                "the demo's python does not run; demo tasks use the host's python3"
+            ),
+        }
         isolation.task_env.insert(
             "PATH".into(),
             format!("{}:{}", bin.display(), autodl_agent::DEFAULT_PATH),
@@ -116,24 +137,56 @@ pub async fn start_agents(
     Ok(agents)
 }
 
-/// Container images of the field run `python`; a host may have only `python3`. Demo tasks
-/// run on the host (the image is not used), so on such a host they find `python` in a folder
-/// of the demo's own: `entry_point: train.py` runs as it would in the image.
-fn python_alias(data_dir: &Path) -> Option<std::path::PathBuf> {
-    let on_path = |name: &str| {
-        std::env::split_paths(&std::env::var_os("PATH")?)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    };
-    if on_path("python").is_some() {
-        return None;
-    }
-    let python3 = std::fs::canonicalize(on_path("python3")?).ok()?;
+/// A Python as demo tasks see it.
+struct PythonInstall {
+    /// The interpreter itself, links and shims (pyenv's) resolved.
+    executable: PathBuf,
+    /// Where its standard library is: a virtualenv's is the interpreter's it was made from.
+    base_prefix: PathBuf,
+    version: String,
+}
+
+/// Asks `python` where it lives (`-I`: nothing of this process's environment or folder).
+async fn describe_python(python: &Path) -> Option<PythonInstall> {
+    let out = tokio::process::Command::new(python)
+        .args([
+            "-I",
+            "-c",
+            "import os, sys; print(os.path.realpath(sys.executable)); print(os.path.realpath(sys.base_prefix)); print(sys.version.split()[0])",
+        ])
+        .output()
+        .await
+        .ok()
+        .filter(|o| o.status.success())?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let mut lines = text.lines();
+    let executable = PathBuf::from(lines.next()?);
+    let base_prefix = PathBuf::from(lines.next()?);
+    let version = lines.next()?.to_owned();
+    // Never the whole host.
+    (base_prefix.is_absolute() && base_prefix.parent().is_some()).then_some(PythonInstall {
+        executable,
+        base_prefix,
+        version,
+    })
+}
+
+/// Container images of the field run `python`; a host may have only `python3`, or a shim
+/// (pyenv's) that works only outside the sandbox. Demo tasks run on the host (the image is
+/// not used), so they find `python` and `python3` in a folder of the demo's own, linked to
+/// the interpreter the host's `python3` runs: `entry_point: train.py` runs as in the image.
+async fn python_alias(data_dir: &Path) -> Option<PathBuf> {
+    let python3 = std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join("python3"))
+        .find(|p| p.is_file())?;
+    let real = describe_python(&python3).await?.executable;
     let bin = std::path::absolute(data_dir.join("bin")).ok()?;
     std::fs::create_dir_all(&bin).ok()?;
-    let link = bin.join("python");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&python3, &link).ok()?;
+    for name in ["python", "python3"] {
+        let link = bin.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&real, &link).ok()?;
+    }
     Some(bin)
 }
 

@@ -338,6 +338,29 @@ pub(super) async fn supervise(
             Err(e) => prepared = Err(e),
         }
     }
+    // The environment last: it is built as the task's user, in the task's code.
+    let mut environment = None;
+    if prepared.is_ok() && launch.environment.is_some() {
+        match inner
+            .environments
+            .prepare(inner.runtime.as_ref(), &launch, &log, stop_rx.clone())
+            .await
+        {
+            Ok(lease) => {
+                launch.env_dir = Some(crate::runtime::EnvDir {
+                    host: lease.dir.clone(),
+                    writable: false,
+                });
+                environment = Some(lease);
+            }
+            Err(e) => {
+                prepared = Err(PrepareError {
+                    transient: e.transient(),
+                    message: e.to_string(),
+                })
+            }
+        }
+    }
     let prepare_failed = prepared.as_ref().err().map(|e| e.transient);
     let task_dir = launch.task_dir.clone();
     let checkpoint_dir = launch.checkpoint_dir.clone();
@@ -369,6 +392,8 @@ pub(super) async fn supervise(
             Err(RuntimeError::Io(std::io::Error::other(e.message)))
         }
     };
+    // No longer in use by this attempt: it may be removed once unused for long.
+    drop(environment);
     loop_stop.cancel();
     let last_saved = saver.await.unwrap_or_default();
     // Nothing of the task may outlive the attempt: stop what still runs as its uid, and close

@@ -151,6 +151,10 @@ impl DockerRuntime {
         if let Some(inside) = &paths.code {
             binds.push(format!("{}:{inside}", launch.code_dir().display()));
         }
+        if let (Some(e), Some(inside)) = (&launch.env_dir, &paths.env) {
+            let mode = if e.writable { "" } else { ":ro" };
+            binds.push(format!("{}:{inside}{mode}", e.host.display()));
+        }
         if let (Some(d), Some(inside)) = (&launch.data, &paths.data) {
             binds.push(format!("{}:{inside}:ro", d.host.display()));
         }
@@ -171,7 +175,7 @@ impl DockerRuntime {
         ]);
         ContainerCreateBody {
             image: Some(launch.image.clone()),
-            cmd: (!launch.command.is_empty()).then(|| launch.command.clone()),
+            cmd: (!launch.command.is_empty()).then(|| launch.in_environment(&launch.command)),
             env: Some(env),
             user: Some(user),
             working_dir: Some(paths.workdir().to_owned()),
@@ -550,7 +554,7 @@ impl Runtime for DockerRuntime {
                     attach_stderr: Some(true),
                     tty: Some(spec.tty),
                     env: terminal_env(spec.tty, launch).map(|(k, v)| vec![format!("{k}={v}")]),
-                    cmd: Some(spec.argv()),
+                    cmd: Some(launch.in_environment(&spec.argv())),
                     user: body.user,
                     working_dir: body.working_dir,
                     ..Default::default()

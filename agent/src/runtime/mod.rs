@@ -30,6 +30,20 @@ pub const CONTAINER_RESULTS_DIR: &str = "/autodl/results";
 pub const CONTAINER_HOME_DIR: &str = "/autodl/home";
 pub const CONTAINER_DATA_DIR: &str = "/autodl/data";
 pub const CONTAINER_CODE_DIR: &str = "/autodl/code";
+pub const CONTAINER_ENV_DIR: &str = "/autodl/env";
+
+/// Puts the task's environment first on its `PATH` (and names it as the active virtualenv
+/// when it is one) before the command: the same for the task, its workers, and every shell
+/// or command a person runs in it, on every runtime, whatever `PATH` the image has.
+const ACTIVATE: &str = r#"PATH="$AUTODL_ENV_DIR/bin:$PATH"; export PATH; if [ -f "$AUTODL_ENV_DIR/pyvenv.cfg" ]; then VIRTUAL_ENV="$AUTODL_ENV_DIR"; export VIRTUAL_ENV; unset PYTHONHOME; fi; exec "$@""#;
+
+/// The node's copy of the task's environment ([`crate::environments`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvDir {
+    pub host: PathBuf,
+    /// Only while it is being built: every task sees it read-only.
+    pub writable: bool,
+}
 
 /// A dataset the task reads: where it is on the host and where the task finds it.
 #[derive(Debug, Clone, PartialEq)]
@@ -97,6 +111,10 @@ pub struct TaskLaunch {
     pub rank: Option<u32>,
     /// How long a gang's workers have to meet, judged where rank 0 runs ([`Rendezvous`]).
     pub rendezvous_timeout: Option<Duration>,
+    /// What the task's environment is built from (`setup`, `requirements`).
+    pub environment: Option<autodl_common::agent::EnvironmentSpec>,
+    /// The environment once built (or being built), shown at [`CONTAINER_ENV_DIR`].
+    pub env_dir: Option<EnvDir>,
 }
 
 /// One process of an attempt: its rank when the attempt runs a process per worker.
@@ -111,8 +129,9 @@ pub struct WorkerLaunch {
 pub(crate) const PEER_GRACE: Duration = Duration::from_secs(10);
 
 /// Variables only the runtime sets: a task's own `env` cannot point them elsewhere.
-const RUNTIME_OWNED: [&str; 9] = [
+const RUNTIME_OWNED: [&str; 10] = [
     "AUTODL_CODE_DIR",
+    "AUTODL_ENV_DIR",
     "AUTODL_RESTORE_PATH",
     "AUTODL_CHECKPOINT_DIR",
     "AUTODL_RESULTS_DIR",
@@ -208,7 +227,21 @@ impl TaskLaunch {
                 .collect(),
             rank: None,
             rendezvous_timeout: a.rendezvous_timeout.map(Duration::from_secs),
+            environment: a.environment.clone(),
+            env_dir: None,
         }
+    }
+
+    /// `argv` run with the task's environment active, when it has one.
+    pub fn in_environment(&self, argv: &[String]) -> Vec<String> {
+        if self.env_dir.is_none() || argv.is_empty() {
+            return argv.to_vec();
+        }
+        ["/bin/sh", "-c", ACTIVATE, "autodl-env"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(argv.iter().cloned())
+            .collect()
     }
 
     /// The file the task's shell reads its variables from: one per worker, so that workers
@@ -309,6 +342,7 @@ impl TaskLaunch {
             results: CONTAINER_RESULTS_DIR.into(),
             home: CONTAINER_HOME_DIR.into(),
             code: self.has_code.then(|| CONTAINER_CODE_DIR.into()),
+            env: self.env_dir.as_ref().map(|_| CONTAINER_ENV_DIR.into()),
             data: self.data.as_ref().map(|d| {
                 d.requested_path
                     .clone()
@@ -325,6 +359,7 @@ impl TaskLaunch {
             results: shown(&self.results_dir),
             home: shown(&self.home_dir()),
             code: self.has_code.then(|| shown(&self.code_dir())),
+            env: self.env_dir.as_ref().map(|e| shown(&e.host)),
             data: self.data.as_ref().map(|d| match &d.requested_path {
                 Some(p) => p.clone(),
                 None if self.user.is_some() => shown(&self.data_link_dir()),
@@ -359,6 +394,9 @@ impl TaskLaunch {
         if let Some(c) = &paths.code {
             env.insert("AUTODL_CODE_DIR".into(), c.clone());
         }
+        if let Some(e) = &paths.env {
+            env.insert("AUTODL_ENV_DIR".into(), e.clone());
+        }
         if gpu_visibility {
             // NVML numbers GPUs in PCI order; CUDA's default order differs on mixed hosts.
             env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
@@ -377,6 +415,8 @@ pub struct TaskPaths {
     pub home: String,
     /// The unpacked code bundle, when the task has one: its working directory.
     pub code: Option<String>,
+    /// The task's environment, when it has one.
+    pub env: Option<String>,
     pub data: Option<String>,
 }
 

@@ -358,6 +358,7 @@ impl ProcessRuntime {
         argv: &[String],
         terminal: bool,
     ) -> Result<Plan, RuntimeError> {
+        let argv = &launch.in_environment(argv);
         let (program, args) = argv.split_first().ok_or(RuntimeError::NoCommand)?;
         let mut operator = inherited_env();
         operator
@@ -406,6 +407,14 @@ impl ProcessRuntime {
                 ];
                 if let Some(code) = &paths.code {
                     binds.push((launch.code_dir(), PathBuf::from(code)));
+                }
+                if let (Some(e), Some(inside)) = (&launch.env_dir, &paths.env) {
+                    let at = (e.host.clone(), PathBuf::from(inside));
+                    if e.writable {
+                        binds.push(at);
+                    } else {
+                        read_only.push(at);
+                    }
                 }
                 let tmp = launch.tmp_dir();
                 let l = SandboxLaunch {

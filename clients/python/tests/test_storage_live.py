@@ -354,3 +354,60 @@ def test_a_sweep_runs_its_trials_a_few_at_a_time_and_compares_them(demo: LiveSer
     cancelled = cli(demo, "sweep", "cancel", sweep_id)
     assert cancelled.stdout.strip() == f"{sweep_id}: 12 trials cancelled", cancelled.stdout
     assert client.get_sweep(sweep_id).wait(timeout=60, poll=0.5) == {"cancelled": 12}
+
+
+def _wheel(path, name: str, greeting: str) -> None:
+    """A wheel of package ``name`` (a wheel is a zip file): installed with no index."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}/__init__.py", f"GREETING = {greeting!r}\n")
+        z.writestr(
+            f"{name}-0.1.dist-info/METADATA",
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+        )
+        z.writestr(
+            f"{name}-0.1.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+        z.writestr(f"{name}-0.1.dist-info/RECORD", "")
+
+
+def test_requirements_are_installed_once_per_node_and_reused(demo: LiveServer, tmp_path):
+    client = demo.client()
+    project = tmp_path / "env-project"
+    (project / "wheels").mkdir(parents=True)
+    _wheel(project / "wheels" / "hello_env-0.1-py3-none-any.whl", "hello_env", "hello from pip")
+    (project / "requirements.txt").write_text(
+        "--no-index\n./wheels/hello_env-0.1-py3-none-any.whl\n"
+    )
+    (project / "train.py").write_text(
+        "import sys, autodl, hello_env\n"
+        "print(hello_env.GREETING, 'in', sys.prefix)\n"
+        "autodl.report(step=1, loss=0.5)\n"
+    )
+    # Both on the one-node-of-its-kind A100 node, so the second finds the first's build.
+    spec = shell_task(
+        "with-requirements",
+        "python train.py",
+        requirements="requirements.txt",
+        resources={"gpu": {"type": "A100-40G", "count": 1}},
+    )
+    took = []
+    logs = []
+    for _ in range(2):
+        start = time.monotonic()
+        task = client.submit_task(spec, workdir=project)
+        assert task.wait(timeout=180) == "COMPLETED", task.logs()
+        took.append(time.monotonic() - start)
+        logs.append("\n".join(task.logs()))
+    first, second = logs
+    assert "pip install -r requirements.txt" in first and "built in" in first, first
+    assert "hello from pip in /autodl/env" in first or "hello from pip in /" in first, first
+    assert "reused" in second and "pip install" not in second, second
+    assert "hello from pip" in second, second
+    print(f"\nfirst task (builds its environment) {took[0]:.1f} s, second (reuses it) {took[1]:.1f} s")
+    # A requirements file that is not in the code fails the task, saying so.
+    missing = client.submit_task({**spec, "requirements": "nope.txt"}, workdir=project)
+    assert missing.wait(timeout=60) == "FAILED"
+    assert any("nope.txt is not a file in the task's code" in line for line in missing.logs())

@@ -50,6 +50,8 @@ struct Form {
     bandwidth: RwSignal<String>,
     data_path: RwSignal<String>,
     code: RwSignal<String>,
+    setup: RwSignal<String>,
+    requirements: RwSignal<String>,
     batch_size: RwSignal<String>,
     env: RwSignal<String>,
     labels: RwSignal<String>,
@@ -92,6 +94,8 @@ impl Form {
             bandwidth: RwSignal::new(v.bandwidth.clone()),
             data_path: RwSignal::new(v.data_path.clone()),
             code: RwSignal::new(v.code.clone()),
+            setup: RwSignal::new(v.setup.clone()),
+            requirements: RwSignal::new(v.requirements.clone()),
             batch_size: RwSignal::new(v.batch_size.clone()),
             env: RwSignal::new(v.env.clone()),
             labels: RwSignal::new(v.labels.clone()),
@@ -133,6 +137,8 @@ impl Form {
             bandwidth: self.bandwidth.get(),
             data_path: self.data_path.get(),
             code: self.code.get(),
+            setup: self.setup.get(),
+            requirements: self.requirements.get(),
             batch_size: self.batch_size.get(),
             env: self.env.get(),
             labels: self.labels.get(),
@@ -179,6 +185,8 @@ impl Form {
         self.bandwidth.set(v.bandwidth.clone());
         self.data_path.set(v.data_path.clone());
         self.code.set(v.code.clone());
+        self.setup.set(v.setup.clone());
+        self.requirements.set(v.requirements.clone());
         self.batch_size.set(v.batch_size.clone());
         self.env.set(v.env.clone());
         self.labels.set(v.labels.clone());
@@ -489,6 +497,13 @@ fn SubmitForm() -> impl IntoView {
                                 _ => ferr("code").get(),
                             }}
                         </p>
+                    </div>
+                    <Field label="Requirements file in the code" id="requirements" value=form.requirements error=ferr("requirements") placeholder="requirements.txt (installed once per node, then reused)"/>
+                    <div class="field" class:has-error=move || ferr("setup").get().is_some()>
+                        <label for="setup">"Setup commands"</label>
+                        <textarea id="setup" rows="2" placeholder="pip install -e ." aria-describedby="setup-error" bind:value=form.setup></textarea>
+                        <p class="hint">"Run once per node in the task's environment ($AUTODL_ENV_DIR, a virtualenv), after the requirements; later tasks with the same setup reuse it."</p>
+                        <p class="field-error" id="setup-error" role="alert">{move || ferr("setup").get()}</p>
                     </div>
                     <Field label="Batch size" id="batch_size" kind="number" value=form.batch_size error=ferr("batch_size") placeholder="the program's own"/>
                     <Field label="Expected run time" id="estimated_runtime" kind="text" value=form.estimated_runtime error=ferr("estimated_runtime") placeholder="unknown, or e.g. 2h30m"/>

@@ -184,6 +184,8 @@ pub(crate) mod tests {
                 bandwidth: String::new(),
                 data_path: None,
                 code: None,
+                setup: None,
+                requirements: None,
                 labels: Default::default(),
                 batch_size: None,
                 global_batch: false,

@@ -290,6 +290,13 @@ fn assignment(
         restore: None,
         workers: launch.workers,
         rendezvous_timeout: crate::tasks::gang::rendezvous_timeout(spec, width),
+        environment: (spec.setup.is_some() || spec.requirements.is_some()).then(|| {
+            autodl_common::agent::EnvironmentSpec {
+                scope: t.tenant_id.clone(),
+                setup: spec.setup.clone(),
+                requirements: spec.requirements.clone(),
+            }
+        }),
     })
 }
 

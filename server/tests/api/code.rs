@@ -13,7 +13,7 @@ crate::on_both_backends!(
 );
 
 /// A `.tar.gz` of these `(path, mode, bytes)` files, names written as given.
-fn tar_gz(files: &[(&str, u32, &[u8])]) -> Vec<u8> {
+pub(crate) fn tar_gz(files: &[(&str, u32, &[u8])]) -> Vec<u8> {
     let mut b = tar::Builder::new(flate2::write::GzEncoder::new(
         Vec::new(),
         flate2::Compression::default(),
@@ -30,7 +30,7 @@ fn tar_gz(files: &[(&str, u32, &[u8])]) -> Vec<u8> {
     b.into_inner().unwrap().finish().unwrap()
 }
 
-async fn upload(app: &TestApp, s: &Session, bytes: Vec<u8>) -> reqwest::Response {
+pub(crate) async fn upload(app: &TestApp, s: &Session, bytes: Vec<u8>) -> reqwest::Response {
     s.request(app, Method::POST, "/api/v1/code")
         .header("content-type", "application/octet-stream")
         .body(bytes)

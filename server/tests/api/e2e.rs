@@ -106,11 +106,10 @@ pub async fn start_agent_configured(
 
 pub async fn submit(app: &TestApp, s: &Session, body: Value) -> String {
     let res = s.send(app, Method::POST, "/api/v1/tasks", Some(body)).await;
-    assert_eq!(res.status(), reqwest::StatusCode::CREATED);
-    res.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
+    let status = res.status();
+    let answer = res.json::<Value>().await.unwrap();
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{answer}");
+    answer["id"].as_str().unwrap().to_owned()
 }
 
 pub async fn wait_for(app: &TestApp, s: &Session, id: &str, states: &[&str], secs: u64) -> Value {

@@ -29,7 +29,7 @@ async fn a_task_racing_the_agent_s_saves_takes_nothing_of_the_host() {
 }
 
 /// The runtimes to attack, with how a task names its image under them.
-async fn runtimes() -> Vec<(&'static str, Arc<dyn Runtime>, String)> {
+pub(crate) async fn runtimes() -> Vec<(&'static str, Arc<dyn Runtime>, String)> {
     if !autodl_agent::isolation::is_root() {
         crate::helpers::skip("isolating tasks needs root (CI runs the suite as root)");
         return Vec::new();

@@ -12,6 +12,7 @@ mod backup;
 mod code;
 mod e2e;
 mod elastic;
+mod environments;
 mod faults;
 mod gangs;
 mod isolation;

@@ -561,6 +561,10 @@ def cmd_run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         config["workdir"] = args.workdir
     if args.data:
         config["data_path"] = args.data
+    if args.requirements:
+        config["requirements"] = args.requirements
+    if args.setup:
+        config["setup"] = args.setup
     if args.after:
         config["after"] = [i for a in args.after for i in a.split(",") if i]
         if args.after_any:
@@ -832,6 +836,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--data", metavar="URL", help="data_path: s3://bucket/path, or a folder the nodes share"
+    )
+    p.add_argument(
+        "--requirements",
+        metavar="FILE",
+        help="pip install this file of --workdir into the task's environment (built once per "
+        "node, then reused)",
+    )
+    p.add_argument(
+        "--setup",
+        action="append",
+        metavar="COMMAND",
+        help="a command preparing the task's environment, run once per node (repeat)",
     )
     p.add_argument(
         "--after", action="append", metavar="ID", help="start once this task completed (repeat)"

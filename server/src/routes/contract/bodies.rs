@@ -4,6 +4,9 @@ use serde_json::{json, Value};
 
 use super::*;
 
+/// One component of a relative path: not empty, not `.` or `..`, no `/` or control character.
+const RELATIVE_SEGMENT: &str = r"(?:[^/\u0000-\u001f\u007f-\u009f.]|\.[^/\u0000-\u001f\u007f-\u009f.]|\.\.[^/\u0000-\u001f\u007f-\u009f])[^/\u0000-\u001f\u007f-\u009f]*";
+
 /// `(JSON pointer into components/schemas, keywords merged into the schema found there)`.
 pub(super) fn component_rules() -> Vec<(&'static str, Value)> {
     let email = pattern(EMAIL);
@@ -178,6 +181,23 @@ pub(super) fn component_rules() -> Vec<(&'static str, Value)> {
                     {"required": ["entry_point"], "properties": {"entry_point": {"type": "string"}, "command": {"type": "null"}}},
                 ]},
             }),
+        ),
+        // A requirements file is one of the task's code.
+        (
+            "/TaskSpecInput",
+            json!({"dependentRequired": {"requirements": ["code"]}}),
+        ),
+        (
+            "/TaskSpecInput/properties/requirements",
+            json!({"maxLength": 512, "pattern": format!("^$|^{RELATIVE_SEGMENT}(?:/{RELATIVE_SEGMENT})*$")}),
+        ),
+        (
+            "/Script",
+            json!({"oneOf": [
+                {"type": "string", "maxLength": 16384, "pattern": r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]*$"},
+                {"type": "array", "maxItems": 64,
+                 "items": {"type": "string", "maxLength": 255, "pattern": r"^[^\u0000-\u0008\u000a-\u001f\u007f-\u009f]*$"}},
+            ]}),
         ),
         (
             "/TaskSpecInput/properties/ports",

@@ -2,7 +2,8 @@
 //! field is wrong.
 
 use autodl_common::tasks::{
-    CheckpointSpec, Command, OneOrMany, RetryPolicy, TaskKind, TaskSpec, TaskSpecInput, WorkerCount,
+    CheckpointSpec, Command, OneOrMany, RetryPolicy, Script, TaskKind, TaskSpec, TaskSpecInput,
+    WorkerCount,
 };
 
 use crate::domain::parse_gpu_type;
@@ -76,6 +77,7 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, DomainErr
     let (zone_affinity, bandwidth) = affinity_of(&input)?;
     check_data_path(input.data_path.as_deref())?;
     check_code(input.code.as_deref())?;
+    let (setup, requirements) = environment_of(&input)?;
     check_labels(&input.labels)?;
     if input.batch_size == Some(0) {
         return Err(DomainError::invalid(
@@ -115,6 +117,8 @@ pub fn normalise(input: TaskSpecInput, now_s: i64) -> Result<TaskSpec, DomainErr
         bandwidth: bandwidth.to_owned(),
         data_path: input.data_path,
         code: input.code,
+        setup,
+        requirements,
         labels: input.labels,
         batch_size: input.batch_size,
         global_batch,
@@ -141,7 +145,7 @@ fn command_of(input: &TaskSpecInput, kind: TaskKind) -> Result<Vec<String>, Doma
             ))
         }
         (Some(Command::Shell(s)), None) => {
-            vec!["/bin/sh".into(), "-c".into(), script(s, 16_384)?]
+            vec!["/bin/sh".into(), "-c".into(), script("command", s, 16_384)?]
         }
         (Some(Command::Argv(v)), None) => {
             if v.is_empty() || v[0].trim().is_empty() {
@@ -433,6 +437,52 @@ fn check_code(code: Option<&str>) -> Result<(), DomainError> {
         }
     }
     Ok(())
+}
+
+/// The task's environment: a setup script (a list of commands becomes one, a line each) and a
+/// requirements file, which is in the task's code since that is all a node unpacks.
+fn environment_of(input: &TaskSpecInput) -> Result<(Option<String>, Option<String>), DomainError> {
+    let setup = match &input.setup {
+        None => None,
+        Some(Script::Text(s)) => Some(s.clone()),
+        Some(Script::Lines(lines)) => {
+            if let Some(l) = lines.iter().find(|l| l.contains(['\n', '\r'])) {
+                return Err(DomainError::invalid(
+                    "setup",
+                    format!("each command of setup is one line; give a script as one string instead of {l:?}"),
+                ));
+            }
+            Some(lines.join("\n"))
+        }
+    };
+    let setup = match setup {
+        Some(s) if s.trim().is_empty() => None,
+        Some(s) => Some(script("setup", &s, 16_384)?),
+        None => None,
+    };
+    let requirements = match input.requirements.as_deref() {
+        None | Some("") => None,
+        Some(r) => {
+            let plain = !r.starts_with('/')
+                && r.chars().count() <= 512
+                && r.split('/').all(|p| !p.is_empty() && p != "." && p != "..")
+                && !r.chars().any(char::is_control);
+            if !plain {
+                return Err(DomainError::invalid(
+                    "requirements",
+                    format!("requirements is a file in the task's code, as a relative path (\"requirements.txt\", \"env/requirements.txt\"), not {r:?}"),
+                ));
+            }
+            if input.code.is_none() {
+                return Err(DomainError::invalid(
+                    "requirements",
+                    "requirements names a file in the task's code, and this task has none: give code (autodl run and the SDK upload the working folder)",
+                ));
+            }
+            Some(r.to_owned())
+        }
+    };
+    Ok((setup, requirements))
 }
 
 fn check_labels(labels: &std::collections::BTreeMap<String, String>) -> Result<(), DomainError> {

@@ -114,6 +114,12 @@ fn every_spec_field_survives_the_submit_form() {
             bandwidth: Some("high".into()),
         }),
         data_path: Some("s3://data/imagenet".into()),
+        code: Some(autodl_common::bundle::id_of(b"code")),
+        setup: Some(autodl_common::tasks::Script::Lines(vec![
+            "pip install -e .".into(),
+            "make -C ext".into(),
+        ])),
+        requirements: Some("env/requirements.txt".into()),
         labels: [("team".into(), "vision".into())].into(),
         batch_size: Some(256),
         preemptible: Some(false),
@@ -387,5 +393,88 @@ fn every_spec_handed_out_submits_the_same_task_again() {
         let again = normalise(spec.to_input(), 0)
             .unwrap_or_else(|e| panic!("{input:?} handed out as a spec it refuses: {e:?}"));
         assert_eq!(again, spec, "{input:?}");
+    }
+}
+
+#[test]
+fn an_environment_is_setup_commands_and_a_requirements_file_of_the_code() {
+    let code = Some(autodl_common::bundle::id_of(b"code"));
+    let spec = normalise(
+        TaskSpecInput {
+            code: code.clone(),
+            setup: Some(autodl_common::tasks::Script::Lines(vec![
+                "pip install -e .".into(),
+                "echo ok".into(),
+            ])),
+            requirements: Some("requirements.txt".into()),
+            ..base()
+        },
+        0,
+    )
+    .unwrap();
+    assert_eq!(spec.setup.as_deref(), Some("pip install -e .\necho ok"));
+    assert_eq!(spec.requirements.as_deref(), Some("requirements.txt"));
+    // Empty is none.
+    let none = normalise(
+        TaskSpecInput {
+            setup: Some(autodl_common::tasks::Script::Text("  ".into())),
+            requirements: Some(String::new()),
+            ..base()
+        },
+        0,
+    )
+    .unwrap();
+    assert_eq!((none.setup, none.requirements), (None, None));
+    for (input, field, says) in [
+        (
+            TaskSpecInput {
+                setup: Some(autodl_common::tasks::Script::Lines(vec!["a\nb".into()])),
+                ..base()
+            },
+            "setup",
+            "one line",
+        ),
+        (
+            TaskSpecInput {
+                setup: Some(autodl_common::tasks::Script::Text("echo \u{7}".into())),
+                ..base()
+            },
+            "setup",
+            "control characters",
+        ),
+        (
+            TaskSpecInput {
+                code: code.clone(),
+                requirements: Some("../secrets.txt".into()),
+                ..base()
+            },
+            "requirements",
+            "relative path",
+        ),
+        (
+            TaskSpecInput {
+                code: code.clone(),
+                requirements: Some("/etc/passwd".into()),
+                ..base()
+            },
+            "requirements",
+            "relative path",
+        ),
+        (
+            TaskSpecInput {
+                requirements: Some("requirements.txt".into()),
+                ..base()
+            },
+            "requirements",
+            "give code",
+        ),
+    ] {
+        match normalise(input, 0) {
+            Err(DomainError::Invalid { field: f, message }) => {
+                assert_eq!(f, field, "{message}");
+                assert!(message.contains(says), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -101,23 +101,23 @@ pub fn parse_deadline(s: &str) -> Result<i64, DomainError> {
 }
 
 /// A shell command: like `text`, but multi-line scripts (newlines, tabs) are fine.
-pub(super) fn script(s: &str, max: usize) -> Result<String, DomainError> {
+pub(super) fn script(field: &'static str, s: &str, max: usize) -> Result<String, DomainError> {
     let t = s.trim();
     if t.is_empty() {
-        return Err(DomainError::invalid("command", "command is required"));
+        return Err(DomainError::invalid(field, format!("{field} is required")));
     }
     if t.chars().count() > max {
         return Err(DomainError::invalid(
-            "command",
-            format!("command must be at most {max} characters"),
+            field,
+            format!("{field} must be at most {max} characters"),
         ));
     }
     if t.chars()
         .any(|c| c.is_control() && !matches!(c, '\n' | '\t' | '\r'))
     {
         return Err(DomainError::invalid(
-            "command",
-            "command must not contain control characters other than newlines and tabs",
+            field,
+            format!("{field} must not contain control characters other than newlines and tabs"),
         ));
     }
     Ok(t.to_owned())
