@@ -165,6 +165,16 @@ impl ServerClient {
             .await
     }
 
+    /// A step before the attempt starts, for the task's timeline.
+    pub async fn progress(
+        &self,
+        task_id: &str,
+        report: &autodl_common::agent::ProgressReport,
+    ) -> Result<(), ClientError> {
+        self.post_unit(&task_path(task_id, "progress"), report)
+            .await
+    }
+
     pub async fn logs(&self, task_id: &str, batch: &LogBatch) -> Result<(), ClientError> {
         self.post_unit(&task_path(task_id, "logs"), &Stamped::now(batch))
             .await

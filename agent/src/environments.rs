@@ -190,12 +190,29 @@ impl Environments {
     }
 
     /// The environment of `launch` (which must have `environment`), built by `runtime` unless
-    /// a build of the same key is ready. Its progress goes to `log`; `stop` ends a build.
+    /// a build of the same key is ready. Its output goes to `log`, each step of it to
+    /// `steps` (for the task's timeline); `stop` ends a build.
     pub async fn prepare(
         self: &Arc<Self>,
         runtime: &dyn Runtime,
         launch: &TaskLaunch,
         log: &Arc<LogBuffer>,
+        steps: &tokio::sync::mpsc::UnboundedSender<String>,
+        stop: watch::Receiver<Option<Duration>>,
+    ) -> Result<EnvLease, EnvError> {
+        let result = self.prepare_logged(runtime, launch, log, steps, stop).await;
+        if let Err(e) = &result {
+            let _ = steps.send(e.to_string());
+        }
+        result
+    }
+
+    async fn prepare_logged(
+        self: &Arc<Self>,
+        runtime: &dyn Runtime,
+        launch: &TaskLaunch,
+        log: &Arc<LogBuffer>,
+        steps: &tokio::sync::mpsc::UnboundedSender<String>,
         stop: watch::Receiver<Option<Duration>>,
     ) -> Result<EnvLease, EnvError> {
         let spec = launch
@@ -224,21 +241,15 @@ impl Environments {
                 .append(true)
                 .open(&ready)
                 .and_then(|f| f.set_modified(SystemTime::now()));
-            log.push(
-                Stream::Stdout,
-                format!("[autodl-agent] environment {} reused", &key[..12]),
-            );
+            let said = format!("environment {} reused", &key[..12]);
+            let _ = steps.send(said.clone());
+            log.push(Stream::Stdout, format!("[autodl-agent] {said}"));
             return Ok(lease);
         }
         let t = Instant::now();
-        log.push(
-            Stream::Stdout,
-            format!(
-                "[autodl-agent] environment {} building: {}",
-                &key[..12],
-                what(&spec)
-            ),
-        );
+        let said = format!("environment {} building: {}", &key[..12], what(&spec));
+        let _ = steps.send(said.clone());
+        log.push(Stream::Stdout, format!("[autodl-agent] {said}"));
         self.remove_env(&key);
         std::fs::create_dir_all(&self.root)?;
         set_mode(&self.root, 0o711)?;
@@ -300,14 +311,13 @@ impl Environments {
             dir.chown_all(uid.as_raw(), gid.as_raw())?;
         }
         std::fs::write(&ready, format!("{:.1}\n", t.elapsed().as_secs_f64()))?;
-        log.push(
-            Stream::Stdout,
-            format!(
-                "[autodl-agent] environment {} built in {:.1} s",
-                &key[..12],
-                t.elapsed().as_secs_f64()
-            ),
+        let said = format!(
+            "environment {} built in {:.1} s",
+            &key[..12],
+            t.elapsed().as_secs_f64()
         );
+        let _ = steps.send(said.clone());
+        log.push(Stream::Stdout, format!("[autodl-agent] {said}"));
         self.remove_unused(&key);
         let mut lease = lease;
         lease.reused = false;

@@ -360,6 +360,18 @@ pub struct AttemptRef {
     pub attempt: u32,
 }
 
+/// `POST /agent/tasks/{id}/progress`: a step of an attempt before it starts, for the task's
+/// timeline (building its environment, reusing one, the build failing).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ProgressReport {
+    pub attempt: u32,
+    /// `environment`.
+    pub stage: String,
+    pub message: String,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(rename_all = "lowercase")]

@@ -341,11 +341,38 @@ pub(super) async fn supervise(
     // The environment last: it is built as the task's user, in the task's code.
     let mut environment = None;
     if prepared.is_ok() && launch.environment.is_some() {
-        match inner
+        // Each step in the task's timeline too, in order, once each (a server away only
+        // loses the event: the log has it).
+        let (steps, mut said) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let poster = {
+            let (inner, key) = (inner.clone(), key.clone());
+            tokio::spawn(async move {
+                while let Some(message) = said.recv().await {
+                    let report = autodl_common::agent::ProgressReport {
+                        attempt: key.1,
+                        stage: "environment".into(),
+                        message,
+                    };
+                    let post = inner.client.progress(&key.0, &report);
+                    if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(10), post).await {
+                        tracing::debug!(task = key.0, error = %e, "could not report a step");
+                    }
+                }
+            })
+        };
+        let built = inner
             .environments
-            .prepare(inner.runtime.as_ref(), &launch, &log, stop_rx.clone())
-            .await
-        {
+            .prepare(
+                inner.runtime.as_ref(),
+                &launch,
+                &log,
+                &steps,
+                stop_rx.clone(),
+            )
+            .await;
+        drop(steps);
+        let _ = poster.await;
+        match built {
             Ok(lease) => {
                 launch.env_dir = Some(crate::runtime::EnvDir {
                     host: lease.dir.clone(),

@@ -6,7 +6,8 @@ use std::time::Duration;
 use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
 use autodl_common::agent::{
     AttemptRef, CreateRegistrationToken, FinishedReport, LogBatch, MetricBatch, NotKeptReport,
-    PollRequest, PollResponse, RegisterRequest, RegisterResponse, RegistrationToken,
+    PollRequest, PollResponse, ProgressReport, RegisterRequest, RegisterResponse,
+    RegistrationToken,
 };
 use autodl_common::api::ErrorBody;
 use serde::Deserialize;
@@ -193,6 +194,19 @@ pub async fn started(
     body: Json<AttemptRef>,
 ) -> Result<HttpResponse, ApiError> {
     reports::started(&state, &node.node.id, &id, body.attempt).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// A step before the attempt starts, kept in the task's timeline.
+#[utoipa::path(params(("id" = String, Path)), request_body = ProgressReport, responses((status = 204), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
+#[post("/agent/tasks/{id}/progress")]
+pub async fn progress(
+    state: web::Data<AppState>,
+    node: NodeCaller,
+    id: web::Path<String>,
+    body: Json<ProgressReport>,
+) -> Result<HttpResponse, ApiError> {
+    reports::progress(&state, &node.node.id, &id, &body).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 

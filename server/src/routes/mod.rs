@@ -160,6 +160,7 @@ route_table! {
         agent::register,
         agent::poll,
         agent::started,
+        agent::progress,
         agent::logs,
         agent::finished,
         agent::not_kept,

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use autodl_common::agent::{
-    ExitReason, FinishedReport, GpuSample, LogBatch, MetricBatch, NotKeptReport,
+    ExitReason, FinishedReport, GpuSample, LogBatch, MetricBatch, NotKeptReport, ProgressReport,
 };
 use autodl_common::tasks::TaskState;
 
@@ -45,6 +45,39 @@ pub async fn started(
             .dispatch_latency
             .observe((state.clock.now_ms() - placed_at).max(0) as f64 / 1000.0);
     }
+    Ok(())
+}
+
+/// A step of a current attempt before its start, as an event of the task.
+pub async fn progress(
+    state: &AppState,
+    node: &str,
+    task_id: &str,
+    report: &ProgressReport,
+) -> Result<(), ApiError> {
+    let kind = match report.stage.as_str() {
+        "environment" => "environment",
+        other => {
+            return Err(ApiError::invalid(
+                "stage",
+                format!("stage is \"environment\", not {other:?}"),
+            ))
+        }
+    };
+    let message: String = report
+        .message
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(500)
+        .collect();
+    if message.trim().is_empty() {
+        return Err(ApiError::invalid("message", "message must not be empty"));
+    }
+    current_run(state, node, task_id, report.attempt).await?;
+    state
+        .store
+        .add_event(task_id, kind, &message, state.clock.now_ms())
+        .await?;
     Ok(())
 }
 

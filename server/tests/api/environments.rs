@@ -43,12 +43,26 @@ sys.stdout.buffer.write(b.getvalue())
     out.stdout
 }
 
+/// Runs a task to its end: what it ended as, its log with its environment steps (from its
+/// timeline) after it, and how long it took from submission.
 async fn run(app: &TestApp, s: &Session, body: Value) -> (Value, String, f64) {
     let t0 = std::time::Instant::now();
     let id = submit(app, s, body).await;
     let t = wait_for(app, s, &id, &["completed", "failed", "cancelled"], 180).await;
     let secs = t0.elapsed().as_secs_f64();
-    (t, log_text(app, s, &id).await, secs)
+    let events = s.get(app, &format!("/api/v1/tasks/{id}/events")).await;
+    let steps: Vec<String> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "environment")
+        .map(|e| format!("EVENT {}", e["message"].as_str().unwrap()))
+        .collect();
+    (
+        t,
+        format!("{}\n{}", log_text(app, s, &id).await, steps.join("\n")),
+        secs,
+    )
 }
 
 async fn environments_on(
@@ -107,6 +121,10 @@ async fn environments_on(
     assert!(first.contains("building: "), "{mode}: {first}");
     assert!(first.contains("built in"), "{mode}: {first}");
     assert!(
+        first.contains("EVENT environment ") && first.contains(" built in "),
+        "{mode}: each step is in the timeline: {first}"
+    );
+    assert!(
         first.contains("setup-ran") && first.contains("tool-ok"),
         "{mode}: {first}"
     );
@@ -130,6 +148,10 @@ async fn environments_on(
     let (t, second, reused_s) = run(&app, &a, spec(&codes[0])).await;
     assert_eq!(t["state"], "completed", "{mode}: {t}\n{second}");
     assert!(second.contains("reused"), "{mode}: {second}");
+    assert!(
+        second.contains("EVENT environment ") && second.contains(" reused"),
+        "{mode}: {second}"
+    );
     assert!(
         !second.contains("setup-ran"),
         "{mode}: built once: {second}"
@@ -161,6 +183,10 @@ async fn environments_on(
         assert!(log.contains("about-to-fail"), "{mode}: {log}");
         assert!(
             log.contains("the environment could not be built: exit code 7"),
+            "{mode}: {log}"
+        );
+        assert!(
+            log.contains("EVENT the environment could not be built: exit code 7"),
             "{mode}: {log}"
         );
         assert!(
