@@ -367,6 +367,17 @@ impl Folder {
         Ok(out)
     }
 
+    /// Every entry below this folder (folders before what they hold), with its own metadata:
+    /// no link is followed, and entries that are not UTF-8 or too deep go to `skipped`.
+    pub fn visit(
+        &self,
+        visit: &mut dyn FnMut(&str, &std::fs::Metadata) -> io::Result<()>,
+        skipped: &mut dyn FnMut(&str),
+    ) -> io::Result<()> {
+        let mut budget = MAX_ENTRIES;
+        self.walk("", 0, &mut budget, visit, skipped)
+    }
+
     /// Sets this folder's own permission bits.
     pub fn set_mode(&self, mode: u32) -> io::Result<()> {
         rfs::fchmod(&self.fd, Mode::from_bits_truncate(mode)).map_err(errno)
@@ -460,6 +471,7 @@ impl Folder {
                 let Ok(fd) = rfs::openat(&self.fd, &*raw, DIR_FLAGS, Mode::empty()) else {
                     continue;
                 };
+                visit(&path, &meta)?;
                 Folder { fd }.walk(&format!("{path}/"), depth + 1, budget, visit, skipped)?;
             } else {
                 visit(&path, &meta)?;

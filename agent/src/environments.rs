@@ -29,6 +29,12 @@ use crate::runtime::{EnvDir, Runtime, TaskIo, TaskLaunch};
 
 /// Environments unused for this long are removed when another one is built.
 pub const UNUSED_FOR: Duration = Duration::from_secs(14 * 86_400);
+/// The largest environment a build may leave.
+pub const MAX_ENV_BYTES: u64 = 20 << 30;
+/// Environments an organization keeps on a node at most; the least recently used go first.
+pub const MAX_ENVS_PER_SCOPE: usize = 16;
+/// The share of the node's disk its environments may take together.
+const DISK_SHARE: f64 = 0.25;
 
 /// The largest requirements file read, and the most local files it may name.
 const MAX_REQUIREMENTS: u64 = 1 << 20;
@@ -144,13 +150,17 @@ impl Environments {
         code_dir: Option<&Path>,
     ) -> Result<String, EnvError> {
         let mut h = Sha256::new();
+        let env = spec.env.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]);
         for part in [
-            "autodl-env-1",
+            "autodl-env-2",
             &spec.scope,
             image,
             spec.setup.as_deref().unwrap_or_default(),
             spec.requirements.as_deref().unwrap_or_default(),
-        ] {
+        ]
+        .into_iter()
+        .chain(env)
+        {
             h.update((part.len() as u64).to_le_bytes());
             h.update(part.as_bytes());
         }
@@ -170,7 +180,14 @@ impl Environments {
                 }
             })?;
             h.update(&text);
+            // pip reads the paths in the file from beside it.
+            let beside = rel.rsplit_once('/').map_or("", |(dir, _)| dir);
             for local in local_files(&String::from_utf8_lossy(&text)) {
+                let local = if beside.is_empty() {
+                    local
+                } else {
+                    format!("{beside}/{local}")
+                };
                 if let Ok((mut f, _)) = code.open_file(&local) {
                     h.update(local.as_bytes());
                     let mut file = Sha256::new();
@@ -220,20 +237,33 @@ impl Environments {
             .clone()
             .ok_or_else(|| EnvError::Input("the task asked for no environment".into()))?;
         let code = launch.has_code.then(|| launch.code_dir());
-        let key = Self::key(&spec, &launch.image, code.as_deref())?;
+        let image = launch.image.clone();
+        let key = {
+            let spec = spec.clone();
+            tokio::task::spawn_blocking(move || Self::key(&spec, &image, code.as_deref()))
+                .await
+                .map_err(|e| EnvError::Io(std::io::Error::other(e)))??
+        };
         let build = {
             let mut keys = lock(&self.keys);
             let k = keys.entry(key.clone()).or_default();
             k.users += 1;
             k.build.clone()
         };
-        let lease = EnvLease {
+        let mut lease = EnvLease {
             envs: self.clone(),
             key: key.clone(),
             dir: self.root.join(&key),
             reused: true,
         };
-        let _building = build.lock().await;
+        // Another attempt may be building it: wait, unless this one is stopped meanwhile.
+        let _building = {
+            let mut stop = stop.clone();
+            tokio::select! {
+                g = build.lock() => g,
+                _ = stop.wait_for(Option::is_some) => return Err(EnvError::Stopped),
+            }
+        };
         let ready = self.root.join(format!("{key}.ready"));
         if ready.is_file() && lease.dir.is_dir() {
             // Used now: kept from removal for another `UNUSED_FOR`.
@@ -250,11 +280,28 @@ impl Environments {
         let said = format!("environment {} building: {}", &key[..12], what(&spec));
         let _ = steps.send(said.clone());
         log.push(Stream::Stdout, format!("[autodl-agent] {said}"));
-        self.remove_env(&key);
         std::fs::create_dir_all(&self.root)?;
         set_mode(&self.root, 0o711)?;
-        std::fs::create_dir(&lease.dir)?;
-        let dir = Folder::open(&lease.dir)?;
+        // Room first: what nobody uses goes before the node's disk is short.
+        self.remove_unused(&key, &spec.scope);
+        let free = free_bytes(&self.root)?;
+        if free < MAX_ENV_BYTES / 4 {
+            // Another node may have room: not the task's fault.
+            return Err(EnvError::Io(std::io::Error::other(format!(
+                "the node's disk has {:.1} GB free, too little to build an environment",
+                free as f64 / 1e9
+            ))));
+        }
+        self.remove_env(&key);
+        let dir = match std::fs::create_dir(&lease.dir) {
+            Ok(()) => Folder::open(&lease.dir)?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(EnvError::Build(
+                    "what an earlier build left could not be removed (see the agent's log)".into(),
+                ))
+            }
+            Err(e) => return Err(e.into()),
+        };
         dir.set_mode(0o755)?;
         if let Some(u) = launch.user {
             // A folder the agent has just made, that no task has seen yet.
@@ -300,26 +347,40 @@ impl Environments {
             ))),
             Err(e) => Some(EnvError::Build(e.to_string())),
         };
-        if let Some(e) = failed {
-            self.remove_env(&key);
-            return Err(e);
-        }
-        // Nothing of the build runs any more (its sandbox or container ended with it): the
-        // folder becomes the agent's, so no later task, whatever its uid, can change it.
-        if launch.user.is_some() {
-            let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
-            dir.chown_all(uid.as_raw(), gid.as_raw())?;
-        }
-        std::fs::write(&ready, format!("{:.1}\n", t.elapsed().as_secs_f64()))?;
+        let settled = match failed {
+            Some(e) => Err(e),
+            None => {
+                let user = launch.user.map(|u| u.uid);
+                tokio::task::spawn_blocking(move || settle(dir, user))
+                    .await
+                    .map_err(|e| EnvError::Io(std::io::Error::other(e)))?
+            }
+        };
+        let bytes = match settled {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                self.remove_env(&key);
+                return Err(e);
+            }
+        };
+        std::fs::write(
+            &ready,
+            format!(
+                "{}\n{bytes}\n{:.1}\n",
+                spec.scope,
+                t.elapsed().as_secs_f64()
+            ),
+        )?;
         let said = format!(
-            "environment {} built in {:.1} s",
+            "environment {} built in {:.1} s ({:.0} MB)",
             &key[..12],
-            t.elapsed().as_secs_f64()
+            t.elapsed().as_secs_f64(),
+            bytes as f64 / 1e6
         );
         let _ = steps.send(said.clone());
         log.push(Stream::Stdout, format!("[autodl-agent] {said}"));
-        self.remove_unused(&key);
-        let mut lease = lease;
+        drop(_building);
+        self.remove_unused(&key, &spec.scope);
         lease.reused = false;
         Ok(lease)
     }
@@ -335,32 +396,152 @@ impl Environments {
         }
     }
 
-    /// Environments no attempt uses, unused for [`UNUSED_FOR`], and what failed builds left.
-    fn remove_unused(&self, keep: &str) {
+    /// Removes the environments no attempt uses or builds (never `keep`): those unused for
+    /// [`UNUSED_FOR`], what failed builds left, then the least recently used while the
+    /// organization `scope` keeps more than [`MAX_ENVS_PER_SCOPE`] or all of them take more
+    /// than their share of the disk.
+    fn remove_unused(&self, keep: &str, scope: &str) {
         let Ok(entries) = std::fs::read_dir(&self.root) else {
             return;
         };
         let now = SystemTime::now();
+        let mut found: Vec<Kept> = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let key = name.strip_suffix(".ready").unwrap_or(&name).to_owned();
-            if key == keep || key.len() != 32 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+            if !key.bytes().all(|b| b.is_ascii_hexdigit()) || key.len() != 32 {
+                continue;
+            }
+            if !seen.insert(key.clone()) {
                 continue;
             }
             let ready = self.root.join(format!("{key}.ready"));
-            let last_used = std::fs::metadata(&ready).and_then(|m| m.modified());
-            let stale = match last_used {
-                Ok(t) => now.duration_since(t).unwrap_or_default() > UNUSED_FOR,
-                Err(_) => true,
+            let marker = std::fs::read_to_string(&ready).ok();
+            let used = std::fs::metadata(&ready).and_then(|m| m.modified()).ok();
+            let mut lines = marker.as_deref().unwrap_or_default().lines();
+            found.push(Kept {
+                scope: lines.next().unwrap_or_default().to_owned(),
+                bytes: lines.next().and_then(|b| b.parse().ok()).unwrap_or(0),
+                idle: used.map(|t| now.duration_since(t).unwrap_or_default()),
+                key,
+            });
+        }
+        // The least recently used first; what has no marker (a failed build) before all.
+        found.sort_by(|a, b| {
+            b.idle
+                .unwrap_or(Duration::MAX)
+                .cmp(&a.idle.unwrap_or(Duration::MAX))
+        });
+        let budget = (disk_bytes(&self.root) as f64 * DISK_SHARE) as u64;
+        let mut total: u64 = found.iter().map(|k| k.bytes).sum();
+        let mut of_scope = found.iter().filter(|k| k.scope == scope).count();
+        for k in &found {
+            if k.key == keep {
+                continue;
+            }
+            let stale = k.idle.is_none_or(|idle| idle > UNUSED_FOR);
+            let crowded = k.scope == scope && of_scope > MAX_ENVS_PER_SCOPE;
+            if !(stale || crowded || total > budget) {
+                continue;
+            }
+            // Held while it goes: no attempt can start using or building it meanwhile.
+            let Some(_guard) = self.idle(&k.key) else {
+                continue;
             };
-            let busy = lock(&self.keys)
-                .get(&key)
-                .is_some_and(|k| k.users > 0 || Arc::strong_count(&k.build) > 1);
-            if stale && !busy {
-                self.remove_env(&key);
+            self.remove_env(&k.key);
+            total = total.saturating_sub(k.bytes);
+            if k.scope == scope {
+                of_scope = of_scope.saturating_sub(1);
             }
         }
     }
+
+    /// The build lock of `key` when no attempt uses or builds it.
+    fn idle(&self, key: &str) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        let keys = lock(&self.keys);
+        match keys.get(key) {
+            Some(k) if k.users > 0 => None,
+            Some(k) => k.build.clone().try_lock_owned().ok(),
+            None => Some(
+                Arc::new(tokio::sync::Mutex::new(()))
+                    .try_lock_owned()
+                    .ok()?,
+            ),
+        }
+    }
+}
+
+/// An environment found on disk.
+struct Kept {
+    key: String,
+    scope: String,
+    bytes: u64,
+    /// Since its last use; `None`: never ready.
+    idle: Option<Duration>,
+}
+
+/// After a successful build, with nothing of the build left running: the folder becomes the
+/// agent's, so no later task, whatever its uid, can change it; it must hold no file linked
+/// from elsewhere, nothing others may write, no set-id program, and fit [`MAX_ENV_BYTES`].
+/// Returns its size.
+fn settle(dir: Folder, user: Option<u32>) -> Result<u64, EnvError> {
+    if let Some(uid) = user {
+        // Where no pid namespace ended them with the build (a task uid without a sandbox).
+        crate::isolation::uids::kill_all(uid);
+        let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+        dir.chown_all(uid.as_raw(), gid.as_raw())
+            .map_err(|e| EnvError::Build(format!("the environment could not be kept: {e}")))?;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let mut bytes = 0u64;
+    let mut skipped = None;
+    dir.visit(
+        &mut |path, meta| {
+            bytes += meta.len();
+            if bytes > MAX_ENV_BYTES {
+                return Err(std::io::Error::other(format!(
+                    "the environment is larger than the node's limit of {} GB",
+                    MAX_ENV_BYTES >> 30
+                )));
+            }
+            let linked = !meta.is_dir() && meta.nlink() > 1;
+            // Others may write it, or it runs as its owner (set-id).
+            let open = !meta.file_type().is_symlink() && meta.mode() & 0o6022 != 0;
+            if linked || open {
+                return Err(std::io::Error::other(format!(
+                    "{path} in the environment is {}",
+                    if linked {
+                        "linked from elsewhere"
+                    } else {
+                        "writable by others or set-id"
+                    }
+                )));
+            }
+            Ok(())
+        },
+        &mut |p| {
+            skipped.get_or_insert_with(|| p.to_owned());
+        },
+    )
+    .map_err(|e| EnvError::Build(e.to_string()))?;
+    if let Some(p) = skipped {
+        return Err(EnvError::Build(format!(
+            "{p} in the environment has a name that is not UTF-8 or is nested too deep"
+        )));
+    }
+    Ok(bytes)
+}
+
+fn free_bytes(p: &Path) -> std::io::Result<u64> {
+    let s = nix::sys::statvfs::statvfs(p).map_err(std::io::Error::from)?;
+    Ok(s.blocks_available() * s.fragment_size())
+}
+
+fn disk_bytes(p: &Path) -> u64 {
+    nix::sys::statvfs::statvfs(p)
+        .map(|s| s.blocks() * s.fragment_size())
+        .unwrap_or(u64::MAX)
 }
 
 fn set_mode(p: &Path, mode: u32) -> std::io::Result<()> {
@@ -412,6 +593,7 @@ mod tests {
             scope: "org-a".into(),
             setup: setup.map(String::from),
             requirements: requirements.map(String::from),
+            env: Default::default(),
         }
     }
 
@@ -439,6 +621,17 @@ mod tests {
                 Environments::key(&other_org, "img", Some(d.path())),
             ),
             ("image", Environments::key(&s, "img2", Some(d.path()))),
+            (
+                "variables",
+                Environments::key(
+                    &EnvironmentSpec {
+                        env: [("PIP_INDEX_URL".into(), "https://mirror".into())].into(),
+                        ..s.clone()
+                    },
+                    "img",
+                    Some(d.path()),
+                ),
+            ),
             (
                 "setup",
                 Environments::key(
@@ -473,6 +666,47 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn unused_environments_go_oldest_first_beyond_an_organization_s_share() {
+        let d = tempfile::tempdir().unwrap();
+        let envs = Environments::new(d.path());
+        std::fs::create_dir_all(&envs.root).unwrap();
+        let now = SystemTime::now();
+        let key = |i: usize| format!("{i:032x}");
+        let make = |i: usize, scope: &str, idle_days: u64| {
+            std::fs::create_dir(envs.root.join(key(i))).unwrap();
+            let ready = envs.root.join(format!("{}.ready", key(i)));
+            std::fs::write(&ready, format!("{scope}\n1000\n1.0\n")).unwrap();
+            std::fs::File::options()
+                .append(true)
+                .open(&ready)
+                .unwrap()
+                .set_modified(now - Duration::from_secs(idle_days * 86_400 + i as u64))
+                .unwrap();
+        };
+        // Org a: 18 environments, the higher the number the longer unused; org b: one
+        // unused for a month, one recent.
+        for i in 0..18 {
+            make(i, "a", 0);
+        }
+        make(100, "b", 30);
+        make(101, "b", 1);
+        // A failed build's leftover (no marker).
+        std::fs::create_dir(envs.root.join(key(200))).unwrap();
+        // One in use is kept whatever its age (and counts among the 16).
+        lock(&envs.keys).entry(key(17)).or_default().users = 1;
+        envs.remove_unused(&key(0), "a");
+        let left: std::collections::BTreeSet<String> = std::fs::read_dir(&envs.root)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with(".ready"))
+            .collect();
+        let expect: std::collections::BTreeSet<String> =
+            (0..15).chain([17, 101]).map(key).collect();
+        assert_eq!(left, expect);
     }
 
     #[test]

@@ -166,6 +166,10 @@ pub struct EnvironmentSpec {
     /// A requirements file in the task's code, `/`-separated and relative.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requirements: Option<String>,
+    /// The task's own variables (an index URL, what setup reads): part of what the
+    /// environment is made of.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
 }
 
 /// One worker process of an attempt.

@@ -45,14 +45,23 @@ pub async fn start_agents(
             isolation.read_only_paths.push(env.clone());
             Some(env.join("bin"))
         }
-        None => python_alias(data_dir).await,
+        None => python_alias(data_dir)
+            .await
+            .inspect(|bin| isolation.read_only_paths.push(bin.clone())),
     };
     if let Some(bin) = python_bin {
         match describe_python(&bin.join("python")).await {
             Some(py) => {
-                let data = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.into());
-                if data.starts_with(&py.base_prefix) {
-                    tracing::warn!(python = %py.base_prefix.display(), "the demo's Python holds its data folder: not shown to sandboxed tasks");
+                let data = std::fs::canonicalize(data_dir)
+                    .or_else(|_| std::path::absolute(data_dir))
+                    .unwrap_or_else(|_| data_dir.into());
+                // A Python installed right into a home folder (`--prefix=$HOME`) would show
+                // the whole home (keys, credentials) to every task: the demo's own folder
+                // (data/python) is shown then, the installation not.
+                let home = std::env::var_os("HOME").map(PathBuf::from);
+                let holds = |p: &Path| p.starts_with(&py.base_prefix);
+                if holds(&data) || home.as_deref().is_some_and(holds) {
+                    tracing::warn!(python = %py.base_prefix.display(), "the demo's Python is installed in a folder that holds the data folder or a home folder: not shown to sandboxed tasks, which may not find its standard library");
                 } else {
                     isolation.read_only_paths.push(py.base_prefix.clone());
                 }

@@ -295,6 +295,7 @@ fn assignment(
                 scope: t.tenant_id.clone(),
                 setup: spec.setup.clone(),
                 requirements: spec.requirements.clone(),
+                env: spec.env.clone(),
             }
         }),
     })

@@ -194,6 +194,15 @@ async fn environments_on(
             "{mode}: a failed build is not kept: {log}"
         );
     }
+    // An environment others could change, or with a set-id program, is not kept.
+    let mut open = spec(&codes[0]);
+    open["setup"] = json!("touch \"$AUTODL_ENV_DIR/open\" && chmod 666 \"$AUTODL_ENV_DIR/open\"");
+    let (t, log, _) = run(&app, &a, open).await;
+    assert_eq!(t["state"], "failed", "{mode}: {t}\n{log}");
+    assert!(
+        log.contains("open in the environment is writable by others or set-id"),
+        "{mode}: {log}"
+    );
     agent.shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(30), agent.handle).await;
 }

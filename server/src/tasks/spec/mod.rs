@@ -446,6 +446,18 @@ fn environment_of(input: &TaskSpecInput) -> Result<(Option<String>, Option<Strin
         None => None,
         Some(Script::Text(s)) => Some(s.clone()),
         Some(Script::Lines(lines)) => {
+            if lines.len() > 64 {
+                return Err(DomainError::invalid(
+                    "setup",
+                    "setup is at most 64 commands; give a longer one as a script (one string)",
+                ));
+            }
+            if let Some(l) = lines.iter().find(|l| l.chars().count() > 255) {
+                return Err(DomainError::invalid(
+                    "setup",
+                    format!("each command of setup is at most 255 characters; give a script as one string instead of {:?}…", l.chars().take(40).collect::<String>()),
+                ));
+            }
             if let Some(l) = lines.iter().find(|l| l.contains(['\n', '\r'])) {
                 return Err(DomainError::invalid(
                     "setup",
@@ -460,6 +472,12 @@ fn environment_of(input: &TaskSpecInput) -> Result<(Option<String>, Option<Strin
         Some(s) => Some(script("setup", &s, 16_384)?),
         None => None,
     };
+    if input.requirements.is_some() && input.code.is_none() {
+        return Err(DomainError::invalid(
+            "requirements",
+            "requirements names a file in the task's code, and this task has none: give code (autodl run and the SDK upload the working folder)",
+        ));
+    }
     let requirements = match input.requirements.as_deref() {
         None | Some("") => None,
         Some(r) => {

@@ -419,6 +419,7 @@ fn an_environment_is_setup_commands_and_a_requirements_file_of_the_code() {
         TaskSpecInput {
             setup: Some(autodl_common::tasks::Script::Text("  ".into())),
             requirements: Some(String::new()),
+            code: code.clone(),
             ..base()
         },
         0,
