@@ -102,6 +102,13 @@ pub fn LineChart(
     /// The y axis starts at zero (amounts such as memory, where a cut axis would mislead).
     #[prop(optional)]
     from_zero: bool,
+    /// A logarithmic y axis (losses over orders of magnitude), when every value is positive.
+    #[prop(into, optional)]
+    log_y: Option<Signal<bool>>,
+    /// The x range shown when not zoomed: charts of one page share it, so that a moment is at
+    /// the same place on each.
+    #[prop(into, optional)]
+    domain: Option<Signal<Option<(f64, f64)>>>,
 ) -> impl IntoView {
     let unit = StoredValue::new(unit);
     let x_axis = x_axis.unwrap_or_else(|| Signal::stored(XAxis::Time));
@@ -132,8 +139,15 @@ pub fn LineChart(
     // The pointer (hover) and a drag in progress, in x units.
     let hover = RwSignal::new(None::<f64>);
     let drag = RwSignal::new(None::<(f64, f64)>);
-    // The drawn ranges, (x0, x1, y0, y1); None when there is nothing to draw.
+    // The y axis is logarithmic when asked and every value is positive.
+    let log = Memo::new(move |_| {
+        log_y.is_some_and(|l| l.get())
+            && shown.with(|d| d.iter().all(|s| s.points.iter().all(|p| p.1 > 0.0)))
+    });
+    // The drawn ranges, (x0, x1, y0, y1), y in log10 on a log axis; None when there is
+    // nothing to draw.
     let geom = Memo::new(move |_| {
+        let log = log.get();
         shown.with(|data| {
             if data.is_empty() {
                 return None;
@@ -148,6 +162,9 @@ pub fn LineChart(
                     y1 = y1.max(y);
                 }
             }
+            if let Some((a, b)) = domain.and_then(|d| d.get()) {
+                (x0, x1) = (a.min(x0), b.max(x1));
+            }
             if let Some((a, b)) = zoom.and_then(|z| z.get()) {
                 (x0, x1) = (a, b);
             }
@@ -155,15 +172,24 @@ pub fn LineChart(
                 x0 -= 1.0;
                 x1 += 1.0;
             }
-            let y0 = if from_zero { y0.min(0.0) } else { y0 };
-            let (y0, y1) = plot::y_range(y0, y1, y_max);
+            let (y0, y1) = if log {
+                plot::log_range(y0, y1)
+            } else {
+                let y0 = if from_zero { y0.min(0.0) } else { y0 };
+                plot::y_range(y0, y1, y_max)
+            };
             Some((x0, x1, y0, y1))
         })
     });
     let sx =
         move |g: (f64, f64, f64, f64), x: f64| LEFT + (x - g.0) / (g.1 - g.0) * (W - LEFT - RIGHT);
     let sy = move |g: (f64, f64, f64, f64), y: f64| {
+        let y = if log.get_untracked() { y.log10() } else { y };
         TOP + (1.0 - (y - g.2) / (g.3 - g.2)) * (H - TOP - BOTTOM)
+    };
+    // Where a tick goes (in the axis's own values) and what it reads.
+    let sy_axis = move |g: (f64, f64, f64, f64), t: f64| {
+        TOP + (1.0 - (t - g.2) / (g.3 - g.2)) * (H - TOP - BOTTOM)
     };
     let to_x = move |ev: &leptos::ev::PointerEvent| {
         let (x0, x1, _, _) = geom.get_untracked()?;
@@ -179,17 +205,36 @@ pub fn LineChart(
         let unit = unit.get_value();
         let axis = x_axis.get();
         let zone = zone();
-        let grid = plot::ticks(g.2, g.3, 4).into_iter().map(|t| {
-            let y = sy(g, t);
+        let yt: Vec<(f64, f64)> = if log.get() {
+            plot::log_ticks(g.2, g.3)
+        } else {
+            plot::nice_ticks(g.2, g.3, 4, 0.0)
+                .into_iter()
+                .map(|t| (t, t))
+                .collect()
+        };
+        let grid = yt.into_iter().map(|(at, t)| {
+            let y = sy_axis(g, at);
             view! {
                 <line x1=LEFT x2=W - RIGHT y1=y y2=y class="grid"/>
                 <text x=LEFT - 6.0 y=y + 5.0 text-anchor="end" class="tick">{format_value(t, &unit)}</text>
             }
         }).collect_view();
-        let xt = (0..=4).map(|i| {
-            let x = g.0 + (g.1 - g.0) * f64::from(i) / 4.0;
-            let anchor = match i { 0 => "start", 4 => "end", _ => "middle" };
-            view! { <text x=sx(g, x) y=H - 10.0 text-anchor=anchor class="tick">{format_x(x, axis, zone)}</text> }
+        // Steps are counted: round numbers of them. Times: five evenly spaced.
+        let xs: Vec<f64> = if axis == XAxis::Step {
+            plot::nice_ticks(g.0, g.1, 4, 1.0)
+        } else {
+            (0..=4)
+                .map(|i| g.0 + (g.1 - g.0) * f64::from(i) / 4.0)
+                .collect()
+        };
+        // Every other one is left out at phone width (style: .tick.minor), where they would
+        // run into each other at a readable size.
+        let xt = xs.into_iter().enumerate().map(|(i, x)| {
+            let at = sx(g, x);
+            let anchor = if at < LEFT + 30.0 { "start" } else if at > W - RIGHT - 30.0 { "end" } else { "middle" };
+            let class = if i % 2 == 1 { "tick minor" } else { "tick" };
+            view! { <text x=at y=H - 10.0 text-anchor=anchor class=class>{format_x(x, axis, zone)}</text> }
         }).collect_view();
         let lines = shown.with(|data| data.iter().map(|s| {
             let pts = s.points.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(g, x), sy(g, y))).collect::<Vec<_>>().join(" ");

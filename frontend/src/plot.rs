@@ -108,11 +108,63 @@ pub fn y_range(lo: f64, hi: f64, y_max: Option<f64>) -> (f64, f64) {
     (bottom, top)
 }
 
-/// `n + 1` evenly spaced ticks from `lo` to `hi`.
-pub fn ticks(lo: f64, hi: f64, n: u32) -> Vec<f64> {
-    (0..=n)
-        .map(|i| lo + (hi - lo) * f64::from(i) / f64::from(n))
+/// Ticks at the round multiples (1, 2, 2.5, 5 times a power of ten) within `[lo, hi]`, about
+/// `n` steps apart: `0, 0.05, 0.1, 0.15` rather than `0, 0.0375, 0.075, ...`. `min_step`
+/// keeps counts whole (steps of a training run).
+pub fn nice_ticks(lo: f64, hi: f64, n: u32, min_step: f64) -> Vec<f64> {
+    if hi <= lo || !lo.is_finite() || !hi.is_finite() {
+        return vec![lo];
+    }
+    let step = nice_step((hi - lo) / f64::from(n.max(1))).max(min_step);
+    let eps = step * 1e-9;
+    let first = (lo / step - 1e-9).ceil() as i64;
+    let last = (hi / step + 1e-9).floor() as i64;
+    // Rounded to the step's digits: 3 x 0.05 is 0.15, not 0.15000000000000002.
+    let scale = 10f64.powi((2 - step.log10().floor() as i32).max(0));
+    (first..=last)
+        .take(50)
+        .map(|k| {
+            let v = (k as f64 * step * scale).round() / scale;
+            // -0 and 1e-17 read as 0.
+            if v.abs() < eps {
+                0.0
+            } else {
+                v
+            }
+        })
         .collect()
+}
+
+/// The log10 range of positive data in `[lo, hi]`: whole decades around it.
+pub fn log_range(lo: f64, hi: f64) -> (f64, f64) {
+    let (a, b) = (lo.log10().floor(), hi.log10().ceil());
+    if b > a {
+        (a, b)
+    } else {
+        (a, a + 1.0)
+    }
+}
+
+/// Ticks of a log axis over `[lo, hi]` (log10 values), as (position, value): each decade,
+/// with its 2 and 5 when the axis spans few decades.
+pub fn log_ticks(lo: f64, hi: f64) -> Vec<(f64, f64)> {
+    let decades = (lo.floor() as i64)..=(hi.ceil() as i64);
+    let fine = hi - lo <= 2.0;
+    let mut out = Vec::new();
+    for e in decades.take(40) {
+        for m in if fine {
+            &[1.0, 2.0, 5.0][..]
+        } else {
+            &[1.0][..]
+        } {
+            let v = m * 10f64.powi(e as i32);
+            let t = v.log10();
+            if t >= lo - 1e-9 && t <= hi + 1e-9 {
+                out.push((t, v));
+            }
+        }
+    }
+    out
 }
 
 /// The point whose x is nearest `x` (points ascending by x).
@@ -224,6 +276,39 @@ pub fn differences(specs: &[Value]) -> Vec<(String, Vec<String>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ticks_fall_on_round_numbers() {
+        assert_eq!(nice_ticks(0.0, 0.15, 4, 0.0), vec![0.0, 0.05, 0.1, 0.15]);
+        assert_eq!(
+            nice_ticks(0.0, 100.0, 4, 0.0),
+            vec![0.0, 25.0, 50.0, 75.0, 100.0]
+        );
+        // Steps of training: whole numbers only.
+        assert_eq!(nice_ticks(0.0, 29.0, 4, 1.0), vec![0.0, 10.0, 20.0]);
+        assert_eq!(nice_ticks(0.0, 3.0, 4, 1.0), vec![0.0, 1.0, 2.0, 3.0]);
+        for t in nice_ticks(-0.3, 0.3, 4, 0.0) {
+            assert_eq!(short_number(t), short_number(t), "{t}");
+            assert!(
+                ["-0.30", "-0.20", "-0.10", "0", "0.10", "0.20", "0.30"]
+                    .contains(&short_number(t).as_str()),
+                "{t}"
+            );
+        }
+        assert_eq!(log_range(0.02, 3.0), (-2.0, 1.0));
+        let shown = |lo, hi| -> Vec<String> {
+            log_ticks(lo, hi)
+                .into_iter()
+                .map(|(_, v)| short_number(v))
+                .collect()
+        };
+        assert_eq!(
+            shown(-1.0, 1.0),
+            ["0.10", "0.20", "0.50", "1", "2", "5", "10"]
+        );
+        assert_eq!(shown(-2.0, 1.0), ["0.010", "0.10", "1", "10"]);
+        assert_eq!(log_ticks(-6.0, 0.0).len(), 7);
+    }
     use serde_json::json;
 
     #[test]

@@ -33,7 +33,7 @@ async function report(ctx, headers, id, n, scale) {
   for (let i = 0; i < n; i++) {
     const r = await ctx.request.post(`${server.base}/api/v1/tasks/${id}/metrics`, {
       headers,
-      data: { step: i * 10, loss: scale / (i + 1), accuracy: 0.5 + i / (2 * n) },
+      data: { step: i * 10, loss: scale / (i + 1), val_loss: (scale * 1.2) / (i + 1), accuracy: 0.5 + i / (2 * n), lr: 0.001 },
     });
     assert.equal(r.status(), 204, await r.text());
     await new Promise((res) => setTimeout(res, 5));
@@ -59,7 +59,8 @@ test("metrics charts, comparing tasks, bulk cancel, local times", async () => {
   // Each reported number has its own chart (its own axis); the history is whole.
   await page.waitForSelector("[data-testid=chart-metric-loss] svg polyline");
   await page.waitForSelector("[data-testid=chart-metric-accuracy] svg polyline");
-  assert.equal(Number(await page.getAttribute("[data-testid=chart-metric-loss]", "data-points")), 40);
+  // The loss and the validation loss: 40 points each.
+  assert.equal(Number(await page.getAttribute("[data-testid=chart-metric-loss]", "data-points")), 80);
   // Times are the viewer's, with the zone said.
   const created = page.locator("[data-testid=events] time").first();
   assert.match(await created.textContent(), /UTC\+5:30$/);
@@ -68,7 +69,25 @@ test("metrics charts, comparing tasks, bulk cancel, local times", async () => {
 
   // By step: the x axis counts steps.
   await page.selectOption("[data-testid=metrics-x]", "step");
-  await page.waitForSelector("[data-testid=chart-metric-loss] text.tick:text('step 390')");
+  await page.waitForSelector("[data-testid=chart-metric-loss] text.tick:text('step 300')");
+  // Ticks fall on round numbers of steps.
+  const xticks = await page.locator("[data-testid=chart-metric-loss] text.tick").allTextContents();
+  assert.ok(xticks.includes("step 100") && xticks.includes("step 200"), xticks.join("|"));
+  // A loss and its validation loss share a panel; counters and constants read as values.
+  assert.equal(await page.locator("[data-testid=chart-metric-loss] .legend-item").count(), 2);
+  assert.match(await page.textContent("[data-testid=chart-metric-loss] .legend"), /val_loss/);
+  assert.equal(await page.locator("[data-testid=chart-metric-val_loss]").count(), 0);
+  assert.equal(await page.locator("[data-testid=chart-metric-lr]").count(), 0);
+  assert.equal(await page.locator("[data-testid=chart-metric-step]").count(), 0);
+  assert.match(await page.textContent("[data-testid=metric-value-lr]"), /lr\s*0\.001/);
+  assert.match(await page.textContent("[data-testid=metric-value-step]"), /390/);
+  // A log scale shows the decades the loss falls through.
+  const linear = await page.locator("[data-testid=chart-metric-loss] text.tick").allTextContents();
+  assert.ok(!linear.includes("0.10"), linear.join("|"));
+  await page.check("[data-testid=metrics-log]");
+  await page.waitForSelector("[data-testid=chart-metric-loss] text.tick:text-is('0.10')");
+  await shot(page, "50-charts-log");
+  await page.uncheck("[data-testid=metrics-log]");
   // Smoothing draws the raw line faint behind the smoothed one.
   await page.locator("[data-testid=metrics-smoothing]").fill("0.9");
   await page.waitForSelector("[data-testid=chart-metric-loss] polyline[stroke-opacity='0.3']");
@@ -88,10 +107,10 @@ test("metrics charts, comparing tasks, bulk cancel, local times", async () => {
   await page.mouse.up();
   await page.waitForSelector("[data-testid=chart-metric-loss] [data-testid=zoom-out]");
   const zoomed = Number(await page.getAttribute("[data-testid=chart-metric-loss]", "data-points"));
-  assert.ok(zoomed > 0 && zoomed < 40, `zoomed shows part: ${zoomed}`);
+  assert.ok(zoomed > 0 && zoomed < 80, `zoomed shows part: ${zoomed}`);
   await shot(page, "50-charts-zoomed");
   await page.click("[data-testid=chart-metric-loss] [data-testid=zoom-out]");
-  await page.waitForFunction(() => Number(document.querySelector("[data-testid=chart-metric-loss]").dataset.points) === 40);
+  await page.waitForFunction(() => Number(document.querySelector("[data-testid=chart-metric-loss]").dataset.points) === 80);
   // A metric can be hidden.
   await page.uncheck("[data-testid=metric-toggle-accuracy]");
   await page.waitForSelector("[data-testid=chart-metric-accuracy]", { state: "detached" });
@@ -150,6 +169,16 @@ test("metrics charts, comparing tasks, bulk cancel, local times", async () => {
   const label = await page.evaluate(() => getComputedStyle(document.querySelector("[data-testid=task-row] td[data-label='State']"), "::before").content);
   assert.match(label, /State/);
   await shot(page, "52-phone-tasks");
+  // A chart's ticks stay readable at phone width (the chart is scaled down to fit).
+  await page.goto(`${server.base}/tasks/${a}`);
+  await hydrated(page);
+  await page.waitForSelector("[data-testid=chart-metric-loss] svg text.tick");
+  const tickPx = await page.evaluate(() => {
+    const t = [...document.querySelectorAll("[data-testid=chart-metric-loss] svg text.tick")].find((e) => e.getBoundingClientRect().height > 0);
+    return parseFloat(getComputedStyle(t).fontSize) * (t.ownerSVGElement.getBoundingClientRect().width / 720);
+  });
+  assert.ok(tickPx >= 10, `ticks are ${tickPx.toFixed(1)} px at phone width`);
+  await shot(page, "53-phone-charts");
   assert.deepEqual(errors, []);
   await ctx.close();
 });

@@ -20,6 +20,72 @@ use crate::paths;
 use crate::plot::{self, XAxis};
 use crate::time;
 
+/// Prefixes naming the split a number was measured on: `loss` and `val_loss`, or `train/acc`
+/// and `val/acc`, are drawn in one panel.
+const SPLITS: [&str; 7] = [
+    "train",
+    "training",
+    "val",
+    "valid",
+    "validation",
+    "eval",
+    "test",
+];
+
+/// Counters: a run's progress, read as a value (and used as the x axis), not drawn.
+const COUNTERS: [&str; 5] = ["step", "epoch", "global_step", "iteration", "iter"];
+
+/// What a reported number is, without the split it was measured on.
+pub fn stem(name: &str) -> &str {
+    for sep in ['/', '_'] {
+        if let Some((pre, rest)) = name.split_once(sep) {
+            if SPLITS.contains(&pre) && !rest.is_empty() {
+                return rest;
+            }
+        }
+    }
+    name
+}
+
+/// One chart of reported numbers: those of one stem, each a line.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Panel {
+    pub title: String,
+    pub members: Vec<String>,
+}
+
+/// The panels of `names` (in their order), a stem's numbers together.
+pub fn panels(names: &[String]) -> Vec<Panel> {
+    let mut out: Vec<Panel> = Vec::new();
+    for n in names {
+        let key = stem(n);
+        match out
+            .iter_mut()
+            .find(|p| p.members.iter().any(|m| stem(m) == key))
+        {
+            Some(p) => {
+                p.members.push(n.clone());
+                p.title = key.to_owned();
+            }
+            None => out.push(Panel {
+                title: n.clone(),
+                members: vec![n.clone()],
+            }),
+        }
+    }
+    out
+}
+
+/// A counter, or a number that never changed (a learning rate held constant): read as its
+/// value rather than drawn as a flat line.
+pub fn as_value(line: &MetricLine) -> bool {
+    COUNTERS.contains(&line.name.as_str())
+        || line
+            .points
+            .first()
+            .is_some_and(|f| line.points.iter().all(|p| p[1] == f[1]))
+}
+
 /// Points per line asked of the server, and kept per line for drawing.
 const POINTS: usize = 400;
 /// Live points kept per line before the oldest are thinned away.
@@ -216,11 +282,21 @@ pub fn Metrics(history: ChartHistory) -> impl IntoView {
     let reported = Memo::new(move |_| {
         lines.with(|l| {
             l.iter()
-                .filter(|l| !is_gpu_line(&l.name))
+                .filter(|l| !is_gpu_line(&l.name) && !as_value(l))
                 .map(|l| l.name.clone())
                 .collect::<Vec<_>>()
         })
     });
+    // Counters and constants, with their latest value.
+    let values = Memo::new(move |_| {
+        lines.with(|l| {
+            l.iter()
+                .filter(|l| !is_gpu_line(&l.name) && as_value(l))
+                .filter_map(|l| l.points.last().map(|p| (l.name.clone(), p[1])))
+                .collect::<Vec<_>>()
+        })
+    });
+    let log_y = RwSignal::new(false);
     // The series of the named lines, in the chart's unit, on the chosen axis.
     let series_of = move |pick: &dyn Fn(&str) -> Option<String>, smooth: bool| {
         let axis = axis.get();
@@ -275,6 +351,21 @@ pub fn Metrics(history: ChartHistory) -> impl IntoView {
         )
     });
     let x_axis = Signal::derive(move || axis.get());
+    // One x range for every chart of the page: GPU samples and reported numbers cover
+    // different spans, and a moment should be at the same place on each.
+    let domain = Signal::derive(move || {
+        let axis = axis.get();
+        let steps = steps.get();
+        lines.with(|lines| {
+            lines
+                .iter()
+                .flat_map(|l| on_axis(l, axis, &steps, 0.0))
+                .fold(None, |r: Option<(f64, f64)>, (x, _)| {
+                    Some(r.map_or((x, x), |(a, b)| (a.min(x), b.max(x))))
+                })
+        })
+    });
+    let log_signal = Signal::derive(move || log_y.get());
     view! {
         <div class="chart-controls" data-testid="chart-controls">
             <div class="field inline">
@@ -295,6 +386,7 @@ pub fn Metrics(history: ChartHistory) -> impl IntoView {
                 <span class="small muted">{move || format!("{:.2}", smoothing.get())}</span>
             </div>
             <label class="check"><input type="checkbox" data-testid="metrics-per-gpu" bind:checked=per_gpu_lines/>" Each GPU"</label>
+            <label class="check"><input type="checkbox" data-testid="metrics-log" bind:checked=log_y/>" Log scale"</label>
             <span class="muted small">"Drag across a chart to zoom, double-click to zoom out. Stream: "
                 <span data-testid="metrics-status">{move || status.get().label()}</span></span>
         </div>
@@ -315,16 +407,27 @@ pub fn Metrics(history: ChartHistory) -> impl IntoView {
                 }).collect_view()}
             </fieldset>
         })}
+        {move || (!values.get().is_empty()).then(|| view! {
+            <dl class="metric-values" data-testid="metric-values">
+                {values.get().into_iter().map(|(name, v)| view! {
+                    <div data-testid=format!("metric-value-{name}")><dt>{name.clone()}</dt><dd>{plot::significant(v, 6)}</dd></div>
+                }).collect_view()}
+            </dl>
+        })}
         <div class="charts">
-            <LineChart title="GPU utilization" unit="%" testid="chart-util" series=util x_axis zoom y_max={100.0}/>
-            <LineChart title="GPU memory" unit="GiB" testid="chart-mem" series=mem x_axis zoom from_zero=true/>
+            <LineChart title="GPU utilization" unit="%" testid="chart-util" series=util x_axis zoom y_max={100.0} domain/>
+            <LineChart title="GPU memory" unit="GiB" testid="chart-mem" series=mem x_axis zoom from_zero=true domain/>
             <For
-                each=move || { reported.get().into_iter().filter(|n| hidden.with(|h| !h.contains(n))).collect::<Vec<_>>() }
-                key=|n| n.clone()
-                children=move |name: String| {
-                    let n = name.clone();
-                    let series = Signal::derive(move || series_of(&|l| (l == n).then(|| n.clone()), true));
-                    view! { <LineChart title=name.clone() unit="" testid=format!("chart-metric-{name}") series x_axis zoom/> }
+                each=move || {
+                    let shown: Vec<String> = reported.get().into_iter().filter(|n| hidden.with(|h| !h.contains(n))).collect();
+                    panels(&shown)
+                }
+                key=|p| p.clone()
+                children=move |panel: Panel| {
+                    let members = panel.members.clone();
+                    let series = Signal::derive(move || series_of(&|l| members.iter().any(|m| m == l).then(|| l.to_owned()), true));
+                    let title = panel.title.clone();
+                    view! { <LineChart title=title.clone() unit="" testid=format!("chart-metric-{title}") series x_axis zoom log_y=log_signal domain/> }
                 }
             />
         </div>
@@ -340,6 +443,42 @@ mod tests {
             name: name.into(),
             points: points.iter().map(|&(x, y)| [x, y]).collect(),
         }
+    }
+
+    #[test]
+    fn numbers_of_one_kind_share_a_panel_and_counters_read_as_values() {
+        let names: Vec<String> = [
+            "accuracy",
+            "loss",
+            "train/acc",
+            "val/acc",
+            "val_loss",
+            "lr_decay",
+        ]
+        .map(String::from)
+        .to_vec();
+        let p = panels(&names);
+        let got: Vec<(&str, Vec<&str>)> = p
+            .iter()
+            .map(|p| {
+                (
+                    p.title.as_str(),
+                    p.members.iter().map(String::as_str).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("accuracy", vec!["accuracy"]),
+                ("loss", vec!["loss", "val_loss"]),
+                ("acc", vec!["train/acc", "val/acc"]),
+                ("lr_decay", vec!["lr_decay"]),
+            ]
+        );
+        assert!(as_value(&line("step", &[(1.0, 1.0), (2.0, 2.0)])));
+        assert!(as_value(&line("lr", &[(1.0, 0.1), (2.0, 0.1)])));
+        assert!(!as_value(&line("loss", &[(1.0, 0.3), (2.0, 0.2)])));
     }
 
     #[test]

@@ -294,16 +294,16 @@ fn TaskList() -> impl IntoView {
                     on:change=move |ev| {
                         let (on, ids) = (event_target_checked(&ev), shown_ids());
                         selected.update(|s| for id in ids { if on { s.insert(id); } else { s.remove(&id); } });
-                    }/></th><th>"Name"</th><th>"State"</th><th>"GPUs"</th><th>"User"</th><th>"Created ↓"</th><th>"Ran for"</th><th>"Waiting"</th></tr></thead>
+                    }/></th><th>"Name"</th><th>"State"</th><th>"GPUs"</th><th>"User"</th><th>"Labels"</th><th>"Created ↓"</th><th>"Ran for"</th><th>"Waiting"</th></tr></thead>
                 <tbody>
                 {move || match tasks.get() {
-                    None => view! { <tr><td colspan="8" class="muted">"Loading…"</td></tr> }.into_any(),
-                    Some(Err(_)) => view! { <tr><td colspan="8" class="muted">"—"</td></tr> }.into_any(),
+                    None => view! { <tr><td colspan="9" class="muted">"Loading…"</td></tr> }.into_any(),
+                    Some(Err(_)) => view! { <tr><td colspan="9" class="muted">"—"</td></tr> }.into_any(),
                     Some(Ok(page)) => {
                         let needle = current.get().search.to_lowercase();
                         let rows: Vec<Task> = page.items.into_iter().filter(|t| named(t, &needle)).collect();
                         if rows.is_empty() {
-                            return view! { <tr><td colspan="8" class="muted" data-testid="no-tasks">"No tasks match."</td></tr> }.into_any();
+                            return view! { <tr><td colspan="9" class="muted" data-testid="no-tasks">"No tasks match."</td></tr> }.into_any();
                         }
                         rows.into_iter().map(|t| {
                             let waiting = t.waiting.as_ref().map(|w| w.message.clone()).unwrap_or_default();
@@ -320,6 +320,7 @@ fn TaskList() -> impl IntoView {
                                     <td data-label="State">{state_badge(t.state)}</td>
                                     <td data-label="GPUs">{gpu_summary(&t.spec)}</td>
                                     <td data-label="User">{t.user_email.clone()}</td>
+                                    <td data-label="Labels" class="labels" data-testid="task-labels">{t.spec.labels.iter().map(|(k, v)| view! { <span class="badge label">{format!("{k}={v}")}</span> }).collect_view()}</td>
                                     <td data-label="Created"><Time at=t.created_at.clone()/></td>
                                     <td data-label="Ran for">{ran_for(&t).unwrap_or_default()}</td>
                                     <td data-label="Waiting" class="muted small">{waiting}</td>
