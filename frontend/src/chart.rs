@@ -51,9 +51,12 @@ impl Series {
     }
 }
 
-pub const PALETTE: [&str; 10] = [
+/// Line colours: 20 that tell runs apart (the first ten strong, the next ten their lighter
+/// or darker kin), for up to 20 runs compared.
+pub const PALETTE: [&str; 20] = [
     "#3b5bdb", "#e8590c", "#2b8a3e", "#ae3ec9", "#c92a2a", "#1098ad", "#5c940d", "#d6336c",
-    "#495057", "#f08c00",
+    "#495057", "#f08c00", "#74c0fc", "#ffa94d", "#8ce99a", "#e599f7", "#ff8787", "#66d9e8",
+    "#a9e34b", "#faa2c1", "#adb5bd", "#ffd43b",
 ];
 
 const W: f64 = 720.0;

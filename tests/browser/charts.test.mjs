@@ -182,3 +182,52 @@ test("metrics charts, comparing tasks, bulk cancel, local times", async () => {
   assert.deepEqual(errors, []);
   await ctx.close();
 });
+
+test("twenty runs compared: a line each, a runs table sorted by a number, columns kept", async () => {
+  const ctx = await browser.newContext({ viewport: { width: 1400, height: 1000 } });
+  const csrf = await signUp(ctx, "twenty@example.com", "Twenty Lab");
+  const headers = { "X-CSRF-Token": csrf };
+  const ids = [];
+  for (let i = 0; i < 20; i++) {
+    const id = await submit(ctx, headers, `run-${i}`, `sleep ${600 + i}`);
+    ids.push(id);
+    for (let s = 0; s < 4; s++) {
+      const r = await ctx.request.post(`${server.base}/api/v1/tasks/${id}/metrics`, {
+        headers,
+        // Run 13 ends lowest; every run's loss differs in the fourth digit.
+        data: { step: s * 10, loss: 1 / (s + 1) + (i === 13 ? -0.1 : i * 0.0007) },
+      });
+      assert.equal(r.status(), 204, await r.text());
+    }
+  }
+  const page = await ctx.newPage();
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(String(e)));
+  await page.goto(`${server.base}/compare?ids=${ids.join(",")}`);
+  await hydrated(page);
+  await page.waitForSelector("[data-testid=chart-compare] svg polyline");
+  assert.equal(await page.locator("[data-testid=chart-compare] .legend-item").count(), 20);
+  // Every legend value reads differently.
+  const values = await page.locator("[data-testid=chart-compare] [data-testid=legend-value]").allTextContents();
+  assert.equal(new Set(values).size, 20, values.join("|"));
+  assert.equal(await page.locator("[data-testid=run-row]").count(), 20);
+  // Sorted by the loss, lowest first: run 13.
+  await page.click("[data-testid=sort-loss]");
+  await page.waitForSelector("[data-testid=sort-loss]:has-text('↑')");
+  assert.match(await page.textContent("[data-testid=run-row] >> nth=0"), /run-13/);
+  await page.click("[data-testid=sort-loss]");
+  await page.waitForSelector("[data-testid=sort-loss]:has-text('↓')");
+  assert.doesNotMatch(await page.textContent("[data-testid=run-row] >> nth=0"), /run-13/);
+  // A hidden column stays hidden on the next visit.
+  await page.click("details.columns summary");
+  await page.uncheck("[data-testid=column-GPU-h]");
+  await page.waitForSelector("[data-testid=sort-GPU-h]", { state: "detached" });
+  await shot(page, "54-compare-twenty");
+  await page.reload();
+  await hydrated(page);
+  await page.waitForSelector("[data-testid=run-row]");
+  assert.equal(await page.locator("[data-testid=sort-GPU-h]").count(), 0);
+  assert.ok(await page.locator("[data-testid=sort-loss]").count() === 1);
+  assert.deepEqual(errors, []);
+  await ctx.close();
+});

@@ -1,6 +1,8 @@
-//! Two to five tasks side by side (`/compare?ids=a,b`): one metric of each on one chart, by
-//! step when they all report steps (else by time since each started), and a table of what
-//! differs between their specs, so a researcher sees which change made which curve.
+//! Two to twenty tasks side by side (`/compare?ids=a,b`): one metric of each on one chart, by
+//! step when they all report steps (else by time since each started), a table of the runs
+//! (what differs in their specs, and the latest of each number they report; sorted by any
+//! column, the columns shown kept), and what differs between their specs, so a researcher
+//! sees which change made which curve.
 
 use autodl_common::metrics::{is_gpu_line, MetricLines, GPU_UTIL};
 use autodl_common::tasks::Task;
@@ -17,7 +19,106 @@ use crate::session::RequireLogin;
 use crate::time;
 
 /// At most this many tasks on one chart.
-pub const MAX_COMPARED: usize = 5;
+pub const MAX_COMPARED: usize = 20;
+
+/// Where the columns a person hid are kept.
+const HIDDEN_COLUMNS: &str = "autodl.compare.hidden";
+
+/// One cell of the runs table: what it reads and how it sorts (numbers by value).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cell {
+    pub text: String,
+    pub number: Option<f64>,
+}
+
+/// A task's row of the runs table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRow {
+    pub id: String,
+    /// `#N name`.
+    pub name: String,
+    pub cells: Vec<Cell>,
+}
+
+/// The runs table: its column names and a row per task. Columns: state, GPU-hours, each
+/// spec field that differs among them, the latest value of each number they report.
+pub fn runs_table(runs: &[(Task, MetricLines)]) -> (Vec<String>, Vec<RunRow>) {
+    let specs: Vec<serde_json::Value> = runs
+        .iter()
+        .map(|(t, _)| serde_json::to_value(&t.spec).unwrap_or_default())
+        .collect();
+    // The name is the row's own.
+    let diffs: Vec<_> = plot::differences(&specs)
+        .into_iter()
+        .filter(|(f, _)| f != "name")
+        .collect();
+    let mut reported: Vec<String> = runs
+        .iter()
+        .flat_map(|(_, l)| {
+            l.lines
+                .iter()
+                .filter(|l| !is_gpu_line(&l.name))
+                .map(|l| l.name.clone())
+        })
+        .collect();
+    reported.sort();
+    reported.dedup();
+    let mut columns = vec!["state".to_string(), "GPU-h".into()];
+    columns.extend(diffs.iter().map(|(f, _)| f.clone()));
+    columns.extend(reported.iter().cloned());
+    let latest: Vec<Vec<Option<f64>>> = runs
+        .iter()
+        .map(|(_, l)| {
+            reported
+                .iter()
+                .map(|n| {
+                    l.lines
+                        .iter()
+                        .find(|x| &x.name == n)
+                        .and_then(|x| x.points.last().map(|p| p[1]))
+                })
+                .collect()
+        })
+        .collect();
+    // Per number, enough digits that the runs read differently.
+    let digits: Vec<usize> = (0..reported.len())
+        .map(|j| plot::distinct_digits(&latest.iter().filter_map(|r| r[j]).collect::<Vec<_>>()))
+        .collect();
+    let rows = runs
+        .iter()
+        .enumerate()
+        .map(|(i, (t, _))| {
+            let mut cells = vec![
+                Cell {
+                    text: t.state.as_str().to_owned(),
+                    number: None,
+                },
+                Cell {
+                    text: format!("{:.2}", t.gpu_seconds / 3600.0),
+                    number: Some(t.gpu_seconds / 3600.0),
+                },
+            ];
+            cells.extend(diffs.iter().map(|(_, values)| Cell {
+                number: values[i].parse().ok(),
+                text: values[i].clone(),
+            }));
+            cells.extend(latest[i].iter().zip(&digits).map(|(v, d)| {
+                Cell {
+                    text: v
+                        .map(|v| plot::significant(v, *d))
+                        .unwrap_or_else(|| "—".into()),
+                    number: *v,
+                }
+            }));
+            RunRow {
+                id: t.id.clone(),
+                name: format!("#{} {}", t.number, t.name),
+                cells,
+            }
+        })
+        .collect();
+    (columns, rows)
+}
 
 #[component]
 pub fn ComparePage() -> impl IntoView {
@@ -39,9 +140,11 @@ fn ids_of(raw: &str) -> Vec<String> {
 fn Compare() -> impl IntoView {
     let query = use_query_map();
     let ids = Memo::new(move |_| query.with(|q| ids_of(&q.get("ids").unwrap_or_default())));
-    let data = Resource::new(
-        move || ids.get(),
-        |ids| async move {
+    // Fetched in the browser: as a server-rendered resource, a page loaded directly failed
+    // to hydrate (the browser read another value than the server drew).
+    let data = LocalResource::new(move || {
+        let ids = ids.get();
+        async move {
             if ids.len() > MAX_COMPARED {
                 return Err(ApiErr {
                     status: 400,
@@ -61,8 +164,8 @@ fn Compare() -> impl IntoView {
                 out.push((t, l));
             }
             Ok(out)
-        },
-    );
+        }
+    });
     let chosen = RwSignal::new(None::<String>);
     let smoothing = RwSignal::new(0.0f64);
     let list = move || data.get().and_then(|r| r.ok()).unwrap_or_default();
@@ -125,7 +228,6 @@ fn Compare() -> impl IntoView {
     });
     let zoom = RwSignal::new(None::<(f64, f64)>);
     view! {
-        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
         <section class="card">
             <p class="crumbs"><a href="/tasks">"Tasks"</a>" / "</p>
             <h1>"Compare tasks"</h1>
@@ -133,7 +235,7 @@ fn Compare() -> impl IntoView {
                 None => view! { <p class="muted">"Loading…"</p> }.into_any(),
                 Some(Err(e)) => view! { <p class="banner error" role="alert">{e.message}</p> }.into_any(),
                 Some(Ok(l)) if l.len() < 2 => view! {
-                    <p class="muted" data-testid="compare-empty">"Tick 2 to 5 tasks on the "<a href="/tasks">"task list"</a>" and choose Compare."</p>
+                    <p class="muted" data-testid="compare-empty">"Tick 2 to 20 tasks on the "<a href="/tasks">"task list"</a>" and choose Compare."</p>
                 }.into_any(),
                 Some(Ok(_)) => view! {
                     <div class="chart-controls">
@@ -162,11 +264,119 @@ fn Compare() -> impl IntoView {
                 <LineChart title=metric() unit=unit_label(&metric()) testid="chart-compare" series x_axis=axis zoom/>
             </section>
             <section class="card">
+                <h2>"Runs"</h2>
+                <RunsTable runs=list()/>
+            </section>
+            <section class="card">
                 <h2>"What differs"</h2>
                 <SpecTable tasks=list().into_iter().map(|(t, _)| t).collect()/>
             </section>
         })}
-        </Transition>
+    }
+}
+
+/// The runs, a row each, sorted by a click on a column's name (again: the other way); the
+/// columns shown are chosen below it and kept in this browser.
+#[component]
+fn RunsTable(runs: Vec<(Task, MetricLines)>) -> impl IntoView {
+    let (columns, rows) = runs_table(&runs);
+    let columns = StoredValue::new(columns);
+    let rows = StoredValue::new(rows);
+    let sort = RwSignal::new(None::<(usize, bool)>);
+    // Read from this browser once the page is live (the server's page shows every column,
+    // and hydration must find what it drew), saved on every change after.
+    let hidden = RwSignal::new(std::collections::BTreeSet::<String>::new());
+    let loaded = StoredValue::new(false);
+    Effect::new(move |_| {
+        let h = hidden.with(|h| h.iter().cloned().collect::<Vec<_>>().join("\n"));
+        if !loaded.get_value() {
+            loaded.set_value(true);
+            if let Some(saved) = crate::live::load_local(HIDDEN_COLUMNS) {
+                hidden.set(
+                    saved
+                        .split('\n')
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned)
+                        .collect(),
+                );
+            }
+            return;
+        }
+        crate::live::save_local(HIDDEN_COLUMNS, &h);
+    });
+    let shown = move || {
+        columns.with_value(|c| {
+            c.iter()
+                .enumerate()
+                .filter(|(_, name)| hidden.with(|h| !h.contains(*name)))
+                .map(|(i, name)| (i, name.clone()))
+                .collect::<Vec<_>>()
+        })
+    };
+    let ordered = move || {
+        let mut r = rows.get_value();
+        if let Some((col, asc)) = sort.get() {
+            r.sort_by(|a, b| {
+                let (x, y) = (&a.cells[col], &b.cells[col]);
+                let o = match (x.number, y.number) {
+                    (Some(p), Some(q)) => p.total_cmp(&q),
+                    (Some(_), None) => std::cmp::Ordering::Less,
+                    (None, Some(_)) => std::cmp::Ordering::Greater,
+                    (None, None) => x.text.cmp(&y.text),
+                };
+                if asc {
+                    o
+                } else {
+                    o.reverse()
+                }
+            });
+        }
+        r
+    };
+    view! {
+        <div class="table-scroll">
+        <table class="table runs" data-testid="runs-table">
+            <thead><tr>
+                <th>"Run"</th>
+                {move || shown().into_iter().map(|(i, name)| {
+                    let arrow = move || match sort.get() {
+                        Some((c, true)) if c == i => " ↑",
+                        Some((c, false)) if c == i => " ↓",
+                        _ => "",
+                    };
+                    view! {
+                        <th><button type="button" class="link" data-testid=format!("sort-{name}")
+                            on:click=move |_| sort.update(|s| *s = Some(match *s { Some((c, asc)) if c == i => (i, !asc), _ => (i, true) }))>
+                            {name.clone()}<span class="sort-arrow">{arrow}</span></button></th>
+                    }
+                }).collect_view()}
+            </tr></thead>
+            <tbody>
+                {move || ordered().into_iter().map(|RunRow { id, name, cells }| {
+                    let shown = shown();
+                    view! {
+                        <tr data-testid="run-row"><td><a href=format!("/tasks/{id}")>{name}</a></td>
+                            {shown.into_iter().map(|(i, _)| view! { <td class="num">{cells[i].text.clone()}</td> }).collect_view()}
+                        </tr>
+                    }
+                }).collect_view()}
+            </tbody>
+        </table>
+        </div>
+        <details class="columns">
+            <summary>"Columns"</summary>
+            {columns.get_value().into_iter().map(|name| {
+                let (n1, n2) = (name.clone(), name.clone());
+                view! {
+                    <label class="check"><input type="checkbox" data-testid=format!("column-{name}")
+                        prop:checked=move || hidden.with(|h| !h.contains(&n1))
+                        on:change=move |ev| {
+                            let on = event_target_checked(&ev);
+                            hidden.update(|h| { if on { h.remove(&n2); } else { h.insert(n2.clone()); } });
+                        }/>" "{name.clone()}</label>
+                }
+            }).collect_view()}
+        </details>
     }
 }
 
@@ -178,6 +388,7 @@ fn SpecTable(tasks: Vec<Task>) -> impl IntoView {
         .collect();
     let diffs = plot::differences(&specs);
     view! {
+        <div class="table-scroll">
         <table class="table" data-testid="compare-diff">
             <thead><tr><th>"Field"</th>{tasks.iter().map(|t| view! { <th><a href=format!("/tasks/{}", t.id)>{t.name.clone()}</a></th> }).collect_view()}</tr></thead>
             <tbody>
@@ -189,12 +400,55 @@ fn SpecTable(tasks: Vec<Task>) -> impl IntoView {
                 }).collect_view()}
             </tbody>
         </table>
+        </div>
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runs_table_has_what_differs_and_the_latest_of_each_number() {
+        use autodl_common::metrics::MetricLine;
+        let task = |id: &str, n: u64, lr: &str, loss: f64| {
+            let spec = serde_json::json!({"name": id, "image": "img", "command": ["python"], "env": {"LR": lr},
+                "gpu_types": [], "gpus_per_worker": 1, "gpu_memory": null, "cpu": 1.0, "memory": 1,
+                "num_workers": 1, "priority": 0.5, "deadline": null, "estimated_runtime": null,
+                "checkpoint": null, "retry_policy": {"max_retries": 0, "oom_recovery": false},
+                "zone_affinity": false, "bandwidth": "normal", "data_path": null, "labels": {},
+                "batch_size": null, "preemptible": true});
+            let t: Task = serde_json::from_value(serde_json::json!({"id": id, "number": n, "name": id,
+                "state": "completed", "user_id": "u", "user_email": "u@x", "tenant_id": "t", "spec": spec,
+                "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z", "attempts": 1,
+                "batch_size": null, "placement": null, "waiting": null, "gpu_seconds": 7200.0}))
+            .unwrap();
+            let lines = MetricLines {
+                lines: vec![
+                    MetricLine {
+                        name: "loss".into(),
+                        points: vec![[1.0, 0.9], [2.0, loss]],
+                    },
+                    MetricLine {
+                        name: "gpu_util".into(),
+                        points: vec![[1.0, 0.5]],
+                    },
+                ],
+                raw_points: 3,
+                truncated: false,
+            };
+            (t, lines)
+        };
+        let (columns, rows) =
+            runs_table(&[task("a", 1, "0.1", 0.2345), task("b", 2, "0.01", 0.2349)]);
+        assert_eq!(columns, ["state", "GPU-h", "env.LR", "loss"]);
+        assert_eq!(rows[0].name, "#1 a");
+        let texts: Vec<&str> = rows[0].cells.iter().map(|c| c.text.as_str()).collect();
+        // As many digits as tell the two losses apart.
+        assert_eq!(texts, ["completed", "2.00", "0.1", "0.234"]);
+        assert_eq!(rows[1].cells[3].text, "0.235");
+        assert_eq!(rows[1].cells[3].number, Some(0.2349));
+    }
 
     #[test]
     fn ids_keep_their_order_once_each() {
