@@ -335,3 +335,79 @@ pub fn LineChart(
         </figure>
     }
 }
+
+/// Colours from the best trial to the worst.
+const RANKED: [&str; 5] = ["#1c7ed6", "#4dabf7", "#94a3b8", "#ffa94d", "#e8590c"];
+
+/// Trials drawn across their parameters to their objective (parallel coordinates), coloured
+/// from the best (blue) to the worst (orange); a trial's line names it when pointed at.
+#[component]
+pub fn ParallelChart(
+    axes: Vec<plot::ParallelAxis>,
+    lines: Vec<plot::ParallelLine>,
+    #[prop(into)] testid: String,
+) -> impl IntoView {
+    const PW: f64 = 720.0;
+    const PH: f64 = 300.0;
+    const SIDE: f64 = 60.0;
+    const PTOP: f64 = 36.0;
+    const PBOTTOM: f64 = 30.0;
+    let n = axes.len().max(2) - 1;
+    let x = move |i: usize| SIDE + (PW - 2.0 * SIDE) * i as f64 / n as f64;
+    let y = move |at: f64| PTOP + (1.0 - at) * (PH - PTOP - PBOTTOM);
+    // The worst first, so the best are drawn on top.
+    let mut lines = lines;
+    lines.sort_by(|a, b| b.rank.total_cmp(&a.rank));
+    let drawn = lines
+        .into_iter()
+        .map(|l| {
+            let pts = l
+                .at
+                .iter()
+                .enumerate()
+                .map(|(i, a)| format!("{:.1},{:.1}", x(i), y(*a)))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let color = RANKED[((l.rank * (RANKED.len() - 1) as f64).round() as usize).min(RANKED.len() - 1)];
+            view! {
+                <polyline points=pts fill="none" stroke=color stroke-width="2" stroke-opacity="0.85" data-trial=l.trial>
+                    <title>{format!("trial #{}", l.trial)}</title>
+                </polyline>
+            }
+        })
+        .collect_view();
+    let drawn_axes = axes
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let ax = x(i);
+            let cats = if a.categories.len() > 2 {
+                let k = a.categories.len() - 1;
+                a.categories[1..k]
+                    .iter()
+                    .enumerate()
+                    .map(|(j, c)| view! { <text x=ax + 6.0 y=y((j + 1) as f64 / k as f64) + 5.0 class="tick">{c.clone()}</text> })
+                    .collect_view()
+                    .into_any()
+            } else {
+                ().into_any()
+            };
+            view! {
+                <line x1=ax x2=ax y1=y(1.0) y2=y(0.0) class="axis"/>
+                <text x=ax y=18.0 text-anchor="middle" class="tick axis-name">{a.name.clone()}</text>
+                <text x=ax + 6.0 y=y(1.0) + 5.0 class="tick">{a.high.clone()}</text>
+                <text x=ax + 6.0 y=y(0.0) + 5.0 class="tick">{a.low.clone()}</text>
+                {cats}
+            }
+        })
+        .collect_view();
+    view! {
+        <figure class="chart parallel" data-testid=testid>
+            <svg viewBox=format!("0 0 {PW} {PH}") role="img" aria-label="Trials across their parameters to the objective">
+                {drawn}
+                {drawn_axes}
+            </svg>
+            <figcaption class="muted small">"Each line is a trial, from its parameters to the objective: blue the best, orange the worst."</figcaption>
+        </figure>
+    }
+}

@@ -273,9 +273,168 @@ pub fn differences(specs: &[Value]) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
+/// One axis of a parallel-coordinates view: a parameter or the objective.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParallelAxis {
+    pub name: String,
+    /// What its bottom and top read.
+    pub low: String,
+    pub high: String,
+    /// The values it names, bottom to top, when they are not numbers.
+    pub categories: Vec<String>,
+}
+
+/// A trial across the axes: its place on each, 0 (bottom) to 1 (top), and its objective's
+/// place among the trials, 0 (best) to 1 (worst), for its colour.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParallelLine {
+    pub trial: u32,
+    pub at: Vec<f64>,
+    pub rank: f64,
+}
+
+/// The parallel-coordinates view of trials: an axis per parameter (numbers on a linear or,
+/// spanning two decades or more of positive values, a log scale; anything else as
+/// categories) and the objective last, which orders the colours (`lower_better`).
+/// Trials without the objective or a parameter are left out.
+pub fn parallel(
+    params: &[String],
+    objective: &str,
+    lower_better: bool,
+    trials: &[(u32, BTreeMap<String, Value>, Option<f64>)],
+) -> (Vec<ParallelAxis>, Vec<ParallelLine>) {
+    let kept: Vec<&(u32, BTreeMap<String, Value>, Option<f64>)> = trials
+        .iter()
+        .filter(|(_, p, o)| {
+            o.is_some_and(f64::is_finite) && params.iter().all(|k| p.contains_key(k))
+        })
+        .collect();
+    let mut axes = Vec::new();
+    // Per axis, each kept trial's place.
+    let mut places: Vec<Vec<f64>> = Vec::new();
+    let scale = |vals: &[f64]| -> (Vec<f64>, String, String) {
+        let (lo, hi) = vals
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(*v), b.max(*v)));
+        let log = lo > 0.0 && hi / lo >= 100.0;
+        let f = |v: f64| if log { v.log10() } else { v };
+        let (a, b) = (f(lo), f(hi));
+        let at = vals
+            .iter()
+            .map(|v| if b > a { (f(*v) - a) / (b - a) } else { 0.5 })
+            .collect();
+        let digits = distinct_digits(&[lo, hi]).max(2);
+        (at, significant(lo, digits), significant(hi, digits))
+    };
+    for name in params {
+        let raw: Vec<&Value> = kept.iter().map(|(_, p, _)| &p[name]).collect();
+        let numbers: Option<Vec<f64>> = raw.iter().map(|v| v.as_f64()).collect();
+        match numbers {
+            Some(vals) if !vals.is_empty() => {
+                let (at, low, high) = scale(&vals);
+                axes.push(ParallelAxis {
+                    name: name.clone(),
+                    low,
+                    high,
+                    categories: Vec::new(),
+                });
+                places.push(at);
+            }
+            _ => {
+                let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+                let mut cats: Vec<String> = raw.iter().map(|v| text(v)).collect();
+                cats.sort();
+                cats.dedup();
+                let n = cats.len().max(2) - 1;
+                places.push(
+                    raw.iter()
+                        .map(|v| {
+                            let i = cats.iter().position(|c| *c == text(v)).unwrap_or(0);
+                            if cats.len() == 1 {
+                                0.5
+                            } else {
+                                i as f64 / n as f64
+                            }
+                        })
+                        .collect(),
+                );
+                axes.push(ParallelAxis {
+                    name: name.clone(),
+                    low: cats.first().cloned().unwrap_or_default(),
+                    high: cats.last().cloned().unwrap_or_default(),
+                    categories: cats,
+                });
+            }
+        }
+    }
+    let objective_values: Vec<f64> = kept.iter().filter_map(|(_, _, o)| *o).collect();
+    if !objective_values.is_empty() {
+        let (at, low, high) = scale(&objective_values);
+        axes.push(ParallelAxis {
+            name: objective.to_owned(),
+            low,
+            high,
+            categories: Vec::new(),
+        });
+        places.push(at);
+    }
+    let (lo, hi) = objective_values
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(*v), b.max(*v)));
+    let lines = kept
+        .iter()
+        .enumerate()
+        .map(|(i, (trial, _, o))| {
+            let o = o.unwrap_or(lo);
+            let frac = if hi > lo { (o - lo) / (hi - lo) } else { 0.0 };
+            ParallelLine {
+                trial: *trial,
+                at: places.iter().map(|p| p[i]).collect(),
+                rank: if lower_better { frac } else { 1.0 - frac },
+            }
+        })
+        .collect();
+    (axes, lines)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trials_cross_their_parameters_to_their_objective() {
+        let t = |trial: u32, lr: f64, opt: &str, loss: Option<f64>| {
+            let p: BTreeMap<String, Value> = [
+                ("lr".to_string(), serde_json::json!(lr)),
+                ("opt".to_string(), serde_json::json!(opt)),
+            ]
+            .into();
+            (trial, p, loss)
+        };
+        let params = vec!["lr".to_string(), "opt".to_string()];
+        let trials = vec![
+            t(0, 0.1, "sgd", Some(0.9)),
+            t(1, 0.001, "adam", Some(0.1)),
+            t(2, 0.01, "sgd", Some(0.5)),
+            t(3, 0.01, "adam", None),
+        ];
+        let (axes, lines) = parallel(&params, "loss", true, &trials);
+        assert_eq!(
+            axes.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
+            ["lr", "opt", "loss"]
+        );
+        assert_eq!(axes[1].categories, ["adam", "sgd"]);
+        assert_eq!(lines.len(), 3, "a trial without the objective is left out");
+        // lr spans two decades: a log axis, 0.01 half way.
+        assert_eq!(lines[2].at[0], 0.5);
+        assert_eq!(lines[1].at, vec![0.0, 0.0, 0.0]);
+        assert_eq!(lines[1].rank, 0.0, "the lowest loss is the best");
+        assert_eq!(lines[0].rank, 1.0);
+        assert_eq!(
+            (axes[0].low.as_str(), axes[0].high.as_str()),
+            ("0.001", "0.1")
+        );
+    }
 
     #[test]
     fn ticks_fall_on_round_numbers() {

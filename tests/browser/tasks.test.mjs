@@ -365,6 +365,11 @@ test("a sweep's page shows its trials' parameters and metrics, sorts them, and c
   assert.deepEqual(order, ["1", "2", "0"], "sorted by loss, lowest first");
   assert.match(await page.getAttribute("[data-testid=sweep-compare]", "href"),
     new RegExp(`/compare\\?ids=${done.items[1].task_id},${done.items[2].task_id},${done.items[0].task_id}`));
+  // Parallel coordinates: a line per trial from lr to the loss, the best blue, the worst orange.
+  await page.waitForSelector("[data-testid=sweep-parallel] polyline", { state: "attached" });
+  assert.equal(await page.locator("[data-testid=sweep-parallel] polyline").count(), 3);
+  assert.equal(await page.getAttribute("[data-testid=sweep-parallel] polyline[data-trial='1']", "stroke"), "#1c7ed6");
+  assert.equal(await page.getAttribute("[data-testid=sweep-parallel] polyline[data-trial='0']", "stroke"), "#e8590c");
   await shot(page, "20-sweep");
 
   // The held sweep runs one trial at a time; one click cancels all four.

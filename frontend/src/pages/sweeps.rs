@@ -144,6 +144,45 @@ fn value_of<'a>(r: &'a SweepTrialRow, c: &Column) -> Option<&'a Value> {
     }
 }
 
+/// The trials across their parameters to the objective, once two of them have it.
+fn parallel_view(s: &Sweep, metrics: &[String]) -> Option<impl IntoView> {
+    // Without a metric of the sweep's own: a loss, else the first number that is not a
+    // counter of progress.
+    let counters = ["step", "epoch", "global_step", "iteration", "iter"];
+    let objective = s
+        .metric
+        .clone()
+        .or_else(|| metrics.iter().find(|m| m.contains("loss")).cloned())
+        .or_else(|| {
+            metrics
+                .iter()
+                .find(|m| !counters.contains(&m.as_str()))
+                .cloned()
+        })?;
+    if s.parameters.is_empty() {
+        return None;
+    }
+    let trials: Vec<_> = s
+        .items
+        .iter()
+        .map(|r| {
+            (
+                r.trial,
+                r.params.clone(),
+                r.metrics.get(&objective).and_then(Value::as_f64),
+            )
+        })
+        .collect();
+    let lower = s.mode != Some(autodl_common::tasks::MetricGoal::Max);
+    let (axes, lines) = plot::parallel(&s.parameters, &objective, lower, &trials);
+    (lines.len() >= 2).then(|| {
+        view! {
+            <h2>"Parameters and " {objective.clone()}</h2>
+            <crate::chart::ParallelChart axes lines testid="sweep-parallel"/>
+        }
+    })
+}
+
 #[component]
 fn SweepTable() -> impl IntoView {
     let params = use_params_map();
@@ -286,6 +325,7 @@ fn SweepTable() -> impl IntoView {
                                 }).collect_view()}
                             </tbody>
                         </table></div>
+                        {parallel_view(&s, &metrics)}
                     </section>
                 }.into_any()
             }
