@@ -9,8 +9,9 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 # Root isolates tasks: bubblewrap, a network namespace per task (iproute2, util-linux's
-# nsenter) and nftables for its way out and what it may not reach.
-[ "$(id -u)" -ne 0 ] || apt_install bubblewrap iproute2 util-linux nftables
+# nsenter) and nftables for its way out and what it may not reach; python3-venv makes demo
+# tasks' Python and the environments their requirements are installed in.
+[ "$(id -u)" -ne 0 ] || apt_install bubblewrap iproute2 util-linux nftables python3-venv
 build_web
 build_server
 # Demo tasks run on this host: their `python` is a virtualenv with the SDK, so the SDK's
