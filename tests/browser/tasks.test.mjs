@@ -57,6 +57,9 @@ test("submit through the form, watch logs and charts live, see it complete", asy
   await page.fill("#command", "echo hi");
   await page.click("[data-testid=submit]");
   await page.waitForSelector("#name-error:not(:empty)");
+  // Beside the button too, and the field takes the focus (it is far above).
+  await page.waitForSelector("[data-testid=submit-field-error]:has-text('name')");
+  assert.equal(await page.evaluate(() => document.activeElement?.id), "name");
 
   // Client-side: env lines must be KEY=value, shown inline before sending.
   await page.fill("#env", "NOT A PAIR");

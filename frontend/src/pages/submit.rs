@@ -318,7 +318,14 @@ fn SubmitForm() -> impl IntoView {
     });
     Effect::new(move |_| match submit.value().get() {
         Some(Ok(t)) => navigate(&format!("/tasks/{}", t.id), Default::default()),
-        Some(Err(e)) => error.set(Some(e)),
+        Some(Err(e)) => {
+            // The field it is about may be far above the button: it takes the focus (and
+            // comes into view), and the button's side names it too.
+            if let Some(id) = e.field.as_deref().and_then(input_id) {
+                live::focus(id);
+            }
+            error.set(Some(e))
+        }
         None => {}
     });
     // What the chosen archive became: its files and size, or why it was refused.
@@ -408,6 +415,8 @@ fn SubmitForm() -> impl IntoView {
         "retry_policy.max_retries",
         "env",
         "labels",
+        "setup",
+        "requirements",
         "template",
     ];
     let count_err = Signal::derive(move || {
@@ -552,6 +561,10 @@ fn SubmitForm() -> impl IntoView {
                         <p class="field-error" role="alert">{move || ferr("labels").get()}</p>
                     </div>
                     <p class="banner error wide" role="alert" data-testid="submit-error">{move || general_error(error.get(), &fields)}</p>
+                    <p class="field-error wide" data-testid="submit-field-error">{move || error.get().and_then(|e| {
+                        let f = e.field.clone()?;
+                        fields.contains(&f.as_str()).then(|| format!("{f}: {} (the field is marked above)", e.message))
+                    })}</p>
                     <div class="actions wide">
                         <button type="submit" data-testid="submit" disabled=move || submit.pending().get()>"Submit task"</button>
                         <a class="button secondary" href="/tasks">"Cancel"</a>
@@ -574,4 +587,31 @@ fn SubmitForm() -> impl IntoView {
         </div>
         </Transition>
     }
+}
+
+/// The form's input for a field the API names in an error.
+fn input_id(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "name" => "name",
+        "image" => "image",
+        "command" => "command",
+        "resources.gpu.type" => "gpu_type",
+        "resources.gpu.count" | "gpu_per_worker" => "gpu_count",
+        "resources.gpu.memory" => "gpu_memory",
+        "resources.cpu" => "cpu",
+        "resources.memory" => "memory",
+        "num_workers" => "num_workers",
+        "priority" => "priority",
+        "deadline" => "deadline",
+        "data_path" => "data_path",
+        "requirements" => "requirements",
+        "setup" => "setup",
+        "batch_size" => "batch_size",
+        "estimated_runtime" => "estimated_runtime",
+        "time_limit" => "time_limit",
+        "rendezvous_timeout" => "rendezvous_timeout",
+        "env" => "env",
+        "labels" => "labels",
+        _ => return None,
+    })
 }
