@@ -114,10 +114,8 @@ struct KeyState {
 /// An environment ready for an attempt; kept from removal while held.
 pub struct EnvLease {
     envs: Arc<Environments>,
-    pub key: String,
+    key: String,
     pub dir: PathBuf,
-    /// True when an earlier build was reused.
-    pub reused: bool,
 }
 
 impl Drop for EnvLease {
@@ -250,11 +248,10 @@ impl Environments {
             k.users += 1;
             k.build.clone()
         };
-        let mut lease = EnvLease {
+        let lease = EnvLease {
             envs: self.clone(),
             key: key.clone(),
             dir: self.root.join(&key),
-            reused: true,
         };
         // Another attempt may be building it: wait, unless this one is stopped meanwhile.
         let _building = {
@@ -381,7 +378,6 @@ impl Environments {
         log.push(Stream::Stdout, format!("[autodl-agent] {said}"));
         drop(_building);
         self.remove_unused(&key, &spec.scope);
-        lease.reused = false;
         Ok(lease)
     }
 

@@ -1,5 +1,5 @@
-//! Pieces every form uses: a labelled input with its error beneath it, and the banner for
-//! an error that belongs to no field.
+//! Pieces every form uses: a labelled input with its error beneath it, the banner for an
+//! error that belongs to no field, and a checkbox that shows or hides a chart or a column.
 
 use leptos::prelude::*;
 
@@ -44,4 +44,23 @@ pub fn Field(
 pub fn general_error(err: Option<api::ApiErr>, fields: &[&str]) -> Option<String> {
     err.filter(|e| e.field.as_deref().is_none_or(|f| !fields.contains(&f)))
         .map(|e| e.message)
+}
+
+/// A checkbox that shows or hides `name` (a chart, a column): ticked while `name` is not in
+/// `hidden`.
+#[component]
+pub fn ShownToggle(
+    name: String,
+    #[prop(into)] testid: String,
+    hidden: RwSignal<std::collections::BTreeSet<String>>,
+) -> impl IntoView {
+    let (n1, n2) = (name.clone(), name.clone());
+    view! {
+        <label class="check"><input type="checkbox" data-testid=testid
+            prop:checked=move || hidden.with(|h| !h.contains(&n1))
+            on:change=move |ev| {
+                let on = event_target_checked(&ev);
+                hidden.update(|h| { if on { h.remove(&n2); } else { h.insert(n2.clone()); } });
+            }/>" "{name}</label>
+    }
 }

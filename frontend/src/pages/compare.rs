@@ -13,6 +13,7 @@ use super::metrics::{on_axis, step_points, unit_label};
 use super::tasks::{ran_for, state_badge};
 use crate::api::{self, ApiErr};
 use crate::chart::{LineChart, Series, PALETTE};
+use crate::fields::ShownToggle;
 use crate::paths;
 use crate::plot::{self, XAxis};
 use crate::session::RequireLogin;
@@ -365,16 +366,8 @@ fn RunsTable(runs: Vec<(Task, MetricLines)>) -> impl IntoView {
         </div>
         <details class="columns">
             <summary>"Columns"</summary>
-            {columns.get_value().into_iter().map(|name| {
-                let (n1, n2) = (name.clone(), name.clone());
-                view! {
-                    <label class="check"><input type="checkbox" data-testid=format!("column-{name}")
-                        prop:checked=move || hidden.with(|h| !h.contains(&n1))
-                        on:change=move |ev| {
-                            let on = event_target_checked(&ev);
-                            hidden.update(|h| { if on { h.remove(&n2); } else { h.insert(n2.clone()); } });
-                        }/>" "{name.clone()}</label>
-                }
+            {columns.get_value().into_iter().map(|name| view! {
+                <ShownToggle testid=format!("column-{name}") name hidden/>
             }).collect_view()}
         </details>
     }

@@ -15,6 +15,7 @@ use leptos::prelude::*;
 use super::tasks::encode;
 use crate::api;
 use crate::chart::{LineChart, Series, PALETTE};
+use crate::fields::ShownToggle;
 use crate::live::{self, TailStatus};
 use crate::paths;
 use crate::plot::{self, XAxis};
@@ -353,7 +354,7 @@ pub fn Metrics(history: ChartHistory) -> impl IntoView {
     let x_axis = Signal::derive(move || axis.get());
     // One x range for every chart of the page: GPU samples and reported numbers cover
     // different spans, and a moment should be at the same place on each.
-    let domain = Signal::derive(move || {
+    let domain = Memo::new(move |_| {
         let axis = axis.get();
         let steps = steps.get();
         lines.with(|lines| {
@@ -365,7 +366,6 @@ pub fn Metrics(history: ChartHistory) -> impl IntoView {
                 })
         })
     });
-    let log_signal = Signal::derive(move || log_y.get());
     view! {
         <div class="chart-controls" data-testid="chart-controls">
             <div class="field inline">
@@ -393,17 +393,8 @@ pub fn Metrics(history: ChartHistory) -> impl IntoView {
         {move || (!reported.get().is_empty()).then(|| view! {
             <fieldset class="metric-picker">
                 <legend>"Reported metrics"</legend>
-                {reported.get().into_iter().map(|name| {
-                    let n1 = name.clone();
-                    let n2 = name.clone();
-                    view! {
-                        <label class="check"><input type="checkbox" data-testid=format!("metric-toggle-{name}")
-                            prop:checked=move || hidden.with(|h| !h.contains(&n1))
-                            on:change=move |ev| {
-                                let on = event_target_checked(&ev);
-                                hidden.update(|h| { if on { h.remove(&n2); } else { h.insert(n2.clone()); } });
-                            }/>" "{name.clone()}</label>
-                    }
+                {reported.get().into_iter().map(|name| view! {
+                    <ShownToggle testid=format!("metric-toggle-{name}") name hidden/>
                 }).collect_view()}
             </fieldset>
         })}
@@ -427,7 +418,7 @@ pub fn Metrics(history: ChartHistory) -> impl IntoView {
                     let members = panel.members.clone();
                     let series = Signal::derive(move || series_of(&|l| members.iter().any(|m| m == l).then(|| l.to_owned()), true));
                     let title = panel.title.clone();
-                    view! { <LineChart title=title.clone() unit="" testid=format!("chart-metric-{title}") series x_axis zoom log_y=log_signal domain/> }
+                    view! { <LineChart title=title.clone() unit="" testid=format!("chart-metric-{title}") series x_axis zoom log_y domain/> }
                 }
             />
         </div>
