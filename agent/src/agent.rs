@@ -59,6 +59,9 @@ struct TaskEntry {
     /// The attempt ended but the server has not acknowledged `finished` yet; it is still
     /// listed as running in polls so the server does not take it for lost meanwhile.
     finished: bool,
+    /// The server stopped the attempt for good (its time limit, idle GPUs): its results are
+    /// kept as at an end of its own.
+    ends_task: bool,
     /// The attempt as the runtime started it, for commands and ports people open into it.
     launch: Option<TaskLaunch>,
 }

@@ -270,6 +270,10 @@ pub struct StopOrder {
     /// for the agent.
     #[serde(default)]
     pub reason: String,
+    /// The task ends with this stop (its time limit, its GPUs idle) instead of going back to
+    /// the queue: what the run leaves in its results folder is kept, as at any other end.
+    #[serde(default)]
+    pub ends_task: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

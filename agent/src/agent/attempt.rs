@@ -486,7 +486,10 @@ pub(super) async fn supervise(
                 });
             }
         }
-        if reason == ExitReason::Success {
+        // Whatever ends the task keeps its results, a failure too (its files often say why);
+        // a run stopped to go back to the queue leaves them to the attempt that ends it.
+        let ends_task = lock(&inner.tasks).get(&key).is_some_and(|e| e.ends_task);
+        if reason != ExitReason::Stopped || ends_task {
             parts.push(Part {
                 kind: RESULTS.into(),
                 step: None,

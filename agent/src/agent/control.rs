@@ -147,8 +147,8 @@ impl Inner {
 
     pub(super) fn apply(self: &Arc<Self>, resp: PollResponse, shutdown: &CancellationToken) {
         for s in resp.stop {
-            let tasks = lock(&self.tasks);
-            match tasks.get(&(s.task_id.clone(), s.attempt)) {
+            let mut tasks = lock(&self.tasks);
+            match tasks.get_mut(&(s.task_id.clone(), s.attempt)) {
                 Some(e) if !e.finished => {
                     tracing::info!(
                         task = s.task_id,
@@ -157,6 +157,7 @@ impl Inner {
                         grace_s = s.grace_s,
                         "stopping task"
                     );
+                    e.ends_task |= s.ends_task;
                     e.stop.send_replace(Some(Duration::from_secs(s.grace_s)));
                 }
                 _ => tracing::debug!(
@@ -213,6 +214,7 @@ impl Inner {
                     pid: None,
                 },
                 finished: false,
+                ends_task: false,
                 launch: None,
             },
         );

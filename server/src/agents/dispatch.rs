@@ -145,6 +145,7 @@ pub async fn work_for(
                     attempt,
                     grace_s,
                     reason: reason.clone(),
+                    ends_task: crate::tasks::lifecycle::stop_ends_task(reason),
                 });
             } else if t.state == TaskState::Scheduled {
                 // Never started: nothing to checkpoint, back to the queue at once.
@@ -183,6 +184,7 @@ pub async fn work_for(
                 attempt: r.attempt,
                 grace_s,
                 reason: reason.into(),
+                ends_task: false,
             });
         }
     }

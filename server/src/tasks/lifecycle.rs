@@ -116,6 +116,12 @@ pub fn timed_out(
     }
 }
 
+/// Whether a stop for `reason` ends the task instead of sending its run back to the queue
+/// (the reasons [`final_stop`] ends a task for).
+pub fn stop_ends_task(reason: &str) -> bool {
+    matches!(reason, TIMED_OUT | super::session::IDLE)
+}
+
 /// How a run ends that was stopped for good, not to run again elsewhere: at its time limit
 /// (`timed_out`) or for sitting idle (`cancelled`, its GPUs given back). `None` for the stop
 /// reasons that send a run back to the queue (preempted, drained, ...).
@@ -139,10 +145,10 @@ pub fn final_stop(
     }
 }
 
-/// A completed task whose results its node still keeps, uploading them once the server or
+/// An ended task whose results its node still keeps, uploading them once the server or
 /// storage takes them (see `FinishedReport::uploading`).
 pub const RESULTS_UPLOADING: &str = "uploading";
-/// A completed task whose results could not be kept: its timeline says why.
+/// An ended task whose results could not be kept: its timeline says why.
 pub const RESULTS_LOST: &str = "lost";
 
 /// What an end report says of the folders the attempt saved, for a run ending in `next`:
@@ -164,10 +170,12 @@ pub fn results_on_end(
         .into_iter()
         .chain(others_keeping.iter().map(String::as_str))
         .collect();
-    let completed = next == TaskState::Completed;
+    // Every end keeps what the run left (a failed run's files tell why it failed); a run
+    // sent back to the queue has its results from the attempt that ends the task.
+    let ended = next.is_finished();
     let mut note = String::new();
     let mut results = None;
-    if completed && !keepers.is_empty() {
+    if ended && !keepers.is_empty() {
         results = Some(RESULTS_UPLOADING);
         let who = match keepers.as_slice() {
             [one] => format!("node {one} keeps them"),
@@ -176,7 +184,7 @@ pub fn results_on_end(
         note.push_str(&format!(
             "; its results are uploading: {who} until they are stored"
         ));
-    } else if let Some(why) = not_kept.filter(|_| completed) {
+    } else if let Some(why) = not_kept.filter(|_| ended) {
         results = Some(RESULTS_LOST);
         note.push_str(&format!("; its results could not be kept: {why}"));
     }
@@ -306,7 +314,7 @@ mod tests {
     }
 
     #[test]
-    fn results_kept_on_the_node_are_said_and_only_for_a_completed_task() {
+    fn results_kept_on_the_node_are_said_and_only_for_an_ended_task() {
         let up = vec!["results".to_owned(), "checkpoint".to_owned()];
         let (r, note) = results_on_end(TaskState::Completed, &up, None, "n1", &[]);
         assert_eq!(r, Some(RESULTS_UPLOADING));
@@ -318,10 +326,12 @@ mod tests {
         let (r, note) = results_on_end(TaskState::Completed, &[], Some("disk full"), "n1", &[]);
         assert_eq!(r, Some(RESULTS_LOST));
         assert!(note.contains("could not be kept: disk full"), "{note}");
-        // A failed run has no results to wait for; its checkpoint is still said.
-        let (r, note) = results_on_end(TaskState::Failed, &up, Some("x"), "n1", &[]);
-        assert_eq!(r, None);
-        assert_eq!(note, "; its last checkpoint is uploading from node n1");
+        // A failed or timed-out run's results are its task's too.
+        let (r, note) = results_on_end(TaskState::Failed, &up, None, "n1", &[]);
+        assert_eq!(r, Some(RESULTS_UPLOADING));
+        assert!(note.contains("last checkpoint is uploading"), "{note}");
+        let (r, _) = results_on_end(TaskState::TimedOut, &[], Some("x"), "n1", &[]);
+        assert_eq!(r, Some(RESULTS_LOST));
         // A retried run starts again from what was saved before: nothing is promised.
         assert_eq!(
             results_on_end(TaskState::Pending, &up, None, "n1", &[]),

@@ -78,7 +78,7 @@ pub async fn results(state: &AppState, t: &TaskRecord) -> Result<(Vec<Entry>, i6
     );
     let Some(newest) = current.first() else {
         return Err(ApiError::NoResults(format!(
-            "task {} has no results (files it leaves in AUTODL_RESULTS_DIR are kept when it completes)",
+            "task {} has no results (the files a run leaves in AUTODL_RESULTS_DIR are kept when it ends: completed, failed or timed out)",
             t.id
         )));
     };

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::agents::FakeAgent;
-use crate::e2e::{log_text, start_agent};
+use crate::e2e::{log_text, start_agent, submit, wait_for};
 use crate::helpers::{assert_error, spawn_app_with, Backend, Session, TestApp};
 use crate::s3_server;
 
@@ -24,6 +24,7 @@ crate::on_both_backends!(
     bad_storage_input_is_refused,
     unreachable_storage_is_reported_not_fatal,
     checkpoints_survive_a_drain_and_results_come_back,
+    the_results_of_failed_and_timed_out_runs_are_kept,
     given_up_and_replaced_uploads_free_their_space_at_once,
 );
 
@@ -933,6 +934,96 @@ head -c 200000 /dev/zero | tr '\0' 'x' > "$AUTODL_RESULTS_DIR/plots/loss.csv"
         agent.shutdown.cancel();
         let _ = agent.handle.await;
     }
+}
+
+/// The files of one task's results, by path.
+async fn results_of(
+    app: &TestApp,
+    s: &Session,
+    id: &str,
+) -> std::collections::BTreeMap<String, String> {
+    let r = s
+        .send(
+            app,
+            Method::GET,
+            &format!("/api/v1/tasks/{id}/results"),
+            None,
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::OK, "{id}");
+    let tar = r.bytes().await.unwrap();
+    let mut archive = tar::Archive::new(tar.as_ref());
+    let mut got = std::collections::BTreeMap::new();
+    for e in archive.entries().unwrap() {
+        let mut e = e.unwrap();
+        let path = e.path().unwrap().display().to_string();
+        let mut body = String::new();
+        std::io::Read::read_to_string(&mut e, &mut body).unwrap();
+        got.insert(path, body);
+    }
+    got
+}
+
+/// A run that fails, or that its time limit stops, keeps what it left in its results folder
+/// as a completed one does (a failed run's files often say why): a retried task has its last
+/// attempt's.
+async fn the_results_of_failed_and_timed_out_runs_are_kept(b: Backend) {
+    let s3 = s3_server::start(&["autodl"]).await;
+    let app = s3_app(b, &s3.endpoint, |_| {}).await;
+    let op = app.operator().await;
+    let agent = start_agent(&app, &op, "sim-1", "1xA40").await;
+    let s = app.signup("ada@example.com", "Lab").await;
+
+    let failing = r#"echo "attempt $AUTODL_ATTEMPT diverged at step 7" > "$AUTODL_RESULTS_DIR/why.txt"; exit 3"#;
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "diverges", "image": "none", "command": failing,
+        "retry_policy": {"max_retries": 1}, "resources": {"gpu": {"count": 1}}}),
+    )
+    .await;
+    let t = wait_for(&app, &s, &id, &["failed", "completed"], 60).await;
+    assert_eq!(t["state"], "failed", "{t}");
+    assert_eq!(t["attempts"], 2, "{t}");
+    assert_eq!(
+        results_of(&app, &s, &id).await["why.txt"],
+        "attempt 2 diverged at step 7\n",
+        "the last attempt's results"
+    );
+
+    let slow =
+        r#"echo partial > "$AUTODL_RESULTS_DIR/curve.csv"; trap 'exit 0' TERM; sleep 120 & wait"#;
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "too-slow", "image": "none", "command": slow,
+        "time_limit": "2s", "resources": {"gpu": {"count": 1}}}),
+    )
+    .await;
+    let t = wait_for(&app, &s, &id, &["timed_out", "failed", "completed"], 60).await;
+    assert_eq!(t["state"], "timed_out", "{t}");
+    assert_eq!(results_of(&app, &s, &id).await["curve.csv"], "partial\n");
+
+    // Without results: said plainly, whatever the end.
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "silent", "image": "none", "command": "exit 1",
+        "resources": {"gpu": {"count": 1}}}),
+    )
+    .await;
+    wait_for(&app, &s, &id, &["failed"], 60).await;
+    let r = s
+        .send(
+            &app,
+            Method::GET,
+            &format!("/api/v1/tasks/{id}/results"),
+            None,
+        )
+        .await;
+    assert_error(r, StatusCode::NOT_FOUND, "no_results").await;
+    agent.shutdown.cancel();
+    let _ = agent.handle.await;
 }
 
 /// An upload the agent gives up on (storage full, a file changed) is deleted at once, and so

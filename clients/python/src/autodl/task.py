@@ -129,7 +129,7 @@ class Task:
     ) -> str:
         """Blocks until the task is finished and returns its final status.
 
-        With ``results`` (the default), a task that completed while its results were still
+        With ``results`` (the default), a task that ended while its results were still
         uploading from its node (:attr:`results_state`) is waited for until they are stored
         or given up, so :meth:`download_results` can follow.
 
