@@ -60,6 +60,11 @@ pub struct SandboxLaunch<'a> {
     /// its controlling one, so Ctrl-C and job control work. Without it the sandbox starts a
     /// new session, so a task cannot push keystrokes into a terminal it was handed.
     pub terminal: bool,
+    /// Someone's command in a running task (a shell, or `autodl exec`), not the task's own:
+    /// what it starts in the background (nohup, setsid, `&`) outlives it, as after
+    /// `ssh host 'nohup x &'`: bwrap's reaper stays while they run. The attempt's end (its
+    /// cgroup, its uid) ends them all.
+    pub exec: bool,
     /// `/etc/passwd` and `/etc/group` that also name the task's uid
     /// ([`write_identity_files`]), so tools that look the user up (a shell's prompt,
     /// `whoami`, `getpass`, pip's user folder) find one.
@@ -136,6 +141,7 @@ impl Sandbox {
             env_file: &env_file,
             command: &cmd,
             terminal: false,
+            exec: false,
             identity: None,
         };
         let out = std::process::Command::new(&sb.bwrap)
@@ -163,11 +169,10 @@ impl Sandbox {
     pub fn args(&self, l: &SandboxLaunch<'_>) -> Vec<OsString> {
         let mut a = Args::default();
         if !l.terminal {
-            // A command (the task's, or one exec'd into it) ends with whoever started it; a
-            // person's shell instead lets what it started with nohup or setsid outlive it, as
-            // a login does: bwrap's reaper stays while they run, the shell's hang-up ends the
-            // rest, and the attempt's end (its cgroup) ends them all.
             a.push("--new-session");
+        }
+        if !l.exec {
+            // The task's own command ends with the agent that supervises it.
             a.push("--die-with-parent");
         }
         for flag in [
@@ -429,6 +434,7 @@ mod tests {
             env_file: &env,
             command: &cmd,
             terminal: false,
+            exec: false,
             identity: None,
         };
         let args: Vec<String> = sb
@@ -471,15 +477,24 @@ mod tests {
             &args[args.len() - 3..],
             ["autodl-task", "python", "train.py"]
         );
+        let args_of = |l: &SandboxLaunch<'_>| -> Vec<String> {
+            sb.args(l)
+                .into_iter()
+                .map(|s| s.into_string().unwrap())
+                .collect()
+        };
+        let exec = SandboxLaunch { exec: true, ..l };
+        let args = args_of(&exec);
+        assert!(
+            args.contains(&"--new-session".to_string())
+                && !args.contains(&"--die-with-parent".to_string()),
+            "an exec's background work outlives it, on no terminal"
+        );
         let shell = SandboxLaunch {
             terminal: true,
-            ..l
+            ..exec
         };
-        let args: Vec<String> = sb
-            .args(&shell)
-            .into_iter()
-            .map(|s| s.into_string().unwrap())
-            .collect();
+        let args = args_of(&shell);
         assert!(
             !args.contains(&"--new-session".to_string()),
             "a person's shell keeps its terminal"

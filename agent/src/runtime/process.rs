@@ -267,6 +267,15 @@ fn signal_group(pid: u32, sig: Signal) {
     }
 }
 
+/// The children of a live process (none once it has exited).
+fn children_of(pid: u32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse().ok())
+        .collect()
+}
+
 /// Signals what belongs to the task: its uid's processes when it has one (the sandbox's own
 /// helpers run as root and must live on to report the exit), else its process group. A kill
 /// also takes the group, so the sandbox goes too.
@@ -311,6 +320,17 @@ async fn read_lines<R: AsyncRead + Unpin>(
     }
 }
 
+/// Who a command runs for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// The task's own command (each worker's).
+    Task,
+    /// `autodl exec`: a command on pipes.
+    Exec,
+    /// A person's shell on a terminal.
+    Shell,
+}
+
 /// What to start for a task or for a command inside it, before it becomes a process (piped
 /// for tasks and `exec`, on a terminal for shells).
 struct Plan {
@@ -345,8 +365,7 @@ impl Plan {
 
 impl ProcessRuntime {
     /// The plan for running `argv` in the task's environment, with nothing of the agent's
-    /// environment but the allow-listed variables. `terminal`: a person's shell reads a
-    /// terminal of its own.
+    /// environment but the allow-listed variables, for `caller`.
     ///
     /// An isolated task starts as a root shell with an empty environment that moves itself
     /// into the attempt's cgroup and execs the sandbox (or `setpriv`), which drops to the
@@ -356,8 +375,9 @@ impl ProcessRuntime {
         &self,
         launch: &TaskLaunch,
         argv: &[String],
-        terminal: bool,
+        caller: Caller,
     ) -> Result<Plan, RuntimeError> {
+        let terminal = caller == Caller::Shell;
         let argv = &launch.in_environment(argv);
         let (program, args) = argv.split_first().ok_or(RuntimeError::NoCommand)?;
         let mut operator = inherited_env();
@@ -431,6 +451,7 @@ impl ProcessRuntime {
                     env_file: &env_file,
                     command: argv,
                     terminal,
+                    exec: caller != Caller::Task,
                     identity: Some((&identity.0, &identity.1)),
                 };
                 (sb.bwrap().to_path_buf(), sb.args(&l), root_env, None)
@@ -537,7 +558,7 @@ impl ProcessRuntime {
         let workers = launch.worker_launches();
         let plans = workers
             .iter()
-            .map(|w| self.plan(&w.launch, &w.launch.command, false))
+            .map(|w| self.plan(&w.launch, &w.launch.command, Caller::Task))
             .collect::<Result<Vec<_>, _>>()?;
         let leftovers = Leftovers::new(&launch.state_dir);
         let mut pids = Vec::with_capacity(plans.len());
@@ -781,9 +802,58 @@ impl Runtime for ProcessRuntime {
     }
 }
 
-/// A command running in a task's environment on pipes: its output ends with it.
+/// A command running in a task's environment on pipes. What it starts in the background
+/// outlives it (`nohup server &`, as over ssh) and may hold its pipes open (bwrap's reaper
+/// does while they run), so its exit is watched apart from its output. Dropping it before
+/// its exit (the person went away) kills it with its process group, the sandbox included.
 struct ProcessExec {
-    child: Child,
+    status: Exited,
+}
+
+/// A started command's exit, watched apart from its output: dropping the handle before the
+/// exit kills the command (and, with `group`, its process group).
+struct Exited {
+    status: tokio::sync::watch::Receiver<Option<i32>>,
+    /// Dropped with this: the waiter then kills the command.
+    _kill: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Exited {
+    fn watch(mut child: Child, group: bool) -> Self {
+        let (status_tx, status) = tokio::sync::watch::channel(None);
+        let (kill, mut killed) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let code = tokio::select! {
+                s = child.wait() => s.map_or(-1, exit_status),
+                _ = &mut killed => {
+                    if let Some(pid) = child.id().filter(|_| group) {
+                        // The sandbox's reaper (pid 1 of its namespace, which takes every
+                        // process in it along) is a child of its own session.
+                        for c in children_of(pid) {
+                            let _ = nix::sys::signal::kill(Pid::from_raw(c), Signal::SIGKILL);
+                        }
+                        signal_group(pid, Signal::SIGKILL);
+                    }
+                    let _ = child.start_kill();
+                    child.wait().await.map_or(-1, exit_status)
+                }
+            };
+            let _ = status_tx.send(Some(code));
+        });
+        Exited {
+            status,
+            _kill: kill,
+        }
+    }
+
+    async fn wait(&mut self) -> Result<i32, RuntimeError> {
+        let code = *self
+            .status
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| RuntimeError::Unavailable("the command's waiter is gone".into()))?;
+        Ok(code.unwrap_or(-1))
+    }
 }
 
 /// The exit status a process reports: its code, or 128 + the signal that ended it.
@@ -800,7 +870,11 @@ impl ExecControl for ProcessExec {
     }
 
     async fn wait(&mut self) -> Result<i32, RuntimeError> {
-        Ok(exit_status(self.child.wait().await?))
+        self.status.wait().await
+    }
+
+    fn exited(&mut self) -> Option<tokio::sync::watch::Receiver<Option<i32>>> {
+        Some(self.status.status.clone())
     }
 }
 
@@ -811,31 +885,8 @@ impl ExecControl for ProcessExec {
 struct TerminalExec {
     /// The terminal's controlling side, kept to resize it.
     terminal: std::os::fd::OwnedFd,
-    status: tokio::sync::watch::Receiver<Option<i32>>,
-    /// Dropped with this: the waiter then kills the shell.
-    _kill: tokio::sync::oneshot::Sender<()>,
-}
-
-impl TerminalExec {
-    fn new(mut child: Child, terminal: std::os::fd::OwnedFd) -> Self {
-        let (status_tx, status) = tokio::sync::watch::channel(None);
-        let (kill, mut killed) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(async move {
-            let code = tokio::select! {
-                s = child.wait() => s.map_or(-1, exit_status),
-                _ = &mut killed => {
-                    let _ = child.start_kill();
-                    child.wait().await.map_or(-1, exit_status)
-                }
-            };
-            let _ = status_tx.send(Some(code));
-        });
-        TerminalExec {
-            terminal,
-            status,
-            _kill: kill,
-        }
-    }
+    /// Dropped with this: the shell is killed, and the terminal's hang-up ends the rest.
+    status: Exited,
 }
 
 #[async_trait]
@@ -852,22 +903,22 @@ impl ExecControl for TerminalExec {
     }
 
     async fn wait(&mut self) -> Result<i32, RuntimeError> {
-        let code = *self
-            .status
-            .wait_for(Option::is_some)
-            .await
-            .map_err(|_| RuntimeError::Unavailable("the shell's waiter is gone".into()))?;
-        Ok(code.unwrap_or(-1))
+        self.status.wait().await
     }
 
     fn exited(&mut self) -> Option<tokio::sync::watch::Receiver<Option<i32>>> {
-        Some(self.status.clone())
+        Some(self.status.status.clone())
     }
 }
 
 impl ProcessRuntime {
     fn start_exec(&self, launch: &TaskLaunch, spec: &ExecSpec) -> Result<Exec, RuntimeError> {
-        let plan = self.plan(launch, &spec.argv(), spec.tty)?;
+        let caller = if spec.tty {
+            Caller::Shell
+        } else {
+            Caller::Exec
+        };
+        let plan = self.plan(launch, &spec.argv(), caller)?;
         if spec.tty {
             let (pty, pts) = pty_process::open()?;
             pty.resize(pty_process::Size::new(spec.rows.max(1), spec.cols.max(1)))?;
@@ -879,7 +930,10 @@ impl ProcessRuntime {
                 stdout: Box::pin(read),
                 stderr: None,
                 stdin: Box::pin(write),
-                control: Box::new(TerminalExec::new(child, control)),
+                control: Box::new(TerminalExec {
+                    terminal: control,
+                    status: Exited::watch(child, false),
+                }),
             });
         }
         let mut cmd = plan.command();
@@ -900,7 +954,9 @@ impl ProcessRuntime {
             stdout: Box::pin(stdout),
             stderr: Some(Box::pin(stderr)),
             stdin: Box::pin(stdin),
-            control: Box::new(ProcessExec { child }),
+            control: Box::new(ProcessExec {
+                status: Exited::watch(child, true),
+            }),
         })
     }
 }

@@ -439,6 +439,59 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
         "the shell's background process stopped with it: {first:?} then {second:?}"
     );
 
+    // So does what a command on pipes starts in the background (`autodl exec t -- sh -c
+    // 'nohup server &'`, as over ssh): the exec ends with its command.
+    let beat = |file: &str| {
+        format!("nohup sh -c 'while true; do date +%s%N > \"$HOME/{file}\"; sleep 0.1; done' >/dev/null 2>&1 &")
+    };
+    let at = std::time::Instant::now();
+    let mut ws = connect(&app, &ada, &exec_path(&id, &["sh", "-c", &beat("served")]))
+        .await
+        .unwrap();
+    let ended = read_to_end(&mut ws, 20).await;
+    assert_eq!(ended.exit, Some(0), "{ended:?}");
+    assert!(
+        at.elapsed() < Duration::from_secs(5),
+        "the exec ended only after {:?}",
+        at.elapsed()
+    );
+    let served_path = exec_path(&id, &["sh", "-c", "cat \"$HOME/served\""]);
+    let served = || async {
+        let mut ws = connect(&app, &ada, &served_path).await.unwrap();
+        read_to_end(&mut ws, 20).await.stdout
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let first = served().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = served().await;
+    assert!(
+        !first.trim().is_empty() && first != second,
+        "the exec's background process stopped with it: {first:?} then {second:?}"
+    );
+    // A command left before it ends (the person pressed Ctrl-C) ends, with what it started.
+    let script = format!(
+        "{}\nwhile true; do date +%s%N > \"$HOME/fg\"; sleep 0.1; done",
+        beat("bg")
+    );
+    let ws = connect(&app, &ada, &exec_path(&id, &["sh", "-c", &script]))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    drop(ws);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let both_path = exec_path(&id, &["sh", "-c", "cat \"$HOME/fg\" \"$HOME/bg\""]);
+    let both = || async {
+        let mut ws = connect(&app, &ada, &both_path).await.unwrap();
+        read_to_end(&mut ws, 20).await.stdout
+    };
+    let first = both().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = both().await;
+    assert!(
+        first.lines().count() == 2 && first == second,
+        "a command left before its end still runs: {first:?} then {second:?}"
+    );
+
     // A declared port: an HTTP request through the tunnel gets the task's page.
     let mut page = String::new();
     for _ in 0..50 {
