@@ -185,6 +185,7 @@ async fn pick_runtime(
     kind: RuntimeKind,
     workdir: Option<PathBuf>,
     isolation: &IsolationConfig,
+    simulated: bool,
 ) -> Result<Arc<dyn Runtime>> {
     let docker = || async {
         DockerRuntime::connect()
@@ -196,6 +197,13 @@ async fn pick_runtime(
             let mut rt = ProcessRuntime::detect(isolation).map_err(anyhow::Error::msg)?;
             if let Some(d) = workdir {
                 rt = rt.with_workdir(d);
+            }
+            if simulated {
+                // This program answers as nvidia-smi for the simulated GPUs.
+                match std::env::current_exe() {
+                    Ok(me) => rt = rt.with_simulated_smi(me),
+                    Err(e) => tracing::warn!(error = %e, "tasks get no nvidia-smi for the simulated GPUs"),
+                }
             }
             Arc::new(rt)
         }
@@ -215,6 +223,8 @@ async fn pick_runtime(
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    // Shown to tasks on simulated nodes as their nvidia-smi.
+    autodl_agent::gpu::smi::run_if_called();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -291,7 +301,8 @@ async fn main() -> Result<()> {
     if let Some(addr) = cli.advertise_addr {
         config = config.advertise_addr(addr);
     }
-    let runtime = pick_runtime(cli.runtime, cli.workdir, &isolation).await?;
+    let runtime =
+        pick_runtime(cli.runtime, cli.workdir, &isolation, cli.simulate.is_some()).await?;
     let agent = Agent::new(config, backend, runtime)?;
 
     let shutdown = CancellationToken::new();

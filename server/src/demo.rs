@@ -82,8 +82,13 @@ pub async fn start_agents(
             format!("{}:{}", bin.display(), autodl_agent::DEFAULT_PATH),
         );
     }
-    let runtime: Arc<ProcessRuntime> =
-        Arc::new(ProcessRuntime::detect(&isolation).map_err(anyhow::Error::msg)?);
+    let mut runtime = ProcessRuntime::detect(&isolation).map_err(anyhow::Error::msg)?;
+    // This program answers as nvidia-smi for the demo's simulated GPUs.
+    match std::env::current_exe() {
+        Ok(me) => runtime = runtime.with_simulated_smi(me),
+        Err(e) => tracing::warn!(error = %e, "demo tasks get no nvidia-smi"),
+    }
+    let runtime = Arc::new(runtime);
     let level = runtime.isolation();
     if level.trusted_only() {
         tracing::warn!(

@@ -93,6 +93,9 @@ enum AdminCommand {
 const THREAD_STACK: &str = "16777216";
 
 fn main() -> anyhow::Result<()> {
+    // The demo's agents show tasks this program as their nvidia-smi (simulated GPUs).
+    #[cfg(feature = "demo")]
+    autodl_agent::gpu::smi::run_if_called();
     // Read by std when a thread is spawned without a stack size (the HTTP workers are), so
     // set before any thread starts; an operator's own setting wins.
     if std::env::var_os("RUST_MIN_STACK").is_none() {

@@ -407,6 +407,15 @@ pub(super) async fn supervise(
         loop_stop.clone(),
         shutdown.clone(),
     ));
+    // A simulated node shows the attempt its GPUs (`nvidia-smi`) from the start.
+    let simulated_gpus = inner.backend.is_simulated().then(|| {
+        let dir = launch.simulated_gpus_dir();
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!(task = key.0, error = %e, "could not make the simulated GPUs' folder");
+        }
+        inner.write_simulated_gpus(&dir, &launch.gpu_indices, &now_rfc3339(), &[]);
+        dir
+    });
     let outcome = match prepared {
         Ok(()) => {
             if let Some(e) = lock(&inner.tasks).get_mut(&key) {
@@ -421,6 +430,9 @@ pub(super) async fn supervise(
     };
     // No longer in use by this attempt: it may be removed once unused for long.
     drop(environment);
+    if let Some(dir) = simulated_gpus {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     loop_stop.cancel();
     let last_saved = saver.await.unwrap_or_default();
     // Nothing of the task may outlive the attempt: stop what still runs as its uid, and close

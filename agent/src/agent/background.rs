@@ -59,6 +59,9 @@ pub(super) async fn sample_loop(inner: Arc<Inner>, stop: CancellationToken) {
         };
         inner.metrics.observe(&lock(&inner.inventory), &samples);
         let at = now_rfc3339();
+        if inner.backend.is_simulated() {
+            inner.publish_simulated_gpus(&at, &samples);
+        }
         let holders = inner.gpu_holders();
         {
             let mut q = lock(&inner.samples);

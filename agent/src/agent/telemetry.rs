@@ -53,6 +53,75 @@ impl Inner {
         }
     }
 
+    /// On a simulated node, each running attempt's GPUs as its `nvidia-smi` shows them
+    /// (numbered from 0 as the task sees them), from the sample just read.
+    pub(super) fn publish_simulated_gpus(&self, at: &str, samples: &[crate::gpu::GpuSample]) {
+        let running: Vec<(std::path::PathBuf, Vec<u32>)> = lock(&self.tasks)
+            .values()
+            .filter(|e| !e.finished)
+            .filter_map(|e| {
+                Some((
+                    e.launch.as_ref()?.simulated_gpus_dir(),
+                    e.allocation.gpu_indices.clone(),
+                ))
+            })
+            .collect();
+        for (dir, indices) in running {
+            // Made at the attempt's start and removed at its end: never made again after.
+            if dir.is_dir() {
+                self.write_simulated_gpus(&dir, &indices, at, samples);
+            }
+        }
+    }
+
+    /// Writes one attempt's simulated GPUs (whole, by a rename) into `dir`.
+    pub(super) fn write_simulated_gpus(
+        &self,
+        dir: &std::path::Path,
+        indices: &[u32],
+        at: &str,
+        samples: &[crate::gpu::GpuSample],
+    ) {
+        use crate::gpu::smi::{SmiGpu, SmiState, STATE_FILE};
+        let inventory = lock(&self.inventory).clone();
+        let gpus = indices
+            .iter()
+            .enumerate()
+            .filter_map(|(n, i)| {
+                let g = inventory.iter().find(|g| g.index == *i)?;
+                let s = samples.iter().find(|s| s.gpu_index == *i);
+                Some(SmiGpu {
+                    index: n as u32,
+                    name: format!("NVIDIA {}", g.gpu_type),
+                    uuid: g
+                        .uuid
+                        .clone()
+                        .unwrap_or_else(|| format!("GPU-simulated-{}-{i}", self.config.node_id)),
+                    memory_total: g.memory,
+                    memory_used: s.map_or(0, |s| s.mem_used),
+                    util: s.map_or(0.0, |s| s.util),
+                    temperature: s.and_then(|s| s.temperature),
+                    power_w: s.and_then(|s| s.power_w),
+                })
+            })
+            .collect();
+        let state = SmiState {
+            at: at.to_owned(),
+            gpus,
+        };
+        let write = || -> std::io::Result<()> {
+            let tmp = dir.join(format!(".{STATE_FILE}.tmp"));
+            std::fs::write(
+                &tmp,
+                serde_json::to_vec(&state).map_err(std::io::Error::other)?,
+            )?;
+            std::fs::rename(&tmp, dir.join(STATE_FILE))
+        };
+        if let Err(e) = write() {
+            tracing::debug!(dir = %dir.display(), error = %e, "could not write the simulated GPUs");
+        }
+    }
+
     pub(super) fn gpu_holders(&self) -> HashMap<u32, String> {
         let mut m = HashMap::new();
         for e in lock(&self.tasks).values().filter(|e| !e.finished) {

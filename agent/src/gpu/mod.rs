@@ -4,6 +4,7 @@
 mod naming;
 mod nvml;
 mod sim;
+pub mod smi;
 
 use std::time::Instant;
 

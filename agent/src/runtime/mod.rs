@@ -323,6 +323,15 @@ impl TaskLaunch {
         self.task_dir.join("code")
     }
 
+    /// On a node with simulated GPUs, where the agent writes the attempt's GPUs for its
+    /// `nvidia-smi` ([`crate::gpu::smi`]): in the agent's state folder, never the task's to
+    /// change.
+    pub fn simulated_gpus_dir(&self) -> PathBuf {
+        self.state_dir
+            .join("smi")
+            .join(format!("{}-{}", self.task_id, self.attempt))
+    }
+
     pub fn tmp_dir(&self) -> PathBuf {
         self.task_dir.join("tmp")
     }

@@ -75,6 +75,9 @@ pub struct ProcessRuntime {
     /// Most processes an isolated task may hold.
     pids_limit: u64,
     attempts: Attempts,
+    /// The program that answers as `nvidia-smi` on a node with simulated GPUs (the agent's
+    /// own, or the demo server's: [`crate::gpu::smi::run_if_called`]).
+    simulated_smi: Option<PathBuf>,
 }
 
 impl ProcessRuntime {
@@ -89,7 +92,66 @@ impl ProcessRuntime {
             networks: Err("tasks run as the agent's own user".into()),
             pids_limit: 4096,
             attempts: Attempts::default(),
+            simulated_smi: None,
         }
+    }
+
+    /// Shows tasks on a node with simulated GPUs an `nvidia-smi` of them: `program` (which
+    /// calls [`crate::gpu::smi::run_if_called`] first) under that name, first on `PATH`.
+    pub fn with_simulated_smi(mut self, program: PathBuf) -> Self {
+        self.simulated_smi = Some(program);
+        self
+    }
+
+    /// On a simulated node, `nvidia-smi` for the task ([`crate::gpu::smi`]): the variable
+    /// naming its GPUs' state, the program first on `PATH`, and what a sandbox must show of
+    /// both (`sandboxed`). Nothing on a node with real GPUs or without the program.
+    fn simulated_gpus(
+        &self,
+        launch: &TaskLaunch,
+        env: &mut BTreeMap<String, String>,
+        sandboxed: bool,
+    ) -> Vec<(PathBuf, PathBuf)> {
+        use crate::gpu::smi::{PROGRAM, STATE_FILE, STATE_VAR};
+        let dir = launch.simulated_gpus_dir();
+        let Some(program) = self
+            .simulated_smi
+            .as_ref()
+            .filter(|_| !launch.real_gpus && dir.is_dir())
+        else {
+            return Vec::new();
+        };
+        let (state, bin, mounts) = if sandboxed {
+            let bin = PathBuf::from("/autodl/bin");
+            let mounts = vec![
+                (dir, PathBuf::from("/autodl/gpu")),
+                (program.clone(), bin.join(PROGRAM)),
+            ];
+            (format!("/autodl/gpu/{STATE_FILE}"), bin, mounts)
+        } else {
+            // A link named after the program, in the agent's own folder.
+            let bin = launch.state_dir.join("smi").join("bin");
+            let link = bin.join(PROGRAM);
+            let linked = std::fs::create_dir_all(&bin).and_then(|()| {
+                if std::fs::read_link(&link).ok().as_ref() == Some(program) {
+                    return Ok(());
+                }
+                let _ = std::fs::remove_file(&link);
+                std::os::unix::fs::symlink(program, &link)
+            });
+            if let Err(e) = linked {
+                tracing::warn!(error = %e, "no nvidia-smi for the simulated GPUs");
+                return Vec::new();
+            }
+            (dir.join(STATE_FILE).display().to_string(), bin, Vec::new())
+        };
+        env.insert(STATE_VAR.into(), state);
+        let path = env
+            .get("PATH")
+            .cloned()
+            .unwrap_or_else(|| DEFAULT_PATH.into());
+        env.insert("PATH".into(), format!("{}:{path}", bin.display()));
+        mounts
     }
 
     /// The strongest isolation this host offers within what `config` asks: a sandbox as a
@@ -396,7 +458,8 @@ impl ProcessRuntime {
         let (program, args, env, cwd) = match (&self.mode, launch.user) {
             (Mode::Sandbox(sb), Some(user)) => {
                 let paths = launch.mounted_paths();
-                let env = launch.full_env(&paths, &operator, true);
+                let mut env = launch.full_env(&paths, &operator, true);
+                let mut read_only = self.simulated_gpus(launch, &mut env, true);
                 let env_file = launch.env_file();
                 write_env_file(
                     &env_file,
@@ -404,7 +467,6 @@ impl ProcessRuntime {
                     env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
                 )?;
                 let identity = write_identity_files(&launch.task_dir, user)?;
-                let mut read_only = Vec::new();
                 if let (Some(d), Some(inside)) = (&launch.data, &paths.data) {
                     read_only.push((d.host.clone(), PathBuf::from(inside)));
                 }
@@ -458,7 +520,8 @@ impl ProcessRuntime {
             }
             (Mode::Uid { setpriv, .. }, Some(user)) => {
                 let paths = launch.host_paths();
-                let env = launch.full_env(&paths, &operator, true);
+                let mut env = launch.full_env(&paths, &operator, true);
+                self.simulated_gpus(launch, &mut env, false);
                 let env_file = launch.env_file();
                 write_env_file(
                     &env_file,
@@ -498,10 +561,12 @@ impl ProcessRuntime {
                     (None, Some(w)) => w.clone(),
                     (None, None) => PathBuf::from(&paths.home),
                 };
+                let mut env = launch.full_env(&paths, &operator, true);
+                self.simulated_gpus(launch, &mut env, false);
                 (
                     PathBuf::from(program),
                     args.iter().map(Into::into).collect(),
-                    launch.full_env(&paths, &operator, true),
+                    env,
                     Some(cwd),
                 )
             }

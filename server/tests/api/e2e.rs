@@ -275,6 +275,45 @@ async fn each_line_of_a_gang_names_its_worker(b: Backend) {
     }
 }
 
+/// A node with simulated GPUs shows its tasks an `nvidia-smi` of the GPUs they hold (the
+/// agent's own program under that name), in the sandbox as root does in CI: numbered from 0
+/// as the task sees them, with their type and memory, and saying they are simulated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simulated_node_shows_its_tasks_an_nvidia_smi() {
+    let app = spawn_app_with(Backend::Sqlite, |_| {}).await;
+    let op = app.operator().await;
+    let runtime = ProcessRuntime::detect(&IsolationConfig::default())
+        .unwrap()
+        .with_simulated_smi(agent_binary());
+    let agent = start_agent_with(&app, &op, "sim-1", "4xA40", Arc::new(runtime), &[]).await;
+    let s = app.signup("ada@example.com", "Lab").await;
+    let script = "nvidia-smi -L && nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader && nvidia-smi && nvidia-smi -i 7; echo \"code $?\"";
+    let id = submit(
+        &app,
+        &s,
+        json!({"name": "smi", "image": "none", "command": script,
+        "resources": {"gpu": {"count": 2}}}),
+    )
+    .await;
+    let t = wait_for(&app, &s, &id, &["completed", "failed"], 60).await;
+    let logs = log_text(&app, &s, &id).await;
+    assert_eq!(t["state"], "completed", "{t}\n{logs}");
+    assert!(
+        logs.contains("GPU 0: NVIDIA A40 (UUID: GPU-")
+            && logs.contains("GPU 1: NVIDIA A40")
+            && !logs.contains("GPU 2:"),
+        "only the task's two GPUs, numbered from 0: {logs}"
+    );
+    assert!(logs.contains("0, NVIDIA A40, 49152 MiB"), "{logs}");
+    assert!(logs.contains("simulated by autodl"), "{logs}");
+    assert!(
+        logs.contains("No devices were found with the ID \"7\"") && logs.contains("code 6"),
+        "{logs}"
+    );
+    agent.shutdown.cancel();
+    let _ = agent.handle.await;
+}
+
 /// The `autodl-agent` binary next to this test's executable (scripts/test.sh builds it).
 pub fn agent_binary() -> std::path::PathBuf {
     if let Ok(p) = std::env::var("AUTODL_AGENT_BIN") {
