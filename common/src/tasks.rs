@@ -831,6 +831,10 @@ pub struct Task {
     /// (they could not be kept; the timeline says why). Null otherwise.
     #[serde(default)]
     pub results: Option<String>,
+    /// The latest value of each number the task reported (`loss`, `val/acc`, `step`), from
+    /// its most recent reports: what a list of runs shows beside each. Empty until it reports.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub summary: std::collections::BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

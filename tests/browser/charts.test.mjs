@@ -118,6 +118,9 @@ test("metrics charts, comparing tasks, bulk cancel, local times", async () => {
   // Tick both on the list, compare them: one chart, a line each, and what differs.
   await page.goto(`${server.base}/tasks`);
   await hydrated(page);
+  // Each row shows its run's latest losses, then its accuracy.
+  assert.match(await page.textContent(`tr[data-task='${a}'] [data-testid=task-metrics]`),
+    /loss 0\.05.*val_loss 0\.06.*accuracy 0\.9875/);
   await page.check(`tr[data-task='${a}'] [data-testid=select-task]`);
   await page.check(`tr[data-task='${b}'] [data-testid=select-task]`);
   await page.waitForSelector("[data-testid=selected-count]:text('2 selected')");

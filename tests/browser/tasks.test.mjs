@@ -84,6 +84,17 @@ test("submit through the form, watch logs and charts live, see it complete", asy
   assert.match(yaml, /name: "live-demo"/);
   await shot(page, "10-submit");
 
+  // Rarely used fields are folded under "Advanced"; an error about one of them opens it.
+  assert.equal(await page.isVisible("#deadline"), false, "the deadline is under Advanced");
+  await page.click("[data-testid=advanced] > summary");
+  await page.fill("#deadline", "someday");
+  await page.click("[data-testid=advanced] > summary");
+  assert.equal(await page.isVisible("#deadline"), false, "folded again");
+  await page.click("[data-testid=submit]");
+  await page.waitForSelector("#deadline ~ .field-error:not(:empty)", { timeout: 10000 });
+  assert.equal(await page.isVisible("#deadline"), true, "opened for its error");
+  await page.fill("#deadline", "");
+
   // A time limit is typed as people say it; one the server cannot read is named at its field.
   await page.fill("#time_limit", "soon");
   await page.click("[data-testid=submit]");

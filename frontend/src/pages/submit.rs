@@ -68,6 +68,26 @@ struct Form {
 }
 
 impl Form {
+    /// Whether a field under "Advanced" holds anything but its default (a cloned task's, a
+    /// template's): the section opens, so nothing the task sets is hidden.
+    fn uses_advanced(&self) -> bool {
+        let d = FormValues::default();
+        self.launcher.get() != d.launcher
+            || self.rendezvous_timeout.get() != d.rendezvous_timeout
+            || self.gpu_memory.get() != d.gpu_memory
+            || self.batch_size.get() != d.batch_size
+            || self.estimated_runtime.get() != d.estimated_runtime
+            || self.deadline.get() != d.deadline
+            || self.ckpt_to.get() != d.ckpt_to
+            || self.ckpt_keep.get() != d.ckpt_keep
+            || self.global_batch.get() != d.global_batch
+            || self.zone_same.get() != d.zone_same
+            || self.bandwidth.get() != d.bandwidth
+            || !self.after.get().trim().is_empty()
+            || self.after_any.get()
+            || self.after_fail.get()
+    }
+
     fn new() -> Self {
         let v = FormValues::default();
         Form {
@@ -312,6 +332,22 @@ fn SubmitForm() -> impl IntoView {
             error.set(None);
         }
     });
+    let advanced = RwSignal::new(false);
+    // The field an error is about may be far above the button or folded away: it is shown
+    // (its section opened) and takes the focus; the button's side names it too.
+    let reveal = move |field: Option<&str>| {
+        if let Some(id) = field.and_then(input_id) {
+            if ADVANCED.contains(&id) {
+                advanced.set(true);
+            }
+            live::focus(id);
+        }
+    };
+    Effect::new(move |_| {
+        if form.uses_advanced() {
+            advanced.set(true);
+        }
+    });
     let submit = Action::new_local(move |body: &Value| {
         let body = body.clone();
         async move { api::post::<_, Task>(paths::tasks(), &body).await }
@@ -319,11 +355,7 @@ fn SubmitForm() -> impl IntoView {
     Effect::new(move |_| match submit.value().get() {
         Some(Ok(t)) => navigate(&format!("/tasks/{}", t.id), Default::default()),
         Some(Err(e)) => {
-            // The field it is about may be far above the button: it takes the focus (and
-            // comes into view), and the button's side names it too.
-            if let Some(id) = e.field.as_deref().and_then(input_id) {
-                live::focus(id);
-            }
+            reveal(e.field.as_deref());
             error.set(Some(e))
         }
         None => {}
@@ -358,7 +390,10 @@ fn SubmitForm() -> impl IntoView {
                     .unwrap_or(Value::Null);
                 submit.dispatch(body);
             }
-            Err(e) => error.set(Some(e)),
+            Err(e) => {
+                reveal(e.field.as_deref());
+                error.set(Some(e))
+            }
         }
     };
     let ferr = move |f: &'static str| {
@@ -477,16 +512,6 @@ fn SubmitForm() -> impl IntoView {
                     </div>
                     <Field label="GPUs per worker" id="gpu_count" kind="number" value=form.gpu_count error=count_err/>
                     <Field label="Workers" id="num_workers" value=form.workers error=ferr("num_workers") placeholder="4, or 2-8 to grow and shrink"/>
-                    <div class="field">
-                        <label for="launcher">"Start workers as"</label>
-                        <select id="launcher" prop:value=move || form.launcher.get() on:change=move |ev| form.launcher.set(event_target_value(&ev))>
-                            <option value="workers">"a process per worker (RANK, WORLD_SIZE, MASTER_ADDR set for env://)"</option>
-                            <option value="torchrun">"one torchrun per node (its options in PET_* variables)"</option>
-                            <option value="none">"one process per node (the command starts its workers)"</option>
-                        </select>
-                    </div>
-                    <Field label="Workers meet within" id="rendezvous_timeout" kind="text" value=form.rendezvous_timeout error=ferr("rendezvous_timeout") placeholder="10m (a gang that has not formed by then ends)"/>
-                    <Field label="GPU memory per GPU" id="gpu_memory" value=form.gpu_memory error=ferr("resources.gpu.memory") placeholder="whole GPU (or 20GiB)"/>
                     <Field label="CPU cores" id="cpu" kind="number" value=form.cpu error=ferr("resources.cpu") placeholder="1"/>
                     <Field label="RAM" id="memory" value=form.memory error=ferr("resources.memory") placeholder="4GiB"/>
                     <Field label="Data" id="data_path" value=form.data_path error=ferr("data_path") placeholder="s3://bucket/path or /datasets/…"/>
@@ -514,25 +539,16 @@ fn SubmitForm() -> impl IntoView {
                         <p class="hint">"Run once per node in the task's environment ($AUTODL_ENV_DIR, a virtualenv), after the requirements; later tasks with the same setup reuse it."</p>
                         <p class="field-error" id="setup-error" role="alert">{move || ferr("setup").get()}</p>
                     </div>
-                    <Field label="Batch size" id="batch_size" kind="number" value=form.batch_size error=ferr("batch_size") placeholder="the program's own"/>
-                    <Field label="Expected run time" id="estimated_runtime" kind="text" value=form.estimated_runtime error=ferr("estimated_runtime") placeholder="unknown, or e.g. 2h30m"/>
                     <Field label="Time limit" id="time_limit" kind="text" value=form.time_limit error=ferr("time_limit") placeholder="none, or e.g. 12h"/>
                     <div class="field" class:has-error=move || ferr("priority").get().is_some()>
                         <label for="priority">"Priority: " <strong>{move || form.priority.get()}</strong></label>
                         <input id="priority" type="range" min="0" max="1" step="0.05" bind:value=form.priority/>
                         <p class="field-error" role="alert">{move || ferr("priority").get()}</p>
                     </div>
-                    <Field label="Deadline" id="deadline" value=form.deadline error=ferr("deadline") placeholder="2026-12-24T18:00:00Z"/>
                     <Field label="Checkpoint every" id="checkpoint_interval" kind="text" value=form.ckpt_interval error=ferr("checkpoint.interval") placeholder="no checkpoints (e.g. 10m)"/>
-                    <Field label="Checkpoint destination" id="checkpoint_save_to" value=form.ckpt_to error=ferr("checkpoint.save_to") placeholder="s3://bucket/prefix"/>
-                    <Field label="Checkpoints kept" id="checkpoint_keep" kind="number" value=form.ckpt_keep error=ferr("checkpoint.keep") placeholder="platform default"/>
                     <Field label="Retries" id="max_retries" kind="number" value=form.retries error=ferr("retry_policy.max_retries")/>
                     <div class="field checks">
                         <label class="check"><input type="checkbox" id="oom_recovery" bind:checked=form.oom/>" Retry out-of-memory with half the batch size"</label>
-                        <label class="check"><input type="checkbox" id="global_batch" bind:checked=form.global_batch/>" The batch size is the global batch, shared among the workers"</label>
-                        <label class="check"><input type="checkbox" id="zone_same" bind:checked=form.zone_same/>" Keep all workers in one zone"</label>
-                        <label class="check"><input type="checkbox" id="high_bandwidth" prop:checked=move || form.bandwidth.get() == "high"
-                            on:change=move |ev| form.bandwidth.set(if event_target_checked(&ev) { "high" } else { "normal" }.into())/>" Needs a fast network between workers"</label>
                         <label class="check"><input type="checkbox" id="preemptible" bind:checked=form.preemptible/>" May be preempted (stopped at a checkpoint for more urgent work)"</label>
                         // Someone works in a session: it is not taken away unless they say so.
                         <label class="check"><input type="checkbox" id="session" prop:checked=move || form.session.get()
@@ -545,11 +561,40 @@ fn SubmitForm() -> impl IntoView {
                             }/>" Interactive session (a shell or notebook; stopped when its GPUs sit idle)"</label>
                     </div>
                     <Field label="Ports to reach (for notebooks, TensorBoard)" id="ports" value=form.ports error=ferr("ports") placeholder="none, or e.g. 8888, 6006"/>
+                    // Fields most tasks leave alone, folded away; open when one holds a value
+                    // (a cloned task's) or an error is about one.
+                    <details class="advanced wide" data-testid="advanced" prop:open=move || advanced.get()>
+                        // The signal decides (the browser's own toggle would leave it behind).
+                        <summary on:click=move |ev| { ev.prevent_default(); advanced.update(|a| *a = !*a); }>"Advanced: workers' start, GPU sharing, batch, deadline, checkpoints' place, order"</summary>
+                        <div class="task-form">
+                    <div class="field">
+                        <label for="launcher">"Start workers as"</label>
+                        <select id="launcher" prop:value=move || form.launcher.get() on:change=move |ev| form.launcher.set(event_target_value(&ev))>
+                            <option value="workers">"a process per worker (RANK, WORLD_SIZE, MASTER_ADDR set for env://)"</option>
+                            <option value="torchrun">"one torchrun per node (its options in PET_* variables)"</option>
+                            <option value="none">"one process per node (the command starts its workers)"</option>
+                        </select>
+                    </div>
+                    <Field label="Workers meet within" id="rendezvous_timeout" kind="text" value=form.rendezvous_timeout error=ferr("rendezvous_timeout") placeholder="10m (a gang that has not formed by then ends)"/>
+                    <Field label="GPU memory per GPU" id="gpu_memory" value=form.gpu_memory error=ferr("resources.gpu.memory") placeholder="whole GPU (or 20GiB)"/>
+                    <Field label="Batch size" id="batch_size" kind="number" value=form.batch_size error=ferr("batch_size") placeholder="the program's own"/>
+                    <Field label="Expected run time" id="estimated_runtime" kind="text" value=form.estimated_runtime error=ferr("estimated_runtime") placeholder="unknown, or e.g. 2h30m"/>
+                    <Field label="Deadline" id="deadline" value=form.deadline error=ferr("deadline") placeholder="2026-12-24T18:00:00Z"/>
+                    <Field label="Checkpoint destination" id="checkpoint_save_to" value=form.ckpt_to error=ferr("checkpoint.save_to") placeholder="s3://bucket/prefix"/>
+                    <Field label="Checkpoints kept" id="checkpoint_keep" kind="number" value=form.ckpt_keep error=ferr("checkpoint.keep") placeholder="platform default"/>
+                    <div class="field checks">
+                        <label class="check"><input type="checkbox" id="global_batch" bind:checked=form.global_batch/>" The batch size is the global batch, shared among the workers"</label>
+                        <label class="check"><input type="checkbox" id="zone_same" bind:checked=form.zone_same/>" Keep all workers in one zone"</label>
+                        <label class="check"><input type="checkbox" id="high_bandwidth" prop:checked=move || form.bandwidth.get() == "high"
+                            on:change=move |ev| form.bandwidth.set(if event_target_checked(&ev) { "high" } else { "normal" }.into())/>" Needs a fast network between workers"</label>
+                    </div>
                     <Field label="Start after (task ids)" id="after" value=form.after error=ferr("after") placeholder="none: start when it fits"/>
                     <div class="field checks">
                         <label class="check"><input type="checkbox" id="after_any" bind:checked=form.after_any/>" Start once they ended, even if one failed"</label>
                         <label class="check"><input type="checkbox" id="after_fail" bind:checked=form.after_fail/>" If one fails first, mark this task failed (not cancelled)"</label>
                     </div>
+                        </div>
+                    </details>
                     <div class="field" class:has-error=move || ferr("env").get().is_some()>
                         <label for="env">"Environment (KEY=value per line)"</label>
                         <textarea id="env" rows="3" placeholder="EPOCHS=10" bind:value=form.env></textarea>
@@ -588,6 +633,21 @@ fn SubmitForm() -> impl IntoView {
         </Transition>
     }
 }
+
+/// The inputs under "Advanced".
+const ADVANCED: [&str; 11] = [
+    "launcher",
+    "rendezvous_timeout",
+    "gpu_memory",
+    "batch_size",
+    "estimated_runtime",
+    "deadline",
+    "checkpoint_save_to",
+    "checkpoint_keep",
+    "global_batch",
+    "zone_same",
+    "after",
+];
 
 /// The form's input for a field the API names in an error.
 fn input_id(field: &str) -> Option<&'static str> {

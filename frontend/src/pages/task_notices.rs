@@ -207,6 +207,7 @@ pub(crate) mod tests {
             finished_at: None,
             gpu_seconds: 0.0,
             results: None,
+            summary: Default::default(),
         }
     }
 

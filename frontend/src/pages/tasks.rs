@@ -294,16 +294,16 @@ fn TaskList() -> impl IntoView {
                     on:change=move |ev| {
                         let (on, ids) = (event_target_checked(&ev), shown_ids());
                         selected.update(|s| for id in ids { if on { s.insert(id); } else { s.remove(&id); } });
-                    }/></th><th>"Name"</th><th>"State"</th><th>"GPUs"</th><th>"User"</th><th>"Labels"</th><th>"Created ↓"</th><th>"Ran for"</th><th>"Waiting"</th></tr></thead>
+                    }/></th><th>"Name"</th><th>"State"</th><th>"GPUs"</th><th>"User"</th><th>"Labels"</th><th>"Metrics"</th><th>"Created ↓"</th><th>"Ran for"</th><th>"Waiting"</th></tr></thead>
                 <tbody>
                 {move || match tasks.get() {
-                    None => view! { <tr><td colspan="9" class="muted">"Loading…"</td></tr> }.into_any(),
-                    Some(Err(_)) => view! { <tr><td colspan="9" class="muted">"—"</td></tr> }.into_any(),
+                    None => view! { <tr><td colspan="10" class="muted">"Loading…"</td></tr> }.into_any(),
+                    Some(Err(_)) => view! { <tr><td colspan="10" class="muted">"—"</td></tr> }.into_any(),
                     Some(Ok(page)) => {
                         let needle = current.get().search.to_lowercase();
                         let rows: Vec<Task> = page.items.into_iter().filter(|t| named(t, &needle)).collect();
                         if rows.is_empty() {
-                            return view! { <tr><td colspan="9" class="muted" data-testid="no-tasks">"No tasks match."</td></tr> }.into_any();
+                            return view! { <tr><td colspan="10" class="muted" data-testid="no-tasks">"No tasks match."</td></tr> }.into_any();
                         }
                         rows.into_iter().map(|t| {
                             let waiting = t.waiting.as_ref().map(|w| w.message.clone()).unwrap_or_default();
@@ -321,6 +321,7 @@ fn TaskList() -> impl IntoView {
                                     <td data-label="GPUs">{gpu_summary(&t.spec)}</td>
                                     <td data-label="User">{t.user_email.clone()}</td>
                                     <td data-label="Labels" class="labels" data-testid="task-labels">{t.spec.labels.iter().map(|(k, v)| view! { <span class="badge label">{format!("{k}={v}")}</span> }).collect_view()}</td>
+                                    <td data-label="Metrics" class="labels" data-testid="task-metrics" title=summary_title(&t)>{headline(&t).into_iter().map(|(k, v)| view! { <span class="badge metric">{format!("{k} {}", crate::plot::significant(v, 4))}</span> }).collect_view()}</td>
                                     <td data-label="Created"><Time at=t.created_at.clone()/></td>
                                     <td data-label="Ran for">{ran_for(&t).unwrap_or_default()}</td>
                                     <td data-label="Waiting" class="muted small">{waiting}</td>
@@ -365,4 +366,36 @@ pub fn ran_for(t: &Task) -> Option<String> {
         .and_then(time::parse_ms)
         .unwrap_or_else(time::now_ms);
     Some(time::duration((end - start) / 1000.0))
+}
+
+/// A task's summary in a row: its losses first, then accuracies, then the rest, at most three;
+/// counters (`step`, `epoch`) are left to its page.
+fn headline(t: &Task) -> Vec<(String, f64)> {
+    let rank = |k: &str| {
+        if k.contains("loss") {
+            0
+        } else if k.contains("acc") {
+            1
+        } else {
+            2
+        }
+    };
+    let mut shown: Vec<(String, f64)> = t
+        .summary
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "step" | "epoch" | "global_step"))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    shown.sort_by(|a, b| rank(&a.0).cmp(&rank(&b.0)).then_with(|| a.0.cmp(&b.0)));
+    shown.truncate(3);
+    shown
+}
+
+/// Every number of a task's summary, for the cell's tooltip.
+fn summary_title(t: &Task) -> String {
+    t.summary
+        .iter()
+        .map(|(k, v)| format!("{k} = {}", crate::plot::significant(*v, 6)))
+        .collect::<Vec<_>>()
+        .join("\n")
 }

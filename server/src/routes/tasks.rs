@@ -144,7 +144,8 @@ pub async fn list(
     } else {
         None
     };
-    let items = rows.into_iter().map(to_api).collect();
+    let mut items: Vec<Task> = rows.into_iter().map(to_api).collect();
+    task_history::summarize(&state, &mut items).await?;
     Ok(web::Json(TaskPage {
         items,
         next_cursor,
@@ -160,7 +161,10 @@ pub async fn show(
     id: web::Path<String>,
 ) -> Result<web::Json<Task>, ApiError> {
     let t = find(&state, &caller, &id).await?;
-    Ok(web::Json(to_api(t)))
+    let mut task = [to_api(t)];
+    task_history::summarize(&state, &mut task).await?;
+    let [task] = task;
+    Ok(web::Json(task))
 }
 
 /// The request that submits this task again as it was (`autodl export`, clone, retry): every

@@ -26,6 +26,13 @@ pub trait TaskJournal: Send + Sync {
         after: i64,
         limit: i64,
     ) -> StoreResult<Vec<MetricRecord>>;
+    /// The latest `per_task` reported samples of each of `ids`, as (task id, sample), each
+    /// task's oldest first.
+    async fn recent_metrics(
+        &self,
+        ids: &[String],
+        per_task: i64,
+    ) -> StoreResult<Vec<(String, MetricRecord)>>;
     /// The oldest `limit` reported samples in `[from, to]` (milliseconds), oldest first.
     async fn task_metrics_window(
         &self,

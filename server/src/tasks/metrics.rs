@@ -9,6 +9,25 @@ use autodl_common::tasks::MetricSample;
 use crate::domain::rfc3339;
 use crate::store::{GpuSampleRecord, MetricRecord};
 
+/// The latest value of each number in `reported` (oldest first): what a task's summary
+/// shows. Values that are not finite numbers are left out.
+pub fn latest<'a>(reported: impl IntoIterator<Item = &'a MetricRecord>) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for r in reported {
+        let Ok(values) =
+            serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&r.sample)
+        else {
+            continue;
+        };
+        for (k, v) in values {
+            if let Some(f) = v.as_f64().filter(|f| f.is_finite()) {
+                out.insert(k, f);
+            }
+        }
+    }
+    out
+}
+
 /// Samples by time: each reported record as it came, and one sample per GPU sampling instant
 /// with utilization averaged over the task's GPUs and memory summed (each GPU's own values
 /// kept as `gpu<i>_util` / `gpu<i>_mem`). `gpu` is ordered by time.
@@ -101,4 +120,32 @@ pub async fn window(
         lines: lines(&samples, budget),
         truncated,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_holds_each_number_s_latest_value() {
+        let rec = |at, sample: &str| MetricRecord {
+            at,
+            sample: sample.into(),
+        };
+        let reported = [
+            rec(1, r#"{"loss": 2.0, "step": 1, "lr": 0.1}"#),
+            rec(2, r#"{"val_loss": 1.5, "note": "x"}"#),
+            rec(3, r#"{"loss": 1.25, "step": 2}"#),
+            rec(4, "not json"),
+        ];
+        assert_eq!(
+            latest(&reported).into_iter().collect::<Vec<_>>(),
+            [
+                ("loss".to_owned(), 1.25),
+                ("lr".to_owned(), 0.1),
+                ("step".to_owned(), 2.0),
+                ("val_loss".to_owned(), 1.5)
+            ]
+        );
+    }
 }

@@ -89,5 +89,6 @@ pub fn to_api(t: TaskWithUser) -> Task {
         finished_at: t.task.finished_at.map(rfc3339),
         gpu_seconds: t.task.attained_gpu_seconds,
         results: t.task.results,
+        summary: Default::default(),
     }
 }

@@ -28,6 +28,30 @@ pub async fn list(
     Ok((rows, total))
 }
 
+/// How many of a task's latest reports its summary reads: enough for numbers reported apart
+/// (`loss` each step, `val_loss` each epoch), few enough for a page of 200 tasks.
+const SUMMARY_REPORTS: i64 = 50;
+
+/// Fills each task's summary: the latest value of each number it reported
+/// ([`crate::tasks::metrics::latest`]), in one read for all of them.
+pub async fn summarize(
+    state: &AppState,
+    tasks: &mut [autodl_common::tasks::Task],
+) -> Result<(), ApiError> {
+    let ids: Vec<String> = tasks.iter().map(|t| t.id.clone()).collect();
+    let mut by_task: std::collections::HashMap<String, Vec<MetricRecord>> =
+        std::collections::HashMap::new();
+    for (id, r) in state.store.recent_metrics(&ids, SUMMARY_REPORTS).await? {
+        by_task.entry(id).or_default().push(r);
+    }
+    for t in tasks {
+        if let Some(reported) = by_task.get(&t.id) {
+            t.summary = crate::tasks::metrics::latest(reported);
+        }
+    }
+    Ok(())
+}
+
 /// Cancels a task that has not finished (its resources are freed at the next cycle), and
 /// answers it as it is now.
 pub async fn cancel(

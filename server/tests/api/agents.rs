@@ -343,6 +343,28 @@ async fn tasks_flow_through_an_agent(b: Backend) {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    // Each reported number's latest value is the task's summary, in the list and on its own.
+    for report in [
+        json!({"loss": 2.5, "step": 1}),
+        json!({"val_loss": 1.75}),
+        json!({"loss": 1.25, "step": 2}),
+    ] {
+        let res = Client::new()
+            .post(app.url(&format!("/api/v1/tasks/{id}/metrics")))
+            .bearer_auth(token)
+            .json(&report)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    }
+    let summary = json!({"epoch": 1.0, "loss": 1.25, "step": 2.0, "val_loss": 1.75});
+    assert_eq!(
+        s.get(&app, &format!("/api/v1/tasks/{id}")).await["summary"],
+        summary
+    );
+    let listed = s.get(&app, "/api/v1/tasks").await;
+    assert_eq!(listed["items"][0]["summary"], summary, "{listed}");
 
     // An OOM: retried with the batch halved, as a new attempt.
     let res = agent

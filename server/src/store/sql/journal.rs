@@ -65,6 +65,25 @@ macro_rules! impl_journal {
                 .await?)
             }
 
+            async fn recent_metrics(&self, ids: &[String], per_task: i64) -> StoreResult<Vec<(String, MetricRecord)>> {
+                let mut out = Vec::new();
+                for chunk in ids.chunks(super::task_rows::INSERT_ROWS) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new(
+                        "SELECT task_id, at, sample FROM (SELECT task_id, at, sample, id, ROW_NUMBER() OVER (PARTITION BY task_id ORDER BY at DESC, id DESC) AS n FROM task_metrics WHERE task_id IN (",
+                    );
+                    let mut list = q.separated(", ");
+                    for id in chunk {
+                        list.push_bind(id);
+                    }
+                    q.push(")) AS recent WHERE n <= ");
+                    q.push_bind(per_task);
+                    q.push(" ORDER BY task_id, at, id");
+                    let rows: Vec<(String, i64, String)> = q.build_query_as().fetch_all(&self.pool).await?;
+                    out.extend(rows.into_iter().map(|(task, at, sample)| (task, MetricRecord { at, sample })));
+                }
+                Ok(out)
+            }
+
             async fn task_metrics_window(&self, id: &str, from: i64, to: i64, limit: i64) -> StoreResult<Vec<MetricRecord>> {
                 Ok(sqlx::query_as(
                     "SELECT at, sample FROM task_metrics WHERE task_id = $1 AND at >= $2 AND at <= $3
