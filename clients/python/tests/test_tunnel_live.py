@@ -248,3 +248,115 @@ def test_open_gives_a_link_to_the_app_on_its_own_origin(demo: LiveServer, sessio
     assert page.status_code == 200 and page.text == "hello from the task\n", page.text
     # The link was good once.
     assert httpx.get(to_server, headers=host).status_code == 401
+
+
+def test_ssh_and_its_port_forwarding_reach_the_session(demo: LiveServer, session, tmp_path):
+    """``autodl ssh-config`` gives plain ssh (and so VS Code Remote-SSH) a way in: commands
+    with their output, input and exit status, a terminal with ``-tt``, and ``-L`` to a
+    declared port, all through the server."""
+    import shutil
+
+    task, port = session
+    ssh = shutil.which("ssh")
+    if not ssh:
+        if os.environ.get("CI"):
+            pytest.fail("CI has an ssh client (openssh-client); this one has none")
+        pytest.skip("no ssh client on this machine")
+    env = demo.cli_env()
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    entry = subprocess.run(
+        [sys.executable, "-m", "autodl.cli", "ssh-config", f"#{task.info['number']}"]
+        + ["--name", "box"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert entry.returncode == 0, entry
+    assert entry.stdout.startswith("Host box\n") and "ProxyCommand" in entry.stdout, entry
+    config = tmp_path / "ssh_config"
+    config.write_text(entry.stdout)
+    base = [ssh, "-F", str(config), "-o", "BatchMode=yes"]
+
+    def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+        return subprocess.run(
+            base + list(args), input=stdin, env=env, capture_output=True, text=True, timeout=90
+        )
+
+    r = run("box", "echo hi $AUTODL_TASK_ID; echo oops >&2; exit 3")
+    assert (r.returncode, r.stdout) == (3, f"hi {task.id}\n"), r
+    assert "oops" in r.stderr, r
+    # Input reaches the command; the host key is known from the first connection on.
+    r = run("box", "cat", stdin="piped through ssh\n")
+    assert (r.returncode, r.stdout) == (0, "piped through ssh\n"), r
+    assert (tmp_path / "config" / "autodl" / "known_hosts").read_text().strip(), "host key kept"
+    # On a terminal.
+    r = run("-tt", "box", "[ -t 0 ] && [ -t 1 ] && echo on-a-terminal; echo TERM=$TERM")
+    assert r.returncode == 0 and "on-a-terminal" in r.stdout and "TERM=xterm" in r.stdout, r
+    # A local port forwarded to the task's declared port.
+    local = _free_port()
+    fwd = subprocess.Popen(
+        base + ["-N", "-L", f"{local}:localhost:{port}", "box"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def page():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=10) as p:
+                    return p.read().decode()
+            except OSError:
+                return None
+
+        assert _wait(page, what="the forwarded page") == "hello from the task\n"
+    finally:
+        fwd.terminate()
+        fwd.wait(timeout=20)
+    # Files copied with scp's own protocol (-O: the task runs scp, as over ssh).
+    local_file = tmp_path / "weights.txt"
+    local_file.write_text("copied over ssh\n")
+    r = subprocess.run(
+        [shutil.which("scp") or "scp", "-O", "-F", str(config), "-o", "BatchMode=yes"]
+        + [str(local_file), "box:/tmp/weights.txt"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert r.returncode == 0, r
+    assert run("box", "cat /tmp/weights.txt").stdout == "copied over ssh\n"
+    # A login shell reads its input.
+    r = run("-tt", "box", stdin="echo $((6*7)); exit 5\n")
+    assert r.returncode == 5 and "42" in r.stdout, r
+    # A port the task did not declare (an editor's own server, as VS Code's), started in the
+    # background by one command and still serving after it: reached through a relay.
+    other = _free_port()
+    r = run("box", f"cd /tmp && echo relayed > page.txt && nohup python3 -m http.server {other} "
+        "--bind 127.0.0.1 >/dev/null 2>&1 &")
+    assert r.returncode == 0, r
+    local = _free_port()
+    fwd = subprocess.Popen(
+        base + ["-N", "-L", f"{local}:localhost:{other}", "box"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def relayed():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{local}/page.txt", timeout=10) as p:
+                    return p.read().decode()
+            except OSError:
+                return None
+
+        assert _wait(relayed, what="the relayed page") == "relayed\n"
+    finally:
+        fwd.terminate()
+        fwd.wait(timeout=20)
+    kinds = [e["kind"] for e in task.events()]
+    assert "exec" in kinds and "port_forward" in kinds

@@ -772,6 +772,31 @@ def cmd_open(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_ssh_config(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    from .ssh import config_dir, config_entry, host_alias
+
+    task = client.get_task(args.id)
+    # Where ssh keeps the proxy's host key once it has seen it.
+    config_dir().mkdir(parents=True, exist_ok=True)
+    alias = args.name or host_alias(args.id)
+    out.write(config_entry(alias, task.id, client.base_url))
+    if out.isatty():
+        sys.stderr.write(
+            f"autodl: add it to ~/.ssh/config (autodl ssh-config {args.id} >> ~/.ssh/config),"
+            f" then: ssh {alias}, or VS Code's Remote-SSH on {alias}\n"
+        )
+    return 0
+
+
+def cmd_ssh_proxy(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    from .ssh import Proxy, host_key, serve_stdio
+
+    _until_running(client, args.id, args.wait)
+    task = client.get_task(args.id)
+    proxy = Proxy(client, task.id, _task_path, declared=task.info["spec"].get("ports") or [])
+    return serve_stdio(proxy, host_key())
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Connection options are accepted before or after the sub-command.
     common = argparse.ArgumentParser(add_help=False)
@@ -1017,6 +1042,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait", type=float, default=300, metavar="SECONDS", help="for a task not started yet"
     )
     p.set_defaults(func=cmd_port_forward)
+
+    p = sub.add_parser(
+        "ssh-config",
+        parents=[common],
+        help="an ~/.ssh/config entry that reaches the running task with ssh or VS Code",
+    )
+    p.add_argument("id")
+    p.add_argument("--name", help="the host name ssh knows it by (default autodl-<task>)")
+    p.set_defaults(func=cmd_ssh_config)
+
+    p = sub.add_parser(
+        "ssh-proxy",
+        parents=[common],
+        help="speak SSH on standard input and output for a task (the entry's ProxyCommand)",
+    )
+    p.add_argument("id")
+    p.add_argument(
+        "--wait", type=float, default=300, metavar="SECONDS", help="for a task not started yet"
+    )
+    p.set_defaults(func=cmd_ssh_proxy)
 
     p = sub.add_parser(
         "open",
