@@ -66,20 +66,24 @@ macro_rules! impl_journal {
             }
 
             async fn recent_metrics(&self, ids: &[String], per_task: i64) -> StoreResult<Vec<(String, MetricRecord)>> {
+                // One index range per task (its newest rows), joined: never a scan of a long
+                // run's whole history. SQLite takes at most 500 parts in one compound query.
                 let mut out = Vec::new();
-                for chunk in ids.chunks(super::task_rows::INSERT_ROWS) {
-                    let mut q = sqlx::QueryBuilder::<$db>::new(
-                        "SELECT task_id, at, sample FROM (SELECT task_id, at, sample, id, ROW_NUMBER() OVER (PARTITION BY task_id ORDER BY at DESC, id DESC) AS n FROM task_metrics WHERE task_id IN (",
-                    );
-                    let mut list = q.separated(", ");
-                    for id in chunk {
-                        list.push_bind(id);
+                for chunk in ids.chunks(100) {
+                    let mut q = sqlx::QueryBuilder::<$db>::new("SELECT task_id, at, sample, id FROM (");
+                    for (n, id) in chunk.iter().enumerate() {
+                        if n > 0 {
+                            q.push(" UNION ALL ");
+                        }
+                        q.push("SELECT * FROM (SELECT task_id, at, sample, id FROM task_metrics WHERE task_id = ");
+                        q.push_bind(id);
+                        q.push(" ORDER BY at DESC, id DESC LIMIT ");
+                        q.push_bind(per_task);
+                        q.push(format!(") AS t{n}"));
                     }
-                    q.push(")) AS recent WHERE n <= ");
-                    q.push_bind(per_task);
-                    q.push(" ORDER BY task_id, at, id");
-                    let rows: Vec<(String, i64, String)> = q.build_query_as().fetch_all(&self.pool).await?;
-                    out.extend(rows.into_iter().map(|(task, at, sample)| (task, MetricRecord { at, sample })));
+                    q.push(") AS recent ORDER BY task_id, at, id");
+                    let rows: Vec<(String, i64, String, i64)> = q.build_query_as().fetch_all(&self.pool).await?;
+                    out.extend(rows.into_iter().map(|(task, at, sample, _)| (task, MetricRecord { at, sample })));
                 }
                 Ok(out)
             }
