@@ -293,28 +293,33 @@ def test_ssh_and_its_port_forwarding_reach_the_session(demo: LiveServer, session
     # On a terminal.
     r = run("-tt", "box", "[ -t 0 ] && [ -t 1 ] && echo on-a-terminal; echo TERM=$TERM")
     assert r.returncode == 0 and "on-a-terminal" in r.stdout and "TERM=xterm" in r.stdout, r
+    def forwarded(remote: int, path: str) -> str:
+        """The page at ``path`` of the task's port ``remote``, through ``ssh -L``."""
+        local = _free_port()
+        fwd = subprocess.Popen(
+            base + ["-N", "-L", f"{local}:localhost:{remote}", "box"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+
+            def page():
+                try:
+                    url = f"http://127.0.0.1:{local}{path}"
+                    with urllib.request.urlopen(url, timeout=10) as p:
+                        return p.read().decode()
+                except OSError:
+                    return None
+
+            return _wait(page, what=f"the page of port {remote} through ssh")
+        finally:
+            fwd.terminate()
+            fwd.wait(timeout=20)
+
     # A local port forwarded to the task's declared port.
-    local = _free_port()
-    fwd = subprocess.Popen(
-        base + ["-N", "-L", f"{local}:localhost:{port}", "box"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-
-        def page():
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=10) as p:
-                    return p.read().decode()
-            except OSError:
-                return None
-
-        assert _wait(page, what="the forwarded page") == "hello from the task\n"
-    finally:
-        fwd.terminate()
-        fwd.wait(timeout=20)
+    assert forwarded(port, "/") == "hello from the task\n"
     # Files copied with scp's own protocol (-O: the task runs scp, as over ssh).
     local_file = tmp_path / "weights.txt"
     local_file.write_text("copied over ssh\n")
@@ -337,26 +342,6 @@ def test_ssh_and_its_port_forwarding_reach_the_session(demo: LiveServer, session
     r = run("box", f"cd /tmp && echo relayed > page.txt && nohup python3 -m http.server {other} "
         "--bind 127.0.0.1 >/dev/null 2>&1 &")
     assert r.returncode == 0, r
-    local = _free_port()
-    fwd = subprocess.Popen(
-        base + ["-N", "-L", f"{local}:localhost:{other}", "box"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-
-        def relayed():
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{local}/page.txt", timeout=10) as p:
-                    return p.read().decode()
-            except OSError:
-                return None
-
-        assert _wait(relayed, what="the relayed page") == "relayed\n"
-    finally:
-        fwd.terminate()
-        fwd.wait(timeout=20)
+    assert forwarded(other, "/page.txt") == "relayed\n"
     kinds = [e["kind"] for e in task.events()]
     assert "exec" in kinds and "port_forward" in kinds

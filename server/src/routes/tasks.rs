@@ -161,9 +161,8 @@ pub async fn show(
     id: web::Path<String>,
 ) -> Result<web::Json<Task>, ApiError> {
     let t = find(&state, &caller, &id).await?;
-    let mut task = [to_api(t)];
-    task_history::summarize(&state, &mut task).await?;
-    let [task] = task;
+    let mut task = to_api(t);
+    task_history::summarize(&state, std::slice::from_mut(&mut task)).await?;
     Ok(web::Json(task))
 }
 

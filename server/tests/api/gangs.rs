@@ -205,7 +205,7 @@ async fn four_workers_on_one_node_train_as_one_group() {
 }
 
 /// The task's results archive as it is downloaded: each file's path and text.
-async fn result_files(app: &TestApp, s: &Session, id: &str) -> BTreeMap<String, String> {
+pub async fn result_files(app: &TestApp, s: &Session, id: &str) -> BTreeMap<String, String> {
     let archive = s
         .send(
             app,

@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::agents::FakeAgent;
 use crate::e2e::{log_text, start_agent, submit, wait_for};
+use crate::gangs::result_files;
 use crate::helpers::{assert_error, spawn_app_with, Backend, Session, TestApp};
 use crate::s3_server;
 
@@ -936,34 +937,6 @@ head -c 200000 /dev/zero | tr '\0' 'x' > "$AUTODL_RESULTS_DIR/plots/loss.csv"
     }
 }
 
-/// The files of one task's results, by path.
-async fn results_of(
-    app: &TestApp,
-    s: &Session,
-    id: &str,
-) -> std::collections::BTreeMap<String, String> {
-    let r = s
-        .send(
-            app,
-            Method::GET,
-            &format!("/api/v1/tasks/{id}/results"),
-            None,
-        )
-        .await;
-    assert_eq!(r.status(), StatusCode::OK, "{id}");
-    let tar = r.bytes().await.unwrap();
-    let mut archive = tar::Archive::new(tar.as_ref());
-    let mut got = std::collections::BTreeMap::new();
-    for e in archive.entries().unwrap() {
-        let mut e = e.unwrap();
-        let path = e.path().unwrap().display().to_string();
-        let mut body = String::new();
-        std::io::Read::read_to_string(&mut e, &mut body).unwrap();
-        got.insert(path, body);
-    }
-    got
-}
-
 /// A run that fails, or that its time limit stops, keeps what it left in its results folder
 /// as a completed one does (a failed run's files often say why): a retried task has its last
 /// attempt's.
@@ -986,7 +959,7 @@ async fn the_results_of_failed_and_timed_out_runs_are_kept(b: Backend) {
     assert_eq!(t["state"], "failed", "{t}");
     assert_eq!(t["attempts"], 2, "{t}");
     assert_eq!(
-        results_of(&app, &s, &id).await["why.txt"],
+        result_files(&app, &s, &id).await["why.txt"],
         "attempt 2 diverged at step 7\n",
         "the last attempt's results"
     );
@@ -1002,7 +975,7 @@ async fn the_results_of_failed_and_timed_out_runs_are_kept(b: Backend) {
     .await;
     let t = wait_for(&app, &s, &id, &["timed_out", "failed", "completed"], 60).await;
     assert_eq!(t["state"], "timed_out", "{t}");
-    assert_eq!(results_of(&app, &s, &id).await["curve.csv"], "partial\n");
+    assert_eq!(result_files(&app, &s, &id).await["curve.csv"], "partial\n");
 
     // Without results: said plainly, whatever the end.
     let id = submit(

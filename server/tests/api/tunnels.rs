@@ -284,6 +284,20 @@ pub async fn read_until(ws: &mut Ws, want: &str, secs: u64) -> String {
     seen
 }
 
+/// What `files` in the task say, read twice half a second apart (after half a second): a
+/// background loop that writes the time into them changes them in between.
+async fn two_reads(app: &TestApp, s: &Session, id: &str, files: &str) -> (String, String) {
+    let path = exec_path(id, &["sh", "-c", &format!("cat {files}")]);
+    let mut reads = Vec::new();
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut ws = connect(app, s, &path).await.unwrap();
+        reads.push(read_to_end(&mut ws, 20).await.stdout);
+    }
+    let second = reads.pop().unwrap();
+    (reads.pop().unwrap(), second)
+}
+
 pub fn exec_path(id: &str, argv: &[&str]) -> String {
     let command = serde_json::to_string(argv).unwrap();
     let q: String = url_escape(&command);
@@ -425,15 +439,7 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
         "the shell's exit ended the tunnel only after {:?}",
         at.elapsed()
     );
-    let alive_path = exec_path(&id, &["sh", "-c", "cat \"$HOME/alive\""]);
-    let alive = || async {
-        let mut ws = connect(&app, &ada, &alive_path).await.unwrap();
-        read_to_end(&mut ws, 20).await.stdout
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let first = alive().await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let second = alive().await;
+    let (first, second) = two_reads(&app, &ada, &id, "\"$HOME/alive\"").await;
     assert!(
         !first.trim().is_empty() && first != second,
         "the shell's background process stopped with it: {first:?} then {second:?}"
@@ -455,15 +461,7 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
         "the exec ended only after {:?}",
         at.elapsed()
     );
-    let served_path = exec_path(&id, &["sh", "-c", "cat \"$HOME/served\""]);
-    let served = || async {
-        let mut ws = connect(&app, &ada, &served_path).await.unwrap();
-        read_to_end(&mut ws, 20).await.stdout
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let first = served().await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let second = served().await;
+    let (first, second) = two_reads(&app, &ada, &id, "\"$HOME/served\"").await;
     assert!(
         !first.trim().is_empty() && first != second,
         "the exec's background process stopped with it: {first:?} then {second:?}"
@@ -478,15 +476,8 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(800)).await;
     drop(ws);
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let both_path = exec_path(&id, &["sh", "-c", "cat \"$HOME/fg\" \"$HOME/bg\""]);
-    let both = || async {
-        let mut ws = connect(&app, &ada, &both_path).await.unwrap();
-        read_to_end(&mut ws, 20).await.stdout
-    };
-    let first = both().await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let second = both().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (first, second) = two_reads(&app, &ada, &id, "\"$HOME/fg\" \"$HOME/bg\"").await;
     assert!(
         first.lines().count() == 2 && first == second,
         "a command left before its end still runs: {first:?} then {second:?}"
