@@ -5,7 +5,7 @@
 //! An upload first snapshots the folder (hard links, so the task may keep writing new files),
 //! then sends each file and commits; the server makes a checkpoint visible only at the commit.
 
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -350,9 +350,15 @@ pub async fn restore(
     backoff: &mut Backoff,
     cancel: &CancellationToken,
 ) -> Result<u64, TransferError> {
-    let tmp = dir.with_extension("restoring");
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp)?;
+    // Downloaded into a folder of its own beside `dir`, removed if anything fails, and
+    // swapped in only complete.
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent)?;
+    let staging = tempfile::Builder::new()
+        .prefix(".autodl-restoring.")
+        .permissions(std::fs::Permissions::from_mode(0o755))
+        .tempdir_in(parent)?;
+    let tmp = staging.path();
     let mut bytes = 0;
     for f in &r.files {
         let Some(rel) = safe_rel(&f.path) else {
@@ -373,9 +379,8 @@ pub async fn restore(
         })
         .await?;
     }
-    // Swap in the complete download only.
     let _ = std::fs::remove_dir_all(dir);
-    std::fs::rename(&tmp, dir)?;
+    std::fs::rename(staging.keep(), dir)?;
     Ok(bytes)
 }
 
@@ -411,9 +416,13 @@ pub async fn fetch_data(
     if std::fs::read_to_string(&stamp_file).ok().as_deref() == Some(stamp.as_str()) {
         return Ok((dir, true));
     }
-    let tmp = cache_root.join(format!("{key}.partial"));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp)?;
+    std::fs::create_dir_all(cache_root)?;
+    let staging = tempfile::Builder::new()
+        .prefix(&format!("{key}.partial."))
+        // Readable by the tasks it is mounted into, as any folder the agent makes.
+        .permissions(std::fs::Permissions::from_mode(0o755))
+        .tempdir_in(cache_root)?;
+    let tmp = staging.path();
     for f in &manifest.files {
         let Some(rel) = safe_rel(&f.path) else {
             continue;
@@ -431,7 +440,7 @@ pub async fn fetch_data(
     }
     std::fs::write(tmp.join(".autodl-manifest.json"), stamp)?;
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::rename(&tmp, &dir)?;
+    std::fs::rename(staging.keep(), &dir)?;
     Ok((dir, false))
 }
 

@@ -299,16 +299,21 @@ impl ServerClient {
             .send()
             .await?;
         let resp = Self::check(resp).await?;
-        if let Some(parent) = dest.parent() {
-            tokio::fs::create_dir_all(parent).await.map_err(io)?;
-        }
-        // A name of its own: two downloads to one place (tasks sharing a file) never write
-        // into each other's temporary file, and the last rename wins whole.
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = dest
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        tokio::fs::create_dir_all(dir).await.map_err(io)?;
+        // A file of its own beside the destination (two downloads to one place never write
+        // into each other's, and the last rename wins whole), removed when dropped: a transfer
+        // that breaks, fails to write or is abandoned leaves nothing on the node's disk.
         let name = dest.file_name().unwrap_or_default().to_string_lossy();
-        let tmp = dest.with_file_name(format!("{name}.{}-{n}.autodl-part", std::process::id()));
-        let mut out = tokio::fs::File::create(&tmp).await.map_err(io)?;
+        let part = tempfile::Builder::new()
+            .prefix(&format!("{name}."))
+            .suffix(".autodl-part")
+            .tempfile_in(dir)
+            .map_err(io)?;
+        let mut out = tokio::fs::File::from_std(part.as_file().try_clone().map_err(io)?);
         let mut n = 0u64;
         let mut stream = resp.bytes_stream();
         while let Some(chunk) = stream.next().await {
@@ -318,7 +323,7 @@ impl ServerClient {
         }
         out.flush().await.map_err(io)?;
         drop(out);
-        tokio::fs::rename(&tmp, dest).await.map_err(io)?;
+        part.persist(dest).map_err(|e| io(e.error))?;
         Ok(n)
     }
 
@@ -351,17 +356,7 @@ fn task_path(task_id: &str, what: &str) -> String {
 }
 
 /// Percent-encodes everything but unreserved characters, so any task id is one path segment.
-pub fn encode_segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
+pub use autodl_common::uri::encode_component as encode_segment;
 
 #[cfg(test)]
 mod tests {
@@ -409,6 +404,37 @@ mod tests {
             .await
             .unwrap_err();
         assert!(e.is_transient(), "{e}");
+    }
+
+    /// A download whose connection breaks halfway leaves no partial file behind: retries
+    /// would otherwise pile one up per try on the node's disk.
+    #[tokio::test]
+    async fn a_broken_download_leaves_nothing_behind() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = tokio::io::AsyncReadExt::read(&mut conn, &mut buf).await;
+                let head = "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n";
+                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.write_all(&[7u8; 5000]).await;
+                // Closed before the promised length: the stream ends in an error.
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("sub").join("data.bin");
+        let c = ServerClient::new(&format!("http://{addr}")).unwrap();
+        for _ in 0..3 {
+            assert!(c.download("files/x", &dest).await.is_err());
+        }
+        let left: Vec<_> = std::fs::read_dir(dest.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "left behind: {left:?}");
+        server.abort();
     }
 
     /// A poll whose answer never comes (the server took the connection and went quiet) is

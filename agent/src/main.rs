@@ -156,29 +156,13 @@ fn parse_uid_range(s: &str) -> Result<std::ops::RangeInclusive<u32>, String> {
     Ok(a..=b)
 }
 
+/// A positive length of time, in the grammar task specs use ("5s", "500ms", "3d", seconds).
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60.0)
-    } else if let Some(n) = s.strip_suffix('h') {
-        (n, 3600.0)
-    } else if let Some(n) = s.strip_suffix('d') {
-        (n, 86400.0)
-    } else {
-        (s, 1.0)
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("bad duration {s:?} (try 5s or 500ms)"))?;
-    if !(v.is_finite() && v > 0.0) {
+    let d = autodl_common::units::parse_duration(s)?;
+    if d.is_zero() {
         return Err(format!("duration must be positive: {s:?}"));
     }
-    Ok(Duration::from_secs_f64(v * mult))
+    Ok(d)
 }
 
 async fn pick_runtime(

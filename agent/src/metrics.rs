@@ -3,10 +3,13 @@
 
 use std::collections::HashMap;
 
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
 use prometheus::{
     Encoder, GaugeVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -131,11 +134,13 @@ impl AgentMetrics {
     }
 }
 
-/// A deliberately minimal HTTP/1.0-style server: one request per connection, `GET /metrics`
-/// only. Prometheus needs nothing more, and it avoids a web framework in the agent.
+/// Serves `GET /metrics` (and `HEAD`) over HTTP/1.1 with hyper's server: keep-alive, pipelining
+/// and the protocol's corners come from a maintained implementation, and a client that sends
+/// nothing is dropped after a few seconds. Anything else is a 404 (405 for another method on
+/// `/metrics`).
 pub async fn serve(listener: TcpListener, metrics: AgentMetrics, shutdown: CancellationToken) {
     loop {
-        let (mut conn, _) = tokio::select! {
+        let (conn, _) = tokio::select! {
             _ = shutdown.cancelled() => return,
             r = listener.accept() => match r {
                 Ok(c) => c,
@@ -147,47 +152,96 @@ pub async fn serve(listener: TcpListener, metrics: AgentMetrics, shutdown: Cance
             },
         };
         let metrics = metrics.clone();
+        let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let mut head = Vec::with_capacity(1024);
-            let mut buf = [0u8; 1024];
-            let read = tokio::time::timeout(std::time::Duration::from_secs(5), async {
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-                    match conn.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
+            let service = hyper::service::service_fn(move |req| {
+                let answer = respond(&req, &metrics);
+                async move { Ok::<_, std::convert::Infallible>(answer) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(5))
+                .serve_connection(hyper_util::rt::TokioIo::new(conn), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
                 }
-            })
-            .await;
-            if read.is_err() {
-                return;
             }
-            let first = String::from_utf8_lossy(&head);
-            let mut parts = first.split_whitespace();
-            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-            let path = path.split('?').next().unwrap_or("");
-            let (status, ctype, body) = if method == "GET" && path == "/metrics" {
-                (
-                    "200 OK",
-                    "text/plain; version=0.0.4; charset=utf-8",
-                    metrics.render(),
-                )
-            } else {
-                ("404 Not Found", "text/plain", "not found\n".to_string())
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = conn.write_all(resp.as_bytes()).await;
-            let _ = conn.shutdown().await;
         });
     }
+}
+
+fn respond<B>(req: &Request<B>, metrics: &AgentMetrics) -> Response<Full<Bytes>> {
+    let text = |status: StatusCode, body: String| {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        *r.status_mut() = status;
+        r
+    };
+    if req.uri().path() != "/metrics" {
+        return text(StatusCode::NOT_FOUND, "not found\n".into());
+    }
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD\n".into());
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    // hyper leaves out the body of an answer to HEAD and keeps its length.
+    let mut r = text(StatusCode::OK, metrics.render());
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Sends one request on `c` and reads its answer whole (by its Content-Length; none for
+    /// HEAD): status, head and body.
+    async fn exchange(
+        c: &mut tokio::net::TcpStream,
+        method: &str,
+        path: &str,
+        extra: &str,
+    ) -> (u16, String, String) {
+        let request = format!("{method} {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n");
+        c.write_all(request.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let n = c.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed before an answer");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        let status = head[9..12].parse().unwrap();
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().unwrap())
+            })
+            .unwrap_or(0);
+        let length = if method == "HEAD" { 0 } else { length };
+        while buf.len() < end + length {
+            let n = c.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed mid-body");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let body = String::from_utf8_lossy(&buf[end..end + length]).into_owned();
+        (status, head, body)
+    }
 
     #[tokio::test]
     async fn exposes_metrics_over_http() {
@@ -218,17 +272,12 @@ mod tests {
         let stop = CancellationToken::new();
         let server = tokio::spawn(serve(listener, m, stop.clone()));
 
-        let get = |path: &'static str| async move {
-            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-            c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-                .await
-                .unwrap();
-            let mut out = String::new();
-            c.read_to_string(&mut out).await.unwrap();
-            out
-        };
-        let body = get("/metrics").await;
-        assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+        // One connection, four requests: keep-alive, HEAD, another method, and a 404 that
+        // closes it.
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (status, head, body) = exchange(&mut c, "GET", "/metrics", "").await;
+        assert_eq!(status, 200, "{head}");
+        assert!(head.contains("text/plain; version=0.0.4"), "{head}");
         for want in [
             r#"autodl_agent_gpu_utilization{gpu="0",type="A40",node="n1"} 0.5"#,
             r#"autodl_agent_gpu_memory_used_bytes{gpu="0",type="A40",node="n1"} 40"#,
@@ -238,7 +287,20 @@ mod tests {
         ] {
             assert!(body.contains(want), "{want} missing in\n{body}");
         }
-        assert!(get("/other").await.starts_with("HTTP/1.1 404"));
+        let (status, head, body) = exchange(&mut c, "HEAD", "/metrics?x=1", "").await;
+        assert_eq!(status, 200, "{head}");
+        assert!(body.is_empty(), "{body}");
+        assert!(
+            head.to_ascii_lowercase().contains("content-length: "),
+            "{head}"
+        );
+        let (status, head, _) = exchange(&mut c, "POST", "/metrics", "").await;
+        assert_eq!(status, 405, "{head}");
+        let (status, _, _) = exchange(&mut c, "GET", "/other", "Connection: close\r\n").await;
+        assert_eq!(status, 404);
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "the connection was closed as asked");
         stop.cancel();
         server.await.unwrap();
     }

@@ -2,7 +2,7 @@
 //! with mode 0600 and replaced atomically (a crash never leaves half a credential).
 
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -46,21 +46,18 @@ pub fn load_credential(state_dir: &Path) -> Option<SavedCredential> {
 pub fn save_credential(state_dir: &Path, cred: &SavedCredential) -> Result<(), AgentError> {
     std::fs::create_dir_all(state_dir).map_err(state_err(state_dir))?;
     let path = credential_path(state_dir);
-    let tmp = state_dir.join(format!(".{CREDENTIAL_FILE}.tmp"));
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(state_err(&tmp))?;
+    // Written beside the credential and renamed over it whole: a crash mid-write keeps the old
+    // one. The temporary file is made owner-only (0600) and is removed if anything fails.
+    let mut f = tempfile::Builder::new()
+        .prefix(&format!(".{CREDENTIAL_FILE}."))
+        .permissions(std::fs::Permissions::from_mode(0o600))
+        .tempfile_in(state_dir)
+        .map_err(state_err(state_dir))?;
     let body = serde_json::to_vec_pretty(cred).unwrap_or_default();
-    f.write_all(&body).map_err(state_err(&tmp))?;
-    f.sync_all().map_err(state_err(&tmp))?;
-    // The umask cannot widen 0600, but be explicit in case the file pre-existed.
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
-        .map_err(state_err(&tmp))?;
-    std::fs::rename(&tmp, &path).map_err(state_err(&path))
+    f.write_all(&body).map_err(state_err(f.path()))?;
+    f.as_file().sync_all().map_err(state_err(f.path()))?;
+    f.persist(&path).map_err(|e| state_err(&path)(e.error))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -382,7 +382,9 @@ pub struct ProgressReport {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[derive(strum::IntoStaticStr, strum::EnumString, strum::VariantArray)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Stream {
     Stdout,
     Stderr,
@@ -390,10 +392,7 @@ pub enum Stream {
 
 impl Stream {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Stream::Stdout => "stdout",
-            Stream::Stderr => "stderr",
-        }
+        self.into()
     }
 }
 
@@ -461,7 +460,9 @@ pub struct NotKeptReport {
 /// Why a run ended, as its agent saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[derive(strum::IntoStaticStr, strum::EnumString, strum::VariantArray)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum ExitReason {
     Success,
     Error,
@@ -472,12 +473,7 @@ pub enum ExitReason {
 
 impl ExitReason {
     pub fn as_str(self) -> &'static str {
-        match self {
-            ExitReason::Success => "success",
-            ExitReason::Error => "error",
-            ExitReason::Oom => "oom",
-            ExitReason::Stopped => "stopped",
-        }
+        self.into()
     }
 }
 

@@ -42,7 +42,9 @@ pub struct CodeBundle {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[derive(strum::IntoStaticStr, strum::EnumString, strum::VariantArray)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Role {
     Owner,
     Admin,
@@ -51,20 +53,11 @@ pub enum Role {
 
 impl Role {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Owner => "owner",
-            Role::Admin => "admin",
-            Role::Member => "member",
-        }
+        self.into()
     }
 
     pub fn parse(s: &str) -> Option<Role> {
-        match s {
-            "owner" => Some(Role::Owner),
-            "admin" => Some(Role::Admin),
-            "member" => Some(Role::Member),
-            _ => None,
-        }
+        s.parse().ok()
     }
 
     /// Owners and admins manage their tenant's members, invitations and quotas.

@@ -255,7 +255,9 @@ pub struct Affinity {
 /// past its organization's session length, or sits idle.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[derive(strum::IntoStaticStr, strum::EnumString, strum::VariantArray)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum TaskKind {
     #[default]
     Batch,
@@ -264,17 +266,16 @@ pub enum TaskKind {
 
 impl TaskKind {
     pub fn as_str(self) -> &'static str {
-        match self {
-            TaskKind::Batch => "batch",
-            TaskKind::Session => "session",
-        }
+        self.into()
     }
 }
 
 /// How a task's workers are started on each of its nodes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[derive(strum::IntoStaticStr, strum::EnumString, strum::VariantArray)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Launcher {
     /// A process per worker, each with its own GPUs and the variables of
     /// `torch.distributed`'s `env://` (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, ...), as a Kubeflow
@@ -291,11 +292,7 @@ pub enum Launcher {
 
 impl Launcher {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Launcher::Workers => "workers",
-            Launcher::Torchrun => "torchrun",
-            Launcher::None => "none",
-        }
+        self.into()
     }
 }
 
@@ -691,7 +688,9 @@ pub struct Sweep {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
-#[serde(rename_all = "lowercase")]
+#[derive(strum::IntoStaticStr, strum::EnumString, strum::VariantArray)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum TaskState {
     Pending,
     Scheduled,
@@ -700,35 +699,18 @@ pub enum TaskState {
     Failed,
     Cancelled,
     /// A run lasted its `time_limit` and was stopped.
-    #[serde(rename = "timed_out")]
     TimedOut,
 }
 
 impl TaskState {
-    pub const ALL: [TaskState; 7] = [
-        TaskState::Pending,
-        TaskState::Scheduled,
-        TaskState::Running,
-        TaskState::Completed,
-        TaskState::Failed,
-        TaskState::Cancelled,
-        TaskState::TimedOut,
-    ];
+    pub const ALL: &'static [TaskState] = <TaskState as strum::VariantArray>::VARIANTS;
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            TaskState::Pending => "pending",
-            TaskState::Scheduled => "scheduled",
-            TaskState::Running => "running",
-            TaskState::Completed => "completed",
-            TaskState::Failed => "failed",
-            TaskState::Cancelled => "cancelled",
-            TaskState::TimedOut => "timed_out",
-        }
+        self.into()
     }
 
     pub fn parse(s: &str) -> Option<TaskState> {
-        TaskState::ALL.into_iter().find(|t| t.as_str() == s)
+        s.parse().ok()
     }
 
     /// Pending, scheduled or running: the scheduler still acts on it.

@@ -6,17 +6,7 @@
 /// Where the API lives.
 pub const API: &str = "/api/v1";
 
-/// Percent-encodes one path segment or query value.
-pub fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
+pub use autodl_common::uri::{encode_component as encode, query};
 
 macro_rules! paths {
     ($($(#[$doc:meta])* $name:ident($($arg:ident),*) => $template:literal;)*) => {

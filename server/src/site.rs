@@ -136,10 +136,14 @@ impl Loopback {
                 .headers()
                 .get_all(actix_web::http::header::COOKIE)
                 .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(';'))
-                .map(str::trim)
-                .filter(|c| !c.is_empty())
-                .filter(|c| renewed.is_none() || !is_session_cookie(c))
+                .flat_map(crate::auth::cookies::pieces)
+                .filter(|c| {
+                    renewed.is_none()
+                        || !crate::auth::cookies::is_one_of(
+                            c,
+                            &[crate::auth::session::SESSION_COOKIE],
+                        )
+                })
                 .map(str::to_owned)
                 .collect();
             all.extend(renewed);
@@ -237,11 +241,6 @@ async fn bundle_file(
         header::HeaderValue::from_static("accept-encoding"),
     );
     Ok(res)
-}
-
-fn is_session_cookie(pair: &str) -> bool {
-    pair.split_once('=')
-        .is_some_and(|(name, _)| name.trim() == crate::auth::session::SESSION_COOKIE)
 }
 
 #[derive(Clone)]

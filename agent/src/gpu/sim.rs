@@ -74,7 +74,10 @@ pub fn parse_simulate_spec(spec: &str) -> Result<Vec<SimulatedGpu>, GpuError> {
                 if name.is_empty() {
                     return Err(GpuError::Spec(format!("missing GPU type in {item:?}")));
                 }
-                let memory = parse_size(size.trim())
+                // The grammar of task specs: `24G` is 24 GiB, `24GB` 24 x 10^9 bytes.
+                let memory = autodl_common::units::parse_size(size)
+                    .ok()
+                    .filter(|&m| m > 0)
                     .ok_or_else(|| GpuError::Spec(format!("bad memory size in {item:?}")))?;
                 let power_w = lookup(name).map_or(300.0, |k| k.2);
                 SimulatedGpu {
@@ -104,28 +107,6 @@ pub fn parse_simulate_spec(spec: &str) -> Result<Vec<SimulatedGpu>, GpuError> {
 
 fn lookup(name: &str) -> Option<&'static (&'static str, u64, f64)> {
     KNOWN.iter().find(|k| k.0.eq_ignore_ascii_case(name))
-}
-
-fn parse_size(s: &str) -> Option<u64> {
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let num: f64 = num.parse().ok()?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        "kib" => 1 << 10,
-        "mib" => 1 << 20,
-        "gib" | "g" => 1 << 30,
-        "tib" => 1 << 40,
-        _ => return None,
-    };
-    let bytes = num * mult as f64;
-    (bytes >= 1.0 && bytes.is_finite()).then_some(bytes as u64)
 }
 
 /// Deterministic simulated GPUs: given the seed, the same allocations and the same instants,

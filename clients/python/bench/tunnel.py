@@ -2,8 +2,8 @@
 that ``scripts/run.sh`` serves): a session runs a TCP echo server on a declared port, and the
 same exchanges go to it directly and through ``/api/v1/tasks/{id}/ports/{port}`` (person ->
 server -> agent -> port and back). Reports the time to open a tunnel, the round trip of a
-small message (median and p99; the difference is what the tunnel adds) and the throughput of
-an echoed stream.
+small message (median and p99; the difference is what the tunnel adds), the throughput of
+an echoed stream, and the round trip of ``autodl exec`` (``true`` run in the session).
 
     scripts/bench-tunnel.sh              # builds the server, then runs this
 """
@@ -120,6 +120,7 @@ def main() -> int:
     ap.add_argument("--round-trips", type=int, default=2000)
     ap.add_argument("--megabytes", type=int, default=64)
     ap.add_argument("--opens", type=int, default=20)
+    ap.add_argument("--execs", type=int, default=20)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="autodl-bench-"))
     code = tmp / "task-code"
@@ -159,6 +160,12 @@ def main() -> int:
         direct_bps = direct_throughput(echo_port, total)
         tunnel_bps = tunnel_throughput(ws, total)
         ws.close()
+        execs = []
+        for _ in range(args.execs):
+            t = time.perf_counter()
+            result = task.exec(["true"])
+            execs.append(time.perf_counter() - t)
+            assert result.exit_code == 0, result
         ms = 1000.0
         print(
             f"tunnel open + first echo: median {statistics.median(opens) * ms:.1f} ms "
@@ -174,6 +181,11 @@ def main() -> int:
         print(
             f"echoed stream of {args.megabytes} MiB: direct {direct_bps / 1e6:.0f} MB/s, "
             f"through the tunnel {tunnel_bps / 1e6:.0f} MB/s"
+        )
+        print(
+            f"exec of `true` (open, run, exit code back): median "
+            f"{statistics.median(execs) * ms:.1f} ms (max {max(execs) * ms:.1f} ms, "
+            f"{args.execs} execs)"
         )
         task.cancel()
     return 0

@@ -429,3 +429,35 @@ def test_log_markers_show_retries_and_ranks():
         "[rank 1] worker two",
     ]
     assert list(_marked(records, False)) == ["start", "oom", "again", "worker two"]
+
+
+def test_event_streams_are_read_as_the_sse_specification_says():
+    body = (
+        ": a comment keeps the connection open\r\n\r\n"
+        "retry: 10000\n\n"
+        'event: line\ndata: {"seq": 1,\ndata: "line": "a"}\n\n'
+        'data:{"seq":2,"line":"b"}\r\n\r\n'
+        'id: 3\rdata: {"seq": 3, "line": "c"}\r\r'
+        "data: not json\n\n"
+        "event: end\ndata: {}\n\n"
+        'data: {"seq": 4, "line": "never finished"}'
+    )
+
+    def handler(req):
+        assert req.headers["accept"] == "text/event-stream"
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    c = client_for(handler)
+    events = list(c._http.sse("/api/v1/tasks/t1/logs/stream"))
+    assert events == [
+        ("line", {"seq": 1, "line": "a"}),
+        ("message", {"seq": 2, "line": "b"}),
+        ("message", {"seq": 3, "line": "c"}),
+        ("end", {}),
+    ]
+
+
+def test_a_page_instead_of_an_event_stream_is_a_connection_error():
+    c = client_for(lambda req: httpx.Response(200, headers={"content-type": "text/html"}, text="<p>"))
+    with pytest.raises(autodl.AutodlConnectionError):
+        list(c._http.sse("/api/v1/tasks/t1/logs/stream"))

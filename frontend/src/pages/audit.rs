@@ -35,15 +35,16 @@ pub fn AuditPage() -> impl IntoView {
 
 /// `key=value&…` of the filters that are set, encoded.
 fn filter_query(get: impl Fn(&str) -> Option<String>) -> String {
-    FILTERS
+    let set: Vec<(&str, String)> = FILTERS
         .iter()
         .filter_map(|k| {
             get(k)
-                .filter(|v| !v.trim().is_empty())
-                .map(|v| format!("{k}={}", encode(v.trim())))
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+                .map(|v| (*k, v))
         })
-        .collect::<Vec<_>>()
-        .join("&")
+        .collect();
+    crate::paths::query(set.iter().map(|(k, v)| (*k, v.as_str())))
 }
 
 #[component]

@@ -267,10 +267,13 @@ fn python(v: &Value, indent: usize) -> String {
     }
 }
 
+/// The request as a `task.yaml`. Values are written as JSON (a JSON scalar or list is a YAML
+/// one that reads back the same); keys through [`yaml_key`].
 fn yaml(v: &Value, indent: usize, out: &mut String) {
     let pad = "  ".repeat(indent);
     if let Value::Object(m) = v {
         for (k, x) in m {
+            let k = yaml_key(k);
             match x {
                 Value::Object(_) => {
                     out.push_str(&format!("{pad}{k}:\n"));
@@ -279,6 +282,28 @@ fn yaml(v: &Value, indent: usize, out: &mut String) {
                 other => out.push_str(&format!("{pad}{k}: {}\n", other)),
             }
         }
+    }
+}
+
+/// A mapping key that reads back as the same string: plain only when no YAML reader could take
+/// it for anything else (PyYAML, which the CLI uses, reads YAML 1.1, where `ON`, `yes` or `n`
+/// are booleans, `~` and `null` nothing, and anything starting with a digit may be a number or a
+/// time); every other key is double-quoted, as a JSON string, which is also a YAML one.
+fn yaml_key(k: &str) -> String {
+    const WORDS: [&str; 10] = [
+        "y", "n", "yes", "no", "on", "off", "true", "false", "null", "nan",
+    ];
+    let plain = k
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && !WORDS.contains(&k.to_ascii_lowercase().as_str());
+    if plain {
+        k.to_string()
+    } else {
+        serde_json::to_string(k).unwrap_or_default()
     }
 }
 
@@ -674,4 +699,67 @@ fn input_id(field: &str) -> Option<&'static str> {
         "labels" => "labels",
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_that_yaml_would_read_as_something_else_are_quoted() {
+        for k in ["name", "gpu_type", "NCCL_DEBUG", "my-label", "_x"] {
+            assert_eq!(yaml_key(k), k);
+        }
+        for k in [
+            "ON", "yes", "N", "NULL", "~", "123", "1e3", "a b", "a:b", "é", "", "-x",
+        ] {
+            assert!(yaml_key(k).starts_with('"'), "{k} -> {}", yaml_key(k));
+        }
+    }
+
+    /// The preview read back by the CLI's own loader (`autodl submit task.yaml`) is the task
+    /// the form sends, keys and values alike.
+    #[test]
+    fn the_yaml_preview_reads_back_through_the_cli_as_the_request() {
+        let Ok(python) = std::env::var("AUTODL_TEST_PYTHON") else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "AUTODL_TEST_PYTHON (a Python with the SDK) must be set in CI"
+            );
+            eprintln!("SKIPPED: AUTODL_TEST_PYTHON (a Python with the SDK) is not set");
+            return;
+        };
+        let request = serde_json::json!({
+            "name": "train: \"quoted\" # not a comment",
+            "command": "python train.py --lr 1e-3",
+            "gpu_count": 2,
+            "env": {
+                "ON": "1", "YES": "no", "NULL": "~", "123": "0x1F", "a b": "yes",
+                "é": "12:30", "~": "null", "1e3": "true", "KEEP": "plain"
+            },
+            "labels": {"off": "on", "2024-01-01": "date"},
+            "args": ["--flag", "on", "1"]
+        });
+        let mut text = String::new();
+        yaml(&request, 0, &mut text);
+        let file = std::env::temp_dir().join(format!("autodl-preview-{}.yaml", std::process::id()));
+        std::fs::write(&file, &text).unwrap();
+        let out = std::process::Command::new(python)
+            .args([
+                "-c",
+                "import json, sys; from autodl.cli import _load_config; \
+                 print(json.dumps(dict(_load_config(sys.argv[1]))))",
+            ])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&file);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let back: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(back, request, "the preview was:\n{text}");
+    }
 }

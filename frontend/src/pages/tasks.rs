@@ -70,20 +70,18 @@ pub fn TasksPage() -> impl IntoView {
 }
 
 fn list_path(state: &str, label: &str, mine: bool, cursor: Option<&str>) -> String {
-    let mut q = vec!["limit=25".to_string()];
-    if !state.is_empty() {
-        q.push(format!("state={}", encode(state)));
-    }
-    if !label.trim().is_empty() {
-        q.push(format!("label={}", encode(label.trim())));
-    }
-    if mine {
-        q.push("user=me".into());
-    }
-    if let Some(c) = cursor {
-        q.push(format!("cursor={}", encode(c)));
-    }
-    format!("{}?{}", paths::tasks(), q.join("&"))
+    let pairs = [
+        Some(("limit", "25")),
+        (!state.is_empty()).then_some(("state", state)),
+        (!label.trim().is_empty()).then_some(("label", label.trim())),
+        mine.then_some(("user", "me")),
+        cursor.map(|c| ("cursor", c)),
+    ];
+    format!(
+        "{}?{}",
+        paths::tasks(),
+        paths::query(pairs.into_iter().flatten())
+    )
 }
 
 pub use crate::paths::encode;
@@ -102,26 +100,18 @@ struct ListQuery {
 
 impl ListQuery {
     fn url(&self) -> String {
-        let mut q = Vec::new();
-        if !self.state.is_empty() {
-            q.push(format!("state={}", encode(&self.state)));
-        }
-        if !self.label.trim().is_empty() {
-            q.push(format!("label={}", encode(self.label.trim())));
-        }
-        if self.mine {
-            q.push("mine=1".into());
-        }
-        if !self.search.is_empty() {
-            q.push(format!("q={}", encode(&self.search)));
-        }
-        if let Some(c) = &self.cursor {
-            q.push(format!("cursor={}", encode(c)));
-        }
+        let pairs = [
+            (!self.state.is_empty()).then_some(("state", self.state.as_str())),
+            (!self.label.trim().is_empty()).then_some(("label", self.label.trim())),
+            self.mine.then_some(("mine", "1")),
+            (!self.search.is_empty()).then_some(("q", self.search.as_str())),
+            self.cursor.as_deref().map(|c| ("cursor", c)),
+        ];
+        let q = paths::query(pairs.into_iter().flatten());
         if q.is_empty() {
             "/tasks".into()
         } else {
-            format!("/tasks?{}", q.join("&"))
+            format!("/tasks?{q}")
         }
     }
 }
@@ -244,7 +234,7 @@ fn TaskList() -> impl IntoView {
                         go2(&move |q: &mut ListQuery| { q.state = v.clone(); q.cursor = None; }, false);
                     }>
                         <option value="" selected=move || current.get().state.is_empty()>"all"</option>
-                        {TaskState::ALL.into_iter().map(|s| view! {
+                        {TaskState::ALL.iter().copied().map(|s| view! {
                             <option value=s.as_str() selected=move || current.get().state == s.as_str()>{s.as_str()}</option>
                         }).collect_view()}
                     </select>

@@ -9,7 +9,6 @@ use autodl_common::api::UsageSeries;
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
-use super::tasks::encode;
 use crate::api;
 use crate::chart::{LineChart, Series, PALETTE};
 use crate::paths;
@@ -128,15 +127,11 @@ fn Usage() -> impl IntoView {
     let query = use_query_map();
     let passed = Memo::new(move |_| {
         query.with(|q| {
-            PASSED
+            let given: Vec<(&str, String)> = PASSED
                 .iter()
-                .filter_map(|k| {
-                    q.get(k)
-                        .filter(|v| !v.is_empty())
-                        .map(|v| format!("{k}={}", encode(&v)))
-                })
-                .collect::<Vec<_>>()
-                .join("&")
+                .filter_map(|k| q.get(k).filter(|v| !v.is_empty()).map(|v| (*k, v)))
+                .collect();
+            paths::query(given.iter().map(|(k, v)| (*k, v.as_str())))
         })
     });
     let value = move |k: &str| query.with(|q| q.get(k).unwrap_or_default());

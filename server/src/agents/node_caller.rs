@@ -29,12 +29,7 @@ impl FromRequest for NodeCaller {
             let state = req
                 .app_data::<web::Data<AppState>>()
                 .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("app state missing")))?;
-            let token = req
-                .headers()
-                .get(actix_web::http::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::trim)
+            let token = crate::auth::bearer::bearer_token(req.headers())
                 .filter(|t| t.starts_with(NODE_CREDENTIAL_PREFIX))
                 .ok_or_else(|| {
                     ApiError::Unauthorized("agents authenticate with their node credential".into())

@@ -219,17 +219,16 @@ async fn authenticate(req: &HttpRequest) -> Result<Caller, ApiError> {
         .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("app state missing")))?;
     let now = state.clock.now_ms();
 
-    if let Some(value) = req.headers().get(actix_web::http::header::AUTHORIZATION) {
-        let value = value
-            .to_str()
-            .map_err(|_| ApiError::Unauthorized("malformed Authorization header".into()))?;
-        let token = value
-            .strip_prefix("Bearer ")
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| {
-                ApiError::Unauthorized("expected `Authorization: Bearer <token>`".into())
-            })?;
+    use super::bearer::{bearer, Bearer};
+    if let Some(token) = match bearer(req.headers()) {
+        Bearer::Absent => None,
+        Bearer::Malformed => {
+            return Err(ApiError::Unauthorized(
+                "expected `Authorization: Bearer <token>`".into(),
+            ))
+        }
+        Bearer::Token(t) => Some(t),
+    } {
         if token.starts_with(API_KEY_PREFIX) {
             return from_api_key(state, token, now).await;
         }

@@ -18,48 +18,55 @@ use crate::domain::is_internal;
 use crate::state::AppState;
 use crate::store::{DeliveryRecord, Webhooks};
 
-/// The events a webhook may ask for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// The events a webhook may ask for. Their names are written once, for strum, and serde
+/// (the deliveries' JSON) goes through them.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::VariantArray,
+)]
+#[serde(into = "&'static str", try_from = "String")]
 pub enum Event {
     /// A task's GPUs sat idle half the organization's idle time (the warning).
-    #[serde(rename = "task.idle")]
+    #[strum(serialize = "task.idle")]
     TaskIdle,
     /// A task was stopped for being idle.
-    #[serde(rename = "task.idle_stopped")]
+    #[strum(serialize = "task.idle_stopped")]
     TaskIdleStopped,
     /// A task completed.
-    #[serde(rename = "task.finished")]
+    #[strum(serialize = "task.finished")]
     TaskFinished,
     /// A task failed for good (retries spent) or ran out of its time limit.
-    #[serde(rename = "task.failed")]
+    #[strum(serialize = "task.failed")]
     TaskFailed,
     /// A node stopped answering while it ran the organization's tasks (they are requeued).
-    #[serde(rename = "node.lost")]
+    #[strum(serialize = "node.lost")]
     NodeLost,
     /// A person's or the organization's GPU-hours this month passed 80% (then 100%) of the cap.
-    #[serde(rename = "quota.nearly_used")]
+    #[strum(serialize = "quota.nearly_used")]
     QuotaNearlyUsed,
 }
 
+impl TryFrom<String> for Event {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse().map_err(|_| format!("no webhook event {s:?}"))
+    }
+}
+
 impl Event {
-    pub const ALL: [Event; 6] = [
-        Event::TaskIdle,
-        Event::TaskIdleStopped,
-        Event::TaskFinished,
-        Event::TaskFailed,
-        Event::NodeLost,
-        Event::QuotaNearlyUsed,
-    ];
+    pub const ALL: &'static [Event] = <Event as strum::VariantArray>::VARIANTS;
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Event::TaskIdle => "task.idle",
-            Event::TaskIdleStopped => "task.idle_stopped",
-            Event::TaskFinished => "task.finished",
-            Event::TaskFailed => "task.failed",
-            Event::NodeLost => "node.lost",
-            Event::QuotaNearlyUsed => "quota.nearly_used",
-        }
+        self.into()
     }
 
     /// What an attempt's end tells webhooks of, if anything (a retry or a requeue does not).
@@ -144,15 +151,12 @@ impl NewWebhook {
         }
         let mut events = Vec::new();
         for name in &input.events {
-            let e = Event::ALL
-                .into_iter()
-                .find(|e| e.as_str() == name)
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        "events",
-                        format!("no event {name:?}; there are {}", known()),
-                    )
-                })?;
+            let e = name.parse::<Event>().map_err(|_| {
+                ApiError::invalid(
+                    "events",
+                    format!("no event {name:?}; there are {}", known()),
+                )
+            })?;
             if !events.contains(&e) {
                 events.push(e);
             }
@@ -285,6 +289,17 @@ async fn send(state: &AppState, d: &DeliveryRecord) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn events_are_named_alike_in_json_and_text() {
+        for e in Event::ALL {
+            assert_eq!(serde_json::to_value(e).unwrap(), e.as_str());
+            let back: Event = serde_json::from_value(e.as_str().into()).unwrap();
+            assert_eq!(back, *e);
+        }
+        assert_eq!(Event::QuotaNearlyUsed.as_str(), "quota.nearly_used");
+        assert!(serde_json::from_value::<Event>("task.nope".into()).is_err());
+    }
 
     #[test]
     fn signatures_are_hmac_sha256_of_time_and_body() {

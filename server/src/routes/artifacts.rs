@@ -7,6 +7,7 @@
 //! Users list checkpoints and download results as a tar archive; their own objects
 //! (datasets) are `routes::objects`'.
 
+use actix_web::http::header::TryIntoHeaderValue;
 use actix_web::{get, post, put, web, HttpResponse};
 use autodl_common::agent::{
     ArtifactCommit, ArtifactCreated, ArtifactFile, ArtifactStart, DataFile, DataManifest,
@@ -19,6 +20,7 @@ use crate::agents::node_caller::NodeCaller;
 use crate::auth::Caller;
 use crate::domain::rfc3339;
 use crate::error::ApiError;
+use crate::routes::attachment::attachment;
 use crate::routes::json::Json;
 use crate::state::AppState;
 use crate::storage::tar;
@@ -228,10 +230,7 @@ pub async fn results(
     Ok(HttpResponse::Ok()
         .content_type("application/x-tar")
         .insert_header((actix_web::http::header::CONTENT_ENCODING, "identity"))
-        .insert_header((
-            "Content-Disposition",
-            format!("attachment; filename=\"{}-results.tar\"", t.task.id),
-        ))
+        .insert_header(attachment(&format!("{}-results.tar", t.task.id)))
         .no_chunking(length)
         .streaming(stream))
 }
@@ -276,25 +275,12 @@ pub async fn result_file(
         .find(|f| f.path == rel)
         .ok_or_else(|| ApiError::NotFound("no such result file".into()))?;
     let (size, body) = state.storage.backend.get(&file.bucket, &file.key).await?;
-    let name: String = file
-        .path
-        .rsplit('/')
-        .next()
-        .unwrap_or("result")
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._-".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let name = file.path.rsplit('/').next().unwrap_or("result");
     let mut res = stream_object(size, body);
+    let disposition = attachment(name);
     res.headers_mut().insert(
         actix_web::http::header::CONTENT_DISPOSITION,
-        actix_web::http::header::HeaderValue::from_str(&format!("attachment; filename=\"{name}\""))
-            .map_err(anyhow::Error::from)?,
+        disposition.try_into_value().map_err(anyhow::Error::from)?,
     );
     Ok(res)
 }

@@ -145,10 +145,7 @@ pub async fn list(
     Ok(match format {
         "csv" => HttpResponse::Ok()
             .content_type("text/csv; charset=utf-8")
-            .insert_header((
-                "Content-Disposition",
-                "attachment; filename=\"autodl-audit.csv\"",
-            ))
+            .insert_header(super::attachment::attachment("autodl-audit.csv"))
             .body(to_csv(&records)),
         _ => HttpResponse::Ok().json(AuditPage {
             records,

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod agent;
 pub mod api_keys;
 pub mod artifacts;
+pub mod attachment;
 pub mod audit;
 pub mod auth;
 pub mod code;

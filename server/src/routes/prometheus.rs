@@ -12,12 +12,7 @@ pub async fn endpoint(
     state: web::Data<crate::state::AppState>,
     req: actix_web::HttpRequest,
 ) -> Result<HttpResponse, crate::error::ApiError> {
-    let bearer = req
-        .headers()
-        .get(actix_web::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+    let bearer = crate::auth::bearer::bearer_token(req.headers());
     let scraper = match (&state.settings.metrics_token, bearer) {
         (Some(want), Some(got)) if !want.is_empty() => {
             use sha2::Digest;

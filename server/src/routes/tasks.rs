@@ -310,10 +310,7 @@ pub async fn log_download(
     let file = format!("{}-log.txt", t.task.id);
     Ok(HttpResponse::Ok()
         .content_type("text/plain; charset=utf-8")
-        .insert_header((
-            actix_web::http::header::CONTENT_DISPOSITION,
-            format!("attachment; filename=\"{file}\""),
-        ))
+        .insert_header(super::attachment::attachment(&file))
         .body(out))
 }
 
@@ -509,11 +506,7 @@ pub async fn report_metrics(
 ) -> Result<HttpResponse, ApiError> {
     // The task's own token (AUTODL_TASK_TOKEN) is good for this task only; otherwise a user of
     // the task's tenant.
-    let bearer = req
-        .headers()
-        .get(actix_web::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+    let bearer = crate::auth::bearer::bearer_token(req.headers());
     let t = match bearer.and_then(|b| {
         state
             .sessions

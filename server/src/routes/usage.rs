@@ -6,6 +6,7 @@ use actix_web::{get, web, HttpResponse};
 use autodl_common::api::{ErrorBody, UsageSeries};
 use serde::Deserialize;
 
+use super::attachment::attachment;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -67,10 +68,7 @@ pub async fn usage(
         None | Some("json") => Ok(HttpResponse::Ok().json(report)),
         Some("csv") => Ok(HttpResponse::Ok()
             .content_type("text/csv; charset=utf-8")
-            .insert_header((
-                "Content-Disposition",
-                format!("attachment; filename=\"autodl-usage-{month}.csv\""),
-            ))
+            .insert_header(attachment(&format!("autodl-usage-{month}.csv")))
             .body(to_csv(&report))),
         Some(_) => Err(ApiError::invalid("format", "format is json or csv")),
     }
@@ -184,10 +182,7 @@ pub async fn series(
     Ok(match format {
         "csv" => HttpResponse::Ok()
             .content_type("text/csv; charset=utf-8")
-            .insert_header((
-                "Content-Disposition",
-                format!("attachment; filename=\"autodl-usage-{from}-{to}.csv\""),
-            ))
+            .insert_header(attachment(&format!("autodl-usage-{from}-{to}.csv")))
             .body(series_csv(&out)),
         _ => HttpResponse::Ok().json(out),
     })

@@ -64,7 +64,9 @@ fn place_err(e: std::io::Error) -> StorageError {
 }
 
 struct LocalUpload {
-    tmp: PathBuf,
+    /// Removed when dropped, so an upload abandoned any way (an error, a dropped future, a
+    /// failed rename) leaves nothing under `.uploads`.
+    tmp: tempfile::TempPath,
     dest: PathBuf,
     file: tokio::fs::File,
     size: u64,
@@ -78,24 +80,29 @@ impl Upload for LocalUpload {
     }
 
     async fn finish(mut self: Box<Self>) -> StorageResult<u64> {
-        let done = async {
+        let flushed = async {
             self.file.flush().await?;
             self.file.sync_all().await?;
             if let Some(parent) = self.dest.parent() {
                 tokio::fs::create_dir_all(parent).await?;
             }
-            tokio::fs::rename(&self.tmp, &self.dest).await
+            Ok::<_, std::io::Error>(())
         }
         .await;
-        if let Err(e) = done {
-            let _ = tokio::fs::remove_file(&self.tmp).await;
-            return Err(place_err(e));
-        }
-        Ok(self.size)
+        flushed.map_err(place_err)?;
+        let LocalUpload {
+            tmp, dest, size, ..
+        } = *self;
+        tokio::task::spawn_blocking(move || tmp.persist(&dest).map_err(|e| e.error))
+            .await
+            .map_err(|e| io_err(std::io::Error::other(e)))?
+            .map_err(place_err)?;
+        Ok(size)
     }
 
     async fn abort(self: Box<Self>) {
-        let _ = tokio::fs::remove_file(&self.tmp).await;
+        let tmp = self.tmp;
+        let _ = tokio::task::spawn_blocking(move || tmp.close()).await;
     }
 }
 
@@ -116,8 +123,13 @@ impl ObjectStore for LocalStore {
         let dest = self.path(bucket, key)?;
         let tmp_dir = self.root.join(".uploads");
         tokio::fs::create_dir_all(&tmp_dir).await.map_err(io_err)?;
-        let tmp = tmp_dir.join(uuid::Uuid::new_v4().simple().to_string());
-        let file = tokio::fs::File::create(&tmp).await.map_err(io_err)?;
+        let (file, tmp) =
+            tokio::task::spawn_blocking(move || tempfile::NamedTempFile::new_in(tmp_dir))
+                .await
+                .map_err(|e| io_err(std::io::Error::other(e)))?
+                .map_err(io_err)?
+                .into_parts();
+        let file = tokio::fs::File::from_std(file);
         Ok(Box::new(LocalUpload {
             tmp,
             dest,

@@ -9,6 +9,7 @@ use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream as AwsBody;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use aws_sdk_s3::Client;
+use aws_smithy_http_client::tls;
 
 use super::{ByteStream, ObjectMeta, ObjectStore, StorageError, StorageResult, Upload, PART_SIZE};
 use crate::config::Settings;
@@ -28,8 +29,14 @@ impl S3Store {
             .storage_secret_access_key
             .clone()
             .or_else(|| std::env::var("AWS_SECRET_ACCESS_KEY").ok());
+        let https = aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(
+                tls::rustls_provider::CryptoMode::Ring,
+            ))
+            .build_https();
         let mut b = aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())
+            .http_client(https)
             .region(Region::new(s.storage_region.clone()))
             .force_path_style(s.storage_path_style)
             .timeout_config(

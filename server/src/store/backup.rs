@@ -78,10 +78,15 @@ pub async fn restore(url: &str, from: &Path, now_ms: i64) -> Result<Option<PathB
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".restore-{now_ms}.tmp"));
-    std::fs::copy(from, &tmp)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    restrict(&tmp);
+    // Copied beside the database first (removed if anything below fails), then renamed over
+    // it whole.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".restore-")
+        .suffix(".tmp")
+        .tempfile_in(dir)?;
+    std::io::copy(&mut std::fs::File::open(from)?, tmp.as_file_mut())?;
+    tmp.as_file().sync_all()?;
+    restrict(tmp.path());
     let mut kept = None;
     if target.exists() {
         // What the old database's write-ahead log holds goes into its file before it moves.
@@ -100,7 +105,7 @@ pub async fn restore(url: &str, from: &Path, now_ms: i64) -> Result<Option<PathB
             std::fs::remove_file(side)?;
         }
     }
-    std::fs::rename(&tmp, &target)?;
+    tmp.persist(&target).map_err(|e| e.error)?;
     Ok(kept)
 }
 

@@ -139,8 +139,8 @@ async fn local_store_puts_gets_lists_and_uploads_atomically() {
     };
     let storage = Storage::from_settings(&s).unwrap();
     exercise_store(storage.backend.clone(), "autodl").await;
-    // An upload dropped half way (the server stopped) leaves a temporary file; the sweep
-    // removes it, and nothing ever became visible.
+    // An upload dropped half way (its request broke) removes its temporary file at once...
+    let uploads = dir.path().join(".uploads");
     let mut up = storage
         .backend
         .start_upload("autodl", "x/y.bin")
@@ -148,6 +148,16 @@ async fn local_store_puts_gets_lists_and_uploads_atomically() {
         .unwrap();
     up.write(Bytes::from_static(b"partial")).await.unwrap();
     drop(up);
+    assert_eq!(std::fs::read_dir(&uploads).unwrap().count(), 0);
+    // ...and one the server never came back to (it was killed) is removed by the sweep;
+    // nothing ever became visible.
+    let mut up = storage
+        .backend
+        .start_upload("autodl", "x/y.bin")
+        .await
+        .unwrap();
+    up.write(Bytes::from_static(b"partial")).await.unwrap();
+    std::mem::forget(up);
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(
         storage
@@ -947,7 +957,7 @@ async fn the_results_of_failed_and_timed_out_runs_are_kept(b: Backend) {
     let agent = start_agent(&app, &op, "sim-1", "1xA40").await;
     let s = app.signup("ada@example.com", "Lab").await;
 
-    let failing = r#"echo "attempt $AUTODL_ATTEMPT diverged at step 7" > "$AUTODL_RESULTS_DIR/why.txt"; exit 3"#;
+    let failing = r#"echo "attempt $AUTODL_ATTEMPT diverged at step 7" > "$AUTODL_RESULTS_DIR/why.txt"; echo 0.31 > "$AUTODL_RESULTS_DIR/损失 曲线.csv"; exit 3"#;
     let id = submit(
         &app,
         &s,
@@ -963,6 +973,23 @@ async fn the_results_of_failed_and_timed_out_runs_are_kept(b: Backend) {
         "attempt 2 diverged at step 7\n",
         "the last attempt's results"
     );
+    // A file saved under its own name, whatever its characters.
+    let r = s
+        .send(
+            &app,
+            Method::GET,
+            &format!(
+                "/api/v1/tasks/{id}/results/files/%E6%8D%9F%E5%A4%B1%20%E6%9B%B2%E7%BA%BF.csv"
+            ),
+            None,
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        r.headers()["content-disposition"],
+        "attachment; filename=\"__ __.csv\"; filename*=UTF-8''%E6%8D%9F%E5%A4%B1%20%E6%9B%B2%E7%BA%BF.csv"
+    );
+    assert_eq!(r.text().await.unwrap(), "0.31\n");
 
     let slow =
         r#"echo partial > "$AUTODL_RESULTS_DIR/curve.csv"; trap 'exit 0' TERM; sleep 120 & wait"#;

@@ -286,6 +286,14 @@ pub async fn read_until(ws: &mut Ws, want: &str, secs: u64) -> String {
 
 /// What `files` in the task say, read twice half a second apart (after half a second): a
 /// background loop that writes the time into them changes them in between.
+/// A shell loop writing the time into `$HOME/{file}` ten times a second, each time aside and
+/// renamed into place, so a read never catches the file just truncated.
+fn heartbeat(file: &str) -> String {
+    format!(
+        "while true; do date +%s%N > \"$HOME/{file}.new\"; mv \"$HOME/{file}.new\" \"$HOME/{file}\"; sleep 0.1; done"
+    )
+}
+
 async fn two_reads(app: &TestApp, s: &Session, id: &str, files: &str) -> (String, String) {
     let path = exec_path(id, &["sh", "-c", &format!("cat {files}")]);
     let mut reads = Vec::new();
@@ -425,9 +433,10 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
     );
     // What the shell started with nohup outlives it (until the task ends), and the shell's
     // exit still ends the tunnel at once.
-    ws.send(stdin(
-        "nohup sh -c 'while true; do date +%s%N > \"$HOME/alive\"; sleep 0.1; done' >/dev/null 2>&1 &\n",
-    ))
+    ws.send(stdin(&format!(
+        "nohup sh -c '{}' >/dev/null 2>&1 &\n",
+        heartbeat("alive")
+    )))
     .await
     .unwrap();
     ws.send(stdin("exit 0\n")).await.unwrap();
@@ -447,9 +456,7 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
 
     // So does what a command on pipes starts in the background (`autodl exec t -- sh -c
     // 'nohup server &'`, as over ssh): the exec ends with its command.
-    let beat = |file: &str| {
-        format!("nohup sh -c 'while true; do date +%s%N > \"$HOME/{file}\"; sleep 0.1; done' >/dev/null 2>&1 &")
-    };
+    let beat = |file: &str| format!("nohup sh -c '{}' >/dev/null 2>&1 &", heartbeat(file));
     let at = std::time::Instant::now();
     let mut ws = connect(&app, &ada, &exec_path(&id, &["sh", "-c", &beat("served")]))
         .await
@@ -467,10 +474,7 @@ async fn shells_commands_and_ports_reach_a_running_task(b: Backend) {
         "the exec's background process stopped with it: {first:?} then {second:?}"
     );
     // A command left before it ends (the person pressed Ctrl-C) ends, with what it started.
-    let script = format!(
-        "{}\nwhile true; do date +%s%N > \"$HOME/fg\"; sleep 0.1; done",
-        beat("bg")
-    );
+    let script = format!("{}\n{}", beat("bg"), heartbeat("fg"));
     let ws = connect(&app, &ada, &exec_path(&id, &["sh", "-c", &script]))
         .await
         .unwrap();

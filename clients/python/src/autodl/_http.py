@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import httpx
+from httpx_sse import EventSource, SSEError
 
 from . import profiles
 from ._version import __version__
@@ -225,29 +226,16 @@ class HttpClient:
             timeout=timeout,
         )
         try:
-            event_name = "message"
-            data_lines: List[str] = []
-            for line in response.iter_lines():
-                if line == "":
-                    if data_lines:
-                        parsed = _json_object("\n".join(data_lines))
-                        if parsed is not None:
-                            yield event_name, parsed
-                    event_name, data_lines = "message", []
-                    continue
-                if line.startswith(":"):
-                    continue  # comment / keep-alive
-                name, _, value = line.partition(":")
-                if value.startswith(" "):
-                    value = value[1:]
-                if name == "data":
-                    data_lines.append(value)
-                elif name == "event":
-                    event_name = value or "message"
-            if data_lines:  # a last event without its blank line
-                parsed = _json_object("\n".join(data_lines))
+            # httpx-sse reads the stream as the SSE specification says (comments, multi-line
+            # data, CR/LF/CRLF line ends, an unfinished last event dropped).
+            for event in EventSource(response).iter_sse():
+                parsed = _json_object(event.data)
                 if parsed is not None:
-                    yield event_name, parsed
+                    yield event.event or "message", parsed
+        except SSEError as exc:
+            raise AutodlConnectionError(
+                f"{self.base_url}{path} answered without an event stream: {exc}"
+            ) from exc
         except httpx.TransportError as exc:
             raise AutodlConnectionError(
                 f"log stream from {self.base_url} broke off: {exc}"

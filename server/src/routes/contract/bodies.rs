@@ -88,7 +88,7 @@ pub(super) fn component_rules() -> Vec<(&'static str, Value)> {
         ),
         (
             "/WebhookInput/properties/events",
-            json!({"minItems": 1, "items": {"enum": crate::notify::Event::ALL.map(|e| e.as_str())}}),
+            json!({"minItems": 1, "items": {"enum": crate::notify::Event::ALL.iter().map(|e| e.as_str()).collect::<Vec<_>>()}}),
         ),
         (
             "/CreateApiKeyRequest/properties/expires_in_days",

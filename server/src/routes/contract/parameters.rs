@@ -13,7 +13,7 @@ pub const OBJECT_URL: &str =
 const EXEC_COMMAND: &str = r#"^\[[ \t\n\r]*"(?:[^"\\\u0000-\u001f]|\\["\\/bfnrt])+"(?:[ \t\n\r]*,[ \t\n\r]*"(?:[^"\\\u0000-\u001f]|\\["\\/bfnrt])*")*[ \t\n\r]*\]$"#;
 
 pub(super) fn parameter_rules() -> Vec<(&'static str, &'static str, &'static str, Value)> {
-    let states = json!({"enum": autodl_common::tasks::TaskState::ALL.map(|s| s.as_str())});
+    let states = json!({"enum": autodl_common::tasks::TaskState::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>()});
     vec![
         ("/api/v1/tasks", "get", "state", states),
         ("/api/v1/tasks", "get", "limit", range(1.0, 200.0)),

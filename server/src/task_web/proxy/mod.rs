@@ -16,6 +16,7 @@ use tokio_tungstenite::tungstenite::Message as TaskMessage;
 use super::pass::{AppClaims, Kind, PASS_COOKIE, PASS_SECS};
 use super::pool::Body;
 use super::AppHost;
+use crate::auth::cookies;
 use crate::auth::session::{CSRF_COOKIE, SESSION_COOKIE};
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -327,11 +328,7 @@ fn to_app(
             continue;
         }
         if name == header::AUTHORIZATION {
-            let token = value
-                .to_str()
-                .ok()
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::trim);
+            let token = value.to_str().ok().and_then(crate::auth::bearer::token_of);
             if token.is_some_and(&platform_credential) {
                 continue;
             }
@@ -367,14 +364,8 @@ fn to_app(
 /// The app's own cookies of a `Cookie` header (the pass and the platform's are not).
 fn app_cookies(header: &str) -> Option<HeaderValue> {
     let ours = [PASS_COOKIE, SESSION_COOKIE, CSRF_COOKIE];
-    let kept: Vec<&str> = header
-        .split(';')
-        .map(str::trim)
-        .filter(|c| !c.is_empty())
-        .filter(|c| {
-            let name = c.split('=').next().unwrap_or("").trim();
-            !ours.contains(&name)
-        })
+    let kept: Vec<&str> = cookies::pieces(header)
+        .filter(|c| !cookies::is_one_of(c, &ours))
         .collect();
     if kept.is_empty() {
         return None;

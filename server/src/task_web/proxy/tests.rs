@@ -52,6 +52,49 @@ fn platform_credentials_never_reach_the_app() {
         .any(|(k, v)| k == header::AUTHORIZATION && v == "token jupyter-token"));
 }
 
+/// However the header is spelled, a cookie the platform reads as its own (and the platform's
+/// bearer credential, in any case of `Bearer`) is taken out; the app's own pass through as sent.
+#[test]
+fn tricky_headers_never_carry_platform_credentials_to_the_app() {
+    let cookies_sent = |header: &str| {
+        let req = TestRequest::get()
+            .insert_header((header::COOKIE, header))
+            .to_http_request();
+        to_app(&req, false, |_| false)
+            .into_iter()
+            .filter(|(k, _)| k == header::COOKIE)
+            .map(|(_, v)| v.to_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    for (sent, kept) in [
+        ("autodl_session = s;theme=dark", vec!["theme=dark"]),
+        ("autodl%5Fsession=s; a=1", vec!["a=1"]),
+        (";; autodl_csrf=c ;;autodl_app=p;", vec![]),
+        ("autodl_session=\"s\"; b=\"x;y\"", vec!["b=\"x; y\""]),
+        (
+            "autodl_sessionx=1; xautodl_session=2",
+            vec!["autodl_sessionx=1; xautodl_session=2"],
+        ),
+        ("flag; autodl_session=s", vec!["flag"]),
+    ] {
+        assert_eq!(cookies_sent(sent), kept, "{sent:?}");
+    }
+    for auth in [
+        "bearer adl_secret",
+        "BEARER adl_secret",
+        "Bearer   adl_secret  ",
+    ] {
+        let req = TestRequest::get()
+            .insert_header((header::AUTHORIZATION, auth))
+            .to_http_request();
+        let out = to_app(&req, false, |t| t == "adl_secret");
+        assert!(
+            out.iter().all(|(k, _)| k != header::AUTHORIZATION),
+            "{auth:?} reached the app"
+        );
+    }
+}
+
 #[test]
 fn the_apps_cookies_stay_on_its_host() {
     let mut h = hyper::HeaderMap::new();

@@ -1,8 +1,7 @@
 //! The values a spec's fields hold, parsed: sizes, time spans, times, scripts and text.
 
-use std::str::FromStr;
-
 use autodl_common::tasks::{Size, TimeSpan};
+use autodl_common::units;
 use time::format_description::well_known::Rfc3339;
 use time::{OffsetDateTime, PrimitiveDateTime};
 
@@ -11,14 +10,7 @@ use crate::domain::DomainError;
 pub fn parse_size(field: &'static str, s: &Size) -> Result<u64, DomainError> {
     let n = match s {
         Size::Bytes(n) => *n,
-        Size::Text(t) => bytesize::ByteSize::from_str(t.trim())
-            .map_err(|_| {
-                DomainError::invalid(
-                    field,
-                    format!("{t:?} is not a size (use e.g. \"20GiB\", \"512MiB\" or bytes)"),
-                )
-            })?
-            .as_u64(),
+        Size::Text(t) => units::parse_size(t).map_err(|e| DomainError::invalid(field, e))?,
     };
     if n == 0 {
         return Err(DomainError::invalid(
@@ -36,24 +28,10 @@ const MAX_SPAN_SECS: u64 = 365 * 86_400;
 pub fn parse_span(field: &'static str, s: &TimeSpan) -> Result<u64, DomainError> {
     let secs = match s {
         TimeSpan::Seconds(n) => *n,
-        TimeSpan::Text(t) => {
-            let t = t.trim();
-            // A bare number in a string is seconds, as it is without the quotes.
-            match t.parse::<u64>() {
-                Ok(n) => n,
-                Err(_) => humantime::parse_duration(t)
-                    .map_err(|_| {
-                        DomainError::invalid(
-                            field,
-                            format!(
-                                "{field}: {t:?} is not a length of time; write seconds or e.g. \
-                                 \"2h30m\", \"90m\", \"1d 12h\""
-                            ),
-                        )
-                    })?
-                    .as_secs(),
-            }
-        }
+        // A bare number in a string is seconds, as it is without the quotes.
+        TimeSpan::Text(t) => units::parse_duration(t)
+            .map_err(|e| DomainError::invalid(field, format!("{field}: {e}")))?
+            .as_secs(),
     };
     if secs == 0 {
         return Err(DomainError::invalid(
