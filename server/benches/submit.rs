@@ -106,12 +106,14 @@ async fn main() -> anyhow::Result<()> {
         if unexplained == 0 || considered_by.elapsed() > Duration::from_secs(60) {
             println!(
                 "backend={backend} clients={clients} submitted={n} failed={} elapsed={elapsed:.1}s rate={:.0}/s \
-                 latency p50={:.1}ms p99={:.1}ms; \
+                 latency p50={:.1}ms p99={:.1}ms p99.9={:.1}ms max={:.1}ms; \
                  scheduler caught up {:.2}s after the last submission ({} unexplained)",
                 failed.load(Ordering::Relaxed),
                 n as f64 / elapsed,
                 percentile(&mut latencies, 50.0) * 1000.0,
                 percentile(&mut latencies, 99.0) * 1000.0,
+                percentile(&mut latencies, 99.9) * 1000.0,
+                latencies.iter().copied().fold(0.0, f64::max) * 1000.0,
                 considered_by.elapsed().as_secs_f64(),
                 unexplained
             );
