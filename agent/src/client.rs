@@ -308,9 +308,12 @@ impl ServerClient {
         // into each other's, and the last rename wins whole), removed when dropped: a transfer
         // that breaks, fails to write or is abandoned leaves nothing on the node's disk.
         let name = dest.file_name().unwrap_or_default().to_string_lossy();
+        // Readable by every task user, as any file the agent writes for tasks (datasets,
+        // checkpoints); tempfile's own default is owner-only.
         let part = tempfile::Builder::new()
             .prefix(&format!("{name}."))
             .suffix(".autodl-part")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
             .tempfile_in(dir)
             .map_err(io)?;
         let mut out = tokio::fs::File::from_std(part.as_file().try_clone().map_err(io)?);
@@ -434,6 +437,33 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert!(left.is_empty(), "left behind: {left:?}");
+        server.abort();
+    }
+
+    /// A complete download is in place whole, readable by the tasks' own users.
+    #[tokio::test]
+    async fn a_download_lands_whole_and_readable_by_tasks() {
+        use std::os::unix::fs::PermissionsExt;
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = tokio::io::AsyncReadExt::read(&mut conn, &mut buf).await;
+                let _ = conn
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+                    .await;
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("labels.txt");
+        let c = ServerClient::new(&format!("http://{addr}")).unwrap();
+        assert_eq!(c.download("files/x", &dest).await.unwrap(), 5);
+        assert_eq!(std::fs::read(&dest).unwrap(), b"hello");
+        let mode = std::fs::metadata(&dest).unwrap().permissions().mode();
+        assert_eq!(mode & 0o044, 0o044, "mode {mode:o}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
         server.abort();
     }
 
