@@ -409,26 +409,32 @@ mod tests {
         assert!(e.is_transient(), "{e}");
     }
 
-    /// A download whose connection breaks halfway leaves no partial file behind: retries
-    /// would otherwise pile one up per try on the node's disk.
-    #[tokio::test]
-    async fn a_broken_download_leaves_nothing_behind() {
-        use tokio::io::AsyncWriteExt;
+    /// A server on loopback that answers every request with `answer`, then closes the
+    /// connection; its address, and the task to abort.
+    async fn answering(answer: Vec<u8>) -> (String, tokio::task::JoinHandle<()>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
             while let Ok((mut conn, _)) = listener.accept().await {
                 let mut buf = [0u8; 4096];
-                let _ = tokio::io::AsyncReadExt::read(&mut conn, &mut buf).await;
-                let head = "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n";
-                let _ = conn.write_all(head.as_bytes()).await;
-                let _ = conn.write_all(&[7u8; 5000]).await;
-                // Closed before the promised length: the stream ends in an error.
+                let _ = conn.read(&mut buf).await;
+                let _ = conn.write_all(&answer).await;
             }
         });
+        (format!("http://{addr}"), server)
+    }
+
+    /// A download whose connection breaks halfway leaves no partial file behind: retries
+    /// would otherwise pile one up per try on the node's disk.
+    #[tokio::test]
+    async fn a_broken_download_leaves_nothing_behind() {
+        // 5,000 bytes of the 1,000,000 promised, then closed: the stream ends in an error.
+        let head = b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n";
+        let (url, server) = answering([&head[..], &[7u8; 5000]].concat()).await;
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("sub").join("data.bin");
-        let c = ServerClient::new(&format!("http://{addr}")).unwrap();
+        let c = ServerClient::new(&url).unwrap();
         for _ in 0..3 {
             assert!(c.download("files/x", &dest).await.is_err());
         }
@@ -444,21 +450,11 @@ mod tests {
     #[tokio::test]
     async fn a_download_lands_whole_and_readable_by_tasks() {
         use std::os::unix::fs::PermissionsExt;
-        use tokio::io::AsyncWriteExt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            while let Ok((mut conn, _)) = listener.accept().await {
-                let mut buf = [0u8; 4096];
-                let _ = tokio::io::AsyncReadExt::read(&mut conn, &mut buf).await;
-                let _ = conn
-                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
-                    .await;
-            }
-        });
+        let (url, server) =
+            answering(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello".to_vec()).await;
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("labels.txt");
-        let c = ServerClient::new(&format!("http://{addr}")).unwrap();
+        let c = ServerClient::new(&url).unwrap();
         assert_eq!(c.download("files/x", &dest).await.unwrap(), 5);
         assert_eq!(std::fs::read(&dest).unwrap(), b"hello");
         let mode = std::fs::metadata(&dest).unwrap().permissions().mode();
